@@ -1,0 +1,5 @@
+"""Attention calibration: the parameters object, the pure basket math, and its wiring into attention."""
+
+from posfair.calibration.params import Calibration, ResolvedCalibration
+
+__all__ = ["Calibration", "ResolvedCalibration"]

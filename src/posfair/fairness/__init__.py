@@ -1,0 +1,1 @@
+"""posfair.fairness."""

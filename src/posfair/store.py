@@ -1,0 +1,170 @@
+"""A content-addressed, crash-safe embedding cache.
+
+Layout of a store root::
+
+    ROOT/
+      <namespace-id>/            one per (model fingerprint, calibration, kind, ...)
+        meta.json               the namespace's defining metadata (written once, atomically)
+        part-<uuid>.npz          shards: ``keys`` (unicode array) + ``vectors`` (float32, n x d)
+
+Every shard is written to a temporary file and renamed into place, so a run
+killed at any moment leaves only complete shards; the next run reads them and
+computes only what is missing.  Shards are plain NumPy arrays read with
+``allow_pickle=False`` (no pickle anywhere).
+
+Keys are caller-chosen strings; :func:`text_key` gives the usual one (sha256 of
+the text, plus any prefix such as a prompt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from posfair.io import atomic_path, atomic_write_json
+
+__all__ = ["EmbeddingStore", "Namespace", "text_key"]
+
+
+def text_key(text: str, *extra: str) -> str:
+    """The cache key of a text: sha256 over the text and any extra qualifiers."""
+    h = hashlib.sha256()
+    for part in (*extra, text):
+        h.update(part.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def _namespace_id(meta: dict[str, Any]) -> str:
+    blob = json.dumps(meta, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+class Namespace:
+    """One set of vectors of the same kind and dimension, addressed by key."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        self.path = path
+        self.meta = meta
+        self._index: dict[str, tuple[int, int]] = {}
+        self._shards: list[np.ndarray] = []
+        self._seen_files: set[str] = set()
+        self.path.mkdir(parents=True, exist_ok=True)
+        meta_file = self.path / "meta.json"
+        if meta_file.exists():
+            stored = json.loads(meta_file.read_text())
+            if stored != json.loads(json.dumps(meta, sort_keys=True, default=str)):
+                raise ValueError(f"embedding store namespace {self.path} holds different metadata: {stored} != {meta}")
+        else:
+            atomic_write_json(meta_file, meta)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Pick up shards written since the namespace was opened (e.g. by another process)."""
+        for f in sorted(self.path.glob("part-*.npz")):
+            if f.name in self._seen_files:
+                continue
+            with np.load(f, allow_pickle=False) as z:
+                keys, vectors = z["keys"], z["vectors"]
+            shard = len(self._shards)
+            self._shards.append(vectors)
+            for row, k in enumerate(keys.tolist()):
+                self._index.setdefault(k, (shard, row))
+            self._seen_files.add(f.name)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """Keys not stored yet, in first-seen order, without duplicates."""
+        out, seen = [], set()
+        for k in keys:
+            if k not in self._index and k not in seen:
+                seen.add(k)
+                out.append(k)
+        return out
+
+    def get(self, keys: Sequence[str]) -> np.ndarray:
+        """Vectors for ``keys`` (all must be present), stacked in order."""
+        absent = [k for k in keys if k not in self._index]
+        if absent:
+            raise KeyError(f"{len(absent)} keys are not in the store (first: {absent[0]})")
+        if not keys:
+            dim = self._shards[0].shape[1:] if self._shards else (0,)
+            return np.zeros((0, *dim), dtype=np.float32)
+        return np.stack([self._shards[s][r] for s, r in (self._index[k] for k in keys)])
+
+    def put(self, keys: Sequence[str], vectors: np.ndarray) -> None:
+        """Write one shard atomically (temporary file + rename)."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if len(keys) != len(vectors):
+            raise ValueError(f"{len(keys)} keys but {len(vectors)} vectors")
+        if not len(keys):
+            return
+        name = f"part-{uuid.uuid4().hex}.npz"
+        with atomic_path(self.path / name) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, keys=np.asarray(list(keys), dtype=str), vectors=vectors)
+        shard = len(self._shards)
+        self._shards.append(vectors)
+        for row, k in enumerate(keys):
+            self._index.setdefault(k, (shard, row))
+        self._seen_files.add(name)
+
+    def get_or_compute(
+        self,
+        keys: Sequence[str],
+        items: Sequence[Any],
+        compute: Callable[[list[Any]], np.ndarray],
+        chunk_size: int = 256,
+        progress: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Return vectors for ``keys``, computing the missing ones with ``compute(items)``.
+
+        ``items[i]`` is what ``compute`` needs for ``keys[i]`` (usually the text).
+        Missing items are computed in chunks of ``chunk_size``; each chunk is
+        stored as one shard before the next starts, so a killed run loses at
+        most one chunk.  ``progress(n)`` is called with the number of items done.
+        """
+        if len(keys) != len(items):
+            raise ValueError(f"{len(keys)} keys but {len(items)} items")
+        todo = self.missing(keys)
+        if todo:
+            first = {}
+            for k, it in zip(keys, items):
+                first.setdefault(k, it)
+            for start in range(0, len(todo), chunk_size):
+                chunk = todo[start : start + chunk_size]
+                vecs = np.asarray(compute([first[k] for k in chunk]), dtype=np.float32)
+                if len(vecs) != len(chunk):
+                    raise ValueError(f"compute returned {len(vecs)} vectors for {len(chunk)} items")
+                self.put(chunk, vecs)
+                if progress is not None:
+                    progress(len(chunk))
+        return self.get(keys)
+
+
+class EmbeddingStore:
+    """A directory of :class:`Namespace` s."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._open: dict[str, Namespace] = {}
+
+    def namespace(self, **meta: Any) -> Namespace:
+        """The namespace defined by ``meta`` (e.g. model=fingerprint, calibration=key, kind='sentence')."""
+        meta = json.loads(json.dumps(meta, sort_keys=True, default=str))
+        nid = _namespace_id(meta)
+        if nid not in self._open:
+            self._open[nid] = Namespace(self.root / nid, meta)
+        return self._open[nid]
