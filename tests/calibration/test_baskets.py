@@ -1,0 +1,130 @@
+"""The basket formula on hand-computed rows, and against a loop-based reference on random rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from posfair.calibration.baskets import calibrate_rows
+from reference import reference_calibrate_row
+
+ROW = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0]  # keys 0..5 valid, 6..7 right padding
+
+
+def cal(row, s, e, **kw):
+    return calibrate_rows(torch.tensor(row, dtype=torch.float64), s, e, **kw).numpy()
+
+
+def test_no_isolation_equal_baskets_keep_proportions():
+    out = cal(ROW, 0, 5, basket_size=2)
+    # baskets {0,1} {2,3} {4,5}, each 1/3, proportions kept inside
+    expected = [0.4 / 0.7 / 3, 0.3 / 0.7 / 3, 1 / 6, 1 / 6, 1 / 6, 1 / 6, 0, 0]
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+
+
+def test_bos_equal_share_is_its_own_basket_and_last_basket_shorter():
+    out = cal(ROW, 0, 5, basket_size=2, isolate_bos=True, bos_weight="equal")
+    # BOS alone + content {1,2} {3,4} {5} (last basket shorter): n_total = 4
+    expected = [0.25, 0.25 * 0.75, 0.25 * 0.25, 0.25 * 2 / 3, 0.25 / 3, 0.25, 0, 0]
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+    assert out.sum() == pytest.approx(1.0)
+
+
+def test_bos_original_share_left_alone_content_scaled_to_the_rest():
+    out = cal(ROW, 0, 5, basket_size=2, isolate_bos=True, bos_weight="original")
+    each = (1 - 0.4) / 3
+    expected = [0.4, each * 0.75, each * 0.25, each * 2 / 3, each / 3, each, 0, 0]
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+
+
+def test_float_share_for_eos_and_equal_for_bos():
+    out = cal(ROW, 0, 5, basket_size=2, isolate_bos=True, isolate_eos=True, bos_weight="equal", eos_weight=0.1)
+    # content {1,2} {3,4}: n_b = 2, n_total = 4; BOS 1/4, EOS 0.1, each basket (1 - 0.35) / 2
+    each = 0.65 / 2
+    expected = [0.25, each * 0.75, each * 0.25, each * 2 / 3, each / 3, 0.1, 0, 0]
+    np.testing.assert_allclose(out, expected, atol=1e-12)
+
+
+def test_left_padding_span():
+    row = [0.0, 0.0, 0.5, 0.2, 0.2, 0.1]  # keys 0..1 left padding, valid 2..5
+    out = cal(row, 2, 5, basket_size=1, isolate_eos=True, eos_weight="equal")
+    # content {2} {3} {4}, EOS 5 alone: n_total = 4, every key 1/4
+    np.testing.assert_allclose(out, [0, 0, 0.25, 0.25, 0.25, 0.25], atol=1e-12)
+
+
+def test_zero_mass_basket_stays_zero_then_renormalised():
+    row = [0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
+    out = cal(row, 0, 5, basket_size=2)
+    # baskets {0,1} {2,3} {4,5}; the two empty ones stay 0, the row is renormalised
+    np.testing.assert_allclose(out, [0.5, 0.5, 0, 0, 0, 0], atol=1e-12)
+    row = [0.6, 0.2, 0.0, 0.0, 0.1, 0.1]
+    out = cal(row, 0, 5, basket_size=2)
+    np.testing.assert_allclose(out, [0.375, 0.125, 0, 0, 0.25, 0.25], atol=1e-12)
+
+
+def test_strength_blends_linearly():
+    full = cal(ROW, 0, 5, basket_size=2)
+    half = cal(ROW, 0, 5, basket_size=2, strength=0.5)
+    np.testing.assert_allclose(half, 0.5 * full + 0.5 * np.array(ROW), atol=1e-12)
+    np.testing.assert_allclose(cal(ROW, 0, 5, basket_size=2, strength=0.0), ROW, atol=0)
+
+
+def test_content_shorter_than_one_basket_is_unchanged():
+    np.testing.assert_array_equal(cal(ROW, 0, 5, basket_size=6, isolate_bos=True), ROW)
+    # exactly one full basket is calibrated (here: BOS equal share 1/2, content 1/2)
+    out = cal(ROW, 0, 5, basket_size=5, isolate_bos=True, bos_weight="equal")
+    np.testing.assert_allclose(out[0], 0.5)
+    np.testing.assert_allclose(out[1:6].sum(), 0.5)
+
+
+def test_padding_never_gets_mass_and_rows_sum_to_one():
+    g = torch.Generator().manual_seed(0)
+    a = torch.softmax(torch.randn(3, 4, 10, 40, generator=g), -1)
+    start = torch.tensor([0, 5, 0]).view(3, 1, 1)
+    end = torch.tensor([39, 39, 20]).view(3, 1, 1)
+    keys = torch.arange(40)
+    valid = (keys >= start.unsqueeze(-1)) & (keys <= end.unsqueeze(-1))
+    a = torch.where(valid, a, 0.0)
+    a = a / a.sum(-1, keepdim=True)
+    out = calibrate_rows(a, start, end, basket_size=4, isolate_bos=True)
+    assert torch.all(out[~valid.expand_as(out)] == 0)
+    torch.testing.assert_close(out.sum(-1), torch.ones(3, 4, 10))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(basket_size=3),
+        dict(basket_size=4, isolate_bos=True, bos_weight="original"),
+        dict(basket_size=4, isolate_bos=True, bos_weight="equal"),
+        dict(basket_size=5, isolate_bos=True, isolate_eos=True, bos_weight="original", eos_weight="equal", strength=0.5),
+        dict(basket_size=2, isolate_eos=True, eos_weight=0.3, strength=0.25),
+        dict(basket_size=64),
+    ],
+)
+def test_matches_loop_reference_on_random_rows(kw):
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        K = int(rng.integers(2, 50))
+        s = int(rng.integers(0, K))
+        e = int(rng.integers(s, K))
+        a = np.zeros(K)
+        a[s : e + 1] = rng.dirichlet(np.ones(e - s + 1) * 0.5)
+        if rng.random() < 0.3:  # a zero-mass stretch
+            z = int(rng.integers(s, e + 1))
+            a[z : z + 3] = 0
+            a = a / a.sum()
+        got = cal(a, s, e, **kw)
+        ref = reference_calibrate_row(
+            a, s, e, kw["basket_size"], kw.get("strength", 1.0), kw.get("isolate_bos", False),
+            kw.get("isolate_eos", False), kw.get("bos_weight", "original"), kw.get("eos_weight", "equal"),
+        )
+        np.testing.assert_allclose(got, ref, atol=1e-12)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="basket_size"):
+        cal(ROW, 0, 5, basket_size=0)
+    with pytest.raises(ValueError, match="strength"):
+        cal(ROW, 0, 5, basket_size=2, strength=1.5)

@@ -1,0 +1,122 @@
+"""The calibrated encoder on every architecture: fast path vs an independent slow reference,
+strength 0, batch invariance, short texts, pooling detection and padding side."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import posfair
+from posfair import Calibration
+from reference import reference_mode
+from tiny_models import ARCHS
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+
+
+def text(n_words: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS, n_words))
+
+
+TEXTS = [text(70, 1), text(12, 2), text(45, 3)]  # mixed lengths -> padding in the batch
+CAL = Calibration(basket_size=8, layers=0.5, strength=0.7)
+
+
+def forward(model, texts, calibration):
+    features = model.tokenize(texts)
+    with torch.no_grad(), model.using(calibration):
+        return model(features)["sentence_embedding"], features
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_path_matches_independent_reference(tiny_model, arch):
+    model = tiny_model(arch)
+    assert model.mechanism == "registry"
+    fast, features = forward(model, TEXTS, CAL)
+    stock, _ = forward(model, TEXTS, None)
+    resolved = model.transformer_module.resolve(CAL)
+    with torch.no_grad(), reference_mode(model, resolved, features["attention_mask"]):
+        ref = model(model.tokenize(TEXTS))["sentence_embedding"]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+    assert (fast - stock).abs().max() > 1e-3  # calibration really changed something
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_eager_explicit_path_matches_fast_path(tiny_model, arch):
+    model = tiny_model(arch)
+    fast, _ = forward(model, TEXTS, CAL)
+    model.transformer_module.set_attention_base("eager")
+    try:
+        slow, _ = forward(model, TEXTS, CAL)
+    finally:
+        model.transformer_module.set_attention_base("sdpa")
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_strength_zero_is_the_stock_model(tiny_model, arch):
+    model = tiny_model(arch)
+    stock = model.encode(TEXTS, convert_to_numpy=True)
+    zero = model.encode(TEXTS, calibration=Calibration(basket_size=8, layers=1.0, strength=0.0))
+    assert np.abs(stock - zero).max() <= 1e-6
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batch_invariance(tiny_model, arch):
+    model = tiny_model(arch)
+    for cal in (None, CAL):
+        batch = model.encode(TEXTS, calibration=cal, batch_size=8)
+        alone = np.stack([model.encode([t], calibration=cal)[0] for t in TEXTS])
+        np.testing.assert_allclose(batch, alone, atol=1e-5, rtol=0)
+
+
+def test_texts_shorter_than_one_basket_are_not_calibrated(tiny_model):
+    model = tiny_model("bert")
+    short = [text(10, 7)]  # ~12 tokens, content < 64
+    np.testing.assert_allclose(
+        model.encode(short, calibration=Calibration(basket_size=64, layers=1.0, strength=1.0)),
+        model.encode(short),
+        atol=1e-6,
+    )
+
+
+def test_pooling_detection_and_padding_side(tiny_model, tiny_model_path):
+    assert tiny_model("bert").pooling == "cls"
+    assert tiny_model("bert-mean").pooling == "mean"
+    qwen = tiny_model("qwen3")
+    assert qwen.pooling == "lasttoken" and qwen.tokenizer.padding_side == "left"
+    assert qwen.pooling_module.pooling_mode == "lasttoken"
+    path, _ = tiny_model_path("bert")
+    # a plain transformers folder gets ST's default mean pooling unless overridden
+    assert posfair.load_model(path).pooling == "mean"
+    m = posfair.load_model(path, pooling="lasttoken", padding_side="right")
+    assert m.tokenizer.padding_side == "right" and m.pooling == "lasttoken"
+
+
+def test_default_resolution_for_decoder_isolates_bos_and_eos(tiny_model):
+    r = tiny_model("qwen3").transformer_module.resolve(Calibration())
+    assert r.isolate_bos and r.isolate_eos and r.queries == "pool" and r.layers == (2, 3)
+
+
+def test_bundled_minilm_fast_path_matches_reference(minilm):
+    assert minilm.pooling == "mean" and minilm.num_layers == 6
+    texts = ["The quick brown fox jumps over the lazy dog. " * 6, "Attention calibration spreads mass over baskets."]
+    cal = Calibration(basket_size=16, layers=0.5, strength=1.0)
+    fast, features = forward(minilm, texts, cal)
+    with torch.no_grad(), reference_mode(minilm, minilm.transformer_module.resolve(cal), features["attention_mask"]):
+        ref = minilm(minilm.tokenize(texts))["sentence_embedding"]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+
+
+def test_minilm_cls_pooling_override_matches_reference(tiny_model_path):
+    import posfair.model as pm
+
+    model = posfair.load_model(pm.bundled_model_path(), pooling="cls")
+    texts = ["Positional bias makes later segments hard to find in search. " * 5, "short text here"]
+    cal = Calibration(basket_size=8, layers=2, strength=1.0)
+    fast, features = forward(model, texts, cal)
+    with torch.no_grad(), reference_mode(model, model.transformer_module.resolve(cal), features["attention_mask"]):
+        ref = model(model.tokenize(texts))["sentence_embedding"]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)

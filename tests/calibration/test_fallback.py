@@ -1,0 +1,91 @@
+"""Models whose attention bypasses transformers' registry (remote code computing its own softmax)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import posfair
+from posfair import Calibration
+
+
+class OwnSoftmaxAttention(nn.Module):
+    """A self-attention written like remote-code models: its own softmax, no AttentionInterface."""
+
+    def __init__(self, stock, use_sdpa: bool = False):
+        super().__init__()
+        self.query, self.key, self.value = stock.query, stock.key, stock.value
+        self.head = stock.attention_head_size
+        self.use_sdpa = use_sdpa
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        B, L, _ = hidden_states.shape
+        q, k, v = (m(hidden_states).view(B, L, -1, self.head).transpose(1, 2) for m in (self.query, self.key, self.value))
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)
+        if self.use_sdpa:
+            out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
+        else:
+            scores = q @ k.transpose(-1, -2) / self.head**0.5
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            out = torch.softmax(scores, dim=-1) @ v
+        return out.transpose(1, 2).reshape(B, L, -1), None
+
+
+class NoSoftmaxAttention(OwnSoftmaxAttention):
+    """Normalises with exp/sum by hand: nothing posfair could intercept."""
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        B, L, _ = hidden_states.shape
+        q, k, v = (m(hidden_states).view(B, L, -1, self.head).transpose(1, 2) for m in (self.query, self.key, self.value))
+        w = torch.exp(q @ k.transpose(-1, -2) / self.head**0.5)
+        return ((w / w.sum(-1, keepdim=True)) @ v).transpose(1, 2).reshape(B, L, -1), None
+
+
+def load_with(tiny_model_path, cls, **kw):
+    path, pooling = tiny_model_path("bert")
+    model = posfair.load_model(path, pooling=pooling)
+    for layer in model.transformer_module.auto_model.encoder.layer:
+        layer.attention.self = cls(layer.attention.self, **kw)
+    model.transformer_module._posfair_mode = None  # modules were swapped after loading: probe again
+    return model
+
+
+TEXTS = ["one two three four five six seven eight nine ten eleven twelve " * 4, "a b c d e f g h i j k l m n o p"]
+CAL = Calibration(basket_size=8, layers=0.5, strength=0.8)
+
+
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_fallback_matches_registry_path(tiny_model_path, use_sdpa):
+    path, pooling = tiny_model_path("bert")
+    registry = posfair.load_model(path, pooling=pooling)
+    custom = load_with(tiny_model_path, OwnSoftmaxAttention, use_sdpa=use_sdpa)
+    stock_custom = custom.encode(TEXTS)
+    assert custom.mechanism == "fallback"
+    torch.testing.assert_close(torch.from_numpy(stock_custom), torch.from_numpy(registry.encode(TEXTS)), atol=1e-5, rtol=0)
+    got = custom.encode(TEXTS, calibration=CAL)
+    want = registry.encode(TEXTS, calibration=CAL)
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), atol=1e-5, rtol=0)
+    assert abs(got - stock_custom).max() > 1e-3
+
+
+def test_fallback_mean_pooling_all_rows(tiny_model_path):
+    path, _ = tiny_model_path("bert")
+    registry = posfair.load_model(path, pooling="mean")
+    custom = load_with(tiny_model_path, OwnSoftmaxAttention)
+    custom._posfair_setup("mean", None, None)
+    torch.testing.assert_close(
+        torch.from_numpy(custom.encode(TEXTS, calibration=CAL)),
+        torch.from_numpy(registry.encode(TEXTS, calibration=CAL)),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+def test_unsupported_attention_is_an_error_naming_the_class(tiny_model_path):
+    model = load_with(tiny_model_path, NoSoftmaxAttention)
+    model.encode(TEXTS)  # stock encoding is unaffected
+    with pytest.raises(TypeError, match=r"cannot calibrate BertModel"):
+        model.encode(TEXTS, calibration=CAL)

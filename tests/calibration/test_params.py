@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import pytest
+
+from posfair import Calibration
+
+
+def test_defaults_are_the_robust_default():
+    c = Calibration()
+    assert (c.basket_size, c.layers, c.strength) == (128, 0.5, 0.5)
+    assert (c.bos_weight, c.eos_weight) == ("original", "equal")
+
+
+@pytest.mark.parametrize(
+    "layers,n,expected",
+    [
+        (0.5, 12, tuple(range(6, 12))),
+        (0.5, 6, (3, 4, 5)),
+        (0.5, 1, (0,)),  # max(1, floor(0.5 * 1))
+        (0.3, 4, (3,)),  # floor(1.2) = 1
+        (1.0, 4, (0, 1, 2, 3)),
+        (1, 12, (11,)),
+        (6, 12, tuple(range(6, 12))),
+        ((0, 2), 4, (0, 2)),
+        ([3, 1], 4, (1, 3)),
+    ],
+)
+def test_layer_resolution(layers, n, expected):
+    assert Calibration(layers=layers).layer_indices(n) == expected
+
+
+@pytest.mark.parametrize(
+    "pooling,bos,eos,queries",
+    [("cls", True, False, "pool"), ("lasttoken", True, True, "pool"), ("mean", False, False, "all")],
+)
+def test_resolution_defaults_follow_pooling(pooling, bos, eos, queries):
+    r = Calibration().resolve(pooling, 12)
+    assert (r.isolate_bos, r.isolate_eos, r.queries) == (bos, eos, queries)
+    r = Calibration(isolate_bos=False, queries="all").resolve(pooling, 12)
+    assert (r.isolate_bos, r.queries) == (False, "all")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(basket_size=0), "basket_size"),
+        (dict(basket_size=2.5), "basket_size"),
+        (dict(strength=-0.1), r"strength .*\[0, 1\]"),
+        (dict(strength=1.01), "strength"),
+        (dict(layers=0), "layers"),
+        (dict(layers=1.5), r"\(0, 1\]"),
+        (dict(layers=()), "empty"),
+        (dict(layers=(1, 1)), "duplicate"),
+        (dict(layers=(-1,)), "layer indices"),
+        (dict(bos_weight="half"), "bos_weight"),
+        (dict(eos_weight=1.0), r"eos_weight.*\[0, 1\)"),
+        (dict(bos_weight=0.6, eos_weight=0.5), "no attention mass"),
+        (dict(queries="some"), "queries"),
+        (dict(isolate_bos="yes"), "isolate_bos"),
+    ],
+)
+def test_invalid_values_name_the_parameter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Calibration(**kwargs)
+
+
+def test_layer_out_of_range_is_named():
+    with pytest.raises(ValueError, match=r"out of range.*6 layers"):
+        Calibration(layers=(2, 7)).layer_indices(6)
+    with pytest.raises(ValueError, match="only 6"):
+        Calibration(layers=8).layer_indices(6)
+
+
+def test_immutable_hashable_and_roundtrip():
+    c = Calibration(basket_size=64, layers=(1, 3), strength=0.25, bos_weight=0.1)
+    with pytest.raises(AttributeError):
+        c.strength = 1.0  # type: ignore[misc]
+    assert Calibration.from_dict(c.to_dict()) == c
+    assert hash(c) == hash(Calibration.from_dict(c.to_dict()))
+    assert c.key() == Calibration.from_dict(c.to_dict()).key() != Calibration().key()
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("128,0.5,0.5", Calibration(128, 0.5, 0.5)),
+        ("512,1,1.0", Calibration(512, 1, 1.0)),
+        ("64,3+4+5,1", Calibration(64, (3, 4, 5), 1.0)),
+    ],
+)
+def test_parse(spec, expected):
+    assert Calibration.parse(spec) == expected
+
+
+def test_parse_errors():
+    with pytest.raises(ValueError, match="BASKET,LAYERS,STRENGTH"):
+        Calibration.parse("128,0.5")
+    with pytest.raises(ValueError, match="basket size"):
+        Calibration.parse("x,0.5,0.5")

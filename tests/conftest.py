@@ -1,0 +1,49 @@
+"""Shared fixtures: the bundled MiniLM and seeded tiny models of each architecture."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    import posfair
+
+    return posfair.load_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """Factory: arch -> (folder, pooling) of a seeded tiny random model (built once per session)."""
+    from tiny_models import build_tiny_model
+
+    cache = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            cache[arch] = build_tiny_model(arch, tmp_path_factory.mktemp(f"tiny-{arch}"))
+        return cache[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_path):
+    """Factory: arch -> a loaded FairModel (cached per session; do not mutate its default calibration)."""
+    import posfair
+
+    cache = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            path, pooling = tiny_model_path(arch)
+            cache[arch] = posfair.load_model(path, pooling=pooling)
+        return cache[arch]
+
+    return make

@@ -1,0 +1,75 @@
+"""Seeded tiny randomly-initialised models of the architectures posfair must handle.
+
+Each builder writes a transformers folder (weights + config + the bundled
+MiniLM's WordPiece tokenizer, which every tiny model shares) and returns its
+path; tests load it with ``posfair.load_model(path, pooling=...)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from posfair.model import bundled_model_path
+
+VOCAB = 30522  # the bundled WordPiece vocabulary
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128)
+
+
+def _configs():
+    from transformers import BertConfig, ModernBertConfig, Qwen3Config, XLMRobertaConfig
+
+    return {
+        # CLS-pooled encoders (as bge-m3 / gte)
+        "bert": (BertConfig(**COMMON, max_position_embeddings=512, pad_token_id=0), "cls"),
+        "xlmr": (XLMRobertaConfig(**COMMON, max_position_embeddings=514, pad_token_id=0), "cls"),
+        # mean-pooled BERT (as all-MiniLM / jina-v3)
+        "bert-mean": (BertConfig(**COMMON, max_position_embeddings=512, pad_token_id=0), "mean"),
+        # ModernBERT alternates global and sliding-window layers; a small window makes it matter
+        "modernbert": (
+            ModernBertConfig(
+                **COMMON,
+                max_position_embeddings=512,
+                local_attention=16,
+                global_attn_every_n_layers=2,
+                pad_token_id=0,
+                bos_token_id=101,
+                cls_token_id=101,
+                eos_token_id=102,
+                sep_token_id=102,
+            ),
+            "cls",
+        ),
+        # decoder with grouped-query attention, last-token pooling, left padding (as Qwen3-Embedding)
+        "qwen3": (
+            Qwen3Config(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=512,
+                pad_token_id=0,
+            ),
+            "lasttoken",
+        ),
+    }
+
+
+ARCHS = tuple(_configs())
+
+
+def build_tiny_model(arch: str, folder: Path, seed: int = 0) -> tuple[Path, str]:
+    """Write the tiny ``arch`` model to ``folder``; returns (path, pooling)."""
+    config, pooling = _configs()[arch]
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(config)
+    model.eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(folder)
+    return folder, pooling
