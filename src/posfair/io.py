@@ -23,6 +23,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; results are ordinary files
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -57,5 +60,7 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     return atomic_write(path, _w)
 
 
-def atomic_write_parquet(path: str | os.PathLike, df) -> Path:
-    return atomic_write(path, lambda p: df.to_parquet(p, index=False))
+def atomic_write_parquet(path: str | os.PathLike, df, **to_parquet_kwargs) -> Path:
+    """Write a DataFrame as Parquet atomically (``to_parquet_kwargs``: compression=..., etc.)."""
+    to_parquet_kwargs.setdefault("index", False)
+    return atomic_write(path, lambda p: df.to_parquet(p, **to_parquet_kwargs))

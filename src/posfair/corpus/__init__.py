@@ -1,1 +1,36 @@
-"""posfair.corpus."""
+"""posfair.corpus: topic-aligned multilingual segment corpora.
+
+* :func:`load_corpus` reads the bundled Debian-documentation corpus, JSONL/Parquet
+  files, ``datasets`` save_to_disk folders or Hugging Face datasets, and validates them
+  (:class:`CorpusError` names the field and rows at fault).
+* :mod:`posfair.corpus.filters` holds token counting and the length rules of the papers
+  (length window scaled to the model limit, +-70% of the reference language).
+"""
+
+from posfair.corpus.filters import (
+    default_length_window,
+    filter_by_length,
+    filter_by_reference_length,
+    token_lengths,
+    topics_in_all,
+)
+from posfair.corpus.load import (
+    REQUIRED_FIELDS,
+    CorpusError,
+    bundled_corpus_path,
+    load_corpus,
+    validate_corpus,
+)
+
+__all__ = [
+    "REQUIRED_FIELDS",
+    "CorpusError",
+    "bundled_corpus_path",
+    "default_length_window",
+    "filter_by_length",
+    "filter_by_reference_length",
+    "load_corpus",
+    "token_lengths",
+    "topics_in_all",
+    "validate_corpus",
+]
