@@ -207,20 +207,25 @@ class Calibration:
             basket = int(b)
         except ValueError:
             raise ValueError(f"basket size in calibration spec {spec!r} must be an integer; got {b!r}") from None
-        try:
-            if "+" in layers_s:
-                layers: Any = tuple(int(x) for x in layers_s.split("+"))
-            elif "." in layers_s:
-                layers = float(layers_s)
-            else:
-                layers = int(layers_s)
-        except ValueError:
-            raise ValueError(f"layers in calibration spec {spec!r} must be an int, a float or i+j+k; got {layers_s!r}") from None
+        layers = parse_layers(layers_s)
         try:
             strength = float(a)
         except ValueError:
             raise ValueError(f"strength in calibration spec {spec!r} must be a number; got {a!r}") from None
         return cls(basket_size=basket, layers=layers, strength=strength)
+
+
+def parse_layers(text: str) -> Union[int, float, tuple[int, ...]]:
+    """The CLI form of ``layers``: ``6`` (last 6), ``0.5`` (last half) or ``3+4+5`` (explicit indices)."""
+    text = text.strip()
+    try:
+        if "+" in text:
+            return tuple(int(x) for x in text.split("+"))
+        if "." in text:
+            return float(text)
+        return int(text)
+    except ValueError:
+        raise ValueError(f"layers must be an int (last k layers), a fraction like 0.5, or indices like 3+4+5; got {text!r}") from None
 
 
 @dataclass(frozen=True)

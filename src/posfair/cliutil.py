@@ -1,0 +1,56 @@
+"""Helpers shared by the command-line commands: progress bars, model loading, calibration options."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from posfair.calibration.params import Calibration, parse_layers
+
+
+def progress():
+    """A rich progress bar with counts, elapsed and remaining time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+def load_model_option(model: Optional[str], **kwargs):
+    """Load ``--model`` (None or "bundled" = the bundled MiniLM) as a FairModel."""
+    from posfair.model import load_model
+
+    return load_model(None if model in (None, "", "bundled") else model, **kwargs)
+
+
+def calibration_option(
+    spec: Optional[str] = None,
+    basket_size: Optional[int] = None,
+    layers: Optional[str] = None,
+    strength: Optional[float] = None,
+) -> Optional[Calibration]:
+    """A Calibration from ``--calibration B,layers,alpha`` or the separate options (None if none given).
+
+    Separate options fill in the defaults (B=128, last 50% of layers, strength 0.5)
+    for what they do not name, and override the spec's fields when both are given.
+    """
+    if spec is None and basket_size is None and layers is None and strength is None:
+        return None
+    base = Calibration.parse(spec) if spec else Calibration()
+    fields = base.to_dict()
+    if basket_size is not None:
+        fields["basket_size"] = basket_size
+    if layers is not None:
+        fields["layers"] = parse_layers(layers)
+    if strength is not None:
+        fields["strength"] = strength
+    return Calibration.from_dict(fields)
+
+
+def calibrations_option(specs: Sequence[str] | None) -> list[Calibration]:
+    """Several ``B,layers,alpha`` specs (``default`` = the robust default ``128,0.5,0.5``)."""
+    return [Calibration() if s.strip().lower() == "default" else Calibration.parse(s) for s in (specs or [])]
