@@ -128,3 +128,36 @@ def test_bad_arguments():
         cal(ROW, 0, 5, basket_size=0)
     with pytest.raises(ValueError, match="strength"):
         cal(ROW, 0, 5, basket_size=2, strength=1.5)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(basket_size=3),
+        dict(basket_size=4, isolate_bos=True, bos_weight="original", strength=0.5),
+        dict(basket_size=4, isolate_bos=True, isolate_eos=True, bos_weight="equal", eos_weight=0.2),
+        dict(basket_size=7, isolate_eos=True, eos_weight="original", strength=0.3),
+        dict(basket_size=40),
+    ],
+)
+def test_in_place_span_path_matches_reference(kw):
+    from posfair.calibration.baskets import calibrate_span_
+
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        K = int(rng.integers(2, 60))
+        s = int(rng.integers(0, K))
+        e = int(rng.integers(s, K))
+        rows = np.zeros((5, K))
+        rows[:, s : e + 1] = rng.dirichlet(np.ones(e - s + 1) * 0.5, size=5)
+        if e - s + 1 > 9:  # a row with empty baskets (it keeps some mass)
+            rows[1, s : s + 9] = 0
+            rows[1] /= rows[1].sum()
+        t = torch.tensor(rows)
+        calibrate_span_(t, s, e, **kw)
+        for r in range(5):
+            ref = reference_calibrate_row(
+                rows[r], s, e, kw["basket_size"], kw.get("strength", 1.0), kw.get("isolate_bos", False),
+                kw.get("isolate_eos", False), kw.get("bos_weight", "original"), kw.get("eos_weight", "equal"),
+            )
+            np.testing.assert_allclose(t[r].numpy(), ref, atol=1e-12)

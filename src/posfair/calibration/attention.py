@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posfair.calibration.baskets import calibrate_rows
+from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from posfair.calibration.params import ResolvedCalibration
 
 ATTN_SDPA = "posfair_sdpa"
@@ -160,11 +160,13 @@ def _explicit_probs(
 
     q: (B, Hkv, g, T, D); key: (B, Hkv, K, D); mask_rows: additive, broadcastable to (B, Hkv, g, T, K).
     """
-    scores = torch.matmul(q.float(), key.float().transpose(-1, -2).unsqueeze(2)) * scaling
+    scores = torch.matmul(q.float(), key.float().transpose(-1, -2).unsqueeze(2))
+    scores.mul_(scaling)
     if mask_rows is not None:
-        scores = scores + mask_rows
+        scores.add_(mask_rows)
     probs = torch.softmax(scores, dim=-1)
-    return torch.nan_to_num(probs, nan=0.0)
+    del scores
+    return probs.nan_to_num_(nan=0.0)
 
 
 def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
@@ -240,17 +242,21 @@ def explicit_attention(
     record: bool,
     kwargs: dict,
     tile_rows: int | None = None,
+    naive: bool = False,
 ) -> torch.Tensor:
     """Attention computed explicitly, tiled over query rows; returns (B, L, H, D).
 
     ``calibrate_rows_mode``: None (stock), "pool" or "all" — which rows get calibrated.
-    With ``tile_rows=None`` the tile size follows :data:`TILE_BYTES`; ``tile_rows=L``
-    materialises the full matrix (the naive path).
+    With ``tile_rows=None`` the tile size follows :data:`TILE_BYTES`.  ``naive=True``
+    is the hook-style baseline: the full matrix in one tile, calibrated with the
+    general per-row function (the benchmark's "naive" path and a slow cross-check).
     """
     B, H, L, D = query.shape
     K = key.shape[2]
     kv_heads, groups = _grouped(query, key)
-    if tile_rows is None:
+    if naive:
+        tile_rows = L
+    elif tile_rows is None:
         tile_rows = max(1, min(L, TILE_BYTES // max(1, B * H * K * 4)))
     causal = attention_mask is None and _is_causal(module, kwargs) and L > 1
     q_all = query.view(B, kv_heads, groups, L, D)
@@ -268,7 +274,13 @@ def explicit_attention(
             c = _causal_additive(t0, t1, K, query.device)
             mask = c if mask is None else mask + c
         probs = _explicit_probs(q_all[:, :, :, t0:t1], key, mask, scaling)  # (B, Hkv, g, T, K)
-        if calibrate_rows_mode is not None and state is not None:
+        if calibrate_rows_mode == "all" and not naive:
+            # fast path: every row of a sequence shares its span; padding query rows are calibrated
+            # too, which is harmless (their outputs only reach masked keys and are never pooled)
+            kw = _calib_kwargs(state.calibration)
+            for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist())):
+                calibrate_span_(probs[b], s_b, e_b, **kw)
+        elif calibrate_rows_mode is not None and state is not None:
             cal = calibrate_rows(probs, start, end, **_calib_kwargs(state.calibration))
             rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
             if calibrate_rows_mode == "all":
@@ -312,7 +324,7 @@ def _make_attention_function(base: str) -> Callable:
             if state is not None and (calibrate or record):
                 _check_supported(kwargs)
             mode = state.calibration.queries if calibrate else None
-            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, tile_rows=query.shape[2])
+            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, naive=True)
             return out, None
         if not (calibrate or record):
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)

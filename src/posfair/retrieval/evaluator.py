@@ -1,0 +1,325 @@
+"""Position-aware retrieval evaluation of one model under one encoding setting.
+
+Protocol of the papers: documents are encoded with the setting under test
+(stock, a :class:`~posfair.Calibration`, or Segment Embed Average), queries are
+always encoded with the stock model (with the model's query prompt, e.g.
+Qwen3-Embedding's ``"Instruct: ...\\nQuery: "``); exact inner-product search of
+L2-normalised embeddings (top 100); binary nDCG@10 per query; group scores,
+Harm, PSI; per length bucket PSI over relative-position bins for PosIR-style
+benchmarks.  Every embedding goes through an :class:`~posfair.store.EmbeddingStore`
+when one is given, keyed by model fingerprint, setting and prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from posfair.calibration import Calibration
+from posfair.io import atomic_write_json, atomic_write_parquet
+from posfair.retrieval.benchmarks import RetrievalBenchmark
+from posfair.retrieval.encoding import stock_kwargs
+from posfair.retrieval.groups import relpos_bin
+from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
+from posfair.retrieval.search import search
+from posfair.retrieval.sea import SegmentEmbedAverage
+from posfair.store import EmbeddingStore, Namespace, text_key
+
+try:  # sentence-transformers >= 6
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator as _EvaluatorBase
+except ImportError:  # older releases
+    from sentence_transformers.evaluation import SentenceEvaluator as _EvaluatorBase
+
+__all__ = [
+    "QWEN3_QUERY_PROMPT",
+    "PositionalRetrievalEvaluator",
+    "RetrievalResult",
+    "default_query_prompt",
+    "model_fingerprint",
+]
+
+QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+# (substring of the model name, lower case) -> query prefix used by the published evaluations
+_QUERY_PROMPTS = {"qwen3-embedding": QWEN3_QUERY_PROMPT}
+
+
+def _model_name(model: Any) -> str:
+    for attr in ("name_or_path", "model_name_or_path"):
+        v = getattr(model, attr, None)
+        if isinstance(v, str) and v:
+            return v
+    card = getattr(model, "model_card_data", None)
+    if card is not None and getattr(card, "base_model", None):
+        return str(card.base_model)
+    try:
+        return str(model[0].auto_model.config._name_or_path)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return type(model).__name__
+
+
+def default_query_prompt(model: Any) -> str | None:
+    """The query prefix the published evaluations used for this model (None for most models)."""
+    name = _model_name(model).lower()
+    for pattern, prompt in _QUERY_PROMPTS.items():
+        if pattern in name:
+            return prompt
+    return None
+
+
+def model_fingerprint(model: Any) -> str:
+    """``model.fingerprint`` when the model has one; else a sha256 over its structure and weights."""
+    fp = getattr(model, "fingerprint", None)
+    if isinstance(fp, str) and fp:
+        return fp
+    import torch
+
+    h = hashlib.sha256(repr(model).encode())
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return "sha256:" + h.hexdigest()[:32]
+
+
+@dataclass
+class RetrievalResult:
+    """Per-query and aggregate results of one setting on one benchmark."""
+
+    benchmark: str
+    setting: str
+    method: str  # "stock", "calibrated" or "sea"
+    calibration: dict[str, Any] | None
+    query_ids: list[str]
+    ndcg: np.ndarray
+    recall: np.ndarray
+    metrics: dict[str, float]
+    groups: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.benchmark, "setting": self.setting, "method": self.method, "calibration": self.calibration,
+            "query_ids": list(self.query_ids), "ndcg": [float(x) for x in self.ndcg], "recall": [float(x) for x in self.recall],
+            "metrics": self.metrics, "groups": self.groups,
+            "buckets": {b: {**v, "bins": {str(k): x for k, x in v["bins"].items()}} for b, v in self.buckets.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RetrievalResult":
+        return cls(
+            benchmark=d["benchmark"], setting=d["setting"], method=d["method"], calibration=d["calibration"],
+            query_ids=list(d["query_ids"]), ndcg=np.asarray(d["ndcg"], dtype=np.float64), recall=np.asarray(d["recall"], dtype=np.float64),
+            metrics=dict(d["metrics"]), groups=dict(d["groups"]),
+            buckets={b: {**v, "bins": {int(k): x for k, x in v["bins"].items()}} for b, v in d["buckets"].items()},
+        )
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RetrievalResult":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def score_rankings(benchmark: RetrievalBenchmark, ranked: np.ndarray, k: int = 10, recall_depth: int = 100) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, float], dict]:
+    """Per-query nDCG@k and recall, the flat metrics dict, group scores and PosIR bucket stats."""
+    ndcg = ndcg_at_k(ranked, benchmark.relevant, k)
+    recall = recall_at_k(ranked, benchmark.relevant, recall_depth)
+    metrics: dict[str, float] = {f"ndcg@{k}": float(ndcg.mean()), f"recall@{recall_depth}": float(recall.mean())}
+    groups = group_scores(ndcg, benchmark.groups) if benchmark.groups else {}
+    for g, v in groups.items():
+        metrics[f"ndcg@{k}[{g}]"] = v
+    if groups:
+        metrics["harm"] = harmonic_mean(groups)
+        metrics["psi"] = psi(groups)
+    buckets: dict = {}
+    if benchmark.is_posir:
+        buckets = posir_bucket_scores(ndcg, benchmark.length_bucket, relpos_bin(benchmark.relpos))
+        for b, v in buckets.items():
+            metrics[f"psi[{b}]"] = v["psi"]
+            metrics[f"ndcg@{k}[{b}]"] = v["ndcg@10"]
+    return ndcg, recall, metrics, groups, buckets
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    """Yields ``task(description, total) -> advance(n)``; a rich progress bar when enabled."""
+    if not enabled:
+        yield lambda desc, total: (lambda n: None)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), transient=False) as prog:
+        def task(desc: str, total: int) -> Callable[[int], None]:
+            tid = prog.add_task(desc, total=total)
+            return lambda n: prog.advance(tid, n)
+
+        yield task
+
+
+class PositionalRetrievalEvaluator(_EvaluatorBase):
+    """A sentence-transformers-style evaluator: ``evaluator(model) -> dict[str, float]``.
+
+    Args:
+        benchmark: a :class:`RetrievalBenchmark`.
+        calibration: applied to document encodings (queries stay stock); None = stock.
+        sea: a :class:`SegmentEmbedAverage` to embed documents with instead (exclusive with calibration).
+        query_prompt: prefix for queries; ``"auto"`` (default) = the published
+            one for the model (Qwen3-Embedding's instruction, none for others);
+            None or "" = no prefix.
+        query_prompt_name: a name in ``model.prompts`` to use instead.
+        document_prompt: prefix for documents (none in the papers).
+        store: an :class:`EmbeddingStore` (or a directory) caching every embedding.
+        top_k: search depth (>= 10; recall is reported at this depth).
+    """
+
+    def __init__(
+        self,
+        benchmark: RetrievalBenchmark,
+        calibration: Calibration | None = None,
+        *,
+        sea: SegmentEmbedAverage | None = None,
+        query_prompt: str | None = "auto",
+        query_prompt_name: str | None = None,
+        document_prompt: str | None = None,
+        store: EmbeddingStore | str | Path | None = None,
+        batch_size: int = 32,
+        top_k: int = 100,
+        use_faiss: bool = False,
+        name: str = "",
+        show_progress_bar: bool = False,
+        encode_chunk: int = 256,
+    ):
+        super().__init__()
+        if calibration is not None and sea is not None:
+            raise ValueError("give either a calibration or a SegmentEmbedAverage, not both")
+        if top_k < 10:
+            raise ValueError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
+        self.benchmark = benchmark
+        self.calibration = calibration
+        self.sea = sea
+        self.query_prompt = query_prompt
+        self.query_prompt_name = query_prompt_name
+        self.document_prompt = document_prompt or None
+        self.store = EmbeddingStore(store) if isinstance(store, (str, Path)) else store
+        self.batch_size = batch_size
+        self.top_k = top_k
+        self.use_faiss = use_faiss
+        self.name = name
+        self.show_progress_bar = show_progress_bar
+        self.encode_chunk = encode_chunk
+        self.primary_metric = "harm" if benchmark.groups else "ndcg@10"
+
+    # -- settings ---------------------------------------------------------------------------
+    @property
+    def method(self) -> str:
+        return "sea" if self.sea is not None else ("calibrated" if self.calibration is not None else "stock")
+
+    @property
+    def setting(self) -> str:
+        if self.sea is not None:
+            return "SEA"
+        return self.calibration.label() if self.calibration is not None else "stock"
+
+    def _query_prompt(self, model: Any) -> str | None:
+        if self.query_prompt_name is not None:
+            prompts = getattr(model, "prompts", None) or {}
+            if self.query_prompt_name not in prompts:
+                raise ValueError(f"the model has no prompt named {self.query_prompt_name!r}; it has {sorted(prompts)}")
+            return prompts[self.query_prompt_name] or None
+        if self.query_prompt == "auto":
+            return default_query_prompt(model)
+        return self.query_prompt or None
+
+    def _encoder(self, model: Any, prompt: str | None, calibration: Calibration | None) -> Callable[[list[str]], np.ndarray]:
+        kwargs: dict[str, Any] = dict(batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+        if prompt:
+            kwargs["prompt"] = prompt
+        kwargs.update(stock_kwargs(model, calibration))
+        return lambda texts: np.asarray(model.encode(list(texts), **kwargs), dtype=np.float32)
+
+    def _namespace(self, fp: str, **meta: Any) -> Namespace | None:
+        return self.store.namespace(model=fp, **meta) if self.store is not None else None
+
+    def _embed(
+        self, texts: list[str], ns: Namespace | None, compute: Callable[[list[str]], np.ndarray], advance: Callable[[int], None], chunk: int | None = None
+    ) -> np.ndarray:
+        chunk = chunk or self.encode_chunk
+        keys = [text_key(t) for t in texts]
+        if ns is not None:
+            n_cached = len(keys) - len(ns.missing(keys))
+            advance(n_cached)
+            return ns.get_or_compute(keys, texts, compute, chunk_size=chunk, progress=advance)
+        uniq = list(dict.fromkeys(texts))
+        vecs = []
+        for s in range(0, len(uniq), chunk):
+            part = uniq[s : s + chunk]
+            vecs.append(compute(part))
+            advance(len(part))
+        pos = {t: i for i, t in enumerate(uniq)}
+        return np.concatenate(vecs)[[pos[t] for t in texts]]
+
+    # -- encoding ---------------------------------------------------------------------------
+    def encode_queries(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
+        prompt = self._query_prompt(model)
+        ns = self._namespace(model_fingerprint(model), kind="query", calibration="none", prompt=prompt or "")
+        return self._embed(self.benchmark.query_texts, ns, self._encoder(model, prompt, None), advance)
+
+    def encode_documents(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
+        fp = model_fingerprint(model)
+        texts = self.benchmark.corpus_texts
+        if self.sea is not None:
+            chunk_ns = self._namespace(fp, kind="sea-chunk", calibration="none", normalize=self.sea.normalize_chunks)
+            ns = self._namespace(fp, kind="sea-document", sea=self.sea.config())
+            # SEA chunks each passage separately (slow): store every few passages
+            return self._embed(texts, ns, lambda batch: self.sea.embed(model, batch, chunk_ns), advance, chunk=min(self.encode_chunk, 16))
+        cal_key = self.calibration.key() if self.calibration is not None else "none"
+        ns = self._namespace(fp, kind="document", calibration=cal_key, prompt=self.document_prompt or "")
+        return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def retrieve(self, q: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Top-k global document indices per query (searching each domain separately; -1 = padding)."""
+        ranked = np.full((len(q), self.top_k), -1, dtype=np.int64)
+        for _, qi, di in self.benchmark.domain_slices():
+            if len(qi) == 0:
+                continue
+            idx, _ = search(q[qi], d[di], k=self.top_k, use_faiss=self.use_faiss)
+            ranked[qi, : idx.shape[1]] = di[idx]
+        return ranked
+
+    def evaluate(self, model: Any) -> RetrievalResult:
+        b = self.benchmark
+        with _progress(self.show_progress_bar) as task:
+            q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(b.query_texts)))
+            d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(b.corpus_texts)))
+        ranked = self.retrieve(q, d)
+        ndcg, recall, metrics, groups, buckets = score_rankings(b, ranked, 10, self.top_k)
+        return RetrievalResult(
+            benchmark=b.name, setting=self.setting, method=self.method,
+            calibration=self.calibration.to_dict() if self.calibration is not None else None,
+            query_ids=list(b.query_ids), ndcg=ndcg, recall=recall, metrics=metrics, groups=groups, buckets=buckets,
+        )
+
+    def __call__(self, model: Any, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+        result = self.evaluate(model)
+        if output_path is not None:
+            out = Path(output_path)
+            stem = f"positional_retrieval_{self.name or result.benchmark}_{self.setting}".replace("/", "_")
+            suffix = f"_epoch{epoch}_steps{steps}" if epoch != -1 or steps != -1 else ""
+            atomic_write_json(out / f"{stem}{suffix}.json", result.metrics)
+            atomic_write_parquet(out / f"{stem}{suffix}_per_query.parquet", pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}))
+        metrics = self.prefix_name_to_metrics(result.metrics, self.name)
+        if hasattr(model, "model_card_data"):
+            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
+        return metrics
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"benchmark": self.benchmark.name, "setting": self.setting, "top_k": self.top_k}

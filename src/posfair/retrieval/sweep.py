@@ -1,0 +1,148 @@
+"""Calibration sweeps: the paper's grid and the fine strength sweep, resumable.
+
+Layout of a sweep directory::
+
+    OUT/
+      sweep.json              model fingerprint, benchmark summary, settings (checked on resume)
+      embeddings/             the EmbeddingStore (queries once, documents per setting)
+      runs/<setting>.json     one RetrievalResult per setting (written atomically when done)
+      table_groups.{csv,md,tex}   Table 1 layout (benchmarks with positional groups)
+      table_buckets.{csv,md,tex}  Table 2 layout (PosIR-style benchmarks)
+      strength.png            Figure 3 (when the settings include a strength series)
+
+A killed sweep is re-run with the same command: finished settings are read from
+``runs/``, the unfinished one resumes from the embeddings already stored, and the
+tables are rebuilt from all runs, so they are identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from posfair.calibration import Calibration
+from posfair.io import atomic_write_json
+from posfair.retrieval.benchmarks import RetrievalBenchmark
+from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult, model_fingerprint
+from posfair.retrieval.sea import SegmentEmbedAverage
+from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, write_table
+from posfair.store import EmbeddingStore
+
+__all__ = ["paper_grid", "strength_sweep", "run_sweep", "write_results"]
+
+PAPER_BASKETS = (128, 256, 512)
+PAPER_LAYERS: tuple[Any, ...] = (1, 0.5)  # last layer, last 50% of layers
+PAPER_STRENGTHS = (0.5, 1.0)
+
+
+def paper_grid(
+    basket_sizes: Sequence[int] = PAPER_BASKETS, layer_sets: Sequence[Any] = PAPER_LAYERS, strengths: Sequence[float] = PAPER_STRENGTHS
+) -> list[Calibration]:
+    """Basket size x layer set x strength (paper: {128, 256, 512} x {last, last 50%} x {0.5, 1.0})."""
+    return [Calibration(basket_size=b, layers=l, strength=a) for l in layer_sets for a in strengths for b in basket_sizes]
+
+
+def strength_sweep(basket_size: int = 128, layer_sets: Sequence[Any] = PAPER_LAYERS, step: float = 0.05) -> list[Calibration]:
+    """Strengths step, 2 step, ..., 1 for each layer set (strength 0 is the stock run)."""
+    if not 0 < step <= 1:
+        raise ValueError(f"step must be in (0, 1]; got {step}")
+    n = int(round(1 / step))
+    if not np.isclose(n * step, 1.0):
+        raise ValueError(f"step must divide 1 (e.g. 0.05, 0.1, 0.25); got {step}")
+    return [Calibration(basket_size=basket_size, layers=l, strength=round(i * step, 10)) for l in layer_sets for i in range(1, n + 1)]
+
+
+def _run_name(ev: PositionalRetrievalEvaluator) -> str:
+    if ev.method == "stock":
+        return "stock"
+    if ev.method == "sea":
+        blob = json.dumps(ev.sea.config(), sort_keys=True)
+        return "sea-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return f"{ev.calibration.label()}-{ev.calibration.key()}"
+
+
+def write_results(results: Sequence[RetrievalResult], out_dir: str | Path, plot_basket: int | None = None) -> list[Path]:
+    """Tables, and the strength plot when some basket size has >= 2 strengths (default: the one with most)."""
+    out = Path(out_dir)
+    written: list[Path] = []
+    if results[0].groups:
+        written += write_table(group_table(results), out / "table_groups")
+    if results[0].buckets:
+        written += write_table(bucket_table(results), out / "table_buckets")
+    series: dict[int, set] = {}
+    for r in results:
+        if r.method == "calibrated":
+            series.setdefault(r.calibration["basket_size"], set()).add(r.calibration["strength"])
+    if plot_basket is None and series:
+        plot_basket = max(sorted(series), key=lambda b: len(series[b]))
+    if results[0].groups and any(r.method == "stock" for r in results) and len(series.get(plot_basket, ())) >= 2:
+        written.append(plot_strength_curves(results, out / "strength.png", basket_size=plot_basket))
+    return written
+
+
+def run_sweep(
+    model: Any,
+    benchmark: RetrievalBenchmark,
+    calibrations: Sequence[Calibration],
+    out_dir: str | Path,
+    *,
+    include_stock: bool = True,
+    sea: SegmentEmbedAverage | None = None,
+    store: EmbeddingStore | None = None,
+    query_prompt: str | None = "auto",
+    batch_size: int = 32,
+    top_k: int = 100,
+    use_faiss: bool = False,
+    show_progress_bar: bool = False,
+    encode_chunk: int = 256,
+) -> list[RetrievalResult]:
+    """Evaluate stock (+ SEA) + every calibration on ``benchmark``; resumable; writes tables."""
+    out = Path(out_dir)
+    store = store or EmbeddingStore(out / "embeddings")
+    fp = model_fingerprint(model)
+    settings: list[tuple[Calibration | None, SegmentEmbedAverage | None]] = []
+    if include_stock:
+        settings.append((None, None))
+    if sea is not None:
+        settings.append((None, sea))
+    seen = set()
+    for c in calibrations:
+        if c.key() not in seen:
+            seen.add(c.key())
+            settings.append((c, None))
+    if not settings:
+        raise ValueError("nothing to run: no calibration, stock run disabled and no SEA")
+    evaluators = [
+        PositionalRetrievalEvaluator(
+            benchmark, cal, sea=s, query_prompt=query_prompt, store=store, batch_size=batch_size, top_k=top_k,
+            use_faiss=use_faiss, show_progress_bar=show_progress_bar, encode_chunk=encode_chunk,
+        )
+        for cal, s in settings
+    ]
+    manifest = {
+        "model": fp, "benchmark": benchmark.summary(), "top_k": top_k,
+        "query_prompt": evaluators[0]._query_prompt(model), "settings": [_run_name(e) for e in evaluators],
+    }
+    mpath = out / "sweep.json"
+    if mpath.exists():
+        old = json.loads(mpath.read_text())
+        for k in ("model", "benchmark", "top_k", "query_prompt"):
+            if old.get(k) != json.loads(json.dumps(manifest[k])):
+                raise ValueError(f"{out} holds a sweep with a different {k} ({old.get(k)!r}); use another output directory")
+        manifest["settings"] = list(dict.fromkeys(old.get("settings", []) + manifest["settings"]))
+    atomic_write_json(mpath, manifest)
+    results = []
+    for ev in evaluators:
+        run_path = out / "runs" / f"{_run_name(ev)}.json"
+        if run_path.exists():
+            results.append(RetrievalResult.load(run_path))
+            continue
+        result = ev.evaluate(model)
+        result.save(run_path)
+        results.append(result)
+    write_results(results, out)
+    return results

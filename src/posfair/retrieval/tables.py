@@ -1,0 +1,228 @@
+"""Result tables and the strength plot, in the layouts of Michail et al. (2026).
+
+* :func:`group_table` - Table 1: rows = settings (stock, SEA, then calibrations
+  by layer set, strength, basket size), columns = per-group nDCG@10 (x100),
+  Harm (x100), PSI, plus aggregate nDCG@10; the best setting by Harm is marked.
+* :func:`bucket_table` - Table 2: PSI per length bucket with its change vs the
+  stock model, and aggregate nDCG@10 with its change.
+* :func:`write_table` - CSV, Markdown and LaTeX (atomic writes).
+* :func:`plot_strength_curves` - Figure 3: per-group nDCG@10 change vs strength.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from posfair.calibration import Calibration
+from posfair.io import atomic_write, atomic_write_text
+from posfair.retrieval.evaluator import RetrievalResult
+from posfair.retrieval.groups import POSIR_BUCKETS
+
+__all__ = ["group_table", "bucket_table", "write_table", "to_markdown", "to_latex", "plot_strength_curves", "layer_section"]
+
+STOCK_LABEL = "No calibration"
+SEA_LABEL = "Segment Embed Average"
+
+
+def layer_section(cal: Calibration) -> str:
+    if cal.layers == 1:
+        return "Last layer"
+    if isinstance(cal.layers, float):
+        return f"{cal.layers * 100:g}% of layers"
+    if isinstance(cal.layers, int):
+        return f"Last {cal.layers} layers"
+    return "Layers " + ",".join(str(i) for i in cal.layers)
+
+
+def _row_label(r: RetrievalResult) -> tuple[str, str, tuple]:
+    """(section, label, sort key) of a result."""
+    if r.method == "stock":
+        return "", STOCK_LABEL, (0,)
+    if r.method == "sea":
+        return "", SEA_LABEL, (1,)
+    cal = Calibration.from_dict(r.calibration)
+    label = f"B={cal.basket_size}, a={cal.strength:g}"
+    extra = cal.label().split("-", 3)[3:]  # non-default isolation / weights / queries
+    if extra:
+        label += f" ({extra[0]})"
+    layer_rank = 0 if cal.layers == 1 else 1
+    return layer_section(cal), label, (2, layer_rank, layer_section(cal), cal.strength, cal.basket_size, label)
+
+
+def _ordered(results: Sequence[RetrievalResult]) -> list[tuple[str, str, RetrievalResult]]:
+    if not results:
+        raise ValueError("no results to tabulate")
+    names = {r.benchmark for r in results}
+    if len(names) != 1:
+        raise ValueError(f"one table per benchmark: results come from {sorted(names)}")
+    rows = [(*_row_label(r), r) for r in results]
+    rows.sort(key=lambda x: x[2])
+    return [(s, l, r) for s, l, _, r in rows]
+
+
+def _stock(results: Sequence[RetrievalResult]) -> RetrievalResult | None:
+    return next((r for r in results if r.method == "stock"), None)
+
+
+def group_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
+    """Table 1 layout (nDCG@10 and Harm x100, two decimals; PSI three decimals)."""
+    rows = _ordered(results)
+    groups = list(rows[0][2].groups)
+    if not groups:
+        raise ValueError(f"benchmark {rows[0][2].benchmark!r} has no positional groups (use bucket_table)")
+    data = []
+    for section, label, r in rows:
+        row = {"section": section, "setting": label}
+        row.update({g: round(100 * r.groups.get(g, math.nan), 2) for g in groups})
+        row["Harm"] = round(100 * r.metrics["harm"], 2)
+        row["PSI"] = round(r.metrics["psi"], 3)
+        row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2)
+        data.append(row)
+    df = pd.DataFrame(data)
+    df["best"] = df["Harm"] == df["Harm"].max()
+    return df
+
+
+def bucket_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
+    """Table 2 layout: PSI per length bucket (two decimals) and its change vs stock; nDCG@10 x100 and change."""
+    rows = _ordered(results)
+    stock = _stock(results)
+    buckets = [b for b, _, _ in POSIR_BUCKETS if any(b in r.buckets for _, _, r in rows)]
+    if not buckets:
+        raise ValueError(f"benchmark {rows[0][2].benchmark!r} has no length buckets (use group_table)")
+    data = []
+    for section, label, r in rows:
+        row: dict[str, object] = {"section": section, "setting": label}
+        for b in buckets:
+            v = r.buckets.get(b, {}).get("psi", math.nan)
+            row[f"PSI {b}"] = round(v, 2)
+            base = stock.buckets.get(b, {}).get("psi", math.nan) if stock is not None and r is not stock else math.nan
+            row[f"dPSI {b}"] = round(v - base, 2)
+        row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2)
+        row["dnDCG@10"] = round(100 * (r.metrics["ndcg@10"] - stock.metrics["ndcg@10"]), 2) if stock is not None and r is not stock else math.nan
+        if "harm" in r.metrics:
+            row["Harm"] = round(100 * r.metrics["harm"], 2)
+        data.append(row)
+    df = pd.DataFrame(data)
+    key = "Harm" if "Harm" in df.columns else "nDCG@10"
+    df["best"] = df[key] == df[key].max()
+    return df
+
+
+def _fmt(v: object, col: str) -> str:
+    if isinstance(v, (float, np.floating)):
+        if math.isnan(v):
+            return "-"
+        if col.startswith("d"):
+            return f"{v:+.2f}"
+        return f"{v:.3f}" if col == "PSI" else f"{v:.2f}"
+    return str(v)
+
+
+def _cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]], list[bool]]:
+    cols = [c for c in df.columns if c not in ("section", "best")]
+    best = df["best"].tolist() if "best" in df.columns else [False] * len(df)
+    body = []
+    for _, row in df.iterrows():
+        cells = [_fmt(row[c], c) for c in cols]
+        if row.get("section"):
+            cells[0] = f"{row['section']}: {cells[0]}"
+        body.append(cells)
+    return cols, body, best
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """Markdown table; the best setting (``best`` column) is bold."""
+    cols, body, best = _cells(df)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|"]
+    for cells, b in zip(body, best):
+        lines.append("| " + " | ".join(f"**{c}**" if b else c for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _tex(s: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
+        s = s.replace(a, b)
+    return s.replace("a=", r"$\alpha$=").replace("dPSI", r"$\Delta$PSI").replace("dnDCG", r"$\Delta$nDCG")
+
+
+def to_latex(df: pd.DataFrame) -> str:
+    """A booktabs LaTeX tabular with section rows; the best setting is bold."""
+    cols = [c for c in df.columns if c not in ("section", "best")]
+    lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule", " & ".join(_tex(c) for c in cols) + r" \\", r"\midrule"]
+    current = None
+    for _, row in df.iterrows():
+        section = row.get("section") or ""
+        if section and section != current:
+            lines.append(r"\multicolumn{%d}{l}{\textit{%s}} \\" % (len(cols), _tex(section)))
+        current = section or current
+        cells = [_tex(_fmt(row[c], c)) for c in cols]
+        if row.get("best"):
+            cells = [r"\textbf{%s}" % c for c in cells]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(df: pd.DataFrame, stem: str | Path) -> list[Path]:
+    """Write ``stem.csv``, ``stem.md`` and ``stem.tex`` atomically."""
+    stem = Path(stem)
+    return [
+        atomic_write(stem.with_suffix(".csv"), lambda p: df.to_csv(p, index=False)),
+        atomic_write_text(stem.with_suffix(".md"), to_markdown(df)),
+        atomic_write_text(stem.with_suffix(".tex"), to_latex(df)),
+    ]
+
+
+def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, basket_size: int = 128) -> Path:
+    """Figure 3: nDCG@10 change (x100) vs the stock model per group (and Harm) against strength.
+
+    Uses the calibrated results with ``basket_size`` (one panel per layer set);
+    strength 0 is the stock model itself.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stock = _stock(results)
+    if stock is None:
+        raise ValueError("the strength plot needs the stock result")
+    if not stock.groups:
+        raise ValueError(f"benchmark {stock.benchmark!r} has no positional groups to plot")
+    panels: dict[str, list[tuple[float, RetrievalResult]]] = {}
+    for r in results:
+        if r.method != "calibrated":
+            continue
+        cal = Calibration.from_dict(r.calibration)
+        if cal.basket_size == basket_size:
+            panels.setdefault(layer_section(cal), []).append((cal.strength, r))
+    if not panels:
+        raise ValueError(f"no calibrated result with basket size {basket_size}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), sharey=True, squeeze=False)
+    for ax, (section, pts) in zip(axes[0], sorted(panels.items())):
+        pts = [(0.0, stock)] + sorted(pts, key=lambda x: x[0])
+        xs = [a for a, _ in pts]
+        for g in stock.groups:
+            ax.plot(xs, [100 * (r.groups[g] - stock.groups[g]) for _, r in pts], marker="o", ms=3, label=g)
+        ax.plot(xs, [100 * (r.metrics["harm"] - stock.metrics["harm"]) for _, r in pts], "k--", lw=1.5, label="Harm")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_title(f"{section}, B={basket_size}")
+        ax.set_xlabel("strength")
+    axes[0][0].set_ylabel("nDCG@10 change vs stock")
+    axes[0][-1].legend(fontsize=8, loc="best")
+    fig.suptitle(stock.benchmark)
+    fig.tight_layout()
+    path = Path(path)
+
+    def _save(p: Path) -> None:
+        fig.savefig(p, format=path.suffix.lstrip(".") or "png", dpi=150)
+
+    atomic_write(path, _save)
+    plt.close(fig)
+    return path

@@ -1,0 +1,124 @@
+"""FairModel as a drop-in SentenceTransformer: encode arguments, persistence, bad input."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+import posfair
+from posfair import Calibration
+
+LONG = "Calibration gives later baskets as much attention as early ones. " * 8
+TEXTS = [LONG, "A much shorter text about search engines and their indexes.", LONG[:200]]
+CAL = Calibration(basket_size=16, layers=0.5, strength=1.0)
+
+
+def test_is_a_sentence_transformer(minilm):
+    assert isinstance(minilm, SentenceTransformer)
+    assert minilm.get_embedding_dimension() == 384
+
+
+def test_encode_with_calibration_honours_st_arguments(minilm):
+    base = minilm.encode(TEXTS, calibration=CAL, batch_size=2)
+    assert isinstance(base, np.ndarray) and base.shape == (3, 384)
+    as_tensor = minilm.encode(TEXTS, calibration=CAL, convert_to_tensor=True)
+    assert isinstance(as_tensor, torch.Tensor)
+    np.testing.assert_allclose(as_tensor.numpy(), base, atol=1e-6)
+    normed = minilm.encode(TEXTS, calibration=CAL, normalize_embeddings=True)
+    np.testing.assert_allclose(np.linalg.norm(normed, axis=1), 1.0, atol=1e-5)
+    one = minilm.encode(TEXTS[0], calibration=CAL)
+    assert one.shape == (384,)
+    np.testing.assert_allclose(one, base[0], atol=1e-5)
+    # a prompt changes the input text exactly like ST does
+    prompted = minilm.encode(TEXTS[:1], calibration=CAL, prompt="query: ")
+    direct = minilm.encode(["query: " + TEXTS[0]], calibration=CAL)
+    np.testing.assert_allclose(prompted, direct, atol=1e-6)
+
+
+def test_token_embeddings_are_calibrated_too(minilm):
+    stock = minilm.encode(TEXTS[:1], output_value="token_embeddings")
+    cal = minilm.encode(TEXTS[:1], output_value="token_embeddings", calibration=CAL)
+    assert stock[0].shape == cal[0].shape
+    assert (stock[0] - cal[0]).abs().max() > 1e-3
+
+
+def test_none_uses_default_false_forces_stock(minilm, tmp_path):
+    stock = minilm.encode(TEXTS)
+    try:
+        minilm.calibrate(CAL)
+        np.testing.assert_allclose(minilm.encode(TEXTS), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
+        np.testing.assert_allclose(minilm.encode(TEXTS, calibration=False), stock, atol=1e-6)
+    finally:
+        minilm.calibrate(None)
+    np.testing.assert_allclose(minilm.encode(TEXTS), stock, atol=1e-6)
+
+
+def test_saved_calibration_is_used_by_plain_sentence_transformers(tmp_path):
+    model = posfair.load_model()
+    want = model.encode(TEXTS, calibration=CAL)
+    stock = model.encode(TEXTS)
+    model.calibrate(CAL).save(str(tmp_path / "m"))
+    # sentence-transformers >= 6 imports module classes outside its namespace only with the flag
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SentenceTransformer(str(tmp_path / "m"))
+    plain = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True)
+    np.testing.assert_allclose(plain.encode(TEXTS), want, atol=1e-6)
+    again = posfair.load_model(tmp_path / "m")
+    assert again.calibration == CAL
+    np.testing.assert_allclose(again.encode(TEXTS), want, atol=1e-6)
+    np.testing.assert_allclose(again.encode(TEXTS, calibration=False), stock, atol=1e-6)
+
+
+def test_empty_list_gives_empty_result(minilm):
+    assert minilm.encode([], calibration=CAL).shape == (0, 384)
+    assert tuple(minilm.encode([], convert_to_tensor=True).shape) == (0, 384)
+
+
+def test_empty_text_is_an_error(minilm):
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        minilm.encode(["fine", "  "])
+
+
+def test_unknown_model_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        posfair.load_model(tmp_path / "nope")
+    with pytest.raises(OSError, match="cannot load model"):
+        posfair.load_model("no-such-org/no-such-model-posfair")
+
+
+def test_invalid_calibration_for_the_model(minilm):
+    with pytest.raises(ValueError, match=r"out of range.*6 layers"):
+        minilm.encode(TEXTS, calibration=Calibration(layers=(2, 9)))
+    with pytest.raises(TypeError, match="posfair.Calibration"):
+        minilm.encode(TEXTS, calibration={"basket_size": 4})
+
+
+def test_max_seq_length_validation():
+    with pytest.raises(ValueError, match=r"max_seq_length must be in \[1, 512\]"):
+        posfair.load_model(max_seq_length=4096)
+    assert posfair.load_model(max_seq_length=512).max_seq_length == 512
+
+
+def test_truncation_warns_once_per_call_and_truncates_like_st(minilm):
+    too_long = ["word " * 400, "word " * 300, "short"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = minilm.encode(too_long, calibration=False)
+    msgs = [w for w in caught if "longer than max_seq_length" in str(w.message)]
+    assert len(msgs) == 1 and "2 of 3 texts" in str(msgs[0].message)
+    plain = SentenceTransformer.encode(minilm, too_long)
+    np.testing.assert_allclose(ours, plain, atol=0)
+
+
+def test_fingerprint_identifies_weights(tiny_model_path, minilm):
+    from tiny_models import build_tiny_model
+
+    a = posfair.load_model(tiny_model_path("bert")[0], pooling="cls")
+    b = posfair.load_model(tiny_model_path("bert")[0], pooling="cls")
+    assert a.fingerprint == b.fingerprint != minilm.fingerprint
+    other, _ = build_tiny_model("bert", tiny_model_path("bert")[0].parent / "seed1", seed=1)
+    assert posfair.load_model(other, pooling="cls").fingerprint != a.fingerprint
