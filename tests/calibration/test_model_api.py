@@ -122,3 +122,18 @@ def test_fingerprint_identifies_weights(tiny_model_path, minilm):
     assert a.fingerprint == b.fingerprint != minilm.fingerprint
     other, _ = build_tiny_model("bert", tiny_model_path("bert")[0].parent / "seed1", seed=1)
     assert posfair.load_model(other, pooling="cls").fingerprint != a.fingerprint
+
+
+def test_per_call_calibration_refused_for_multi_process(minilm):
+    with pytest.raises(ValueError, match="model.calibrate"):
+        minilm.encode(TEXTS, calibration=CAL, device=["cpu", "cpu"])
+
+
+def test_default_calibration_survives_pickling(tmp_path):
+    import pickle  # only to mimic how multi-process workers receive the model; posfair stores nothing with it
+
+    model = posfair.load_model()
+    model.calibrate(CAL)
+    want = model.encode(TEXTS)
+    clone = pickle.loads(pickle.dumps(model))
+    np.testing.assert_allclose(clone.encode(TEXTS), want, atol=1e-6)

@@ -1,0 +1,230 @@
+"""Figures and the HTML report section of the attention profile (matplotlib, Agg).
+
+* :func:`plot_baskets` — mean mass per absolute basket with 95% bands, the BOS and
+  EOS keys in their own panel, every profile (e.g. stock vs calibrated) overlaid,
+  the number of documents reaching each basket as grey bars;
+* :func:`plot_view` — the same for the relative-position bins or the segment positions;
+* :func:`plot_layer_heatmap` — layer x basket mean mass, one panel per profile,
+  the averaged layer set marked;
+* :func:`attention_section` — writes the figures and returns a
+  :class:`posfair.report.html.Section` for the audit report.
+"""
+
+from __future__ import annotations
+
+import os
+from html import escape
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from posfair.fairness.attention import AttentionProfile
+from posfair.report.plots import save_figure
+
+__all__ = ["plot_baskets", "plot_view", "plot_layer_heatmap", "save_attention_figures", "attention_section", "summary_html"]
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+_XLABEL = {"basket": "content basket", "bin": "relative position in the document (bin)", "segment": "segment position"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _groups(profiles: Sequence[AttentionProfile]) -> list[str]:
+    seen: list[str] = []
+    for p in profiles:
+        if p.group not in seen:
+            seen.append(p.group)
+    return seen
+
+
+def _colors(profiles: Sequence[AttentionProfile]) -> dict[str, str]:
+    labels: list[str] = []
+    for p in profiles:
+        if p.label not in labels:
+            labels.append(p.label)
+    return {lab: COLORS[i % len(COLORS)] for i, lab in enumerate(labels)}
+
+
+def _band(ax, x, st, color, label):
+    ax.plot(x, st["mean"], color=color, marker="o", ms=3, lw=1.4, label=label)
+    ax.fill_between(x, st["lo"], st["hi"], color=color, alpha=0.2, lw=0)
+
+
+def _count_bars(ax, x, counts):
+    ax2 = ax.twinx()
+    ax2.bar(x, counts, color="0.88", width=0.6, zorder=0)
+    ax2.set_ylim(0, max(1, counts.max()) * 3.0)
+    ax2.tick_params(labelsize=6, colors="0.5")
+    ax2.set_ylabel("documents", fontsize=7, color="0.5")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+
+
+def _title(p: AttentionProfile) -> str:
+    return f"{p.group} · " if p.group else ""
+
+
+def plot_view(profiles: Sequence[AttentionProfile], view: str, *, max_cells: int | None = None, title: str = ""):
+    """Mean mass per cell of ``view`` ("basket", "bin" or "segment") with 95% bands; one panel per group."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _plt()
+    groups, colors = _groups(profiles), _colors(profiles)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups) + 0.6, 3.2), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        counts = None
+        for p in (q for q in profiles if q.group == g):
+            st = p.stats(view)
+            n = len(st["mean"]) if max_cells is None else min(max_cells, len(st["mean"]))
+            x = np.arange(1, n + 1)
+            _band(ax, x, {k: v[:n] for k, v in st.items()}, colors[p.label], p.label)
+            counts = st["count"][:n] if counts is None or len(counts) < n else counts
+        if counts is not None and len(counts) and view == "basket":
+            _count_bars(ax, np.arange(1, len(counts) + 1), counts)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(_XLABEL.get(view, view), fontsize=8)
+        ax.set_ylabel("attention mass", fontsize=8)
+        ax.set_title(g or "all documents", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, lw=0.5)
+        ax.set_ylim(bottom=0)
+    _legend_and_title(fig, axes[0][0], title)
+    return fig
+
+
+def _legend_and_title(fig, ax, title: str) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.93 if title else 1))
+
+
+def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | None = None, title: str = ""):
+    """Figure-4 style: BOS/EOS panel + content baskets, stock vs calibrated overlaid, 95% bands."""
+    plt = _plt()
+    groups, colors = _groups(profiles), _colors(profiles)
+    fig, axes = plt.subplots(
+        1, 2 * len(groups), figsize=(5.4 * len(groups) + 0.6, 3.3), squeeze=False,
+        gridspec_kw={"width_ratios": [1, 4] * len(groups)},
+    )  # fmt: skip
+    members = [[p for p in profiles if p.group == g] for g in groups]
+    width = 0.8 / max(1, max(len(m) for m in members))
+    for gi, (g, group_profiles) in enumerate(zip(groups, members)):
+        ax_sp, ax = axes[0][2 * gi], axes[0][2 * gi + 1]
+        for k, p in enumerate(group_profiles):
+            sp = p.stats("special")
+            xs = np.arange(2) + (k - (len(group_profiles) - 1) / 2) * width
+            ok = sp["count"] > 0
+            ax_sp.bar(xs[ok], sp["mean"][ok], width=width * 0.9, color=colors[p.label], alpha=0.75)
+            err = np.vstack([sp["mean"] - sp["lo"], sp["hi"] - sp["mean"]])[:, ok]
+            ax_sp.errorbar(xs[ok], sp["mean"][ok], yerr=err, fmt="none", ecolor="k", lw=0.8, capsize=2)
+        ax_sp.set_xticks([0, 1], ["BOS", "EOS"])
+        ax_sp.set_ylabel("attention mass", fontsize=8)
+        ax_sp.tick_params(labelsize=7)
+        ax_sp.grid(alpha=0.3, lw=0.5, axis="y")
+        counts = np.zeros(0, dtype=np.int64)
+        for p in group_profiles:
+            st = p.stats("basket")
+            n = len(st["mean"]) if max_baskets is None else min(max_baskets, len(st["mean"]))
+            _band(ax, np.arange(1, n + 1), {k: v[:n] for k, v in st.items()}, colors[p.label], p.label)
+            counts = st["count"][:n] if len(st["count"][:n]) > len(counts) else counts
+        if len(counts):
+            _count_bars(ax, np.arange(1, len(counts) + 1), counts)
+            ax.set_xticks(np.arange(1, len(counts) + 1))
+        B = group_profiles[0].basket_size
+        ax.set_xlabel(f"content basket ({B} keys each, after BOS)", fontsize=8)
+        ax.set_title(f"{g or 'all documents'} — {group_profiles[0].query_label}", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, lw=0.5)
+        ax.set_ylim(bottom=0)
+    _legend_and_title(fig, axes[0][1], title)
+    return fig
+
+
+def plot_layer_heatmap(profiles: Sequence[AttentionProfile], *, view: str = "basket", max_cells: int | None = None, title: str = ""):
+    """Layer x cell mean mass (content keys only), one panel per profile; the layer set is marked."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(profiles), figsize=(3.8 * len(profiles) + 0.8, 0.35 * profiles[0].num_layers + 1.8), squeeze=False)
+    maps = [p.heatmap(view)[:, :max_cells] for p in profiles]
+    vmax = max(float(np.nanmax(m)) if m.size and np.isfinite(m).any() else 0.0 for m in maps) or 1.0
+    im = None
+    for ax, p, m in zip(axes[0], profiles, maps):
+        im = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, origin="lower",
+                       extent=(0.5, m.shape[1] + 0.5, -0.5, p.num_layers - 0.5))  # fmt: skip
+        ax.set_xticks(range(1, m.shape[1] + 1))
+        ax.set_yticks(range(p.num_layers))
+        ax.set_yticklabels([f"{l}{' *' if l in p.layers else ''}" for l in range(p.num_layers)], fontsize=7)
+        ax.set_xlabel(_XLABEL.get(view, view), fontsize=8)
+        ax.set_title(f"{_title(p)}{p.label}", fontsize=9)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("layer (* = averaged layer set)", fontsize=8)
+    if im is not None:
+        fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label="mean attention mass")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def save_attention_figures(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None) -> dict[str, bytes]:
+    """Write every figure as PNG + PDF under ``out_dir``; return {name: PNG bytes}."""
+    if not profiles:
+        raise ValueError("no attention profiles to plot")
+    out = Path(out_dir)
+    p0 = profiles[0]
+    what = f"{p0.query_label}, layers {list(p0.layers)}"
+    figs = {
+        "attention_baskets": plot_baskets(profiles, max_baskets=max_baskets, title=f"Pooling attention per basket ({what})"),
+        "attention_bins": plot_view(profiles, "bin", title=f"Pooling attention by relative position ({what})"),
+        "attention_layers": plot_layer_heatmap(profiles, max_cells=max_baskets, title="Mean mass per layer and content basket"),
+    }
+    if any(p.views["segment"].width for p in profiles):
+        figs["attention_segments"] = plot_view(profiles, "segment", title=f"Pooling attention per segment position ({what})")
+    return {name: save_figure(fig, out / name) for name, fig in figs.items()}
+
+
+def summary_html(profiles: Sequence[AttentionProfile]) -> str:
+    """A table of the headline numbers of each profile (escaped)."""
+    rows = [(p.group, p.label, p.summary()) for p in profiles]
+    cols: list[str] = []
+    for _, _, s in rows:
+        cols += [c for c in s if c not in cols]
+    head = "".join(f"<th>{escape(c)}</th>" for c in ["group", "profile", *cols])
+    body = ""
+    for g, lab, s in rows:
+        cells = "".join(f"<td>{s[c]:.4g}</td>" if c in s and np.isfinite(s[c]) else "<td>–</td>" for c in cols)
+        body += f"<tr><td>{escape(g)}</td><td>{escape(lab)}</td>{cells}</tr>"
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+CAPTIONS = {
+    "attention_baskets": "Mean attention mass of the pooling query per content basket (95% bands; grey bars: documents reaching the basket); BOS and EOS keys on the left.",
+    "attention_bins": "Mean attention mass per relative-position bin of the content keys (95% bands).",
+    "attention_layers": "Mean attention mass per layer and content basket (* = layers averaged in the profile).",
+    "attention_segments": "Mean attention mass per segment position (95% bands); compare with the sigma profile.",
+}
+
+
+def attention_section(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None):
+    """Write the figures to ``out_dir`` and return the report :class:`~posfair.report.html.Section`."""
+    from posfair.report.html import FigureRef, Section, key_value_html
+
+    pngs = save_attention_figures(profiles, out_dir, max_baskets=max_baskets)
+    p0 = profiles[0]
+    intro = (
+        f"<p>Attention of the pooling query ({escape(p0.query_label)}) averaged over heads and layers "
+        f"{escape(str(list(p0.layers)))} of {p0.num_layers}; content keys (between BOS and EOS) in baskets of "
+        f"{p0.basket_size} and in {p0.n_bins} relative-position bins.</p>"
+    )
+    params = key_value_html({"model": p0.model or "-", "fingerprint": p0.fingerprint, "documents": p0.n_docs})
+    figures = [FigureRef(png=png, caption=CAPTIONS[name], alt=name) for name, png in pngs.items()]
+    return Section(title="Attention profile", html=intro + params + summary_html(profiles), figures=figures, anchor="attention-profile")
