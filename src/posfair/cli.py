@@ -95,7 +95,7 @@ def encode(
 
     from posfair import cliutil
     from posfair.io import atomic_save_npy, atomic_write_parquet
-    from posfair.store import EmbeddingStore, text_key
+    from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
 
     if output.suffix.lower() not in (".npy", ".parquet"):
         raise typer.BadParameter(f"unsupported output type {output.suffix!r}: use .npy or .parquet")
@@ -106,16 +106,14 @@ def encode(
         fm.transformer_module.resolve(cal)  # validate against the model before any work
     cache_dir = cache or output.with_name(output.name + ".cache")
     store = EmbeddingStore(cache_dir)
-    ns = store.namespace(model=fm.fingerprint, calibration=cal.to_dict() if cal else None, normalize=normalize, kind="sentence")
-    keys = [text_key(t, prompt or "") for t in texts]
-
-    def compute(batch: list[str]):
-        return fm.encode(batch, calibration=cal if cal is not None else False, batch_size=batch_size, prompt=prompt,
-                         normalize_embeddings=normalize, convert_to_numpy=True, show_progress_bar=False)  # fmt: skip
-
+    ns = embedding_namespace(store, fm.fingerprint, cal, prompt)
+    n_unique = len(set(texts))
     with cliutil.progress() as prog:
-        task = prog.add_task("encoding", total=len(set(keys)), completed=len(set(keys)) - len(ns.missing(keys)))
-        vectors = ns.get_or_compute(keys, texts, compute, chunk_size=chunk_size, progress=lambda k: prog.advance(task, k))
+        task = prog.add_task("encoding", total=n_unique, completed=n_unique - len(ns.missing([text_key(t) for t in texts])))
+        vectors = encode_cached(fm, texts, store, calibration=cal, prompt=prompt, batch_size=batch_size,
+                                chunk_size=chunk_size, progress=lambda k: prog.advance(task, k))  # fmt: skip
+    if normalize:
+        vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
     if output.suffix.lower() == ".npy":
         atomic_save_npy(output, vectors.astype(np.float32))
     else:

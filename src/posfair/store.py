@@ -29,7 +29,7 @@ import numpy as np
 
 from posfair.io import atomic_path, atomic_write_json
 
-__all__ = ["EmbeddingStore", "Namespace", "text_key"]
+__all__ = ["EmbeddingStore", "Namespace", "text_key", "embedding_namespace", "encode_cached", "calibration_tag", "STOCK"]
 
 
 def text_key(text: str, *extra: str) -> str:
@@ -168,3 +168,62 @@ class EmbeddingStore:
         if nid not in self._open:
             self._open[nid] = Namespace(self.root / nid, meta)
         return self._open[nid]
+
+
+STOCK = "stock"
+
+
+def calibration_tag(calibration) -> str:
+    """How a calibration is named in cache metadata: its stable key, or ``"stock"``."""
+    return calibration.key() if calibration else STOCK
+
+
+def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration=None, prompt: str | None = None) -> Namespace:
+    """The one namespace of *pooled embeddings of texts* for a model, calibration and prompt.
+
+    Every part of posfair (``encode``, the audit's segments and documents, the
+    retrieval queries and documents, sweeps, ``posfair embed`` on Ray) reads and
+    writes pooled embeddings here, keyed by :func:`text_key` of the text, stored
+    exactly as the model returns them (consumers normalise when they need to).
+    So an embedding computed once, by any command, is never computed again.
+    """
+    return store.namespace(model=fingerprint, calibration=calibration_tag(calibration), kind="embedding", prompt=prompt or "")
+
+
+def encode_cached(
+    model,
+    texts: Sequence[str],
+    store: EmbeddingStore | None = None,
+    *,
+    calibration=None,
+    prompt: str | None = None,
+    batch_size: int = 32,
+    chunk_size: int = 256,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Pooled embeddings of ``texts`` (float32, n x dim) through the cache.
+
+    ``calibration=None`` is the stock model (even when the model carries a
+    default calibration).  Without a store, duplicates are still encoded once.
+    """
+    texts = list(texts)
+
+    def compute(chunk: list[str]) -> np.ndarray:
+        out = model.encode(
+            list(chunk), calibration=calibration if calibration is not None else False, prompt=prompt,
+            batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False,
+        )  # fmt: skip
+        return np.asarray(out, dtype=np.float32)
+
+    keys = [text_key(t) for t in texts]
+    if store is None:
+        unique = list(dict.fromkeys(texts))
+        vecs = np.concatenate([compute(unique[i : i + chunk_size]) for i in range(0, len(unique), chunk_size)]) if unique else None
+        if progress is not None:
+            progress(len(unique))
+        if vecs is None:
+            return np.zeros((0, model.get_embedding_dimension() or 0), dtype=np.float32)
+        index = {t: i for i, t in enumerate(unique)}
+        return vecs[[index[t] for t in texts]]
+    ns = embedding_namespace(store, model.fingerprint, calibration, prompt)
+    return ns.get_or_compute(keys, texts, compute, chunk_size=chunk_size, progress=progress)
