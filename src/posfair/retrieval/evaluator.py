@@ -30,7 +30,7 @@ from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.search import search
 from posfair.retrieval.sea import SegmentEmbedAverage
-from posfair.store import EmbeddingStore, Namespace, text_key
+from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 try:  # sentence-transformers >= 6
     from sentence_transformers.base.evaluation.evaluator import BaseEvaluator as _EvaluatorBase
@@ -71,6 +71,10 @@ def default_query_prompt(model: Any) -> str | None:
         if pattern in name:
             return prompt
     return None
+
+
+def _l2(x: np.ndarray) -> np.ndarray:
+    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
 
 
 def model_fingerprint(model: Any) -> str:
@@ -239,7 +243,8 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         return self.query_prompt or None
 
     def _encoder(self, model: Any, prompt: str | None, calibration: Calibration | None) -> Callable[[list[str]], np.ndarray]:
-        kwargs: dict[str, Any] = dict(batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+        # stored as the model returns them (the shared cache format); normalised in evaluate()
+        kwargs: dict[str, Any] = dict(batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
         if prompt:
             kwargs["prompt"] = prompt
         kwargs.update(stock_kwargs(model, calibration))
@@ -269,7 +274,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
     # -- encoding ---------------------------------------------------------------------------
     def encode_queries(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
         prompt = self._query_prompt(model)
-        ns = self._namespace(model_fingerprint(model), kind="query", calibration="none", prompt=prompt or "")
+        ns = embedding_namespace(self.store, model_fingerprint(model), None, prompt) if self.store is not None else None
         return self._embed(self.benchmark.query_texts, ns, self._encoder(model, prompt, None), advance)
 
     def encode_documents(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
@@ -280,8 +285,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
             ns = self._namespace(fp, kind="sea-document", sea=self.sea.config())
             # SEA chunks each passage separately (slow): store every few passages
             return self._embed(texts, ns, lambda batch: self.sea.embed(model, batch, chunk_ns), advance, chunk=min(self.encode_chunk, 16))
-        cal_key = self.calibration.key() if self.calibration is not None else "none"
-        ns = self._namespace(fp, kind="document", calibration=cal_key, prompt=self.document_prompt or "")
+        ns = embedding_namespace(self.store, fp, self.calibration, self.document_prompt) if self.store is not None else None
         return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
 
     # -- evaluation -------------------------------------------------------------------------
@@ -300,7 +304,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         with _progress(self.show_progress_bar) as task:
             q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(b.query_texts)))
             d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(b.corpus_texts)))
-        ranked = self.retrieve(q, d)
+        ranked = self.retrieve(_l2(q), _l2(d))
         ndcg, recall, metrics, groups, buckets = score_rankings(b, ranked, 10, self.top_k)
         return RetrievalResult(
             benchmark=b.name, setting=self.setting, method=self.method,
