@@ -12,6 +12,14 @@ from reference import reference_calibrate_row
 ROW = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0]  # keys 0..5 valid, 6..7 right padding
 
 
+def ref(row, s, e, kw):
+    """The loop reference with the keyword arguments of calibrate_rows."""
+    return reference_calibrate_row(
+        row, s, e, kw["basket_size"], kw.get("strength", 1.0), kw.get("isolate_bos", False),
+        kw.get("isolate_eos", False), kw.get("bos_weight", "original"), kw.get("eos_weight", "equal"),
+    )  # fmt: skip
+
+
 def cal(row, s, e, **kw):
     return calibrate_rows(torch.tensor(row, dtype=torch.float64), s, e, **kw).numpy()
 
@@ -115,12 +123,7 @@ def test_matches_loop_reference_on_random_rows(kw):
             z = int(rng.integers(s, e + 1))
             a[z : z + 3] = 0
             a = a / a.sum()
-        got = cal(a, s, e, **kw)
-        ref = reference_calibrate_row(
-            a, s, e, kw["basket_size"], kw.get("strength", 1.0), kw.get("isolate_bos", False),
-            kw.get("isolate_eos", False), kw.get("bos_weight", "original"), kw.get("eos_weight", "equal"),
-        )
-        np.testing.assert_allclose(got, ref, atol=1e-12)
+        np.testing.assert_allclose(cal(a, s, e, **kw), ref(a, s, e, kw), atol=1e-12)
 
 
 def test_bad_arguments():
@@ -156,8 +159,4 @@ def test_in_place_span_path_matches_reference(kw):
         t = torch.tensor(rows)
         calibrate_span_(t, s, e, **kw)
         for r in range(5):
-            ref = reference_calibrate_row(
-                rows[r], s, e, kw["basket_size"], kw.get("strength", 1.0), kw.get("isolate_bos", False),
-                kw.get("isolate_eos", False), kw.get("bos_weight", "original"), kw.get("eos_weight", "equal"),
-            )
-            np.testing.assert_allclose(t[r].numpy(), ref, atol=1e-12)
+            np.testing.assert_allclose(t[r].numpy(), ref(rows[r], s, e, kw), atol=1e-12)

@@ -30,16 +30,21 @@ def forward(model, texts, calibration):
         return model(features)["sentence_embedding"], features
 
 
+def assert_matches_reference(model, texts, cal):
+    """posfair's fast path == the independent eager reference (tests/reference.py), to 1e-5."""
+    fast, features = forward(model, texts, cal)
+    with torch.no_grad(), reference_mode(model, model.transformer_module.resolve(cal), features["attention_mask"]):
+        ref = model(model.tokenize(texts))["sentence_embedding"]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+    return fast
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_path_matches_independent_reference(tiny_model, arch):
     model = tiny_model(arch)
     assert model.mechanism == "registry"
-    fast, features = forward(model, TEXTS, CAL)
+    fast = assert_matches_reference(model, TEXTS, CAL)
     stock, _ = forward(model, TEXTS, None)
-    resolved = model.transformer_module.resolve(CAL)
-    with torch.no_grad(), reference_mode(model, resolved, features["attention_mask"]):
-        ref = model(model.tokenize(TEXTS))["sentence_embedding"]
-    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
     assert (fast - stock).abs().max() > 1e-3  # calibration really changed something
 
 
@@ -103,20 +108,12 @@ def test_default_resolution_for_decoder_isolates_bos_and_eos(tiny_model):
 def test_bundled_minilm_fast_path_matches_reference(minilm):
     assert minilm.pooling == "mean" and minilm.num_layers == 6
     texts = ["The quick brown fox jumps over the lazy dog. " * 6, "Attention calibration spreads mass over baskets."]
-    cal = Calibration(basket_size=16, layers=0.5, strength=1.0)
-    fast, features = forward(minilm, texts, cal)
-    with torch.no_grad(), reference_mode(minilm, minilm.transformer_module.resolve(cal), features["attention_mask"]):
-        ref = minilm(minilm.tokenize(texts))["sentence_embedding"]
-    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+    assert_matches_reference(minilm, texts, Calibration(basket_size=16, layers=0.5, strength=1.0))
 
 
-def test_minilm_cls_pooling_override_matches_reference(tiny_model_path):
+def test_minilm_cls_pooling_override_matches_reference():
     import posfair.model as pm
 
     model = posfair.load_model(pm.bundled_model_path(), pooling="cls")
     texts = ["Positional bias makes later segments hard to find in search. " * 5, "short text here"]
-    cal = Calibration(basket_size=8, layers=2, strength=1.0)
-    fast, features = forward(model, texts, cal)
-    with torch.no_grad(), reference_mode(model, model.transformer_module.resolve(cal), features["attention_mask"]):
-        ref = model(model.tokenize(texts))["sentence_embedding"]
-    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+    assert_matches_reference(model, texts, Calibration(basket_size=8, layers=2, strength=1.0))

@@ -1,0 +1,356 @@
+"""Experiment instances: segment sets, their n! orderings, and token-span bookkeeping.
+
+An *experiment instance* ``(n, L)`` has ``n`` segments per document and a language
+configuration ``L = (L_1, ..., L_n)``: monolingual ``(L, ..., L)`` or mixed
+``(L_lead, L_later, ..., L_later)``.  A *segment set* is ``n`` distinct topics
+(corpus ids present in every needed language).  Each set yields all ``n!``
+orderings; in ordering ``j`` position ``i`` holds topic ``perm_j[i]`` written in
+language ``L_i`` (so in mixed configurations the lead language always sits at
+position 1, as in the paper).  Documents are the segments joined by one space.
+
+Documents are never truncated: a set is used only if *every* ordering fits the
+model's limit (special tokens included); sets that do not fit are counted in
+:class:`SamplingReport`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "LanguageConfig",
+    "SegmentSet",
+    "Document",
+    "SamplingReport",
+    "Instance",
+    "build_instance",
+    "segment_spans",
+    "token_segment_index",
+    "prepare_corpus",
+]
+
+SEPARATOR = " "
+
+
+@dataclass(frozen=True)
+class LanguageConfig:
+    """A language configuration: ``lead`` at position 1 and ``later`` at positions 2..n."""
+
+    lead: str
+    later: str
+
+    @classmethod
+    def mono(cls, lang: str) -> "LanguageConfig":
+        return cls(lang, lang)
+
+    @classmethod
+    def parse(cls, spec: str) -> "LanguageConfig":
+        """``"en"`` (monolingual) or ``"LEAD:LATER"`` (mixed), e.g. ``"de:en"``."""
+        parts = [p.strip() for p in spec.split(":")]
+        if len(parts) == 1 and parts[0]:
+            return cls.mono(parts[0])
+        if len(parts) == 2 and all(parts):
+            if parts[0] == parts[1]:
+                return cls.mono(parts[0])
+            return cls(parts[0], parts[1])
+        raise ValueError(f"language configuration must be 'LANG' or 'LEAD:LATER' (e.g. 'de:en'); got {spec!r}")
+
+    @property
+    def mixed(self) -> bool:
+        return self.lead != self.later
+
+    @property
+    def name(self) -> str:
+        """Column label as in the paper's tables: ``en`` or ``[de, en, ..., en]``."""
+        return f"[{self.lead}, {self.later}, ..., {self.later}]" if self.mixed else self.lead
+
+    @property
+    def key(self) -> str:
+        """File-name friendly identifier: ``en`` or ``de-en``."""
+        return f"{self.lead}-{self.later}" if self.mixed else self.lead
+
+    def langs(self, n: int) -> tuple[str, ...]:
+        return (self.lead,) + (self.later,) * (n - 1)
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        return (self.lead,) if not self.mixed else (self.lead, self.later)
+
+
+@dataclass(frozen=True)
+class SegmentSet:
+    """``n`` distinct topics; ``set_id`` is unique within an audit."""
+
+    set_id: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Document:
+    """One ordering of a segment set.
+
+    ``segment_ids[i]`` / ``texts[i]`` / ``langs[i]`` describe position ``i + 1``;
+    ``spans[i]`` is the ``[start, end)`` character span of that segment in ``text``;
+    ``permutation[i]`` is the index (into the set's topics) placed at position ``i + 1``.
+    """
+
+    doc_id: str
+    set_id: str
+    perm_index: int
+    permutation: tuple[int, ...]
+    topics: tuple[str, ...]
+    segment_ids: tuple[str, ...]
+    langs: tuple[str, ...]
+    texts: tuple[str, ...]
+    text: str
+    spans: tuple[tuple[int, int], ...]
+    n_tokens: int
+
+
+@dataclass
+class SamplingReport:
+    """What was used and what was skipped while building one instance."""
+
+    n: int
+    config: str
+    limit: int
+    topics_available: int
+    segments_outside_window: int
+    sets_wanted: int
+    sets_used: int = 0
+    sets_skipped_too_long: int = 0
+    documents: int = 0
+    exhausted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Instance:
+    n: int
+    config: LanguageConfig
+    sets: list[SegmentSet]
+    documents: list[Document]
+    report: SamplingReport
+
+    @property
+    def key(self) -> str:
+        return f"n{self.n}-{self.config.key}"
+
+
+def segment_spans(texts: Sequence[str], sep: str = SEPARATOR) -> tuple[str, list[tuple[int, int]]]:
+    """Join ``texts`` with ``sep``; return the document and each segment's character span."""
+    spans, pos = [], 0
+    for i, t in enumerate(texts):
+        if i:
+            pos += len(sep)
+        spans.append((pos, pos + len(t)))
+        pos += len(t)
+    return sep.join(texts), spans
+
+
+def token_segment_index(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], special_mask: Sequence[int] | None = None) -> np.ndarray:
+    """For each token, the 0-based segment it belongs to, or -1 (special tokens, pure whitespace).
+
+    A token is assigned to the segment its character offsets overlap most; tokens
+    with an empty offset range (special tokens in fast tokenizers) or flagged in
+    ``special_mask`` belong to no segment.
+    """
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    sp = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    overlap = np.minimum(off[:, None, 1], sp[None, :, 1]) - np.maximum(off[:, None, 0], sp[None, :, 0])
+    overlap = np.clip(overlap, 0, None)
+    idx = np.where(overlap.max(axis=1) > 0, overlap.argmax(axis=1), -1)
+    if special_mask is not None:
+        idx[np.asarray(special_mask, dtype=bool)] = -1
+    return idx
+
+
+def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:
+    """Validate a corpus frame (``id, lang, text`` required) and normalise it.
+
+    Texts are stripped (sentence-transformers strips inputs before tokenising,
+    so spans must be computed on stripped text); empty texts are dropped;
+    ``(id, lang)`` must be unique.
+    """
+    missing = {"id", "lang", "text"} - set(corpus.columns)
+    if missing:
+        raise ValueError(f"corpus is missing column(s) {sorted(missing)}; expected at least id, lang, text")
+    df = corpus.loc[:, [c for c in ("id", "lang", "text", "title") if c in corpus.columns]].copy()
+    df["id"] = df["id"].astype(str)
+    df["lang"] = df["lang"].astype(str)
+    df["text"] = df["text"].astype(str).str.strip()
+    df = df[df["text"].str.len() > 0]
+    dup = df.duplicated(["id", "lang"])
+    if dup.any():
+        first = df.loc[dup, ["id", "lang"]].iloc[0].tolist()
+        raise ValueError(f"corpus has {int(dup.sum())} duplicate (id, lang) rows (first: {first}); ids must identify topics")
+    return df.reset_index(drop=True)
+
+
+def _seed_for(seed: int, *parts: Any) -> int:
+    h = hashlib.sha256(repr((seed, *parts)).encode()).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+def _orderings(n: int) -> Iterator[tuple[int, ...]]:
+    return itertools.permutations(range(n))
+
+
+def build_instance(
+    corpus: pd.DataFrame,
+    n: int,
+    config: LanguageConfig,
+    *,
+    tokenizer,
+    limit: int,
+    target_docs: int,
+    seed: int = 0,
+    min_segment_tokens: int | None = None,
+    max_segment_tokens: int | None = None,
+    window_ratio: float = 1 / 3,
+    max_attempts_per_set: int = 200,
+    token_lengths: dict[tuple[str, str], int] | None = None,
+) -> Instance:
+    """Draw segment sets for ``(n, config)`` and expand them into all ``n!`` documents.
+
+    ``corpus`` must have gone through :func:`prepare_corpus`.  The number of sets
+    is ``ceil(target_docs / n!)``.  ``limit`` is the model's maximum sequence
+    length in tokens, special tokens included.  ``token_lengths`` optionally
+    caches segment lengths (without special tokens) by ``(id, lang)``.
+
+    Segment-length window: unset bounds come from
+    :func:`posfair.corpus.filters.default_length_window` with ``min_ratio=window_ratio``
+    (per-segment budget ``(limit - specials) // n``), so that documents of ``n``
+    segments fit the limit by construction and segments have comparable lengths;
+    every language version a set uses must lie in the window.
+    """
+    from posfair.corpus.filters import default_length_window
+
+    if n < 2:
+        raise ValueError(f"n (segments per document) must be >= 2; got {n}")
+    if target_docs < 1:
+        raise ValueError(f"target document count must be >= 1; got {target_docs}")
+    langs_present = set(corpus["lang"].unique())
+    for lang in config.needed:
+        if lang not in langs_present:
+            raise ValueError(
+                f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}"
+            )
+    sub = corpus[corpus["lang"].isin(config.needed)]
+    counts = sub.groupby("id")["lang"].nunique()
+    topics_all = sorted(counts.index[counts == len(config.needed)].tolist())
+    text_of = {(r.id, r.lang): r.text for r in sub.itertuples(index=False)}
+
+    lengths = token_lengths if token_lengths is not None else {}
+    todo = [(t, lang) for t in topics_all for lang in config.needed if (t, lang) not in lengths]
+    if todo:
+        enc = tokenizer([text_of[k] for k in todo], add_special_tokens=False, verbose=False)["input_ids"]
+        for k, ids in zip(todo, enc):
+            lengths[k] = len(ids)
+    n_special = len(tokenizer("x", add_special_tokens=True, verbose=False)["input_ids"]) - len(tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"])
+    if max_segment_tokens is None or min_segment_tokens is None:
+        low, high = default_length_window(limit, n, special_tokens=n_special, min_ratio=window_ratio)
+        min_segment_tokens = low if min_segment_tokens is None else min_segment_tokens
+        max_segment_tokens = high if max_segment_tokens is None else max_segment_tokens
+    if min_segment_tokens > max_segment_tokens:
+        raise ValueError(f"segment-length window is empty: min {min_segment_tokens} > max {max_segment_tokens} tokens")
+    seg_cap = min(max_segment_tokens, limit - n_special)
+
+    def in_window(t: str) -> bool:
+        return all(min_segment_tokens <= lengths[(t, lang)] <= seg_cap for lang in config.needed)
+
+    topics = [t for t in topics_all if in_window(t)]
+    sets_wanted = math.ceil(target_docs / math.factorial(n))
+    report = SamplingReport(
+        n=n,
+        config=config.name,
+        limit=limit,
+        topics_available=len(topics_all),
+        segments_outside_window=len(topics_all) - len(topics),
+        sets_wanted=sets_wanted,
+    )
+    if len(topics) < n:
+        raise ValueError(
+            f"instance (n={n}, {config.name}): only {len(topics)} topics are present in {list(config.needed)} "
+            f"with segments of {min_segment_tokens}..{seg_cap} tokens (of {len(topics_all)} topics in all needed "
+            f"languages); need at least {n}"
+        )
+
+    rng = np.random.default_rng(_seed_for(seed, n, config.key))
+    lang_seq = config.langs(n)
+    chosen: list[tuple[str, ...]] = []
+    seen: set[frozenset[str]] = set()
+    docs: list[Document] = []
+    attempts, max_attempts = 0, max_attempts_per_set * sets_wanted
+    total_sets = math.comb(len(topics), n)
+    while len(chosen) < sets_wanted and attempts < max_attempts and len(seen) < total_sets:
+        attempts += 1
+        pick = tuple(topics[i] for i in sorted(rng.choice(len(topics), size=n, replace=False)))
+        fs = frozenset(pick)
+        if fs in seen:
+            continue
+        seen.add(fs)
+        # cheap lower bound first: any ordering has at least the shortest lead segment
+        lower = n_special + min(
+            lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k)
+            for k in range(n)
+        )
+        if lower > limit:
+            report.sets_skipped_too_long += 1
+            continue
+        set_id = f"n{n}-{config.key}-s{len(chosen):05d}"
+        cand = []
+        for j, perm in enumerate(_orderings(n)):
+            seg_topics = tuple(pick[k] for k in perm)
+            texts = tuple(text_of[(t, lang)] for t, lang in zip(seg_topics, lang_seq))
+            text, spans = segment_spans(texts)
+            cand.append((j, perm, seg_topics, texts, text, spans))
+        n_tok = [len(ids) for ids in tokenizer([c[4] for c in cand], add_special_tokens=True, verbose=False)["input_ids"]]
+        if max(n_tok) > limit:
+            report.sets_skipped_too_long += 1
+            continue
+        chosen.append(pick)
+        for (j, perm, seg_topics, texts, text, spans), nt in zip(cand, n_tok):
+            docs.append(
+                Document(
+                    doc_id=f"{set_id}-p{j:04d}",
+                    set_id=set_id,
+                    perm_index=j,
+                    permutation=tuple(perm),
+                    topics=seg_topics,
+                    segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(seg_topics, lang_seq)),
+                    langs=lang_seq,
+                    texts=texts,
+                    text=text,
+                    spans=tuple(spans),
+                    n_tokens=nt,
+                )
+            )
+    report.sets_used = len(chosen)
+    report.documents = len(docs)
+    report.exhausted = len(chosen) < sets_wanted
+    if not chosen:
+        seg_lens = sorted(lengths[(t, lang_seq[0])] for t in topics)
+        median = seg_lens[len(seg_lens) // 2]
+        raise ValueError(
+            f"instance (n={n}, {config.name}): no segment set fits the model limit of {limit} tokens "
+            f"({report.sets_skipped_too_long} sets tried were too long; median segment length {median} tokens). "
+            "Use shorter segments (max segment tokens), a smaller n, or a model with a longer limit."
+        )
+    if report.exhausted:
+        report.notes.append(
+            f"only {len(chosen)} of {sets_wanted} segment sets found that fit {limit} tokens "
+            f"after {attempts} draws ({report.sets_skipped_too_long} too long)"
+        )
+    sets = [SegmentSet(f"n{n}-{config.key}-s{i:05d}", t) for i, t in enumerate(chosen)]
+    return Instance(n=n, config=config, sets=sets, documents=docs, report=report)

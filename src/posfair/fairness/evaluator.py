@@ -1,0 +1,135 @@
+"""The audit as a library call and as a sentence-transformers evaluator."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
+
+from posfair.calibration import Calibration
+from posfair.fairness import encoding as enc
+from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
+from posfair.fairness.results import AuditResult, fit_all
+from posfair.store import EmbeddingStore
+
+__all__ = ["audit", "corpus_fingerprint", "PositionalFairnessEvaluator"]
+
+
+def corpus_fingerprint(corpus: pd.DataFrame) -> str:
+    h = hashlib.sha256()
+    cols = [c for c in ("id", "lang", "text") if c in corpus.columns]
+    for row in corpus.sort_values(["lang", "id"])[cols].astype(str).itertuples(index=False):
+        for v in row:
+            h.update(v.encode("utf-8"))
+            h.update(b"\x00")
+    return h.hexdigest()[:20]
+
+
+def audit(
+    model,
+    corpus: pd.DataFrame,
+    settings: AuditSettings | None = None,
+    calibrations: Sequence[Calibration | str] | Calibration | str | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    model_name: str | None = None,
+    corpus_name: str = "",
+    progress: Callable[[str, int, int], Callable[[int], None] | None] | None = None,
+) -> AuditResult:
+    """Run the permutation audit of ``model`` on ``corpus``; stock plus every calibration.
+
+    ``cache_dir``: the embedding cache (None = a temporary one, deleted afterwards).
+    """
+    settings = settings or AuditSettings()
+    cals = default_calibrations(calibrations)
+    info = make_model_info(model, settings, model_name)
+    if cals and info.pooling not in ("cls", "mean", "lasttoken"):
+        raise ValueError(f"calibration needs cls, mean or last-token pooling; the model pools with {info.pooling!r}")
+    t0 = time.perf_counter()
+    instances = build_instances(corpus, settings, enc.model_tokenizer(model), info.limit)
+    with tempfile.TemporaryDirectory(prefix="posfair-cache-") if cache_dir is None else _nullctx(cache_dir) as root:
+        store = EmbeddingStore(root)
+        obs, timings = run_instances(model, instances, cals, store, info, settings, progress)
+    coefs = fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()])
+    timings["total"] = time.perf_counter() - t0
+    langs = sorted(corpus["lang"].astype(str).unique()) if "lang" in corpus else []
+    return AuditResult(
+        model=info.to_dict(),
+        corpus={"name": corpus_name, "fingerprint": corpus_fingerprint(corpus), "rows": int(len(corpus)), "languages": ", ".join(langs)},
+        settings=settings.to_dict(),
+        calibrations=[{"label": c.label(), "key": c.key(), **c.to_dict()} for c in cals],
+        observations=obs,
+        coefficients=coefs,
+        sampling=[i.report.to_dict() | {"instance": i.key} for i in instances],
+        timings=timings,
+    )
+
+
+class _nullctx:
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc):
+        return False
+
+
+class PositionalFairnessEvaluator(SentenceEvaluator):
+    """Positional-fairness audit as a sentence-transformers evaluator.
+
+    Built from a corpus and settings; ``evaluator(model)`` returns a dict of headline
+    numbers (prefixed with ``name``); the primary metric is the mean beta_p
+    (p >= 2) of sigma for the stock model (closer to 0 = fairer; higher is better).
+    The full :class:`AuditResult` of the last call is ``evaluator.last_result``.
+    With ``output_path`` the results are saved to ``output_path/<name>_epoch<e>_steps<s>``.
+
+    By default the evaluator uses a fresh temporary cache per call, which is what
+    a training loop needs (weights change between calls); pass ``cache_dir`` to
+    reuse embeddings across calls of an unchanged model.
+    """
+
+    def __init__(
+        self,
+        corpus: pd.DataFrame,
+        settings: AuditSettings | None = None,
+        calibrations: Sequence[Calibration | str] | Calibration | str | None = None,
+        *,
+        name: str = "posfair",
+        cache_dir: str | Path | None = None,
+        write_report: bool = True,
+    ):
+        super().__init__()
+        self.corpus = corpus
+        self.settings = settings or AuditSettings()
+        self.calibrations = default_calibrations(calibrations)
+        self.name = name
+        self.cache_dir = cache_dir
+        self.write_report = write_report
+        self.primary_metric = "stock_main_sigma_mean_later_beta"
+        self.greater_is_better = True
+        self.last_result: AuditResult | None = None
+
+    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+        result = audit(model, self.corpus, self.settings, self.calibrations, cache_dir=self.cache_dir)
+        self.last_result = result
+        if output_path is not None and self.write_report:
+            tag = "" if epoch == -1 and steps == -1 else f"_epoch{epoch}_steps{steps}"
+            result.save(Path(output_path) / f"{self.name}{tag}")
+        metrics = self.prefix_name_to_metrics(result.headline(), self.name)
+        if hasattr(model, "model_card_data"):
+            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
+        return metrics
+
+    @property
+    def description(self) -> str:
+        return "Positional fairness"
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"settings": self.settings.to_dict(), "calibrations": [c.label() for c in self.calibrations]}

@@ -1,0 +1,326 @@
+"""Running an audit: instances x (stock + calibrations), cached and resumable.
+
+For each experiment instance and each variant (stock, then every calibration):
+
+1. the standalone segments are embedded once per (model, calibration);
+2. the documents are embedded (for mean-pooled models in the same forward pass
+   the contextualised segments are taken from the final-layer token states);
+3. sigma / tau are computed per (document, position).
+
+Stock standalone segments are always computed, which gives the semantic-fidelity
+control (calibrated documents against *stock* standalone segments, paper Fig. 14)
+for free.  Every vector is stored in the embedding cache; the observation table
+is a pure function of the cached vectors, so a re-run computes nothing and a run
+killed at any moment resumes to identical results.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from posfair.calibration import Calibration
+from posfair.fairness import encoding as enc
+from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
+from posfair.fairness.metrics import contextualised_segments, rowwise_cosine
+from posfair.store import EmbeddingStore
+
+__all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES"]
+
+STOCK = enc.STOCK
+MEASURES = ("sigma", "tau")
+OBSERVATION_COLUMNS = [
+    "model", "calibration", "calibration_key", "setting", "n", "config", "config_key", "lead_lang", "later_lang",
+    "doc_id", "set_id", "perm_index", "permutation", "position", "segment_id", "topic", "lang",
+    "seg_tokens", "doc_tokens", "sigma", "tau",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What to measure.
+
+    Args:
+        n_values: segments per document (each >= 2).
+        configs: language configurations (``LanguageConfig`` or specs like ``"en"``, ``"de:en"``).
+        target_docs: documents per instance; ``ceil(target_docs / n!)`` segment sets are drawn.
+        seed: sampling seed (sets are drawn per instance from a seed derived from it).
+        max_seq_length: token limit for documents; None = the model's position limit
+            (the audit raises ``model.max_seq_length`` to it for the run, then restores it).
+        min_segment_tokens / max_segment_tokens: segment length window (tokens, no specials);
+            None = ``default_length_window(limit, n, min_ratio=window_ratio)`` per n
+            (per-segment budget ``(limit - specials) // n``; for a 512-token model
+            n=3 gives 57..170 and n=4 gives 43..127 tokens).
+        batch_size: encoder batch size; chunk_size: texts per cache shard.
+        retention: compute tau (contextualised segments); None = only for mean-pooled models.
+        control: add the semantic-fidelity control rows for every calibration.
+    """
+
+    n_values: tuple[int, ...] = (3, 4)
+    configs: tuple[LanguageConfig, ...] = (LanguageConfig("en", "en"),)
+    target_docs: int = 1000
+    seed: int = 0
+    max_seq_length: int | None = None
+    min_segment_tokens: int | None = None
+    max_segment_tokens: int | None = None
+    window_ratio: float = 1 / 3
+    batch_size: int = 16
+    chunk_size: int = 64
+    retention: bool | None = None
+    control: bool = True
+
+    def __post_init__(self) -> None:
+        ns = tuple(int(n) for n in self.n_values)
+        if not ns:
+            raise ValueError("n_values must not be empty")
+        bad = [n for n in ns if n < 2]
+        if bad:
+            raise ValueError(f"n (segments per document) must be >= 2; got {bad}")
+        object.__setattr__(self, "n_values", tuple(sorted(set(ns))))
+        cfgs = tuple(c if isinstance(c, LanguageConfig) else LanguageConfig.parse(str(c)) for c in self.configs)
+        if not cfgs:
+            raise ValueError("at least one language configuration is needed")
+        object.__setattr__(self, "configs", tuple(dict.fromkeys(cfgs)))
+        if self.target_docs < 1:
+            raise ValueError(f"target_docs must be >= 1; got {self.target_docs}")
+        if self.max_seq_length is not None and self.max_seq_length < 4:
+            raise ValueError(f"max_seq_length must be >= 4; got {self.max_seq_length}")
+        if self.batch_size < 1 or self.chunk_size < 1:
+            raise ValueError("batch_size and chunk_size must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["configs"] = [c.name for c in self.configs]
+        d["n_values"] = list(self.n_values)
+        return d
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    fingerprint: str
+    pooling: str
+    limit: int
+    retention: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, limit: int) -> list[Instance]:
+    """All instances of the settings (seeded; independent of the model except for its tokenizer)."""
+    df = prepare_corpus(corpus)
+    langs = sorted(df["lang"].unique())
+    for cfg in settings.configs:
+        for lang in cfg.needed:
+            if lang not in langs:
+                raise ValueError(f"unknown language {lang!r} in configuration {cfg.name}: the corpus has {langs}")
+    lengths: dict[tuple[str, str], int] = {}
+    out = []
+    for n in settings.n_values:
+        for cfg in settings.configs:
+            out.append(
+                build_instance(
+                    df,
+                    n,
+                    cfg,
+                    tokenizer=tokenizer,
+                    limit=limit,
+                    target_docs=settings.target_docs,
+                    seed=settings.seed,
+                    min_segment_tokens=settings.min_segment_tokens,
+                    max_segment_tokens=settings.max_segment_tokens,
+                    window_ratio=settings.window_ratio,
+                    token_lengths=lengths,
+                )
+            )
+            inst = out[-1]
+            if len(inst.sets) < 2:
+                raise ValueError(
+                    f"instance (n={n}, {cfg.name}) has {len(inst.sets)} segment set(s); clustered standard errors need "
+                    f"at least 2: raise the target document count to >= {2 * math.factorial(n)}"
+                )
+    return out
+
+
+class _Encoder:
+    """Encodes one variant of one instance through the cache."""
+
+    def __init__(self, model, store: EmbeddingStore, info: ModelInfo, settings: AuditSettings, progress=None):
+        self.model = model
+        self.store = store
+        self.info = info
+        self.settings = settings
+        self.progress = progress
+        self.tokenizer = enc.model_tokenizer(model)
+
+    def _ns(self, calibration: Calibration | None, kind: str):
+        return self.store.namespace(
+            model=self.info.fingerprint, calibration=calibration.key() if calibration else STOCK, kind=kind
+        )
+
+    def segments(self, texts: Sequence[str], calibration: Calibration | None, tick=None) -> np.ndarray:
+        s = self.settings
+        return enc.cached_texts(
+            self._ns(calibration, "embedding"),
+            texts,
+            lambda chunk: enc.encode_texts(self.model, chunk, calibration, s.batch_size),
+            chunk_size=s.chunk_size,
+            progress=tick,
+        )
+
+    def documents(self, inst: Instance, calibration: Calibration | None, tick=None):
+        s = self.settings
+        retention = self.info.retention
+
+        def compute(texts, spans):
+            pooled, tokens = enc.encode_documents(self.model, texts, calibration, s.batch_size, with_tokens=retention)
+            if not retention:
+                return pooled, None
+            tok = self.tokenizer(list(texts), add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
+            ctx = []
+            for i, (ids, states) in enumerate(tokens):
+                if list(ids) != list(tok["input_ids"][i]):
+                    raise ValueError(
+                        f"the model tokenised a document differently from its tokenizer ({len(ids)} vs "
+                        f"{len(tok['input_ids'][i])} tokens); token spans cannot be mapped"
+                    )
+                idx = token_segment_index(tok["offset_mapping"][i], spans[i], tok["special_tokens_mask"][i])
+                ctx.append(contextualised_segments(states, idx, len(spans[i])).astype(np.float32))
+            return pooled, ctx
+
+        return enc.cached_documents(
+            self._ns(calibration, "embedding"),
+            self._ns(calibration, "contextualised") if retention else None,
+            [d.text for d in inst.documents],
+            [d.spans for d in inst.documents],
+            compute,
+            chunk_size=s.chunk_size,
+            progress=tick,
+        )
+
+
+def _observations(
+    inst: Instance,
+    info: ModelInfo,
+    label: str,
+    key: str,
+    setting: str,
+    doc_vecs: np.ndarray,
+    seg_vecs: dict[str, np.ndarray],
+    ctx_vecs: np.ndarray | None,
+    seg_tokens: dict[str, int],
+) -> pd.DataFrame:
+    docs = inst.documents
+    n = inst.n
+    m = len(docs)
+    seg_ids = [sid for d in docs for sid in d.segment_ids]
+    seg_mat = np.stack([seg_vecs[s] for s in seg_ids]).reshape(m, n, -1)
+    sigma = rowwise_cosine(np.repeat(doc_vecs[:, None, :], n, axis=1), seg_mat).ravel()
+    tau = rowwise_cosine(seg_mat, ctx_vecs).ravel() if ctx_vecs is not None else np.full(m * n, np.nan)
+    cfg = inst.config
+    return pd.DataFrame(
+        {
+            "model": info.name,
+            "calibration": label,
+            "calibration_key": key,
+            "setting": setting,
+            "n": n,
+            "config": cfg.name,
+            "config_key": cfg.key,
+            "lead_lang": cfg.lead,
+            "later_lang": cfg.later,
+            "doc_id": np.repeat([d.doc_id for d in docs], n),
+            "set_id": np.repeat([d.set_id for d in docs], n),
+            "perm_index": np.repeat([d.perm_index for d in docs], n),
+            "permutation": np.repeat(["-".join(map(str, d.permutation)) for d in docs], n),
+            "position": np.tile(np.arange(1, n + 1), m),
+            "segment_id": seg_ids,
+            "topic": [t for d in docs for t in d.topics],
+            "lang": [lg for d in docs for lg in d.langs],
+            "seg_tokens": [seg_tokens[s] for s in seg_ids],
+            "doc_tokens": np.repeat([d.n_tokens for d in docs], n),
+            "sigma": sigma,
+            "tau": tau,
+        },
+        columns=OBSERVATION_COLUMNS,
+    )
+
+
+def run_instances(
+    model,
+    instances: list[Instance],
+    calibrations: Sequence[Calibration],
+    store: EmbeddingStore,
+    info: ModelInfo,
+    settings: AuditSettings,
+    progress: Callable[[str, int, int], Callable[[int], None]] | None = None,
+) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Embed (through the cache) and measure every instance; returns (observations, timings).
+
+    ``progress(description, total, already_done)`` may return a callback ``tick(k)``.
+    """
+    encoder = _Encoder(model, store, info, settings)
+    variants: list[Calibration | None] = [None, *calibrations]
+    frames, timings = [], {}
+    tokenizer = encoder.tokenizer
+    with enc.max_seq_length(model, info.limit):
+        for inst in instances:
+            seg_lookup: dict[str, str] = {}
+            for d in inst.documents:
+                seg_lookup.update(zip(d.segment_ids, d.texts))
+            seg_ids = sorted(seg_lookup)
+            seg_texts = [seg_lookup[s] for s in seg_ids]
+            lens = tokenizer(seg_texts, add_special_tokens=False, verbose=False)["input_ids"]
+            seg_tokens = {s: len(ids) for s, ids in zip(seg_ids, lens)}
+            stock_segs: dict[str, np.ndarray] | None = None
+            for cal in variants:
+                label = cal.label() if cal else STOCK
+                key = cal.key() if cal else STOCK
+                t0 = time.perf_counter()
+                tick = progress(f"{inst.key} {label}", len(seg_texts) + len(inst.documents), 0) if progress else None
+                seg_mat = encoder.segments(seg_texts, cal, tick)
+                segs = dict(zip(seg_ids, seg_mat))
+                doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
+                timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
+                frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens))
+                if cal is None:
+                    stock_segs = segs
+                elif settings.control:
+                    frames.append(_observations(inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens))
+    obs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OBSERVATION_COLUMNS)
+    return obs, timings
+
+
+def default_calibrations(calibrations) -> list[Calibration]:
+    """Normalise a calibration argument: None -> [], a Calibration or spec string -> [it], a list -> parsed list."""
+    if calibrations is None:
+        return []
+    if isinstance(calibrations, (Calibration, str)):
+        calibrations = [calibrations]
+    out = []
+    for c in calibrations:
+        out.append(c if isinstance(c, Calibration) else Calibration.parse(str(c)))
+    labels = [c.label() for c in out]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate calibrations: {labels}")
+    return out
+
+
+def make_model_info(model, settings: AuditSettings, name: str | None = None) -> ModelInfo:
+    pooling = enc.model_pooling(model)
+    limit = settings.max_seq_length or enc.model_limit(model)
+    position_limit = enc.model_limit(model)
+    if limit > position_limit:
+        raise ValueError(f"max_seq_length={limit} exceeds the model's position limit of {position_limit} tokens")
+    retention = settings.retention if settings.retention is not None else pooling == "mean"
+    if name is None:
+        name = getattr(model, "model_card_data", None) and getattr(model.model_card_data, "base_model", None)
+        name = name or getattr(model, "name_or_path", None) or type(model).__name__
+    return ModelInfo(name=str(name), fingerprint=enc.model_fingerprint(model), pooling=pooling, limit=limit, retention=retention)
+

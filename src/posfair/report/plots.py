@@ -1,0 +1,123 @@
+"""Profile grids in the style of the paper's Figures 2-3 / 5 / 7 (matplotlib, Agg).
+
+A grid has one subplot per (row, column) cell; every :class:`ProfileSeries`
+draws its per-x mean with a 95% interval (computed over cluster means, so
+observations of one cluster count once), and optional grey bars on a twin axis
+(e.g. the mean token length per position).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from posfair.io import atomic_write
+
+__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "save_figure"]
+
+
+@dataclass
+class ProfileSeries:
+    """``data`` has columns ``row, col, x, value`` and optionally ``cluster``."""
+
+    label: str
+    data: pd.DataFrame
+    color: str | None = None
+    linestyle: str = "-"
+    marker: str = "o"
+
+
+def cluster_mean_ci(data: pd.DataFrame, z: float = 1.96) -> pd.DataFrame:
+    """Per (row, col, x): mean and a normal 95% interval over cluster means."""
+    d = data.dropna(subset=["value"])
+    if "cluster" in d.columns:
+        d = d.groupby(["row", "col", "x", "cluster"], sort=False)["value"].mean().reset_index()
+    g = d.groupby(["row", "col", "x"], sort=True)["value"]
+    out = g.agg(["mean", "std", "count"]).reset_index()
+    half = z * out["std"].fillna(0.0) / np.sqrt(out["count"].clip(lower=1))
+    out["lo"], out["hi"] = out["mean"] - half, out["mean"] + half
+    return out
+
+
+def profile_grid(
+    series: Sequence[ProfileSeries],
+    *,
+    rows: Sequence,
+    cols: Sequence,
+    bars: pd.DataFrame | None = None,
+    row_label: Callable[[object], str] = str,
+    col_label: Callable[[object], str] = str,
+    ylabel: str = "",
+    bar_label: str = "",
+    xlabel: str = "position",
+    title: str = "",
+):
+    """Build the figure (``bars``: columns ``row, col, x, bar``)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    nr, nc = len(rows), len(cols)
+    fig, axes = plt.subplots(nr, nc, figsize=(3.2 * nc + 0.6, 2.5 * nr + 0.8), squeeze=False, sharey=True)
+    stats = [(s, cluster_mean_ci(s.data)) for s in series]
+    bar_stats = bars.groupby(["row", "col", "x"])["bar"].mean().reset_index() if bars is not None and len(bars) else None
+    bar_max = float(bar_stats["bar"].max()) if bar_stats is not None else 0.0
+    handles = {}
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            ax = axes[i][j]
+            if bar_stats is not None:
+                b = bar_stats[(bar_stats["row"] == r) & (bar_stats["col"] == c)]
+                ax2 = ax.twinx()
+                ax2.bar(b["x"], b["bar"], color="0.85", width=0.6, zorder=0, label=bar_label)
+                ax2.set_ylim(0, bar_max * 1.15 if bar_max > 0 else 1)
+                if j == nc - 1 and bar_label:
+                    ax2.set_ylabel(bar_label, fontsize=8, color="0.4")
+                ax2.tick_params(labelsize=7, colors="0.4")
+                ax.set_zorder(ax2.get_zorder() + 1)
+                ax.patch.set_visible(False)
+            for s, st in stats:
+                cell = st[(st["row"] == r) & (st["col"] == c)]
+                if not len(cell):
+                    continue
+                (line,) = ax.plot(cell["x"], cell["mean"], color=s.color, linestyle=s.linestyle, marker=s.marker, ms=3, lw=1.4, label=s.label)
+                ax.fill_between(cell["x"], cell["lo"], cell["hi"], color=line.get_color(), alpha=0.2, lw=0)
+                handles.setdefault(s.label, line)
+            xs = sorted({x for _, st in stats for x in st[(st["row"] == r) & (st["col"] == c)]["x"]})
+            if xs:
+                ax.set_xticks(xs)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3, lw=0.5)
+            if i == 0:
+                ax.set_title(col_label(c), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"{row_label(r)}\n{ylabel}", fontsize=8)
+            if i == nr - 1:
+                ax.set_xlabel(xlabel, fontsize=8)
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 0.97 if title else 1))
+    return fig
+
+
+def save_figure(fig, path_stem: str | os.PathLike, dpi: int = 130) -> bytes:
+    """Write ``<stem>.png`` and ``<stem>.pdf`` atomically; return the PNG bytes (for embedding)."""
+    import matplotlib.pyplot as plt
+
+    stem = Path(path_stem)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    png = buf.getvalue()
+    atomic_write(stem.with_suffix(".png"), lambda p: p.write_bytes(png))
+    atomic_write(stem.with_suffix(".pdf"), lambda p: fig.savefig(p, format="pdf"))
+    plt.close(fig)
+    return png
