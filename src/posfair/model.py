@@ -16,7 +16,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from sentence_transformers.base.modules.transformer import Transformer
 from posfair.calibration import attention as att
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 
-__all__ = ["FairModel", "CalibratedTransformer", "load_model", "bundled_model_path", "BUNDLED_MODEL_NAME"]
+__all__ = ["FairModel", "CalibratedTransformer", "load_model", "model_fingerprint", "bundled_model_path", "BUNDLED_MODEL_NAME"]
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _UNSET = object()
@@ -295,21 +295,10 @@ class FairModel(SentenceTransformer):
 
     @property
     def fingerprint(self) -> str:
-        """A stable identity of the weights, config, tokenizer limits and pooling (for cache keys)."""
-        fp = getattr(self, "_posfair_fingerprint", None)
-        if fp is None:
-            h = hashlib.sha256()
-            tmod = self.transformer_module
-            h.update(type(tmod.auto_model).__name__.encode())
-            h.update(tmod.auto_model.config.to_json_string(use_diff=False).encode())
-            h.update(json.dumps([str(self.pooling), self.max_seq_length, self.tokenizer.padding_side, type(self.tokenizer).__name__, len(self.tokenizer)]).encode())
-            with torch.no_grad():
-                for name, p in sorted(self.state_dict().items()):
-                    h.update(name.encode())
-                    h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if p.numel() else b"")
-            fp = h.hexdigest()[:20]
-            self._posfair_fingerprint = fp
-        return fp
+        """A stable identity of what determines an embedding: weights, config, pooling, padding side,
+        tokenizer and the current ``max_seq_length`` (use it in cache keys; recomputed on every access,
+        only the weights digest is cached)."""
+        return model_fingerprint(self)
 
     # -- calibration ----------------------------------------------------------------------------
     def calibrate(self, calibration: Calibration | None) -> "FairModel":
@@ -416,6 +405,35 @@ class FairModel(SentenceTransformer):
         """Token counts without truncation (as the model's tokenizer sees the texts)."""
         enc = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False)
         return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
+
+
+def _weights_digest(model: torch.nn.Module) -> str:
+    digest = getattr(model, "_posfair_weights_digest", None)
+    if digest is None:
+        h = hashlib.sha256()
+        with torch.no_grad():
+            for name, p in sorted(model.state_dict().items()):
+                h.update(name.encode())
+                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if p.numel() else b"")
+        digest = h.hexdigest()
+        model._posfair_weights_digest = digest  # weights are fixed at inference time
+    return digest
+
+
+def model_fingerprint(model) -> str:
+    """The cache identity of any sentence-transformers model (a FairModel or a plain one)."""
+    h = hashlib.sha256(_weights_digest(model).encode())
+    auto = getattr(next(iter(model._modules.values()), None), "auto_model", None)
+    if auto is not None:
+        h.update(type(auto).__name__.encode())
+        h.update(auto.config.to_json_string(use_diff=False).encode())
+    tok = getattr(model, "tokenizer", None)
+    pooling = getattr(model, "pooling", None)
+    if pooling is None:
+        pooling = [getattr(m, "pooling_mode", None) for m in model._modules.values()]
+    h.update(json.dumps([str(pooling), model.max_seq_length, getattr(tok, "padding_side", None), type(tok).__name__, len(tok) if tok is not None else 0,
+                         [type(m).__name__ for m in model._modules.values()]]).encode())  # fmt: skip
+    return h.hexdigest()[:20]
 
 
 def _posfair_saved(path: str) -> bool:

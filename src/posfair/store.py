@@ -29,7 +29,7 @@ import numpy as np
 
 from posfair.io import atomic_path, atomic_write_json
 
-__all__ = ["EmbeddingStore", "Namespace", "text_key", "embedding_namespace", "encode_cached", "calibration_tag", "STOCK"]
+__all__ = ["EmbeddingStore", "Namespace", "write_shard", "embedding_meta", "text_key", "embedding_namespace", "encode_cached", "calibration_tag", "STOCK"]
 
 
 def text_key(text: str, *extra: str) -> str:
@@ -46,6 +46,40 @@ def _namespace_id(meta: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+def write_shard(folder: str | os.PathLike, keys: Sequence[str], vectors: np.ndarray, name: str | None = None) -> str | None:
+    """Write ``keys`` + ``vectors`` as one shard file of a namespace folder, atomically.
+
+    ``name`` is the shard's identity (a file ``part-<name>.npz``; e.g. a hash of its
+    keys, so a rerun finds it); None = a random one.  Returns the file name, or None
+    when there is nothing to write.  Used by :meth:`Namespace.put` and by workers
+    that write into a namespace without loading it (``posfair embed``).
+    """
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if len(keys) != len(vectors):
+        raise ValueError(f"{len(keys)} keys but {len(vectors)} vectors")
+    if not len(keys):
+        return None
+    if name is not None and (not name or not all(c.isalnum() or c in "-_" for c in name)):
+        raise ValueError(f"shard name must be letters, digits, '-' or '_'; got {name!r}")
+    fname = f"part-{name or uuid.uuid4().hex}.npz"
+    with atomic_path(Path(folder) / fname) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, keys=np.asarray(list(keys), dtype=str), vectors=vectors)
+    return fname
+
+
+def _ensure_meta(path: Path, meta: dict[str, Any]) -> None:
+    """Create a namespace folder with its ``meta.json``, or check the existing one agrees."""
+    path.mkdir(parents=True, exist_ok=True)
+    meta_file = path / "meta.json"
+    if meta_file.exists():
+        stored = json.loads(meta_file.read_text())
+        if stored != json.loads(json.dumps(meta, sort_keys=True, default=str)):
+            raise ValueError(f"embedding store namespace {path} holds different metadata: {stored} != {meta}")
+    else:
+        atomic_write_json(meta_file, meta)
+
+
 class Namespace:
     """One set of vectors of the same kind and dimension, addressed by key."""
 
@@ -55,14 +89,7 @@ class Namespace:
         self._index: dict[str, tuple[int, int]] = {}
         self._shards: list[np.ndarray] = []
         self._seen_files: set[str] = set()
-        self.path.mkdir(parents=True, exist_ok=True)
-        meta_file = self.path / "meta.json"
-        if meta_file.exists():
-            stored = json.loads(meta_file.read_text())
-            if stored != json.loads(json.dumps(meta, sort_keys=True, default=str)):
-                raise ValueError(f"embedding store namespace {self.path} holds different metadata: {stored} != {meta}")
-        else:
-            atomic_write_json(meta_file, meta)
+        _ensure_meta(self.path, meta)
         self.refresh()
 
     def refresh(self) -> None:
@@ -103,17 +130,12 @@ class Namespace:
             return np.zeros((0, *dim), dtype=np.float32)
         return np.stack([self._shards[s][r] for s, r in (self._index[k] for k in keys)])
 
-    def put(self, keys: Sequence[str], vectors: np.ndarray) -> None:
-        """Write one shard atomically (temporary file + rename)."""
+    def put(self, keys: Sequence[str], vectors: np.ndarray, name: str | None = None) -> None:
+        """Write one shard atomically (temporary file + rename); ``name``: see :func:`write_shard`."""
         vectors = np.asarray(vectors, dtype=np.float32)
-        if len(keys) != len(vectors):
-            raise ValueError(f"{len(keys)} keys but {len(vectors)} vectors")
-        if not len(keys):
+        name = write_shard(self.path, keys, vectors, name)
+        if name is None:
             return
-        name = f"part-{uuid.uuid4().hex}.npz"
-        with atomic_path(self.path / name) as tmp:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, keys=np.asarray(list(keys), dtype=str), vectors=vectors)
         shard = len(self._shards)
         self._shards.append(vectors)
         for row, k in enumerate(keys):
@@ -169,6 +191,16 @@ class EmbeddingStore:
             self._open[nid] = Namespace(self.root / nid, meta)
         return self._open[nid]
 
+    def namespace_dir(self, **meta: Any) -> Path:
+        """The folder of the namespace defined by ``meta``, created (with its meta.json) but not loaded.
+
+        For writers that add shards without reading the vectors already there (``posfair embed``).
+        """
+        meta = json.loads(json.dumps(meta, sort_keys=True, default=str))
+        path = self.root / _namespace_id(meta)
+        _ensure_meta(path, meta)
+        return path
+
 
 STOCK = "stock"
 
@@ -187,7 +219,12 @@ def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration=Non
     exactly as the model returns them (consumers normalise when they need to).
     So an embedding computed once, by any command, is never computed again.
     """
-    return store.namespace(model=fingerprint, calibration=calibration_tag(calibration), kind="embedding", prompt=prompt or "")
+    return store.namespace(**embedding_meta(fingerprint, calibration, prompt))
+
+
+def embedding_meta(fingerprint: str, calibration=None, prompt: str | None = None) -> dict[str, Any]:
+    """The metadata defining :func:`embedding_namespace` (for :meth:`EmbeddingStore.namespace_dir`)."""
+    return dict(model=fingerprint, calibration=calibration_tag(calibration), kind="embedding", prompt=prompt or "")
 
 
 def encode_cached(

@@ -137,3 +137,14 @@ def test_default_calibration_survives_pickling(tmp_path):
     want = model.encode(TEXTS)
     clone = pickle.loads(pickle.dumps(model))
     np.testing.assert_allclose(clone.encode(TEXTS), want, atol=1e-6)
+
+
+def test_fingerprint_follows_the_token_limit(minilm):
+    before = minilm.fingerprint
+    old = minilm.max_seq_length
+    try:
+        minilm.max_seq_length = 128
+        assert minilm.fingerprint != before
+    finally:
+        minilm.max_seq_length = old
+    assert minilm.fingerprint == before

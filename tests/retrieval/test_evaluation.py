@@ -7,7 +7,6 @@ import pytest
 from posfair import Calibration
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.evaluator import QWEN3_QUERY_PROMPT, PositionalRetrievalEvaluator, default_query_prompt
-from posfair.retrieval.metrics import ndcg_at_k
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.sweep import paper_grid, run_sweep, strength_sweep
 from posfair.retrieval.tables import bucket_table, group_table, to_latex, to_markdown

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -313,7 +312,6 @@ def explicit_attention(
 
 def _make_attention_function(base: str) -> Callable:
     def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         state = _STATE.get()

@@ -28,7 +28,6 @@ layer and document of the current batch is ever held.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -11,8 +11,6 @@ and produces bit-identical results.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -88,18 +86,10 @@ def model_pooling(model) -> str:
 
 
 def model_fingerprint(model) -> str:
-    """Stable identity of the model: ``model.fingerprint`` or a digest of config and weights."""
-    fp = getattr(model, "fingerprint", None)
-    if isinstance(fp, str) and fp:
-        return fp
-    h = hashlib.sha256()
-    cfg = _auto_config(model)
-    if cfg is not None:
-        h.update(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().float().numpy().tobytes())
-    return "sha256:" + h.hexdigest()[:32]
+    """The model's cache identity (see :func:`posfair.model.model_fingerprint`)."""
+    from posfair.model import model_fingerprint as shared
+
+    return shared(model)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from posfair.calibration import Calibration
 from posfair.fairness import encoding as enc
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
 from posfair.fairness.metrics import contextualised_segments, rowwise_cosine
-from posfair.store import EmbeddingStore
+from posfair.store import EmbeddingStore, embedding_namespace
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES"]
 
@@ -160,6 +160,8 @@ class _Encoder:
         self.tokenizer = enc.model_tokenizer(model)
 
     def _ns(self, calibration: Calibration | None, kind: str):
+        if kind == "embedding":  # pooled embeddings: the namespace shared with every other command
+            return embedding_namespace(self.store, self.info.fingerprint, calibration)
         return self.store.namespace(
             model=self.info.fingerprint, calibration=calibration.key() if calibration else STOCK, kind=kind
         )
@@ -322,5 +324,7 @@ def make_model_info(model, settings: AuditSettings, name: str | None = None) -> 
     if name is None:
         name = getattr(model, "model_card_data", None) and getattr(model.model_card_data, "base_model", None)
         name = name or getattr(model, "name_or_path", None) or type(model).__name__
-    return ModelInfo(name=str(name), fingerprint=enc.model_fingerprint(model), pooling=pooling, limit=limit, retention=retention)
+    with enc.max_seq_length(model, limit):  # the identity the embeddings are computed under
+        fingerprint = enc.model_fingerprint(model)
+    return ModelInfo(name=str(name), fingerprint=fingerprint, pooling=pooling, limit=limit, retention=retention)
 

@@ -13,7 +13,6 @@ when one is given, keyed by model fingerprint, setting and prompt.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,18 +77,10 @@ def _l2(x: np.ndarray) -> np.ndarray:
 
 
 def model_fingerprint(model: Any) -> str:
-    """``model.fingerprint`` when the model has one; else a sha256 over its structure and weights."""
-    fp = getattr(model, "fingerprint", None)
-    if isinstance(fp, str) and fp:
-        return fp
-    import torch
+    """``model.fingerprint`` for posfair models; the same identity computed for plain sentence-transformers models."""
+    from posfair.model import model_fingerprint as shared
 
-    h = hashlib.sha256(repr(model).encode())
-    with torch.no_grad():
-        for name, p in model.state_dict().items():
-            h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return "sha256:" + h.hexdigest()[:32]
+    return shared(model)
 
 
 @dataclass
