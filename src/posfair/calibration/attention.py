@@ -128,7 +128,7 @@ def _mask_to_additive(mask: torch.Tensor | None, dtype=torch.float32) -> torch.T
     if mask.dtype == torch.bool:
         zero = torch.zeros((), dtype=dtype, device=mask.device)
         return torch.where(mask, zero, torch.finfo(dtype).min)
-    return mask.to(dtype)
+    return mask.to(dtype).clamp(min=torch.finfo(dtype).min)  # -inf would turn fully masked rows into NaN
 
 
 def _is_causal(module: nn.Module, kwargs: dict) -> bool:
@@ -159,13 +159,11 @@ def _explicit_probs(
 
     q: (B, Hkv, g, T, D); key: (B, Hkv, K, D); mask_rows: additive, broadcastable to (B, Hkv, g, T, K).
     """
-    scores = torch.matmul(q.float(), key.float().transpose(-1, -2).unsqueeze(2))
-    scores.mul_(scaling)
+    # masks are additive with finite minima (never -inf), so a fully masked row is uniform, never NaN
+    scores = torch.matmul(q.float() * scaling, key.float().transpose(-1, -2).unsqueeze(2))
     if mask_rows is not None:
         scores.add_(mask_rows)
-    probs = torch.softmax(scores, dim=-1)
-    del scores
-    return probs.nan_to_num_(nan=0.0)
+    return torch.softmax(scores, dim=-1)
 
 
 def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
@@ -182,10 +180,10 @@ def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, head
 
 
 def _mask_for_tile(attention_mask: torch.Tensor | None, t0: int, t1: int, heads: int, kv_heads: int, B: int) -> torch.Tensor | None:
-    add = _mask_to_additive(attention_mask)
-    if add is None:
+    if attention_mask is None:
         return None
-    tile = add[:, :, t0:t1] if add.shape[2] > 1 else add  # (B|1, Hm, T|1, K)
+    rows = attention_mask[:, :, t0:t1] if attention_mask.shape[2] > 1 else attention_mask
+    tile = _mask_to_additive(rows)  # (B|1, Hm, T|1, K)
     if tile.shape[1] == 1:
         return tile.unsqueeze(2)  # (B|1, 1, 1, T, K)
     return tile.reshape(tile.shape[0], kv_heads, heads // kv_heads, *tile.shape[2:])
