@@ -167,21 +167,12 @@ def cached_texts(
     chunk_size: int = 64,
     progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
-    """Embeddings of ``texts`` from ``ns``, computing missing grid chunks with ``compute``."""
-    keys = [text_key(t) for t in texts]
-    uniq, chunks = _grid(keys, chunk_size)
-    text_of = dict(zip(keys, texts))
-    for chunk in chunks:
-        ck = [uniq[i] for i in chunk]
-        if not ns.missing(ck):
-            continue
-        vecs = np.asarray(compute([text_of[k] for k in ck]), dtype=np.float32)
-        if len(vecs) != len(ck):
-            raise ValueError(f"encoder returned {len(vecs)} vectors for {len(ck)} texts")
-        ns.put(ck, vecs)
-        if progress is not None:
-            progress(len(ck))
-    return ns.get(keys)
+    """Embeddings of ``texts`` from ``ns``, computing the missing ones with ``compute``.
+
+    Chunks are written whole and atomically, so after a kill the missing keys
+    are whole chunks again: a resumed run batches exactly like an uninterrupted one.
+    """
+    return ns.get_or_compute([text_key(t) for t in texts], list(texts), compute, chunk_size=chunk_size, progress=progress)
 
 
 def span_key(doc_text: str, span: tuple[int, int]) -> str:
