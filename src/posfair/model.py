@@ -344,6 +344,18 @@ class FairModel(SentenceTransformer):
         finally:
             _RECORDING.reset(token)
 
+    def save(self, path: str, *args, **kwargs) -> None:
+        """Save like sentence-transformers.  With a default calibration the folder records it (and
+        reloads calibrated); without one it is a plain sentence-transformers folder."""
+        tmod = self.transformer_module
+        if isinstance(tmod, CalibratedTransformer) and tmod.default_calibration is None:
+            tmod.__class__ = Transformer  # written as the stock module type: no posfair needed to load it
+            try:
+                return super().save(path, *args, **kwargs)
+            finally:
+                tmod.__class__ = CalibratedTransformer
+        return super().save(path, *args, **kwargs)
+
     # -- encode -------------------------------------------------------------------------------
     def encode(self, sentences, calibration: Calibration | None | bool = None, **kwargs):  # type: ignore[override]
         """``SentenceTransformer.encode`` with an optional :class:`Calibration`.

@@ -148,3 +148,12 @@ def test_fingerprint_follows_the_token_limit(minilm):
     finally:
         minilm.max_seq_length = old
     assert minilm.fingerprint == before
+
+
+def test_saved_without_calibration_is_a_plain_st_folder(tmp_path, minilm):
+    minilm.save(str(tmp_path / "plain"))
+    assert "posfair" not in (tmp_path / "plain" / "modules.json").read_text()
+    np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "plain")).encode(TEXTS), minilm.encode(TEXTS), atol=1e-6)
+    reloaded = posfair.load_model(tmp_path / "plain")
+    assert reloaded.calibration is None
+    np.testing.assert_allclose(reloaded.encode(TEXTS, calibration=CAL), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
