@@ -5,7 +5,13 @@ For each experiment instance and each variant (stock, then every calibration):
 1. the standalone segments are embedded once per (model, calibration);
 2. the documents are embedded (for mean-pooled models in the same forward pass
    the contextualised segments are taken from the final-layer token states);
-3. sigma / tau are computed per (document, position).
+3. sigma / tau are computed per (document, position), together with the
+   fidelity measures (:func:`posfair.fairness.metrics.fidelity_measures`): the
+   mean cosine of the document to the standalone segments of the *other*
+   segment sets of the instance (``other_cos``), the margin ``sigma - other_cos``,
+   own-segment recall@n among the instance's standalone segments (``recall``) and
+   the drift ``cos(calibrated document, stock document)`` (``drift``; exactly 1
+   for the stock rows).
 
 Stock standalone segments are always computed, which gives the semantic-fidelity
 control (calibrated documents against *stock* standalone segments, paper Fig. 14)
@@ -27,17 +33,19 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.fairness import encoding as enc
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
-from posfair.fairness.metrics import contextualised_segments, rowwise_cosine
+from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.store import EmbeddingStore, embedding_namespace
 
-__all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES"]
+__all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
 
 STOCK = enc.STOCK
 MEASURES = ("sigma", "tau")
+#: per-observation fidelity columns (``recall`` and ``drift`` are per document, repeated over its positions)
+FIDELITY = ("other_cos", "margin", "recall", "drift")
 OBSERVATION_COLUMNS = [
     "model", "calibration", "calibration_key", "setting", "n", "config", "config_key", "lead_lang", "later_lang",
     "doc_id", "set_id", "perm_index", "permutation", "position", "segment_id", "topic", "lang",
-    "seg_tokens", "doc_tokens", "sigma", "tau",
+    "seg_tokens", "doc_tokens", "sigma", "tau", *FIDELITY,
 ]  # fmt: skip
 
 
@@ -217,7 +225,9 @@ def _observations(
     seg_vecs: dict[str, np.ndarray],
     ctx_vecs: np.ndarray | None,
     seg_tokens: dict[str, int],
+    stock_doc_vecs: np.ndarray | None = None,
 ) -> pd.DataFrame:
+    """The rows of one (instance, variant, setting); ``stock_doc_vecs`` None = the stock variant (drift 1)."""
     docs = inst.documents
     n = inst.n
     m = len(docs)
@@ -225,6 +235,18 @@ def _observations(
     seg_mat = np.stack([seg_vecs[s] for s in seg_ids]).reshape(m, n, -1)
     sigma = rowwise_cosine(np.repeat(doc_vecs[:, None, :], n, axis=1), seg_mat).ravel()
     tau = rowwise_cosine(seg_mat, ctx_vecs).ravel() if ctx_vecs is not None else np.full(m * n, np.nan)
+    pool_ids = sorted(seg_vecs)
+    pool_index = {s: i for i, s in enumerate(pool_ids)}
+    set_segments: dict[str, set[str]] = {}
+    for d in docs:
+        set_segments.setdefault(d.set_id, set()).update(d.segment_ids)
+    fid = fidelity_measures(
+        doc_vecs,
+        np.stack([seg_vecs[s] for s in pool_ids]),
+        own=np.array([[pool_index[s] for s in d.segment_ids] for d in docs], dtype=np.int64),
+        own_set=[np.array(sorted(pool_index[s] for s in set_segments[d.set_id]), dtype=np.int64) for d in docs],
+        stock_docs=stock_doc_vecs,
+    )
     cfg = inst.config
     return pd.DataFrame(
         {
@@ -249,6 +271,10 @@ def _observations(
             "doc_tokens": np.repeat([d.n_tokens for d in docs], n),
             "sigma": sigma,
             "tau": tau,
+            "other_cos": np.repeat(fid["other_cos"], n),
+            "margin": sigma - np.repeat(fid["other_cos"], n),
+            "recall": np.repeat(fid["recall"], n),
+            "drift": np.repeat(fid["drift"], n),
         },
         columns=OBSERVATION_COLUMNS,
     )
@@ -281,6 +307,7 @@ def run_instances(
             lens = tokenizer(seg_texts, add_special_tokens=False, verbose=False)["input_ids"]
             seg_tokens = {s: len(ids) for s, ids in zip(seg_ids, lens)}
             stock_segs: dict[str, np.ndarray] | None = None
+            stock_docs: np.ndarray | None = None
             for cal in variants:
                 label = cal.label() if cal else STOCK
                 key = cal.key() if cal else STOCK
@@ -290,11 +317,11 @@ def run_instances(
                 segs = dict(zip(seg_ids, seg_mat))
                 doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
                 timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
-                frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens))
+                frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs))
                 if cal is None:
-                    stock_segs = segs
+                    stock_segs, stock_docs = segs, doc_vecs
                 elif settings.control:
-                    frames.append(_observations(inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens))
+                    frames.append(_observations(inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens, stock_docs))
     obs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OBSERVATION_COLUMNS)
     return obs, timings
 

@@ -1,10 +1,12 @@
-"""Per-(document, position) measures: representation sigma and retention tau."""
+"""Per-(document, position) measures: representation sigma, retention tau, and the fidelity measures."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-__all__ = ["normalize", "rowwise_cosine", "contextualised_segments"]
+__all__ = ["normalize", "rowwise_cosine", "contextualised_segments", "fidelity_measures", "profile_spread"]
 
 
 def normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -36,3 +38,57 @@ def contextualised_segments(token_states: np.ndarray, segment_index: np.ndarray,
             raise ValueError(f"segment {i} has no tokens in the document (spans and tokenisation disagree)")
         out[i] = states[mask].mean(axis=0)
     return out
+
+
+def fidelity_measures(
+    docs: np.ndarray,
+    pool: np.ndarray,
+    own: np.ndarray,
+    own_set: Sequence[np.ndarray],
+    stock_docs: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """What calibration costs, per document: ``other_cos``, ``recall`` and ``drift`` (each shape (m,)).
+
+    Args:
+        docs: (m, dim) document embeddings.
+        pool: (P, dim) standalone segment embeddings of the instance (every segment of every set).
+        own: (m, n) pool rows of each document's own segments (position order).
+        own_set: per document, the pool rows of every segment of its segment set (in mixed
+            language configurations this includes the other-language versions of its topics).
+        stock_docs: (m, dim) stock embeddings of the same documents; None = these are the stock ones.
+
+    ``other_cos``: mean cosine of the document to the standalone segments of the *other*
+    segment sets (the pool minus ``own_set``; NaN if there are none); the margin of a
+    position is ``sigma - other_cos``.  ``recall``: own-segment recall@n - among the
+    candidates (the document's n segments and every segment of the other sets), the
+    share of its own segments among the n most similar (ties broken by pool order).
+    ``drift``: ``cos(docs, stock_docs)``, exactly 1 when ``stock_docs`` is None.
+    """
+    docs = np.asarray(docs)
+    own = np.asarray(own, dtype=np.int64)
+    m, n = own.shape
+    if len(docs) != m or len(own_set) != m:
+        raise ValueError(f"{len(docs)} documents but {m} rows of own segments and {len(own_set)} own sets")
+    cos = normalize(docs) @ normalize(pool).T  # (m, P)
+    in_set = np.zeros(cos.shape, dtype=bool)
+    for i, rows in enumerate(own_set):
+        in_set[i, np.asarray(rows, dtype=np.int64)] = True
+    is_own = np.zeros(cos.shape, dtype=bool)
+    np.put_along_axis(is_own, own, True, axis=1)
+    if (is_own & ~in_set).any():
+        raise ValueError("a document's own segments must belong to its own set")
+    other = ~in_set
+    n_other = other.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        other_cos = np.where(n_other > 0, np.where(other, cos, 0.0).sum(axis=1) / n_other, np.nan)
+    scores = np.where(is_own | other, cos, -np.inf)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :n]
+    recall = np.take_along_axis(is_own, top, axis=1).sum(axis=1) / n
+    drift = np.ones(m) if stock_docs is None else rowwise_cosine(docs, stock_docs)
+    return {"other_cos": other_cos, "recall": recall.astype(np.float64), "drift": drift}
+
+
+def profile_spread(values: np.ndarray, positions: np.ndarray) -> float:
+    """Max minus min over positions of the mean of ``values`` at each position (the profile's spread)."""
+    means = [float(np.mean(np.asarray(values)[np.asarray(positions) == p])) for p in np.unique(positions)]
+    return max(means) - min(means)

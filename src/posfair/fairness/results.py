@@ -17,14 +17,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.fairness.experiment import MEASURES, STOCK
+from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK
+from posfair.fairness.metrics import profile_spread
 from posfair.fairness.ols import MARK_LEGEND, fit_position_ols
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from posfair.report.html import FigureRef, Section, key_value_html, write_report
-from posfair.report.plots import ProfileSeries, profile_grid, save_figure
+from posfair.report.plots import ProfileSeries, profile_grid, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_html, to_markdown, write_table
 
-__all__ = ["AuditResult", "fit_all", "coefficient_table", "MEASURE_TITLES"]
+__all__ = ["AuditResult", "fit_all", "coefficient_table", "fidelity_summary", "fidelity_table", "MEASURE_TITLES"]
 
 MEASURE_TITLES = {
     "sigma": "positional fairness (sigma = cos(document, standalone segment))",
@@ -89,6 +90,71 @@ def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibrat
     )
 
 
+FIDELITY_ALT = "fidelity: σ profile spread against own-segment recall"
+FIDELITY_CAPTION = (
+    "σ by position: mean cos(document, standalone segment) at positions 1..n; spread: max - min of those means; "
+    "max |β|: the largest |β_p| (p ≥ 2) of the σ regression; other-set cos: mean cos(document, standalone segments of "
+    "the other segment sets of the instance); margin: σ minus that (per position, and overall); recall@n: share of the "
+    "document's n segments among its n most similar standalone segments (its own n and those of every other set); "
+    "drift: cos(document, stock embedding of the same document), 1 for stock. Control rows compare the calibrated "
+    "documents with stock standalone segments."
+)
+
+
+def fidelity_summary(observations: pd.DataFrame, coefficients: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (calibration, setting, n, config): the σ profile, its spread and max |β|, and the fidelity means.
+
+    Per-position columns ``sigma_p<k>`` / ``margin_p<k>`` (NaN beyond n); ``recall`` and ``drift``
+    are means over documents (each document counts once).
+    """
+    keys = ["calibration", "setting", "n", "config"]
+    if not len(observations):
+        return pd.DataFrame(columns=keys + ["config_key", "documents", "sets", "spread", "max_abs_beta", *FIDELITY])
+    n_max = int(observations["n"].max())
+    rows = []
+    for key, g in observations.groupby(keys, sort=False):
+        by_pos = g.groupby("position")
+        per_doc = g.drop_duplicates("doc_id")
+        row: dict[str, Any] = dict(zip(keys, key))
+        row.update(config_key=g["config_key"].iloc[0], documents=int(g["doc_id"].nunique()), sets=int(g["set_id"].nunique()))
+        row["spread"] = profile_spread(g["sigma"].to_numpy(), g["position"].to_numpy())
+        row["max_abs_beta"] = np.nan
+        if coefficients is not None and len(coefficients):
+            c = coefficients
+            hit = c[(c["measure"] == "sigma") & (c["calibration"] == key[0]) & (c["setting"] == key[1]) & (c["n"] == key[2]) & (c["config"] == key[3]) & (c["position"] > 1)]
+            if len(hit):
+                row["max_abs_beta"] = float(hit["estimate"].abs().max())
+        row["other_cos"] = float(per_doc["other_cos"].mean())
+        row["margin"] = float(g["margin"].mean())
+        row["recall"] = float(per_doc["recall"].mean())
+        row["drift"] = float(per_doc["drift"].mean())
+        for p in range(1, n_max + 1):
+            row[f"sigma_p{p}"] = float(by_pos["sigma"].mean().get(p, np.nan))
+            row[f"margin_p{p}"] = float(by_pos["margin"].mean().get(p, np.nan))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _profile(row: pd.Series, prefix: str) -> str:
+    return "/".join(f"{row[f'{prefix}_p{p}']:.3f}" for p in range(1, int(row["n"]) + 1))
+
+
+def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
+    """The fidelity summary formatted: rows (n, configuration, variant)."""
+    index, cells = [], []
+    for r in summary.itertuples(index=False):
+        s = pd.Series(r._asdict())
+        variant = r.calibration if r.setting == "main" else f"{r.calibration} (control)"
+        index.append((int(r.n), r.config, variant))
+        cells.append([
+            _profile(s, "sigma"), f"{r.spread:.3f}", "" if pd.isna(r.max_abs_beta) else f"{r.max_abs_beta:.3f}",
+            f"{r.other_cos:.3f}", _profile(s, "margin"), f"{r.margin:.3f}", f"{r.recall:.3f}", f"{r.drift:.3f}",
+        ])  # fmt: skip
+    columns = ["σ by position", "spread", "max |β|", "other-set cos", "margin by position", "margin", "recall@n", "drift"]
+    frame = pd.DataFrame(cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "variant"]) if index else None)
+    return Table(title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity")
+
+
 def _safe(s: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in s)
 
@@ -133,7 +199,17 @@ class AuditResult:
                 if setting == "control" and m != "sigma":
                     continue
                 out.append(coefficient_table(self.coefficients, model=self.model["name"], measure=m, calibration=cal, setting=setting, configs=self.configs))
+        if self.has_fidelity:
+            out.append(fidelity_table(self.fidelity(), self.model["name"]))
         return out
+
+    @property
+    def has_fidelity(self) -> bool:
+        return all(c in self.observations for c in FIDELITY) and len(self.observations) > 0
+
+    def fidelity(self) -> pd.DataFrame:
+        """:func:`fidelity_summary` of this result (numeric)."""
+        return fidelity_summary(self.observations, self.coefficients)
 
     def headline(self) -> dict[str, float]:
         """Flat dict of headline numbers (ST-evaluator style keys)."""
@@ -148,6 +224,14 @@ class AuditResult:
             out[f"{_safe(cal)}_{setting}_{m}_mean_later_beta"] = float(g["estimate"].mean())
         for (cal, setting), g in self.observations.groupby(["calibration", "setting"], sort=False):
             out[f"{_safe(cal)}_{setting}_sigma_mean"] = float(g["sigma"].mean())
+        if self.has_fidelity:
+            fid = self.fidelity()
+            for r in fid.itertuples(index=False):
+                for m in ("spread", "max_abs_beta", "margin", "other_cos", "recall", "drift"):
+                    out[f"{_safe(r.calibration)}_{r.setting}_{m}_n{r.n}_{r.config_key}"] = float(getattr(r, m))
+            for (cal, setting), g in fid.groupby(["calibration", "setting"], sort=False):
+                for m in ("spread", "margin", "recall", "drift"):
+                    out[f"{_safe(cal)}_{setting}_{m}_mean"] = float(g[m].mean())
         return out
 
     def headline_frame(self, positions=(2, 3), measure: str = "sigma") -> pd.DataFrame:
@@ -179,6 +263,16 @@ class AuditResult:
             bar_label="mean tokens", title=title,
         )  # fmt: skip
 
+    def fidelity_figure(self, setting: str = "main", title: str = ""):
+        """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
+        fid = self.fidelity()
+        fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK)]
+        points = pd.DataFrame({
+            "panel": [f"n = {n}, {c}" for n, c in zip(fid["n"], fid["config"])], "label": fid["calibration"],
+            "x": fid["spread"], "y": fid["recall"], "reference": fid["calibration"] == STOCK,
+        })  # fmt: skip
+        return tradeoff_scatter(points, xlabel="σ profile spread (max - min over positions)", ylabel="own-segment recall@n", title=title)
+
     # -- persistence -------------------------------------------------------------------------
     def report_sections(self, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None) -> list[Section]:
         hf = self.headline_frame()
@@ -192,9 +286,19 @@ class AuditResult:
             "Profiles",
             "<p>Mean σ (solid) and τ (dashed) per position with 95% intervals over segment sets; grey bars: mean segment "
             "length in tokens per position; rows: n, columns: language configuration.</p>",
-            figures=figures or [],
+            figures=[f for f in (figures or []) if f.alt != FIDELITY_ALT],
         )
-        tables = Section("OLS tables", "".join(to_html(t) for t in self.tables()))
+        coef_tables = [t for t in self.tables() if t.name != "fidelity"]
+        tables = Section("OLS tables", "".join(to_html(t) for t in coef_tables))
+        fidelity = []
+        if self.has_fidelity:
+            fidelity = [Section(
+                "Fidelity",
+                "<p>A flat σ profile can hide a collapse: if calibration makes every document embedding alike, each document "
+                "is equally similar to its segments but no more than to anything else. The margin, own-segment recall and "
+                "drift show what the flattening costs.</p>" + to_html(fidelity_table(self.fidelity(), self.model["name"])),
+                figures=[f for f in (figures or []) if f.alt == FIDELITY_ALT],
+            )]  # fmt: skip
         sampling = Section(
             "Documents",
             to_html(Table("Sampling per instance", pd.DataFrame(self.sampling).drop(columns=["notes"], errors="ignore"), name="sampling"))
@@ -209,7 +313,7 @@ class AuditResult:
             + "<h3>Calibrations</h3>" + "".join(f"<pre>{escape(json.dumps(c, sort_keys=True))}</pre>" for c in self.calibrations)
             + "<h3>Timings (s)</h3>" + key_value_html({k: f"{v:.1f}" for k, v in self.timings.items()}),
         )  # fmt: skip
-        return [summary, fig_section, tables, sampling, *(extra_sections or []), params]
+        return [summary, fig_section, *fidelity, tables, sampling, *(extra_sections or []), params]
 
     def save(self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None) -> dict[str, Path]:
         """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
@@ -232,6 +336,11 @@ class AuditResult:
                 else "Stock and calibrated runs (calibration applied to documents and standalone segments)."
             )
             figures.append(FigureRef(png, cap))
+        if self.has_fidelity:
+            png = save_figure(self.fidelity_figure(), out / "figures" / "fidelity")
+            paths["figure:fidelity"] = out / "figures" / "fidelity.png"
+            paths["fidelity"] = atomic_write_text(out / "fidelity.csv", self.fidelity().to_csv(index=False))
+            figures.append(FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT))
         hf = self.headline_frame()
         paths["headline"] = atomic_write_text(out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, MARK_LEGEND, "headline")) if len(hf) else "")
         paths["run"] = atomic_write_json(

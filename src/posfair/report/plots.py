@@ -19,7 +19,7 @@ import pandas as pd
 
 from posfair.io import atomic_write
 
-__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "save_figure"]
+__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter", "save_figure"]
 
 
 @dataclass
@@ -106,6 +106,54 @@ def profile_grid(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 0.97 if title else 1))
+    return fig
+
+
+def tradeoff_scatter(
+    points: pd.DataFrame,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    panel_label: Callable[[object], str] = str,
+    annotate: bool = True,
+):
+    """One panel per ``panel``, one point per row: columns ``panel, label, x, y, reference`` (bool).
+
+    Reference points (e.g. the stock model) are drawn as a large black star and
+    labelled; the others as circles, labelled when ``annotate`` (what a trade-off
+    plot such as profile spread against own-segment recall needs).  An optional
+    bool column ``highlight`` rings points (e.g. a chosen setting) in red.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(points["panel"]))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)) + 0.4, 3.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        d = points[points["panel"] == panel]
+        ref = d["reference"].astype(bool)
+        ax.scatter(d.loc[~ref, "x"], d.loc[~ref, "y"], s=22, color="#1f4e9c", alpha=0.8, label="calibrated", zorder=2)
+        ax.scatter(d.loc[ref, "x"], d.loc[ref, "y"], s=140, marker="*", color="black", label="stock", zorder=3)
+        if "highlight" in d.columns and d["highlight"].astype(bool).any():
+            hi = d["highlight"].astype(bool)
+            ax.scatter(d.loc[hi, "x"], d.loc[hi, "y"], s=160, facecolors="none", edgecolors="#b2182b", linewidths=1.6, label="chosen", zorder=4)
+        for r in d.itertuples(index=False):
+            if r.reference or annotate:
+                ax.annotate(str(r.label), (r.x, r.y), fontsize=6 if not r.reference else 8, xytext=(3, 3), textcoords="offset points")
+        ax.set_title(panel_label(panel), fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, lw=0.5)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 0.94 if title else 1))
     return fig
 
 

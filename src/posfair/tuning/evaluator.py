@@ -1,0 +1,160 @@
+"""The tuner as a library call (:func:`tune`) and in the sentence-transformers evaluator style."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
+
+from posfair.store import EmbeddingStore
+from posfair.tuning.report import save_tuned_model, write_outputs
+from posfair.tuning.tuner import (
+    RESULTS_FILE,
+    FairnessObjective,
+    Objective,
+    RetrievalObjective,
+    SearchSpace,
+    TuneResult,
+    default_fairness_settings,
+    run_search,
+)
+
+__all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner"]
+
+
+def build_corpus_benchmark(model, corpus: pd.DataFrame, out_dir: str | Path, *, lang: str = "en", k: int = 3, seed: int = 0):
+    """A position-aware benchmark built from an aligned corpus (titles as queries), saved in ``out_dir`` and loaded."""
+    from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
+
+    limit = getattr(model, "position_limit", None) or 512
+    specials = len(model.tokenizer("x")["input_ids"]) - len(model.tokenizer("x", add_special_tokens=False)["input_ids"])
+    path = build_from_corpus(
+        corpus, out_dir, langs=[lang], k=k, seed=seed, max_doc_tokens=limit - specials,
+        count_tokens=lambda texts: model.token_lengths(texts, add_special_tokens=False).tolist(),
+    )  # fmt: skip
+    return load_benchmark(str(path), lang=lang)
+
+
+def make_objective(
+    model,
+    objective: str = "fairness",
+    *,
+    corpus: pd.DataFrame | None = None,
+    benchmark=None,
+    settings=None,
+    score: str | None = None,
+    store: EmbeddingStore | None = None,
+    test_fraction: float = 0.5,
+    seed: int = 0,
+    work_dir: str | Path | None = None,
+    lang: str = "en",
+    progress=None,
+) -> Objective:
+    """A :class:`FairnessObjective` (needs ``corpus``) or :class:`RetrievalObjective` (``benchmark``, or one built from ``corpus``)."""
+    if objective == "fairness":
+        if corpus is None:
+            raise ValueError("the fairness objective needs a corpus")
+        return FairnessObjective(model, corpus, settings, store=store, score=score or "spread", test_fraction=test_fraction, seed=seed, progress=progress)
+    if objective == "retrieval":
+        if score not in (None, "harm"):
+            raise ValueError(f"the retrieval objective optimises Harm; got score={score!r}")
+        if benchmark is None:
+            if corpus is None:
+                raise ValueError("the retrieval objective needs a benchmark or a corpus to build one from")
+            if work_dir is None:
+                raise ValueError("building a benchmark from the corpus needs a work directory")
+            benchmark = build_corpus_benchmark(model, corpus, Path(work_dir) / "benchmark", lang=lang, seed=seed)
+        return RetrievalObjective(model, benchmark, store=store, test_fraction=test_fraction, seed=seed)
+    raise ValueError(f"objective must be 'fairness' or 'retrieval'; got {objective!r}")
+
+
+def tune(
+    model,
+    corpus: pd.DataFrame | None = None,
+    *,
+    objective: str | Objective = "fairness",
+    benchmark=None,
+    settings=None,
+    space: SearchSpace | None = None,
+    max_drop: float = 0.02,
+    score: str | None = None,
+    test_fraction: float = 0.5,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    save_model: str | Path | None = None,
+    lang: str = "en",
+    log: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Choose a calibration for ``model`` (see :func:`posfair.tuning.tuner.run_search`).
+
+    With ``out_dir`` the run is resumable (``tune.json``, embeddings in ``cache_dir`` or
+    ``out_dir/cache``) and the tables, figure and summary are written there; with
+    ``save_model`` the model is saved there with the chosen calibration persisted.  ``lang``: the
+    language of a retrieval benchmark built from ``corpus`` (the fairness audit's come with ``settings``).
+    """
+    with tempfile.TemporaryDirectory(prefix="posfair-tune-") as tmp:
+        work = Path(out_dir) if out_dir is not None else Path(tmp)
+        store = EmbeddingStore(cache_dir or work / "cache")
+        obj = objective if isinstance(objective, Objective) else make_objective(
+            model, objective, corpus=corpus, benchmark=benchmark, settings=settings, score=score, store=store,
+            test_fraction=test_fraction, seed=seed, work_dir=work, lang=lang,
+        )  # fmt: skip
+        result = run_search(obj, space, max_drop=max_drop, results_path=work / RESULTS_FILE if out_dir is not None else None, log=log)
+        if out_dir is not None:
+            write_outputs(result, out_dir)
+            if isinstance(obj, FairnessObjective):
+                cals = [result.chosen] if result.chosen is not None else []
+                obj.audit_result(cals, "test", corpus_name="tuning").save(Path(out_dir) / "test_audit", title="Tuned calibration on the test split")
+    if save_model is not None:
+        save_tuned_model(model, result.chosen, save_model)
+    return result
+
+
+class CalibrationTuner(SentenceEvaluator):
+    """The tuner in the evaluator style: ``tuner(model) -> dict`` of dev and test figures (prefixed with ``name``).
+
+    ``objective``: "fairness" (needs ``corpus``), "retrieval" (``benchmark`` or ``corpus``) or
+    an :class:`Objective`.  The primary metric is the chosen setting's score on the test split.  The full
+    :class:`TuneResult` of the last call is ``tuner.last_result``.
+    """
+
+    def __init__(self, corpus: pd.DataFrame | None = None, *, objective: str | Objective = "fairness", benchmark=None, settings=None,
+                 space: SearchSpace | None = None, max_drop: float = 0.02, score: str | None = None, test_fraction: float = 0.5,
+                 seed: int = 0, cache_dir: str | Path | None = None, name: str = "tune"):  # fmt: skip
+        super().__init__()
+        self.corpus, self.objective, self.benchmark = corpus, objective, benchmark
+        self.settings = settings if settings is not None or objective != "fairness" else default_fairness_settings()
+        self.space, self.max_drop, self.score_name = space or SearchSpace(), max_drop, score
+        self.test_fraction, self.seed, self.cache_dir, self.name = test_fraction, seed, cache_dir, name
+        if isinstance(objective, Objective):
+            score, self.greater_is_better = objective.score, objective.greater_is_better
+        else:
+            score, self.greater_is_better = score or ("harm" if objective == "retrieval" else "spread"), objective == "retrieval"
+        self.primary_metric = f"test_chosen_{score}"
+        self.last_result: TuneResult | None = None
+
+    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+        tag = "" if (epoch, steps) == (-1, -1) else f"_epoch{epoch}_steps{steps}"
+        result = tune(
+            model, self.corpus, objective=self.objective, benchmark=self.benchmark, settings=self.settings, space=self.space,
+            max_drop=self.max_drop, score=self.score_name, test_fraction=self.test_fraction, seed=self.seed,
+            out_dir=None if output_path is None else Path(output_path) / f"{self.name}{tag}",
+            cache_dir=self.cache_dir,
+        )  # fmt: skip
+        self.last_result = result
+        metrics = self.prefix_name_to_metrics(result.headline(), self.name)
+        if hasattr(model, "model_card_data"):
+            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
+        return metrics
+
+    @property
+    def description(self) -> str:
+        return "Calibration tuning"
+
+    def get_config_dict(self) -> dict[str, Any]:
+        name = self.objective.name if isinstance(self.objective, Objective) else self.objective
+        return {"objective": name, "space": self.space.to_dict(), "max_drop": self.max_drop}

@@ -1,0 +1,112 @@
+"""Writing a tuning run: trial and Pareto tables, the test-split table, the trade-off figure, the tuned model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+import pandas as pd
+
+from posfair.calibration import Calibration
+from posfair.io import atomic_write_text
+from posfair.report.plots import save_figure, tradeoff_scatter
+from posfair.report.tables import Table, to_markdown, write_table
+from posfair.tuning.tuner import DEV, TEST, TuneResult
+
+__all__ = ["trials_table", "front_table", "test_table", "tradeoff_figure", "write_outputs", "save_tuned_model", "summary_markdown"]
+
+_NAMES = {"spread": "σ spread", "max_abs_beta": "max |β|", "recall": "recall@n", "margin": "margin", "other_cos": "other-set cos",
+          "drift": "drift", "harm": "Harm", "psi": "PSI", "ndcg@10": "nDCG@10"}  # fmt: skip
+
+
+def _columns(result: TuneResult, frame: pd.DataFrame) -> list[str]:
+    first = [result.score, result.guard]
+    extra = [c for c in result.objective.get("columns", []) if c not in first]
+    return [c for c in first + extra if c in frame.columns]
+
+
+def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
+    cols = _columns(result, frame)
+    out = pd.DataFrame({"setting": frame["label"], "phase": frame["phase"], "strength": [f"{s:g}" for s in frame["strength"]]})
+    for c in cols:
+        out[_NAMES.get(c, c)] = [f"{v:.3f}" for v in frame[c]]
+    if flags:
+        out["feasible"] = ["yes" if f else "no" for f in frame["feasible"]]
+        out["Pareto"] = ["yes" if f else "" for f in frame["on_front"]]
+    out["chosen"] = ["◀" if c else "" for c in frame["chosen"]]
+    return Table("", out.reset_index(drop=True))
+
+
+def _constraint(result: TuneResult) -> str:
+    return f"{_NAMES.get(result.guard, result.guard)} at most {100 * result.max_drop:g} points below stock on the dev split"
+
+
+def trials_table(result: TuneResult) -> Table:
+    """Every dev trial."""
+    t = _cells(result.frame(DEV), result, flags=True)
+    direction = "higher" if result.objective["greater_is_better"] else "lower"
+    return Table(f"Tuning trials on the dev split ({result.objective['name']})", t.frame,
+                 f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}.", "trials")  # fmt: skip
+
+
+def front_table(result: TuneResult) -> Table:
+    """The Pareto front (score vs guard) of the dev trials."""
+    f = result.frame(DEV)
+    t = _cells(f[f["on_front"]].sort_values(result.guard, ascending=False), result, flags=True)
+    return Table(f"Pareto front on the dev split ({_NAMES.get(result.score, result.score)} vs {_NAMES.get(result.guard, result.guard)})",
+                 t.frame, f"Settings no other setting beats on both. Constraint: {_constraint(result)}.", "pareto")  # fmt: skip
+
+
+def test_table(result: TuneResult) -> Table:
+    """Stock and the chosen setting on the held-out test split."""
+    f = result.frame(TEST)
+    t = _cells(f, result, flags=False)
+    prof = [c for c in f.columns if c.startswith("sigma_p")]
+    if prof:
+        t.frame.insert(3, "σ by position", ["/".join(f"{r[c]:.3f}" for c in prof) for _, r in f.iterrows()])
+    return Table(f"Held-out test split: stock vs the chosen setting ({result.chosen_label})", t.frame,
+                 "The test split took no part in the choice.", "test")  # fmt: skip
+
+
+def tradeoff_figure(result: TuneResult):
+    f = result.frame(DEV)
+    points = pd.DataFrame({"panel": "dev split", "label": f["label"], "x": f[result.score], "y": f[result.guard],
+                           "reference": f["label"] == "stock", "highlight": f["chosen"]})  # fmt: skip
+    return tradeoff_scatter(points, xlabel=_NAMES.get(result.score, result.score), ylabel=_NAMES.get(result.guard, result.guard),
+                            title=f"{result.objective['name']} objective: every setting tried", annotate=True)  # fmt: skip
+
+
+def summary_markdown(result: TuneResult) -> str:
+    test = result.test_metrics()
+    lines = [f"# posfair tune ({result.objective['name']})", "", f"Chosen: **{result.chosen_label}**"
+             + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)"), "",
+             to_markdown(front_table(result)), to_markdown(test_table(result)), to_markdown(trials_table(result))]  # fmt: skip
+    s, c = test["stock"], test["chosen"]
+    lines[3:3] = ["", f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
+                      f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def write_outputs(result: TuneResult, out_dir: str | Path) -> dict[str, Path]:
+    """Tables (md/csv/tex), ``trials.csv``, ``tradeoff.{png,pdf}`` and ``summary.md`` into ``out_dir``."""
+    out = Path(out_dir)
+    paths: dict[str, Path] = {}
+    for t in (trials_table(result), front_table(result), test_table(result)):
+        for kind, p in write_table(t, out / "tables").items():
+            paths[f"table:{t.name}.{kind}"] = p
+    frames = [result.frame(DEV).assign(split=DEV), result.frame(TEST).assign(split=TEST)]
+    paths["trials"] = atomic_write_text(out / "trials.csv", pd.concat(frames, ignore_index=True).to_csv(index=False))
+    save_figure(tradeoff_figure(result), out / "tradeoff")
+    paths["figure"] = out / "tradeoff.png"
+    paths["summary"] = atomic_write_text(out / "summary.md", summary_markdown(result))
+    return paths
+
+
+def save_tuned_model(model, calibration: Calibration | None, path: str | Path) -> Path:
+    """Save ``model`` with ``calibration`` as its persisted default (None = stock); the model's own default is restored."""
+    before = model.calibration
+    try:
+        model.calibrate(calibration)
+        model.save(str(path))
+    finally:
+        model.calibrate(before)
+    return Path(path)
+

@@ -1,0 +1,570 @@
+"""Choosing a calibration: grid search with a fine strength search, a constraint, a Pareto front, a held-out test.
+
+The search runs on the *dev* split only:
+
+1. the stock model (strength 0) gives the reference of the constraint;
+2. the coarse grid basket size x layer set x strength;
+3. the fine strength search: on the (basket size, layer set) line of the best
+   coarse setting (the best feasible one; if none is feasible, the best-scoring
+   one), each round evaluates the midpoints between the line's best strength and
+   its evaluated neighbours (strength 0 = stock), for ``fine_rounds`` rounds.
+
+A setting is *feasible* when its guard metric (own-segment recall@n for the
+fairness objective, aggregate nDCG@10 for retrieval) drops by at most
+``max_drop`` below the stock model's on the dev split.  The chosen setting is the
+best-scoring feasible one (stock if none beats it); ties go to the lower strength.
+Only then are the stock model and the chosen setting evaluated on the *test* split,
+which therefore never influences the choice.
+
+Objectives (:class:`FairnessObjective`, :class:`RetrievalObjective`, or any
+:class:`Objective`, e.g. :class:`FunctionObjective` wrapping a function) map
+``(calibration or None, split)`` to a dict of metrics.  Every trial is appended to
+``tune.json`` (written atomically after each configuration) and every embedding
+goes through the :class:`~posfair.store.EmbeddingStore`, so a killed run resumes
+where it stopped and a re-run computes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from posfair.calibration import Calibration
+from posfair.io import atomic_write_json
+
+__all__ = [
+    "SearchSpace",
+    "Trial",
+    "TuneResult",
+    "Objective",
+    "FunctionObjective",
+    "FairnessObjective",
+    "RetrievalObjective",
+    "run_search",
+    "pareto_front",
+    "split_ids",
+    "DEV",
+    "TEST",
+]
+
+DEV, TEST = "dev", "test"
+STOCK = "stock"
+RESULTS_FILE = "tune.json"
+
+
+def _strength(x: float) -> float:
+    return round(float(x), 6)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Basket size x layer set x strength, then ``fine_rounds`` rounds of strength bisection.
+
+    ``layer_sets``: as :class:`~posfair.Calibration` ``layers`` (int = last k layers,
+    float = fraction: 1.0 = all layers, 0.5 = the last half).  The default (3 x 2 x 2 = 12
+    settings plus at most 2 per fine round) keeps ``posfair tune`` on the bundled corpus and
+    model to about a quarter of an hour on 2 CPU cores; :meth:`paper` is the papers' grid.
+    """
+
+    basket_sizes: tuple[int, ...] = (16, 64, 256)
+    layer_sets: tuple[Any, ...] = (0.5, 1.0)
+    strengths: tuple[float, ...] = (0.5, 1.0)
+    fine_rounds: int = 2
+    min_step: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.basket_sizes or not self.layer_sets or not self.strengths:
+            raise ValueError("the search space needs at least one basket size, layer set and strength")
+        bad = [s for s in self.strengths if not 0 < float(s) <= 1]
+        if bad:
+            raise ValueError(f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}")
+        if self.fine_rounds < 0:
+            raise ValueError(f"fine_rounds must be >= 0; got {self.fine_rounds}")
+        object.__setattr__(self, "basket_sizes", tuple(dict.fromkeys(int(b) for b in self.basket_sizes)))
+        object.__setattr__(self, "strengths", tuple(sorted({_strength(s) for s in self.strengths})))
+        layer_sets = [tuple(x) if isinstance(x, list) else x for x in self.layer_sets]  # 1 (last layer) != 1.0 (all layers)
+        object.__setattr__(self, "layer_sets", tuple({(type(x).__name__, x): x for x in layer_sets}.values()))
+        self.coarse()  # validates every combination
+
+    @classmethod
+    def paper(cls, fine_rounds: int = 2) -> "SearchSpace":
+        """The papers' grid: {128, 256, 512} x {last layer, last 50%} x {0.5, 1.0}."""
+        return cls(basket_sizes=(128, 256, 512), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=fine_rounds)
+
+    def coarse(self) -> list[Calibration]:
+        return [Calibration(basket_size=b, layers=l, strength=a) for b in self.basket_sizes for l in self.layer_sets for a in self.strengths]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "basket_sizes": list(self.basket_sizes), "layer_sets": [list(x) if isinstance(x, tuple) else x for x in self.layer_sets],
+            "strengths": list(self.strengths), "fine_rounds": self.fine_rounds, "min_step": self.min_step,
+        }  # fmt: skip
+
+
+@dataclass
+class Trial:
+    """One configuration evaluated on one split."""
+
+    calibration: Calibration | None
+    split: str
+    phase: str  # "stock", "coarse", "fine" or "test"
+    metrics: dict[str, float]
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.calibration.label() if self.calibration is not None else STOCK
+
+    @property
+    def key(self) -> str:
+        return self.calibration.key() if self.calibration is not None else STOCK
+
+    @property
+    def strength(self) -> float:
+        return self.calibration.strength if self.calibration is not None else 0.0
+
+    @property
+    def line(self) -> tuple | None:
+        """(basket size, layers) of a calibration; None for stock."""
+        c = self.calibration
+        return None if c is None else (c.basket_size, c.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "key": self.key, "calibration": self.calibration.to_dict() if self.calibration else None,
+            "split": self.split, "phase": self.phase, "metrics": {k: _num(v) for k, v in self.metrics.items()}, "seconds": self.seconds,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trial":
+        cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else None
+        metrics = {k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()}
+        return cls(cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)))
+
+
+def _num(v: Any) -> float | None:
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+# -- objectives --------------------------------------------------------------------------------
+
+
+class Objective:
+    """What the tuner optimises: ``evaluate(calibration or None, split) -> metrics``.
+
+    ``score``: the metric optimised (``greater_is_better`` says which way);
+    ``guard``: the metric constrained (higher is better; a setting may lose at
+    most ``max_drop`` of it against the stock model); ``columns``: metrics shown in
+    the tables.  ``describe()`` identifies the objective (checked when resuming).
+    """
+
+    name = "objective"
+    score = "score"
+    greater_is_better = False
+    guard = "guard"
+    columns: tuple[str, ...] = ()
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        raise TypeError(f"{type(self).__name__} must define evaluate(calibration, split)")
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "score": self.score, "guard": self.guard, "greater_is_better": self.greater_is_better, "columns": list(self.columns)}
+
+
+class FunctionObjective(Objective):
+    """An objective given as a function ``fn(calibration or None, split) -> dict of metrics``."""
+
+    def __init__(self, fn: Callable[[Calibration | None, str], dict[str, float]], *, score: str = "score", guard: str = "guard",
+                 greater_is_better: bool = False, name: str = "function", identity: Any = None):  # fmt: skip
+        self.fn, self.name, self.identity = fn, name, identity
+        self.score, self.guard, self.greater_is_better = score, guard, greater_is_better
+        self.columns = (score, guard)
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        return dict(self.fn(calibration, split))
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {"identity": self.identity}
+
+
+def split_ids(ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Seeded split of unique ids into (dev, test); each side gets at least one id."""
+    uniq = sorted(dict.fromkeys(ids))
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    if len(uniq) < 2:
+        raise ValueError(f"need at least 2 units to split into dev and test; got {len(uniq)}")
+    order = [uniq[i] for i in np.random.default_rng(seed).permutation(len(uniq))]
+    k = min(len(uniq) - 1, max(1, int(round(test_fraction * len(uniq)))))
+    test = sorted(order[:k])
+    dev = sorted(order[k:])
+    return dev, test
+
+
+class FairnessObjective(Objective):
+    """Flatten the σ profile (``spread``, or ``max_abs_beta``) while keeping own-segment recall@n.
+
+    The audit's instances are built once; their segment sets are split into dev and
+    test (seeded, per instance), and each split is measured on its own documents, with
+    its own standalone segments as the pool of the fidelity measures.  Metrics are
+    means over instances: ``spread``, ``max_abs_beta``, ``recall``, ``margin``,
+    ``other_cos``, ``drift``, ``sigma_mean`` and ``sigma_p<k>`` (single-n audits).
+    """
+
+    name = "fairness"
+    guard = "recall"
+    greater_is_better = False
+    columns = ("spread", "max_abs_beta", "recall", "margin", "other_cos", "drift")
+
+    def __init__(self, model, corpus: pd.DataFrame, settings=None, *, store=None, score: str = "spread", test_fraction: float = 0.5,
+                 seed: int = 0, progress=None):  # fmt: skip
+        from posfair.fairness import encoding as enc
+        from posfair.fairness.documents import Instance
+        from posfair.fairness.evaluator import corpus_fingerprint
+        from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info
+        from posfair.store import EmbeddingStore
+
+        if score not in ("spread", "max_abs_beta"):
+            raise ValueError(f"the fairness score is 'spread' or 'max_abs_beta'; got {score!r}")
+        self.score = score
+        self.model = model
+        self.settings = settings or default_fairness_settings()
+        if not isinstance(self.settings, AuditSettings):
+            raise TypeError("settings must be an AuditSettings")
+        self.info = make_model_info(model, self.settings)
+        self.store = store if isinstance(store, EmbeddingStore) or store is None else EmbeddingStore(store)
+        self.progress = progress
+        self.corpus_fingerprint = corpus_fingerprint(corpus)
+        self.test_fraction, self.seed = test_fraction, seed
+        self.instances: dict[str, list[Instance]] = {DEV: [], TEST: []}
+        for inst in build_instances(corpus, self.settings, enc.model_tokenizer(model), self.info.limit):
+            set_ids = [s.set_id for s in inst.sets]
+            if len(set_ids) < 4:
+                raise ValueError(f"instance {inst.key} has {len(set_ids)} segment sets; a dev/test split needs at least 4 (2 per split): raise the document count")
+            dev, test = split_ids(set_ids, test_fraction, seed)
+            for split, ids in ((DEV, set(dev)), (TEST, set(test))):
+                self.instances[split].append(
+                    Instance(inst.n, inst.config, [s for s in inst.sets if s.set_id in ids], [d for d in inst.documents if d.set_id in ids], inst.report)
+                )
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {
+            "model": self.info.fingerprint, "corpus": self.corpus_fingerprint, "settings": self.settings.to_dict(),
+            "test_fraction": self.test_fraction, "seed": self.seed,
+        }  # fmt: skip
+
+    def split_sets(self, split: str) -> list[str]:
+        return [s.set_id for inst in self.instances[split] for s in inst.sets]
+
+    def observations(self, calibrations: Sequence[Calibration], split: str) -> pd.DataFrame:
+        """Observations of stock + ``calibrations`` on one split (through the cache)."""
+        import tempfile
+
+        from posfair.fairness.experiment import run_instances
+        from posfair.store import EmbeddingStore
+
+        if self.store is None:
+            self._tmp = getattr(self, "_tmp", None) or tempfile.TemporaryDirectory(prefix="posfair-tune-")
+            self.store = EmbeddingStore(self._tmp.name)
+        obs, _ = run_instances(self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress)
+        return obs
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        from posfair.fairness.results import fidelity_summary, fit_all
+
+        obs = self.observations([calibration] if calibration is not None else [], split)
+        label = calibration.label() if calibration is not None else STOCK
+        obs = obs[(obs["calibration"] == label) & (obs["setting"] == "main")]
+        fid = fidelity_summary(obs, fit_all(obs, ["sigma"]))
+        out = {m: float(fid[m].mean()) for m in self.columns}
+        out["sigma_mean"] = float(obs["sigma"].mean())
+        if fid["n"].nunique() == 1:
+            for p in range(1, int(fid["n"].iloc[0]) + 1):
+                out[f"sigma_p{p}"] = float(fid[f"sigma_p{p}"].mean())
+        out["documents"] = float(obs["doc_id"].nunique())
+        return out
+
+    def audit_result(self, calibrations: Sequence[Calibration], split: str, corpus_name: str = ""):
+        """An :class:`~posfair.fairness.results.AuditResult` of stock + ``calibrations`` on one split (cached)."""
+        from posfair.fairness.results import AuditResult, fit_all
+
+        obs = self.observations(calibrations, split)
+        return AuditResult(
+            model=self.info.to_dict(), corpus={"name": f"{corpus_name} ({split} split)", "fingerprint": self.corpus_fingerprint},
+            settings=self.settings.to_dict(), calibrations=[{"label": c.label(), "key": c.key(), **c.to_dict()} for c in calibrations],
+            observations=obs, coefficients=fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()]),
+            sampling=[i.report.to_dict() | {"instance": i.key, "split": split, "sets_in_split": len(i.sets)} for i in self.instances[split]],
+        )  # fmt: skip
+
+
+def default_fairness_settings(**overrides):
+    """The tuner's audit: English, n = 3, 120 documents (20 segment sets: 10 dev, 10 test), no τ, no control."""
+    from posfair.fairness.experiment import AuditSettings
+
+    kw: dict[str, Any] = dict(n_values=(3,), configs=("en",), target_docs=120, seed=0, batch_size=16, retention=False, control=False)
+    kw.update(overrides)
+    return AuditSettings(**kw)
+
+
+class RetrievalObjective(Objective):
+    """Raise Harm of nDCG@10 over position groups while keeping aggregate nDCG@10.
+
+    Queries are split into dev and test by their relevant document (all queries of a
+    document land in the same split); documents are encoded calibrated (the whole
+    corpus is searched in both splits), queries stock.
+    """
+
+    name = "retrieval"
+    score = "harm"
+    greater_is_better = True
+    guard = "ndcg@10"
+    columns = ("harm", "psi", "ndcg@10")
+
+    def __init__(self, model, benchmark, *, store=None, test_fraction: float = 0.5, seed: int = 0, batch_size: int = 32, query_prompt: str | None = "auto"):
+        from posfair.retrieval.evaluator import model_fingerprint
+        from posfair.store import EmbeddingStore
+
+        if not benchmark.groups:
+            raise ValueError(f"benchmark {benchmark.name!r} has no positional groups: Harm needs them")
+        self.model = model
+        self.benchmark = benchmark
+        self.store = store if isinstance(store, EmbeddingStore) or store is None else EmbeddingStore(store)
+        self.batch_size = batch_size
+        self.query_prompt = query_prompt
+        self.test_fraction, self.seed = test_fraction, seed
+        self.fingerprint = model_fingerprint(model)
+        unit = [f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)]
+        dev, test = split_ids(unit, test_fraction, seed)
+        self.splits = {}
+        for split, ids in ((DEV, set(dev)), (TEST, set(test))):
+            self.splits[split] = self._subset(np.array([u in ids for u in unit]), split)
+        self.columns = ("harm", "psi", "ndcg@10", *sorted(k for k in self.splits[DEV].groups))
+
+    def _subset(self, mask: np.ndarray, split: str):
+        from posfair.retrieval.benchmarks import RetrievalBenchmark
+
+        b = self.benchmark
+        idx = np.flatnonzero(mask)
+        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+        return RetrievalBenchmark(
+            name=f"{b.name}[{split}]", corpus_ids=b.corpus_ids, corpus_texts=b.corpus_texts, query_ids=pick(b.query_ids),
+            query_texts=pick(b.query_texts), qrels={b.query_ids[i]: b.qrels[b.query_ids[i]] for i in idx},
+            groups={g: m[idx] for g, m in b.groups.items() if m[idx].any()}, length_bucket=pick(b.length_bucket),
+            relpos=None if b.relpos is None else b.relpos[idx], query_domains=pick(b.query_domains), corpus_domains=b.corpus_domains, meta=b.meta,
+        )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {
+            "model": self.fingerprint, "benchmark": self.benchmark.summary(), "test_fraction": self.test_fraction, "seed": self.seed,
+        }  # fmt: skip
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+
+        ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt)
+        res = ev.evaluate(self.model)
+        out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
+        for g, v in res.groups.items():
+            out[g] = float(v)
+        out["queries"] = float(len(res.query_ids))
+        return out
+
+
+# -- the search ---------------------------------------------------------------------------------
+
+
+def pareto_front(trials: Sequence[Trial], score: str, guard: str, greater_is_better: bool) -> list[Trial]:
+    """The trials no other trial beats on both the score and the guard (higher guard is better)."""
+    def better_or_equal(a: Trial, b: Trial) -> bool:
+        sa, sb = a.metrics[score], b.metrics[score]
+        return (sa >= sb if greater_is_better else sa <= sb) and a.metrics[guard] >= b.metrics[guard]
+
+    def strictly(a: Trial, b: Trial) -> bool:
+        return better_or_equal(a, b) and (a.metrics[score] != b.metrics[score] or a.metrics[guard] != b.metrics[guard])
+
+    ok = [t for t in trials if np.isfinite(t.metrics.get(score, np.nan)) and np.isfinite(t.metrics.get(guard, np.nan))]
+    front = [t for t in ok if not any(strictly(o, t) for o in ok if o is not t)]
+    return sorted(front, key=lambda t: (t.metrics[guard], t.strength), reverse=True)
+
+
+@dataclass
+class TuneResult:
+    """The search's outcome: every trial, the chosen setting, the Pareto front and the test-split figures."""
+
+    objective: dict[str, Any]
+    space: dict[str, Any]
+    max_drop: float
+    trials: list[Trial]
+    chosen: Calibration | None
+    front: list[Trial] = field(default_factory=list)
+    feasible: bool = True
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> str:
+        return self.objective["score"]
+
+    @property
+    def guard(self) -> str:
+        return self.objective["guard"]
+
+    def dev_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.split == DEV]
+
+    def trial(self, calibration: Calibration | None, split: str) -> Trial:
+        key = calibration.key() if calibration is not None else STOCK
+        for t in self.trials:
+            if t.key == key and t.split == split:
+                return t
+        raise KeyError(f"no {split} trial of {calibration.label() if calibration else STOCK}")
+
+    @property
+    def chosen_label(self) -> str:
+        return self.chosen.label() if self.chosen is not None else STOCK
+
+    def test_metrics(self) -> dict[str, dict[str, float]]:
+        """``{"stock": ..., "chosen": ...}`` on the test split."""
+        return {"stock": self.trial(None, TEST).metrics, "chosen": self.trial(self.chosen, TEST).metrics}
+
+    def headline(self) -> dict[str, float]:
+        """Flat dict (evaluator style): dev and test figures of stock and the chosen setting."""
+        out: dict[str, float] = {}
+        for split in (DEV, TEST):
+            for who, cal in ((STOCK, None), ("chosen", self.chosen)):
+                for k, v in self.trial(cal, split).metrics.items():
+                    out[f"{split}_{who}_{k}"] = float(v)
+        if self.chosen is not None:
+            out.update(chosen_basket_size=float(self.chosen.basket_size), chosen_strength=self.chosen.strength)
+        out["feasible"] = float(self.feasible)
+        return out
+
+    def frame(self, split: str = DEV) -> pd.DataFrame:
+        """One row per trial of ``split``: label, phase, basket, layers, strength, metrics, feasible, on_front."""
+        stock = self.trial(None, split).metrics.get(self.guard, np.nan) if split == DEV else np.nan
+        front = {t.key for t in self.front}
+        rows = []
+        for t in self.trials:
+            if t.split != split:
+                continue
+            c = t.calibration
+            row = {"label": t.label, "phase": t.phase, "basket_size": c.basket_size if c else None,
+                   "layers": (str(c.layers) if c else None), "strength": t.strength, **t.metrics}  # fmt: skip
+            if split == DEV:
+                row["feasible"] = bool(t.metrics[self.guard] >= stock - self.max_drop - 1e-12)
+                row["on_front"] = t.key in front
+            row["chosen"] = t.key == (self.chosen.key() if self.chosen else STOCK)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "objective": self.objective, "space": self.space, "max_drop": self.max_drop, "trials": [t.to_dict() for t in self.trials],
+            "chosen": self.chosen.to_dict() if self.chosen else None, "chosen_label": self.chosen_label,
+            "front": [t.label for t in self.front], "feasible": self.feasible, "seconds": self.seconds,
+        }  # fmt: skip
+
+
+def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    old = json.loads(json.dumps(saved.get("objective"), default=str))
+    if old != json.loads(json.dumps(objective, default=str)):
+        raise ValueError(f"{path} holds a search of a different objective, model or data ({old}); use another output directory")
+    return [Trial.from_dict(d) for d in saved.get("trials", [])]
+
+
+def run_search(
+    objective: Objective,
+    space: SearchSpace | None = None,
+    *,
+    max_drop: float = 0.02,
+    results_path: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Search ``space`` on the dev split, choose under the constraint, then evaluate stock and the choice on test.
+
+    ``max_drop``: the most the guard metric may fall below stock on dev (in its own units:
+    0.02 = 2 points of recall or nDCG@10).  ``results_path``: ``tune.json``, rewritten
+    atomically after every trial and read back on a re-run (finished trials are not redone).
+    """
+    space = space or SearchSpace()
+    if max_drop < 0:
+        raise ValueError(f"max_drop must be >= 0; got {max_drop}")
+    t0 = time.perf_counter()
+    desc = objective.describe()
+    path = Path(results_path) if results_path is not None else None
+    done = {(t.key, t.split): t for t in (_load_trials(path, desc) if path else [])}
+    trials: list[Trial] = []
+    say = log or (lambda msg: None)
+    sign = 1.0 if objective.greater_is_better else -1.0
+
+    def save(extra: dict[str, Any] | None = None) -> None:
+        if path is not None:
+            body = {"objective": desc, "space": space.to_dict(), "max_drop": max_drop, "trials": [t.to_dict() for t in trials]}
+            atomic_write_json(path, body | (extra or {}))
+
+    def run(cal: Calibration | None, split: str, phase: str) -> Trial:
+        key = (cal.key() if cal is not None else STOCK, split)
+        for t in trials:
+            if (t.key, t.split) == key:
+                return t
+        if key in done:
+            t = done[key]
+            t.phase = phase
+        else:
+            s0 = time.perf_counter()
+            metrics = objective.evaluate(cal, split)
+            for name in (objective.score, objective.guard):
+                if name not in metrics:
+                    raise ValueError(f"objective {objective.name!r} returned no {name!r} metric (got {sorted(metrics)})")
+            t = Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0)
+        trials.append(t)
+        save()
+        say(f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}")
+        return t
+
+    stock = run(None, DEV, STOCK)
+    floor = stock.metrics[objective.guard] - max_drop - 1e-12
+
+    def feasible(t: Trial) -> bool:
+        return t.calibration is None or t.metrics[objective.guard] >= floor
+
+    def rank(t: Trial) -> tuple[float, float]:  # smaller is better; ties to the lower strength
+        return (-sign * t.metrics[objective.score], t.strength)
+
+    coarse = [run(c, DEV, "coarse") for c in space.coarse()]
+    ok = [t for t in coarse if feasible(t)]
+    anchor = min(ok or coarse, key=rank)
+    line = anchor.line
+    for _ in range(space.fine_rounds):
+        on_line = [stock] + [t for t in trials if t.split == DEV and t.line == line]
+        best = min([t for t in on_line if feasible(t)], key=rank)
+        strengths = sorted({t.strength for t in on_line})
+        i = strengths.index(best.strength)
+        mids = [(strengths[j] + best.strength) / 2 for j in (i - 1, i + 1) if 0 <= j < len(strengths)]
+        new = [m for m in mids if abs(m - best.strength) >= space.min_step / 2]
+        if not new:
+            break
+        for m in new:
+            run(Calibration(basket_size=line[0], layers=line[1], strength=_strength(m)), DEV, "fine")
+    dev = [t for t in trials if t.split == DEV]
+    pick = min([t for t in dev if feasible(t)], key=rank)
+    any_feasible = any(feasible(t) for t in dev if t.calibration is not None)
+    front = pareto_front(dev, objective.score, objective.guard, objective.greater_is_better)
+    say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
+    # only now does the test split enter: stock and the chosen setting
+    run(None, TEST, "test")
+    if pick.calibration is not None:
+        run(pick.calibration, TEST, "test")
+    result = TuneResult(desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0)
+    save(result.to_dict())
+    return result

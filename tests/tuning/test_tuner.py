@@ -1,0 +1,229 @@
+"""The tuner: known optimum of a synthetic objective, constraint, Pareto front, split, resume, saved model."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import posfair
+from posfair import Calibration
+from posfair.fairness import encoding as enc
+from posfair.tuning import (
+    DEV,
+    TEST,
+    FairnessObjective,
+    FunctionObjective,
+    SearchSpace,
+    pareto_front,
+    run_search,
+    save_tuned_model,
+    tune,
+)
+from posfair.tuning.tuner import Trial, default_fairness_settings, split_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
+from conftest import tiny_corpus  # noqa: E402
+
+SPACE = SearchSpace(basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=6, min_step=0.005)
+
+
+def synthetic(cal, split, *, optimum=0.7, slope=0.05):
+    """Score (lower is better) with its minimum at basket 64, layers 0.5, strength ``optimum``; guard falls with strength."""
+    if cal is None:
+        return {"score": 1.0, "guard": 1.0}
+    s = (cal.strength - optimum) ** 2 + (0 if cal.basket_size == 64 else 0.1) + (0 if cal.layers == 0.5 else 0.05)
+    return {"score": s, "guard": 1.0 - slope * cal.strength}
+
+
+def test_finds_the_known_optimum():
+    res = run_search(FunctionObjective(synthetic), SPACE, max_drop=0.1)
+    c = res.chosen
+    assert (c.basket_size, c.layers) == (64, 0.5)
+    assert abs(c.strength - 0.7) < 0.02
+    dev = res.dev_trials()
+    assert len(dev) == 1 + len(SPACE.coarse()) + len([t for t in dev if t.phase == "fine"])
+    assert all(t.line == (64, 0.5) for t in dev if t.phase == "fine")
+    assert res.trial(c, DEV).metrics["score"] == min(t.metrics["score"] for t in dev)
+
+
+def test_constraint_limits_the_choice():
+    # guard = 1 - 0.2 * strength, at most 0.1 below stock (1.0): strength <= 0.5 is feasible
+    res = run_search(FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)), SPACE, max_drop=0.1)
+    assert res.chosen.strength == pytest.approx(0.5)
+    assert (res.chosen.basket_size, res.chosen.layers) == (64, 0.5)
+    f = res.frame(DEV)
+    assert not f[f.strength > 0.5 + 1e-9]["feasible"].any() and f[f.strength <= 0.5]["feasible"].all()
+    # nothing feasible at all: stock is kept
+    res = run_search(FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)), SearchSpace(strengths=(0.8, 1.0), fine_rounds=0), max_drop=0.1)
+    assert res.chosen is None and not res.feasible
+
+
+def test_pareto_front_against_brute_force():
+    rng = np.random.default_rng(3)
+    s = rng.random(40)
+    g = s + 0.2 * rng.random(40)  # a trade-off: a better (lower) score comes with a worse guard
+    trials = [Trial(Calibration(basket_size=8 * (i + 1)), DEV, "coarse", {"s": float(a), "g": float(b)}) for i, (a, b) in enumerate(zip(s, g))]
+    front = pareto_front(trials, "s", "g", greater_is_better=False)
+    expect = {t.key for t in trials if not any(o.metrics["s"] <= t.metrics["s"] and o.metrics["g"] >= t.metrics["g"] and o is not t for o in trials)}
+    assert {t.key for t in front} == expect and len(expect) >= 4
+    assert [t.metrics["g"] for t in front] == sorted((t.metrics["g"] for t in front), reverse=True)
+
+
+def test_test_split_never_influences_the_choice():
+    calls = []
+
+    def poisoned(value):
+        def fn(cal, split):
+            calls.append((split, cal.key() if cal else "stock"))
+            if split == TEST:  # anything on the test split: here an optimum somewhere else entirely
+                return {"score": value * (1 - (cal.strength if cal else 0)), "guard": value}
+            return synthetic(cal, split)
+
+        return FunctionObjective(fn)
+
+    a = run_search(poisoned(-1e6), SPACE, max_drop=0.1)
+    n_a = len(calls)
+    b = run_search(poisoned(1e6), SPACE, max_drop=0.1)
+    assert a.chosen == b.chosen
+    assert [(t.key, t.metrics) for t in a.dev_trials()] == [(t.key, t.metrics) for t in b.dev_trials()]
+    first = calls[:n_a]
+    test_calls = [c for c in first if c[0] == TEST]
+    assert first[-len(test_calls):] == test_calls  # the test split comes last ...
+    assert sorted(k for _, k in test_calls) == sorted(["stock", a.chosen.key()])  # ... for stock and the choice only
+    assert a.test_metrics()["chosen"]["guard"] == -1e6 and b.test_metrics()["chosen"]["guard"] == 1e6
+
+
+def test_resume_reads_finished_trials(tmp_path):
+    path = tmp_path / "tune.json"
+    first = run_search(FunctionObjective(synthetic, identity="v1"), SPACE, max_drop=0.1, results_path=path)
+    saved = json.loads(path.read_text())
+    assert len(saved["trials"]) == len(first.trials) and saved["chosen_label"] == first.chosen.label()
+
+    def boom(cal, split):
+        raise AssertionError("finished trials must be read back")
+
+    again = run_search(FunctionObjective(boom, identity="v1"), SPACE, max_drop=0.1, results_path=path)
+    assert again.chosen == first.chosen and [t.metrics for t in again.trials] == [t.metrics for t in first.trials]
+    # killed after 4 trials: the re-run computes only the rest
+    saved["trials"] = saved["trials"][:4]
+    path.write_text(json.dumps(saved))
+    seen = []
+    resumed = run_search(FunctionObjective(lambda c, s: seen.append(1) or synthetic(c, s), identity="v1"), SPACE, max_drop=0.1, results_path=path)
+    assert len(seen) == len(first.trials) - 4 and resumed.chosen == first.chosen
+    with pytest.raises(ValueError, match="different objective"):
+        run_search(FunctionObjective(synthetic, identity="v2"), SPACE, results_path=path)
+
+
+def test_split_ids_and_space_validation():
+    dev, test = split_ids([f"s{i}" for i in range(10)], 0.3, seed=1)
+    assert len(test) == 3 and len(dev) == 7 and not set(dev) & set(test)
+    assert split_ids([f"s{i}" for i in range(10)], 0.3, seed=1) == (dev, test)
+    assert len(SearchSpace(layer_sets=(1, 1.0)).layer_sets) == 2  # last layer and all layers are different sets
+    with pytest.raises(ValueError, match="strength"):
+        SearchSpace(strengths=(0.0, 1.0))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return tiny_model("bert-mean")
+
+
+SETTINGS = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
+SMALL = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=1)
+
+
+def test_real_run_on_a_tiny_model(model, tmp_path, monkeypatch):
+    corpus = tiny_corpus(topics=12)
+    encoded: list[str] = []
+    real = enc.encode_documents
+
+    def spy(m, texts, *a, **k):
+        encoded.extend(texts)
+        return real(m, texts, *a, **k)
+
+    monkeypatch.setattr(enc, "encode_documents", spy)
+    obj = FairnessObjective(model, corpus, SETTINGS, store=tmp_path / "cache")
+    dev_sets, test_sets = set(obj.split_sets(DEV)), set(obj.split_sets(TEST))
+    assert len(dev_sets) == len(test_sets) == 2 and not dev_sets & test_sets
+    test_docs = {d.text for inst in obj.instances[TEST] for d in inst.documents}
+    order = []
+    evaluate = obj.evaluate
+    obj.evaluate = lambda cal, split: order.append((split, len(encoded))) or evaluate(cal, split)
+    res = tune(model, objective=obj, space=SMALL, max_drop=0.05, out_dir=tmp_path / "out", save_model=tmp_path / "saved")
+    first_test = next(n for split, n in order if split == TEST)
+    assert not test_docs & set(encoded[:first_test])  # no test document was even encoded before the choice
+    assert test_docs <= set(encoded)
+    # the metrics are those of an audit of the split
+    stock = res.trial(None, DEV).metrics
+    obs = obj.observations([], DEV)
+    means = obs.groupby("position")["sigma"].mean()
+    assert stock["spread"] == pytest.approx(means.max() - means.min())
+    assert stock["recall"] == pytest.approx(obs.drop_duplicates("doc_id")["recall"].mean())
+    assert stock["documents"] == 12
+    out = tmp_path / "out"
+    for f in ("tune.json", "summary.md", "trials.csv", "tradeoff.png", "tables/pareto.md", "tables/test.tex", "test_audit/report.html"):
+        assert (out / f).exists(), f
+    assert "Pareto front" in (out / "summary.md").read_text()
+    trials = pd.read_csv(out / "trials.csv")
+    assert set(trials[trials.split == TEST]["label"]) == {"stock", res.chosen_label}
+    reloaded = posfair.load_model(tmp_path / "saved")
+    assert reloaded.calibration == res.chosen
+
+
+def test_saved_tuned_model_reloads_with_its_calibration(model, tmp_path):
+    cal = Calibration(basket_size=4, layers=1.0, strength=0.75)
+    path = save_tuned_model(model, cal, tmp_path / "tuned")
+    assert model.calibration is None  # the session model's own default is untouched
+    reloaded = posfair.load_model(path)
+    assert reloaded.calibration == cal
+    texts = ["Apple river mountain code kernel package network music theory garden history science engine window."]
+    np.testing.assert_allclose(reloaded.encode(texts), model.encode(texts, calibration=cal), atol=1e-6)
+    stock = model.encode(texts, calibration=False)
+    assert not np.allclose(reloaded.encode(texts), stock, atol=1e-7)
+
+
+def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+    from posfair.retrieval.metrics import harmonic_mean
+    from posfair.tuning.cli import _space, app
+    from posfair.tuning.evaluator import build_corpus_benchmark
+    from posfair.tuning.tuner import RetrievalObjective
+
+    bench = build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
+    obj = RetrievalObjective(model, bench, store=tmp_path / "cache")
+    dev, test = obj.splits[DEV], obj.splits[TEST]
+    assert len(dev.query_ids) + len(test.query_ids) == len(bench.query_ids)
+    assert not {int(r[0]) for r in dev.relevant} & {int(r[0]) for r in test.relevant}  # a document's queries stay together
+    m = obj.evaluate(None, DEV)
+    direct = PositionalRetrievalEvaluator(dev, None).evaluate(model)
+    assert m["ndcg@10"] == pytest.approx(float(direct.ndcg.mean()))
+    assert m["harm"] == pytest.approx(harmonic_mean(direct.groups))
+    assert m["queries"] == len(dev.query_ids)
+    # the command line end to end (retrieval objective on the saved benchmark)
+    space = _space("paper", "4", "1.0", "1.0", 0)
+    assert space.coarse() == [Calibration(basket_size=4, layers=1.0, strength=1.0)]
+    path, _ = tiny_model_path("bert-mean")
+    out = tmp_path / "cli"
+    r = CliRunner().invoke(app, ["--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"), "--baskets", "4",
+                                 "--layers", "1.0", "--strengths", "1.0", "--fine-rounds", "0", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    saved = json.loads((out / "tune.json").read_text())
+    assert saved["objective"]["score"] == "harm" and {t["split"] for t in saved["trials"]} == {DEV, TEST}
+    assert "Pareto front" in r.output
+
+
+def test_evaluator_style_call(tmp_path):
+    from posfair.tuning import CalibrationTuner
+
+    tuner = CalibrationTuner(objective=FunctionObjective(synthetic), space=SPACE, max_drop=0.1, name="tn")
+    metrics = tuner(object(), output_path=str(tmp_path))
+    assert tuner.primary_metric == "tn_test_chosen_score" and tuner.primary_metric in metrics
+    chosen = tuner.last_result.chosen
+    assert metrics["tn_chosen_strength"] == pytest.approx(chosen.strength) and abs(chosen.strength - 0.7) < 0.02
+    assert metrics["tn_test_chosen_score"] == pytest.approx(synthetic(chosen, TEST)["score"])
+    assert (tmp_path / "tn" / "tables" / "pareto.md").exists()
