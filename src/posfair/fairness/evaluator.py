@@ -12,6 +12,7 @@ import pandas as pd
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
 from posfair.calibration import Calibration
+from posfair.evaluation import finish_metrics, run_tag
 from posfair.fairness import encoding as enc
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
 from posfair.fairness.results import AuditResult, fit_all
@@ -120,12 +121,8 @@ class PositionalFairnessEvaluator(SentenceEvaluator):
         result = audit(model, self.corpus, self.settings, self.calibrations, cache_dir=self.cache_dir)
         self.last_result = result
         if output_path is not None and self.write_report:
-            tag = "" if epoch == -1 and steps == -1 else f"_epoch{epoch}_steps{steps}"
-            result.save(Path(output_path) / f"{self.name}{tag}")
-        metrics = self.prefix_name_to_metrics(result.headline(), self.name)
-        if hasattr(model, "model_card_data"):
-            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
-        return metrics
+            result.save(Path(output_path) / f"{self.name}{run_tag(epoch, steps)}")
+        return finish_metrics(self, model, result.headline(), epoch, steps)
 
     @property
     def description(self) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration import Calibration
+from posfair.evaluation import finish_metrics, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.encoding import stock_kwargs
@@ -308,13 +309,10 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         if output_path is not None:
             out = Path(output_path)
             stem = f"positional_retrieval_{self.name or result.benchmark}_{self.setting}".replace("/", "_")
-            suffix = f"_epoch{epoch}_steps{steps}" if epoch != -1 or steps != -1 else ""
+            suffix = run_tag(epoch, steps)
             atomic_write_json(out / f"{stem}{suffix}.json", result.metrics)
             atomic_write_parquet(out / f"{stem}{suffix}_per_query.parquet", pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}))
-        metrics = self.prefix_name_to_metrics(result.metrics, self.name)
-        if hasattr(model, "model_card_data"):
-            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
-        return metrics
+        return finish_metrics(self, model, result.metrics, epoch, steps)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"benchmark": self.benchmark.name, "setting": self.setting, "top_k": self.top_k}

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import pandas as pd
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
+from posfair.evaluation import finish_metrics, run_tag
 from posfair.store import EmbeddingStore
 from posfair.tuning.report import save_tuned_model, write_outputs
 from posfair.tuning.tuner import (
@@ -138,7 +139,7 @@ class CalibrationTuner(SentenceEvaluator):
         self.last_result: TuneResult | None = None
 
     def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
-        tag = "" if (epoch, steps) == (-1, -1) else f"_epoch{epoch}_steps{steps}"
+        tag = run_tag(epoch, steps)
         result = tune(
             model, self.corpus, objective=self.objective, benchmark=self.benchmark, settings=self.settings, space=self.space,
             max_drop=self.max_drop, score=self.score_name, test_fraction=self.test_fraction, seed=self.seed,
@@ -146,10 +147,7 @@ class CalibrationTuner(SentenceEvaluator):
             cache_dir=self.cache_dir,
         )  # fmt: skip
         self.last_result = result
-        metrics = self.prefix_name_to_metrics(result.headline(), self.name)
-        if hasattr(model, "model_card_data"):
-            self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
-        return metrics
+        return finish_metrics(self, model, result.headline(), epoch, steps)
 
     @property
     def description(self) -> str:
