@@ -312,10 +312,20 @@ def run_instances(
                 label = cal.label() if cal else STOCK
                 key = cal.key() if cal else STOCK
                 t0 = time.perf_counter()
-                tick = progress(f"{inst.key} {label}", len(seg_texts) + len(inst.documents), 0) if progress else None
+                total = len(seg_texts) + len(inst.documents)
+                raw = progress(f"{inst.key} {label}", total, 0) if progress else None
+                ticked = [0]
+
+                def tick(k: int, raw=raw, ticked=ticked) -> None:
+                    ticked[0] += k
+                    if raw is not None:
+                        raw(k)
+
                 seg_mat = encoder.segments(seg_texts, cal, tick)
                 segs = dict(zip(seg_ids, seg_mat))
                 doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
+                if raw is not None and ticked[0] < total:  # what came from the cache was never ticked
+                    raw(total - ticked[0])
                 timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
                 frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs))
                 if cal is None:
