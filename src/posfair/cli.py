@@ -23,7 +23,13 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-AREA_MODULES = ("posfair.fairness.cli", "posfair.fairness.attention_cli", "posfair.retrieval.cli", "posfair.tuning.cli")
+AREA_MODULES = (
+    "posfair.fairness.cli",
+    "posfair.fairness.attention_cli",
+    "posfair.retrieval.cli",
+    "posfair.tuning.cli",
+    "posfair.distributed.cli",
+)
 
 
 def read_texts(path: Path, text_field: str = "text", id_field: Optional[str] = None) -> tuple[list[str], Optional[list]]:

@@ -1,0 +1,626 @@
+"""Corpus-scale embedding jobs: deterministic shards, two executors, resumable, guarded by a manifest.
+
+A job embeds every distinct text of a corpus with one model, calibration and
+prompt, and writes the vectors into the *same* namespace of an
+:class:`~posfair.store.EmbeddingStore` that :func:`~posfair.store.encode_cached`
+(and so the audit, the retrieval evaluation, sweeps and ``posfair encode``)
+reads: keys are :func:`~posfair.store.text_key` of the text, vectors are the
+pooled embeddings exactly as the model returns them.  Point any of those at the
+same cache folder and they find everything already computed.
+
+* :func:`plan_shards` cuts the distinct texts, in corpus order, into shards of
+  ``shard_size``; a shard's id is a hash of its keys and its file is
+  ``part-<id>.npz``, written atomically.  A shard whose file exists (or whose
+  texts are all in the store already) is skipped, so reruns are idempotent and a
+  killed run -- a worker or the driver -- loses only the shards in flight.
+* :func:`process_shard` is the one shard function: token lengths, length-aware
+  batches (:mod:`posfair.distributed.batching`), encode, write.  The local
+  executor calls it in this process; the Ray executor calls it in an actor pool
+  (one model replica per GPU, or per group of CPUs).  Same function, same
+  batches, so both give bit-identical vectors.
+* ``manifest.json`` in the namespace records model, fingerprint, calibration,
+  prompt, text field, corpus fingerprints, posfair version and a hash of the code
+  that computes embeddings; a run whose settings disagree is refused
+  (:class:`ManifestMismatch`), and so is a namespace holding a shard of another
+  dimension or dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import logging
+import os
+import time
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from posfair.distributed.batching import length_aware_batches, padded_tokens
+from posfair.io import atomic_write_json
+from posfair.store import EmbeddingStore, embedding_meta, text_key, write_shard
+
+__all__ = [
+    "EmbedSpec",
+    "Shard",
+    "ShardEncoder",
+    "EmbedReport",
+    "ManifestMismatch",
+    "RAY_INSTALL_HINT",
+    "code_version",
+    "corpus_fingerprint",
+    "embed_texts",
+    "plan_shards",
+    "process_shard",
+    "ray_available",
+    "read_corpus_texts",
+]
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+RAY_INSTALL_HINT = "pip install 'posfair[ray]'"
+# the modules whose code determines an embedding (a change may change the vectors)
+_CODE_MODULES = ("posfair.model", "posfair.calibration")
+
+
+class ManifestMismatch(ValueError):
+    """A run's settings disagree with the shards already in the store; nothing was written."""
+
+
+# ------------------------------------------------------------------------------------------
+# settings
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedSpec:
+    """Everything a worker needs to rebuild the encoder and batch a shard (JSON-serialisable).
+
+    ``batching="length"`` sorts a shard by token length and cuts batches of at most
+    ``max_tokens`` padded tokens and ``batch_size`` texts; ``batching="fixed"``
+    hands each shard to ``model.encode(batch_size=batch_size)`` unchanged, which is
+    exactly what :func:`~posfair.store.encode_cached` does with one chunk (bit-identical
+    vectors when shards equal its chunks).
+    """
+
+    model: Optional[str] = None
+    calibration: Optional[dict] = None
+    prompt: Optional[str] = None
+    pooling: Optional[str] = None
+    padding_side: Optional[str] = None
+    max_seq_length: Optional[int] = None
+    trust_remote_code: bool = False
+    device: Optional[str] = None
+    batching: str = "length"
+    batch_size: int = 32
+    max_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        if self.batching not in ("length", "fixed"):
+            raise ValueError(f"batching must be 'length' or 'fixed'; got {self.batching!r}")
+        if self.batch_size < 1 or self.max_tokens < 1:
+            raise ValueError(f"batch_size and max_tokens must be >= 1; got {self.batch_size}, {self.max_tokens}")
+
+    @property
+    def calibration_obj(self):
+        from posfair.calibration import Calibration
+
+        return Calibration.from_dict(self.calibration) if self.calibration else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EmbedSpec":
+        return cls(**d)
+
+    def load_model(self, device: Optional[str] = None):
+        """Load the encoder (on ``device``, default ``self.device``) and validate the calibration on it."""
+        from posfair.model import load_model
+
+        model = load_model(
+            None if self.model in (None, "", "bundled") else self.model, device=device or self.device,
+            trust_remote_code=self.trust_remote_code, pooling=self.pooling, padding_side=self.padding_side,
+            max_seq_length=self.max_seq_length,
+        )  # fmt: skip
+        model.eval()
+        cal = self.calibration_obj
+        if cal is not None:
+            model.transformer_module.resolve(cal)
+        return model
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """A unit of work: distinct texts with their keys; ``id`` names its file ``part-<id>.npz``."""
+
+    id: str
+    keys: tuple[str, ...]
+    texts: tuple[str, ...]
+
+
+def shard_id(keys: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for k in keys:
+        h.update(k.encode("ascii"))
+        h.update(b"\n")
+    return h.hexdigest()[:32]
+
+
+def plan_shards(texts: Sequence[str], shard_size: int) -> list[Shard]:
+    """Distinct texts in first-seen order, cut into shards of ``shard_size`` (a pure function of the corpus)."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1; got {shard_size}")
+    unique: dict[str, str] = {}
+    for i, t in enumerate(texts):
+        if not isinstance(t, str) or not t.strip():
+            raise ValueError(f"text {i} is empty or not a string: posfair does not embed empty texts")
+        unique.setdefault(text_key(t), t)
+    keys, vals = list(unique), list(unique.values())
+    return [
+        Shard(shard_id(keys[i : i + shard_size]), tuple(keys[i : i + shard_size]), tuple(vals[i : i + shard_size]))
+        for i in range(0, len(keys), shard_size)
+    ]
+
+
+def corpus_fingerprint(keys: Iterable[str]) -> str:
+    """Content identity of a corpus: a hash of its sorted distinct text keys (order-independent)."""
+    h = hashlib.sha256()
+    for k in sorted(set(keys)):
+        h.update(k.encode("ascii"))
+    return h.hexdigest()[:24]
+
+
+def code_version() -> dict[str, str]:
+    """posfair's version and a hash of the sources that compute embeddings (model + calibration)."""
+    import importlib.util
+
+    from posfair import __version__
+
+    h = hashlib.sha256()
+    for name in _CODE_MODULES:
+        spec = importlib.util.find_spec(name)
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.glob("*.py")) if origin.name == "__init__.py" else [origin]
+        for f in files:
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return {"posfair_version": __version__, "code_hash": h.hexdigest()[:16]}
+
+
+# ------------------------------------------------------------------------------------------
+# the shard function
+
+
+def _batches_for(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.ndarray], np.ndarray]:
+    """The batches a shard is encoded in, and the (truncated) token length of each text."""
+    full = [(spec.prompt or "") + t for t in texts]
+    raw = model.token_lengths(full)
+    limit = model.max_seq_length
+    lengths = np.minimum(raw, limit) if limit else raw
+    over = int((raw > lengths).sum())
+    if over:
+        warnings.warn(f"{over} of {len(texts)} texts are longer than max_seq_length={limit} tokens and are truncated", stacklevel=3)
+    if spec.batching == "length":
+        return length_aware_batches(lengths, spec.max_tokens, spec.batch_size), lengths
+    # sentence-transformers' own batching: sorted by character length, fixed size
+    order = np.argsort([-len(t) for t in full], kind="stable")
+    return [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)], lengths
+
+
+def _encode(model, spec: EmbedSpec, texts: list[str], batch_size: int) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    cal = spec.calibration_obj
+    with model.using(cal):  # as FairModel.encode(calibration=cal or False), minus its per-call re-tokenising checks
+        out = SentenceTransformer.encode(
+            model, texts, prompt=spec.prompt, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
+    return np.asarray(out, dtype=np.float32)
+
+
+def encode_shard(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[np.ndarray, dict[str, int]]:
+    """Pooled embeddings of a shard's texts (in order) and its token counts ``{"tokens", "padded"}``."""
+    texts = list(texts)
+    batches, lengths = _batches_for(model, spec, texts)
+    if spec.batching == "fixed":
+        vectors = _encode(model, spec, texts, spec.batch_size)
+    else:
+        vectors = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
+        for b in batches:
+            vectors[b] = _encode(model, spec, [texts[i] for i in b], len(b))
+    real, padded = padded_tokens(lengths, batches)
+    return vectors, {"tokens": real, "padded": padded}
+
+
+def process_shard(model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, keys: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+    """Encode one shard and write ``part-<sid>.npz`` atomically, unless that file exists already."""
+    t0 = time.perf_counter()
+    target = Path(ns_dir) / f"part-{sid}.npz"
+    if target.exists():
+        return {"shard": sid, "status": "skipped", "texts": 0, "tokens": 0, "padded": 0, "seconds": 0.0}
+    vectors, counts = encode_shard(model, spec, texts)
+    write_shard(ns_dir, list(keys), vectors, name=sid)
+    return {"shard": sid, "status": "written", "texts": len(texts), **counts, "seconds": time.perf_counter() - t0}
+
+
+class ShardEncoder:
+    """A model replica that processes shards: the Ray actor (a callable class for ``map_batches``).
+
+    ``after_shard(result)`` (optional) is called after each shard in the worker
+    (monitoring, fault injection in tests).  The replica's fingerprint must equal
+    the driver's, so a worker with other weights or libraries cannot write here.
+    """
+
+    def __init__(self, spec: dict, ns_dir: str, fingerprint: str, threads: Optional[int] = None,
+                 device: Optional[str] = None, after_shard: Optional[Callable[[dict], None]] = None):  # fmt: skip
+        import torch
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.spec = EmbedSpec.from_dict(spec)
+        self.ns_dir = ns_dir
+        self.after_shard = after_shard
+        self.model = self.spec.load_model(device)
+        if self.model.fingerprint != fingerprint:
+            raise ManifestMismatch(
+                f"worker model fingerprint {self.model.fingerprint} differs from the driver's {fingerprint}: "
+                "install the same model files and library versions on every node"
+            )
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = []
+        for sid, keys, texts in zip(batch["shard"], batch["keys"], batch["texts"]):
+            res = process_shard(self.model, self.spec, self.ns_dir, str(sid), [str(k) for k in keys], [str(t) for t in texts])
+            if self.after_shard is not None:
+                self.after_shard(res)
+            rows.append(res)
+        return {k: np.array([r[k] for r in rows]) for k in rows[0]} if rows else {}
+
+
+# ------------------------------------------------------------------------------------------
+# store side: existing shards, manifest
+
+
+def _npy_header(zf: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
+    with zf.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(fh)
+    return shape, dtype
+
+
+def scan_namespace(ns_dir: Path, dim: Optional[int]) -> set[str]:
+    """Keys of every shard in a namespace folder, reading keys only; checks each shard's vectors header.
+
+    Raises :class:`ManifestMismatch` for a shard whose vectors are not float32 of
+    ``dim`` columns, or whose row count differs from its key count.
+    """
+    present: set[str] = set()
+    for f in sorted(ns_dir.glob("part-*.npz")):
+        with zipfile.ZipFile(f) as zf:
+            shape, dtype = _npy_header(zf, "vectors.npy")
+        with np.load(f, allow_pickle=False) as z:
+            keys = z["keys"].tolist()
+        if dtype != np.float32 or len(shape) != 2 or (dim is not None and shape[1] != dim) or shape[0] != len(keys):
+            raise ManifestMismatch(
+                f"shard {f} holds {dtype} vectors of shape {shape} for {len(keys)} keys, but this namespace holds "
+                f"float32 vectors of {dim} dimensions: it comes from other settings; remove it or use another store"
+            )
+        present.update(keys)
+    return present
+
+
+# manifest fields that must agree for shards to be mixed ("model", the name, is recorded only:
+# the same weights under another path have the same fingerprint)
+_MUST_AGREE = ("format", "fingerprint", "calibration", "prompt", "text_field", "dim", "posfair_version", "code_hash")
+
+
+def _check_manifest(path: Path, want: dict[str, Any], corpus: dict[str, Any], covered: bool, add_corpus: bool) -> dict[str, Any]:
+    """The manifest to write: ``want`` + corpora; raises ManifestMismatch if the stored one disagrees.
+
+    ``covered``: every text of this corpus is in the store already (nothing would be written).
+    """
+    if not path.exists():
+        return {**want, "corpora": [corpus]}
+    have = json.loads(path.read_text())
+    diffs = [f"{k}: store has {have.get(k)!r}, this run has {want.get(k)!r}" for k in _MUST_AGREE if have.get(k) != want.get(k)]
+    if diffs:
+        raise ManifestMismatch(
+            f"{path.parent} holds shards made with other settings, refusing to mix them:\n  " + "\n  ".join(diffs)
+            + "\nuse another --out (or delete that namespace folder to recompute it)"
+        )
+    corpora = list(have.get("corpora", []))
+    if all(c.get("fingerprint") != corpus["fingerprint"] for c in corpora) and not covered:
+        if not add_corpus:
+            known = ", ".join(f"{c.get('fingerprint')} ({c.get('source')}, {c.get('texts')} texts)" for c in corpora)
+            raise ManifestMismatch(
+                f"{path.parent} was built from another corpus ({known}); this corpus is {corpus['fingerprint']} "
+                f"({corpus['source']}, {corpus['texts']} texts). Pass --add-corpus (add_corpus=True) to add it to the "
+                "same store, or use another --out"
+            )
+        corpora.append(corpus)
+    return {**have, "corpora": corpora}
+
+
+# ------------------------------------------------------------------------------------------
+# the job
+
+
+@dataclasses.dataclass
+class EmbedReport:
+    """What a job did; ``texts_per_second`` counts texts encoded in this run over its wall time."""
+
+    namespace: str
+    engine: str
+    workers: int
+    shards: int
+    written: int
+    skipped: int
+    texts: int
+    encoded: int
+    tokens: int
+    padded: int
+    seconds: float
+
+    @property
+    def texts_per_second(self) -> float:
+        return self.encoded / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def padding_waste(self) -> float:
+        return (self.padded - self.tokens) / self.tokens if self.tokens else 0.0
+
+
+def ray_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
+def _require_ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise ImportError(f"running on Ray (--ray-address / --workers) needs Ray Data: {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def _run_local(model, spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result, after_shard) -> int:
+    for s in shards:
+        res = process_shard(model, spec, ns_dir, s.id, s.keys, s.texts)
+        if after_shard is not None:
+            after_shard(res)
+        on_result(res)
+    return 1
+
+
+def _run_ray(spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result, after_shard, fingerprint: str,
+             address: Optional[str], workers: Optional[int]) -> int:  # fmt: skip
+    ray = _require_ray()
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    resources = ray.cluster_resources()
+    gpus, cpus = int(resources.get("GPU", 0)), max(1, int(resources.get("CPU", 1)))
+    if gpus:
+        n = workers or gpus
+        per_worker = {"num_gpus": 1, "num_cpus": 1}
+        threads, device = None, "cuda"
+    else:
+        n = workers or cpus
+        per_cpu = max(1, cpus // n)
+        per_worker = {"num_cpus": per_cpu}
+        threads, device = per_cpu, spec.device
+    free = ray.available_resources()
+    short = {r: q * n for r, q in per_worker.items() if free.get({"num_cpus": "CPU", "num_gpus": "GPU"}[r], 0) < q * n}
+    if short:
+        warnings.warn(f"Ray has {free.get('CPU', 0):g} CPUs / {free.get('GPU', 0):g} GPUs free for {n} workers needing {short}: "
+                      "the job waits until they are free (another job may hold them)", stacklevel=3)  # fmt: skip
+    items = [{"shard": s.id, "keys": list(s.keys), "texts": list(s.texts)} for s in shards]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    out = ds.map_batches(
+        ShardEncoder,
+        fn_constructor_kwargs=dict(spec=spec.to_dict(), ns_dir=str(ns_dir), fingerprint=fingerprint, threads=threads,
+                                   device=device, after_shard=after_shard),
+        batch_size=1,
+        batch_format="numpy",
+        # two shards queued per worker: enough to keep it busy, little to lose when it dies;
+        # Ray restarts a dead worker and retries its shards
+        compute=ray.data.ActorPoolStrategy(size=n, max_tasks_in_flight_per_actor=2),
+        **per_worker,
+    )  # fmt: skip
+    failure = None
+    try:
+        for row in out.iter_rows():
+            on_result({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
+    except Exception as exc:  # noqa: BLE001 -- re-raised below, once Ray's objects are released
+        failure = f"{type(exc).__name__}: {exc}"
+    if failure is not None:
+        # The failed execution's traceback references its executor and so the worker actors, which
+        # would keep holding their CPUs/GPUs (a rerun in this process would wait for them forever).
+        # Leave the except block (dropping the traceback), then collect, so Ray ends the actors.
+        del out, ds
+        gc.collect()
+        raise RuntimeError(f"the Ray embedding job failed; finished shards are kept, rerun to resume: {failure}")
+    return n
+
+
+def embed_texts(
+    texts: Sequence[str],
+    store_root: str | os.PathLike,
+    spec: EmbedSpec,
+    *,
+    model=None,
+    shard_size: int = 1024,
+    engine: str = "local",
+    ray_address: Optional[str] = None,
+    workers: Optional[int] = None,
+    corpus_source: str = "texts",
+    text_field: str = "text",
+    add_corpus: bool = False,
+    progress: Optional[Callable[[int], None]] = None,
+    after_shard: Optional[Callable[[dict], None]] = None,
+) -> EmbedReport:
+    """Embed the distinct ``texts`` into the embedding namespace of ``store_root``; resumable.
+
+    ``engine="local"`` runs the shards in this process; ``engine="ray"`` on a Ray
+    actor pool (``ray_address``: None = a local instance, or "auto" / "ray://..."
+    for a cluster; ``workers``: replicas, default one per GPU, else one per CPU).
+    On a cluster ``store_root`` must be a path every node sees (a shared file
+    system): workers write their shards there directly; the driver holds the
+    corpus's texts and hands them to Ray shard by shard.
+    ``model``: the driver's loaded encoder (loaded from ``spec`` when None; the
+    local engine encodes with it).  ``progress(n)`` gets the number of texts of
+    every finished (or skipped) shard.  ``after_shard(result)`` runs after each
+    shard where it ran (in the worker for Ray).  Raises :class:`ManifestMismatch`
+    when the store holds shards of other settings or another corpus (unless
+    ``add_corpus``), before any work.
+    """
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine must be 'local' or 'ray'; got {engine!r}")
+    if engine == "ray":
+        _require_ray()
+    t0 = time.perf_counter()
+    if model is None:  # on Ray the driver only needs the fingerprint and dimension: keep it off the GPUs
+        model = spec.load_model("cpu" if engine == "ray" else None)
+    cal = spec.calibration_obj
+    shards = plan_shards(texts, shard_size)
+    all_keys = [k for s in shards for k in s.keys]
+    dim = model.get_embedding_dimension()
+    ns_dir = EmbeddingStore(store_root).namespace_dir(**embedding_meta(model.fingerprint, cal, spec.prompt))
+    want = {
+        "format": MANIFEST_FORMAT,
+        "model": spec.model or "bundled",
+        "fingerprint": model.fingerprint,
+        "calibration": cal.to_dict() if cal else None,
+        "prompt": spec.prompt or "",
+        "text_field": text_field,
+        "dim": dim,
+        **code_version(),
+    }
+    corpus = {"fingerprint": corpus_fingerprint(all_keys), "source": corpus_source, "texts": len(all_keys)}
+    present = scan_namespace(ns_dir, dim)
+    manifest = _check_manifest(ns_dir / MANIFEST, want, corpus, present.issuperset(all_keys), add_corpus)
+    atomic_write_json(ns_dir / MANIFEST, manifest)
+
+    todo: list[Shard] = []
+    skipped = 0
+    for s in shards:
+        if (ns_dir / f"part-{s.id}.npz").exists():
+            skipped += 1
+            continue
+        missing = [i for i, k in enumerate(s.keys) if k not in present]
+        if not missing:
+            skipped += 1
+            continue
+        todo.append(Shard(s.id, tuple(s.keys[i] for i in missing), tuple(s.texts[i] for i in missing)))
+    if progress is not None:
+        progress(len(all_keys) - sum(len(s.keys) for s in todo))
+    totals = {"written": 0, "skipped": skipped, "texts": 0, "tokens": 0, "padded": 0}
+    sizes = {s.id: len(s.keys) for s in todo}
+
+    def on_result(res: dict) -> None:
+        totals[str(res["status"])] += 1
+        for k in ("texts", "tokens", "padded"):
+            totals[k] += int(res[k])
+        if progress is not None:
+            progress(sizes[str(res["shard"])])
+
+    n = 1
+    if todo:
+        if engine == "local":
+            n = _run_local(model, spec, ns_dir, todo, on_result, after_shard)
+        else:
+            n = _run_ray(spec, ns_dir, todo, on_result, after_shard, model.fingerprint, ray_address, workers)
+    return EmbedReport(
+        namespace=str(ns_dir), engine=engine, workers=n, shards=len(shards), written=totals["written"],
+        skipped=totals["skipped"], texts=len(all_keys), encoded=totals["texts"], tokens=totals["tokens"],
+        padded=totals["padded"], seconds=time.perf_counter() - t0,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------
+# corpus input
+
+
+def read_corpus_texts(
+    source: Optional[str],
+    *,
+    text_field: str = "text",
+    unit: Optional[str] = None,
+    langs: Optional[Sequence[str]] = None,
+    benchmark_part: Optional[str] = None,
+    lang: Optional[str] = None,
+) -> tuple[list[str], str]:
+    """Texts to embed and a description of their source.
+
+    ``source``: None/"bundled" (the bundled corpus), a posfair corpus (.parquet /
+    .jsonl / save_to_disk folder / HF dataset, via :func:`posfair.corpus.load_corpus`),
+    or a plain .parquet / .jsonl whose ``text_field`` holds the texts (only that
+    column is read).  With ``benchmark_part`` ("documents" or "queries"),
+    ``source`` is a retrieval benchmark (name or folder, e.g. a PosIR tree; ``lang``
+    for PosIR) and its corpus or query texts are returned.
+    """
+    if benchmark_part is not None:
+        from posfair.retrieval.benchmarks import load_benchmark
+
+        if benchmark_part not in ("documents", "queries"):
+            raise ValueError(f"benchmark part must be 'documents' or 'queries'; got {benchmark_part!r}")
+        bench = load_benchmark(str(source), lang=lang)
+        texts = bench.corpus_texts if benchmark_part == "documents" else bench.query_texts
+        return list(texts), f"benchmark {bench.name} ({benchmark_part})"
+    path = Path(source).expanduser() if source not in (None, "bundled") else None
+    plain = path is not None and path.is_file() and path.suffix.lower() in (".parquet", ".pq", ".jsonl", ".json")
+    if plain and (text_field != "text" or not _has_posfair_fields(path)):
+        return _read_text_column(path, text_field), f"{path} [{text_field}]"
+    from posfair.corpus import load_corpus
+
+    df = load_corpus(source, unit=unit, langs=langs)
+    if text_field not in df.columns:
+        raise ValueError(f"corpus {source or 'bundled'} has no field {text_field!r} (fields: {list(df.columns)})")
+    desc = f"{source or 'bundled'} [{text_field}]" + (f" unit={unit}" if unit else "") + (f" langs={','.join(langs)}" if langs else "")
+    return df[text_field].astype(str).tolist(), desc
+
+
+def _has_posfair_fields(path: Path) -> bool:
+    if path.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)
+    else:
+        with open(path, encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), "{}")
+        rec = json.loads(first)
+        names = set(rec) if isinstance(rec, dict) else set()
+    return {"id", "lang", "text"} <= names
+
+
+def _read_text_column(path: Path, field: str) -> list[str]:
+    if path.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        if field not in pq.read_schema(path).names:
+            raise ValueError(f"{path}: no column {field!r} (columns: {pq.read_schema(path).names})")
+        texts = pq.read_table(path, columns=[field]).column(field).to_pylist()
+    else:
+        texts = []
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                rec = json.loads(line)
+                if not isinstance(rec, dict) or field not in rec:
+                    raise ValueError(f"{path}: line {n} has no field {field!r}")
+                texts.append(rec[field])
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise ValueError(f"{path}: {len(bad)} empty or non-string {field!r} values (first: row {bad[0]})")
+    return texts

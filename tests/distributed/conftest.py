@@ -1,0 +1,50 @@
+"""Fixtures of the distributed tests: a small corpus, the tiny model's spec, one local Ray instance."""
+
+from __future__ import annotations
+
+import pytest
+
+MAX_LEN = 64
+
+
+@pytest.fixture(scope="session")
+def texts():
+    """60 bundled-corpus texts cut to varied lengths (about 5 to 150 tokens), plus two duplicates."""
+    from posfair.corpus import load_corpus
+
+    df = load_corpus(langs=["en", "de"])
+    picked = []
+    for i, t in enumerate(df.text.tolist()[:60]):
+        words = t.split()
+        picked.append(" ".join(words[: 3 + (i * 37) % 110]))
+    return picked + picked[:2]
+
+
+@pytest.fixture(scope="session")
+def tiny_spec(tiny_model_path):
+    """Factory: EmbedSpec of the tiny seeded BERT (CLS pooling), with keyword overrides."""
+    from posfair.distributed import EmbedSpec
+
+    path, pooling = tiny_model_path("bert")
+
+    def make(**kw):
+        base = dict(model=str(path), pooling=pooling, max_seq_length=MAX_LEN, batch_size=8, max_tokens=256)
+        return EmbedSpec(**{**base, **kw})
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_fair(tiny_spec):
+    """The tiny model as loaded from the spec (shared; never given a default calibration)."""
+    return tiny_spec().load_model()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance with 2 CPUs for the whole session (skipped without Ray)."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,106 @@
+"""The Ray executor on a local instance with 2 CPU workers: identical vectors, resume after a killed worker."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from posfair import Calibration
+from posfair.distributed import embed_texts
+from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
+CAL = Calibration.parse("16,0.5,0.5")
+
+
+class FailWorker:
+    """Runs in the Ray worker after each shard: once ``after`` shards exist in the store, the shard function fails."""
+
+    def __init__(self, root: str, after: int):
+        self.root, self.after = root, after
+
+    def written(self) -> int:
+        return len(list(Path(self.root).glob("*/part-*.npz")))
+
+    def __call__(self, res: dict) -> None:
+        if self.written() >= self.after:
+            raise RuntimeError("worker failure")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ship_this_module(ray_local):
+    # workers cannot import the test module: send its hooks by value
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray_local.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def vectors(root, model, texts, calibration=None):
+    return embedding_namespace(EmbeddingStore(root), model.fingerprint, calibration).get([text_key(t) for t in texts])
+
+
+def test_two_workers_match_the_single_process_path(tmp_path, texts, tiny_spec, tiny_fair):
+    spec = tiny_spec(calibration=CAL.to_dict())
+    rep = embed_texts(texts, tmp_path / "ray", spec, model=tiny_fair, shard_size=8, engine="ray", workers=2)
+    assert (rep.engine, rep.workers, rep.shards, rep.written, rep.encoded) == ("ray", 2, 8, 8, 60)
+    embed_texts(texts, tmp_path / "local", spec, model=tiny_fair, shard_size=8)
+    got = vectors(tmp_path / "ray", tiny_fair, texts, CAL)
+    np.testing.assert_array_equal(got, vectors(tmp_path / "local", tiny_fair, texts, CAL))  # same shard function
+    ref = encode_cached(tiny_fair, texts, None, calibration=CAL, batch_size=8)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)  # vs sentence-transformers' batches: summation order only
+
+
+def workers_released(ray, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0) >= 2:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, ray_local):
+    spec = tiny_spec()
+    root = tmp_path / "store"
+    # run 1: the shard function fails in the workers once 3 shards exist: the run stops
+    with pytest.raises(RuntimeError, match="worker failure"):
+        embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
+                    after_shard=FailWorker(str(root), after=3))  # fmt: skip
+    assert workers_released(ray_local), "the failed run's workers still hold their CPUs"
+    files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
+    assert 3 <= len(files) <= 3 + 2 * 2 and not list(root.glob("*/.part-*"))  # only complete shards, no temporaries
+    # run 2 resumes; a worker process is killed mid-run, Ray restarts it and retries its shard
+    armed = tmp_path / "armed"
+    armed.mkdir()
+    rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
+                      after_shard=KillOnce(str(root), str(armed), after=len(files) + 1))  # fmt: skip
+    assert not armed.exists()  # the second kill happened
+    # skipped: the shards of run 1, and the shard written just before the kill (found on retry)
+    assert (rep.skipped, rep.written) == (len(files) + 1, 15 - len(files) - 1)
+    after = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
+    assert {k: after[k] for k in files} == files  # finished shards were not recomputed
+    embed_texts(texts, tmp_path / "ref", spec, model=tiny_fair, shard_size=4)
+    assert set(after) == {f.name for f in (tmp_path / "ref").glob("*/part-*.npz")}
+    np.testing.assert_array_equal(vectors(root, tiny_fair, texts), vectors(tmp_path / "ref", tiny_fair, texts))
+
+
+class KillOnce(FailWorker):
+    """Kills the worker process the first time ``after`` shards exist while ``armed`` exists (and disarms)."""
+
+    def __init__(self, root: str, armed: str, after: int):
+        super().__init__(root, after)
+        self.armed = armed
+
+    def __call__(self, res: dict) -> None:
+        if self.written() >= self.after:
+            try:
+                os.rmdir(self.armed)
+            except FileNotFoundError:
+                return
+            os._exit(1)  # as a killed worker: no exception, no cleanup
