@@ -69,3 +69,8 @@ def test_bad_input_is_named(tmp_path, name, content, extra, message):
     assert r.exit_code != 0
     text = r.output + (str(r.exception) if r.exception else "")
     assert message in " ".join(text.replace("│", " ").split())  # rich wraps the error panel
+
+
+def test_every_command_is_mounted():
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert {"encode", "audit", "demo", "attention", "retrieval", "sweep", "build-benchmark", "tune", "embed"} <= names

@@ -147,8 +147,6 @@ def _root(version: bool = typer.Option(False, "--version", help="print the versi
 def _mount_areas() -> None:
     have = {c.name or (c.callback.__name__ if c.callback else None) for c in app.registered_commands}
     for name in AREA_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
         sub = importlib.import_module(name).app
         for cmd in sub.registered_commands:
             cname = cmd.name or cmd.callback.__name__.replace("_", "-")
