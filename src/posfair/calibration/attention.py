@@ -277,15 +277,20 @@ def explicit_attention(
             kw = _calib_kwargs(state.calibration)
             for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist())):
                 calibrate_span_(probs[b], s_b, e_b, **kw)
-        elif calibrate_rows_mode is not None and state is not None:
+        elif calibrate_rows_mode == "pool" and state is not None:
+            # only the pooling row is calibrated (what a hook on eager weights does)
+            pool = state.pool_rows().to(query.device)
+            inside = (pool >= t0) & (pool < t1)
+            if bool(inside.any()):
+                b_idx = torch.arange(B, device=query.device)
+                r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
+                row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
+                cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), **_calib_kwargs(state.calibration))
+                probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
+        elif calibrate_rows_mode == "all" and state is not None:
             cal = calibrate_rows(probs, start, end, **_calib_kwargs(state.calibration))
             rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
-            if calibrate_rows_mode == "all":
-                sel = (rows >= start) & (rows <= end)
-            else:
-                pool = state.pool_rows().to(query.device).view(B, 1, 1, 1)
-                sel = rows == pool
-            probs = torch.where(sel.unsqueeze(-1), cal, probs)
+            probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)
         if rec_sum is not None:
             if state.record_queries == "all":
                 rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
