@@ -2,7 +2,8 @@
 
 A random 12-layer, 384-wide XLM-RoBERTa-shaped model (seeded), batch 1, CPU.
 For each sequence length every configuration runs in its own subprocess (so its
-peak RSS is its own), ``--repeats`` forward passes, and the median time is kept.
+peak RSS is its own): one untimed warm-up pass, then ``--repeats`` forward passes,
+and the median time is kept.
 
 Configurations:
   plain        stock SDPA
@@ -71,6 +72,7 @@ def worker(folder: str, config: str, length: int, repeats: int) -> dict:
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     with torch.no_grad(), model.using(cal):
+        model(dict(features))  # warm-up (allocator, kernel selection): not timed
         for _ in range(repeats):
             t0 = time.perf_counter()
             model(dict(features))
