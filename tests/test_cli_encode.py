@@ -74,3 +74,9 @@ def test_bad_input_is_named(tmp_path, name, content, extra, message):
 def test_every_command_is_mounted():
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
     assert {"encode", "audit", "demo", "attention", "retrieval", "sweep", "build-benchmark", "tune", "embed"} <= names
+
+
+def test_calibration_specs_accept_default():
+    from posfair.cliutil import calibrations_option
+
+    assert calibrations_option(["default", "512,1,1.0"]) == [Calibration(), Calibration(512, 1, 1.0)]

@@ -83,7 +83,7 @@ def attention_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import posfair
-    from posfair.calibration import Calibration
+    from posfair.cliutil import calibrations_option
     from posfair.corpus import load_corpus
     from posfair.fairness.attention import resolve_layers
 
@@ -95,7 +95,7 @@ def attention_cmd(
     try:
         cal = None
         if calibration:
-            cal = Calibration() if calibration.strip().lower() == "default" else Calibration.parse(calibration)
+            cal = calibrations_option([calibration])[0]
         fm = posfair.load_model(model, device=device, trust_remote_code=trust_remote_code)
         fm.max_seq_length = max_seq_length or fm.position_limit or fm.max_seq_length
         layer_spec = parse_layers(layers)

@@ -100,7 +100,7 @@ def audit_cmd(
     n: List[int] = typer.Option([3, 4], "--n", help="Segments per document (e.g. --n 3 4)."),
     langs: List[str] = typer.Option([], "--langs", help="Monolingual configurations (e.g. --langs en de)."),
     mixed: List[str] = typer.Option([], "--mixed", help="Mixed configurations LEAD:LATER (e.g. --mixed de:en)."),
-    calibration: List[str] = typer.Option([], "--calibration", help="Calibrations BASKET,LAYERS,STRENGTH (e.g. 128,0.5,0.5)."),
+    calibration: List[str] = typer.Option([], "--calibration", help="Calibrations BASKET,LAYERS,STRENGTH (e.g. 128,0.5,0.5); 'default' = the robust default."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     docs: int = typer.Option(1000, "--docs", help="Target documents per instance (paper: ~1,000)."),
     seed: int = typer.Option(0, "--seed"),
@@ -115,7 +115,7 @@ def audit_cmd(
 ):
     """Audit a model's positional fairness on an aligned corpus (stock vs calibrations)."""
     import posfair
-    from posfair.calibration import Calibration
+    from posfair.cliutil import calibrations_option
     from posfair.fairness.documents import LanguageConfig
     from posfair.fairness.experiment import AuditSettings
 
@@ -126,7 +126,7 @@ def audit_cmd(
         for m in mixed:
             if ":" not in m:
                 raise ValueError(f"--mixed takes LEAD:LATER (e.g. de:en); got {m!r}")
-        cals = [Calibration.parse(c) for c in calibration]
+        cals = calibrations_option(calibration)
         settings = AuditSettings(
             n_values=tuple(n), configs=tuple(configs), target_docs=docs, seed=seed, max_seq_length=max_seq_length,
             min_segment_tokens=min_tokens, max_segment_tokens=max_tokens, batch_size=batch_size, control=not no_control,

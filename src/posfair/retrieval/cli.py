@@ -95,9 +95,9 @@ def retrieval(
     device: Optional[str] = typer.Option(None, "--device"),
 ) -> None:
     """Evaluate a model on a position-aware benchmark: stock, calibrated documents, SEA."""
-    from posfair.calibration import Calibration
+    from posfair.cliutil import calibrations_option
 
-    cals = [Calibration() if c == "default" else Calibration.parse(c) for c in calibration]
+    cals = calibrations_option(calibration)
     _run(model, benchmark, cals, out, cache, sea, stock, query_prompt, batch_size, top_k, faiss, max_seq_length, trust_remote_code, device, lang, corpus_lang, domains)
 
 
