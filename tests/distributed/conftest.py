@@ -42,9 +42,9 @@ def tiny_fair(tiny_spec):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray instance with 2 CPUs for the whole session (skipped without Ray)."""
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.data")
+    """One local Ray instance with 2 CPUs for the whole session (Ray is a dev dependency: no skip)."""
+    import ray
+    import ray.data  # noqa: F401
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

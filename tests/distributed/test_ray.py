@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from posfair import Calibration
-from posfair.distributed import embed_texts
+from posfair.distributed import ManifestMismatch, embed_texts
 from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
 
-pytest.importorskip("ray")
-pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*truncated"),
+    # a Ray hang (start-up, a lost worker) ends the test run with every thread's stack instead of blocking CI
+    pytest.mark.timeout(300, method="thread"),
+]
 CAL = Calibration.parse("16,0.5,0.5")
 
 
@@ -56,7 +59,7 @@ def test_two_workers_match_the_single_process_path(tmp_path, texts, tiny_spec, t
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)  # vs sentence-transformers' batches: summation order only
 
 
-def workers_released(ray, timeout: float = 30.0) -> bool:
+def workers_released(ray, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ray.available_resources().get("CPU", 0) >= 2:
@@ -72,7 +75,7 @@ def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, 
     with pytest.raises(RuntimeError, match="worker failure"):
         embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
                     after_shard=FailWorker(str(root), after=3))  # fmt: skip
-    assert workers_released(ray_local), "the failed run's workers still hold their CPUs"
+    assert workers_released(ray_local), "the failed run's workers still hold their CPUs"  # killed by the job
     files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
     assert 3 <= len(files) <= 3 + 2 * 2 and not list(root.glob("*/.part-*"))  # only complete shards, no temporaries
     # run 2 resumes; a worker process is killed mid-run, Ray restarts it and retries its shard
@@ -104,3 +107,38 @@ class KillOnce(FailWorker):
             except FileNotFoundError:
                 return
             os._exit(1)  # as a killed worker: no exception, no cleanup
+
+
+def test_refusals_before_any_worker_starts(tmp_path, texts, tiny_spec, tiny_fair, tiny_model, ray_local):
+    spec = tiny_spec()
+    root = tmp_path / "store"
+    embed_texts(texts[:8], root, spec, model=tiny_fair, shard_size=4)  # a store built from another corpus
+    with pytest.raises(ManifestMismatch, match="another corpus"):
+        embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2)
+    # a replica whose weights differ from the driver's (here: the driver holds another model) refuses to write
+    other = tiny_model("bert-mean")
+    with pytest.raises(ManifestMismatch, match="^worker model fingerprint .* differs from the driver's"):
+        embed_texts(texts, tmp_path / "other", spec, model=other, shard_size=4, engine="ray", workers=2)
+    assert workers_released(ray_local)
+    assert not list((tmp_path / "other").glob("*/part-*.npz"))
+
+
+def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_spec, tiny_fair):
+    import json
+    import subprocess
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))
+    spec = tiny_spec()
+    cmd = [sys.executable, "-c", "from posfair.cli import main; main()", "embed", "--out", str(tmp_path / "ray"),
+           "--corpus", str(corpus), "--model", spec.model, "--pooling", spec.pooling,
+           "--max-seq-length", str(spec.max_seq_length), "--shard-size", "4", "--batch-size", "8",
+           "--max-tokens", "256", "--ray-address", "local", "--workers", "2"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    # the process starts its own local Ray instance, and must end (Ray shut down, no replica left) on its own
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "engine: a local Ray instance, 2 workers" in res.stdout
+    assert "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
+    embed_texts(texts[:20], tmp_path / "local", spec, model=tiny_fair, shard_size=4)
+    np.testing.assert_array_equal(vectors(tmp_path / "ray", tiny_fair, texts[:20]), vectors(tmp_path / "local", tiny_fair, texts[:20]))

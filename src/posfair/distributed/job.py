@@ -28,10 +28,8 @@ same cache folder and they find everything already computed.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import json
-import logging
 import os
 import time
 import warnings
@@ -382,15 +380,6 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def _require_ray():
-    try:
-        import ray
-        import ray.data  # noqa: F401
-    except ImportError:
-        raise ImportError(f"running on Ray (--ray-address / --workers) needs Ray Data: {RAY_INSTALL_HINT}") from None
-    return ray
-
-
 def _run_local(model, spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result, after_shard) -> int:
     for s in shards:
         res = process_shard(model, spec, ns_dir, s.id, s.keys, s.texts)
@@ -398,59 +387,6 @@ def _run_local(model, spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_res
             after_shard(res)
         on_result(res)
     return 1
-
-
-def _run_ray(spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result, after_shard, fingerprint: str,
-             address: Optional[str], workers: Optional[int]) -> int:  # fmt: skip
-    ray = _require_ray()
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
-    resources = ray.cluster_resources()
-    gpus, cpus = int(resources.get("GPU", 0)), max(1, int(resources.get("CPU", 1)))
-    if gpus:
-        n = workers or gpus
-        per_worker = {"num_gpus": 1, "num_cpus": 1}
-        threads, device = None, "cuda"
-    else:
-        n = workers or cpus
-        per_cpu = max(1, cpus // n)
-        per_worker = {"num_cpus": per_cpu}
-        threads, device = per_cpu, spec.device
-    free = ray.available_resources()
-    short = {r: q * n for r, q in per_worker.items() if free.get({"num_cpus": "CPU", "num_gpus": "GPU"}[r], 0) < q * n}
-    if short:
-        warnings.warn(f"Ray has {free.get('CPU', 0):g} CPUs / {free.get('GPU', 0):g} GPUs free for {n} workers needing {short}: "
-                      "the job waits until they are free (another job may hold them)", stacklevel=3)  # fmt: skip
-    items = [{"shard": s.id, "keys": list(s.keys), "texts": list(s.texts)} for s in shards]
-    ds = ray.data.from_items(items, override_num_blocks=len(items))
-    out = ds.map_batches(
-        ShardEncoder,
-        fn_constructor_kwargs=dict(spec=spec.to_dict(), ns_dir=str(ns_dir), fingerprint=fingerprint, threads=threads,
-                                   device=device, after_shard=after_shard),
-        batch_size=1,
-        batch_format="numpy",
-        # two shards queued per worker: enough to keep it busy, little to lose when it dies;
-        # Ray restarts a dead worker and retries its shards
-        compute=ray.data.ActorPoolStrategy(size=n, max_tasks_in_flight_per_actor=2),
-        **per_worker,
-    )  # fmt: skip
-    failure = None
-    try:
-        for row in out.iter_rows():
-            on_result({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
-    except Exception as exc:  # noqa: BLE001 -- re-raised below, once Ray's objects are released
-        failure = f"{type(exc).__name__}: {exc}"
-    if failure is not None:
-        # The failed execution's traceback references its executor and so the worker actors, which
-        # would keep holding their CPUs/GPUs (a rerun in this process would wait for them forever).
-        # Leave the except block (dropping the traceback), then collect, so Ray ends the actors.
-        del out, ds
-        gc.collect()
-        raise RuntimeError(f"the Ray embedding job failed; finished shards are kept, rerun to resume: {failure}")
-    return n
 
 
 def embed_texts(
@@ -487,7 +423,9 @@ def embed_texts(
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray'; got {engine!r}")
     if engine == "ray":
-        _require_ray()
+        from posfair.distributed.ray_engine import require_ray
+
+        require_ray()
     t0 = time.perf_counter()
     if model is None:  # on Ray the driver only needs the fingerprint and dimension: keep it off the GPUs
         model = spec.load_model("cpu" if engine == "ray" else None)
@@ -539,7 +477,9 @@ def embed_texts(
         if engine == "local":
             n = _run_local(model, spec, ns_dir, todo, on_result, after_shard)
         else:
-            n = _run_ray(spec, ns_dir, todo, on_result, after_shard, model.fingerprint, ray_address, workers)
+            from posfair.distributed.ray_engine import run_ray
+
+            n = run_ray(spec, ns_dir, todo, on_result, after_shard, model.fingerprint, ray_address, workers)
     return EmbedReport(
         namespace=str(ns_dir), engine=engine, workers=n, shards=len(shards), written=totals["written"],
         skipped=totals["skipped"], texts=len(all_keys), encoded=totals["texts"], tokens=totals["tokens"],

@@ -1,0 +1,214 @@
+"""The Ray executor of :func:`~posfair.distributed.job.embed_texts`: a Ray Data actor pool of model replicas.
+
+The shards go through ``ray.data.from_items(...).map_batches(ShardEncoder, ...)``
+on an actor pool: one replica per GPU (``num_gpus=1`` each) or, without GPUs, one
+per group of CPUs (torch threads = the CPUs it holds).  Each replica runs the very
+shard function of the local executor and writes its shards straight into the
+store, so the driver only collects one small status row per shard.
+
+A job owns its actors from start to end.  Every replica registers its handle with
+a zero-CPU registry actor, and when the job ends -- finished, failed, interrupted --
+the driver kills them all and the registry: a failed run never leaves replicas
+holding CPUs or GPUs that a second run in the same process would wait for.  When
+posfair started (or connected to) Ray itself it also disconnects at the end, which
+ends every actor of the job on the cluster as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from posfair.distributed.job import RAY_INSTALL_HINT, EmbedSpec, ManifestMismatch, Shard, ShardEncoder
+
+__all__ = ["WorkerPlan", "plan_workers", "require_ray", "root_cause", "run_ray"]
+
+# status rows two shards deep per replica: enough to keep it busy, little to lose when it dies
+_IN_FLIGHT_PER_WORKER = 2
+_CLEANUP_TIMEOUT_S = 30.0
+_RELEASE_WAIT_S = 10.0
+
+
+def require_ray():
+    """``ray`` with Ray Data importable, or an ImportError that says what to install."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise ImportError(f"running on Ray (--ray-address / --workers) needs Ray Data: {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPlan:
+    """How many replicas, what each holds, and how each runs torch."""
+
+    workers: int
+    resources: dict[str, float]  # Ray resource request per replica: {"num_cpus": .., "num_gpus": ..}
+    threads: Optional[int]  # torch threads per replica (None: torch's default)
+    device: Optional[str]  # device each replica loads the model on
+
+
+def plan_workers(resources: Mapping[str, float], workers: Optional[int], device: Optional[str]) -> WorkerPlan:
+    """The replica layout for a cluster with ``resources`` (as ``ray.cluster_resources()``).
+
+    With GPUs: ``workers`` replicas (default one per GPU), each holding one GPU and
+    one CPU, on ``cuda``.  Without: ``workers`` replicas (default one per CPU), the
+    CPUs split evenly between them, torch threads = CPUs held, on ``device``.
+    ``device="cpu"`` forces CPU replicas on a GPU cluster.
+    """
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1; got {workers}")
+    gpus = int(resources.get("GPU", 0))
+    cpus = max(1, int(resources.get("CPU", 1)))
+    if gpus and device != "cpu":
+        if device not in (None, "cuda") and not str(device).startswith("cuda"):
+            raise ValueError(f"this Ray cluster has GPUs; device must be cuda or cpu, not {device!r}")
+        return WorkerPlan(workers or gpus, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+    n = workers or cpus
+    per = max(1, cpus // n)
+    return WorkerPlan(n, {"num_cpus": per}, per, device)
+
+
+_REGISTRY_CLASS = None
+
+
+def _registry_class(ray):
+    """A zero-CPU actor holding the handles of a job's replicas (so the driver can kill them)."""
+    global _REGISTRY_CLASS
+    if _REGISTRY_CLASS is None:
+
+        class Replicas:
+            def __init__(self) -> None:
+                self.handles: dict[str, Any] = {}
+
+            def add(self, actor_id: str, handle) -> None:
+                self.handles[actor_id] = handle  # a restarted replica keeps its id
+
+            def all(self) -> list:
+                return list(self.handles.values())
+
+        _REGISTRY_CLASS = ray.remote(num_cpus=0, max_restarts=0)(Replicas)
+    return _REGISTRY_CLASS
+
+
+class RegisteredShardEncoder(ShardEncoder):
+    """:class:`ShardEncoder` that reports its own actor handle to the job's registry first."""
+
+    def __init__(self, *args, registry=None, **kwargs):
+        if registry is not None:
+            import ray
+
+            here = ray.get_runtime_context()
+            ray.get(registry.add.remote(here.get_actor_id(), here.current_actor))
+        super().__init__(*args, **kwargs)
+
+
+def _kill_job_actors(ray, registry, free_before: Mapping[str, float]) -> int:
+    """Kill every replica the registry knows, then the registry; the number of replicas killed.
+
+    ``ray.kill`` is asynchronous: the driver then waits (a few seconds at most) until
+    the CPUs and GPUs free before the pool started are free again, so a next job in
+    this process finds them (on a shared cluster another job may take them first).
+    """
+    try:
+        handles = ray.get(registry.all.remote(), timeout=_CLEANUP_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 -- the registry is gone or unreachable: nothing more to do here
+        handles = []
+    for h in (*handles, registry):
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception:  # noqa: BLE001 -- already dead
+            pass
+    deadline = time.monotonic() + _RELEASE_WAIT_S
+    while time.monotonic() < deadline:
+        now = ray.available_resources()
+        if all(now.get(r, 0) >= free_before.get(r, 0) for r in ("CPU", "GPU")):
+            break
+        time.sleep(0.1)
+    return len(handles)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def root_cause(exc: BaseException) -> tuple[str, str]:
+    """``(type name, message)`` of the exception raised in the worker under a Ray error.
+
+    Ray's task errors carry the worker's traceback in their text: the worker's own
+    exception is the last ``Type: message`` line there that is not one of Ray's
+    wrappers (``ray.exceptions.*``).  Wrappers without such text are followed
+    through ``__cause__``; failing all that, the deepest exception itself.
+    """
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 20:
+        chain.append(chain[-1].__cause__)
+    for e in chain:
+        text = _ANSI.sub("", str(e)).strip()
+        for line in reversed(text.splitlines()):
+            m = re.match(r"^([A-Za-z_][\w.]*(?:Error|Exception|Mismatch|Interrupt|Exit)): (.*)$", line)
+            if m and not m.group(1).startswith("ray."):
+                return m.group(1).rsplit(".", 1)[-1], m.group(2)
+    deepest = chain[-1]
+    text = _ANSI.sub("", str(deepest)).strip()
+    return type(deepest).__name__, text.splitlines()[0] if text else ""
+
+
+def run_ray(spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result: Callable[[dict], None],
+            after_shard: Optional[Callable[[dict], None]], fingerprint: str, address: Optional[str],
+            workers: Optional[int]) -> int:  # fmt: skip
+    """Run ``shards`` on a Ray Data actor pool; ``on_result`` gets each shard's status row. Returns the replicas used."""
+    ray = require_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        return _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers)
+    finally:
+        if started_here:
+            ray.shutdown()  # ends this driver's job, and with it any actor it created
+
+
+def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers) -> int:
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    plan = plan_workers(ray.cluster_resources(), workers, spec.device)
+    free = ray.available_resources()
+    short = {r: q * plan.workers for r, q in plan.resources.items()
+             if free.get({"num_cpus": "CPU", "num_gpus": "GPU"}[r], 0) < q * plan.workers}  # fmt: skip
+    if short:
+        warnings.warn(f"Ray has {free.get('CPU', 0):g} CPUs / {free.get('GPU', 0):g} GPUs free for {plan.workers} workers "
+                      f"needing {short}: the job waits until they are free (another job may hold them)", stacklevel=4)  # fmt: skip
+    registry = _registry_class(ray).remote()
+    items = [{"shard": s.id, "keys": list(s.keys), "texts": list(s.texts)} for s in shards]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    out = ds.map_batches(
+        RegisteredShardEncoder,
+        fn_constructor_kwargs=dict(spec=spec.to_dict(), ns_dir=str(ns_dir), fingerprint=fingerprint, threads=plan.threads,
+                                   device=plan.device, after_shard=after_shard, registry=registry),
+        batch_size=1,
+        batch_format="numpy",
+        # Ray restarts a replica whose process dies and retries its shards
+        compute=ray.data.ActorPoolStrategy(size=plan.workers, max_tasks_in_flight_per_actor=_IN_FLIGHT_PER_WORKER),
+        **plan.resources,
+    )  # fmt: skip
+    failure = None
+    try:
+        for row in out.iter_rows():
+            on_result({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
+    except Exception as exc:  # noqa: BLE001 -- re-raised below, without Ray's internals attached
+        failure = root_cause(exc)
+    finally:
+        _kill_job_actors(ray, registry, free)  # also on KeyboardInterrupt
+    if failure is not None:
+        kind, message = failure
+        if kind == ManifestMismatch.__name__:  # a replica refused to write here: a settings error, not a crash
+            raise ManifestMismatch(message)
+        raise RuntimeError(f"the Ray embedding job failed; finished shards are kept, rerun to resume: {kind}: {message}")
+    return plan.workers

@@ -1,0 +1,60 @@
+"""The Ray executor's pure parts (no Ray needed): replica layout per cluster, root cause of a worker error."""
+
+from __future__ import annotations
+
+import pytest
+
+from posfair.distributed.ray_engine import WorkerPlan, plan_workers, root_cause
+
+
+def test_one_replica_per_gpu_by_default():
+    # 4 GPUs, 32 CPUs: 4 replicas, each one GPU + one CPU, on cuda (torch picks its threads)
+    assert plan_workers({"GPU": 4.0, "CPU": 32.0}, None, None) == WorkerPlan(4, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+    # fewer replicas than GPUs on request; an explicit cuda device is accepted
+    assert plan_workers({"GPU": 4.0, "CPU": 32.0}, 2, "cuda:0") == WorkerPlan(2, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+
+
+def test_cpu_replicas_split_the_cpus():
+    assert plan_workers({"CPU": 2.0}, None, None) == WorkerPlan(2, {"num_cpus": 1}, 1, None)
+    assert plan_workers({"CPU": 16.0}, 4, None) == WorkerPlan(4, {"num_cpus": 4}, 4, None)
+    assert plan_workers({"CPU": 16.0}, 5, "cpu") == WorkerPlan(5, {"num_cpus": 3}, 3, "cpu")  # 16 // 5
+    # more replicas than CPUs: each still asks for one (Ray queues the rest)
+    assert plan_workers({"CPU": 2.0}, 3, None) == WorkerPlan(3, {"num_cpus": 1}, 1, None)
+    # device="cpu" keeps the replicas off the GPUs of a GPU cluster
+    assert plan_workers({"GPU": 2.0, "CPU": 8.0}, 4, "cpu") == WorkerPlan(4, {"num_cpus": 2}, 2, "cpu")
+
+
+def test_bad_worker_settings_are_named():
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        plan_workers({"CPU": 2.0}, 0, None)
+    with pytest.raises(ValueError, match="device must be cuda or cpu, not 'mps'"):
+        plan_workers({"GPU": 1.0, "CPU": 2.0}, None, "mps")
+
+
+def test_root_cause_of_a_wrapped_worker_error():
+    wrapped = RuntimeError(
+        "The actor died because of an error raised in its creation task, \x1b[36mray::MapWorker(MapBatches(X)).__init__()"
+        "\x1b[39m (pid=1, ip=1.2.3.4)\n"
+        "  File \"job.py\", line 268, in __init__\n    raise ManifestMismatch(\n"
+        "posfair.distributed.job.ManifestMismatch: worker model fingerprint ab differs from the driver's cd: install\n"
+    )
+    assert root_cause(wrapped) == ("ManifestMismatch", "worker model fingerprint ab differs from the driver's cd: install")
+    assert root_cause(ValueError("plain message")) == ("ValueError", "plain message")
+    assert root_cause(KeyError()) == ("KeyError", "")
+
+
+def test_root_cause_skips_rays_wrappers():
+    # Ray Data's error: the worker's traceback, ending in Ray's own wrapper exception
+    text = (
+        "ray::MapWorker(MapBatches(X)).submit() (pid=1)\n  File \"t.py\", line 3, in __call__\n"
+        "RuntimeError: worker failure\n\nThe above exception was the direct cause of the following exception:\n\n"
+        "ray.exceptions.UserCodeException: UDF failed to process a data block.\n"
+    )
+    assert root_cause(RuntimeError(text)) == ("RuntimeError", "worker failure")
+    try:
+        try:
+            raise KeyError("k")
+        except KeyError as inner:
+            raise RuntimeError("UDF failed to process a data block.\nmore text") from inner
+    except RuntimeError as outer:  # no traceback text anywhere: the deepest exception
+        assert root_cause(outer) == ("KeyError", "'k'")
