@@ -68,14 +68,40 @@ def workers_released(ray, timeout: float = 10.0) -> bool:
     return False
 
 
+RAY_DRIVER = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+from posfair.distributed import EmbedSpec, embed_texts
+texts = json.loads(open(sys.argv[1]).read())
+embed_texts(texts, sys.argv[2], EmbedSpec.from_dict(json.loads(sys.argv[3])), shard_size=4, engine="ray", workers=2)
+"""
+
+
+def ray_processes() -> int:
+    """Ray's servers and posfair's actors on this machine (Ray's side agents of a dead instance exit on their own)."""
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-c", "-f", "ray/raylet|ray/gcs/gcs_server|ray::MapWorker|ray::Replicas"], capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+
+
+def ray_processes_settle_to(n: int, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while ray_processes() > n and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return ray_processes() == n
+
+
 def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, ray_local):
     spec = tiny_spec()
     root = tmp_path / "store"
+    before = ray_processes()
     # run 1: the shard function fails in the workers once 3 shards exist: the run stops
     with pytest.raises(RuntimeError, match="worker failure"):
         embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
                     after_shard=FailWorker(str(root), after=3))  # fmt: skip
     assert workers_released(ray_local), "the failed run's workers still hold their CPUs"  # killed by the job
+    assert ray_processes_settle_to(before, timeout=15), "the failed run's replicas are still alive"
     files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
     assert 3 <= len(files) <= 3 + 2 * 2 and not list(root.glob("*/.part-*"))  # only complete shards, no temporaries
     # run 2 resumes; a worker process is killed mid-run, Ray restarts it and retries its shard
@@ -135,10 +161,41 @@ def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_sp
            "--max-seq-length", str(spec.max_seq_length), "--shard-size", "4", "--batch-size", "8",
            "--max-tokens", "256", "--ray-address", "local", "--workers", "2"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    before = ray_processes()
     # the process starts its own local Ray instance, and must end (Ray shut down, no replica left) on its own
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert ray_processes_settle_to(before, timeout=30)
     assert "engine: a local Ray instance, 2 workers" in res.stdout
     assert "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
     embed_texts(texts[:20], tmp_path / "local", spec, model=tiny_fair, shard_size=4)
     np.testing.assert_array_equal(vectors(tmp_path / "ray", tiny_fair, texts[:20]), vectors(tmp_path / "local", tiny_fair, texts[:20]))
+
+
+def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_path, texts, tiny_spec, tiny_fair, ray_local):
+    import json
+    import signal
+    import subprocess
+
+    spec = tiny_spec()
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    root = tmp_path / "store"
+    before = ray_processes()  # this session's own instance: its servers, and no replica of an earlier job
+    proc = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, str(tmp_path / "texts.json"), str(root), json.dumps(spec.to_dict())],
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 200
+        while len(list(root.glob("*/part-*.npz"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the driver ended before it was killed"
+        os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
+    finally:
+        proc.wait(timeout=60)
+    assert ray_processes_settle_to(before), "the killed driver's Ray instance (or its replicas) outlived it"
+    files = {f.name: f.stat().st_mtime_ns for f in root.glob("*/part-*.npz")}
+    assert 2 <= len(files) < 15 and not list(root.glob("*/.part-*"))
+    rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2)
+    assert (rep.skipped, rep.written) == (len(files), 15 - len(files))
+    assert {k: v for k, v in ((f.name, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")) if k in files} == files
+    embed_texts(texts, tmp_path / "ref", spec, model=tiny_fair, shard_size=4)
+    np.testing.assert_array_equal(vectors(root, tiny_fair, texts), vectors(tmp_path / "ref", tiny_fair, texts))
