@@ -77,19 +77,23 @@ embed_texts(texts, sys.argv[2], EmbedSpec.from_dict(json.loads(sys.argv[3])), sh
 """
 
 
-def ray_processes() -> int:
+def ray_processes() -> list[str]:
     """Ray's servers and posfair's actors on this machine (Ray's side agents of a dead instance exit on their own)."""
     import subprocess
 
-    out = subprocess.run(["pgrep", "-c", "-f", "ray/raylet|ray/gcs/gcs_server|ray::MapWorker|ray::Replicas"], capture_output=True, text=True)
-    return int(out.stdout.strip() or 0)
+    pattern = "ray/raylet|ray/gcs/gcs_server|ray::MapWorker|ray::Replicas"
+    out = subprocess.run(["pgrep", "-a", "-f", pattern], capture_output=True, text=True)
+    return [line[:100] for line in out.stdout.splitlines()]
 
 
-def ray_processes_settle_to(n: int, timeout: float = 60.0) -> bool:
+def ray_processes_settle_to(before: list[str], timeout: float = 60.0) -> list[str]:
+    """Waits until no process is alive beyond ``before``; returns those still alive after ``timeout``."""
     deadline = time.monotonic() + timeout
-    while ray_processes() > n and time.monotonic() < deadline:
+    while True:
+        extra = sorted(set(ray_processes()) - set(before))
+        if not extra or time.monotonic() > deadline:
+            return extra
         time.sleep(0.5)
-    return ray_processes() == n
 
 
 def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, ray_local):
@@ -101,7 +105,8 @@ def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, 
         embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
                     after_shard=FailWorker(str(root), after=3))  # fmt: skip
     assert workers_released(ray_local), "the failed run's workers still hold their CPUs"  # killed by the job
-    assert ray_processes_settle_to(before, timeout=15), "the failed run's replicas are still alive"
+    left = ray_processes_settle_to(before)
+    assert not left, f"the failed run's replicas are still alive: {left}"
     files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
     assert 3 <= len(files) <= 3 + 2 * 2 and not list(root.glob("*/.part-*"))  # only complete shards, no temporaries
     # run 2 resumes; a worker process is killed mid-run, Ray restarts it and retries its shard
@@ -165,7 +170,8 @@ def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_sp
     # the process starts its own local Ray instance, and must end (Ray shut down, no replica left) on its own
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert ray_processes_settle_to(before, timeout=30)
+    left = ray_processes_settle_to(before)
+    assert not left, f"the CLI's Ray instance outlived it: {left}"
     assert "engine: a local Ray instance, 2 workers" in res.stdout
     assert "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
     embed_texts(texts[:20], tmp_path / "local", spec, model=tiny_fair, shard_size=4)
@@ -191,7 +197,8 @@ def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_pa
         os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
     finally:
         proc.wait(timeout=60)
-    assert ray_processes_settle_to(before), "the killed driver's Ray instance (or its replicas) outlived it"
+    left = ray_processes_settle_to(before)
+    assert not left, f"the killed driver's Ray instance (or its replicas) outlived it: {left}"
     files = {f.name: f.stat().st_mtime_ns for f in root.glob("*/part-*.npz")}
     assert 2 <= len(files) < 15 and not list(root.glob("*/.part-*"))
     rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2)
