@@ -29,6 +29,8 @@ def test_bad_worker_settings_are_named():
         plan_workers({"CPU": 2.0}, 0, None)
     with pytest.raises(ValueError, match="device must be cuda or cpu, not 'mps'"):
         plan_workers({"GPU": 1.0, "CPU": 2.0}, None, "mps")
+    with pytest.raises(ValueError, match="has no GPUs; device 'cuda' cannot be used"):
+        plan_workers({"CPU": 8.0}, 2, "cuda")
 
 
 def test_root_cause_of_a_wrapped_worker_error():

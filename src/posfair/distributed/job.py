@@ -46,7 +46,6 @@ from posfair.store import EmbeddingStore, embedding_meta, text_key, write_shard
 __all__ = [
     "EmbedSpec",
     "Shard",
-    "ShardEncoder",
     "EmbedReport",
     "ManifestMismatch",
     "RAY_INSTALL_HINT",
@@ -244,40 +243,6 @@ def process_shard(model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, k
     vectors, counts = encode_shard(model, spec, texts)
     write_shard(ns_dir, list(keys), vectors, name=sid)
     return {"shard": sid, "status": "written", "texts": len(texts), **counts, "seconds": time.perf_counter() - t0}
-
-
-class ShardEncoder:
-    """A model replica that processes shards: the Ray actor (a callable class for ``map_batches``).
-
-    ``after_shard(result)`` (optional) is called after each shard in the worker
-    (monitoring, fault injection in tests).  The replica's fingerprint must equal
-    the driver's, so a worker with other weights or libraries cannot write here.
-    """
-
-    def __init__(self, spec: dict, ns_dir: str, fingerprint: str, threads: Optional[int] = None,
-                 device: Optional[str] = None, after_shard: Optional[Callable[[dict], None]] = None):  # fmt: skip
-        import torch
-
-        if threads:
-            torch.set_num_threads(int(threads))
-        self.spec = EmbedSpec.from_dict(spec)
-        self.ns_dir = ns_dir
-        self.after_shard = after_shard
-        self.model = self.spec.load_model(device)
-        if self.model.fingerprint != fingerprint:
-            raise ManifestMismatch(
-                f"worker model fingerprint {self.model.fingerprint} differs from the driver's {fingerprint}: "
-                "install the same model files and library versions on every node"
-            )
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = []
-        for sid, keys, texts in zip(batch["shard"], batch["keys"], batch["texts"]):
-            res = process_shard(self.model, self.spec, self.ns_dir, str(sid), [str(k) for k in keys], [str(t) for t in texts])
-            if self.after_shard is not None:
-                self.after_shard(res)
-            rows.append(res)
-        return {k: np.array([r[k] for r in rows]) for k in rows[0]} if rows else {}
 
 
 # ------------------------------------------------------------------------------------------

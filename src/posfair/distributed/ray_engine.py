@@ -24,9 +24,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from posfair.distributed.job import RAY_INSTALL_HINT, EmbedSpec, ManifestMismatch, Shard, ShardEncoder
+import numpy as np
 
-__all__ = ["WorkerPlan", "plan_workers", "require_ray", "root_cause", "run_ray"]
+from posfair.distributed.job import RAY_INSTALL_HINT, EmbedSpec, ManifestMismatch, Shard, process_shard
+
+__all__ = ["ShardEncoder", "WorkerPlan", "plan_workers", "require_ray", "root_cause", "run_ray"]
 
 # status rows two shards deep per replica: enough to keep it busy, little to lose when it dies
 _IN_FLIGHT_PER_WORKER = 2
@@ -70,6 +72,8 @@ def plan_workers(resources: Mapping[str, float], workers: Optional[int], device:
         if device not in (None, "cuda") and not str(device).startswith("cuda"):
             raise ValueError(f"this Ray cluster has GPUs; device must be cuda or cpu, not {device!r}")
         return WorkerPlan(workers or gpus, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+    if device is not None and str(device).startswith("cuda"):
+        raise ValueError(f"this Ray cluster has no GPUs; device {device!r} cannot be used (leave it unset or use cpu)")
     n = workers or cpus
     per = max(1, cpus // n)
     return WorkerPlan(n, {"num_cpus": per}, per, device)
@@ -97,16 +101,44 @@ def _registry_class(ray):
     return _REGISTRY_CLASS
 
 
-class RegisteredShardEncoder(ShardEncoder):
-    """:class:`ShardEncoder` that reports its own actor handle to the job's registry first."""
+class ShardEncoder:
+    """A model replica that processes shards: the Ray actor (a callable class for ``map_batches``).
 
-    def __init__(self, *args, registry=None, **kwargs):
+    It first reports its own actor handle to the job's ``registry`` (so the driver
+    can end it), then loads the model; its fingerprint must equal the driver's, so
+    a worker with other weights or libraries cannot write here.  ``after_shard(result)``
+    (optional) runs after each shard in the worker (monitoring, fault injection in tests).
+    """
+
+    def __init__(self, spec: dict, ns_dir: str, fingerprint: str, threads: Optional[int] = None,
+                 device: Optional[str] = None, after_shard: Optional[Callable[[dict], None]] = None,
+                 registry=None):  # fmt: skip
+        import ray
+        import torch
+
         if registry is not None:
-            import ray
-
             here = ray.get_runtime_context()
             ray.get(registry.add.remote(here.get_actor_id(), here.current_actor))
-        super().__init__(*args, **kwargs)
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.spec = EmbedSpec.from_dict(spec)
+        self.ns_dir = ns_dir
+        self.after_shard = after_shard
+        self.model = self.spec.load_model(device)
+        if self.model.fingerprint != fingerprint:
+            raise ManifestMismatch(
+                f"worker model fingerprint {self.model.fingerprint} differs from the driver's {fingerprint}: "
+                "install the same model files and library versions on every node"
+            )
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = []
+        for sid, keys, texts in zip(batch["shard"], batch["keys"], batch["texts"]):
+            res = process_shard(self.model, self.spec, self.ns_dir, str(sid), [str(k) for k in keys], [str(t) for t in texts])
+            if self.after_shard is not None:
+                self.after_shard(res)
+            rows.append(res)
+        return {k: np.array([r[k] for r in rows]) for k in rows[0]} if rows else {}
 
 
 def _kill_job_actors(ray, registry, free_before: Mapping[str, float]) -> int:
@@ -189,7 +221,7 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
     items = [{"shard": s.id, "keys": list(s.keys), "texts": list(s.texts)} for s in shards]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     out = ds.map_batches(
-        RegisteredShardEncoder,
+        ShardEncoder,
         fn_constructor_kwargs=dict(spec=spec.to_dict(), ns_dir=str(ns_dir), fingerprint=fingerprint, threads=plan.threads,
                                    device=plan.device, after_shard=after_shard, registry=registry),
         batch_size=1,
