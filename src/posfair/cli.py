@@ -16,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+
 app = typer.Typer(
     name="posfair",
     help="Measure and repair positional bias in text-embedding models.",
@@ -33,46 +35,73 @@ AREA_MODULES = (
 
 
 def read_texts(path: Path, text_field: str = "text", id_field: Optional[str] = None) -> tuple[list[str], Optional[list]]:
-    """Texts (and ids) from .txt (one text a line), .jsonl/.json (one record a line) or .parquet."""
+    """Texts (and ids) from .txt (one text a line), .jsonl/.json (one record a line) or .parquet.
+
+    Raises ValueError naming the file and the line (.txt, .jsonl; 1-based) or row
+    (.parquet; 0-based) of the first unusable value: a missing field, a null, a
+    non-string or an empty text.  An input without texts is refused too.
+    """
+    from posfair.io import check_texts
+
     if not path.exists():
-        raise typer.BadParameter(f"input file {str(path)!r} does not exist")
+        raise ValueError(f"input file {path} does not exist")
+    if path.is_dir():
+        raise ValueError(f"input {path} is a folder, not a file")
     suffix = path.suffix.lower()
     ids = None
+    if suffix not in (".txt", ".jsonl", ".json", ".parquet"):
+        raise ValueError(f"{path}: unsupported input type {suffix!r}: use .txt, .jsonl or .parquet")
+    if suffix in (".txt", ".jsonl", ".json"):
+        try:
+            raw = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        # lines end at \n only (str.splitlines would also cut at form feeds, U+2028, ... inside a text)
+        lines = [line[:-1] if line.endswith("\r") else line for line in raw.split("\n")]
     if suffix == ".txt":
-        texts = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines()]
-        texts = [t for t in texts if t.strip()]
+        # trailing blank lines end the file; a blank line inside it is refused (output row i = line i + 1)
+        while lines and not lines[-1].strip():
+            lines.pop()
+        texts = check_texts(lines, str(path), "text", list(range(1, len(lines) + 1)))
     elif suffix in (".jsonl", ".json"):
-        records = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        records, numbers = [], []
+        for n, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise typer.BadParameter(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
-        missing = [i for i, r in enumerate(records, start=1) if not isinstance(r, dict) or text_field not in r]
-        if missing:
-            raise typer.BadParameter(f"{path}: {len(missing)} records have no {text_field!r} field (first: record {missing[0]})")
-        texts = [str(r[text_field]) for r in records]
+                raise ValueError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}: line {n} is a JSON {type(rec).__name__}, not an object with a {text_field!r} field")
+            for field in (text_field, id_field) if id_field else (text_field,):
+                if field not in rec:
+                    raise ValueError(f"{path}: line {n} has no {field!r} field")
+            records.append(rec)
+            numbers.append(n)
+        texts = check_texts([r[text_field] for r in records], str(path), text_field, numbers)
         if id_field:
-            ids = [r.get(id_field) for r in records]
-    elif suffix == ".parquet":
+            ids = [r[id_field] for r in records]
+    else:
         import pandas as pd
 
-        df = pd.read_parquet(path)
-        if text_field not in df.columns:
-            raise typer.BadParameter(f"{path}: no column {text_field!r} (columns: {list(df.columns)})")
-        texts = df[text_field].astype(str).tolist()
+        try:
+            df = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several error types for a file that is not Parquet
+            raise ValueError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+        for field in (text_field, id_field) if id_field else (text_field,):
+            if field not in df.columns:
+                raise ValueError(f"{path}: no column {field!r} (columns: {list(df.columns)})")
+        texts = check_texts(df[text_field].tolist(), str(path), text_field)
         if id_field:
-            if id_field not in df.columns:
-                raise typer.BadParameter(f"{path}: no column {id_field!r}")
             ids = df[id_field].tolist()
-    else:
-        raise typer.BadParameter(f"unsupported input type {suffix!r}: use .txt, .jsonl or .parquet")
-    empty = [i for i, t in enumerate(texts) if not t.strip()]
-    if empty:
-        raise typer.BadParameter(f"{path}: {len(empty)} empty texts (first: row {empty[0]})")
     return texts, ids
+
+
+def _error(message: str) -> typer.Exit:
+    """Print ``error: message`` on stderr; the Exit (code 2) to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
 
 
 @app.command()
@@ -90,7 +119,7 @@ def encode(
     normalize: bool = typer.Option(False, "--normalize/--no-normalize", help="L2-normalise the embeddings"),
     prompt: Optional[str] = typer.Option(None, help="text prefix (e.g. a query instruction)"),
     pooling: Optional[str] = typer.Option(None, help="override the pooling: cls, mean or lasttoken"),
-    max_seq_length: Optional[int] = typer.Option(None, help="token limit (at most the model's)"),
+    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     device: Optional[str] = typer.Option(None),
     trust_remote_code: bool = typer.Option(False, help="allow code shipped with the model"),
     cache: Optional[Path] = typer.Option(None, help="embedding cache folder (kept); default: a temporary one next to the output"),
@@ -103,21 +132,42 @@ def encode(
     from posfair.io import atomic_save_npy, atomic_write_parquet
     from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
 
+    # everything the user gave is checked before the model is loaded
     if output.suffix.lower() not in (".npy", ".parquet"):
-        raise typer.BadParameter(f"unsupported output type {output.suffix!r}: use .npy or .parquet")
-    cal = cliutil.calibration_option(calibration, basket_size, layers, strength)
-    texts, ids = read_texts(input, text_field, id_field)
+        raise _error(f"--output {output}: unsupported output type {output.suffix!r}: use .npy or .parquet")
+    if output.is_dir():
+        raise _error(f"--output {output} is an existing folder, not a file")
+    blocked = next((p for p in output.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise _error(f"--output {output}: {blocked} is a file, not a folder")
+    if cache is not None and cache.exists() and not cache.is_dir():
+        raise _error(f"--cache {cache} is a file, not a folder")
+    try:
+        cal = cliutil.calibration_option(calibration, basket_size, layers, strength)
+    except ValueError as exc:
+        raise _error(f"calibration options: {exc}") from None
+    try:
+        texts, ids = read_texts(input, text_field, id_field)
+    except ValueError as exc:
+        raise _error(str(exc)) from None
     fm = cliutil.load_model_option(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
     if cal is not None:
-        fm.transformer_module.resolve(cal)  # validate against the model before any work
-    cache_dir = cache or output.with_name(output.name + ".cache")
-    store = EmbeddingStore(cache_dir)
-    ns = embedding_namespace(store, fm.fingerprint, cal, prompt)
-    n_unique = len(set(texts))
-    with cliutil.progress() as prog:
-        task = prog.add_task("encoding", total=n_unique, completed=n_unique - len(ns.missing([text_key(t) for t in texts])))
-        vectors = encode_cached(fm, texts, store, calibration=cal, prompt=prompt, batch_size=batch_size,
-                                chunk_size=chunk_size, progress=lambda k: prog.advance(task, k))  # fmt: skip
+        try:
+            fm.transformer_module.resolve(cal)  # validate against the model before any work
+        except ValueError as exc:
+            raise _error(f"--calibration {cal.label()}: {exc}") from None
+    cache_dir = cache if cache is not None else _temporary_cache(output)
+    with cliutil.one_line_warnings():
+        try:
+            store = EmbeddingStore(cache_dir)
+            ns = embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards
+        except ValueError as exc:
+            raise _error(str(exc)) from None
+        n_unique = len(set(texts))
+        with cliutil.progress() as prog:
+            task = prog.add_task("encoding", total=n_unique, completed=n_unique - len(ns.missing([text_key(t) for t in texts])))
+            vectors = encode_cached(fm, texts, store, calibration=cal, prompt=prompt, batch_size=batch_size,
+                                    chunk_size=chunk_size, progress=lambda k: prog.advance(task, k))  # fmt: skip
     if normalize:
         vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
     if output.suffix.lower() == ".npy":
@@ -130,13 +180,49 @@ def encode(
             df.insert(0, id_field, ids)
         atomic_write_parquet(output, df)
     if cache is None:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+        _remove_temporary_cache(cache_dir)
     label = cal.label() if cal else "stock"
     typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}) to {output}")
 
 
+# the file that marks a cache folder posfair created for one ``encode`` output (and may delete)
+_TEMPORARY_MARK = ".posfair-temporary-cache"
+
+
+def _temporary_cache(output: Path) -> Path:
+    """The cache folder of ``encode`` without ``--cache``: created by posfair next to the output.
+
+    Its name is fixed (``.<output name>.posfair-cache``), so a rerun after an
+    interruption resumes from it; it holds a marker file, and only a folder with
+    that marker is ever reused or removed.  A folder of that name without the
+    marker is not posfair's: it is left alone and a fresh one is made instead.
+    """
+    import tempfile
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    folder = output.parent / f".{output.name}.posfair-cache"
+    if (folder / _TEMPORARY_MARK).is_file():
+        return folder
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        folder = Path(tempfile.mkdtemp(prefix=f".{output.name}.posfair-cache-", dir=output.parent))
+    (folder / _TEMPORARY_MARK).write_text(f"temporary embedding cache of posfair encode for {output}; removed after success\n")
+    return folder
+
+
+def _remove_temporary_cache(folder: Path) -> None:
+    """Remove a cache folder :func:`_temporary_cache` made (and nothing else)."""
+    if (folder / _TEMPORARY_MARK).is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @app.callback(invoke_without_command=True)
-def _root(version: bool = typer.Option(False, "--version", help="print the version and exit")) -> None:
+def _root(ctx: typer.Context, version: bool = typer.Option(False, "--version", help="print the version and exit")) -> None:
+    from posfair.cliutil import one_line_warnings
+
+    # every command prints library warnings (e.g. a damaged cache shard set aside) as one "warning: ..." line
+    ctx.with_resource(one_line_warnings())
     if version:
         from posfair import __version__
 

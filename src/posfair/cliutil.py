@@ -7,6 +7,13 @@ from typing import Optional, Sequence
 from posfair.calibration.params import Calibration, parse_layers
 
 
+#: the one help text of every command's ``--max-seq-length`` (the rule is posfair.model.token_limit)
+MAX_SEQ_LENGTH_HELP = (
+    "Token limit, special tokens included (default: the model's configured max_seq_length, "
+    "256 for the bundled all-MiniLM-L6-v2; at most its position limit, 512 there). Recorded in each run's metadata."
+)
+
+
 def progress():
     """A rich progress bar with counts, elapsed and remaining time."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -53,4 +60,26 @@ def calibration_option(
 
 def calibrations_option(specs: Sequence[str] | None) -> list[Calibration]:
     """Several ``B,layers,alpha`` specs (``default`` = the robust default ``128,0.5,0.5``)."""
-    return [Calibration() if s.strip().lower() == "default" else Calibration.parse(s) for s in (specs or [])]
+    return [Calibration.parse(s) for s in (specs or [])]
+
+
+def one_line_warnings():
+    """A context in which every Python warning prints as one line ``warning: <message>`` on stderr.
+
+    Library code warns with :mod:`warnings` (e.g. a damaged cache shard set aside,
+    :class:`posfair.store.DamagedShardWarning`); a command shows each as one line.
+    """
+    import contextlib
+    import sys
+    import warnings
+
+    @contextlib.contextmanager
+    def _ctx():
+        def show(message, category, filename, lineno, file=None, line=None):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            yield
+
+    return _ctx()

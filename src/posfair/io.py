@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -64,3 +65,33 @@ def atomic_write_parquet(path: str | os.PathLike, df, **to_parquet_kwargs) -> Pa
     """Write a DataFrame as Parquet atomically (``to_parquet_kwargs``: compression=..., etc.)."""
     to_parquet_kwargs.setdefault("index", False)
     return atomic_write(path, lambda p: df.to_parquet(p, **to_parquet_kwargs))
+
+
+def describe_value(value: Any) -> str:
+    """How an unusable text value is named in error messages: ``null``, ``empty``, ``an int (123)``..."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "null"
+    if isinstance(value, str):
+        return "empty" if not value.strip() else repr(value)
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({shown}), not a string"
+
+
+def check_texts(texts: Sequence[Any], source: str, field: str, lines: Optional[Sequence[int]] = None) -> list[str]:
+    """``texts`` if every one is a non-empty string; else ValueError naming the first bad one.
+
+    ``source``: the file (or corpus) named in the message; ``lines``: the file line of
+    each text (.jsonl, 1-based), else texts are named by row (0-based, as in pandas).
+    An empty ``texts`` is refused too (nothing to embed is never what was meant).
+    """
+    if len(texts) == 0:
+        raise ValueError(f"{source}: no texts to embed (the input is empty)")
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        i = bad[0]
+        where = f"line {lines[i]}" if lines is not None else f"row {i}"
+        more = f" ({len(bad)} unusable texts in all)" if len(bad) > 1 else ""
+        raise ValueError(f"{source}: {where}: {field!r} is {describe_value(texts[i])}{more}")
+    return list(texts)

@@ -24,9 +24,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules.transformer import Transformer
 
 from posfair.calibration import attention as att
+from posfair.calibration import fallback
+from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 
-__all__ = ["FairModel", "CalibratedTransformer", "load_model", "model_fingerprint", "bundled_model_path", "BUNDLED_MODEL_NAME"]
+__all__ = ["FairModel", "CalibratedTransformer", "load_model", "model_fingerprint", "position_limit", "token_limit", "bundled_model_path", "BUNDLED_MODEL_NAME"]
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _UNSET = object()
@@ -160,20 +162,17 @@ class CalibratedTransformer(Transformer):
             if every <= state.visited:
                 self._posfair_mode = "registry"
                 return "registry"
-        # fallback: intercept softmax / SDPA inside each layer's attention module
-        self._attention_modules = att.find_layer_attention_modules(model, self.num_layers)
+        # fallback: intercept softmax / SDPA inside each layer's attention module (posfair.calibration.fallback)
+        modules = fallback.find_layer_attention_modules(model, self.num_layers)
+        fallback.install(modules)
         state = att.ForwardState(
-            self._config_ids, start, end, recorder=lambda _l, _r: None, record_layers=every, pooling=self.posfair_pooling or "cls"
-        )
-        with torch.no_grad(), att.forward_state(state), att.fallback_hooks(self._attention_modules, state) as inter:
+            self._config_ids, start, end, recorder=lambda _l, _r: None, record_layers=every, pooling=self.posfair_pooling or "cls",
+            length=L, fallback_layers=fallback.layer_map(modules),
+        )  # fmt: skip
+        with torch.no_grad(), att.forward_state(state), fallback.active(state):
             model(**inputs)
-        missing = sorted(every - inter.hits)
-        if missing:
-            raise TypeError(
-                f"posfair cannot calibrate {type(model).__name__}: its attention neither goes through transformers' "
-                f"AttentionInterface nor computes a softmax / scaled_dot_product_attention that could be intercepted "
-                f"(layers without a hit: {missing})"
-            )
+        fallback.verify(state, type(model).__name__, probe=True)
+        self._attention_modules = modules
         self._posfair_mode = "checked-fallback"
         return "fallback"
 
@@ -206,9 +205,14 @@ class CalibratedTransformer(Transformer):
             state.recorder, state.record_layers, state.record_queries = recording
         with contextlib.ExitStack() as stack:
             stack.enter_context(att.forward_state(state))
-            if self._mode() == "fallback":
-                stack.enter_context(att.fallback_hooks(self._attention_modules, state))
-            return super().forward(features, **kwargs)
+            if self._mode() != "fallback":
+                return super().forward(features, **kwargs)
+            state.length = L
+            state.fallback_layers = fallback.layer_map(self._attention_modules)
+            stack.enter_context(fallback.active(state))
+            out = super().forward(features, **kwargs)
+            fallback.verify(state, type(self.auto_model).__name__)
+            return out
 
 
 class FairModel(SentenceTransformer):
@@ -216,7 +220,7 @@ class FairModel(SentenceTransformer):
 
     Build it with :func:`load_model`.  ``encode(..., calibration=Calibration(...))``
     returns calibrated embeddings; ``calibration=None`` uses the model's default
-    calibration (none unless :meth:`calibrate` set one), ``calibration=False``
+    calibration (none unless :meth:`set_calibration` set one), ``calibration=False``
     forces the stock model.
     """
 
@@ -243,11 +247,7 @@ class FairModel(SentenceTransformer):
             if side not in ("left", "right"):
                 raise ValueError(f"padding_side must be 'left' or 'right'; got {side!r}")
             self.tokenizer.padding_side = side
-        if max_seq_length is not None:
-            limit = self.position_limit
-            if max_seq_length < 1 or (limit is not None and max_seq_length > limit):
-                raise ValueError(f"max_seq_length must be in [1, {limit}] for this model; got {max_seq_length}")
-            self.max_seq_length = max_seq_length
+        self.max_seq_length = token_limit(self, max_seq_length)
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -274,15 +274,9 @@ class FairModel(SentenceTransformer):
 
     @property
     def position_limit(self) -> int | None:
-        """The most tokens the model's position embeddings allow (None if unbounded/unknown)."""
-        cfg = self.transformer_module.auto_model.config
-        n = getattr(cfg, "max_position_embeddings", None)
-        if n is None:
-            return None
-        # RoBERTa-family models reserve padding_idx + 1 positions
-        if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-            n -= (getattr(cfg, "pad_token_id", 1) or 0) + 1
-        return int(n)
+        """The most tokens the model's position embeddings allow (None if unbounded/unknown);
+        see :func:`position_limit`."""
+        return position_limit(self)
 
     @property
     def calibration(self) -> Calibration | None:
@@ -301,8 +295,15 @@ class FairModel(SentenceTransformer):
         return model_fingerprint(self)
 
     # -- calibration ----------------------------------------------------------------------------
-    def calibrate(self, calibration: Calibration | None) -> "FairModel":
-        """Set (or with None, clear) the default calibration; ``save()`` persists it."""
+    def set_calibration(self, calibration: Calibration | None) -> "FairModel":
+        """Change **this model in place**: set (or with None, clear) its default calibration.
+
+        Every later ``encode`` without a ``calibration`` argument, every pipeline given this
+        model, and ``save()`` (which persists it) use the new default; no copy is made, so
+        other references to the same model see the change too.  Returns the model itself,
+        for chaining (``model.set_calibration(cal).save(path)``).  For a temporary change use
+        ``with model.using(cal): ...`` or ``encode(..., calibration=cal)``.
+        """
         if calibration is not None and not isinstance(calibration, Calibration):
             raise TypeError(f"calibration must be a posfair.Calibration or None; got {type(calibration).__name__}")
         if calibration is not None:
@@ -361,28 +362,95 @@ class FairModel(SentenceTransformer):
         """``SentenceTransformer.encode`` with an optional :class:`Calibration`.
 
         ``calibration``: a Calibration; None = the model's default (stock unless
-        :meth:`calibrate` was called); False = stock.  Texts whose content is
+        :meth:`set_calibration` was called); False = stock.  Texts whose content is
         shorter than one basket are encoded without calibration, as in the
-        authors' implementation.
+        authors' implementation; a calibrated call in which that happens (or a
+        text fills exactly one basket, which calibration leaves unchanged) emits one
+        :class:`~posfair.calibration.coverage.CalibrationFallbackWarning` with the
+        counts (:meth:`calibration_coverage` gives them without encoding;
+        ``posfair.calibration.coverage.quiet_fallback()`` silences the warning).
         """
         single = isinstance(sentences, str)
+        if not single:
+            sentences = _as_text_list(sentences)
         texts = [sentences] if single else sentences
-        if isinstance(texts, (list, tuple)):
-            if len(texts) == 0:
-                return self._empty_result(kwargs)
-            for i, t in enumerate(texts):
-                if isinstance(t, str) and not t.strip():
-                    raise ValueError(f"text {i} is empty: posfair does not embed empty texts")
-            self._warn_truncation(texts, kwargs)
+        if len(texts) == 0:
+            return self._empty_result(kwargs)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ValueError(f"text {i} is {type(t).__name__} {t!r}, not a string: posfair embeds only texts")
+            if not t.strip():
+                raise ValueError(f"text {i} is empty: posfair does not embed empty texts")
+        self._warn_truncation(texts, kwargs)
+        self._warn_fallback(texts, calibration, kwargs)
         if calibration is None:
             return super().encode(sentences, **kwargs)
         if calibration is not False and (kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))):
             raise ValueError(
                 "a per-call calibration does not reach multi-process workers; set it as the model's default with "
-                "model.calibrate(cal) before starting the pool (the default travels with the model)"
+                "model.set_calibration(cal) before starting the pool (the default travels with the model)"
             )
         with self.using(calibration):
             return super().encode(sentences, **kwargs)
+
+    # -- calibration coverage: which texts a calibration actually changes ----------------------
+    def _effective_calibration(self, calibration: Calibration | None | bool) -> Calibration | None:
+        """The calibration an ``encode(calibration=...)`` call runs with (None = stock)."""
+        if isinstance(calibration, Calibration):
+            return calibration
+        if calibration is None:
+            override = _OVERRIDE.get()
+            return self.calibration if override is _UNSET else override
+        return None  # False = stock; anything else is refused by using()
+
+    def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict) -> None:
+        """One :class:`CalibrationFallbackWarning` per calibrated call in which some texts were encoded stock."""
+        if not fallback_warnings_enabled():
+            return
+        cal = self._effective_calibration(calibration)
+        if cal is None:
+            return
+        extra = {k: kwargs[k] for k in ("task", "processing_kwargs") if k in kwargs}
+        cov = self.calibration_coverage(texts, cal, prompt=kwargs.get("prompt"), prompt_name=kwargs.get("prompt_name"), **extra)
+        msg = cov.message()
+        if msg:
+            warnings.warn(msg, CalibrationFallbackWarning, stacklevel=3)
+
+    def encoded_lengths(self, texts: Sequence[str], *, prompt: str | None = None, prompt_name: str | None = None,
+                        batch_size: int = 256, **preprocess_kwargs) -> np.ndarray:  # fmt: skip
+        """Tokens each text occupies in the forward pass: the ones of its attention mask, i.e. after the
+        prompt is prepended (``prompt`` / ``prompt_name`` / the default prompt, as ``encode`` resolves
+        them) and truncation to ``max_seq_length``, special tokens included.  This is the valid span
+        calibration works on (unlike :meth:`token_lengths`, which does not truncate)."""
+        texts = list(texts)
+        resolved = self._resolve_prompt(prompt, prompt_name)
+        counts = []
+        for s in range(0, len(texts), batch_size):
+            feats = self.preprocess(texts[s : s + batch_size], prompt=resolved, **preprocess_kwargs)
+            mask = feats.get("attention_mask")
+            if mask is not None:
+                counts.append(np.asarray(mask.sum(-1).cpu().numpy(), dtype=np.int64).ravel())
+            else:  # unpadded (flattened) batches carry no mask
+                ids = feats["input_ids"]
+                counts.append(np.full(ids.shape[0], ids.shape[-1], dtype=np.int64))
+        return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+
+    def calibration_coverage(self, texts: Sequence[str], calibration: Calibration | None = None, *, prompt: str | None = None,
+                             prompt_name: str | None = None, **preprocess_kwargs) -> CalibrationCoverage:  # fmt: skip
+        """How many of ``texts`` ``encode(texts, calibration=calibration, prompt=...)`` actually calibrates.
+
+        Counts with :func:`posfair.calibration.coverage.fallback_reasons` over :meth:`encoded_lengths`,
+        the rule the engine applies; no text is embedded.  ``calibration=None``: the model's default.
+        """
+        cal = calibration if calibration is not None else self.calibration
+        if not isinstance(cal, Calibration):
+            raise ValueError("no calibration given and the model has no default calibration")
+        lengths = self.encoded_lengths(texts, prompt=prompt, prompt_name=prompt_name, **preprocess_kwargs)
+        return calibration_coverage(self.transformer_module.resolve(cal), lengths)
+
+    def calibrated_share(self, texts: Sequence[str], calibration: Calibration | None = None, **kwargs) -> float:
+        """Fraction of ``texts`` that ``calibration`` changes (see :meth:`calibration_coverage`)."""
+        return self.calibration_coverage(texts, calibration, **kwargs).share
 
     def _empty_result(self, kwargs: dict):
         dim = self.get_embedding_dimension() or 0
@@ -413,10 +481,85 @@ class FairModel(SentenceTransformer):
                 stacklevel=3,
             )
 
+    def special_token_count(self) -> int:
+        """How many special tokens the tokenizer adds to one text (2 for BERT's [CLS] ... [SEP])."""
+        tok = self.tokenizer
+        return len(tok("x")["input_ids"]) - len(tok("x", add_special_tokens=False)["input_ids"])
+
     def token_lengths(self, texts: Sequence[str], add_special_tokens: bool = True) -> np.ndarray:
         """Token counts without truncation (as the model's tokenizer sees the texts)."""
         enc = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False)
         return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
+
+
+# RoBERTa-style embeddings number positions from padding_idx + 1 (padding_idx = pad_token_id)
+_ROBERTA_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert")
+
+
+def _as_text_list(sentences) -> list:
+    """The items of what ``encode`` was given (list, tuple, 1-d NumPy array, pandas Series, ...) as a list."""
+    if isinstance(sentences, list):
+        return sentences
+    if isinstance(sentences, np.ndarray):
+        if sentences.ndim != 1:
+            raise ValueError(f"texts must be a string or a 1-d sequence of strings; got an array of shape {sentences.shape}")
+        return sentences.tolist()  # numpy str_ -> str, object items as they are
+    if isinstance(sentences, (bytes, dict)) or not hasattr(sentences, "__iter__"):
+        raise ValueError(f"texts must be a string or a sequence of strings; got {type(sentences).__name__}")
+    return list(sentences)
+
+
+def _auto_config(model):
+    first = next(iter(model._modules.values()), None) if hasattr(model, "_modules") else None
+    auto = getattr(first, "auto_model", None) or getattr(first, "model", None)
+    return getattr(auto, "config", None)
+
+
+def position_limit(model) -> int | None:
+    """The most tokens (special tokens included) the model's position embeddings allow.
+
+    ``max_position_embeddings`` of the transformers config; RoBERTa-family models number
+    positions from ``pad_token_id + 1``, so they lose ``pad_token_id + 1`` entries (XLM-R:
+    514 - 2 = 512).  Without a position table the tokenizer's ``model_max_length`` is used;
+    None when neither is known.  Works for any sentence-transformers model.
+    """
+    cfg = _auto_config(model)
+    n = getattr(cfg, "max_position_embeddings", None) if cfg is not None else None
+    if isinstance(n, int) and n > 0:
+        if getattr(cfg, "model_type", "") in _ROBERTA_POSITIONS:
+            pad = getattr(cfg, "pad_token_id", None)
+            n -= (1 if pad is None else int(pad)) + 1
+        return int(n)
+    tml = getattr(getattr(model, "tokenizer", None), "model_max_length", None)
+    if isinstance(tml, int) and 0 < tml < 1_000_000:
+        return tml
+    return None
+
+
+def token_limit(model, max_seq_length: int | None = None) -> int:
+    """The token limit posfair encodes with: the one rule every command and pipeline follows.
+
+    ``max_seq_length`` (a user's ``--max-seq-length``) if given, else the model's own
+    configured ``max_seq_length`` (what sentence-transformers truncates at: 256 for the
+    bundled all-MiniLM-L6-v2), else its position limit.  A request above the position
+    limit, or below 4 tokens, is refused with ``ValueError``.
+    """
+    limit = position_limit(model)
+    if max_seq_length is not None:
+        if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, (int, np.integer)):
+            raise ValueError(f"max_seq_length must be a whole number; got {max_seq_length!r}")
+        if max_seq_length < 4 or (limit is not None and max_seq_length > limit):
+            raise ValueError(
+                f"max_seq_length must be in [4, {limit if limit is not None else 'inf'}] for this model "
+                f"(4 to its position limit); got {max_seq_length}"
+            )
+        return int(max_seq_length)
+    configured = getattr(model, "max_seq_length", None)
+    if isinstance(configured, int) and configured > 0:
+        return configured if limit is None else min(configured, limit)
+    if limit is None:
+        raise ValueError("cannot tell the model's token limit (no max_seq_length, no position table): pass max_seq_length")
+    return limit
 
 
 def _weights_digest(model: torch.nn.Module) -> str:
@@ -504,5 +647,5 @@ def load_model(
     if name_or_path is None:
         model.model_card_data.base_model = BUNDLED_MODEL_NAME
     if calibration is not None:
-        model.calibrate(calibration)
+        model.set_calibration(calibration)
     return model

@@ -89,3 +89,47 @@ def test_unsupported_attention_is_an_error_naming_the_class(tiny_model_path):
     model.encode(TEXTS)  # stock encoding is unaffected
     with pytest.raises(TypeError, match=r"cannot calibrate BertModel"):
         model.encode(TEXTS, calibration=CAL)
+
+
+# -- the attention profile's recorder on the fallback path ---------------------------------------------
+
+
+def record_rows(model, texts, calibration, queries):
+    """{layer: [rows, ...]} recorded in one forward pass (every call kept, to count them)."""
+    calls: dict[int, list[torch.Tensor]] = {}
+    features = model.preprocess(texts)
+    with torch.no_grad(), model.using(calibration), model.recording_attention(
+        lambda layer, rows: calls.setdefault(layer, []).append(rows.clone()), range(model.num_layers), queries=queries
+    ):
+        model(features)
+    return calls, features
+
+
+@pytest.mark.parametrize("queries", ["pool", "all"])
+@pytest.mark.parametrize("calibration", [None, CAL], ids=["stock", "calibrated"])
+@pytest.mark.parametrize("use_sdpa", [False, True])
+def test_fallback_records_each_layer_once_and_as_the_registry_path(tiny_model_path, use_sdpa, calibration, queries):
+    path, pooling = tiny_model_path("bert")
+    registry = posfair.load_model(path, pooling=pooling)
+    custom = load_with(tiny_model_path, OwnSoftmaxAttention, use_sdpa=use_sdpa)
+    want, _ = record_rows(registry, TEXTS, calibration, queries)
+    got, features = record_rows(custom, TEXTS, calibration, queries)
+    assert custom.mechanism == "fallback"
+    B, K = features["input_ids"].shape
+    assert sorted(got) == list(range(custom.num_layers))
+    for layer, rows in got.items():
+        assert len(rows) == 1, f"layer {layer} recorded {len(rows)} times"
+        assert rows[0].shape == (B, 4, K) and rows[0].dtype == torch.float32  # (batch, heads, keys)
+        torch.testing.assert_close(rows[0], want[layer][0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["functional", "module", "sdpa"])
+def test_attention_profile_on_a_remote_code_model(remote_model, kind):
+    from posfair.fairness.attention import attention_profile
+
+    model = remote_model(kind, "cls")
+    for queries in ("pool", "all"):
+        got, _ = record_rows(model, TEXTS, CAL, queries)
+        assert {l: len(r) for l, r in got.items()} == {l: 1 for l in range(model.num_layers)}
+    profile = attention_profile(model, TEXTS, basket_size=8, calibration=CAL, batch_size=2)
+    assert profile.num_layers == model.num_layers

@@ -49,11 +49,11 @@ def test_token_embeddings_are_calibrated_too(minilm):
 def test_none_uses_default_false_forces_stock(minilm, tmp_path):
     stock = minilm.encode(TEXTS)
     try:
-        minilm.calibrate(CAL)
+        minilm.set_calibration(CAL)
         np.testing.assert_allclose(minilm.encode(TEXTS), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
         np.testing.assert_allclose(minilm.encode(TEXTS, calibration=False), stock, atol=1e-6)
     finally:
-        minilm.calibrate(None)
+        minilm.set_calibration(None)
     np.testing.assert_allclose(minilm.encode(TEXTS), stock, atol=1e-6)
 
 
@@ -61,7 +61,7 @@ def test_saved_calibration_is_used_by_plain_sentence_transformers(tmp_path):
     model = posfair.load_model()
     want = model.encode(TEXTS, calibration=CAL)
     stock = model.encode(TEXTS)
-    model.calibrate(CAL).save(str(tmp_path / "m"))
+    model.set_calibration(CAL).save(str(tmp_path / "m"))
     # sentence-transformers >= 6 imports module classes outside its namespace only with the flag
     with pytest.raises(ValueError, match="trust_remote_code"):
         SentenceTransformer(str(tmp_path / "m"))
@@ -98,7 +98,7 @@ def test_invalid_calibration_for_the_model(minilm):
 
 
 def test_max_seq_length_validation():
-    with pytest.raises(ValueError, match=r"max_seq_length must be in \[1, 512\]"):
+    with pytest.raises(ValueError, match=r"max_seq_length must be in \[4, 512\]"):
         posfair.load_model(max_seq_length=4096)
     assert posfair.load_model(max_seq_length=512).max_seq_length == 512
 
@@ -125,7 +125,7 @@ def test_fingerprint_identifies_weights(tiny_model_path, minilm):
 
 
 def test_per_call_calibration_refused_for_multi_process(minilm):
-    with pytest.raises(ValueError, match="model.calibrate"):
+    with pytest.raises(ValueError, match="model.set_calibration"):
         minilm.encode(TEXTS, calibration=CAL, device=["cpu", "cpu"])
 
 
@@ -133,7 +133,7 @@ def test_default_calibration_survives_pickling(tmp_path):
     import pickle  # only to mimic how multi-process workers receive the model; posfair stores nothing with it
 
     model = posfair.load_model()
-    model.calibrate(CAL)
+    model.set_calibration(CAL)
     want = model.encode(TEXTS)
     clone = pickle.loads(pickle.dumps(model))
     np.testing.assert_allclose(clone.encode(TEXTS), want, atol=1e-6)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
 
 from posfair import Calibration
 from posfair.distributed import ManifestMismatch, embed_texts, plan_shards
-from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
+from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, encode_cached, text_key, write_shard
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
 CAL = Calibration.parse("16,0.5,0.5")
@@ -101,10 +102,14 @@ def test_refuses_to_mix_settings(tmp_path, texts, tiny_spec, tiny_fair):
     manifest_path.write_text(json.dumps({**json.loads(manifest_path.read_text()), "code_hash": "0" * 16}))
     with pytest.raises(ManifestMismatch, match="code_hash"):
         embed_texts(texts, tmp_path, spec, model=tiny_fair, shard_size=16)
+    # every reader of the store runs the same check
+    with pytest.raises(ManifestMismatch, match="code_hash: the store has '0000000000000000'"):
+        encode_cached(tiny_fair, texts[:3], EmbeddingStore(tmp_path))
     manifest_path.write_text(json.dumps(manifest))
-    # a foreign shard (other dimension) dropped into the namespace
-    np.savez(manifest_path.parent / "part-foreign.npz", keys=np.array(["k"]), vectors=np.zeros((1, 8), np.float32))
-    with pytest.raises(ManifestMismatch, match="part-foreign"):
+    # a foreign shard (intact, of another dimension) dropped into the namespace
+    foreign = manifest_path.parent / "part-foreign.npz"
+    write_shard(manifest_path.parent, ["k"], np.zeros((1, 8), np.float32), name="foreign")
+    with pytest.raises(ManifestMismatch, match=f"^shard {foreign} was made with other settings \\(dim: the store has 64, the shard has 8\\)"):
         embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
     assert rep.written == 2
 
@@ -165,3 +170,113 @@ def test_killed_driver_loses_only_the_shard_in_flight(tmp_path, texts, tiny_spec
     assert rep.skipped == len(files) and rep.written == 15 - len(files)
     assert {k: shard_files(root)[k] for k in files} == files
     assert stored(root, tiny_fair, texts).shape == (len(texts), 64)
+
+
+def test_a_damaged_shard_is_set_aside_and_recomputed_bit_identically(tmp_path, texts, tiny_spec, tiny_fair):
+    spec = tiny_spec()
+    embed_texts(texts, tmp_path / "clean", spec, model=tiny_fair, shard_size=16)
+    embed_texts(texts, tmp_path / "s", spec, model=tiny_fair, shard_size=16)
+    shards = sorted((tmp_path / "s").glob("*/part-*.npz"))
+    shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
+    shards[2].write_bytes(b"")  # zero bytes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rep = embed_texts(texts, tmp_path / "s", spec, model=tiny_fair, shard_size=16)
+    moved = [f.with_name(f.name + ".damaged-1") for f in (shards[0], shards[2])]
+    messages = [str(w.message) for w in caught if w.category is DamagedShardWarning]
+    assert [m.split(" (")[0] for m in messages] == [f"damaged cache shard {shards[0]}", f"damaged cache shard {shards[2]}"]
+    assert [m.split("): ")[-1] for m in messages] == [f"moved to {m}; its vectors are recomputed" for m in moved]
+    assert all(m.exists() for m in moved) and moved[1].read_bytes() == b""  # set aside, never deleted
+    assert (rep.written, rep.skipped, rep.encoded) == (2, 2, 32)
+    assert {f.name for f in (tmp_path / "s").glob("*/part-*.npz")} == {f.name for f in (tmp_path / "clean").glob("*/part-*.npz")}
+    np.testing.assert_array_equal(stored(tmp_path / "s", tiny_fair, texts), stored(tmp_path / "clean", tiny_fair, texts))
+
+
+def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path, texts, tiny_spec, tiny_fair):
+    spec = tiny_spec(calibration=CAL.to_dict())
+    embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
+    manifest_path = next(tmp_path.glob(f"*/{MANIFEST}"))
+    original = json.loads(manifest_path.read_text())
+    manifest_path.unlink()
+    with pytest.warns(UserWarning, match=f"^store {manifest_path.parent} had no readable manifest.json: rebuilt it from the metadata of its 2 shards$"):
+        rep = embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
+    assert rep.encoded == 0
+    rebuilt = json.loads(manifest_path.read_text())
+    assert rebuilt == original  # settings from the shards, the corpus from this run
+    assert rebuilt["calibration"] == CAL.to_dict() and rebuilt["dim"] == 64
+    # the shards' metadata alone refuses a run of other settings
+    manifest_path.unlink()
+    with np.load(next(manifest_path.parent.glob("part-*.npz")), allow_pickle=False) as z:
+        settings = json.loads(str(z["meta"][()]))["settings"]
+    write_shard(manifest_path.parent, ["k"], np.ones((1, 64)), name="old", settings={**settings, "code_hash": "0" * 16})
+    with pytest.raises(ManifestMismatch, match="code_hash: .*'0000000000000000'"):
+        embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
+
+
+@pytest.mark.parametrize(
+    "lines,message",
+    [
+        (['{"body": "ok"}', '{"body": null}'], "line 2: 'body' is null"),
+        (['{"body": "ok"}', "", '{"body": 123}'], "line 3: 'body' is an int (123), not a string"),
+        (['{"body": "ok"}', '{"body": "  "}', '{"body": null}'], "line 2: 'body' is empty (2 unusable texts in all)"),
+        ([], "no texts to embed (the input is empty)"),
+    ],
+)
+def test_cli_refuses_unusable_texts_by_line(tmp_path, lines, message, monkeypatch):
+    from typer.testing import CliRunner
+
+    from posfair.distributed import cli, job
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line + "\n" for line in lines))
+    monkeypatch.setattr(job.EmbedSpec, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    res = CliRunner().invoke(cli.app, ["--out", str(tmp_path / "s"), "--corpus", str(corpus), "--text-field", "body"])
+    assert res.exit_code == 2 and res.stderr == f"error: {corpus}: {message}\n"
+    assert not (tmp_path / "s").exists()
+
+
+def test_cli_names_a_damaged_shard_in_one_warning_line(tmp_path, texts, tiny_spec):
+    from typer.testing import CliRunner
+
+    from posfair.distributed import cli
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:12]))
+    spec = tiny_spec()
+    args = ["--out", str(tmp_path / "s"), "--corpus", str(corpus), "--model", spec.model, "--pooling", spec.pooling,
+            "--max-seq-length", str(spec.max_seq_length), "--shard-size", "5"]  # fmt: skip
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    before = stored(tmp_path / "s", spec.load_model(), texts[:12])
+    shard = sorted((tmp_path / "s").glob("*/part-*.npz"))[1]
+    shard.write_bytes(b"garbage" * 10)
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 0, res.output
+    assert [line for line in res.stderr.splitlines() if "damaged" in line] == [  # (model loading prints progress too)
+        f"warning: damaged cache shard {shard} (not a complete .npz archive: 70 bytes, cut short or overwritten): "
+        f"moved to {shard}.damaged-1; its vectors are recomputed"
+    ]
+    assert "1 shards written, 2 already present" in res.stdout
+    np.testing.assert_array_equal(stored(tmp_path / "s", spec.load_model(), texts[:12]), before)
+
+
+def test_calibrated_share_is_reported_once_for_the_corpus(tmp_path, texts, tiny_spec, tiny_fair):
+    """The job counts the texts its calibration changes once (not per shard) and reports the share."""
+    import warnings as _w
+
+    from posfair.calibration.coverage import CalibrationFallbackWarning
+
+    cal = Calibration(basket_size=32, layers=1, strength=1.0)
+    distinct = list(dict.fromkeys(texts))
+    # by hand: CLS pooling isolates [CLS]; a text is calibrated when its content (tokens after
+    # truncation minus the isolated [CLS]) is longer than one basket
+    lengths = np.minimum(tiny_fair.token_lengths(distinct), tiny_fair.max_seq_length)
+    expected = float(np.mean(lengths - 1 > 32))
+    assert 0 < expected < 1
+    with _w.catch_warnings(record=True) as caught:
+        _w.simplefilter("always")
+        rep = embed_texts(texts, tmp_path, tiny_spec(calibration=cal.to_dict()), model=tiny_fair, shard_size=8)
+    fallback = [w for w in caught if issubclass(w.category, CalibrationFallbackWarning)]
+    assert len(fallback) == 1, [str(w.message) for w in fallback]
+    assert f"calibrated share {expected:.3f}" in str(fallback[0].message)
+    assert rep.calibrated_share == pytest.approx(expected)
+    assert embed_texts(texts, tmp_path / "stock", tiny_spec(), model=tiny_fair, shard_size=8).calibrated_share is None

@@ -230,3 +230,19 @@ def test_bad_input(tiny_model):
         attention_profile(model, [DOCS[0], long_doc])
     with pytest.raises(ValueError, match="segments has 1 entries for 2 documents"):
         attention_profile(model, DOCS[:2], segments=[[(0, 3)]])
+
+
+def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
+    """`--model bundled` (as the README wrote it) loads the bundled MiniLM offline, in attention and audit alike."""
+    from typer.testing import CliRunner
+
+    from posfair.fairness.attention_cli import app
+
+    rows = [{"id": f"t{i}", "lang": "en", "text": text(30 + i, 200 + i)} for i in range(6)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]
+    assert prof.n_docs == 2 and len(prof.layers) == minilm.num_layers // 2

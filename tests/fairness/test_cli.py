@@ -37,3 +37,51 @@ def test_audit_cli_bad_input(tmp_path, make_corpus):
     assert res.exit_code == 2 and "LEAD:LATER" in res.output
     res = CliRunner().invoke(app, ["audit", "--corpus", str(corpus), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "language configuration" in res.output
+
+
+def test_inference_option_errors_before_any_work(tmp_path):
+    out = tmp_path / "o"
+    missing = str(tmp_path / "no-such-corpus.parquet")  # never opened: the options are checked first
+    cases = [
+        (["--inference", "nonsense"], "--inference must be one of cluster, wild; got 'nonsense'"),
+        (["--inference", "wild", "--bootstrap-weights", "mammen"], "--bootstrap-weights must be one of webb, rademacher; got 'mammen'"),
+        (["--inference", "wild", "--bootstrap-draws", "10"], "--bootstrap-draws must be >= 99; got 10"),
+        (["--bootstrap-draws", "999"], "--bootstrap-draws applies only to --inference wild"),
+    ]
+    for extra, message in cases:
+        res = CliRunner().invoke(app, ["audit", "--corpus", missing, "--langs", "en", "--out", str(out), *extra])
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert lines == [f"error: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {message}")), res.output
+        assert not out.exists()
+    res = CliRunner().invoke(app, ["demo", "--out", str(out), "--inference", "bogus"])
+    assert res.exit_code == 2 and res.output.strip().splitlines() == ["error: --inference must be one of cluster, wild; got 'bogus'"]
+    assert not out.exists()
+
+
+def test_audit_cli_wild_inference_recorded(tmp_path, tiny_model_path, make_corpus):
+    import json
+
+    path, _ = tiny_model_path("bert-mean")
+    corpus = tmp_path / "corpus.parquet"
+    make_corpus(topics=8).to_parquet(corpus)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        app,
+        ["audit", "--model", str(path), "--corpus", str(corpus), "--n", "2", "--langs", "en", "--docs", "12",
+         "--min-segment-tokens", "1", "--max-segment-tokens", "60", "--no-control", "--out", str(out),
+         "--inference", "wild", "--bootstrap-draws", "199", "--bootstrap-weights", "rademacher", "--bootstrap-seed", "5"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert (settings["inference"], settings["bootstrap_draws"], settings["bootstrap_weights"], settings["bootstrap_seed"]) == ("wild", 199, "rademacher", 5)
+    coefs = pd.read_csv(out / "coefficients.csv")
+    G = int(coefs["clusters"].iloc[0])
+    assert G == pd.read_parquet(out / "observations.parquet")["set_id"].nunique() < 20
+    assert set(coefs["inference"]) == {f"wild WCR11 rademacher all 2^{G}"}  # 2^G < 199: every sign vector
+    assert (coefs["p"] >= 2 / 2**G - 1e-12).all()
+    # the few-clusters warning is a line of the CLI output and of the report
+    assert f"warning: 1 of 1 instances rest on fewer than 20 segment sets (clusters G) -- n=2 en: G={G}" in " ".join(res.output.split())
+    assert "Few clusters:" in (out / "report.html").read_text()
+    detail = (out / "tables" / "sigma_stock_main_detail.csv").read_text()
+    assert detail.splitlines()[0] == "n,configuration,coefficient,estimate,SE,t,p,mark,G,inference"

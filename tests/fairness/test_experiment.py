@@ -155,9 +155,18 @@ def test_coefficients_match_observations(result):
     assert b2["estimate"] == pytest.approx(g[g.position == 2]["sigma"].mean() - g[g.position == 1]["sigma"].mean(), abs=1e-12)
     assert b2["clusters"] == g["set_id"].nunique()
     assert set(coefs["measure"]) == {"sigma", "tau"}
+    # default inference: CR1 + t(G-1), as statsmodels computes it from the same observations
+    import statsmodels.api as sm
+
+    X = np.column_stack([np.ones(len(g))] + [(g["position"] == p).to_numpy(float) for p in (2, 3)])
+    ref = sm.OLS(g["sigma"].to_numpy(), X).fit(cov_type="cluster", cov_kwds={"groups": g["set_id"].astype("category").cat.codes}, use_t=True)
+    assert b2["se"] == pytest.approx(ref.bse[1], rel=1e-10) and b2["p"] == pytest.approx(ref.pvalues[1], rel=1e-8)
+    assert b2["inference"] == "CR1 t(G-1)"
+    assert result.settings["inference"] == "cluster" and result.settings["bootstrap_weights"] == "webb"
     t = result.tables()[0]
     assert list(t.frame.columns) == ["en", "[de, en, ..., en]"]
     assert t.frame.index.tolist()[0] == (2, "β0 (intercept)")
+    assert t.frame.loc[(3, "G (segment sets)"), "en"] == str(g["set_id"].nunique())
 
 
 def test_save_writes_everything(result, tmp_path):
@@ -170,6 +179,9 @@ def test_save_writes_everything(result, tmp_path):
         assert (tmp_path / "out" / "figures" / f"{stem}.png").stat().st_size > 1000
         assert (tmp_path / "out" / "figures" / f"{stem}.pdf").exists()
     assert (tmp_path / "out" / "tables" / "sigma_stock_main.tex").read_text().startswith("\\begin{table}")
+    detail = pd.read_csv(tmp_path / "out" / "tables" / "sigma_stock_main_detail.csv")
+    assert list(detail.columns) == ["n", "configuration", "coefficient", "estimate", "SE", "t", "p", "mark", "G", "inference"]
+    assert "Few clusters:" in html  # the tiny audit rests on a handful of segment sets
     assert not list((tmp_path / "out").rglob("*.tmp"))
 
 

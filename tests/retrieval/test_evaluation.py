@@ -76,7 +76,7 @@ def test_sea_is_mean_of_semantic_chunks(model):
 def test_tables_layout(model, bench, tmp_path):
     results = run_sweep(model, bench, [CAL, Calibration(basket_size=16, layers=1, strength=1.0)], tmp_path)
     t1 = group_table(results)
-    assert list(t1.columns) == ["section", "setting", "seg 1", "seg 2", "seg 3", "Harm", "PSI", "nDCG@10", "best"]
+    assert list(t1.columns) == ["section", "setting", "seg 1", "seg 2", "seg 3", "Harm", "PSI", "nDCG@10", "calibrated_share", "best"]
     assert t1["setting"].tolist() == ["No calibration", "B=16, a=1", "B=16, a=0.5"]
     assert t1["section"].tolist() == ["", "Last layer", "50% of layers"]
     assert t1["best"].sum() >= 1 and t1.loc[t1["best"], "Harm"].max() == t1["Harm"].max()

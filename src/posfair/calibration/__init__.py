@@ -1,5 +1,6 @@
 """Attention calibration: the parameters object, the pure basket math, and its wiring into attention."""
 
+from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.calibration.params import Calibration, ResolvedCalibration
 
-__all__ = ["Calibration", "ResolvedCalibration"]
+__all__ = ["Calibration", "ResolvedCalibration", "CalibrationFallbackWarning", "quiet_fallback"]

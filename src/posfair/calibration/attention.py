@@ -13,9 +13,8 @@ and writes it into the output.  No (heads x L x L) matrix is ever formed.  With
 computed explicitly in tiles of query rows so memory stays bounded.
 
 ``fallback`` (remote-code models computing softmax inside their own modules,
-e.g. gte-multilingual-base, jina-v3).  While a calibrated layer's attention
-module runs, ``softmax`` and ``scaled_dot_product_attention`` are intercepted
-and the post-softmax weights of the calibrated rows are replaced.
+e.g. gte-multilingual-base, jina-v3): see :mod:`posfair.calibration.fallback`.
+It reuses this module's state and its explicit-row helpers (:func:`attend`).
 
 When no calibration is active the registered function is exactly the stock
 kernel, so a model switched to it produces bit-identical embeddings.
@@ -34,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
@@ -61,6 +59,11 @@ class ForwardState:
     record_queries: str = "pool"  # "pool" or "all"
     pooling: str = "cls"
     visited: set[int] = field(default_factory=set)
+    # fallback backend (posfair.calibration.fallback) only:
+    length: Optional[int] = None  # tokens per sequence of the batch (the attention's query and key length)
+    fallback_layers: dict[int, int] = field(default_factory=dict)  # id(attention module) -> layer index
+    fallback_active: list = field(default_factory=list)  # (id(module), mode) pushed by the forward pre-hooks
+    fallback_calls: dict[int, list[int]] = field(default_factory=dict)  # layer -> attention calls seen, per module call
 
     def wants(self, module: nn.Module) -> tuple[bool, bool]:
         """(calibrate, record) for this attention module."""
@@ -70,6 +73,10 @@ class ForwardState:
         if layer is None:
             return False, False
         self.visited.add(layer)
+        return self.layer_wants(layer)
+
+    def layer_wants(self, layer: int) -> tuple[bool, bool]:
+        """(calibrate, record) for layer ``layer``."""
         cal = self.calibration is not None and layer in self.calibration.layer_set
         rec = self.recorder is not None and layer in self.record_layers
         return cal, rec
@@ -167,13 +174,17 @@ def _explicit_probs(
 
 
 def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
-    """Additive mask for one query row per sequence: (B, Hkv|1, g|1, 1, K)."""
-    add = _mask_to_additive(attention_mask)
-    if add is None:
+    """Additive mask for one query row per sequence: (B, Hkv|1, g|1, 1, K).
+
+    ``attention_mask``: (B|1, Hm, L|1, K) with Hm = 1 or heads; the rows are picked before
+    the conversion to an additive float mask, so no full float copy of the mask is made.
+    """
+    if attention_mask is None:
         return None
     B = rows.shape[0]
-    add = add.expand(B, *add.shape[1:])
-    picked = add[torch.arange(B, device=add.device), :, rows]  # (B, Hm, K)
+    m = attention_mask.expand(B, *attention_mask.shape[1:])
+    r = rows.to(m.device) if m.shape[2] > 1 else torch.zeros_like(rows, device=m.device)
+    picked = _mask_to_additive(m[torch.arange(B, device=m.device), :, r])  # (B, Hm, K)
     if picked.shape[1] == 1:
         return picked[:, :, None, None, :]  # (B,1,1,1,K)
     return picked.view(B, kv_heads, heads // kv_heads, 1, -1)
@@ -313,6 +324,39 @@ def explicit_attention(
     return out
 
 
+def attend(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState,
+    calibrate: bool,
+    record: bool,
+    kwargs: dict,
+    stock: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """The attention output (B, L, H, D) of a calibrated and/or recorded layer.
+
+    ``stock()`` runs the stock kernel for all rows (returning (B, L, H, D)); the pooling
+    row is then recomputed explicitly and written in.  When every valid row is calibrated
+    (``queries="all"``) or recorded, the layer is computed explicitly in tiles instead.
+    Shared by the registry function and the fallback's intercepted SDPA call.
+    """
+    _check_supported(kwargs)
+    if calibrate and state.calibration.queries == "all":
+        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs)
+    if record and state.record_queries == "all":
+        # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding
+        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "pool" if calibrate else None, record, kwargs)
+    out = stock()
+    rows = state.pool_rows().to(out.device)
+    row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs)
+    B = out.shape[0]
+    return out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))
+
+
 def _make_attention_function(base: str) -> Callable:
     def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -329,20 +373,11 @@ def _make_attention_function(base: str) -> Callable:
             return out, None
         if not (calibrate or record):
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-        _check_supported(kwargs)
-        if calibrate and state.calibration.queries == "all":
-            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs)
-            return out, None
-        if record and state.record_queries == "all":
-            # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding
-            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, "pool" if calibrate else None, record, kwargs)
-            return out, None
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-        rows = state.pool_rows().to(out.device)
-        row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs)
-        B = out.shape[0]
-        out = out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))
-        return out, None
+
+        def stock() -> torch.Tensor:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)[0]
+
+        return attend(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, stock), None
 
     posfair_attention.__name__ = f"posfair_attention_{base}"
     return posfair_attention
@@ -366,143 +401,3 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_SDPA, sdpa_mask)
     AttentionMaskInterface.register(ATTN_EAGER, eager_mask)
     _REGISTERED = True
-
-
-# --------------------------------------------------------------------------------------------
-# Fallback: intercept softmax / SDPA inside the attention modules of calibrated layers.
-# --------------------------------------------------------------------------------------------
-
-def find_layer_attention_modules(model: nn.Module, num_layers: int) -> list[nn.Module]:
-    """The attention module of each transformer layer, found structurally.
-
-    The layer stack is the ``nn.ModuleList`` of length ``num_layers``; in each layer the
-    first submodule whose class name contains "Attention" is its attention.
-    """
-    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
-    for stack in stacks:
-        found = []
-        for layer in stack:
-            att = next((m for m in layer.modules() if m is not layer and "attention" in type(m).__name__.lower()), None)
-            if att is None:
-                break
-            found.append(att)
-        if len(found) == num_layers:
-            return found
-    raise TypeError(
-        f"posfair cannot calibrate {type(model).__name__}: its attention does not go through transformers' "
-        f"AttentionInterface and no stack of {num_layers} layers with an attention submodule was found"
-    )
-
-
-class _Interceptor:
-    """Replaces softmax / SDPA while a calibrated layer's attention module runs."""
-
-    def __init__(self) -> None:
-        self.layer: int | None = None
-        self.hits: set[int] = set()
-        self.calibrate = False
-        self.record = False
-
-    def _fix(self, probs: torch.Tensor) -> torch.Tensor:
-        state = _STATE.get()
-        if state is None or self.layer is None or probs.dim() != 4:
-            return probs
-        self.hits.add(self.layer)
-        B, H, Lq, K = probs.shape
-        start = state.start.view(B, 1, 1).to(probs.device)
-        end = state.end.view(B, 1, 1).to(probs.device)
-        p = probs.float()
-        if self.calibrate:
-            cal = calibrate_rows(p, start, end, **_calib_kwargs(state.calibration))
-            rows = torch.arange(Lq, device=p.device).view(1, 1, -1)
-            if state.calibration.queries == "all":
-                sel = (rows >= start) & (rows <= end)
-            else:
-                sel = rows == state.pool_rows().to(p.device).view(B, 1, 1)
-            p = torch.where(sel.unsqueeze(-1), cal, p)
-        if self.record:
-            if state.record_queries == "all":
-                rows = torch.arange(Lq, device=p.device).view(1, 1, -1)
-                valid = ((rows >= start) & (rows <= end)).unsqueeze(-1).float()
-                n = (state.end - state.start + 1).to(p.device).float().view(B, 1, 1)
-                state.recorder(self.layer, (p * valid).sum(2) / n)
-            else:
-                pool = state.pool_rows().to(p.device)
-                state.recorder(self.layer, p[torch.arange(B, device=p.device), :, pool])
-        return p.to(probs.dtype)
-
-    @contextlib.contextmanager
-    def patched(self) -> Iterator[None]:
-        orig_f_softmax, orig_t_softmax, orig_tensor_softmax = F.softmax, torch.softmax, torch.Tensor.softmax
-        orig_sdpa = F.scaled_dot_product_attention
-        me = self
-
-        def f_softmax(input, dim=None, *args, **kwargs):
-            out = orig_f_softmax(input, dim, *args, **kwargs)
-            if me.layer is not None and dim in (-1, input.dim() - 1):
-                return me._fix(out)
-            return out
-
-        def t_softmax(input, dim, *args, **kwargs):
-            out = orig_t_softmax(input, dim, *args, **kwargs)
-            if me.layer is not None and dim in (-1, input.dim() - 1):
-                return me._fix(out)
-            return out
-
-        def tensor_softmax(self_, dim, *args, **kwargs):
-            out = orig_tensor_softmax(self_, dim, *args, **kwargs)
-            if me.layer is not None and dim in (-1, self_.dim() - 1):
-                return me._fix(out)
-            return out
-
-        def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-            if me.layer is None:
-                return orig_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-            if key.shape[-3] != query.shape[-3]:
-                rep = query.shape[-3] // key.shape[-3]
-                key, value = key.repeat_interleave(rep, dim=-3), value.repeat_interleave(rep, dim=-3)
-            scale = scale if scale is not None else query.shape[-1] ** -0.5
-            scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
-            add = _mask_to_additive(attn_mask)
-            if add is not None:
-                scores = scores + add
-            if is_causal:
-                L, K = scores.shape[-2:]
-                scores = scores + _causal_additive(0, L, K, scores.device)
-            probs = torch.nan_to_num(orig_t_softmax(scores, dim=-1), nan=0.0)
-            return torch.matmul(me._fix(probs).to(value.dtype), value)
-
-        F.softmax, torch.softmax, torch.Tensor.softmax = f_softmax, t_softmax, tensor_softmax
-        F.scaled_dot_product_attention = sdpa
-        try:
-            yield
-        finally:
-            F.softmax, torch.softmax, torch.Tensor.softmax = orig_f_softmax, orig_t_softmax, orig_tensor_softmax
-            F.scaled_dot_product_attention = orig_sdpa
-
-
-@contextlib.contextmanager
-def fallback_hooks(attention_modules: list[nn.Module], state: ForwardState) -> Iterator[_Interceptor]:
-    """Intercept post-softmax weights in the calibrated / recorded layers for one forward pass."""
-    inter = _Interceptor()
-    handles = []
-    for idx, mod in enumerate(attention_modules):
-        cal = state.calibration is not None and idx in state.calibration.layer_set
-        rec = state.recorder is not None and idx in state.record_layers
-        if not (cal or rec):
-            continue
-
-        def pre(_m, _args, idx=idx, cal=cal, rec=rec):
-            inter.layer, inter.calibrate, inter.record = idx, cal, rec
-
-        def post(_m, _args, _out):
-            inter.layer = None
-
-        handles.append(mod.register_forward_pre_hook(pre))
-        handles.append(mod.register_forward_hook(post))
-    try:
-        with inter.patched():
-            yield inter
-    finally:
-        for h in handles:
-            h.remove()

@@ -131,11 +131,16 @@ class Calibration:
             k = max(1, math.floor(self.layers * num_layers))
         return tuple(range(num_layers - k, num_layers))
 
-    def resolve(self, pooling: str, num_layers: int) -> "ResolvedCalibration":
+    def isolation(self, pooling: str) -> tuple[bool, bool]:
+        """``(isolate_bos, isolate_eos)`` for a model with ``pooling`` (fields left None follow the pooling)."""
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}; got {pooling!r}")
         isolate_bos = self.isolate_bos if self.isolate_bos is not None else pooling in ("cls", "lasttoken")
         isolate_eos = self.isolate_eos if self.isolate_eos is not None else pooling == "lasttoken"
+        return isolate_bos, isolate_eos
+
+    def resolve(self, pooling: str, num_layers: int) -> "ResolvedCalibration":
+        isolate_bos, isolate_eos = self.isolation(pooling)
         queries = self.queries or ("all" if pooling == "mean" else "pool")
         return ResolvedCalibration(
             basket_size=self.basket_size,
@@ -194,14 +199,17 @@ class Calibration:
 
     @classmethod
     def parse(cls, spec: str) -> "Calibration":
-        """Parse the CLI form ``B,layers,alpha`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``, ``128,6+7+8,1``).
+        """Parse the CLI form ``B,layers,alpha`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``, ``128,6+7+8,1``)
+        or ``default`` (the robust default ``Calibration()``, i.e. ``128,0.5,0.5``).
 
         ``layers``: an int (last k layers), a float with a dot (fraction), or
         ``+``-separated explicit 0-based indices.
         """
+        if spec.strip().lower() == "default":
+            return cls()
         parts = [p.strip() for p in spec.split(",")]
         if len(parts) != 3:
-            raise ValueError(f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5); got {spec!r}")
+            raise ValueError(f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5) or 'default'; got {spec!r}")
         b, layers_s, a = parts
         try:
             basket = int(b)

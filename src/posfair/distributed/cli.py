@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 
@@ -26,7 +28,7 @@ def embed(
     lang: Optional[str] = typer.Option(None, "--lang", help="benchmark language (PosIR)"),
     prompt: Optional[str] = typer.Option(None, help="text prefix (e.g. a query instruction)"),
     pooling: Optional[str] = typer.Option(None, help="override the pooling: cls, mean or lasttoken"),
-    max_seq_length: Optional[int] = typer.Option(None, help="token limit (at most the model's)"),
+    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     trust_remote_code: bool = typer.Option(False, help="allow code shipped with the model"),
     device: Optional[str] = typer.Option(None, help="local engine / CPU workers; Ray GPU workers use cuda"),
     shard_size: int = typer.Option(1024, "--shard-size", min=1, help="distinct texts per shard (a killed run loses at most the shards in flight)"),
@@ -53,7 +55,8 @@ def embed(
     try:
         texts, source = read_corpus_texts(corpus, text_field=text_field, unit=unit, langs=lang_list, benchmark_part=part, lang=lang)
     except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc)) from None
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if use_ray:
         where = "a local Ray instance" if ray_address in (None, "local") else f"Ray at {ray_address}"
         typer.echo(f"engine: {where}, {workers or 'one per GPU/CPU'} workers")
@@ -61,7 +64,11 @@ def embed(
         extra = "" if ray_available() else f" (Ray is not installed; for many workers/machines: {RAY_INSTALL_HINT})"
         typer.echo(f"engine: single process{extra}")
     n_unique = len(set(texts))
-    with cliutil.progress() as prog:
+    if out.exists() and not out.is_dir():
+        typer.echo(f"error: --out {out} is a file, not a store folder", err=True)
+        raise typer.Exit(2)
+    # a damaged shard is set aside and recomputed: one "warning: ..." line names it and where it went
+    with cliutil.one_line_warnings(), cliutil.progress() as prog:
         task = prog.add_task("embedding", total=n_unique)
         try:
             report = embed_texts(
@@ -77,4 +84,5 @@ def embed(
         f"{report.texts} distinct texts ({label}) in {report.namespace}: {report.written} shards written, "
         f"{report.skipped} already present; {report.encoded} texts encoded in {report.seconds:.1f}s "
         f"({report.texts_per_second:.1f} texts/s, {report.workers} worker(s), padding waste {report.padding_waste:.1%})"
+        + (f"; calibrated share {report.calibrated_share:.3f}" if report.calibrated_share is not None else "")
     )

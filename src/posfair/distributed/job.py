@@ -21,8 +21,12 @@ same cache folder and they find everything already computed.
 * ``manifest.json`` in the namespace records model, fingerprint, calibration,
   prompt, text field, corpus fingerprints, posfair version and a hash of the code
   that computes embeddings; a run whose settings disagree is refused
-  (:class:`ManifestMismatch`), and so is a namespace holding a shard of another
-  dimension or dtype.
+  (:class:`ManifestMismatch`), and so is a namespace holding a shard made with
+  other settings.  The check is :func:`posfair.store.open_namespace_dir`, the same
+  one every other command runs on the store; it verifies each shard's checksum,
+  sets damaged shards aside (renamed ``part-<id>.npz.damaged-<n>``, with a
+  warning) so that this run recomputes them, and rebuilds a missing manifest
+  from the shards' own metadata.
 """
 
 from __future__ import annotations
@@ -33,15 +37,26 @@ import json
 import os
 import time
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.distributed.batching import length_aware_batches, padded_tokens
-from posfair.io import atomic_write_json
-from posfair.store import EmbeddingStore, embedding_meta, text_key, write_shard
+from posfair.io import atomic_write_json, check_texts
+from posfair.store import (
+    MANIFEST,
+    EmbeddingStore,
+    ManifestMismatch,
+    code_version,
+    embedding_meta,
+    embedding_settings,
+    open_namespace_dir,
+    run_settings,
+    text_key,
+    write_shard,
+)
 
 __all__ = [
     "EmbedSpec",
@@ -58,16 +73,7 @@ __all__ = [
     "read_corpus_texts",
 ]
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
 RAY_INSTALL_HINT = "pip install 'posfair[ray]'"
-# the modules whose code determines an embedding (a change may change the vectors)
-_CODE_MODULES = ("posfair.model", "posfair.calibration")
-
-
-class ManifestMismatch(ValueError):
-    """A run's settings disagree with the shards already in the store; nothing was written."""
-
 
 # ------------------------------------------------------------------------------------------
 # settings
@@ -172,23 +178,6 @@ def corpus_fingerprint(keys: Iterable[str]) -> str:
     return h.hexdigest()[:24]
 
 
-def code_version() -> dict[str, str]:
-    """posfair's version and a hash of the sources that compute embeddings (model + calibration)."""
-    import importlib.util
-
-    from posfair import __version__
-
-    h = hashlib.sha256()
-    for name in _CODE_MODULES:
-        spec = importlib.util.find_spec(name)
-        origin = Path(spec.origin)
-        files = sorted(origin.parent.glob("*.py")) if origin.name == "__init__.py" else [origin]
-        for f in files:
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return {"posfair_version": __version__, "code_hash": h.hexdigest()[:16]}
-
-
 # ------------------------------------------------------------------------------------------
 # the shard function
 
@@ -241,7 +230,9 @@ def process_shard(model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, k
     if target.exists():
         return {"shard": sid, "status": "skipped", "texts": 0, "tokens": 0, "padded": 0, "seconds": 0.0}
     vectors, counts = encode_shard(model, spec, texts)
-    write_shard(ns_dir, list(keys), vectors, name=sid)
+    meta = json.loads((Path(ns_dir) / "meta.json").read_text(encoding="utf-8"))
+    settings = run_settings(meta, **embedding_settings(model.fingerprint, spec.calibration_obj, spec.prompt))
+    write_shard(ns_dir, list(keys), vectors, name=sid, settings=settings)
     return {"shard": sid, "status": "written", "texts": len(texts), **counts, "seconds": time.perf_counter() - t0}
 
 
@@ -249,65 +240,24 @@ def process_shard(model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, k
 # store side: existing shards, manifest
 
 
-def _npy_header(zf: zipfile.ZipFile, member: str) -> tuple[tuple[int, ...], np.dtype]:
-    with zf.open(member) as fh:
-        version = np.lib.format.read_magic(fh)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read(fh)
-    return shape, dtype
+def _add_corpus(ns_dir: Path, manifest: dict[str, Any], corpus: dict[str, Any], covered: bool, add_corpus: bool) -> dict[str, Any]:
+    """The manifest with this run's corpus recorded; raises ManifestMismatch for another corpus.
 
-
-def scan_namespace(ns_dir: Path, dim: Optional[int]) -> set[str]:
-    """Keys of every shard in a namespace folder, reading keys only; checks each shard's vectors header.
-
-    Raises :class:`ManifestMismatch` for a shard whose vectors are not float32 of
-    ``dim`` columns, or whose row count differs from its key count.
+    ``covered``: every text of this corpus is in the store already (nothing would be
+    written).  A manifest without corpora (made by another command, or rebuilt from
+    the shards) takes this one.
     """
-    present: set[str] = set()
-    for f in sorted(ns_dir.glob("part-*.npz")):
-        with zipfile.ZipFile(f) as zf:
-            shape, dtype = _npy_header(zf, "vectors.npy")
-        with np.load(f, allow_pickle=False) as z:
-            keys = z["keys"].tolist()
-        if dtype != np.float32 or len(shape) != 2 or (dim is not None and shape[1] != dim) or shape[0] != len(keys):
-            raise ManifestMismatch(
-                f"shard {f} holds {dtype} vectors of shape {shape} for {len(keys)} keys, but this namespace holds "
-                f"float32 vectors of {dim} dimensions: it comes from other settings; remove it or use another store"
-            )
-        present.update(keys)
-    return present
-
-
-# manifest fields that must agree for shards to be mixed ("model", the name, is recorded only:
-# the same weights under another path have the same fingerprint)
-_MUST_AGREE = ("format", "fingerprint", "calibration", "prompt", "text_field", "dim", "posfair_version", "code_hash")
-
-
-def _check_manifest(path: Path, want: dict[str, Any], corpus: dict[str, Any], covered: bool, add_corpus: bool) -> dict[str, Any]:
-    """The manifest to write: ``want`` + corpora; raises ManifestMismatch if the stored one disagrees.
-
-    ``covered``: every text of this corpus is in the store already (nothing would be written).
-    """
-    if not path.exists():
-        return {**want, "corpora": [corpus]}
-    have = json.loads(path.read_text())
-    diffs = [f"{k}: store has {have.get(k)!r}, this run has {want.get(k)!r}" for k in _MUST_AGREE if have.get(k) != want.get(k)]
-    if diffs:
-        raise ManifestMismatch(
-            f"{path.parent} holds shards made with other settings, refusing to mix them:\n  " + "\n  ".join(diffs)
-            + "\nuse another --out (or delete that namespace folder to recompute it)"
-        )
-    corpora = list(have.get("corpora", []))
-    if all(c.get("fingerprint") != corpus["fingerprint"] for c in corpora) and not covered:
-        if not add_corpus:
+    corpora = list(manifest.get("corpora") or [])
+    if all(c.get("fingerprint") != corpus["fingerprint"] for c in corpora) and (not covered or not corpora):
+        if corpora and not add_corpus:
             known = ", ".join(f"{c.get('fingerprint')} ({c.get('source')}, {c.get('texts')} texts)" for c in corpora)
             raise ManifestMismatch(
-                f"{path.parent} was built from another corpus ({known}); this corpus is {corpus['fingerprint']} "
+                f"{ns_dir} was built from another corpus ({known}); this corpus is {corpus['fingerprint']} "
                 f"({corpus['source']}, {corpus['texts']} texts). Pass --add-corpus (add_corpus=True) to add it to the "
                 "same store, or use another --out"
             )
         corpora.append(corpus)
-    return {**have, "corpora": corpora}
+    return {**manifest, "corpora": corpora}
 
 
 # ------------------------------------------------------------------------------------------
@@ -329,6 +279,9 @@ class EmbedReport:
     tokens: int
     padded: int
     seconds: float
+    #: fraction of the corpus's distinct texts the calibration changes (None for a stock job);
+    #: texts of at most one basket are encoded stock (see posfair.calibration.coverage)
+    calibrated_share: Optional[float] = None
 
     @property
     def texts_per_second(self) -> float:
@@ -398,21 +351,24 @@ def embed_texts(
     shards = plan_shards(texts, shard_size)
     all_keys = [k for s in shards for k in s.keys]
     dim = model.get_embedding_dimension()
-    ns_dir = EmbeddingStore(store_root).namespace_dir(**embedding_meta(model.fingerprint, cal, spec.prompt))
-    want = {
-        "format": MANIFEST_FORMAT,
-        "model": spec.model or "bundled",
-        "fingerprint": model.fingerprint,
-        "calibration": cal.to_dict() if cal else None,
-        "prompt": spec.prompt or "",
-        "text_field": text_field,
-        "dim": dim,
-        **code_version(),
-    }
+    meta = embedding_meta(model.fingerprint, cal, spec.prompt)
+    ns_dir = EmbeddingStore(store_root).namespace_dir(**meta)
+    settings = run_settings(
+        meta, **embedding_settings(model.fingerprint, cal, spec.prompt, dim=dim, text_field=text_field), model=spec.model or "bundled"
+    )
     corpus = {"fingerprint": corpus_fingerprint(all_keys), "source": corpus_source, "texts": len(all_keys)}
-    present = scan_namespace(ns_dir, dim)
-    manifest = _check_manifest(ns_dir / MANIFEST, want, corpus, present.issuperset(all_keys), add_corpus)
+    present: set[str] = set()
+    # settings check, every shard verified (damaged ones set aside: their keys are missing below)
+    manifest = open_namespace_dir(ns_dir, settings, lambda name, keys, vectors: present.update(keys), write=False)
+    manifest = _add_corpus(ns_dir, manifest, corpus, present.issuperset(all_keys), add_corpus)
     atomic_write_json(ns_dir / MANIFEST, manifest)
+
+    share = None
+    if cal is not None:  # counted once for the corpus (token lengths only), not per shard
+        coverage = model.calibration_coverage([t for s in shards for t in s.texts], cal, prompt=spec.prompt)
+        share = coverage.share
+        if coverage.message() is not None:
+            warnings.warn(f"posfair embed: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2)
 
     todo: list[Shard] = []
     skipped = 0
@@ -448,7 +404,7 @@ def embed_texts(
     return EmbedReport(
         namespace=str(ns_dir), engine=engine, workers=n, shards=len(shards), written=totals["written"],
         skipped=totals["skipped"], texts=len(all_keys), encoded=totals["texts"], tokens=totals["tokens"],
-        padded=totals["padded"], seconds=time.perf_counter() - t0,
+        padded=totals["padded"], seconds=time.perf_counter() - t0, calibrated_share=share,
     )  # fmt: skip
 
 
@@ -492,7 +448,7 @@ def read_corpus_texts(
     if text_field not in df.columns:
         raise ValueError(f"corpus {source or 'bundled'} has no field {text_field!r} (fields: {list(df.columns)})")
     desc = f"{source or 'bundled'} [{text_field}]" + (f" unit={unit}" if unit else "") + (f" langs={','.join(langs)}" if langs else "")
-    return df[text_field].astype(str).tolist(), desc
+    return check_texts(df[text_field].tolist(), f"corpus {source or 'bundled'}", text_field), desc
 
 
 def _has_posfair_fields(path: Path) -> bool:
@@ -509,6 +465,7 @@ def _has_posfair_fields(path: Path) -> bool:
 
 
 def _read_text_column(path: Path, field: str) -> list[str]:
+    lines = None
     if path.suffix.lower() in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 
@@ -516,16 +473,17 @@ def _read_text_column(path: Path, field: str) -> list[str]:
             raise ValueError(f"{path}: no column {field!r} (columns: {pq.read_schema(path).names})")
         texts = pq.read_table(path, columns=[field]).column(field).to_pylist()
     else:
-        texts = []
+        texts, lines = [], []
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
-                rec = json.loads(line)
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
                 if not isinstance(rec, dict) or field not in rec:
                     raise ValueError(f"{path}: line {n} has no field {field!r}")
                 texts.append(rec[field])
-    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
-    if bad:
-        raise ValueError(f"{path}: {len(bad)} empty or non-string {field!r} values (first: row {bad[0]})")
-    return texts
+                lines.append(n)
+    return check_texts(texts, str(path), field, lines)

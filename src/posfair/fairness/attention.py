@@ -21,7 +21,12 @@ Aggregation streams: :class:`AttentionProfile` keeps running sums and sums of
 squares per view cell, per layer (for the layer x basket heat map) and for the
 chosen layer set (default: the last half of the layers), plus the number of
 documents that have each cell (a 3-basket document contributes nothing to
-basket 4), so means and standard errors are exact.  Only one pooling row per
+basket 4), so means and standard errors are exact.
+
+A calibrated profile records how many of its documents the calibration
+actually changed (``n_calibrated``, :attr:`AttentionProfile.calibrated_share`;
+the rule of :mod:`posfair.calibration.coverage`): a profile with share 0 is
+the stock profile and the figures label it as a no-op instead of drawing it.  Only one pooling row per
 layer and document of the current batch is ever held.
 """
 
@@ -156,6 +161,7 @@ class AttentionProfile:
     model: str = ""
     fingerprint: str = ""
     calibration: Optional[dict] = None
+    n_calibrated: Optional[int] = None  # documents the calibration changed (None: stock profile)
     n_docs: int = 0
     max_total_error: float = 0.0  # max |sum of a document's row over its valid keys - 1|
     max_padding_mass: float = 0.0  # max mass any padding key received
@@ -248,6 +254,8 @@ class AttentionProfile:
             self.segment_tokens = np.pad(self.segment_tokens, (0, other.segment_tokens.shape[0] - self.segment_tokens.shape[0]))
         self.segment_tokens[: other.segment_tokens.shape[0]] += other.segment_tokens
         self.n_docs += other.n_docs
+        if self.n_calibrated is not None or other.n_calibrated is not None:
+            self.n_calibrated = (self.n_calibrated or 0) + (other.n_calibrated or 0)
         self.max_total_error = max(self.max_total_error, other.max_total_error)
         self.max_padding_mass = max(self.max_padding_mass, other.max_padding_mass)
         return self
@@ -291,6 +299,7 @@ class AttentionProfile:
             "model": self.model,
             "fingerprint": self.fingerprint,
             "calibration": self.calibration,
+            "n_calibrated": self.n_calibrated,
             "n_docs": self.n_docs,
             "max_total_error": self.max_total_error,
             "max_padding_mass": self.max_padding_mass,
@@ -315,10 +324,22 @@ class AttentionProfile:
             out.insert(0, col, val)
         return out
 
+    @property
+    def calibrated_share(self) -> float:
+        """Fraction of the documents the calibration changed (NaN for a stock profile or no documents)."""
+        if self.n_calibrated is None or not self.n_docs:
+            return float("nan")
+        return self.n_calibrated / self.n_docs
+
+    @property
+    def noop(self) -> bool:
+        """A calibrated profile in which no document was calibrated: it is the stock profile."""
+        return self.n_calibrated == 0 and self.n_docs > 0
+
     def summary(self) -> dict[str, float]:
-        """Headline numbers of the layer-set profile."""
+        """Headline numbers of the layer-set profile (``calibrated_share`` NaN for stock)."""
         sp, bk = self.mean("special"), self.mean("basket")
-        out = {"documents": float(self.n_docs), "BOS": float(sp[0]), "EOS": float(sp[1])}
+        out = {"documents": float(self.n_docs), "calibrated_share": self.calibrated_share, "BOS": float(sp[0]), "EOS": float(sp[1])}
         if bk.size:
             out["first basket"] = float(bk[0])
             out["last basket"] = float(bk[-1])
@@ -447,11 +468,21 @@ def attention_profile(
             f"(position limit {model.position_limit})"
         )
     cal_dict = calibration.to_dict() if calibration is not None else None
+    n_calibrated = None
+    if calibration is not None:
+        import warnings
+
+        from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
+
+        coverage = calibration_coverage(model.transformer_module.resolve(calibration), lengths)  # no truncation: lengths are the spans
+        n_calibrated = coverage.calibrated
+        if coverage.message():
+            warnings.warn(f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2)
     if label is None:
         label = calibration.label() if calibration is not None else "stock"
     profile = AttentionProfile(
         num_layers=num_layers, layers=chosen, basket_size=int(basket_size), n_bins=n_bins, pooling=pooling, queries=queries,
-        label=label, group=group, model=model_name, fingerprint=model.fingerprint, calibration=cal_dict,
+        label=label, group=group, model=model_name, fingerprint=model.fingerprint, calibration=cal_dict, n_calibrated=n_calibrated,
     )  # fmt: skip
     from posfair.fairness.documents import token_segment_index
 

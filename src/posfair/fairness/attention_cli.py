@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+
 __all__ = ["app", "parse_layers", "build_documents", "run_attention"]
 
 app = typer.Typer(help="Attention diagnosis: where the pooling token looks.", no_args_is_help=True)
@@ -74,7 +76,7 @@ def attention_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     batch_size: int = typer.Option(8, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Token limit for documents (default: the model's position limit)."),
+    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
     device: Optional[str] = typer.Option(None, "--device"),
 ):
@@ -83,7 +85,7 @@ def attention_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import posfair
-    from posfair.cliutil import calibrations_option
+    from posfair.cliutil import calibrations_option, load_model_option
     from posfair.corpus import load_corpus
     from posfair.fairness.attention import resolve_layers
 
@@ -96,8 +98,7 @@ def attention_cmd(
         cal = None
         if calibration:
             cal = calibrations_option([calibration])[0]
-        fm = posfair.load_model(model, device=device, trust_remote_code=trust_remote_code)
-        fm.max_seq_length = max_seq_length or fm.position_limit or fm.max_seq_length
+        fm = load_model_option(model, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
         layer_spec = parse_layers(layers)
         resolve_layers(layer_spec, fm.num_layers)
         if cal is not None:

@@ -39,35 +39,13 @@ def model_tokenizer(model):
     return tok
 
 
-def _auto_config(model):
-    first = model[0] if hasattr(model, "__getitem__") else None
-    auto = getattr(first, "auto_model", None) or getattr(first, "model", None)
-    return getattr(auto, "config", None)
+def model_limit(model, max_seq_length: int | None = None) -> int:
+    """The token limit the audit encodes with (see :func:`posfair.model.token_limit`: the one
+    rule every posfair command follows — ``max_seq_length`` if given, else the model's
+    configured ``max_seq_length``, never above its position limit)."""
+    from posfair.model import token_limit
 
-
-def model_limit(model) -> int:
-    """The longest input (special tokens included) the model's position embeddings allow.
-
-    The audit raises ``max_seq_length`` to this limit (sentence-transformers
-    configs often ship a shorter default, e.g. 256 for all-MiniLM-L6-v2 whose
-    BERT position table has 512 entries) and then only builds documents that fit.
-    """
-    limit = getattr(model, "position_limit", None)
-    if isinstance(limit, int) and limit > 0:
-        return limit
-    cfg = _auto_config(model)
-    mpe = getattr(cfg, "max_position_embeddings", None) if cfg is not None else None
-    if isinstance(mpe, int) and mpe > 0:
-        if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl"):
-            mpe -= (getattr(cfg, "pad_token_id", 1) or 1) + 1  # RoBERTa-style position ids start after padding_idx
-        return int(mpe)
-    tml = getattr(model_tokenizer(model), "model_max_length", None)
-    if isinstance(tml, int) and 0 < tml < 1_000_000:
-        return tml
-    msl = getattr(model, "max_seq_length", None)
-    if not msl:
-        raise ValueError("cannot determine the model's maximum input length; pass max_seq_length explicitly")
-    return int(msl)
+    return token_limit(model, max_seq_length)
 
 
 def model_pooling(model) -> str:
@@ -106,13 +84,13 @@ def max_seq_length(model, length: int) -> Iterator[None]:
 
 def _encode_kwargs(model, calibration) -> dict[str, Any]:
     if calibration is not None:
-        if not callable(getattr(model, "calibrate", None)):
+        if not callable(getattr(model, "set_calibration", None)):
             raise ValueError(
                 f"{type(model).__name__} does not support attention calibration; load the model with posfair.load_model()"
             )
         return {"calibration": calibration}
     # a FairModel may carry a default calibration: the audit's stock run must be the stock model
-    return {"calibration": False} if callable(getattr(model, "calibrate", None)) else {}
+    return {"calibration": False} if callable(getattr(model, "set_calibration", None)) else {}
 
 
 def encode_texts(model, texts: Sequence[str], calibration=None, batch_size: int = 16) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -12,10 +13,11 @@ import pandas as pd
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
 from posfair.calibration import Calibration
+from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.evaluation import finish_metrics, run_tag
 from posfair.fairness import encoding as enc
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
-from posfair.fairness.results import AuditResult, fit_all
+from posfair.fairness.results import AuditResult, coverage_messages, fit_all
 from posfair.store import EmbeddingStore
 
 __all__ = ["audit", "corpus_fingerprint", "PositionalFairnessEvaluator"]
@@ -55,11 +57,12 @@ def audit(
     instances = build_instances(corpus, settings, enc.model_tokenizer(model), info.limit)
     with tempfile.TemporaryDirectory(prefix="posfair-cache-") if cache_dir is None else _nullctx(cache_dir) as root:
         store = EmbeddingStore(root)
-        obs, timings = run_instances(model, instances, cals, store, info, settings, progress)
-    coefs = fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()])
+        with quiet_fallback():  # reported once per calibration below (and in every table), not per encode call
+            obs, timings = run_instances(model, instances, cals, store, info, settings, progress)
+    coefs = fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()], settings.inference_spec)
     timings["total"] = time.perf_counter() - t0
     langs = sorted(corpus["lang"].astype(str).unique()) if "lang" in corpus else []
-    return AuditResult(
+    result = AuditResult(
         model=info.to_dict(),
         corpus={"name": corpus_name, "fingerprint": corpus_fingerprint(corpus), "rows": int(len(corpus)), "languages": ", ".join(langs)},
         settings=settings.to_dict(),
@@ -69,6 +72,9 @@ def audit(
         sampling=[i.report.to_dict() | {"instance": i.key} for i in instances],
         timings=timings,
     )
+    for message in coverage_messages(result.coverage()):
+        warnings.warn(message, CalibrationFallbackWarning, stacklevel=2)
+    return result
 
 
 class _nullctx:

@@ -34,6 +34,7 @@ from posfair.calibration import Calibration
 from posfair.fairness import encoding as enc
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
+from posfair.fairness.ols import Inference
 from posfair.store import EmbeddingStore, embedding_namespace
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
@@ -58,8 +59,10 @@ class AuditSettings:
         configs: language configurations (``LanguageConfig`` or specs like ``"en"``, ``"de:en"``).
         target_docs: documents per instance; ``ceil(target_docs / n!)`` segment sets are drawn.
         seed: sampling seed (sets are drawn per instance from a seed derived from it).
-        max_seq_length: token limit for documents; None = the model's position limit
-            (the audit raises ``model.max_seq_length`` to it for the run, then restores it).
+        max_seq_length: token limit for documents; None = the model's configured
+            ``max_seq_length`` (:func:`posfair.model.token_limit`, the rule every posfair
+            command follows); a larger value (up to the position limit) is set on the model
+            for the run, then restored, and recorded in the results' metadata.
         min_segment_tokens / max_segment_tokens: segment length window (tokens, no specials);
             None = ``default_length_window(limit, n, min_ratio=window_ratio)`` per n
             (per-segment budget ``(limit - specials) // n``; for a 512-token model
@@ -67,6 +70,12 @@ class AuditSettings:
         batch_size: encoder batch size; chunk_size: texts per cache shard.
         retention: compute tau (contextualised segments); None = only for mean-pooled models.
         control: add the semantic-fidelity control rows for every calibration.
+        inference: how the OLS p-values are computed: ``"cluster"`` (CR1 cluster-robust
+            standard errors, t with G-1 degrees of freedom) or ``"wild"`` (wild cluster
+            bootstrap, see :mod:`posfair.fairness.ols`).
+        bootstrap_draws / bootstrap_weights / bootstrap_seed: the wild bootstrap's draws B,
+            weights (``"webb"`` or ``"rademacher"``; Rademacher enumerates all 2^G sign
+            vectors when 2^G < B) and seed (recorded for every run, used only with ``"wild"``).
     """
 
     n_values: tuple[int, ...] = (3, 4)
@@ -81,6 +90,10 @@ class AuditSettings:
     chunk_size: int = 64
     retention: bool | None = None
     control: bool = True
+    inference: str = "cluster"
+    bootstrap_draws: int = 9999
+    bootstrap_weights: str = "webb"
+    bootstrap_seed: int = 0
 
     def __post_init__(self) -> None:
         ns = tuple(int(n) for n in self.n_values)
@@ -100,6 +113,14 @@ class AuditSettings:
             raise ValueError(f"max_seq_length must be >= 4; got {self.max_seq_length}")
         if self.batch_size < 1 or self.chunk_size < 1:
             raise ValueError("batch_size and chunk_size must be >= 1")
+        spec = self.inference_spec  # validates; stores the normalised spellings
+        object.__setattr__(self, "inference", spec.method)
+        object.__setattr__(self, "bootstrap_weights", spec.weights)
+
+    @property
+    def inference_spec(self) -> Inference:
+        """The :class:`~posfair.fairness.ols.Inference` of these settings."""
+        return Inference(method=self.inference, draws=self.bootstrap_draws, weights=self.bootstrap_weights, seed=self.bootstrap_seed)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -353,10 +374,7 @@ def default_calibrations(calibrations) -> list[Calibration]:
 
 def make_model_info(model, settings: AuditSettings, name: str | None = None) -> ModelInfo:
     pooling = enc.model_pooling(model)
-    limit = settings.max_seq_length or enc.model_limit(model)
-    position_limit = enc.model_limit(model)
-    if limit > position_limit:
-        raise ValueError(f"max_seq_length={limit} exceeds the model's position limit of {position_limit} tokens")
+    limit = enc.model_limit(model, settings.max_seq_length)
     retention = settings.retention if settings.retention is not None else pooling == "mean"
     if name is None:
         name = getattr(model, "model_card_data", None) and getattr(model.model_card_data, "base_model", None)

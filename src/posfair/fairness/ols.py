@@ -1,24 +1,71 @@
 """OLS on position dummies with standard errors clustered by segment set.
 
 ``y = beta_0 + sum_{p=2..n} beta_p * 1{position = p} + e``; position 1 is the
-baseline.  Cluster-robust covariance as in statsmodels ``cov_type="cluster"``
-(with its default small-sample correction ``G/(G-1) * (N-1)/(N-K)`` and normal
-p-values), which is what the paper's analysis uses.
+baseline.  Two kinds of inference (:class:`Inference`):
+
+``cluster`` (the default)
+    CR1 cluster-robust covariance as in statsmodels ``cov_type="cluster"`` (small-sample
+    correction ``G/(G-1) * (N-1)/(N-K)``) and p-values from Student's t with ``G - 1``
+    degrees of freedom (statsmodels ``use_t=True``), G = number of segment sets.  With few
+    clusters the normal approximation is far too optimistic: a run whose n=4 instance rests
+    on G = 2 sets gets p ~ 1e-272 from the normal and p ~ 0.02 from t(1) for the same t.
+
+``wild``
+    Wild cluster bootstrap-t (WCR11 in the terms of MacKinnon, Nielsen & Webb: null imposed,
+    CR1 variance in every draw) computed with the ``wildboottest`` package, one test per
+    coefficient (H0: beta = 0), bootstrap clusters = segment sets.  Weights:
+
+    * ``webb`` (default): Webb's six-point distribution, ``draws`` random draws from a
+      generator seeded with ``seed`` (6^G distinct weight vectors, so few clusters still
+      give a fine-grained bootstrap distribution);
+    * ``rademacher``: +-1; when ``2^G < draws`` every one of the ``2^G`` sign vectors is
+      enumerated (exact, the seed plays no part), as wildboottest does; otherwise
+      ``draws`` seeded random draws.
+
+    p-value: the share of bootstrap statistics with ``|t*| >= |t|`` (ties, up to a relative
+    1e-9, count against the null).  Under full enumeration the share is over all ``2^G``
+    vectors, which include the all-ones vector and its negation (``|t*| = |t|``), so
+    ``p >= 2 / 2^G`` -- with G = 2 no p-value below 0.5 is possible, as it should be.
+    With random draws the observed statistic counts as one of ``draws + 1``
+    (``p = (1 + #{|t*| >= |t|}) / (draws + 1)``), so p is never 0.
+    Standard errors and the statsmodels results object are those of the CR1 fit.
+
+A fit on fewer than :data:`FEW_CLUSTERS` segment sets emits a :class:`FewClustersWarning`
+naming G.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["PositionOLS", "fit_position_ols", "significance_mark", "MARKS", "MARK_LEGEND", "position_design"]
+__all__ = [
+    "PositionOLS", "fit_position_ols", "significance_mark", "MARKS", "MARK_LEGEND", "position_design",
+    "Inference", "describe_inference", "INFERENCE_METHODS", "BOOTSTRAP_WEIGHTS", "FEW_CLUSTERS", "FewClustersWarning", "wild_pvalue",
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 #: (upper p bound, mark): p < 0.001 is unmarked, as in the paper's tables.
 MARKS: tuple[tuple[float, str], ...] = ((0.001, ""), (0.01, "◊"), (0.05, "□"))
 NOT_SIGNIFICANT = "•"
 MARK_LEGEND = "all values p < 0.001 unless marked: ◊ p < 0.01, □ p < 0.05, • not significant (p ≥ 0.05)"
+
+INFERENCE_METHODS = ("cluster", "wild")
+BOOTSTRAP_WEIGHTS = ("webb", "rademacher")
+#: below this many clusters (segment sets) a fit warns: cluster-robust inference is unreliable with few clusters
+FEW_CLUSTERS = 20
+#: relative tolerance under which |t*| and |t| count as tied (ties count against the null)
+TIE_RTOL = 1e-9
+
+
+class FewClustersWarning(UserWarning):
+    """A regression's p-values rest on fewer than :data:`FEW_CLUSTERS` segment sets."""
 
 
 def significance_mark(p: float) -> str:
@@ -32,8 +79,107 @@ def significance_mark(p: float) -> str:
 
 
 @dataclass(frozen=True)
+class Inference:
+    """How p-values are computed (see the module docstring).
+
+    Args:
+        method: ``"cluster"`` (CR1 + t(G-1)) or ``"wild"`` (wild cluster bootstrap).
+        draws: bootstrap draws B (wild only).
+        weights: ``"webb"`` or ``"rademacher"`` (wild only; Rademacher enumerates all 2^G
+            sign vectors when 2^G < draws).
+        seed: seed of the bootstrap weights (wild only).
+    """
+
+    method: str = "cluster"
+    draws: int = 9999
+    weights: str = "webb"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        method = str(self.method).strip().lower()
+        if method not in INFERENCE_METHODS:
+            raise ValueError(f"inference must be one of {', '.join(INFERENCE_METHODS)}; got {self.method!r}")
+        object.__setattr__(self, "method", method)
+        weights = str(self.weights).strip().lower()
+        if weights not in BOOTSTRAP_WEIGHTS:
+            raise ValueError(f"bootstrap weights must be one of {', '.join(BOOTSTRAP_WEIGHTS)}; got {self.weights!r}")
+        object.__setattr__(self, "weights", weights)
+        if isinstance(self.draws, bool) or int(self.draws) != self.draws or self.draws < 99:
+            raise ValueError(f"bootstrap draws must be an integer >= 99; got {self.draws!r}")
+        object.__setattr__(self, "draws", int(self.draws))
+        if isinstance(self.seed, bool) or int(self.seed) != self.seed or self.seed < 0:
+            raise ValueError(f"bootstrap seed must be an integer >= 0; got {self.seed!r}")
+        object.__setattr__(self, "seed", int(self.seed))
+
+    @classmethod
+    def coerce(cls, value: "Inference | str | dict | None") -> "Inference":
+        if value is None:
+            return cls()
+        if isinstance(value, Inference):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        return cls(method=str(value))
+
+    def enumerates(self, n_clusters: int) -> bool:
+        """Whether the wild bootstrap enumerates all 2^G Rademacher vectors (as wildboottest does)."""
+        return self.method == "wild" and self.weights == "rademacher" and 2**n_clusters < self.draws
+
+    def label(self, n_clusters: int | None = None) -> str:
+        """Short label for tables: ``CR1 t(G-1)`` or ``wild WCR11 webb B=9999 seed=0`` (or ``... all 2^G``)."""
+        if self.method == "cluster":
+            return "CR1 t(G-1)"
+        if n_clusters is not None and self.enumerates(n_clusters):
+            return f"wild WCR11 rademacher all 2^{n_clusters}"
+        return f"wild WCR11 {self.weights} B={self.draws} seed={self.seed}"
+
+    def describe(self) -> str:
+        """A sentence for captions and reports."""
+        if self.method == "cluster":
+            return (
+                "CR1 cluster-robust standard errors (clusters = segment sets, correction G/(G-1) * (N-1)/(N-K)), "
+                "p-values from Student's t with G-1 degrees of freedom"
+            )
+        w = (
+            "Webb six-point weights"
+            if self.weights == "webb"
+            else "Rademacher weights (all 2^G sign vectors enumerated when 2^G < B)"
+        )
+        return (
+            f"CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, "
+            f"clusters = segment sets, {w}, B = {self.draws} draws, seed {self.seed}; p = share of |t*| ≥ |t|, "
+            "the observed statistic counted as one draw)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "draws": self.draws, "weights": self.weights, "seed": self.seed}
+
+
+def describe_inference(labels) -> str:
+    """A sentence for captions from the short labels of :meth:`Inference.label` found in a table."""
+    labels = list(dict.fromkeys(str(x) for x in labels))
+    parts = []
+    if any(lab.startswith("CR1") for lab in labels):
+        parts.append(Inference().describe())
+    wild = [lab.removeprefix("wild WCR11 ") for lab in labels if lab.startswith("wild")]
+    if wild:
+        parts.append(
+            "CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, CR1 "
+            f"variance in every draw, clusters = segment sets; {', '.join(wild)}; p = share of |t*| ≥ |t| with the "
+            "observed statistic counted as one draw, or over all 2^G Rademacher sign vectors where enumerated)"
+        )
+    other = [lab for lab in labels if not lab.startswith(("CR1", "wild"))]
+    parts += other
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class PositionOLS:
-    """Coefficients beta_0 (intercept = mean at position 1) and beta_2..beta_n."""
+    """Coefficients beta_0 (intercept = mean at position 1) and beta_2..beta_n.
+
+    ``result`` is the statsmodels results object of the CR1 fit (``conf_int()``, ``summary()``:
+    intervals and tests from t(G-1)); with wild inference ``pvalues`` are the bootstrap ones.
+    """
 
     n: int
     params: np.ndarray  # (n,): beta_0, beta_2, ..., beta_n
@@ -41,6 +187,9 @@ class PositionOLS:
     pvalues: np.ndarray
     nobs: int
     n_clusters: int
+    tvalues: np.ndarray | None = None
+    inference: str = "CR1 t(G-1)"
+    result: Any = field(default=None, compare=False, repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -50,6 +199,10 @@ class PositionOLS:
     def marks(self) -> list[str]:
         return [significance_mark(p) for p in self.pvalues]
 
+    def conf_int(self, alpha: float = 0.05) -> np.ndarray:
+        """CR1 confidence intervals from t(G-1) (statsmodels)."""
+        return np.asarray(self.result.conf_int(alpha))
+
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(
             {
@@ -57,10 +210,12 @@ class PositionOLS:
                 "position": [1] + list(range(2, self.n + 1)),
                 "estimate": self.params,
                 "se": self.bse,
+                "t": self.tvalues if self.tvalues is not None else np.full(self.n, np.nan),
                 "p": self.pvalues,
                 "mark": self.marks,
                 "nobs": self.nobs,
                 "clusters": self.n_clusters,
+                "inference": self.inference,
             }
         )
 
@@ -75,10 +230,66 @@ def position_design(positions: np.ndarray, n: int) -> np.ndarray:
     return X
 
 
-def fit_position_ols(y, positions, clusters, n: int | None = None) -> PositionOLS:
-    """Fit the positional OLS with cluster-robust SEs (clusters = segment-set ids)."""
+def few_clusters_text(n_clusters: int) -> str:
+    return (
+        f"the positional regression rests on G = {n_clusters} segment sets (clusters), fewer than {FEW_CLUSTERS}: "
+        "cluster-robust p-values are approximate; raise the document count (more segment sets) or use the wild "
+        "cluster bootstrap (--inference wild)"
+    )
+
+
+def wild_pvalue(t_stat: float, t_boot: np.ndarray, *, enumerated: bool) -> float:
+    """Symmetric bootstrap p-value: share of ``|t*| >= |t|`` (ties up to :data:`TIE_RTOL` included).
+
+    ``enumerated``: ``t_boot`` holds the statistic of every weight vector (full enumeration);
+    otherwise ``t_boot`` are random draws and the observed statistic counts as one more draw.
+    Non-finite bootstrap statistics are dropped.
+    """
+    t_boot = np.asarray(t_boot, dtype=np.float64).ravel()
+    t_boot = t_boot[np.isfinite(t_boot)]
+    t = abs(float(t_stat))
+    if not np.isfinite(t) or not len(t_boot):
+        return float("nan")
+    exceed = int(np.sum(np.abs(t_boot) >= t * (1 - TIE_RTOL)))
+    if enumerated:
+        return exceed / len(t_boot)
+    return (1 + exceed) / (len(t_boot) + 1)
+
+
+def _wild_tests(X: np.ndarray, y: np.ndarray, groups: np.ndarray, inference: Inference) -> tuple[np.ndarray, np.ndarray]:
+    """(t statistics, bootstrap p-values) per coefficient via wildboottest's WCR11 bootstrap."""
+    from wildboottest.wildboottest import WildboottestCL
+
+    k = X.shape[1]
+    G = int(len(np.unique(groups)))
+    enumerated = inference.enumerates(G)
+    tvals, pvals = np.empty(k), np.empty(k)
+    for j in range(k):
+        R = np.zeros(k)
+        R[j] = 1.0
+        wb = WildboottestCL(X=X, Y=y, cluster=groups, R=R, B=inference.draws, seed=inference.seed, parallel=False)
+        wb.get_scores(bootstrap_type="11", impose_null=True, adj=True, cluster_adj=True)
+        wb.get_weights(weights_type=inference.weights)
+        wb.get_numer()
+        wb.get_denom()
+        wb.get_tboot()
+        wb.get_vcov()
+        wb.get_tstat()
+        tvals[j] = float(np.asarray(wb.t_stat).ravel()[0])
+        pvals[j] = wild_pvalue(tvals[j], wb.t_boot, enumerated=enumerated)
+    return tvals, pvals
+
+
+def fit_position_ols(y, positions, clusters, n: int | None = None, inference: Inference | str | None = None, *, warn: bool = True) -> PositionOLS:
+    """Fit the positional OLS with cluster-robust SEs (clusters = segment-set ids).
+
+    ``inference``: :class:`Inference` (or ``"cluster"`` / ``"wild"``); default CR1 + t(G-1).
+    ``warn``: emit a :class:`FewClustersWarning` when G < :data:`FEW_CLUSTERS` (callers that fit
+    many regressions warn once for all of them instead).
+    """
     import statsmodels.api as sm
 
+    inference = Inference.coerce(inference)
     y = np.asarray(y, dtype=np.float64)
     positions = np.asarray(positions, dtype=np.int64)
     if n is None:
@@ -90,17 +301,32 @@ def fit_position_ols(y, positions, clusters, n: int | None = None) -> PositionOL
     present = set(np.unique(positions).tolist())
     if present != set(range(1, n + 1)):
         raise ValueError(f"positions must cover 1..{n}; got {sorted(present)}")
-    groups = pd.factorize(pd.Series(clusters))[0]
+    # cluster codes in sorted order of the ids (as wildboottest orders them): bootstrap weights go to
+    # segment sets by id, so the p-values do not depend on the row order of the observations
+    groups = pd.Series(clusters).astype("category").cat.codes.to_numpy().astype(np.int64)
     n_clusters = int(groups.max()) + 1
     if n_clusters < 2:
         raise ValueError("clustered standard errors need at least 2 segment sets")
+    if warn and n_clusters < FEW_CLUSTERS:
+        warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=2)
     X = position_design(positions, n)
-    res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups})
+    res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    if getattr(res, "df_resid_inference", None) != n_clusters - 1:  # statsmodels' contract, checked not assumed
+        raise RuntimeError(f"statsmodels used {getattr(res, 'df_resid_inference', None)} degrees of freedom, expected G-1 = {n_clusters - 1}")
+    tvalues, pvalues = np.asarray(res.tvalues), np.asarray(res.pvalues)
+    if inference.method == "wild":
+        t_wild, pvalues = _wild_tests(X, y, groups, inference)
+        if not np.allclose(t_wild, tvalues, rtol=1e-6, atol=1e-9):
+            raise RuntimeError(f"wild bootstrap t statistics {t_wild} differ from the CR1 fit's {tvalues}")
+        log.debug("wild bootstrap (%s): G=%d, p=%s", inference.label(n_clusters), n_clusters, pvalues)
     return PositionOLS(
         n=n,
         params=np.asarray(res.params),
         bse=np.asarray(res.bse),
-        pvalues=np.asarray(res.pvalues),
+        pvalues=np.asarray(pvalues),
         nobs=len(y),
         n_clusters=n_clusters,
+        tvalues=tvalues,
+        inference=inference.label(n_clusters),
+        result=res,
     )

@@ -10,6 +10,7 @@ further report parts are passed as ``extra_sections`` to :meth:`AuditResult.repo
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage, format_share
 from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK
 from posfair.fairness.metrics import profile_spread
-from posfair.fairness.ols import MARK_LEGEND, fit_position_ols
+from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, FewClustersWarning, Inference, describe_inference, fit_position_ols
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from posfair.report.html import FigureRef, Section, key_value_html, write_report
 from posfair.report.plots import ProfileSeries, profile_grid, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_html, to_markdown, write_table
 
-__all__ = ["AuditResult", "fit_all", "coefficient_table", "fidelity_summary", "fidelity_table", "MEASURE_TITLES"]
+__all__ = [
+    "AuditResult", "fit_all", "coefficient_table", "coefficient_detail_table", "few_clusters", "few_clusters_message",
+    "fidelity_summary", "fidelity_table", "MEASURE_TITLES", "coverage_summary", "coverage_table", "coverage_messages",
+]  # fmt: skip
 
 MEASURE_TITLES = {
     "sigma": "positional fairness (sigma = cos(document, standalone segment))",
@@ -34,8 +39,15 @@ MEASURE_TITLES = {
 GROUP = ["calibration", "setting", "measure", "n", "config"]
 
 
-def fit_all(observations: pd.DataFrame, measures=MEASURES) -> pd.DataFrame:
-    """OLS per (calibration, setting, measure, n, config): long table of coefficients."""
+def fit_all(observations: pd.DataFrame, measures=MEASURES, inference: Inference | str | None = None, *, warn: bool = True) -> pd.DataFrame:
+    """OLS per (calibration, setting, measure, n, config): long table of coefficients.
+
+    ``inference``: :class:`~posfair.fairness.ols.Inference` (default CR1 + t(G-1)).  Columns
+    ``clusters`` (G, segment sets) and ``inference`` (a short label) say what each p-value rests
+    on.  ``warn``: one :class:`~posfair.fairness.ols.FewClustersWarning` naming every instance
+    with G < 20 (see :func:`few_clusters`).
+    """
+    inference = Inference.coerce(inference)
     rows = []
     keys = ["calibration", "setting", "n", "config"]
     for key, g in observations.groupby(keys, sort=False):
@@ -43,7 +55,7 @@ def fit_all(observations: pd.DataFrame, measures=MEASURES) -> pd.DataFrame:
             y = g[m].to_numpy(dtype=float)
             if not np.isfinite(y).any():
                 continue
-            fit = fit_position_ols(y, g["position"].to_numpy(), g["set_id"].to_numpy(), n=int(key[2]))
+            fit = fit_position_ols(y, g["position"].to_numpy(), g["set_id"].to_numpy(), n=int(key[2]), inference=inference, warn=False)
             f = fit.to_frame()
             for name, val in zip(keys, key):
                 f[name] = val
@@ -51,9 +63,38 @@ def fit_all(observations: pd.DataFrame, measures=MEASURES) -> pd.DataFrame:
             f["config_key"] = g["config_key"].iloc[0]
             rows.append(f)
     if not rows:
-        return pd.DataFrame(columns=GROUP + ["coef", "position", "estimate", "se", "p", "mark", "nobs", "clusters", "config_key"])
-    out = pd.concat(rows, ignore_index=True)
-    return out[GROUP + ["config_key", "coef", "position", "estimate", "se", "p", "mark", "nobs", "clusters"]]
+        return pd.DataFrame(columns=GROUP + COEF_COLUMNS)
+    out = pd.concat(rows, ignore_index=True)[GROUP + COEF_COLUMNS]
+    message = few_clusters_message(out)
+    if warn and message:
+        warnings.warn(message, FewClustersWarning, stacklevel=2)
+    return out
+
+
+COEF_COLUMNS = ["config_key", "coef", "position", "estimate", "se", "t", "p", "mark", "nobs", "clusters", "inference"]
+
+
+def few_clusters(coefs: pd.DataFrame) -> pd.DataFrame:
+    """The instances (n, config) whose regressions rest on fewer than 20 segment sets, with G."""
+    if not len(coefs) or "clusters" not in coefs:
+        return pd.DataFrame(columns=["n", "config", "clusters"])
+    c = coefs[coefs["clusters"] < FEW_CLUSTERS]
+    return c.drop_duplicates(["n", "config", "clusters"])[["n", "config", "clusters"]].reset_index(drop=True)
+
+
+def few_clusters_message(coefs: pd.DataFrame) -> str | None:
+    """One line naming every instance with G < 20 (None if there is none): the warning, CLI and report text."""
+    few = few_clusters(coefs)
+    if not len(few):
+        return None
+    total = coefs.drop_duplicates(["n", "config"]).shape[0]
+    which = "; ".join(f"n={r.n} {r.config}: G={r.clusters}" for r in few.itertuples(index=False))
+    labels = ", ".join(dict.fromkeys(coefs["inference"])) if "inference" in coefs else ""
+    return (
+        f"{len(few)} of {total} instances rest on fewer than {FEW_CLUSTERS} segment sets (clusters G) -- {which}. "
+        f"Their p-values ({labels}) are approximate with so few clusters; more documents (more segment sets) "
+        "or --inference wild give sturdier tests."
+    )
 
 
 def _fmt(estimate: float, mark: str, digits: int) -> str:
@@ -63,8 +104,35 @@ def _fmt(estimate: float, mark: str, digits: int) -> str:
     return s + (f" {mark}" if mark else "")
 
 
-def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 3) -> Table:
-    """The paper's Table 1 layout: rows (n, beta_k), columns language configurations."""
+def _fmt_p(p: float) -> str:
+    if p is None or not np.isfinite(p):
+        return ""
+    return f"{p:.3g}"
+
+
+def _few_note(sub: pd.DataFrame) -> str:
+    few = few_clusters(sub)
+    if not len(few):
+        return ""
+    which = ", ".join(f"n={r.n} {r.config} (G={r.clusters})" for r in few.itertuples(index=False))
+    return f" Fewer than {FEW_CLUSTERS} segment sets, p-values approximate: {which}."
+
+
+def _inference_caption(sub: pd.DataFrame) -> str:
+    labels = list(dict.fromkeys(sub["inference"])) if "inference" in sub and len(sub) else []
+    return f"Inference: {describe_inference(labels)}." if labels else ""
+
+
+def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 3,
+                      coverage: pd.DataFrame | None = None) -> Table:  # fmt: skip
+    """The paper's Table 1 layout: rows (n, beta_k), columns language configurations.
+
+    Each n block ends with a row ``G (segment sets)``: the clusters every p-value (mark) of the
+    block rests on; the caption names the inference and the instances with G < 20.  With
+    ``coverage`` (:func:`coverage_summary`) a row ``calibrated_share`` follows: the fraction of
+    the instance's documents the calibration changed ("—" for stock); a calibration that changed
+    none is marked "no-op: nothing calibrated" in the title (its coefficients are the stock ones).
+    """
     sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
     index, cells = [], []
     for n in sorted(sub["n"].unique()):
@@ -76,17 +144,60 @@ def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibrat
                 hit = sub[(sub["n"] == n) & (sub["config"] == c) & (sub["position"] == pos)]
                 row.append(_fmt(hit["estimate"].iloc[0], "" if pos == 1 else hit["mark"].iloc[0], digits) if len(hit) else "")
             cells.append(row)
+        index.append((int(n), CLUSTER_ROW))
+        g_row = []
+        for c in configs:
+            hit = sub[(sub["n"] == n) & (sub["config"] == c)]
+            g_row.append(str(int(hit["clusters"].iloc[0])) if len(hit) else "")
+        cells.append(g_row)
+        if coverage is not None:
+            index.append((int(n), SHARE_ROW))
+            cells.append([_share_cell(coverage, calibration, n, c) for c in configs])
     frame = pd.DataFrame(cells, columns=configs, index=pd.MultiIndex.from_tuples(index, names=["n", "coefficient"]) if index else None)
     variant = calibration if setting == "main" else f"{calibration}, control: calibrated documents vs stock segments"
+    if coverage is not None and _noop(coverage, calibration):
+        variant += f" — {NOOP_LABEL}, identical to stock"
     stem = f"{measure}_{_safe(calibration)}_{setting}"
     return Table(
         title=f"OLS coefficients, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
         frame=frame,
         caption=(
             f"{MEASURE_TITLES[measure]}. OLS on position dummies (position 1 = baseline), standard errors clustered "
-            f"by segment set. Statistical significance: {MARK_LEGEND}."
+            f"by segment set; G = number of segment sets (clusters). {_inference_caption(sub)} "
+            f"Statistical significance: {MARK_LEGEND}.{_few_note(sub)}"
         ),
         name=stem,
+    )
+
+
+CLUSTER_ROW = "G (segment sets)"
+SHARE_ROW = "calibrated_share"
+
+
+def coefficient_detail_table(coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 4) -> Table:
+    """Every coefficient with its SE, t, p-value, mark, G and inference: rows (n, configuration, coefficient)."""
+    sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
+    index, cells = [], []
+    for n in sorted(sub["n"].unique()):
+        for c in configs:
+            for r in sub[(sub["n"] == n) & (sub["config"] == c)].sort_values("position").itertuples(index=False):
+                label = "β0 (intercept)" if r.position == 1 else f"β{r.position} ({r.position} vs. 1)"
+                index.append((int(n), c, label))
+                cells.append([
+                    _fmt(r.estimate, "", digits), f"{r.se:.{digits}f}", f"{r.t:.2f}" if np.isfinite(r.t) else "", _fmt_p(r.p),
+                    "" if r.position == 1 else r.mark, str(int(r.clusters)), r.inference,
+                ])  # fmt: skip
+    columns = ["estimate", "SE", "t", "p", "mark", "G", "inference"]
+    frame = pd.DataFrame(cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "coefficient"]) if index else None)
+    variant = calibration if setting == "main" else f"{calibration}, control"
+    return Table(
+        title=f"OLS coefficients with standard errors and p-values, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
+        frame=frame,
+        caption=(
+            f"{MEASURE_TITLES[measure]}. SE: CR1 cluster-robust (clusters = segment sets); G: number of segment sets. "
+            f"{_inference_caption(sub)} Marks: {MARK_LEGEND}.{_few_note(sub)}"
+        ),
+        name=f"{measure}_{_safe(calibration)}_{setting}_detail",
     )
 
 
@@ -101,11 +212,12 @@ FIDELITY_CAPTION = (
 )
 
 
-def fidelity_summary(observations: pd.DataFrame, coefficients: pd.DataFrame | None = None) -> pd.DataFrame:
+def fidelity_summary(observations: pd.DataFrame, coefficients: pd.DataFrame | None = None, coverage: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (calibration, setting, n, config): the σ profile, its spread and max |β|, and the fidelity means.
 
     Per-position columns ``sigma_p<k>`` / ``margin_p<k>`` (NaN beyond n); ``recall`` and ``drift``
-    are means over documents (each document counts once).
+    are means over documents (each document counts once).  With ``coverage``
+    (:func:`coverage_summary`) a column ``calibrated_share`` (NaN for stock).
     """
     keys = ["calibration", "setting", "n", "config"]
     if not len(observations):
@@ -131,6 +243,8 @@ def fidelity_summary(observations: pd.DataFrame, coefficients: pd.DataFrame | No
         for p in range(1, n_max + 1):
             row[f"sigma_p{p}"] = float(by_pos["sigma"].mean().get(p, np.nan))
             row[f"margin_p{p}"] = float(by_pos["margin"].mean().get(p, np.nan))
+        if coverage is not None:
+            row["calibrated_share"] = _share_of(coverage, key[0], key[2], key[3])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -142,6 +256,7 @@ def _profile(row: pd.Series, prefix: str) -> str:
 def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
     """The fidelity summary formatted: rows (n, configuration, variant)."""
     index, cells = [], []
+    shares = "calibrated_share" in summary.columns
     for r in summary.itertuples(index=False):
         s = pd.Series(r._asdict())
         variant = r.calibration if r.setting == "main" else f"{r.calibration} (control)"
@@ -149,10 +264,83 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
         cells.append([
             _profile(s, "sigma"), f"{r.spread:.3f}", "" if pd.isna(r.max_abs_beta) else f"{r.max_abs_beta:.3f}",
             f"{r.other_cos:.3f}", _profile(s, "margin"), f"{r.margin:.3f}", f"{r.recall:.3f}", f"{r.drift:.3f}",
-        ])  # fmt: skip
+        ] + ([format_share(s["calibrated_share"])] if shares else []))  # fmt: skip
     columns = ["σ by position", "spread", "max |β|", "other-set cos", "margin by position", "margin", "recall@n", "drift"]
+    columns += ["calibrated_share"] if shares else []
     frame = pd.DataFrame(cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "variant"]) if index else None)
     return Table(title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity")
+
+
+COVERAGE_CAPTION = (
+    "calibrated_share: fraction of the instance's documents whose embedding the calibration changes. A document whose "
+    "content (its tokens minus the isolated BOS/EOS keys) is shorter than one basket is encoded stock (the authors' rule), "
+    "and so is one of exactly one basket when no isolated key is reweighted (calibration is then the identity). "
+    f"Share 0 = {NOOP_LABEL}: the calibrated figures are the stock ones. Standalone segments follow the same rule."
+)
+
+
+def coverage_summary(observations: pd.DataFrame, calibrations: list[dict[str, Any]], pooling: str) -> pd.DataFrame:
+    """One row per (calibration, n, config): ``documents``, ``calibrated`` and ``calibrated_share`` (NaN for stock).
+
+    Counted with :func:`posfair.calibration.coverage.calibration_coverage` over the documents' token
+    counts (``doc_tokens``: special tokens included; documents are built to fit the token limit, so
+    none is truncated) and the calibrations' basket rule resolved for ``pooling``.
+    """
+    from posfair.calibration import Calibration
+
+    cols = ["calibration", "n", "config", "config_key", "documents", "calibrated", "calibrated_share"]
+    if not len(observations):
+        return pd.DataFrame(columns=cols)
+    fields = set(Calibration.__dataclass_fields__)
+    by_label = {c["label"]: Calibration.from_dict({k: v for k, v in c.items() if k in fields}) for c in calibrations}
+    docs = observations[observations["setting"] == "main"].drop_duplicates(["calibration", "doc_id"])
+    rows = []
+    for (label, n, config), g in docs.groupby(["calibration", "n", "config"], sort=False):
+        row: dict[str, Any] = {"calibration": label, "n": int(n), "config": config, "config_key": g["config_key"].iloc[0], "documents": int(len(g))}
+        cal = by_label.get(label)
+        if cal is None:  # stock
+            row.update(calibrated=np.nan, calibrated_share=np.nan)
+        else:
+            cov = calibration_coverage(cal, g["doc_tokens"].to_numpy(), pooling)
+            row.update(calibrated=cov.calibrated, calibrated_share=cov.share)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
+    """:func:`coverage_summary` formatted: rows (calibration, n, configuration)."""
+    cov = coverage[coverage["calibrated_share"].notna()]
+    index = [(r.calibration, int(r.n), r.config) for r in cov.itertuples(index=False)]
+    cells = [[str(int(r.documents)), str(int(r.calibrated)), format_share(r.calibrated_share)] for r in cov.itertuples(index=False)]
+    frame = pd.DataFrame(cells, columns=["documents", "calibrated", "calibrated_share"],
+                         index=pd.MultiIndex.from_tuples(index, names=["calibration", "n", "configuration"]) if index else None)  # fmt: skip
+    return Table(title=f"Calibrated share per configuration ({model})", frame=frame, caption=COVERAGE_CAPTION, name="coverage")
+
+
+def coverage_messages(coverage: pd.DataFrame) -> list[str]:
+    """One line per calibration that left some documents stock (share < 1), over all its instances."""
+    out = []
+    cov = coverage[coverage["calibrated_share"].notna()]
+    for label, g in cov.groupby("calibration", sort=False):
+        docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
+        if done < docs:
+            what = f"{NOOP_LABEL}, its figures are the stock model's" if done == 0 else f"{docs - done} encoded stock"
+            out.append(f"calibration {label}: calibrated share {done / docs:.3f} ({done} of {docs} documents; {what})")
+    return out
+
+
+def _share_of(coverage: pd.DataFrame, calibration: str, n, config: str) -> float:
+    hit = coverage[(coverage["calibration"] == calibration) & (coverage["n"] == int(n)) & (coverage["config"] == config)]
+    return float(hit["calibrated_share"].iloc[0]) if len(hit) else np.nan
+
+
+def _share_cell(coverage: pd.DataFrame, calibration: str, n, config: str) -> str:
+    return format_share(_share_of(coverage, calibration, n, config))
+
+
+def _noop(coverage: pd.DataFrame, calibration: str) -> bool:
+    g = coverage[coverage["calibration"] == calibration]
+    return bool(len(g)) and bool(g["calibrated_share"].notna().all()) and int(g["calibrated"].sum()) == 0
 
 
 def _safe(s: str) -> str:
@@ -198,18 +386,30 @@ class AuditResult:
             for cal, setting in self.variants:
                 if setting == "control" and m != "sigma":
                     continue
-                out.append(coefficient_table(self.coefficients, model=self.model["name"], measure=m, calibration=cal, setting=setting, configs=self.configs))
+                kw = dict(model=self.model["name"], measure=m, calibration=cal, setting=setting, configs=self.configs)
+                out.append(coefficient_table(self.coefficients, **kw, coverage=self.coverage()))
+                out.append(coefficient_detail_table(self.coefficients, **kw))
         if self.has_fidelity:
             out.append(fidelity_table(self.fidelity(), self.model["name"]))
+        if self.calibrations:
+            out.append(coverage_table(self.coverage(), self.model["name"]))
         return out
+
+    def coverage(self) -> pd.DataFrame:
+        """:func:`coverage_summary`: calibrated share of the documents per (calibration, n, config)."""
+        return coverage_summary(self.observations, self.calibrations, self.model.get("pooling", "cls"))
+
+    def noop_calibrations(self) -> list[str]:
+        """Labels of the calibrations that changed no document of the audit."""
+        return [c["label"] for c in self.calibrations if _noop(self.coverage(), c["label"])]
 
     @property
     def has_fidelity(self) -> bool:
         return all(c in self.observations for c in FIDELITY) and len(self.observations) > 0
 
     def fidelity(self) -> pd.DataFrame:
-        """:func:`fidelity_summary` of this result (numeric)."""
-        return fidelity_summary(self.observations, self.coefficients)
+        """:func:`fidelity_summary` of this result (numeric, with ``calibrated_share``)."""
+        return fidelity_summary(self.observations, self.coefficients, self.coverage())
 
     def headline(self) -> dict[str, float]:
         """Flat dict of headline numbers (ST-evaluator style keys)."""
@@ -224,6 +424,9 @@ class AuditResult:
             out[f"{_safe(cal)}_{setting}_{m}_mean_later_beta"] = float(g["estimate"].mean())
         for (cal, setting), g in self.observations.groupby(["calibration", "setting"], sort=False):
             out[f"{_safe(cal)}_{setting}_sigma_mean"] = float(g["sigma"].mean())
+        cov = self.coverage()
+        for label, g in cov[cov["calibrated_share"].notna()].groupby("calibration", sort=False):
+            out[f"{_safe(label)}_calibrated_share"] = float(g["calibrated"].sum() / max(1, g["documents"].sum()))
         if self.has_fidelity:
             fid = self.fidelity()
             for r in fid.itertuples(index=False):
@@ -239,7 +442,20 @@ class AuditResult:
         c = self.coefficients
         c = c[(c["measure"] == measure) & (c["setting"] == "main") & (c["position"].isin(positions))]
         c = c.assign(cell=[_fmt(e, m, 3) for e, m in zip(c["estimate"], c["mark"])])
-        return c.pivot_table(index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False)
+        hf = c.pivot_table(index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False)
+        if len(hf):  # G: the segment sets (clusters) the marks of the row rest on
+            g = c.groupby(["n", "config"])["clusters"].max()
+            hf["G"] = [int(g.loc[(n, cfg)]) for n, cfg, _ in hf.index]
+        return hf
+
+    def few_clusters_message(self) -> str | None:
+        """The G < 20 line (None if every instance has at least 20 segment sets)."""
+        return few_clusters_message(self.coefficients)
+
+    def inference_text(self) -> str:
+        """What the p-values rest on (from the coefficients' inference labels)."""
+        c = self.coefficients
+        return describe_inference(c["inference"]) if "inference" in c and len(c) else ""
 
     # -- figures -----------------------------------------------------------------------------
     def figure(self, setting: str = "main", title: str = ""):
@@ -249,13 +465,16 @@ class AuditResult:
         colors = ["#1f4e9c", "#b2182b", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
         series = []
         variants = [(STOCK, "main")] + [(cal, setting) for cal, s in self.variants if cal != STOCK and s == setting]
+        noop = set(self.noop_calibrations())
         for k, (cal, s) in enumerate(variants):
             d = obs[(obs["calibration"] == cal) & (obs["setting"] == s)]
             label = cal if s == "main" else f"{cal} (control)"
+            if cal in noop:  # identical to stock: named in the legend, not drawn over the stock line
+                label += f" — {NOOP_LABEL}, = stock"
             for m, style in (("sigma", "-"), ("tau", "--")):
                 if m in self.measures:
                     data = pd.DataFrame({"row": d["n"], "col": d["config"], "x": d["position"], "value": d[m], "cluster": d["set_id"]})
-                    series.append(ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, colors[k % len(colors)], style))
+                    series.append(ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, colors[k % len(colors)], style, draw=cal not in noop))
         base = obs[(obs["calibration"] == STOCK) & (obs["setting"] == "main")]
         bars = pd.DataFrame({"row": base["n"], "col": base["config"], "x": base["position"], "bar": base["seg_tokens"]})
         return profile_grid(
@@ -275,12 +494,20 @@ class AuditResult:
 
     # -- persistence -------------------------------------------------------------------------
     def report_sections(self, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None) -> list[Section]:
+        from html import escape
+
         hf = self.headline_frame()
+        few = self.few_clusters_message()
+        inference_html = (f'<p class="inference">Inference: {escape(self.inference_text())}.</p>' if self.inference_text() else "") + (
+            f'<p class="warning">Few clusters: {escape(few)}</p>' if few else ""
+        )
         summary = Section(
             "Summary",
             "<p>Coefficients β<sub>p</sub> of the positional-fairness regression (σ, difference of position p to position 1; "
-            f"negative = later segments under-represented). {MARK_LEGEND}.</p>"
-            + to_html(Table("Headline: β2, β3 per instance", hf if len(hf) else pd.DataFrame(), name="headline")),
+            f"negative = later segments under-represented); G: segment sets (clusters) per instance. {MARK_LEGEND}.</p>"
+            + inference_html
+            + to_html(Table("Headline: β2, β3 per instance", hf if len(hf) else pd.DataFrame(), name="headline"))
+            + self._coverage_html(),
         )
         fig_section = Section(
             "Profiles",
@@ -288,8 +515,15 @@ class AuditResult:
             "length in tokens per position; rows: n, columns: language configuration.</p>",
             figures=[f for f in (figures or []) if f.alt != FIDELITY_ALT],
         )
-        coef_tables = [t for t in self.tables() if t.name != "fidelity"]
-        tables = Section("OLS tables", "".join(to_html(t) for t in coef_tables))
+        coef_tables = [t for t in self.tables() if t.name not in ("fidelity", "coverage")]
+        tables = Section(
+            "OLS tables",
+            inference_html
+            + "".join(
+                f'<details class="detail"><summary>{escape(t.title)}</summary>{to_html(t)}</details>' if t.name.endswith("_detail") else to_html(t)
+                for t in coef_tables
+            ),
+        )
         fidelity = []
         if self.has_fidelity:
             fidelity = [Section(
@@ -304,8 +538,6 @@ class AuditResult:
             to_html(Table("Sampling per instance", pd.DataFrame(self.sampling).drop(columns=["notes"], errors="ignore"), name="sampling"))
             + "".join(f"<p>{n}</p>" for s in self.sampling for n in s.get("notes", [])),
         )
-        from html import escape
-
         params = Section(
             "Run parameters",
             "<h3>Model</h3>" + key_value_html(self.model) + "<h3>Corpus</h3>" + key_value_html(self.corpus)
@@ -314,6 +546,15 @@ class AuditResult:
             + "<h3>Timings (s)</h3>" + key_value_html({k: f"{v:.1f}" for k, v in self.timings.items()}),
         )  # fmt: skip
         return [summary, fig_section, *fidelity, tables, sampling, *(extra_sections or []), params]
+
+    def _coverage_html(self) -> str:
+        """The calibrated-share table of the summary, with a warning line per calibration that left documents stock."""
+        if not self.calibrations:
+            return ""
+        from html import escape
+
+        notes = "".join(f'<p class="warning">{escape(m)}</p>' for m in coverage_messages(self.coverage()))
+        return notes + to_html(coverage_table(self.coverage(), self.model["name"]))
 
     def save(self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None) -> dict[str, Path]:
         """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
@@ -342,7 +583,9 @@ class AuditResult:
             paths["fidelity"] = atomic_write_text(out / "fidelity.csv", self.fidelity().to_csv(index=False))
             figures.append(FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT))
         hf = self.headline_frame()
-        paths["headline"] = atomic_write_text(out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, MARK_LEGEND, "headline")) if len(hf) else "")
+        few = self.few_clusters_message()
+        caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {self.inference_text()}." + (f" Few clusters: {few}" if few else "")
+        paths["headline"] = atomic_write_text(out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, caption, "headline")) if len(hf) else "")
         paths["run"] = atomic_write_json(
             out / "run.json",
             {"model": self.model, "corpus": self.corpus, "settings": self.settings, "calibrations": self.calibrations,

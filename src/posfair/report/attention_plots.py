@@ -8,6 +8,12 @@
   the averaged layer set marked;
 * :func:`attention_section` — writes the figures and returns a
   :class:`posfair.report.html.Section` for the audit report.
+
+A calibrated profile in which no document was calibrated (every document
+shorter than one basket, or exactly one) is the stock profile: it is named in
+the legend as "no-op: nothing calibrated" but not drawn over the stock line; a
+profile that calibrated only part of its documents carries its calibrated share
+in its label.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.fairness.attention import AttentionProfile
 from posfair.report.plots import save_figure
 
@@ -53,6 +60,21 @@ def _colors(profiles: Sequence[AttentionProfile]) -> dict[str, str]:
     return {lab: COLORS[i % len(COLORS)] for i, lab in enumerate(labels)}
 
 
+def _legend_label(p: AttentionProfile) -> str:
+    """The profile's label, marked when its calibration calibrated nothing or only part of the documents."""
+    if p.noop:
+        return f"{p.label} — {NOOP_LABEL} (= stock, not drawn)"
+    share = p.calibrated_share
+    if np.isfinite(share) and share < 1:
+        return f"{p.label} (calibrated share {format_share(share)})"
+    return p.label
+
+
+def _noop_handle(ax, color, label):
+    """A legend-only entry for a profile that is not drawn."""
+    ax.plot([], [], color=color, linestyle="none", marker="x", label=label)
+
+
 def _band(ax, x, st, color, label):
     ax.plot(x, st["mean"], color=color, marker="o", ms=3, lw=1.4, label=label)
     ax.fill_between(x, st["lo"], st["hi"], color=color, alpha=0.2, lw=0)
@@ -82,10 +104,13 @@ def plot_view(profiles: Sequence[AttentionProfile], view: str, *, max_cells: int
     for ax, g in zip(axes[0], groups):
         counts = None
         for p in (q for q in profiles if q.group == g):
+            if p.noop:
+                _noop_handle(ax, colors[p.label], _legend_label(p))
+                continue
             st = p.stats(view)
             n = len(st["mean"]) if max_cells is None else min(max_cells, len(st["mean"]))
             x = np.arange(1, n + 1)
-            _band(ax, x, {k: v[:n] for k, v in st.items()}, colors[p.label], p.label)
+            _band(ax, x, {k: v[:n] for k, v in st.items()}, colors[p.label], _legend_label(p))
             counts = st["count"][:n] if counts is None or len(counts) < n else counts
         if counts is not None and len(counts) and view == "basket":
             _count_bars(ax, np.arange(1, len(counts) + 1), counts)
@@ -118,12 +143,13 @@ def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | Non
         gridspec_kw={"width_ratios": [1, 4] * len(groups)},
     )  # fmt: skip
     members = [[p for p in profiles if p.group == g] for g in groups]
-    width = 0.8 / max(1, max(len(m) for m in members))
+    drawn = [[p for p in m if not p.noop] for m in members]
+    width = 0.8 / max(1, max(len(m) for m in drawn))
     for gi, (g, group_profiles) in enumerate(zip(groups, members)):
         ax_sp, ax = axes[0][2 * gi], axes[0][2 * gi + 1]
-        for k, p in enumerate(group_profiles):
+        for k, p in enumerate(drawn[gi]):
             sp = p.stats("special")
-            xs = np.arange(2) + (k - (len(group_profiles) - 1) / 2) * width
+            xs = np.arange(2) + (k - (len(drawn[gi]) - 1) / 2) * width
             ok = sp["count"] > 0
             ax_sp.bar(xs[ok], sp["mean"][ok], width=width * 0.9, color=colors[p.label], alpha=0.75)
             err = np.vstack([sp["mean"] - sp["lo"], sp["hi"] - sp["mean"]])[:, ok]
@@ -134,9 +160,12 @@ def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | Non
         ax_sp.grid(alpha=0.3, lw=0.5, axis="y")
         counts = np.zeros(0, dtype=np.int64)
         for p in group_profiles:
+            if p.noop:
+                _noop_handle(ax, colors[p.label], _legend_label(p))
+                continue
             st = p.stats("basket")
             n = len(st["mean"]) if max_baskets is None else min(max_baskets, len(st["mean"]))
-            _band(ax, np.arange(1, n + 1), {k: v[:n] for k, v in st.items()}, colors[p.label], p.label)
+            _band(ax, np.arange(1, n + 1), {k: v[:n] for k, v in st.items()}, colors[p.label], _legend_label(p))
             counts = st["count"][:n] if len(st["count"][:n]) > len(counts) else counts
         if len(counts):
             _count_bars(ax, np.arange(1, len(counts) + 1), counts)
@@ -165,7 +194,7 @@ def plot_layer_heatmap(profiles: Sequence[AttentionProfile], *, view: str = "bas
         ax.set_yticks(range(p.num_layers))
         ax.set_yticklabels([f"{l}{' *' if l in p.layers else ''}" for l in range(p.num_layers)], fontsize=7)
         ax.set_xlabel(_XLABEL.get(view, view), fontsize=8)
-        ax.set_title(f"{_title(p)}{p.label}", fontsize=9)
+        ax.set_title(f"{_title(p)}{p.label}" + (f"\n({NOOP_LABEL} = stock)" if p.noop else ""), fontsize=9)
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("layer (* = averaged layer set)", fontsize=8)
     if im is not None:
@@ -194,14 +223,17 @@ def save_attention_figures(profiles: Sequence[AttentionProfile], out_dir: str | 
 
 def summary_html(profiles: Sequence[AttentionProfile]) -> str:
     """A table of the headline numbers of each profile (escaped)."""
-    rows = [(p.group, p.label, p.summary()) for p in profiles]
+    rows = [(p.group, p.label + (f" — {NOOP_LABEL}" if p.noop else ""), p.summary()) for p in profiles]
     cols: list[str] = []
     for _, _, s in rows:
         cols += [c for c in s if c not in cols]
     head = "".join(f"<th>{escape(c)}</th>" for c in ["group", "profile", *cols])
     body = ""
     for g, lab, s in rows:
-        cells = "".join(f"<td>{s[c]:.4g}</td>" if c in s and np.isfinite(s[c]) else "<td>–</td>" for c in cols)
+        cells = "".join(
+            f"<td>{format_share(s.get(c))}</td>" if c == "calibrated_share" else f"<td>{s[c]:.4g}</td>" if c in s and np.isfinite(s[c]) else "<td>–</td>"
+            for c in cols
+        )
         body += f"<tr><td>{escape(g)}</td><td>{escape(lab)}</td>{cells}</tr>"
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

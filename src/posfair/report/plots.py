@@ -24,13 +24,18 @@ __all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter
 
 @dataclass
 class ProfileSeries:
-    """``data`` has columns ``row, col, x, value`` and optionally ``cluster``."""
+    """``data`` has columns ``row, col, x, value`` and optionally ``cluster``.
+
+    ``draw=False``: the series is named in the legend but not drawn (e.g. a calibration that
+    calibrated nothing, whose line would lie exactly on the stock line and hide it).
+    """
 
     label: str
     data: pd.DataFrame
     color: str | None = None
     linestyle: str = "-"
     marker: str = "o"
+    draw: bool = True
 
 
 def cluster_mean_ci(data: pd.DataFrame, z: float = 1.96) -> pd.DataFrame:
@@ -66,6 +71,10 @@ def profile_grid(
 
     nr, nc = len(rows), len(cols)
     fig, axes = plt.subplots(nr, nc, figsize=(3.2 * nc + 0.6, 2.5 * nr + 0.8), squeeze=False, sharey=True)
+    from matplotlib.lines import Line2D
+
+    hidden = {s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x") for s in series if not s.draw}
+    series = [s for s in series if s.draw]
     stats = [(s, cluster_mean_ci(s.data)) for s in series]
     bar_stats = bars.groupby(["row", "col", "x"])["bar"].mean().reset_index() if bars is not None and len(bars) else None
     bar_max = float(bar_stats["bar"].max()) if bar_stats is not None else 0.0
@@ -101,6 +110,7 @@ def profile_grid(
                 ax.set_ylabel(f"{row_label(r)}\n{ylabel}", fontsize=8)
             if i == nr - 1:
                 ax.set_xlabel(xlabel, fontsize=8)
+    handles.update(hidden)
     if handles:
         fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
     if title:

@@ -504,6 +504,7 @@ def build_from_corpus(
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     separator: str = "\n\n",
     budget_langs: Sequence[str] | None = None,
+    max_seq_length: int | None = None,
 ) -> Path:
     """Build a position-aware benchmark from an aligned corpus and save it in PosIR's layout.
 
@@ -523,7 +524,8 @@ def build_from_corpus(
     document is the one holding it.  Per language ``<lang-Script>/<domain>/``
     gets ``corpus.parquet`` (``_id, text``), ``queries.parquet`` (PosIR columns
     + ``segment_id, segment_position, n_segments``) and ``qrels/test.parquet``;
-    ``benchmark.json`` records the construction.
+    ``benchmark.json`` records the construction (with ``max_seq_length``, the token
+    limit of the model the budget was derived from, when given).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1; got {k}")
@@ -598,7 +600,7 @@ def build_from_corpus(
         atomic_write_parquet(ldir / "qrels" / "test.parquet", pd.DataFrame(qrel_rows))
     atomic_write_json(out / "benchmark.json", {
         "name": name, "domain": domain, "langs": [posir_lang(x) for x in langs], "k": k, "seed": seed,
-        "max_doc_tokens": max_doc_tokens, "budget_langs": [posir_lang(x) for x in (budget_langs or langs)], "segments_aligned": n_aligned, "segments_used": len(ids),
+        "max_doc_tokens": max_doc_tokens, "max_seq_length": max_seq_length, "budget_langs": [posir_lang(x) for x in (budget_langs or langs)], "segments_aligned": n_aligned, "segments_used": len(ids),
         "segments_dropped_too_long": n_aligned - len(ids), "documents": len(docs), "separator": separator,
         "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
     })

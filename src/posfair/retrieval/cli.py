@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+
 app = typer.Typer(help="Position-aware retrieval evaluation.", no_args_is_help=True)
 
 
@@ -19,9 +21,9 @@ def _layers(s: str):
 
 
 def _load(model: str | None, max_seq_length: int | None, trust_remote_code: bool, device: str | None):
-    import posfair
+    from posfair.cliutil import load_model_option
 
-    return posfair.load_model(model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
+    return load_model_option(model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
 
 
 def _benchmark(benchmark: str, lang: str | None, corpus_lang: str | None, domains: str | None):
@@ -40,11 +42,22 @@ def _show(results, out: Path) -> None:
 
     from posfair.retrieval.tables import bucket_table, group_table, to_markdown
 
+    from posfair.calibration.coverage import NOOP_LABEL
+    from posfair.retrieval.sweep import noop_settings
+
     console = Console()
-    if results[0].groups:
+    if any(r.groups for r in results):
         console.print(Markdown(f"**{results[0].benchmark}** - nDCG@10 per positional group (x100), Harm, PSI\n\n" + to_markdown(group_table(results))))
-    if results[0].buckets:
+    if any(r.buckets for r in results):
         console.print(Markdown(f"**{results[0].benchmark}** - PSI per length bucket and aggregate nDCG@10\n\n" + to_markdown(bucket_table(results))))
+    noop = noop_settings(results)
+    if noop:
+        n_cal = sum(r.method == "calibrated" for r in results)
+        console.print(
+            f"{len(noop)} of {n_cal} calibrations change no document of this benchmark ({NOOP_LABEL}; every document is shorter "
+            f"than one basket or exactly one basket) and were not evaluated: {', '.join(noop)}",
+            markup=False, highlight=False,
+        )
     console.print(f"results in {out}")
 
 
@@ -56,21 +69,26 @@ _DOMAINS = typer.Option(None, "--domains", help="Comma-separated PosIR domains (
 _PROMPT = typer.Option("auto", "--query-prompt", help="Query prefix: 'auto' (published per-model prompt), 'none', or a string (\\n allowed).")
 _OUT = typer.Option(None, "--out", "-o", help="Output directory (default: ./posfair-results/<benchmark>).")
 _CACHE = typer.Option(None, "--cache", help="Embedding cache directory (default: OUT/embeddings).")
+_MAX_SEQ = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP)
 
 
 def _run(model, bench, cals, out, cache, sea, stock, query_prompt, batch_size, top_k, faiss, max_seq_length, trust_remote_code, device, lang, corpus_lang, domains):
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.retrieval.sweep import run_sweep
-    from posfair.store import EmbeddingStore
+    from posfair.store import EmbeddingStore, ManifestMismatch
 
     b = _benchmark(bench, lang, corpus_lang, domains)
     m = _load(model, max_seq_length, trust_remote_code, device)
     out = Path(out) if out else Path("posfair-results") / b.name.replace("/", "_")
-    store = EmbeddingStore(cache) if cache else None
-    results = run_sweep(
-        m, b, cals, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None, store=store,
-        query_prompt=_prompt(query_prompt), batch_size=batch_size, top_k=top_k, use_faiss=faiss, show_progress_bar=True,
-    )
+    try:  # a store of other settings (posfair.store.open_namespace_dir) is refused with one line
+        store = EmbeddingStore(cache) if cache else None
+        results = run_sweep(
+            m, b, cals, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None, store=store,
+            query_prompt=_prompt(query_prompt), batch_size=batch_size, top_k=top_k, use_faiss=faiss, show_progress_bar=True,
+        )
+    except ManifestMismatch as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     _show(results, out)
 
 
@@ -90,7 +108,7 @@ def retrieval(
     batch_size: int = typer.Option(32, "--batch-size"),
     top_k: int = typer.Option(100, "--top-k"),
     faiss: bool = typer.Option(False, "--faiss", help="Search with faiss.IndexFlatIP (exact; needs faiss-cpu)."),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length"),
+    max_seq_length: Optional[int] = _MAX_SEQ,
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
     device: Optional[str] = typer.Option(None, "--device"),
 ) -> None:
@@ -122,7 +140,7 @@ def sweep(
     batch_size: int = typer.Option(32, "--batch-size"),
     top_k: int = typer.Option(100, "--top-k"),
     faiss: bool = typer.Option(False, "--faiss"),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length"),
+    max_seq_length: Optional[int] = _MAX_SEQ,
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
     device: Optional[str] = typer.Option(None, "--device"),
 ) -> None:
@@ -151,9 +169,10 @@ def build_benchmark(
     seed: int = typer.Option(0, "--seed"),
     name: str = typer.Option("aligned", "--name"),
     domain: str = typer.Option("all", "--domain"),
-    max_doc_tokens: Optional[int] = typer.Option(510, "--max-doc-tokens", help="Document token budget (segments over budget // k are dropped); 0 = no limit."),
+    max_doc_tokens: Optional[int] = typer.Option(None, "--max-doc-tokens", help="Document token budget without special tokens (segments over budget // k are dropped); default: the model's token limit (--max-seq-length) minus its special tokens; 0 = no limit."),
     budget_langs: Optional[str] = typer.Option(None, "--budget-langs", help="Languages whose documents must fit --max-doc-tokens (default: all of --langs)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenizer for token counts (default: the corpus' n_tokens_minilm column, else the bundled model)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The model the benchmark is built for: its tokenizer counts tokens and its token limit sets the budget (default: the bundled all-MiniLM-L6-v2)."),
+    max_seq_length: Optional[int] = _MAX_SEQ,
 ) -> None:
     """Build a position-aware benchmark from an aligned corpus, saved in PosIR's layout."""
     import json
@@ -173,11 +192,11 @@ def build_benchmark(
         if unknown:
             raise typer.BadParameter(f"unknown source(s) {sorted(unknown)}; available: {sorted(df['source'].unique())}")
         df = df[df["source"].isin(keep)]
-    count = None
-    if model is not None or "n_tokens_minilm" not in df.columns:
-        m = _load(model, None, False, "cpu")
-        count = lambda texts: m.token_lengths(texts, add_special_tokens=False).tolist()  # noqa: E731
+    m = _load(model, max_seq_length, False, "cpu")
+    count = lambda texts: m.token_lengths(texts, add_special_tokens=False).tolist()  # noqa: E731
+    if max_doc_tokens is None:
+        max_doc_tokens = m.max_seq_length - m.special_token_count()
     path = build_from_corpus(df, out, langs=lang_list, k=k, seed=seed, name=name, domain=domain, max_doc_tokens=max_doc_tokens or None, count_tokens=count,
-        budget_langs=_split(budget_langs) or None,
+        budget_langs=_split(budget_langs) or None, max_seq_length=m.max_seq_length,
     )
     Console().print_json(json.dumps(json.loads((path / "benchmark.json").read_text())))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -22,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration import Calibration
+from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
 from posfair.evaluation import finish_metrics, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.retrieval.benchmarks import RetrievalBenchmark
@@ -98,6 +100,18 @@ class RetrievalResult:
     metrics: dict[str, float]
     groups: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: fraction of the corpus documents the calibration actually changed (None: stock / SEA / unknown)
+    calibrated_share: float | None = None
+
+    @property
+    def noop(self) -> bool:
+        """A calibration that changed no document: its figures are the stock model's, not a result."""
+        return self.method == "calibrated" and self.calibrated_share == 0
+
+    @property
+    def evaluated(self) -> bool:
+        """False for a no-op grid point a sweep skipped (no metrics)."""
+        return bool(self.metrics)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +119,7 @@ class RetrievalResult:
             "query_ids": list(self.query_ids), "ndcg": [float(x) for x in self.ndcg], "recall": [float(x) for x in self.recall],
             "metrics": self.metrics, "groups": self.groups,
             "buckets": {b: {**v, "bins": {str(k): x for k, x in v["bins"].items()}} for b, v in self.buckets.items()},
+            "calibrated_share": self.calibrated_share,
         }
 
     @classmethod
@@ -114,6 +129,7 @@ class RetrievalResult:
             query_ids=list(d["query_ids"]), ndcg=np.asarray(d["ndcg"], dtype=np.float64), recall=np.asarray(d["recall"], dtype=np.float64),
             metrics=dict(d["metrics"]), groups=dict(d["groups"]),
             buckets={b: {**v, "bins": {int(k): x for k, x in v["bins"].items()}} for b, v in d["buckets"].items()},
+            calibrated_share=None if d.get("calibrated_share") is None else float(d["calibrated_share"]),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -192,6 +208,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         name: str = "",
         show_progress_bar: bool = False,
         encode_chunk: int = 256,
+        report_fallback: bool = True,
     ):
         super().__init__()
         if calibration is not None and sea is not None:
@@ -211,6 +228,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         self.name = name
         self.show_progress_bar = show_progress_bar
         self.encode_chunk = encode_chunk
+        self.report_fallback = report_fallback
         self.primary_metric = "harm" if benchmark.groups else "ndcg@10"
 
     # -- settings ---------------------------------------------------------------------------
@@ -263,6 +281,17 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         pos = {t: i for i, t in enumerate(uniq)}
         return np.concatenate(vecs)[[pos[t] for t in texts]]
 
+    def calibrated_share(self, model: Any) -> float | None:
+        """Fraction of the corpus documents the calibration changes (None for stock and SEA).
+
+        Counted from the documents' token spans as the model encodes them (document prompt,
+        truncation to ``max_seq_length``), with the engine's rule; nothing is embedded.
+        """
+        if self.calibration is None or self.sea is not None:
+            return None
+        texts = self.benchmark.corpus_texts
+        return float(model.calibrated_share(texts, self.calibration, prompt=self.document_prompt)) if texts else None
+
     # -- encoding ---------------------------------------------------------------------------
     def encode_queries(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
         prompt = self._query_prompt(model)
@@ -278,7 +307,8 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
             # SEA chunks each passage separately (slow): store every few passages
             return self._embed(texts, ns, lambda batch: self.sea.embed(model, batch, chunk_ns), advance, chunk=min(self.encode_chunk, 16))
         ns = embedding_namespace(self.store, fp, self.calibration, self.document_prompt) if self.store is not None else None
-        return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
+        with quiet_fallback():  # the share is reported once per setting (RetrievalResult.calibrated_share), not per chunk
+            return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
 
     # -- evaluation -------------------------------------------------------------------------
     def retrieve(self, q: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -293,6 +323,15 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
 
     def evaluate(self, model: Any) -> RetrievalResult:
         b = self.benchmark
+        share = self.calibrated_share(model)
+        if self.report_fallback and share is not None and share < 1:
+            what = NOOP_LABEL + ", the figures are the stock model's" if share == 0 else f"the other {1 - share:.1%} were encoded stock"
+            warnings.warn(
+                f"{b.name}, {self.setting}: calibrated share {share:.3f} of {len(b.corpus_texts)} documents ({what}; "
+                f"documents shorter than one basket of {self.calibration.basket_size} content tokens are encoded stock)",
+                CalibrationFallbackWarning,
+                stacklevel=2,
+            )
         with _progress(self.show_progress_bar) as task:
             q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(b.query_texts)))
             d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(b.corpus_texts)))
@@ -302,17 +341,31 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
             benchmark=b.name, setting=self.setting, method=self.method,
             calibration=self.calibration.to_dict() if self.calibration is not None else None,
             query_ids=list(b.query_ids), ndcg=ndcg, recall=recall, metrics=metrics, groups=groups, buckets=buckets,
+            calibrated_share=share,
+        )
+
+    def noop_result(self, share: float = 0.0) -> RetrievalResult:
+        """The record of a calibration that changes no document, without evaluating it (no metrics)."""
+        b = self.benchmark
+        nan = np.full(len(b.query_ids), np.nan)
+        return RetrievalResult(
+            benchmark=b.name, setting=self.setting, method=self.method,
+            calibration=self.calibration.to_dict() if self.calibration is not None else None,
+            query_ids=list(b.query_ids), ndcg=nan, recall=nan.copy(), metrics={}, calibrated_share=share,
         )
 
     def __call__(self, model: Any, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
         result = self.evaluate(model)
+        metrics = dict(result.metrics)
+        if result.calibrated_share is not None:
+            metrics["calibrated_share"] = result.calibrated_share
         if output_path is not None:
             out = Path(output_path)
             stem = f"positional_retrieval_{self.name or result.benchmark}_{self.setting}".replace("/", "_")
             suffix = run_tag(epoch, steps)
-            atomic_write_json(out / f"{stem}{suffix}.json", result.metrics)
+            atomic_write_json(out / f"{stem}{suffix}.json", metrics)
             atomic_write_parquet(out / f"{stem}{suffix}_per_query.parquet", pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}))
-        return finish_metrics(self, model, result.metrics, epoch, steps)
+        return finish_metrics(self, model, metrics, epoch, steps)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"benchmark": self.benchmark.name, "setting": self.setting, "top_k": self.top_k}

@@ -6,6 +6,8 @@ Layout of a sweep directory::
       sweep.json              model fingerprint, benchmark summary, settings (checked on resume)
       embeddings/             the EmbeddingStore (queries once, documents per setting)
       runs/<setting>.json     one RetrievalResult per setting (written atomically when done)
+                              (a calibration that changes no document of the benchmark is
+                              recorded with calibrated_share 0 and not evaluated: "no-op")
       table_groups.{csv,md,tex}   Table 1 layout (benchmarks with positional groups)
       table_buckets.{csv,md,tex}  Table 2 layout (PosIR-style benchmarks)
       strength.png            Figure 3 (when the settings include a strength series)
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from posfair.calibration import Calibration
+from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write_json
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult, model_fingerprint
@@ -32,7 +36,9 @@ from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, write_table
 from posfair.store import EmbeddingStore
 
-__all__ = ["paper_grid", "strength_sweep", "run_sweep", "write_results"]
+__all__ = ["paper_grid", "strength_sweep", "run_sweep", "write_results", "noop_settings"]
+
+log = logging.getLogger(__name__)
 
 PAPER_BASKETS = (128, 256, 512)
 PAPER_LAYERS: tuple[Any, ...] = (1, 0.5)  # last layer, last 50% of layers
@@ -69,17 +75,17 @@ def write_results(results: Sequence[RetrievalResult], out_dir: str | Path, plot_
     """Tables, and the strength plot when some basket size has >= 2 strengths (default: the one with most)."""
     out = Path(out_dir)
     written: list[Path] = []
-    if results[0].groups:
+    if any(r.groups for r in results):
         written += write_table(group_table(results), out / "table_groups")
-    if results[0].buckets:
+    if any(r.buckets for r in results):
         written += write_table(bucket_table(results), out / "table_buckets")
     series: dict[int, set] = {}
     for r in results:
-        if r.method == "calibrated":
+        if r.method == "calibrated" and not r.noop:
             series.setdefault(r.calibration["basket_size"], set()).add(r.calibration["strength"])
     if plot_basket is None and series:
         plot_basket = max(sorted(series), key=lambda b: len(series[b]))
-    if results[0].groups and any(r.method == "stock" for r in results) and len(series.get(plot_basket, ())) >= 2:
+    if any(r.groups for r in results) and any(r.method == "stock" for r in results) and len(series.get(plot_basket, ())) >= 2:
         written.append(plot_strength_curves(results, out / "strength.png", basket_size=plot_basket))
     return written
 
@@ -100,7 +106,12 @@ def run_sweep(
     show_progress_bar: bool = False,
     encode_chunk: int = 256,
 ) -> list[RetrievalResult]:
-    """Evaluate stock (+ SEA) + every calibration on ``benchmark``; resumable; writes tables."""
+    """Evaluate stock (+ SEA) + every calibration on ``benchmark``; resumable; writes tables.
+
+    A calibration whose calibrated share of the benchmark's documents is 0 (every document
+    shorter than one basket, or exactly one basket) is not evaluated: it is recorded as a
+    no-op (``RetrievalResult.noop``) and marked so in the tables, never shown as a result.
+    """
     out = Path(out_dir)
     store = store or EmbeddingStore(out / "embeddings")
     fp = model_fingerprint(model)
@@ -119,18 +130,18 @@ def run_sweep(
     evaluators = [
         PositionalRetrievalEvaluator(
             benchmark, cal, sea=s, query_prompt=query_prompt, store=store, batch_size=batch_size, top_k=top_k,
-            use_faiss=use_faiss, show_progress_bar=show_progress_bar, encode_chunk=encode_chunk,
+            use_faiss=use_faiss, show_progress_bar=show_progress_bar, encode_chunk=encode_chunk, report_fallback=False,
         )
         for cal, s in settings
     ]
     manifest = {
-        "model": fp, "benchmark": benchmark.summary(), "top_k": top_k,
+        "model": fp, "max_seq_length": model.max_seq_length, "benchmark": benchmark.summary(), "top_k": top_k,
         "query_prompt": evaluators[0]._query_prompt(model), "settings": [_run_name(e) for e in evaluators],
     }
     mpath = out / "sweep.json"
     if mpath.exists():
         old = json.loads(mpath.read_text())
-        for k in ("model", "benchmark", "top_k", "query_prompt"):
+        for k in ("max_seq_length", "model", "benchmark", "top_k", "query_prompt"):
             if old.get(k) != json.loads(json.dumps(manifest[k])):
                 raise ValueError(f"{out} holds a sweep with a different {k} ({old.get(k)!r}); use another output directory")
         manifest["settings"] = list(dict.fromkeys(old.get("settings", []) + manifest["settings"]))
@@ -139,10 +150,26 @@ def run_sweep(
     for ev in evaluators:
         run_path = out / "runs" / f"{_run_name(ev)}.json"
         if run_path.exists():
-            results.append(RetrievalResult.load(run_path))
+            result = RetrievalResult.load(run_path)
+            if result.calibrated_share is None and ev.method == "calibrated":  # a run saved before shares were recorded
+                result.calibrated_share = ev.calibrated_share(model)
+            results.append(result)
             continue
-        result = ev.evaluate(model)
+        share = ev.calibrated_share(model)
+        result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
         result.save(run_path)
         results.append(result)
+    noop = noop_settings(results)
+    if noop:
+        log.warning("%d of %d calibrations change no document of %s (%s), not evaluated: %s",
+                    len(noop), sum(r.method == "calibrated" for r in results), benchmark.name, NOOP_LABEL, ", ".join(noop))  # fmt: skip
+    partial = [f"{r.setting} ({r.calibrated_share:.3f})" for r in results if r.calibrated_share is not None and 0 < r.calibrated_share < 1]
+    if partial:
+        log.info("calibrations that change only part of the documents of %s (calibrated share): %s", benchmark.name, ", ".join(partial))
     write_results(results, out)
     return results
+
+
+def noop_settings(results: Sequence[RetrievalResult]) -> list[str]:
+    """Labels of the calibrations that changed no document (calibrated share 0)."""
+    return [r.setting for r in results if r.noop]

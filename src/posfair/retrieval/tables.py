@@ -6,6 +6,11 @@
 * :func:`bucket_table` - Table 2: PSI per length bucket with its change vs the
   stock model, and aggregate nDCG@10 with its change.
 * :func:`write_table` - CSV, Markdown and LaTeX (atomic writes).
+
+Both tables carry ``calibrated_share``: the fraction of the benchmark's documents
+the setting's calibration changed (NaN, shown as "—", for stock and SEA).  A
+calibration with share 0 is labelled "no-op: nothing calibrated" and its cells
+are left empty: its figures would be the stock model's, not a result.
 * :func:`plot_strength_curves` - Figure 3: per-group nDCG@10 change vs strength.
 """
 
@@ -19,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration import Calibration
+from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write, atomic_write_text
 from posfair.retrieval.evaluator import RetrievalResult
 from posfair.retrieval.groups import POSIR_BUCKETS
@@ -50,6 +56,8 @@ def _row_label(r: RetrievalResult) -> tuple[str, str, tuple]:
     extra = cal.label().split("-", 3)[3:]  # non-default isolation / weights / queries
     if extra:
         label += f" ({extra[0]})"
+    if r.noop:
+        label += f" — {NOOP_LABEL}"
     layer_rank = 0 if cal.layers == 1 else 1
     return layer_section(cal), label, (2, layer_rank, layer_section(cal), cal.strength, cal.basket_size, label)
 
@@ -69,19 +77,30 @@ def _stock(results: Sequence[RetrievalResult]) -> RetrievalResult | None:
     return next((r for r in results if r.method == "stock"), None)
 
 
+def _share(r: RetrievalResult) -> float:
+    return math.nan if r.calibrated_share is None else float(r.calibrated_share)
+
+
+def _shown(r: RetrievalResult) -> bool:
+    """Whether a result's figures are presented (not for a no-op calibration or an unevaluated one)."""
+    return not r.noop and r.evaluated
+
+
 def group_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
     """Table 1 layout (nDCG@10 and Harm x100, two decimals; PSI three decimals)."""
     rows = _ordered(results)
-    groups = list(rows[0][2].groups)
+    groups = next((list(r.groups) for _, _, r in rows if r.groups), [])
     if not groups:
         raise ValueError(f"benchmark {rows[0][2].benchmark!r} has no positional groups (use bucket_table)")
     data = []
     for section, label, r in rows:
         row = {"section": section, "setting": label}
-        row.update({g: round(100 * r.groups.get(g, math.nan), 2) for g in groups})
-        row["Harm"] = round(100 * r.metrics["harm"], 2)
-        row["PSI"] = round(r.metrics["psi"], 3)
-        row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2)
+        shown = _shown(r)
+        row.update({g: round(100 * r.groups.get(g, math.nan), 2) if shown else math.nan for g in groups})
+        row["Harm"] = round(100 * r.metrics["harm"], 2) if shown else math.nan
+        row["PSI"] = round(r.metrics["psi"], 3) if shown else math.nan
+        row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2) if shown else math.nan
+        row["calibrated_share"] = _share(r)
         data.append(row)
     df = pd.DataFrame(data)
     df["best"] = df["Harm"] == df["Harm"].max()
@@ -95,18 +114,21 @@ def bucket_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
     buckets = [b for b, _, _ in POSIR_BUCKETS if any(b in r.buckets for _, _, r in rows)]
     if not buckets:
         raise ValueError(f"benchmark {rows[0][2].benchmark!r} has no length buckets (use group_table)")
+    has_harm = any("harm" in r.metrics for _, _, r in rows)
     data = []
     for section, label, r in rows:
         row: dict[str, object] = {"section": section, "setting": label}
+        shown = _shown(r)
         for b in buckets:
-            v = r.buckets.get(b, {}).get("psi", math.nan)
+            v = r.buckets.get(b, {}).get("psi", math.nan) if shown else math.nan
             row[f"PSI {b}"] = round(v, 2)
             base = stock.buckets.get(b, {}).get("psi", math.nan) if stock is not None and r is not stock else math.nan
             row[f"dPSI {b}"] = round(v - base, 2)
-        row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2)
-        row["dnDCG@10"] = round(100 * (r.metrics["ndcg@10"] - stock.metrics["ndcg@10"]), 2) if stock is not None and r is not stock else math.nan
-        if "harm" in r.metrics:
-            row["Harm"] = round(100 * r.metrics["harm"], 2)
+        row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2) if shown else math.nan
+        row["dnDCG@10"] = round(100 * (r.metrics["ndcg@10"] - stock.metrics["ndcg@10"]), 2) if shown and stock is not None and r is not stock else math.nan
+        if has_harm:
+            row["Harm"] = round(100 * r.metrics["harm"], 2) if shown and "harm" in r.metrics else math.nan
+        row["calibrated_share"] = _share(r)
         data.append(row)
     df = pd.DataFrame(data)
     key = "Harm" if "Harm" in df.columns else "nDCG@10"
@@ -115,6 +137,8 @@ def bucket_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
 
 
 def _fmt(v: object, col: str) -> str:
+    if col == "calibrated_share":
+        return "—" if v is None or (isinstance(v, (float, np.floating)) and math.isnan(v)) else f"{float(v):.3f}"
     if isinstance(v, (float, np.floating)):
         if math.isnan(v):
             return "-"
@@ -148,7 +172,7 @@ def to_markdown(df: pd.DataFrame) -> str:
 def _tex(s: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
         s = s.replace(a, b)
-    return s.replace("a=", r"$\alpha$=").replace("dPSI", r"$\Delta$PSI").replace("dnDCG", r"$\Delta$nDCG")
+    return s.replace("a=", r"$\alpha$=").replace("dPSI", r"$\Delta$PSI").replace("dnDCG", r"$\Delta$nDCG").replace("—", "---")
 
 
 def to_latex(df: pd.DataFrame) -> str:
@@ -197,7 +221,7 @@ def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, b
         raise ValueError(f"benchmark {stock.benchmark!r} has no positional groups to plot")
     panels: dict[str, list[tuple[float, RetrievalResult]]] = {}
     for r in results:
-        if r.method != "calibrated":
+        if r.method != "calibrated" or not _shown(r):  # a no-op point would draw the stock figures as a result
             continue
         cal = Calibration.from_dict(r.calibration)
         if cal.basket_size == basket_size:

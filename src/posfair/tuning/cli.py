@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+
 __all__ = ["app"]
 
 app = typer.Typer(help="Choose a calibration setting.", no_args_is_help=True)
@@ -55,6 +57,7 @@ def tune_cmd(
     out: Path = typer.Option(Path("posfair-tune"), "--out", "-o", help="Output directory (resumable: re-run the same command)."),
     cache: Optional[Path] = typer.Option(None, "--cache", help="Embedding cache (default: OUT/cache)."),
     save_model: Optional[Path] = typer.Option(None, "--save-model", help="Save the model with the chosen calibration persisted into this folder."),
+    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
     device: Optional[str] = typer.Option(None, "--device"),
 ) -> None:
@@ -70,7 +73,7 @@ def tune_cmd(
         if objective not in ("fairness", "retrieval"):
             raise ValueError(f"--objective is 'fairness' or 'retrieval'; got {objective!r}")
         space = _space(grid, baskets, layers, strengths, fine_rounds)
-        fm = cliutil.load_model_option(model, device=device, trust_remote_code=trust_remote_code)
+        fm = cliutil.load_model_option(model, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
         df = bench = settings = None
         if objective == "retrieval" and benchmark is not None:
             from posfair.retrieval.benchmarks import load_benchmark
@@ -90,7 +93,7 @@ def tune_cmd(
             max_drop=(max_recall_drop if objective == "fairness" else max_ndcg_drop) / 100,
             score={"spread": "spread", "max-beta": "max_abs_beta"}.get(score, score) if objective == "fairness" else None,
             test_fraction=test_fraction, seed=seed, out_dir=out, cache_dir=cache, save_model=save_model, lang=lang,
-            log=lambda msg: console.print(msg, highlight=False, markup=False),
+            log=lambda msg: console.print(msg, highlight=False, markup=False, soft_wrap=True),
         )  # fmt: skip
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)

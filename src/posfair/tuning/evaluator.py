@@ -10,6 +10,8 @@ import pandas as pd
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
 from posfair.evaluation import finish_metrics, run_tag
+from posfair.fairness import encoding as enc
+from posfair.model import token_limit
 from posfair.store import EmbeddingStore
 from posfair.tuning.report import save_tuned_model, write_outputs
 from posfair.tuning.tuner import (
@@ -30,10 +32,9 @@ def build_corpus_benchmark(model, corpus: pd.DataFrame, out_dir: str | Path, *, 
     """A position-aware benchmark built from an aligned corpus (titles as queries), saved in ``out_dir`` and loaded."""
     from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 
-    limit = getattr(model, "position_limit", None) or 512
-    specials = len(model.tokenizer("x")["input_ids"]) - len(model.tokenizer("x", add_special_tokens=False)["input_ids"])
+    limit = token_limit(model)
     path = build_from_corpus(
-        corpus, out_dir, langs=[lang], k=k, seed=seed, max_doc_tokens=limit - specials,
+        corpus, out_dir, langs=[lang], k=k, seed=seed, max_doc_tokens=limit - model.special_token_count(), max_seq_length=limit,
         count_tokens=lambda texts: model.token_lengths(texts, add_special_tokens=False).tolist(),
     )  # fmt: skip
     return load_benchmark(str(path), lang=lang)
@@ -111,7 +112,10 @@ def tune(
                 cals = [result.chosen] if result.chosen is not None else []
                 obj.audit_result(cals, "test", corpus_name="tuning").save(Path(out_dir) / "test_audit", title="Tuned calibration on the test split")
     if save_model is not None:
-        save_tuned_model(model, result.chosen, save_model)
+        # saved with the token limit the search encoded at, so that the folder reproduces the tuner's embeddings
+        info = getattr(obj, "info", None)
+        with enc.max_seq_length(model, info.limit if info is not None else model.max_seq_length):
+            save_tuned_model(model, result.chosen, save_model)
     return result
 
 

@@ -6,12 +6,13 @@ from pathlib import Path
 import pandas as pd
 
 from posfair.calibration import Calibration
+from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.io import atomic_write_text
 from posfair.report.plots import save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.tuner import DEV, TEST, TuneResult
 
-__all__ = ["trials_table", "front_table", "test_table", "tradeoff_figure", "write_outputs", "save_tuned_model", "summary_markdown"]
+__all__ = ["skipped_note", "trials_table", "front_table", "test_table", "tradeoff_figure", "write_outputs", "save_tuned_model", "summary_markdown"]
 
 _NAMES = {"spread": "σ spread", "max_abs_beta": "max |β|", "recall": "recall@n", "margin": "margin", "other_cos": "other-set cos",
           "drift": "drift", "harm": "Harm", "psi": "PSI", "ndcg@10": "nDCG@10"}  # fmt: skip
@@ -26,6 +27,8 @@ def _columns(result: TuneResult, frame: pd.DataFrame) -> list[str]:
 def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
     cols = _columns(result, frame)
     out = pd.DataFrame({"setting": frame["label"], "phase": frame["phase"], "strength": [f"{s:g}" for s in frame["strength"]]})
+    if "calibrated_share" in frame.columns:
+        out["calibrated_share"] = [format_share(v) for v in frame["calibrated_share"]]
     for c in cols:
         out[_NAMES.get(c, c)] = [f"{v:.3f}" for v in frame[c]]
     if flags:
@@ -39,12 +42,24 @@ def _constraint(result: TuneResult) -> str:
     return f"{_NAMES.get(result.guard, result.guard)} at most {100 * result.max_drop:g} points below stock on the dev split"
 
 
+def skipped_note(result: TuneResult) -> str:
+    """One sentence on the grid points skipped because they calibrate nothing ("" if none)."""
+    if not result.skipped:
+        return ""
+    n_grid = len(result.skipped) + sum(1 for t in result.dev_trials() if t.phase == "coarse")
+    labels = ", ".join(t.label for t in result.skipped)
+    return (f"Skipped {len(result.skipped)} of {n_grid} grid points ({NOOP_LABEL}: every document of the dev split is shorter "
+            f"than one basket or exactly one basket, so they would equal stock): {labels}.")  # fmt: skip
+
+
 def trials_table(result: TuneResult) -> Table:
-    """Every dev trial."""
+    """Every dev trial (grid points that calibrate nothing were skipped and are named in the caption)."""
     t = _cells(result.frame(DEV), result, flags=True)
     direction = "higher" if result.objective["greater_is_better"] else "lower"
-    return Table(f"Tuning trials on the dev split ({result.objective['name']})", t.frame,
-                 f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}.", "trials")  # fmt: skip
+    caption = (f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}. "
+               "calibrated_share: fraction of the split's documents the calibration changes (— for stock).")  # fmt: skip
+    note = skipped_note(result)
+    return Table(f"Tuning trials on the dev split ({result.objective['name']})", t.frame, caption + (" " + note if note else ""), "trials")
 
 
 def front_table(result: TuneResult) -> Table:
@@ -82,6 +97,9 @@ def summary_markdown(result: TuneResult) -> str:
     s, c = test["stock"], test["chosen"]
     lines[3:3] = ["", f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
                       f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}."]  # fmt: skip
+    note = skipped_note(result)
+    if note:
+        lines[3:3] = ["", note]
     return "\n".join(lines)
 
 
@@ -93,6 +111,9 @@ def write_outputs(result: TuneResult, out_dir: str | Path) -> dict[str, Path]:
         for kind, p in write_table(t, out / "tables").items():
             paths[f"table:{t.name}.{kind}"] = p
     frames = [result.frame(DEV).assign(split=DEV), result.frame(TEST).assign(split=TEST)]
+    if result.skipped:
+        frames.append(pd.DataFrame([{"label": t.label, "phase": t.phase, "basket_size": t.calibration.basket_size, "layers": str(t.calibration.layers),
+                                     "strength": t.strength, "calibrated_share": 0.0, "split": t.split} for t in result.skipped]))  # fmt: skip
     paths["trials"] = atomic_write_text(out / "trials.csv", pd.concat(frames, ignore_index=True).to_csv(index=False))
     save_figure(tradeoff_figure(result), out / "tradeoff")
     paths["figure"] = out / "tradeoff.png"
@@ -104,9 +125,9 @@ def save_tuned_model(model, calibration: Calibration | None, path: str | Path) -
     """Save ``model`` with ``calibration`` as its persisted default (None = stock); the model's own default is restored."""
     before = model.calibration
     try:
-        model.calibrate(calibration)
+        model.set_calibration(calibration)
         model.save(str(path))
     finally:
-        model.calibrate(before)
+        model.set_calibration(before)
     return Path(path)
 

@@ -9,6 +9,11 @@ The search runs on the *dev* split only:
    one), each round evaluates the midpoints between the line's best strength and
    its evaluated neighbours (strength 0 = stock), for ``fine_rounds`` rounds.
 
+A grid or fine point whose calibration changes none of the split's texts
+(calibrated share 0: every document shorter than one basket, or exactly one;
+:mod:`posfair.calibration.coverage`) is *skipped*: not evaluated, not a
+candidate, listed in :attr:`TuneResult.skipped` and in the report.
+
 A setting is *feasible* when its guard metric (own-segment recall@n for the
 fairness objective, aggregate nDCG@10 for retrieval) drops by at most
 ``max_drop`` below the stock model's on the dev split.  The chosen setting is the
@@ -37,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration import Calibration
+from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage, quiet_fallback
 from posfair.io import atomic_write_json
 
 __all__ = [
@@ -114,9 +120,11 @@ class Trial:
 
     calibration: Calibration | None
     split: str
-    phase: str  # "stock", "coarse", "fine" or "test"
+    phase: str  # "stock", "coarse", "fine" or "test" ("skipped" for a no-op grid point, never evaluated)
     metrics: dict[str, float]
     seconds: float = 0.0
+    #: fraction of the split's texts the calibration changes (None: stock, or the objective cannot tell)
+    calibrated_share: float | None = None
 
     @property
     def label(self) -> str:
@@ -140,13 +148,15 @@ class Trial:
         return {
             "label": self.label, "key": self.key, "calibration": self.calibration.to_dict() if self.calibration else None,
             "split": self.split, "phase": self.phase, "metrics": {k: _num(v) for k, v in self.metrics.items()}, "seconds": self.seconds,
+            "calibrated_share": self.calibrated_share,
         }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trial":
         cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else None
         metrics = {k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()}
-        return cls(cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)))
+        share = d.get("calibrated_share")
+        return cls(cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)), None if share is None else float(share))
 
 
 def _num(v: Any) -> float | None:
@@ -175,6 +185,10 @@ class Objective:
     def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
         raise TypeError(f"{type(self).__name__} must define evaluate(calibration, split)")
 
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        """Fraction of the split's texts ``calibration`` changes (0 = a no-op the search skips); None = unknown."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "score": self.score, "guard": self.guard, "greater_is_better": self.greater_is_better, "columns": list(self.columns)}
 
@@ -183,13 +197,18 @@ class FunctionObjective(Objective):
     """An objective given as a function ``fn(calibration or None, split) -> dict of metrics``."""
 
     def __init__(self, fn: Callable[[Calibration | None, str], dict[str, float]], *, score: str = "score", guard: str = "guard",
-                 greater_is_better: bool = False, name: str = "function", identity: Any = None):  # fmt: skip
-        self.fn, self.name, self.identity = fn, name, identity
+                 greater_is_better: bool = False, name: str = "function", identity: Any = None,
+                 share: Callable[[Calibration, str], float | None] | None = None):  # fmt: skip
+        """``share(calibration, split)``: optional calibrated share of the split's texts (see :meth:`Objective.calibrated_share`)."""
+        self.fn, self.name, self.identity, self.share = fn, name, identity, share
         self.score, self.guard, self.greater_is_better = score, guard, greater_is_better
         self.columns = (score, guard)
 
     def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
         return dict(self.fn(calibration, split))
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        return None if self.share is None else self.share(calibration, split)
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {"identity": self.identity}
@@ -274,8 +293,17 @@ class FairnessObjective(Objective):
         if self.store is None:
             self._tmp = getattr(self, "_tmp", None) or tempfile.TemporaryDirectory(prefix="posfair-tune-")
             self.store = EmbeddingStore(self._tmp.name)
-        obs, _ = run_instances(self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress)
+        with quiet_fallback():  # the share is reported per trial (Trial.calibrated_share), not per encode call
+            obs, _ = run_instances(self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress)
         return obs
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        """Share of the split's documents ``calibration`` changes (their token counts are known: no encoding)."""
+        resolve = getattr(getattr(self.model, "transformer_module", None), "resolve", None)
+        if resolve is None:
+            return None
+        lengths = [d.n_tokens for inst in self.instances[split] for d in inst.documents]
+        return calibration_coverage(resolve(calibration), lengths).share
 
     def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
         from posfair.fairness.results import fidelity_summary, fit_all
@@ -283,7 +311,7 @@ class FairnessObjective(Objective):
         obs = self.observations([calibration] if calibration is not None else [], split)
         label = calibration.label() if calibration is not None else STOCK
         obs = obs[(obs["calibration"] == label) & (obs["setting"] == "main")]
-        fid = fidelity_summary(obs, fit_all(obs, ["sigma"]))
+        fid = fidelity_summary(obs, fit_all(obs, ["sigma"], warn=False))
         out = {m: float(fid[m].mean()) for m in self.columns}
         out["sigma_mean"] = float(obs["sigma"].mean())
         if fid["n"].nunique() == 1:
@@ -341,6 +369,7 @@ class RetrievalObjective(Objective):
         self.query_prompt = query_prompt
         self.test_fraction, self.seed = test_fraction, seed
         self.fingerprint = model_fingerprint(model)
+        self._shares: dict[str, float] = {}
         unit = [f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)]
         dev, test = split_ids(unit, test_fraction, seed)
         self.splits = {}
@@ -369,13 +398,22 @@ class RetrievalObjective(Objective):
     def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
         from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 
-        ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt)
+        ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt,
+                                          report_fallback=False)  # fmt: skip
         res = ev.evaluate(self.model)
         out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
         for g, v in res.groups.items():
             out[g] = float(v)
         out["queries"] = float(len(res.query_ids))
         return out
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        """Share of the corpus documents ``calibration`` changes (both splits search the whole corpus)."""
+        if not callable(getattr(self.model, "calibration_coverage", None)):
+            return None
+        if calibration.key() not in self._shares:
+            self._shares[calibration.key()] = self.model.calibrated_share(self.benchmark.corpus_texts, calibration)
+        return self._shares[calibration.key()]
 
 
 # -- the search ---------------------------------------------------------------------------------
@@ -407,6 +445,8 @@ class TuneResult:
     front: list[Trial] = field(default_factory=list)
     feasible: bool = True
     seconds: float = 0.0
+    #: grid points that calibrate nothing on the dev split (calibrated share 0): not evaluated, not candidates
+    skipped: list[Trial] = field(default_factory=list)
 
     @property
     def score(self) -> str:
@@ -443,7 +483,12 @@ class TuneResult:
                     out[f"{split}_{who}_{k}"] = float(v)
         if self.chosen is not None:
             out.update(chosen_basket_size=float(self.chosen.basket_size), chosen_strength=self.chosen.strength)
+            for split in (DEV, TEST):
+                share = self.trial(self.chosen, split).calibrated_share
+                if share is not None:
+                    out[f"{split}_chosen_calibrated_share"] = float(share)
         out["feasible"] = float(self.feasible)
+        out["skipped"] = float(len(self.skipped))
         return out
 
     def frame(self, split: str = DEV) -> pd.DataFrame:
@@ -456,7 +501,8 @@ class TuneResult:
                 continue
             c = t.calibration
             row = {"label": t.label, "phase": t.phase, "basket_size": c.basket_size if c else None,
-                   "layers": (str(c.layers) if c else None), "strength": t.strength, **t.metrics}  # fmt: skip
+                   "layers": (str(c.layers) if c else None), "strength": t.strength,
+                   "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share, **t.metrics}  # fmt: skip
             if split == DEV:
                 row["feasible"] = bool(t.metrics[self.guard] >= stock - self.max_drop - 1e-12)
                 row["on_front"] = t.key in front
@@ -469,6 +515,7 @@ class TuneResult:
             "objective": self.objective, "space": self.space, "max_drop": self.max_drop, "trials": [t.to_dict() for t in self.trials],
             "chosen": self.chosen.to_dict() if self.chosen else None, "chosen_label": self.chosen_label,
             "front": [t.label for t in self.front], "feasible": self.feasible, "seconds": self.seconds,
+            "skipped": [t.to_dict() for t in self.skipped],
         }  # fmt: skip
 
 
@@ -504,32 +551,47 @@ def run_search(
     path = Path(results_path) if results_path is not None else None
     done = {(t.key, t.split): t for t in (_load_trials(path, desc) if path else [])}
     trials: list[Trial] = []
+    skipped: list[Trial] = []
     say = log or (lambda msg: None)
     sign = 1.0 if objective.greater_is_better else -1.0
 
     def save(extra: dict[str, Any] | None = None) -> None:
         if path is not None:
-            body = {"objective": desc, "space": space.to_dict(), "max_drop": max_drop, "trials": [t.to_dict() for t in trials]}
+            body = {"objective": desc, "space": space.to_dict(), "max_drop": max_drop, "trials": [t.to_dict() for t in trials],
+                    "skipped": [t.to_dict() for t in skipped]}  # fmt: skip
             atomic_write_json(path, body | (extra or {}))
 
-    def run(cal: Calibration | None, split: str, phase: str) -> Trial:
+    def run(cal: Calibration | None, split: str, phase: str) -> Trial | None:
+        """The trial of ``cal`` on ``split`` (evaluated, or read back); None for a no-op calibration (skipped)."""
         key = (cal.key() if cal is not None else STOCK, split)
         for t in trials:
             if (t.key, t.split) == key:
                 return t
+        for t in skipped:
+            if (t.key, t.split) == key:
+                return None
+        share = objective.calibrated_share(cal, split) if cal is not None else None
+        if share is not None and share == 0 and phase in ("coarse", "fine"):  # the test split reports the choice whatever it is
+            skipped.append(Trial(cal, split, "skipped", {}, 0.0, 0.0))
+            save()
+            say(f"{split:>4} {phase:<6} {cal.label():<22} skipped: {NOOP_LABEL} (calibrated share 0)")
+            return None
         if key in done:
             t = done[key]
             t.phase = phase
+            if t.calibrated_share is None:
+                t.calibrated_share = share
         else:
             s0 = time.perf_counter()
             metrics = objective.evaluate(cal, split)
             for name in (objective.score, objective.guard):
                 if name not in metrics:
                     raise ValueError(f"objective {objective.name!r} returned no {name!r} metric (got {sorted(metrics)})")
-            t = Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0)
+            t = Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0, share)
         trials.append(t)
         save()
-        say(f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}")
+        shown = "" if share is None else f" calibrated_share={share:.3f}"
+        say(f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}{shown}")
         return t
 
     stock = run(None, DEV, STOCK)
@@ -541,11 +603,13 @@ def run_search(
     def rank(t: Trial) -> tuple[float, float]:  # smaller is better; ties to the lower strength
         return (-sign * t.metrics[objective.score], t.strength)
 
-    coarse = [run(c, DEV, "coarse") for c in space.coarse()]
+    grid = space.coarse()
+    coarse = [t for t in (run(c, DEV, "coarse") for c in grid) if t is not None]
+    if skipped:
+        say(f"skipped {len(skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({', '.join(t.label for t in skipped)})")
     ok = [t for t in coarse if feasible(t)]
-    anchor = min(ok or coarse, key=rank)
-    line = anchor.line
-    for _ in range(space.fine_rounds):
+    line = min(ok or coarse, key=rank).line if coarse else None
+    for _ in range(space.fine_rounds if line is not None else 0):
         on_line = [stock] + [t for t in trials if t.split == DEV and t.line == line]
         best = min([t for t in on_line if feasible(t)], key=rank)
         strengths = sorted({t.strength for t in on_line})
@@ -555,16 +619,19 @@ def run_search(
         if not new:
             break
         for m in new:
-            run(Calibration(basket_size=line[0], layers=line[1], strength=_strength(m)), DEV, "fine")
+            run(Calibration(basket_size=line[0], layers=line[1], strength=_strength(m)), DEV, "fine")  # same line: never a no-op
     dev = [t for t in trials if t.split == DEV]
     pick = min([t for t in dev if feasible(t)], key=rank)
     any_feasible = any(feasible(t) for t in dev if t.calibration is not None)
     front = pareto_front(dev, objective.score, objective.guard, objective.greater_is_better)
-    say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
+    if not any(t.calibration is not None for t in dev):
+        say(f"chosen: {pick.label} (every grid point was a no-op: nothing calibrated)")
+    else:
+        say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
     # only now does the test split enter: stock and the chosen setting
     run(None, TEST, "test")
     if pick.calibration is not None:
         run(pick.calibration, TEST, "test")
-    result = TuneResult(desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0)
+    result = TuneResult(desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0, list(skipped))
     save(result.to_dict())
     return result

@@ -1,0 +1,194 @@
+"""Which texts a calibration actually changes: the one rule every count in posfair uses.
+
+The engine (:func:`posfair.calibration.baskets.calibrate_rows` /
+``calibrate_span_``) works on a text's *valid span*: its ``n_tokens`` tokens
+after truncation, special tokens and prompt included (the attention mask's
+ones).  The first / last valid key is taken out of the baskets when
+``isolate_bos`` / ``isolate_eos`` is set, which leaves
+``C = n_tokens - isolate_bos - isolate_eos`` content keys.  A text's attention
+rows are calibrated when ``C >= basket_size``; otherwise they are returned
+unchanged (the authors' rule).
+
+Two further cases leave every row unchanged although the engine runs:
+
+* ``C == basket_size`` with no isolated key given a new share (isolated keys
+  all ``"original"``, or none isolated): one basket holds all the content mass,
+  so rescaling it to its target mass multiplies by 1 (up to float rounding);
+* ``strength == 0``: the blend returns the original row.
+
+:func:`fallback_reasons` classifies token counts into those cases;
+:func:`calibrated_mask` and :func:`calibration_coverage` are built on it, so
+the encode-time warning, the ``calibrated_share`` columns of every table and the
+tuner's skipping of no-op grid points can never disagree with each other or with
+what the engine did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass
+from typing import Iterator, Union
+
+import numpy as np
+
+from posfair.calibration.params import Calibration, ResolvedCalibration
+
+__all__ = [
+    "CalibrationFallbackWarning",
+    "CalibrationCoverage",
+    "CALIBRATED",
+    "SHORTER",
+    "ONE_BASKET",
+    "STRENGTH_ZERO",
+    "NOOP_LABEL",
+    "content_tokens",
+    "fallback_reasons",
+    "calibrated_mask",
+    "calibration_coverage",
+    "quiet_fallback",
+    "fallback_warnings_enabled",
+    "format_share",
+]
+
+CALIBRATED, SHORTER, ONE_BASKET, STRENGTH_ZERO = 0, 1, 2, 3
+#: how a calibration that changes no text is marked in tables, figures and logs
+NOOP_LABEL = "no-op: nothing calibrated"
+
+AnyCalibration = Union[Calibration, ResolvedCalibration]
+
+
+class CalibrationFallbackWarning(UserWarning):
+    """Some texts of an ``encode`` call were encoded stock although a calibration was given."""
+
+
+def _rule(calibration: AnyCalibration, pooling: str | None) -> tuple[int, float, bool, bool, bool]:
+    """(basket size, strength, isolate_bos, isolate_eos, an isolated key gets a new share)."""
+    if isinstance(calibration, ResolvedCalibration):
+        bos, eos = calibration.isolate_bos, calibration.isolate_eos
+    elif isinstance(calibration, Calibration):
+        if pooling is None:
+            raise ValueError("a Calibration needs the model's pooling to tell which keys it isolates (or pass a ResolvedCalibration)")
+        bos, eos = calibration.isolation(pooling)
+    else:
+        raise TypeError(f"calibration must be a Calibration or ResolvedCalibration; got {type(calibration).__name__}")
+    reweights = (bos and calibration.bos_weight != "original") or (eos and calibration.eos_weight != "original")
+    return calibration.basket_size, calibration.strength, bool(bos), bool(eos), bool(reweights)
+
+
+def content_tokens(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
+    """Content keys ``C`` of texts whose valid span has ``n_tokens`` tokens (specials and prompt included)."""
+    _, _, bos, eos, _ = _rule(calibration, pooling)
+    return np.asarray(n_tokens, dtype=np.int64) - int(bos) - int(eos)
+
+
+def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
+    """Per text: :data:`CALIBRATED`, :data:`SHORTER` (content shorter than one basket: the engine
+    skips it), :data:`ONE_BASKET` (content of exactly one basket and no isolated key reweighted:
+    calibration is the identity) or :data:`STRENGTH_ZERO`.
+
+    ``n_tokens``: the valid-span length of each text as the model sees it (after truncation to
+    ``max_seq_length``, with special tokens and any prompt).  ``pooling`` is needed only for an
+    unresolved :class:`~posfair.Calibration` (it decides which keys are isolated).
+    """
+    B, strength, bos, eos, reweights = _rule(calibration, pooling)
+    n = np.asarray(n_tokens, dtype=np.int64)
+    C = n - int(bos) - int(eos)
+    out = np.full(n.shape, CALIBRATED, dtype=np.int8)
+    if not reweights:
+        out[C == B] = ONE_BASKET
+    out[C < B] = SHORTER
+    if strength == 0.0:
+        out[...] = STRENGTH_ZERO
+    return out
+
+
+def calibrated_mask(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
+    """Bool per text: does ``calibration`` change its embedding (see :func:`fallback_reasons`)."""
+    return fallback_reasons(calibration, n_tokens, pooling) == CALIBRATED
+
+
+@dataclass(frozen=True)
+class CalibrationCoverage:
+    """How many of ``total`` texts a calibration changed, and why the others were encoded stock."""
+
+    basket_size: int
+    total: int
+    calibrated: int
+    shorter: int
+    one_basket: int
+    strength_zero: int
+
+    @property
+    def fallen_back(self) -> int:
+        return self.total - self.calibrated
+
+    @property
+    def share(self) -> float:
+        """Fraction of the texts actually calibrated (NaN for no texts)."""
+        return self.calibrated / self.total if self.total else math.nan
+
+    @property
+    def noop(self) -> bool:
+        """True when texts were given and none was calibrated."""
+        return self.total > 0 and self.calibrated == 0
+
+    def message(self) -> str | None:
+        """The warning text, or None when every text was calibrated."""
+        if not self.fallen_back:
+            return None
+        n, k, B = self.total, self.fallen_back, self.basket_size
+        if self.strength_zero:
+            return f"calibration strength is 0: all {n} texts were encoded stock"
+        share = f" (calibrated share {self.share:.3f})"
+        if not self.one_basket:
+            return f"{k} of {n} texts are shorter than one basket (B={B} content tokens) and were encoded stock{share}"
+        parts = []
+        if self.shorter:
+            parts.append(f"{self.shorter} {'is' if self.shorter == 1 else 'are'} shorter than one basket")
+        parts.append(f"{self.one_basket} {'fills' if self.one_basket == 1 else 'fill'} exactly one basket, which calibration leaves unchanged")
+        return f"{k} of {n} texts were encoded stock (B={B} content tokens): " + " and ".join(parts) + share
+
+    def to_dict(self) -> dict[str, float]:
+        return {"total": self.total, "calibrated": self.calibrated, "shorter": self.shorter, "one_basket": self.one_basket,
+                "strength_zero": self.strength_zero, "calibrated_share": self.share}  # fmt: skip
+
+
+def calibration_coverage(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> CalibrationCoverage:
+    """Counts of :func:`fallback_reasons` over texts with valid spans of ``n_tokens`` tokens."""
+    r = fallback_reasons(calibration, n_tokens, pooling).ravel()
+    return CalibrationCoverage(
+        basket_size=int(calibration.basket_size),
+        total=int(r.size),
+        calibrated=int((r == CALIBRATED).sum()),
+        shorter=int((r == SHORTER).sum()),
+        one_basket=int((r == ONE_BASKET).sum()),
+        strength_zero=int((r == STRENGTH_ZERO).sum()),
+    )
+
+
+def format_share(share: float | None, digits: int = 3) -> str:
+    """A calibrated share for a table cell: ``"—"`` for stock / not applicable (NaN or None)."""
+    if share is None or (isinstance(share, float) and math.isnan(share)):
+        return "—"
+    return f"{float(share):.{digits}f}"
+
+
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("posfair_quiet_fallback", default=False)
+
+
+def fallback_warnings_enabled() -> bool:
+    """False inside :func:`quiet_fallback` (encode then neither counts nor warns)."""
+    return not _QUIET.get()
+
+
+@contextlib.contextmanager
+def quiet_fallback() -> Iterator[None]:
+    """Silence ``encode``'s per-call :class:`CalibrationFallbackWarning` (for pipelines that report
+    the calibrated share once per configuration themselves)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)

@@ -1,0 +1,114 @@
+"""Inference in the audit's outputs: G and the inference beside every coefficient, the G < 20 warning."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.api as sm
+
+from posfair.fairness.ols import FewClustersWarning, Inference, significance_mark
+from posfair.fairness.results import AuditResult, coefficient_detail_table, coefficient_table, fit_all, few_clusters_message
+from posfair.report.html import render_report
+from posfair.report.tables import to_csv, to_latex, to_markdown
+
+
+def _observations(sets_by_n=None, seed=0):
+    """Synthetic observations: per instance (n, config) G segment sets, every ordering once."""
+    import itertools
+
+    sets_by_n = sets_by_n or {3: 24, 4: 6}
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n, G in sets_by_n.items():
+        for config, key in (("en", "en"), ("[de, en, ..., en]", "de-en")):
+            for s in range(G):
+                u = rng.normal(0, 0.03)
+                for k, perm in enumerate(itertools.permutations(range(n))):
+                    for p in range(1, n + 1):
+                        y = 0.7 - 0.004 * (p - 1) + u + rng.normal(0, 0.01)
+                        rows.append(dict(calibration="stock", setting="main", n=n, config=config, config_key=key,
+                                         doc_id=f"{n}-{key}-{s}-{k}", set_id=f"{n}-{key}-set{s:02d}", position=p,
+                                         sigma=y, tau=np.nan))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def obs():
+    return _observations()
+
+
+def _fit_quiet(obs, inference=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FewClustersWarning)
+        return fit_all(obs, ["sigma"], inference)
+
+
+def test_fit_all_matches_statsmodels_and_reports_g(obs):
+    coefs = _fit_quiet(obs)
+    for (n, config), g in obs.groupby(["n", "config"]):
+        X = pd.DataFrame({"const": 1.0, **{f"p{p}": (g["position"] == p).astype(float).to_numpy() for p in range(2, n + 1)}})
+        codes = g["set_id"].astype("category").cat.codes.to_numpy()
+        ref = sm.OLS(g["sigma"].to_numpy(), X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+        c = coefs[(coefs["n"] == n) & (coefs["config"] == config)].sort_values("position")
+        np.testing.assert_allclose(c["se"], ref.bse, rtol=1e-10)
+        np.testing.assert_allclose(c["p"], ref.pvalues, rtol=1e-8, atol=1e-300)
+        assert (c["clusters"] == g["set_id"].nunique()).all()
+        assert (c["inference"] == "CR1 t(G-1)").all()
+        assert c["mark"].tolist() == [significance_mark(p) for p in ref.pvalues]
+
+
+def test_fit_all_warns_once_with_counts(obs):
+    with pytest.warns(FewClustersWarning) as rec:
+        fit_all(obs, ["sigma"])
+    msgs = [str(w.message) for w in rec if issubclass(w.category, FewClustersWarning)]
+    assert len(msgs) == 1
+    assert "2 of 4 instances" in msgs[0] and "n=4 en: G=6" in msgs[0] and "n=4 [de, en, ..., en]: G=6" in msgs[0]
+    assert "n=3" not in msgs[0]  # 24 sets: enough
+    many = _observations({3: 20})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coefs = fit_all(many, ["sigma"])
+    assert few_clusters_message(coefs) is None
+
+
+def test_tables_show_g_inference_se_p(obs):
+    coefs = _fit_quiet(obs)
+    kw = dict(model="m", measure="sigma", calibration="stock", setting="main", configs=["en", "[de, en, ..., en]"])
+    t = coefficient_table(coefs, **kw)
+    assert t.frame.loc[(4, "G (segment sets)")].tolist() == ["6", "6"]
+    assert t.frame.loc[(3, "G (segment sets)")].tolist() == ["24", "24"]
+    assert "Student's t with G-1 degrees of freedom" in t.caption
+    assert "n=4 en (G=6)" in t.caption and "p-values approximate" in t.caption
+    # marks in the paper layout follow the t(G-1) p-values
+    hit = coefs[(coefs["n"] == 4) & (coefs["config"] == "en") & (coefs["position"] == 2)].iloc[0]
+    assert t.frame.loc[(4, "β2 (2 vs. 1)"), "en"] == f"{hit['estimate']:.3f}" + (f" {hit['mark']}" if hit["mark"] else "")
+    d = coefficient_detail_table(coefs, **kw)
+    assert list(d.frame.columns) == ["estimate", "SE", "t", "p", "mark", "G", "inference"]
+    row = d.frame.loc[(4, "en", "β2 (2 vs. 1)")]
+    assert row["G"] == "6" and row["inference"] == "CR1 t(G-1)"
+    assert float(row["p"]) == pytest.approx(hit["p"], rel=5e-3)  # 3 significant digits
+    assert float(row["SE"]) == pytest.approx(hit["se"], abs=1e-4)
+    for text in (to_markdown(d), to_csv(d), to_latex(d)):
+        assert "CR1 t(G-1)" in text and "G" in text
+
+
+def test_wild_inference_in_tables(obs):
+    inf = Inference("wild", draws=199, weights="webb", seed=2)
+    coefs = _fit_quiet(obs[obs["n"] == 4], inf)
+    assert set(coefs["inference"]) == {"wild WCR11 webb B=199 seed=2"}
+    assert (coefs["p"] >= 1 / 200).all()
+    d = coefficient_detail_table(coefs, model="m", measure="sigma", calibration="stock", setting="main", configs=["en"])
+    assert "wild cluster bootstrap-t" in d.caption and "webb B=199 seed=2" in d.caption
+
+
+def test_report_and_headline_carry_g_and_warning(obs, tmp_path):
+    coefs = _fit_quiet(obs)
+    result = AuditResult(model={"name": "m"}, corpus={"name": "c"}, settings={"inference": "cluster"}, calibrations=[],
+                         observations=obs, coefficients=coefs, sampling=[])  # fmt: skip
+    hf = result.headline_frame()
+    assert hf.loc[(4, "en", "beta_2"), "G"] == 6 and hf.loc[(3, "en", "beta_2"), "G"] == 24
+    html = render_report("t", result.report_sections([]))
+    assert '<p class="warning">Few clusters: 2 of 4 instances rest on fewer than 20 segment sets' in html
+    assert "Student&#x27;s t with G-1 degrees of freedom" in html or "Student's t with G-1 degrees of freedom" in html
+    assert "G (segment sets)" in html and "<th>SE</th>" in html

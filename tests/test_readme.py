@@ -1,0 +1,98 @@
+"""The README runs as written: every shell command and every Python block, in order.
+
+The set-up block is what ``.ci/run`` executes (a fresh virtual environment, then the
+README's test command), so here it is checked against ``.ci/run`` line by line; its
+last command (``posfair demo``) and every other command run in a scratch folder
+with this interpreter's ``posfair``.  Each Python block runs in a fresh namespace,
+so a block that uses a name it never defines fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+def blocks(lang: str) -> list[str]:
+    return [body for kind, body in FENCE.findall(README.read_text(encoding="utf-8")) if kind == lang]
+
+
+def commands(block: str) -> list[str]:
+    """Shell commands of a block: continuation lines joined, comments and blank lines dropped."""
+    out, current = [], ""
+    for line in block.splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        current += stripped
+        out.append(_drop_comment(current).strip())
+        current = ""
+    return [c for c in out if c]
+
+
+def _drop_comment(cmd: str) -> str:
+    """The command without a trailing ``# comment`` (a ``#`` after white space, outside quotes)."""
+    quote = None
+    for i, ch in enumerate(cmd):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or cmd[i - 1].isspace()):
+            return cmd[:i]
+    return cmd
+
+
+def setup_block() -> list[str]:
+    first = blocks("bash")[0]
+    return commands(first)
+
+
+def test_setup_commands_are_what_ci_runs():
+    """The README's two set-up commands are exactly what .ci/run executes."""
+    install, tests = setup_block()
+    ci = (ROOT / ".ci" / "run").read_text()
+    steps = [s.strip() for s in install.split("&&")]
+    assert steps[-1] == ".venv/bin/posfair demo", steps
+    for step in steps[:-1]:
+        assert step in ci or step.replace(".venv/bin/pip install", ".venv/bin/pip install -q") in ci, step
+    assert tests in ci, tests
+
+
+def _run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    cmd = cmd.replace(".venv/bin/", "")
+    return subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
+
+
+def test_every_readme_command_runs(tmp_path):
+    """The demo (last set-up step) and every command of the other shell blocks, in order, exit 0."""
+    install, _tests = setup_block()
+    cmds = [install.split("&&")[-1].strip()]
+    for block in blocks("bash")[1:]:
+        cmds += commands(block)
+    assert len(cmds) > 5
+    for cmd in cmds:
+        res = _run(cmd, tmp_path)
+        assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("index", range(len(blocks("python"))))
+def test_every_python_block_runs_alone(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = blocks("python")[index]
+    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
