@@ -85,6 +85,7 @@ def attention_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import posfair
+    from posfair.calibration.coverage import format_share
     from posfair.cliutil import calibrations_option, load_model_option
     from posfair.corpus import load_corpus
     from posfair.fairness.attention import resolve_layers
@@ -126,6 +127,6 @@ def attention_cmd(
         table.add_column(col, justify="left" if col in ("lang", "profile") else "right")
     for p in profiles:
         s = p.summary()
-        table.add_row(p.group, p.label, *[f"{s.get(k, float('nan')):.4g}" for k in keys])
+        table.add_row(p.group, p.label, *[format_share(s.get(k)) if k == "calibrated_share" else f"{s.get(k, float('nan')):.4g}" for k in keys])
     console.print(table)
     console.print(f"report: [bold]{report}[/bold]")
