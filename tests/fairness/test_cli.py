@@ -20,6 +20,11 @@ def test_audit_cli_end_to_end(tmp_path, tiny_model_path, make_corpus):
     assert set(obs["config"]) == {"[de, en, ..., en]"}
     assert set(obs["calibration"]) == {"stock", "B8-L0.5-a1"}
     assert (out / "report.html").exists() and "report:" in res.output
+    # the summary says how many documents the calibration changed (mean pooling: content = all tokens,
+    # calibrated when longer than one basket of 8)
+    docs = obs[(obs.calibration == "B8-L0.5-a1") & (obs.setting == "main")].drop_duplicates("doc_id")
+    done = int((docs["doc_tokens"] > 8).sum())
+    assert f"calibrated share of B8-L0.5-a1: {done / len(docs):.3f} ({done} of {len(docs)} documents calibrated)" in " ".join(res.output.split())
     # a re-run is answered from the cache (OUT/cache) and gives the same observations
     res2 = CliRunner().invoke(
         app,

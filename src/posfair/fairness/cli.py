@@ -117,6 +117,12 @@ def _run(model, corpus, settings, calibrations, out: Path, cache: Path | None, m
     elapsed = time.perf_counter() - t0
     console.print(_summary_table(result, f"{title} ({elapsed:.0f} s)"))
     console.print(f"inference: {escape(result.inference_text())}")
+    cov = result.coverage()
+    cov = cov[cov["calibrated_share"].notna()]
+    for label, g in cov.groupby("calibration", sort=False):
+        docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
+        style = "yellow" if done < docs else "default"
+        console.print(f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]")
     few = result.few_clusters_message()
     if few:
         console.print(f"[yellow]warning: {escape(few)}[/yellow]")
