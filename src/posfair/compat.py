@@ -153,8 +153,9 @@ def preprocess(model, texts: list[str], prompt: str | None, **kwargs: Any) -> di
 
 def embedding_dimension(model) -> int | None:
     """The dimension of ``model.encode``'s output (None if unknown)."""
-    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    return getter()
+    if ST_6:
+        return model.get_embedding_dimension()
+    return model.get_sentence_embedding_dimension()
 
 
 def attention_registries() -> tuple[Any, Any, Any, Any]:

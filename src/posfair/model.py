@@ -225,8 +225,18 @@ class FairModel(SentenceTransformer):
     forces the stock model.
     """
 
+    if not compat.ST_6:
+        # sentence-transformers 5.x loads a folder's modules only when the "model_type" it records
+        # is the loading class's name, and records that name when saving: a FairModel reads and
+        # writes "SentenceTransformer" folders (see _posfair_setup).
+        def _get_model_type(self, *args, **kwargs) -> str | None:
+            found = super()._get_model_type(*args, **kwargs)
+            return type(self).__name__ if found == "SentenceTransformer" else found
+
     # -- construction helpers ---------------------------------------------------------------
     def _posfair_setup(self, pooling: str | None, padding_side: str | None, max_seq_length: int | None) -> None:
+        if not compat.ST_6:
+            self._model_config["model_type"] = "SentenceTransformer"
         tmod = self.transformer_module
         if not isinstance(tmod, CalibratedTransformer):
             saved_cal = None
