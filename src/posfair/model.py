@@ -98,7 +98,7 @@ class CalibratedTransformer(Transformer):
             return
         try:
             compat.set_attn_implementation(model, att.ATTN_SDPA)
-        except Exception:  # remote code without attention-backend support: fallback interception
+        except Exception:  # remote code, or BERT-family on transformers 4.x (see posfair.compat): fallback interception
             self._posfair_mode = "fallback"
             return
         if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
