@@ -13,6 +13,11 @@ Configurations:
   posfair-all  posfair, mean pooling: every valid query row calibrated, tiled over query rows
   naive-all    eager full matrices, every row calibrated (only at lengths <= --naive-all-max)
 
+On transformers 5.x XLM-RoBERTa reaches posfair through the attention registry; on 4.x it
+does not (it picks its SDPA / eager class itself), so there the posfair configurations go
+through the fallback (the SDPA call of each attention module intercepted) and the naive ones
+load XLM-R's own eager class; the last column names the mechanism.
+
 Printed ratios: calibrated/plain (time, peak RSS) and naive/posfair (time, peak RSS).
 Targets (issue 2): posfair-cls/plain <= 1.10 at 2048 and 8192; naive-cls/posfair-cls >= 3x time and
 >= 4x memory at 8192; posfair-all/plain <= 2.5x time and <= 1.5x memory at 2048.
@@ -62,7 +67,11 @@ def worker(folder: str, config: str, length: int, repeats: int) -> dict:
     model = posfair.load_model(folder, pooling=pooling, max_seq_length=length)
     model.eval()
     if config.startswith("naive"):
-        model.transformer_module.set_attention_base("eager")
+        if model.mechanism == "registry":
+            model.transformer_module.set_attention_base("eager")
+        else:  # transformers 4.x: XLM-R's own eager class (full matrices), calibrated through the fallback
+            model = posfair.load_model(folder, pooling=pooling, max_seq_length=length, model_kwargs={"attn_implementation": "eager"})
+            model.eval()
     cal = posfair.Calibration(**CAL) if not config.startswith("plain") else None
     g = torch.Generator().manual_seed(1)
     features = {
@@ -78,7 +87,8 @@ def worker(folder: str, config: str, length: int, repeats: int) -> dict:
             model(dict(features))
             times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"config": config, "length": length, "time": statistics.median(times), "peak_mb": peak / 1024, "extra_mb": (peak - base_rss) / 1024}
+    return {"config": config, "length": length, "time": statistics.median(times), "peak_mb": peak / 1024,
+            "extra_mb": (peak - base_rss) / 1024, "mechanism": model.mechanism}  # fmt: skip
 
 
 def run(folder: Path, config: str, length: int, repeats: int) -> dict:
@@ -105,7 +115,11 @@ def main() -> None:
         folder = Path(tmp) / "xlmr-12x384"
         build_model(folder, max(args.lengths))
         rows = []
-        print(f"{'L':>6} {'config':<12} {'time s':>8} {'peak MB':>9} {'extra MB':>9}")
+        import sentence_transformers
+        import transformers
+
+        print(f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}")
+        print(f"{'L':>6} {'config':<12} {'time s':>8} {'peak MB':>9} {'extra MB':>9}  mechanism")
         for L in args.lengths:
             res = {}
             configs = ["plain", "posfair-cls", "naive-cls", "plain-mean", "posfair-all"]
@@ -114,7 +128,7 @@ def main() -> None:
             for c in configs:
                 res[c] = run(folder, c, L, args.repeats)
                 r = res[c]
-                print(f"{L:>6} {c:<12} {r['time']:>8.2f} {r['peak_mb']:>9.0f} {r['extra_mb']:>9.0f}", flush=True)
+                print(f"{L:>6} {c:<12} {r['time']:>8.2f} {r['peak_mb']:>9.0f} {r['extra_mb']:>9.0f}  {r['mechanism']}", flush=True)
             rows.append(res)
 
         print("\nratios measured in this run (time / peak RSS):")

@@ -4,6 +4,10 @@
 - :func:`reference_attention`: an attention function for transformers' registry
   that computes the full eager attention matrix, calibrates the chosen rows with
   :func:`reference_calibrate_row` (float64), and multiplies by V.
+- For models whose attention does not go through the registry (BERT / XLM-RoBERTa /
+  ModernBERT on transformers 4.x), :func:`reference_mode` wraps each layer's attention
+  module and replaces its ``scaled_dot_product_attention`` call by the same float64
+  computation, or calibrates the chosen rows of its eager softmax weights (float64).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import contextlib
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 REF_NAME = "posfair_test_reference"
 
@@ -64,9 +70,15 @@ class Reference:
                 scores = scores.masked_fill(~attention_mask, float("-inf"))
             else:
                 scores = scores + attention_mask.double()
-        w = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).numpy().copy()
+        w = self.calibrate_weights(torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).numpy().copy(), module.layer_idx)
+        out = torch.matmul(torch.from_numpy(w), v)
+        return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+    def calibrate_weights(self, w: np.ndarray, layer: int) -> np.ndarray:
+        """Calibrate (in place, float64) the chosen rows of post-softmax weights ``w`` (B, H, L, K)."""
         cal = self.cal
-        if cal is not None and module.layer_idx in cal.layers:
+        if cal is not None and layer in cal.layers:
+            B, H = w.shape[:2]
             for b in range(B):
                 s, e = int(self.start[b]), int(self.end[b])
                 if cal.queries == "all":
@@ -79,11 +91,76 @@ class Reference:
                             w[b, h, r], s, e, cal.basket_size, cal.strength,
                             cal.isolate_bos, cal.isolate_eos, cal.bos_weight, cal.eos_weight,
                         )
-        out = torch.matmul(torch.from_numpy(w), v)
-        return out.transpose(1, 2).contiguous().to(query.dtype), None
+        return w
 
 
 _REF = Reference()
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+_SOFTMAXES = (F.softmax, torch.softmax, torch.Tensor.softmax)
+
+
+class _LayerReference(TorchFunctionMode):
+    """Inside one layer's attention module: SDPA -> the float64 reference; eager softmax weights ->
+    their chosen rows calibrated in float64.  Counts the attention calls it replaced."""
+
+    def __init__(self, layer: int, batch: int):
+        super().__init__()
+        self.layer, self.batch, self.calls = layer, batch, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            a = dict(zip(_SDPA_ARGS, args), **kwargs)
+            assert not a.get("is_causal"), "the reference handles encoders' SDPA calls only"
+            self.calls += 1
+            mod = type("Layer", (), {"layer_idx": self.layer})()
+            out, _ = _REF.attention(mod, a["query"], a["key"], a["value"], a.get("attn_mask"), scaling=a.get("scale"))
+            return out.transpose(1, 2)
+        out = func(*args, **kwargs)
+        if any(func is f for f in _SOFTMAXES) and out.dim() == 4 and out.shape[0] == self.batch and out.shape[-1] == out.shape[-2]:
+            self.calls += 1
+            w = self.calibrate_weights(out)
+            return w
+        return out
+
+    def calibrate_weights(self, out: torch.Tensor) -> torch.Tensor:
+        w = _REF.calibrate_weights(out.detach().double().numpy().copy(), self.layer)
+        return torch.from_numpy(w).to(out.dtype)
+
+
+def layer_attention_modules(auto_model, num_layers: int) -> list:
+    """Each layer's attention module: the first submodule named "...Attention" in each entry of
+    the model's stack of ``num_layers`` layers."""
+    for stack in auto_model.modules():
+        if isinstance(stack, torch.nn.ModuleList) and len(stack) == num_layers:
+            mods = [next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None) for layer in stack]
+            if all(m is not None for m in mods):
+                return mods
+    raise AssertionError(f"no layer stack with attention modules in {type(auto_model).__name__}")
+
+
+@contextlib.contextmanager
+def _wrapped_attention(auto_model, num_layers: int, batch: int):
+    mods = layer_attention_modules(auto_model, num_layers)
+    modes = [_LayerReference(i, batch) for i in range(num_layers)]
+
+    def wrap(mod, mode):
+        inner = type(mod).forward.__get__(mod)
+
+        def forward(*args, **kwargs):
+            with mode:
+                return inner(*args, **kwargs)
+
+        return forward
+
+    for mod, mode in zip(mods, modes):
+        mod.forward = wrap(mod, mode)
+    try:
+        yield modes
+    finally:
+        for mod in mods:
+            del mod.forward
+    assert all(m.calls == 1 for m in modes), f"attention calls per layer: {[m.calls for m in modes]}"
 
 
 def _register():
@@ -98,16 +175,23 @@ def _register():
 def reference_mode(model, resolved, attention_mask):
     """Run ``model`` (a FairModel) with the reference attention and calibration ``resolved``."""
     _register()
-    auto = model.transformer_module.auto_model
-    before = auto.config._attn_implementation
+    tm = model.transformer_module
+    auto = tm.auto_model
     m = attention_mask.bool().numpy()
     pos = np.arange(m.shape[1])
     _REF.cal = resolved
     _REF.start = np.where(m, pos, m.shape[1]).min(1)
     _REF.end = np.where(m, pos, -1).max(1)
-    auto.set_attn_implementation(REF_NAME)
     try:
-        yield
+        if tm.mechanism == "fallback":  # the attention does not reach the registry (e.g. BERT on transformers 4.x)
+            with _wrapped_attention(auto, tm.num_layers, m.shape[0]):
+                yield
+            return
+        before = auto.config._attn_implementation
+        auto.set_attn_implementation(REF_NAME)
+        try:
+            yield
+        finally:
+            auto.set_attn_implementation(before)
     finally:
-        auto.set_attn_implementation(before)
         _REF.cal = None

@@ -17,7 +17,19 @@ computes its own softmax.  ``attention_kind`` selects how:
 ``method``      ``scores.softmax(dim=-1)``
 ``module``      an ``nn.Softmax(dim=-1)`` submodule
 ``sdpa``        ``nn.functional.scaled_dot_product_attention`` with the float bias as
-                ``attn_mask`` -- and no mask at all when the batch has no padding.
+                ``attn_mask`` -- and no mask at all when the batch has no padding
+                (gte's ``NewSdpaAttention``).
+``packed``      jina-embeddings-v3's shape: one packed ``(B, L, 3, H, D)`` QKV tensor, the
+                rotary embedding applied in that ``(B, L, H, D)`` layout, and an inner
+                self-attention submodule calling SDPA with a *boolean* key-padding mask.
+``unpadded``    gte's ``unpad_inputs``: the padding is removed, the batch's valid tokens are
+                concatenated into one ``(1, H, T, D)`` sequence (rotary positions restart per
+                text) and SDPA runs with a block-diagonal float mask (gte uses xformers'
+                variable-length kernel there).  posfair cannot see per-text attention in that
+                layout: a calibrated batch of several texts raises ``TypeError``; a single
+                text is one block, calibrated exactly.
+
+All kinds share their weights: with the same seed they are one model.
 
 Each attention module has a ``before_attention`` attribute (None by default): a
 callable run as ``before_attention(module, query)`` (query: ``(B, H, L, D)``, after the
@@ -36,7 +48,8 @@ from transformers import AutoTokenizer
 
 from posfair.model import bundled_model_path
 
-KINDS = ("functional", "torch", "method", "module", "sdpa")
+KINDS = ("functional", "torch", "method", "module", "sdpa", "packed")
+UNPADDED_KIND = "unpadded"  # not in KINDS: calibrates single texts only (see the module docstring)
 MODULE_NAME = "modeling_posfair_tiny"
 
 MODELING = '''\
@@ -100,6 +113,15 @@ class TinyRotary(nn.Module):
         return emb.cos(), emb.sin()
 
 
+class TinyInnerSelfAttention(nn.Module):
+    """jina-v3's inner attention: SDPA on the unbound packed QKV with a boolean key-padding mask."""
+
+    def forward(self, qkv, key_padding_mask=None):
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # (B, H, L, D)
+        mask = key_padding_mask[:, None, None, :] if key_padding_mask is not None else None
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class TinyRemoteAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -110,10 +132,22 @@ class TinyRemoteAttention(nn.Module):
         self.kind = config.attention_kind
         if self.kind == "module":
             self.softmax = nn.Softmax(dim=-1)
+        if self.kind == "packed":
+            self.inner_attn = TinyInnerSelfAttention()
         self.before_attention = None
 
     def forward(self, hidden_states, attention_bias=None, rope=None):
         B, L, _ = hidden_states.shape
+        if self.kind == "packed":
+            qkv = self.qkv_proj(hidden_states).view(B, L, 3, self.heads, self.head_dim)
+            cos, sin = (t[:, None, :] for t in rope)  # (L, 1, D) for the (B, L, H, D) layout
+            q, k, v = qkv.unbind(dim=2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            if self.before_attention is not None:
+                self.before_attention(self, q.transpose(1, 2))
+            out = self.inner_attn(torch.stack((q, k, v), dim=2), attention_bias)  # attention_bias: bool (B, L) or None
+            return self.o_proj(out.transpose(1, 2).reshape(B, L, -1))
         qkv = self.qkv_proj(hidden_states).view(B, L, 3, self.heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         cos, sin = rope
@@ -121,7 +155,7 @@ class TinyRemoteAttention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if self.before_attention is not None:
             self.before_attention(self, q)
-        if self.kind == "sdpa":
+        if self.kind in ("sdpa", "unpadded"):
             out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias, dropout_p=0.0)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
@@ -190,13 +224,35 @@ class TinyRemoteModel(TinyRemotePreTrainedModel):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.emb_norm(self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids))
+        kind = self.config.attention_kind
+        if kind == "unpadded" and attention_mask is not None:
+            return BaseModelOutput(last_hidden_state=self._unpadded(x, attention_mask.bool()))
         rope = tuple(t.to(x.dtype) for t in self.rotary(L, x.device))
         bias = None
-        if attention_mask is not None and (self.config.attention_kind != "sdpa" or not bool(attention_mask.bool().all())):
+        if kind == "packed":
+            bias = attention_mask.bool() if attention_mask is not None else None
+        elif attention_mask is not None and (kind not in ("sdpa", "unpadded") or not bool(attention_mask.bool().all())):
             bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         for layer in self.layers:
             x = layer(x, bias, rope)
         return BaseModelOutput(last_hidden_state=x)
+
+    def _unpadded(self, x, mask):
+        """gte's unpad_inputs: every valid token in one sequence, attention within each text only."""
+        lengths = mask.sum(1).tolist()
+        flat = x[mask][None]  # (1, T, hidden)
+        cos, sin = self.rotary(max(lengths), x.device)
+        pos = torch.cat([torch.arange(n, device=x.device) for n in lengths])  # positions restart per text
+        rope = (cos[pos].to(x.dtype), sin[pos].to(x.dtype))
+        bias = None
+        if len(lengths) > 1:
+            seq = torch.repeat_interleave(torch.arange(len(lengths), device=x.device), torch.tensor(lengths, device=x.device))
+            bias = torch.where(seq[:, None] == seq[None, :], 0.0, torch.finfo(x.dtype).min).to(x.dtype)[None, None]
+        for layer in self.layers:
+            flat = layer(flat, bias, rope)
+        out = torch.zeros_like(x)
+        out[mask] = flat[0]
+        return out
 '''
 
 
@@ -215,8 +271,8 @@ def build_remote_model(folder: Path, attention_kind: str = "functional", seed: i
     ``initializer_range`` is larger than BERT's 0.02 so attention rows are far from
     uniform and calibration at different strengths gives clearly different embeddings.
     """
-    if attention_kind not in KINDS:
-        raise ValueError(f"attention_kind must be one of {KINDS}; got {attention_kind!r}")
+    if attention_kind not in (*KINDS, UNPADDED_KIND):
+        raise ValueError(f"attention_kind must be one of {(*KINDS, UNPADDED_KIND)}; got {attention_kind!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{MODULE_NAME}.py").write_text(MODELING)
@@ -259,6 +315,9 @@ def _reference_forward(module, layer: int, resolved):
         scores = q @ k.transpose(-1, -2) / D**0.5
         if attention_bias is None:
             valid = torch.ones(B, L, dtype=torch.bool)
+        elif attention_bias.dtype == torch.bool:  # the packed kind's key-padding mask (B, L)
+            valid = attention_bias
+            scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         else:
             scores = scores + attention_bias.double()
             valid = attention_bias.reshape(B, L) == 0

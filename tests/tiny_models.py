@@ -61,6 +61,16 @@ def _configs():
 
 
 ARCHS = tuple(_configs())
+# Architectures that dispatch through transformers' attention registry on transformers 4.x
+# (BERT, XLM-RoBERTa and ModernBERT pick their own attention classes there: posfair's fallback).
+REGISTRY_ON_4X = ("qwen3",)
+
+
+def expected_mechanism(arch: str) -> str:
+    """How posfair reaches ``arch``'s attention on the installed stack: "registry" or "fallback"."""
+    from posfair.compat import TRANSFORMERS_5
+
+    return "registry" if TRANSFORMERS_5 or arch in REGISTRY_ON_4X else "fallback"
 
 
 def build_tiny_model(arch: str, folder: Path, seed: int = 0) -> tuple[Path, str]:
@@ -71,5 +81,7 @@ def build_tiny_model(arch: str, folder: Path, seed: int = 0) -> tuple[Path, str]
     model.eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(folder)
+    # ModernBERT takes no token_type_ids (its own tokenizer emits none)
+    extra = {"model_input_names": ["input_ids", "attention_mask"]} if arch == "modernbert" else {}
+    AutoTokenizer.from_pretrained(bundled_model_path(), **extra).save_pretrained(folder)
     return folder, pooling

@@ -21,8 +21,9 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.base.modules.transformer import Transformer
 
+from posfair import compat
+from posfair.compat import Transformer
 from posfair.calibration import attention as att
 from posfair.calibration import fallback
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
@@ -96,8 +97,8 @@ class CalibratedTransformer(Transformer):
         if base in (att.ATTN_SDPA, att.ATTN_EAGER):
             return
         try:
-            model.set_attn_implementation(att.ATTN_SDPA)
-        except Exception:  # remote code without attention-backend support: fallback interception
+            compat.set_attn_implementation(model, att.ATTN_SDPA)
+        except Exception:  # remote code, or BERT-family on transformers 4.x (see posfair.compat): fallback interception
             self._posfair_mode = "fallback"
             return
         if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
@@ -139,7 +140,7 @@ class CalibratedTransformer(Transformer):
         name = {"sdpa": att.ATTN_SDPA, "eager": att.ATTN_EAGER}[base]
         if self._mode() != "registry":
             raise TypeError(f"{type(self.auto_model).__name__} does not use transformers' attention registry")
-        self.auto_model.set_attn_implementation(name)
+        compat.set_attn_implementation(self.auto_model, name)
 
     # -- mechanism detection ---------------------------------------------------------------------
     def _probe_inputs(self) -> dict[str, torch.Tensor]:
@@ -224,8 +225,18 @@ class FairModel(SentenceTransformer):
     forces the stock model.
     """
 
+    if not compat.ST_6:
+        # sentence-transformers 5.x loads a folder's modules only when the "model_type" it records
+        # is the loading class's name, and records that name when saving: a FairModel reads and
+        # writes "SentenceTransformer" folders (see _posfair_setup).
+        def _get_model_type(self, *args, **kwargs) -> str | None:
+            found = super()._get_model_type(*args, **kwargs)
+            return type(self).__name__ if found == "SentenceTransformer" else found
+
     # -- construction helpers ---------------------------------------------------------------
     def _posfair_setup(self, pooling: str | None, padding_side: str | None, max_seq_length: int | None) -> None:
+        if not compat.ST_6:
+            self._model_config["model_type"] = "SentenceTransformer"
         tmod = self.transformer_module
         if not isinstance(tmod, CalibratedTransformer):
             saved_cal = None
@@ -237,10 +248,10 @@ class FairModel(SentenceTransformer):
                 raise ValueError(f"pooling must be one of {POOLINGS}; got {pooling!r}")
             if pool_mod is None:
                 raise ValueError("the model has no Pooling module whose mode could be set")
-            pool_mod.pooling_mode = pooling
+            compat.set_pooling_mode(pool_mod, pooling)
         detected = None
-        if pool_mod is not None and isinstance(pool_mod.pooling_mode, str):
-            detected = _POOLING_MAP.get(pool_mod.pooling_mode)
+        if pool_mod is not None and isinstance(compat.pooling_mode(pool_mod), str):
+            detected = _POOLING_MAP.get(compat.pooling_mode(pool_mod))
         tmod.posfair_pooling = pooling or detected or tmod.posfair_pooling
         side = padding_side or ("left" if tmod.posfair_pooling == "lasttoken" else None)
         if side is not None:
@@ -259,9 +270,7 @@ class FairModel(SentenceTransformer):
 
     @property
     def pooling_module(self):
-        from sentence_transformers.sentence_transformer.modules import Pooling
-
-        return next((m for m in self._modules.values() if isinstance(m, Pooling)), None)
+        return next((m for m in self._modules.values() if isinstance(m, compat.Pooling)), None)
 
     @property
     def pooling(self) -> str | None:
@@ -293,6 +302,12 @@ class FairModel(SentenceTransformer):
         tokenizer and the current ``max_seq_length`` (use it in cache keys; recomputed on every access,
         only the weights digest is cached)."""
         return model_fingerprint(self)
+
+    if not hasattr(SentenceTransformer, "get_embedding_dimension"):  # sentence-transformers 5.x
+
+        def get_embedding_dimension(self) -> int | None:
+            """The dimension of ``encode``'s output (sentence-transformers 6.x's name, on 5.x too)."""
+            return compat.embedding_dimension(self)
 
     # -- calibration ----------------------------------------------------------------------------
     def set_calibration(self, calibration: Calibration | None) -> "FairModel":
@@ -423,10 +438,10 @@ class FairModel(SentenceTransformer):
         them) and truncation to ``max_seq_length``, special tokens included.  This is the valid span
         calibration works on (unlike :meth:`token_lengths`, which does not truncate)."""
         texts = list(texts)
-        resolved = self._resolve_prompt(prompt, prompt_name)
+        resolved = compat.resolve_prompt(self, prompt, prompt_name)
         counts = []
         for s in range(0, len(texts), batch_size):
-            feats = self.preprocess(texts[s : s + batch_size], prompt=resolved, **preprocess_kwargs)
+            feats = compat.preprocess(self, texts[s : s + batch_size], resolved, **preprocess_kwargs)
             mask = feats.get("attention_mask")
             if mask is not None:
                 counts.append(np.asarray(mask.sum(-1).cpu().numpy(), dtype=np.int64).ravel())
@@ -453,7 +468,7 @@ class FairModel(SentenceTransformer):
         return self.calibration_coverage(texts, calibration, **kwargs).share
 
     def _empty_result(self, kwargs: dict):
-        dim = self.get_embedding_dimension() or 0
+        dim = compat.embedding_dimension(self) or 0
         if kwargs.get("convert_to_tensor"):
             return torch.zeros((0, dim))
         if kwargs.get("output_value") == "token_embeddings" or kwargs.get("convert_to_numpy") is False:
@@ -585,7 +600,7 @@ def model_fingerprint(model) -> str:
     tok = getattr(model, "tokenizer", None)
     pooling = getattr(model, "pooling", None)
     if pooling is None:
-        pooling = [getattr(m, "pooling_mode", None) for m in model._modules.values()]
+        pooling = [compat.pooling_mode(m) for m in model._modules.values()]
     h.update(json.dumps([str(pooling), model.max_seq_length, getattr(tok, "padding_side", None), type(tok).__name__, len(tok) if tok is not None else 0,
                          [type(m).__name__ for m in model._modules.values()]]).encode())  # fmt: skip
     return h.hexdigest()[:20]
@@ -636,7 +651,7 @@ def load_model(
     try:
         if _posfair_saved(path):
             ref = f"{CalibratedTransformer.__module__}.{CalibratedTransformer.__name__}"
-            model = FairModel._load_with_module_classes(path, {ref: CalibratedTransformer}, **kwargs)
+            model = compat.load_with_module_classes(FairModel, path, {ref: CalibratedTransformer}, **kwargs)
         else:
             model = FairModel(path, **kwargs)
     except OSError as exc:

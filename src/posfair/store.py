@@ -615,7 +615,8 @@ def encode_cached(
         if progress is not None:
             progress(len(unique))
         if vecs is None:
-            return np.zeros((0, model.get_embedding_dimension() or 0), dtype=np.float32)
+            from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
+            return np.zeros((0, compat.embedding_dimension(model) or 0), dtype=np.float32)
         index = {t: i for i, t in enumerate(unique)}
         return vecs[[index[t] for t in texts]]
     ns = embedding_namespace(store, model.fingerprint, calibration, prompt)

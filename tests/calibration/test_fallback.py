@@ -97,7 +97,7 @@ def test_unsupported_attention_is_an_error_naming_the_class(tiny_model_path):
 def record_rows(model, texts, calibration, queries):
     """{layer: [rows, ...]} recorded in one forward pass (every call kept, to count them)."""
     calls: dict[int, list[torch.Tensor]] = {}
-    features = model.preprocess(texts)
+    features = model.tokenize(texts)
     with torch.no_grad(), model.using(calibration), model.recording_attention(
         lambda layer, rows: calls.setdefault(layer, []).append(rows.clone()), range(model.num_layers), queries=queries
     ):

@@ -44,7 +44,7 @@ def own_work(B: int, H: int, L: int, D: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", ["functional", "sdpa"])
 def test_other_threads_are_untouched_during_a_calibrated_forward(remote_model, kind):
     model = remote_model(kind, "cls")
-    features = model.preprocess(TEXTS)
+    features = model.tokenize(TEXTS)
     B, L = features["input_ids"].shape
     mods = attention_modules(model)
     H, D = mods[0].heads, mods[0].head_dim

@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from posfair import Calibration
 from posfair.calibration import fallback
 from reference import reference_calibrate_row
-from remote_code_models import KINDS, attention_modules, reference_encode
+from remote_code_models import KINDS, UNPADDED_KIND, attention_modules, reference_encode
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -80,9 +80,26 @@ def test_calibration_is_applied_once_not_twice(remote_model, kind, pooling):
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
+def test_unpadded_inputs_calibrate_single_texts_and_refuse_batches(remote_model, pooling):
+    """gte's unpad_inputs shape: all valid tokens of a batch in one sequence with a block-diagonal mask.
+    One text is one block (calibrated exactly); several texts cannot be told apart by posfair, so a
+    calibrated batch raises TypeError naming the class instead of returning wrong numbers."""
+    model = remote_model(UNPADDED_KIND, pooling)
+    assert model.mechanism == "fallback"
+    # the same model as the padded kinds: stock embeddings of a padded batch agree
+    np.testing.assert_allclose(model.encode(TEXTS, calibration=False, batch_size=len(TEXTS)), reference(remote_model, pooling, None), atol=ATOL, rtol=0)
+    for strength in STRENGTHS:
+        for t in (TEXTS[0], TEXTS[2]):
+            got = model.encode([t], calibration=cal(strength), batch_size=1)
+            np.testing.assert_allclose(got, reference(remote_model, pooling, strength, [t]), atol=ATOL, rtol=0, err_msg=f"strength {strength}")
+    with pytest.raises(TypeError, match=r"cannot calibrate TinyRemoteModel.*layers without a hit"):
+        model.encode(TEXTS, calibration=cal(0.5), batch_size=len(TEXTS))
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_sdpa_without_a_mask_on_an_unpadded_batch(remote_model, pooling):
     model = remote_model("sdpa", pooling)
-    assert bool(model.preprocess(UNPADDED)["attention_mask"].all())  # no padding: the model passes attn_mask=None
+    assert bool(model.tokenize(UNPADDED)["attention_mask"].all())  # no padding: the model passes attn_mask=None
     seen = []
 
     def watch(module, query):
@@ -175,7 +192,7 @@ def test_bfloat16_calibrates_in_float32_and_keeps_the_dtype(remote_model, kind):
     model = copy.deepcopy(remote_model(kind, "cls")).to(torch.bfloat16)
     c = Calibration(basket_size=8, layers=(3,), strength=0.5)
     resolved = model.transformer_module.resolve(c)
-    features = model.preprocess(TEXTS)
+    features = model.tokenize(TEXTS)
     mask = features["attention_mask"].bool()
     rows = {}
 
@@ -233,7 +250,7 @@ def test_intercepted_sdpa_runs_the_stock_kernel_plus_one_row(remote_model, pooli
     layers explicitly."""
     model = remote_model("sdpa", pooling)
     assert model.mechanism == "fallback"  # probed before counting
-    features = model.preprocess(TEXTS)
+    features = model.tokenize(TEXTS)
     spy = _Spy(features["input_ids"].shape[1])
     with torch.no_grad(), model.using(cal(0.5)), spy:
         model(features)

@@ -2,8 +2,9 @@
 
 Two mechanisms, chosen per model by a probe (:func:`detect_mode`):
 
-``registry`` (transformers >= 5: BERT, XLM-RoBERTa, ModernBERT, Qwen3, most
-current architectures).  The model's attention implementation is switched to a
+``registry`` (transformers 5.x: BERT, XLM-RoBERTa, ModernBERT, Qwen3, most
+current architectures; transformers 4.x: Qwen3 and the other architectures that
+dispatch through ``ALL_ATTENTION_FUNCTIONS`` -- see :mod:`posfair.compat`).  The model's attention implementation is switched to a
 name registered in transformers' ``AttentionInterface`` (and, for its masks,
 ``AttentionMaskInterface``).  The registered function calls the stock kernel
 (SDPA or eager) for all rows; in calibrated layers it then recomputes the
@@ -13,7 +14,8 @@ and writes it into the output.  No (heads x L x L) matrix is ever formed.  With
 computed explicitly in tiles of query rows so memory stays bounded.
 
 ``fallback`` (remote-code models computing softmax inside their own modules,
-e.g. gte-multilingual-base, jina-v3): see :mod:`posfair.calibration.fallback`.
+e.g. gte-multilingual-base, jina-v3; on transformers 4.x also BERT, XLM-RoBERTa
+and ModernBERT, which pick their attention classes themselves): see :mod:`posfair.calibration.fallback`.
 It reuses this module's state and its explicit-row helpers (:func:`attend`).
 
 When no calibration is active the registered function is exactly the stock
@@ -37,6 +39,7 @@ from torch import nn
 
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from posfair.calibration.params import ResolvedCalibration
+from posfair.compat import attention_registries, sdpa_attention_forward
 
 ATTN_SDPA = "posfair_sdpa"
 ATTN_EAGER = "posfair_eager"  # explicit full-matrix path: the slow reference and the "naive" benchmark baseline
@@ -359,8 +362,6 @@ def attend(
 
 def _make_attention_function(base: str) -> Callable:
     def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         state = _STATE.get()
         calibrate, record = state.wants(module) if state is not None else (False, False)
         if scaling is None:
@@ -391,9 +392,7 @@ def register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-
+    AttentionInterface, AttentionMaskInterface, sdpa_mask, eager_mask = attention_registries()
     AttentionInterface.register(ATTN_SDPA, _make_attention_function("sdpa"))
     AttentionInterface.register(ATTN_EAGER, _make_attention_function("eager_explicit"))
     # Without a mask function registered under the same name, transformers would pass

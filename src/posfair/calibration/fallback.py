@@ -1,7 +1,8 @@
 """The fallback backend: calibration for models whose attention bypasses transformers' registry.
 
-Remote-code models (gte-multilingual-base's ``NewAttention``, jina-v3, ...) compute
-attention inside their own modules: a softmax (``nn.functional.softmax``,
+Remote-code models (gte-multilingual-base's ``NewAttention``, jina-v3, ...) -- and, on
+transformers 4.x, BERT, XLM-RoBERTa and ModernBERT, which pick their own attention
+classes there (:mod:`posfair.compat`) -- compute attention inside their own modules: a softmax (``nn.functional.softmax``,
 ``torch.softmax``, ``Tensor.softmax``, an ``nn.Softmax`` module) or a
 ``scaled_dot_product_attention`` call.  posfair finds each layer's attention module
 structurally (:func:`find_layer_attention_modules`) and :func:`install` gives it two

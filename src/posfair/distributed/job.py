@@ -216,7 +216,8 @@ def encode_shard(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[np.ndarr
     if spec.batching == "fixed":
         vectors = _encode(model, spec, texts, spec.batch_size)
     else:
-        vectors = np.zeros((len(texts), model.get_embedding_dimension()), dtype=np.float32)
+        from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
+        vectors = np.zeros((len(texts), compat.embedding_dimension(model)), dtype=np.float32)
         for b in batches:
             vectors[b] = _encode(model, spec, [texts[i] for i in b], len(b))
     real, padded = padded_tokens(lengths, batches)
@@ -350,7 +351,8 @@ def embed_texts(
     cal = spec.calibration_obj
     shards = plan_shards(texts, shard_size)
     all_keys = [k for s in shards for k in s.keys]
-    dim = model.get_embedding_dimension()
+    from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
+    dim = compat.embedding_dimension(model)
     meta = embedding_meta(model.fingerprint, cal, spec.prompt)
     ns_dir = EmbeddingStore(store_root).namespace_dir(**meta)
     settings = run_settings(

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pandas as pd
-from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
+from posfair.compat import SentenceEvaluator
 from posfair.evaluation import finish_metrics, run_tag
 from posfair.fairness import encoding as enc
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances

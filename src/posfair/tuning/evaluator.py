@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
-from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
+from posfair.compat import SentenceEvaluator
 from posfair.evaluation import finish_metrics, run_tag
 from posfair.fairness import encoding as enc
 from posfair.model import token_limit
