@@ -88,8 +88,15 @@ class Reference:
                 for h in range(H):
                     for r in rows:
                         w[b, h, r] = reference_calibrate_row(
-                            w[b, h, r], s, e, cal.basket_size, cal.strength,
-                            cal.isolate_bos, cal.isolate_eos, cal.bos_weight, cal.eos_weight,
+                            w[b, h, r],
+                            s,
+                            e,
+                            cal.basket_size,
+                            cal.strength,
+                            cal.isolate_bos,
+                            cal.isolate_eos,
+                            cal.bos_weight,
+                            cal.eos_weight,
                         )
         return w
 

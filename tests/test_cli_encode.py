@@ -64,12 +64,22 @@ def no_model(monkeypatch):
     "name,content,extra,message",
     [
         ("in.jsonl", '{"text": "ok"}\n{"other": 1}\n', (), "{path}: line 2 has no 'text' field"),
-        ("in.jsonl", '{"text": "ok"}\n{broken\n', (), "{path}: line 2 is not valid JSON (Expecting property name enclosed in double quotes)"),
+        (
+            "in.jsonl",
+            '{"text": "ok"}\n{broken\n',
+            (),
+            "{path}: line 2 is not valid JSON (Expecting property name enclosed in double quotes)",
+        ),
         ("in.jsonl", '{"text": "ok"}\n["a list"]\n', (), "{path}: line 2 is a JSON list, not an object with a 'text' field"),
         ("in.csv", "a,b\n", (), "{path}: unsupported input type '.csv': use .txt, .jsonl or .parquet"),
         ("in.jsonl", '{"text": "ok"}\n{"text": "  "}\n', (), "{path}: line 2: 'text' is empty"),
         ("in.jsonl", '{"text": "ok"}\n{"text": null}\n', (), "{path}: line 2: 'text' is null"),
-        ("in.jsonl", '{"text": "ok"}\n\n{"text": 123}\n{"text": null}\n', (), "{path}: line 3: 'text' is an int (123), not a string (2 unusable texts in all)"),
+        (
+            "in.jsonl",
+            '{"text": "ok"}\n\n{"text": 123}\n{"text": null}\n',
+            (),
+            "{path}: line 3: 'text' is an int (123), not a string (2 unusable texts in all)",
+        ),
         ("in.jsonl", '{"text": "ok", "doc": 1}\n{"text": "ok"}\n', ("--id-field", "doc"), "{path}: line 2 has no 'doc' field"),
         ("in.jsonl", "", (), "{path}: no texts to embed (the input is empty)"),
         ("in.jsonl", "\n  \n", (), "{path}: no texts to embed (the input is empty)"),
@@ -114,7 +124,9 @@ def test_an_output_that_is_a_folder_is_refused(tmp_path, no_model):
     assert r.exit_code == 2 and r.stderr == f"error: --output {tmp_path / 'dir.npy'} is an existing folder, not a file\n"
     assert [f.name for f in (tmp_path / "dir.npy").iterdir()] == ["keep"]
     r = run("encode", "-i", tmp_path / "in.txt", "-o", tmp_path / "in.txt" / "o.npy")
-    assert r.exit_code == 2 and r.stderr == f"error: --output {tmp_path / 'in.txt' / 'o.npy'}: {tmp_path / 'in.txt'} is a file, not a folder\n"
+    assert (
+        r.exit_code == 2 and r.stderr == f"error: --output {tmp_path / 'in.txt' / 'o.npy'}: {tmp_path / 'in.txt'} is a file, not a folder\n"
+    )
 
 
 @pytest.fixture

@@ -185,7 +185,9 @@ def test_a_second_damage_gets_the_next_free_name(tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ns = EmbeddingStore(tmp_path).namespace(model="m")
-        assert [str(w.message).rsplit("/", 1)[-1] for w in caught] == ([f"part-fixed.npz.damaged-{n - 1}; its vectors are recomputed"] if n > 1 else [])
+        assert [str(w.message).rsplit("/", 1)[-1] for w in caught] == (
+            [f"part-fixed.npz.damaged-{n - 1}; its vectors are recomputed"] if n > 1 else []
+        )
         assert "a" not in ns
         ns.put(["a"], np.ones((1, 2)), name="fixed")
         shard.write_bytes(f"damage {n}".encode())
@@ -296,7 +298,9 @@ def test_unreadable_namespace_metadata_is_set_aside_and_written_again(tmp_path):
     ns, _ = filled(tmp_path)
     meta_file = ns.path / "meta.json"
     meta_file.write_bytes(b"\xff\xfe garbage")
-    with pytest.warns(DamagedShardWarning, match=f"^damaged namespace metadata {meta_file} .*: moved to {meta_file}.damaged-1; it is written again$"):
+    with pytest.warns(
+        DamagedShardWarning, match=f"^damaged namespace metadata {meta_file} .*: moved to {meta_file}.damaged-1; it is written again$"
+    ):
         again = EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
     assert json.loads(meta_file.read_text()) == {"calibration": "stock", "model": "m"} and len(again) == 9
     assert (ns.path / "meta.json.damaged-1").read_bytes() == b"\xff\xfe garbage"

@@ -12,7 +12,6 @@ import importlib
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -34,7 +33,7 @@ AREA_MODULES = (
 )
 
 
-def read_texts(path: Path, text_field: str = "text", id_field: Optional[str] = None) -> tuple[list[str], Optional[list]]:
+def read_texts(path: Path, text_field: str = "text", id_field: str | None = None) -> tuple[list[str], list | None]:
     """Texts (and ids) from .txt (one text a line), .jsonl/.json (one record a line) or .parquet.
 
     Raises ValueError naming the file and the line (.txt, .jsonl; 1-based) or row
@@ -108,21 +107,21 @@ def _error(message: str) -> typer.Exit:
 def encode(
     input: Path = typer.Option(..., "--input", "-i", help=".txt (one text a line), .jsonl (a text field) or .parquet"),
     output: Path = typer.Option(..., "--output", "-o", help=".npy (float32 matrix) or .parquet (one row per text)"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="hub id or folder; default: the bundled all-MiniLM-L6-v2"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="B,layers,alpha, e.g. 128,0.5,0.5"),
-    basket_size: Optional[int] = typer.Option(None, "--basket-size", help="calibrate with this basket size"),
-    layers: Optional[str] = typer.Option(None, "--layers", help="calibrated layers: k (last k), 0.5 (last half), or 3+4+5"),
-    strength: Optional[float] = typer.Option(None, "--strength", help="calibration strength in [0, 1]"),
+    model: str | None = typer.Option(None, "--model", "-m", help="hub id or folder; default: the bundled all-MiniLM-L6-v2"),
+    calibration: str | None = typer.Option(None, "--calibration", help="B,layers,alpha, e.g. 128,0.5,0.5"),
+    basket_size: int | None = typer.Option(None, "--basket-size", help="calibrate with this basket size"),
+    layers: str | None = typer.Option(None, "--layers", help="calibrated layers: k (last k), 0.5 (last half), or 3+4+5"),
+    strength: float | None = typer.Option(None, "--strength", help="calibration strength in [0, 1]"),
     text_field: str = typer.Option("text", help="field/column holding the text (.jsonl/.parquet)"),
-    id_field: Optional[str] = typer.Option(None, help="field/column to carry into a .parquet output"),
+    id_field: str | None = typer.Option(None, help="field/column to carry into a .parquet output"),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     normalize: bool = typer.Option(False, "--normalize/--no-normalize", help="L2-normalise the embeddings"),
-    prompt: Optional[str] = typer.Option(None, help="text prefix (e.g. a query instruction)"),
-    pooling: Optional[str] = typer.Option(None, help="override the pooling: cls, mean or lasttoken"),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
-    device: Optional[str] = typer.Option(None),
+    prompt: str | None = typer.Option(None, help="text prefix (e.g. a query instruction)"),
+    pooling: str | None = typer.Option(None, help="override the pooling: cls, mean or lasttoken"),
+    max_seq_length: int | None = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
+    device: str | None = typer.Option(None),
     trust_remote_code: bool = typer.Option(False, help="allow code shipped with the model"),
-    cache: Optional[Path] = typer.Option(None, help="embedding cache folder (kept); default: a temporary one next to the output"),
+    cache: Path | None = typer.Option(None, help="embedding cache folder (kept); default: a temporary one next to the output"),
     chunk_size: int = typer.Option(512, help="texts per cached chunk (a killed run loses at most one chunk)"),
 ) -> None:
     """Embed texts, stock or calibrated. Resumable: rerun the same command after an interruption."""
@@ -150,7 +149,9 @@ def encode(
         texts, ids = read_texts(input, text_field, id_field)
     except ValueError as exc:
         raise _error(str(exc)) from None
-    fm = cliutil.load_model_option(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
+    fm = cliutil.load_model_option(
+        model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
+    )
     if cal is not None:
         try:
             fm.transformer_module.resolve(cal)  # validate against the model before any work

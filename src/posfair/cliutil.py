@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from posfair.calibration.params import Calibration, parse_layers
-
 
 #: the one help text of every command's ``--max-seq-length`` (the rule is posfair.model.token_limit)
 MAX_SEQ_LENGTH_HELP = (
@@ -27,7 +26,7 @@ def progress():
     )
 
 
-def load_model_option(model: Optional[str], **kwargs):
+def load_model_option(model: str | None, **kwargs):
     """Load ``--model`` (None or "bundled" = the bundled MiniLM) as a FairModel."""
     from posfair.model import load_model
 
@@ -35,11 +34,11 @@ def load_model_option(model: Optional[str], **kwargs):
 
 
 def calibration_option(
-    spec: Optional[str] = None,
-    basket_size: Optional[int] = None,
-    layers: Optional[str] = None,
-    strength: Optional[float] = None,
-) -> Optional[Calibration]:
+    spec: str | None = None,
+    basket_size: int | None = None,
+    layers: str | None = None,
+    strength: float | None = None,
+) -> Calibration | None:
     """A Calibration from ``--calibration B,layers,alpha`` or the separate options (None if none given).
 
     Separate options fill in the defaults (B=128, last 50% of layers, strength 0.5)

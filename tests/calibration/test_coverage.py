@@ -75,7 +75,10 @@ def test_messages_carry_the_counts():
         "basket, which calibration leaves unchanged (calibrated share 0.250)"
     )
     assert calibration_coverage(mean, [130, 300]).message() is None
-    assert calibration_coverage(resolved("mean", basket_size=4, strength=0.0), [9, 9]).message() == "calibration strength is 0: all 2 texts were encoded stock"
+    assert (
+        calibration_coverage(resolved("mean", basket_size=4, strength=0.0), [9, 9]).message()
+        == "calibration strength is 0: all 2 texts were encoded stock"
+    )
     cov = calibration_coverage(mean, [5, 6])
     assert cov.noop and cov.share == 0.0
     assert format_share(cov.share) == "0.000" and format_share(float("nan")) == "—" and format_share(None) == "—"

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import posfair
-from posfair import Calibration
-from posfair import compat
+from posfair import Calibration, compat
 from reference import reference_mode
 from tiny_models import ARCHS, expected_mechanism
 
@@ -93,8 +92,10 @@ def test_registry_and_fallback_paths_agree(tiny_model, tiny_model_path, arch):
 def test_eager_explicit_path_matches_fast_path(tiny_model, arch):
     model = tiny_model(arch)
     if model.mechanism != "registry":
-        pytest.skip(f"on transformers 4.x {arch} does not reach the attention registry, so the registry's explicit path "
-                    f"does not exist there (test_registry_and_fallback_paths_agree compares its eager and SDPA classes)")
+        pytest.skip(
+            f"on transformers 4.x {arch} does not reach the attention registry, so the registry's explicit path "
+            f"does not exist there (test_registry_and_fallback_paths_agree compares its eager and SDPA classes)"
+        )
     fast, _ = forward(model, TEXTS, CAL)
     model.transformer_module.set_attention_base("eager")
     try:

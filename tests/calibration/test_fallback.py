@@ -98,8 +98,12 @@ def record_rows(model, texts, calibration, queries):
     """{layer: [rows, ...]} recorded in one forward pass (every call kept, to count them)."""
     calls: dict[int, list[torch.Tensor]] = {}
     features = model.tokenize(texts)
-    with torch.no_grad(), model.using(calibration), model.recording_attention(
-        lambda layer, rows: calls.setdefault(layer, []).append(rows.clone()), range(model.num_layers), queries=queries
+    with (
+        torch.no_grad(),
+        model.using(calibration),
+        model.recording_attention(
+            lambda layer, rows: calls.setdefault(layer, []).append(rows.clone()), range(model.num_layers), queries=queries
+        ),
     ):
         model(features)
     return calls, features

@@ -87,11 +87,15 @@ def test_unpadded_inputs_calibrate_single_texts_and_refuse_batches(remote_model,
     model = remote_model(UNPADDED_KIND, pooling)
     assert model.mechanism == "fallback"
     # the same model as the padded kinds: stock embeddings of a padded batch agree
-    np.testing.assert_allclose(model.encode(TEXTS, calibration=False, batch_size=len(TEXTS)), reference(remote_model, pooling, None), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        model.encode(TEXTS, calibration=False, batch_size=len(TEXTS)), reference(remote_model, pooling, None), atol=ATOL, rtol=0
+    )
     for strength in STRENGTHS:
         for t in (TEXTS[0], TEXTS[2]):
             got = model.encode([t], calibration=cal(strength), batch_size=1)
-            np.testing.assert_allclose(got, reference(remote_model, pooling, strength, [t]), atol=ATOL, rtol=0, err_msg=f"strength {strength}")
+            np.testing.assert_allclose(
+                got, reference(remote_model, pooling, strength, [t]), atol=ATOL, rtol=0, err_msg=f"strength {strength}"
+            )
     with pytest.raises(TypeError, match=r"cannot calibrate TinyRemoteModel.*layers without a hit"):
         model.encode(TEXTS, calibration=cal(0.5), batch_size=len(TEXTS))
 

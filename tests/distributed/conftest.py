@@ -45,6 +45,7 @@ def ray_local():
     """One local Ray instance with 2 CPUs for the whole session (Ray is a dev dependency: no skip)."""
     import ray
     import ray.data  # noqa: F401
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

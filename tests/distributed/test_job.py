@@ -109,7 +109,9 @@ def test_refuses_to_mix_settings(tmp_path, texts, tiny_spec, tiny_fair):
     # a foreign shard (intact, of another dimension) dropped into the namespace
     foreign = manifest_path.parent / "part-foreign.npz"
     write_shard(manifest_path.parent, ["k"], np.zeros((1, 8), np.float32), name="foreign")
-    with pytest.raises(ManifestMismatch, match=f"^shard {foreign} was made with other settings \\(dim: the store has 64, the shard has 8\\)"):
+    with pytest.raises(
+        ManifestMismatch, match=f"^shard {foreign} was made with other settings \\(dim: the store has 64, the shard has 8\\)"
+    ):
         embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
     assert rep.written == 2
 
@@ -198,7 +200,9 @@ def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path, texts, tiny_spe
     manifest_path = next(tmp_path.glob(f"*/{MANIFEST}"))
     original = json.loads(manifest_path.read_text())
     manifest_path.unlink()
-    with pytest.warns(UserWarning, match=f"^store {manifest_path.parent} had no readable manifest.json: rebuilt it from the metadata of its 2 shards$"):
+    with pytest.warns(
+        UserWarning, match=f"^store {manifest_path.parent} had no readable manifest.json: rebuilt it from the metadata of its 2 shards$"
+    ):
         rep = embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
     assert rep.encoded == 0
     rebuilt = json.loads(manifest_path.read_text())

@@ -37,7 +37,7 @@ def test_root_cause_of_a_wrapped_worker_error():
     wrapped = RuntimeError(
         "The actor died because of an error raised in its creation task, \x1b[36mray::MapWorker(MapBatches(X)).__init__()"
         "\x1b[39m (pid=1, ip=1.2.3.4)\n"
-        "  File \"job.py\", line 268, in __init__\n    raise ManifestMismatch(\n"
+        '  File "job.py", line 268, in __init__\n    raise ManifestMismatch(\n'
         "posfair.distributed.job.ManifestMismatch: worker model fingerprint ab differs from the driver's cd: install\n"
     )
     assert root_cause(wrapped) == ("ManifestMismatch", "worker model fingerprint ab differs from the driver's cd: install")
@@ -48,7 +48,7 @@ def test_root_cause_of_a_wrapped_worker_error():
 def test_root_cause_skips_rays_wrappers():
     # Ray Data's error: the worker's traceback, ending in Ray's own wrapper exception
     text = (
-        "ray::MapWorker(MapBatches(X)).submit() (pid=1)\n  File \"t.py\", line 3, in __call__\n"
+        'ray::MapWorker(MapBatches(X)).submit() (pid=1)\n  File "t.py", line 3, in __call__\n'
         "RuntimeError: worker failure\n\nThe above exception was the direct cause of the following exception:\n\n"
         "ray.exceptions.UserCodeException: UDF failed to process a data block.\n"
     )

@@ -29,7 +29,7 @@ B = 8
 
 
 # -- an independent reference: transformers' eager attention weights ------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def eager_model(folder):
     from transformers import AutoModel, AutoTokenizer
 

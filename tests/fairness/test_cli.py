@@ -24,7 +24,9 @@ def test_audit_cli_end_to_end(tmp_path, tiny_model_path, make_corpus):
     # calibrated when longer than one basket of 8)
     docs = obs[(obs.calibration == "B8-L0.5-a1") & (obs.setting == "main")].drop_duplicates("doc_id")
     done = int((docs["doc_tokens"] > 8).sum())
-    assert f"calibrated share of B8-L0.5-a1: {done / len(docs):.3f} ({done} of {len(docs)} documents calibrated)" in " ".join(res.output.split())
+    assert f"calibrated share of B8-L0.5-a1: {done / len(docs):.3f} ({done} of {len(docs)} documents calibrated)" in " ".join(
+        res.output.split()
+    )
     # a re-run is answered from the cache (OUT/cache) and gives the same observations
     res2 = CliRunner().invoke(
         app,
@@ -79,7 +81,12 @@ def test_audit_cli_wild_inference_recorded(tmp_path, tiny_model_path, make_corpu
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     settings = json.loads((out / "run.json").read_text())["settings"]
-    assert (settings["inference"], settings["bootstrap_draws"], settings["bootstrap_weights"], settings["bootstrap_seed"]) == ("wild", 199, "rademacher", 5)
+    assert (settings["inference"], settings["bootstrap_draws"], settings["bootstrap_weights"], settings["bootstrap_seed"]) == (
+        "wild",
+        199,
+        "rademacher",
+        5,
+    )
     coefs = pd.read_csv(out / "coefficients.csv")
     G = int(coefs["clusters"].iloc[0])
     assert G == pd.read_parquet(out / "observations.parquet")["set_id"].nunique() < 20

@@ -14,7 +14,9 @@ from posfair.fairness.attention import AttentionProfile, attention_profile
 from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info
 
-SETTINGS = AuditSettings(n_values=(3,), configs=("en",), target_docs=12, min_segment_tokens=1, max_segment_tokens=60, batch_size=4, chunk_size=4)
+SETTINGS = AuditSettings(
+    n_values=(3,), configs=("en",), target_docs=12, min_segment_tokens=1, max_segment_tokens=60, batch_size=4, chunk_size=4
+)
 FULL = Calibration(basket_size=4, layers=0.5, strength=1.0)
 NOOP = Calibration(basket_size=4096, layers=1, strength=1.0)
 

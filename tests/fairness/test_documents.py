@@ -31,7 +31,9 @@ def _corpus(make_corpus):
 def _build(tokenizer, n=3, cfg="en", target=12, limit=512, **kw):
     kw.setdefault("min_segment_tokens", 1)
     kw.setdefault("max_segment_tokens", 200)
-    return build_instance(prepare_corpus(tiny_corpus()), n, LanguageConfig.parse(cfg), tokenizer=tokenizer, limit=limit, target_docs=target, **kw)
+    return build_instance(
+        prepare_corpus(tiny_corpus()), n, LanguageConfig.parse(cfg), tokenizer=tokenizer, limit=limit, target_docs=target, **kw
+    )
 
 
 @pytest.mark.parametrize("n,target", [(2, 5), (3, 12), (4, 30)])
@@ -82,7 +84,9 @@ def test_sets_that_do_not_fit_are_skipped_and_reported(tokenizer):
     assert all(d.n_tokens <= limit for d in inst.documents)
     assert inst.report.exhausted and inst.report.notes
     # every fitting triple is eventually found, none that does not fit
-    fitting = [t for t in _triples(sorted(lens)) if all(len(tokenizer(" ".join(_texts(corpus, p)))["input_ids"]) <= limit for p in _perms(t))]
+    fitting = [
+        t for t in _triples(sorted(lens)) if all(len(tokenizer(" ".join(_texts(corpus, p)))["input_ids"]) <= limit for p in _perms(t))
+    ]
     assert {frozenset(s.topics) for s in inst.sets} <= {frozenset(t) for t in fitting}
 
 

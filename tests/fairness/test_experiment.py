@@ -159,7 +159,9 @@ def test_coefficients_match_observations(result):
     import statsmodels.api as sm
 
     X = np.column_stack([np.ones(len(g))] + [(g["position"] == p).to_numpy(float) for p in (2, 3)])
-    ref = sm.OLS(g["sigma"].to_numpy(), X).fit(cov_type="cluster", cov_kwds={"groups": g["set_id"].astype("category").cat.codes}, use_t=True)
+    ref = sm.OLS(g["sigma"].to_numpy(), X).fit(
+        cov_type="cluster", cov_kwds={"groups": g["set_id"].astype("category").cat.codes}, use_t=True
+    )
     assert b2["se"] == pytest.approx(ref.bse[1], rel=1e-10) and b2["p"] == pytest.approx(ref.pvalues[1], rel=1e-8)
     assert b2["inference"] == "CR1 t(G-1)"
     assert result.settings["inference"] == "cluster" and result.settings["bootstrap_weights"] == "webb"

@@ -142,7 +142,9 @@ def test_summary_tables_figure_and_report(result, tmp_path):
     head = result.headline()
     stock = fid[fid.calibration == "stock"].iloc[0]
     assert head["stock_main_recall_n3_de-en"] == pytest.approx(stock["recall"])
-    assert head[f"{CAL.label()}_main_drift_mean"] == pytest.approx(fid[(fid.calibration == CAL.label()) & (fid.setting == "main")]["drift"].iloc[0])
+    assert head[f"{CAL.label()}_main_drift_mean"] == pytest.approx(
+        fid[(fid.calibration == CAL.label()) & (fid.setting == "main")]["drift"].iloc[0]
+    )
     paths = result.save(tmp_path / "out")
     assert (tmp_path / "out" / "figures" / "fidelity.png").stat().st_size > 1000
     assert (tmp_path / "out" / "figures" / "fidelity.pdf").exists()

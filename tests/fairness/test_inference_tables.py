@@ -8,7 +8,7 @@ import pytest
 import statsmodels.api as sm
 
 from posfair.fairness.ols import FewClustersWarning, Inference, significance_mark
-from posfair.fairness.results import AuditResult, coefficient_detail_table, coefficient_table, fit_all, few_clusters_message
+from posfair.fairness.results import AuditResult, coefficient_detail_table, coefficient_table, few_clusters_message, fit_all
 from posfair.report.html import render_report
 from posfair.report.tables import to_csv, to_latex, to_markdown
 

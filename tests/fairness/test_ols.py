@@ -186,7 +186,11 @@ def test_wild_bootstrap_against_hand_written(sets, weights, draws, seed):
     np.testing.assert_allclose(fit.pvalues, ref, rtol=0, atol=1e-12)
     # SEs and t stay those of the CR1 fit; the label says what was done
     assert fit.n_clusters == sets
-    assert fit.inference == (f"wild WCR11 rademacher all 2^{sets}" if weights == "rademacher" and 2**sets < draws else f"wild WCR11 {weights} B={draws} seed={seed}")
+    assert fit.inference == (
+        f"wild WCR11 rademacher all 2^{sets}"
+        if weights == "rademacher" and 2**sets < draws
+        else f"wild WCR11 {weights} B={draws} seed={seed}"
+    )
     default = _quiet(y, pos, cl, n=4)
     np.testing.assert_allclose(fit.bse, default.bse)
     np.testing.assert_allclose(fit.tvalues, default.tvalues)

@@ -11,7 +11,9 @@ from posfair.report.tables import Table, to_csv, to_html, to_latex, to_markdown,
 
 def _table():
     idx = pd.MultiIndex.from_tuples([(3, "β0"), (3, "β2"), (4, "β0")], names=["n", "coef"])
-    return Table("T", pd.DataFrame([["0.75", "0.81"], ["-0.05 ◊", "-0.13 •"], ["0.71", "a|b_c"]], index=idx, columns=["en", "[de, en]"]), "cap", "t1")
+    return Table(
+        "T", pd.DataFrame([["0.75", "0.81"], ["-0.05 ◊", "-0.13 •"], ["0.71", "a|b_c"]], index=idx, columns=["en", "[de, en]"]), "cap", "t1"
+    )
 
 
 def test_markdown_blanks_repeated_group_labels():
@@ -54,7 +56,9 @@ def test_html_table_escapes():
 
 def test_cluster_mean_ci_against_direct():
     rng = np.random.default_rng(0)
-    d = pd.DataFrame({"row": 3, "col": "en", "x": np.tile([1, 2], 40), "cluster": np.repeat(np.arange(10), 8), "value": rng.normal(size=80)})
+    d = pd.DataFrame(
+        {"row": 3, "col": "en", "x": np.tile([1, 2], 40), "cluster": np.repeat(np.arange(10), 8), "value": rng.normal(size=80)}
+    )
     st = cluster_mean_ci(d)
     for x in (1, 2):
         cm = d[d.x == x].groupby("cluster")["value"].mean()

@@ -16,11 +16,18 @@ TOPICS = [
     ("security", "security updates are published quickly and installed with the usual upgrade command"),
 ]
 GERMAN = {
-    "apt": "Wie benutze ich die Paketverwaltung apt?", "kernel": "Wie lade ich Kernelmodule?",
-    "network": "Wie richte ich Netzwerkschnittstellen ein?", "grub": "Wie funktioniert der Bootloader grub?",
-    "cups": "Wie drucke ich mit cups?", "alsa": "Wie bekomme ich Ton mit alsa?", "xorg": "Was ist das X Window System?",
-    "users": "Wie lege ich Benutzerkonten an?", "disks": "Wie partitioniere ich Festplatten?",
-    "mirrors": "Was sind Spiegelserver?", "mail": "Wie wird E-Mail zugestellt?", "security": "Wie installiere ich Sicherheitsaktualisierungen?",
+    "apt": "Wie benutze ich die Paketverwaltung apt?",
+    "kernel": "Wie lade ich Kernelmodule?",
+    "network": "Wie richte ich Netzwerkschnittstellen ein?",
+    "grub": "Wie funktioniert der Bootloader grub?",
+    "cups": "Wie drucke ich mit cups?",
+    "alsa": "Wie bekomme ich Ton mit alsa?",
+    "xorg": "Was ist das X Window System?",
+    "users": "Wie lege ich Benutzerkonten an?",
+    "disks": "Wie partitioniere ich Festplatten?",
+    "mirrors": "Was sind Spiegelserver?",
+    "mail": "Wie wird E-Mail zugestellt?",
+    "security": "Wie installiere ich Sicherheitsaktualisierungen?",
 }
 
 
@@ -29,8 +36,18 @@ def aligned_corpus() -> pd.DataFrame:
     rows = []
     for key, body in TOPICS:
         text = f"{body.capitalize()}. " + f"This paragraph explains more about {key} and how it is used on a typical system. " * 2
-        rows.append({"id": f"faq/{key}", "lang": "en", "title": f"How do I use {key}?", "text": text, "n_tokens_minilm": len(text.split()) + 10})
-        rows.append({"id": f"faq/{key}", "lang": "de", "title": GERMAN[key], "text": "Dieser Abschnitt erklärt " + key + ". " + text, "n_tokens_minilm": len(text.split()) + 14})
+        rows.append(
+            {"id": f"faq/{key}", "lang": "en", "title": f"How do I use {key}?", "text": text, "n_tokens_minilm": len(text.split()) + 10}
+        )
+        rows.append(
+            {
+                "id": f"faq/{key}",
+                "lang": "de",
+                "title": GERMAN[key],
+                "text": "Dieser Abschnitt erklärt " + key + ". " + text,
+                "n_tokens_minilm": len(text.split()) + 14,
+            }
+        )
     return pd.DataFrame(rows)
 
 

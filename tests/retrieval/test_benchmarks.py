@@ -19,10 +19,24 @@ def _squad_rows(split, n, offset=0):
     for i in range(n):
         ctx = f"Context {(i + offset) % 4} " + "x" * 600
         start = [0, 100, 250, 520][(i + offset) % 4]
-        rows.append({"id": f"{split}{i}", "title": "T", "context": ctx, "question": f"question {i + offset}?",
-                     "answers": {"text": ["x"], "answer_start": [start, 7]}})
-    rows.append({"id": f"{split}-unans", "title": "T", "context": f"Unanswerable context of {split}",
-                 "question": "nothing?", "answers": {"text": [], "answer_start": []}})
+        rows.append(
+            {
+                "id": f"{split}{i}",
+                "title": "T",
+                "context": ctx,
+                "question": f"question {i + offset}?",
+                "answers": {"text": ["x"], "answer_start": [start, 7]},
+            }
+        )
+    rows.append(
+        {
+            "id": f"{split}-unans",
+            "title": "T",
+            "context": f"Unanswerable context of {split}",
+            "question": "nothing?",
+            "answers": {"text": [], "answer_start": []},
+        }
+    )
     return rows
 
 
@@ -31,7 +45,9 @@ def test_squad_posq_saved_dataset_layout(tmp_path):
 
     train = _squad_rows("train", 8)
     train.append({**train[0], "id": "dup", "context": "Context replaced " + "y" * 50})  # same question text again
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(train), "validation": datasets.Dataset.from_list(_squad_rows("validation", 3, 8))})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(train), "validation": datasets.Dataset.from_list(_squad_rows("validation", 3, 8))}
+    )
     dd.save_to_disk(tmp_path / "squad")
     b = load_squad_posq(str(tmp_path / "squad"))
     contexts = sorted({r["context"] for r in train} | {r["context"] for r in _squad_rows("validation", 3, 8)})
@@ -81,15 +97,27 @@ def test_fineweb_posq_jsonl_layout(tmp_path):
 def _write_posir(root, lang, domain, n_docs=4, corpus_only=False):
     d = root / lang / domain
     (d / "qrels").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"_id": [f"c{i}" for i in range(n_docs)], "text": [f"{lang} {domain} doc {i}" for i in range(n_docs)]}).to_parquet(d / "corpus.parquet")
+    pd.DataFrame({"_id": [f"c{i}" for i in range(n_docs)], "text": [f"{lang} {domain} doc {i}" for i in range(n_docs)]}).to_parquet(
+        d / "corpus.parquet"
+    )
     if corpus_only:
         return
-    pd.DataFrame({
-        "_id": [f"q{i}" for i in range(n_docs)], "text": [f"{lang} query {i}" for i in range(n_docs)],
-        "pos_char_span": [[0, 10], [40, 60], [90, 100], [0, 0]], "pos_char_length": [100, 100, 100, 0],
-        "pos_token_length": [100, 600, 2000, 0],
-    }).to_parquet(d / "queries.parquet")
-    pd.DataFrame({"query-id": [f"q{i}" for i in range(n_docs)] + ["ghost"], "corpus-id": [f"c{i}" for i in range(n_docs)] + ["c0"], "score": [1] * (n_docs + 1)}).to_parquet(d / "qrels" / "test.parquet")
+    pd.DataFrame(
+        {
+            "_id": [f"q{i}" for i in range(n_docs)],
+            "text": [f"{lang} query {i}" for i in range(n_docs)],
+            "pos_char_span": [[0, 10], [40, 60], [90, 100], [0, 0]],
+            "pos_char_length": [100, 100, 100, 0],
+            "pos_token_length": [100, 600, 2000, 0],
+        }
+    ).to_parquet(d / "queries.parquet")
+    pd.DataFrame(
+        {
+            "query-id": [f"q{i}" for i in range(n_docs)] + ["ghost"],
+            "corpus-id": [f"c{i}" for i in range(n_docs)] + ["c0"],
+            "score": [1] * (n_docs + 1),
+        }
+    ).to_parquet(d / "qrels" / "test.parquet")
 
 
 def test_posir_layout_mono_and_cross(tmp_path):
@@ -148,8 +176,10 @@ def test_build_from_corpus_layout(tmp_path, corpus_df):
         assert row["pos_char_length"] == len(docs[did])
     q_de = pd.read_parquet(out / "deu-Latn" / "all" / "queries.parquet")
     r_de = pd.read_parquet(out / "deu-Latn" / "all" / "qrels" / "test.parquet")
-    assert r_de.merge(q_de, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]].sort_values("segment_id").values.tolist() == \
-        r.merge(q, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]].sort_values("segment_id").values.tolist()
+    assert (
+        r_de.merge(q_de, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]].sort_values("segment_id").values.tolist()
+        == r.merge(q, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]].sort_values("segment_id").values.tolist()
+    )
     again = build_from_corpus(corpus_df, tmp_path / "b2", langs=["en", "de"], k=3, seed=7, max_doc_tokens=None)
     assert pd.read_parquet(again / "eng-Latn" / "all" / "corpus.parquet").equals(c)
     b = load_posir(out, lang="de", corpus_lang="en")

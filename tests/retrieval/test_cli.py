@@ -1,19 +1,50 @@
 import pandas as pd
+from tests.retrieval.conftest import aligned_corpus
 from typer.testing import CliRunner
 
 from posfair.retrieval.cli import app
-from tests.retrieval.conftest import aligned_corpus
 
 
 def test_cli_build_and_retrieval(tmp_path):
     src = tmp_path / "corpus.jsonl"
     aligned_corpus().to_json(src, orient="records", lines=True)
     runner = CliRunner()
-    res = runner.invoke(app, ["build-benchmark", "--corpus", str(src), "--out", str(tmp_path / "bench"), "--langs", "en,de", "--k", "3", "--max-doc-tokens", "0"])
+    res = runner.invoke(
+        app,
+        [
+            "build-benchmark",
+            "--corpus",
+            str(src),
+            "--out",
+            str(tmp_path / "bench"),
+            "--langs",
+            "en,de",
+            "--k",
+            "3",
+            "--max-doc-tokens",
+            "0",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "bench" / "deu-Latn" / "all" / "qrels" / "test.parquet").exists()
-    res = runner.invoke(app, ["retrieval", "--benchmark", str(tmp_path / "bench"), "--lang", "de", "--corpus-lang", "en",
-                              "--calibration", "16,0.5,0.5", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    res = runner.invoke(
+        app,
+        [
+            "retrieval",
+            "--benchmark",
+            str(tmp_path / "bench"),
+            "--lang",
+            "de",
+            "--corpus-lang",
+            "en",
+            "--calibration",
+            "16,0.5,0.5",
+            "--out",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
     table = pd.read_csv(tmp_path / "out" / "table_groups.csv")
     assert table["setting"].tolist() == ["No calibration", "B=16, a=0.5"]

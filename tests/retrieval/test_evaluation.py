@@ -43,7 +43,11 @@ def test_evaluator_protocol_and_metrics(model, bench, tmp_path):
     # metric values agree with ir_measures on the same run
     r = cal.evaluate(model)
     scores = q1 @ d1.T
-    run = [ir_measures.ScoredDoc(qid, bench.corpus_ids[j], float(scores[i, j])) for i, qid in enumerate(bench.query_ids) for j in range(len(bench.corpus_ids))]
+    run = [
+        ir_measures.ScoredDoc(qid, bench.corpus_ids[j], float(scores[i, j]))
+        for i, qid in enumerate(bench.query_ids)
+        for j in range(len(bench.corpus_ids))
+    ]
     qrels = [ir_measures.Qrel(qid, did, s) for qid, rel in bench.qrels.items() for did, s in rel.items()]
     ref = {x.query_id: x.value for x in ir_measures.iter_calc([nDCG @ 10], qrels, run)}
     assert r.ndcg == pytest.approx([ref[q] for q in bench.query_ids], abs=1e-6)
@@ -63,9 +67,11 @@ def test_query_prompts(model, bench):
 
 def test_sea_is_mean_of_semantic_chunks(model):
     sea = SegmentEmbedAverage(threshold=0.5, min_characters_per_sentence=10)
-    text = ("Apt installs packages from the archive. It resolves dependencies. It downloads files from mirrors. "
-            "The printer needs cups. Queues hold print jobs. Jobs are sent to the printer. Drivers render pages. "
-            "Sound comes from alsa. The mixer sets volume. Speakers play audio.")
+    text = (
+        "Apt installs packages from the archive. It resolves dependencies. It downloads files from mirrors. "
+        "The printer needs cups. Queues hold print jobs. Jobs are sent to the printer. Drivers render pages. "
+        "Sound comes from alsa. The mixer sets volume. Speakers play audio."
+    )
     chunks = sea.chunk(model, [text])[0]
     assert "".join(chunks) == text  # chunks partition the passage
     vec = sea.embed(model, [text])[0]

@@ -5,11 +5,11 @@ import pandas as pd
 import pytest
 
 from posfair.retrieval.groups import (
+    fineweb_group_masks,
     posir_length_bucket,
     posir_relative_position,
     relpos_bin,
     squad_group_masks,
-    fineweb_group_masks,
 )
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.search import exact_topk

@@ -58,7 +58,9 @@ def test_noop_grid_points_are_skipped_and_never_candidates(tmp_path):
     trials = paths["trials"].read_text()
     assert trials.count("skipped") == 4
     # a re-run reads every evaluated trial back and skips the same points again
-    again = run_search(FunctionObjective(lambda c, s: pytest.fail("re-evaluated"), share=share), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json")
+    again = run_search(
+        FunctionObjective(lambda c, s: pytest.fail("re-evaluated"), share=share), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json"
+    )
     assert again.chosen == res.chosen and len(again.skipped) == 4
 
 

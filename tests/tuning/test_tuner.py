@@ -57,7 +57,9 @@ def test_constraint_limits_the_choice():
     f = res.frame(DEV)
     assert not f[f.strength > 0.5 + 1e-9]["feasible"].any() and f[f.strength <= 0.5]["feasible"].all()
     # nothing feasible at all: stock is kept
-    res = run_search(FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)), SearchSpace(strengths=(0.8, 1.0), fine_rounds=0), max_drop=0.1)
+    res = run_search(
+        FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)), SearchSpace(strengths=(0.8, 1.0), fine_rounds=0), max_drop=0.1
+    )
     assert res.chosen is None and not res.feasible
 
 
@@ -65,9 +67,15 @@ def test_pareto_front_against_brute_force():
     rng = np.random.default_rng(3)
     s = rng.random(40)
     g = s + 0.2 * rng.random(40)  # a trade-off: a better (lower) score comes with a worse guard
-    trials = [Trial(Calibration(basket_size=8 * (i + 1)), DEV, "coarse", {"s": float(a), "g": float(b)}) for i, (a, b) in enumerate(zip(s, g))]
+    trials = [
+        Trial(Calibration(basket_size=8 * (i + 1)), DEV, "coarse", {"s": float(a), "g": float(b)}) for i, (a, b) in enumerate(zip(s, g))
+    ]
     front = pareto_front(trials, "s", "g", greater_is_better=False)
-    expect = {t.key for t in trials if not any(o.metrics["s"] <= t.metrics["s"] and o.metrics["g"] >= t.metrics["g"] and o is not t for o in trials)}
+    expect = {
+        t.key
+        for t in trials
+        if not any(o.metrics["s"] <= t.metrics["s"] and o.metrics["g"] >= t.metrics["g"] and o is not t for o in trials)
+    }
     assert {t.key for t in front} == expect and len(expect) >= 4
     assert [t.metrics["g"] for t in front] == sorted((t.metrics["g"] for t in front), reverse=True)
 
@@ -91,7 +99,7 @@ def test_test_split_never_influences_the_choice():
     assert [(t.key, t.metrics) for t in a.dev_trials()] == [(t.key, t.metrics) for t in b.dev_trials()]
     first = calls[:n_a]
     test_calls = [c for c in first if c[0] == TEST]
-    assert first[-len(test_calls):] == test_calls  # the test split comes last ...
+    assert first[-len(test_calls) :] == test_calls  # the test split comes last ...
     assert sorted(k for _, k in test_calls) == sorted(["stock", a.chosen.key()])  # ... for stock and the choice only
     assert a.test_metrics()["chosen"]["guard"] == -1e6 and b.test_metrics()["chosen"]["guard"] == 1e6
 
@@ -111,7 +119,9 @@ def test_resume_reads_finished_trials(tmp_path):
     saved["trials"] = saved["trials"][:4]
     path.write_text(json.dumps(saved))
     seen = []
-    resumed = run_search(FunctionObjective(lambda c, s: seen.append(1) or synthetic(c, s), identity="v1"), SPACE, max_drop=0.1, results_path=path)
+    resumed = run_search(
+        FunctionObjective(lambda c, s: seen.append(1) or synthetic(c, s), identity="v1"), SPACE, max_drop=0.1, results_path=path
+    )
     assert len(seen) == len(first.trials) - 4 and resumed.chosen == first.chosen
     with pytest.raises(ValueError, match="different objective"):
         run_search(FunctionObjective(synthetic, identity="v2"), SPACE, results_path=path)

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -56,14 +56,14 @@ class ForwardState:
     config_ids: frozenset[int]
     start: torch.Tensor  # (B,) first valid position
     end: torch.Tensor  # (B,) last valid position
-    calibration: Optional[ResolvedCalibration] = None
-    recorder: Optional[Recorder] = None
+    calibration: ResolvedCalibration | None = None
+    recorder: Recorder | None = None
     record_layers: frozenset[int] = frozenset()
     record_queries: str = "pool"  # "pool" or "all"
     pooling: str = "cls"
     visited: set[int] = field(default_factory=set)
     # fallback backend (posfair.calibration.fallback) only:
-    length: Optional[int] = None  # tokens per sequence of the batch (the attention's query and key length)
+    length: int | None = None  # tokens per sequence of the batch (the attention's query and key length)
     fallback_layers: dict[int, int] = field(default_factory=dict)  # id(attention module) -> layer index
     fallback_active: list = field(default_factory=list)  # (id(module), mode) pushed by the forward pre-hooks
     fallback_calls: dict[int, list[int]] = field(default_factory=dict)  # layer -> attention calls seen, per module call
@@ -88,10 +88,10 @@ class ForwardState:
         return self.end if self.pooling == "lasttoken" else self.start
 
 
-_STATE: contextvars.ContextVar[Optional[ForwardState]] = contextvars.ContextVar("posfair_state", default=None)
+_STATE: contextvars.ContextVar[ForwardState | None] = contextvars.ContextVar("posfair_state", default=None)
 
 
-def active_state() -> Optional[ForwardState]:
+def active_state() -> ForwardState | None:
     return _STATE.get()
 
 

@@ -155,16 +155,24 @@ def calibrate_span_(
     for flag, key, weight in ((isolate_bos, start, bos_weight), (isolate_eos, end, eos_weight)):
         if flag:
             orig = probs[..., key].clone()
-            share = orig if weight == "original" else torch.full(lead, 1.0 / n_total if weight == "equal" else float(weight), dtype=probs.dtype, device=probs.device)
+            share = (
+                orig
+                if weight == "original"
+                else torch.full(lead, 1.0 / n_total if weight == "equal" else float(weight), dtype=probs.dtype, device=probs.device)
+            )
             iso.append((key, share, orig))
     iso_total = sum((s for _, s, _ in iso), torch.zeros(lead, dtype=probs.dtype, device=probs.device))
     per = ((1.0 - iso_total) / n_baskets).clamp(min=0.0).unsqueeze(-1)  # target mass of each content basket
     nonzero = mass > 0
-    factor = torch.where(nonzero, per / mass.clamp(min=torch.finfo(probs.dtype).tiny), torch.zeros((), dtype=probs.dtype, device=probs.device))
+    factor = torch.where(
+        nonzero, per / mass.clamp(min=torch.finfo(probs.dtype).tiny), torch.zeros((), dtype=probs.dtype, device=probs.device)
+    )
     total = (per * nonzero).sum(-1) + iso_total  # the calibrated row's sum, before renormalisation
     ok = total > 0
     inv = torch.where(ok, 1.0 / total.clamp(min=torch.finfo(probs.dtype).tiny), torch.zeros((), dtype=probs.dtype, device=probs.device))
-    mult = torch.where(ok.unsqueeze(-1), strength * factor * inv.unsqueeze(-1) + (1.0 - strength), torch.ones((), dtype=probs.dtype, device=probs.device))
+    mult = torch.where(
+        ok.unsqueeze(-1), strength * factor * inv.unsqueeze(-1) + (1.0 - strength), torch.ones((), dtype=probs.dtype, device=probs.device)
+    )
     body.mul_(mult[..., :n_full].unsqueeze(-1))
     if tail:
         content[..., n_full * B :].mul_(mult[..., n_full:])

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Union
 
 import numpy as np
 
@@ -147,7 +148,9 @@ class CalibrationCoverage:
         parts = []
         if self.shorter:
             parts.append(f"{self.shorter} {'is' if self.shorter == 1 else 'are'} shorter than one basket")
-        parts.append(f"{self.one_basket} {'fills' if self.one_basket == 1 else 'fill'} exactly one basket, which calibration leaves unchanged")
+        parts.append(
+            f"{self.one_basket} {'fills' if self.one_basket == 1 else 'fill'} exactly one basket, which calibration leaves unchanged"
+        )
         return f"{k} of {n} texts were encoded stock (B={B} content tokens): " + " and ".join(parts) + share
 
     def to_dict(self) -> dict[str, float]:

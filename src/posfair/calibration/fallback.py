@@ -37,15 +37,15 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode
 
-from posfair.calibration.attention import ForwardState, _STATE, _calib_kwargs, attend
+from posfair.calibration.attention import _STATE, ForwardState, _calib_kwargs, attend
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 
 __all__ = ["find_layer_attention_modules", "install", "layer_map", "active", "verify"]
@@ -86,6 +86,7 @@ def layer_map(attention_modules: list[nn.Module]) -> dict[int, int]:
 
 # -- hooks (module-level functions: a model with them installed still pickles / deep-copies) ----------
 
+
 def _pre_hook(module: nn.Module, args) -> None:
     state = _STATE.get()
     if state is None:
@@ -112,7 +113,7 @@ def _post_hook(module: nn.Module, args, output) -> None:
     return None
 
 
-def _leave(mode: "_LayerMode") -> None:
+def _leave(mode: _LayerMode) -> None:
     if _get_current_function_mode() is not mode:
         raise RuntimeError("posfair: the torch-function mode stack changed inside an attention module")
     mode.__exit__(None, None, None)
@@ -160,6 +161,7 @@ def verify(state: ForwardState, model_name: str, probe: bool = False) -> None:
 
 # -- the per-layer interception -----------------------------------------------------------------------
 
+
 def _softmax_over_last(dim, ndim: int) -> bool:
     """Whether ``dim`` is the last dimension (``dim=None``, softmax's legacy implicit dim, never is for 4-D)."""
     if dim is None or isinstance(dim, bool):
@@ -200,7 +202,12 @@ class _LayerMode(TorchFunctionMode):
         if func is _SDPA:
             a = dict(zip(_SDPA_ARGS, args), **kwargs)
             q, k = a.get("query"), a.get("key")
-            if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and self._attention_shaped(q, False) and self._attention_shaped(k, False):
+            if (
+                isinstance(q, torch.Tensor)
+                and isinstance(k, torch.Tensor)
+                and self._attention_shaped(q, False)
+                and self._attention_shaped(k, False)
+            ):
                 self.calls += 1
                 if self.calls == 1:
                     return self._sdpa(func, args, kwargs, a)

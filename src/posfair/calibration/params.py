@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from numbers import Integral, Real
-from typing import Any, Literal, Sequence, Union
+from typing import Any, Literal, Union
 
 Share = Union[Literal["equal", "original"], float]
 Pooling = Literal["cls", "mean", "lasttoken"]
@@ -54,7 +55,7 @@ class Calibration:
     """
 
     basket_size: int = 128
-    layers: Union[int, float, tuple[int, ...]] = 0.5
+    layers: int | float | tuple[int, ...] = 0.5
     strength: float = 0.5
     isolate_bos: bool | None = None
     isolate_eos: bool | None = None
@@ -102,10 +103,7 @@ class Calibration:
         object.__setattr__(self, "eos_weight", _check_share("eos_weight", self.eos_weight))
         fixed = sum(w for w in (self.bos_weight, self.eos_weight) if isinstance(w, float))
         if fixed >= 1.0:
-            raise ValueError(
-                f"bos_weight + eos_weight = {fixed} leaves no attention mass for the content baskets; "
-                "their sum must be < 1"
-            )
+            raise ValueError(f"bos_weight + eos_weight = {fixed} leaves no attention mass for the content baskets; their sum must be < 1")
         for name in ("isolate_bos", "isolate_eos"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
@@ -139,7 +137,7 @@ class Calibration:
         isolate_eos = self.isolate_eos if self.isolate_eos is not None else pooling == "lasttoken"
         return isolate_bos, isolate_eos
 
-    def resolve(self, pooling: str, num_layers: int) -> "ResolvedCalibration":
+    def resolve(self, pooling: str, num_layers: int) -> ResolvedCalibration:
         isolate_bos, isolate_eos = self.isolation(pooling)
         queries = self.queries or ("all" if pooling == "mean" else "pool")
         return ResolvedCalibration(
@@ -162,7 +160,7 @@ class Calibration:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Calibration":
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         if unknown:
@@ -198,7 +196,7 @@ class Calibration:
         return f"B{self.basket_size}-{layers}-a{self.strength:g}{tail}"
 
     @classmethod
-    def parse(cls, spec: str) -> "Calibration":
+    def parse(cls, spec: str) -> Calibration:
         """Parse the CLI form ``B,layers,alpha`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``, ``128,6+7+8,1``)
         or ``default`` (the robust default ``Calibration()``, i.e. ``128,0.5,0.5``).
 
@@ -223,7 +221,7 @@ class Calibration:
         return cls(basket_size=basket, layers=layers, strength=strength)
 
 
-def parse_layers(text: str) -> Union[int, float, tuple[int, ...]]:
+def parse_layers(text: str) -> int | float | tuple[int, ...]:
     """The CLI form of ``layers``: ``6`` (last 6), ``0.5`` (last half) or ``3+4+5`` (explicit indices)."""
     text = text.strip()
     try:

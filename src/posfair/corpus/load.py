@@ -62,9 +62,7 @@ def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame
     missing = [f for f in REQUIRED_FIELDS if f not in df.columns]
     if missing:
         names = ", ".join(repr(f) for f in missing)
-        raise CorpusError(
-            f"{origin}: missing required field(s) {names}; columns present: {sorted(map(str, df.columns))}"
-        )
+        raise CorpusError(f"{origin}: missing required field(s) {names}; columns present: {sorted(map(str, df.columns))}")
     df = df.reset_index(drop=True)
     for f in REQUIRED_FIELDS:
         bad = df.index[df[f].isna()].tolist()
@@ -88,8 +86,7 @@ def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame
         rows = out.index[dup].tolist()
         first = out.loc[rows[0]]
         raise CorpusError(
-            f"{origin}: duplicate (id, lang) pairs at {_rows_phrase(rows)}; "
-            f"e.g. (id={first['id']!r}, lang={first['lang']!r})"
+            f"{origin}: duplicate (id, lang) pairs at {_rows_phrase(rows)}; e.g. (id={first['id']!r}, lang={first['lang']!r})"
         )
     if "title" not in out.columns:
         out["title"] = None
@@ -144,10 +141,7 @@ def _from_hf(obj: Any, origin: str, split: str | None) -> pd.DataFrame:
 
 def _looks_like_path(s: str) -> bool:
     return (
-        s.startswith(("/", "./", "../", "~", "\\"))
-        or os.sep + os.sep in s
-        or Path(s).suffix.lower() in _PATH_SUFFIXES
-        or s.count("/") > 1
+        s.startswith(("/", "./", "../", "~", "\\")) or os.sep + os.sep in s or Path(s).suffix.lower() in _PATH_SUFFIXES or s.count("/") > 1
     )
 
 
@@ -163,8 +157,7 @@ def _read_source(source: Any, split: str | None) -> tuple[pd.DataFrame, str]:
 
     path = Path(source).expanduser()
     if path.is_dir():
-        if not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
-                or (path / "state.json").exists()):
+        if not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or (path / "state.json").exists()):
             raise CorpusError(
                 f"{path}: folder is not a dataset saved with datasets.Dataset.save_to_disk "
                 "(no dataset_info.json / dataset_dict.json / state.json)"
@@ -188,10 +181,7 @@ def _read_source(source: Any, split: str | None) -> tuple[pd.DataFrame, str]:
     try:
         ds = datasets.load_dataset(name, split=split or "train")
     except Exception as e:  # hub/network/config errors come in many types
-        raise CorpusError(
-            f"{name!r} is neither an existing local path nor a loadable Hugging Face dataset: "
-            f"{type(e).__name__}: {e}"
-        ) from e
+        raise CorpusError(f"{name!r} is neither an existing local path nor a loadable Hugging Face dataset: {type(e).__name__}: {e}") from e
     return _from_hf(ds, name, split), f"hf:{name}"
 
 
@@ -235,9 +225,7 @@ def load_corpus(
     if bundled:
         path = bundled_corpus_path()
         if not path.is_file():
-            raise CorpusError(
-                f"bundled corpus not found at {path}; rebuild it with scripts/build_debian_corpus.py"
-            )
+            raise CorpusError(f"bundled corpus not found at {path}; rebuild it with scripts/build_debian_corpus.py")
         raw, origin = pd.read_parquet(path), f"bundled corpus {path.name}"
         if unit is None:
             unit = BUNDLED_DEFAULT_UNIT

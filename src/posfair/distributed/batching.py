@@ -12,7 +12,7 @@ so activation memory is bounded by the budget whatever the lengths.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,34 +13,49 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 @app.command()
 def embed(
-    out: Path = typer.Option(..., "--out", "-o", help="embedding store folder (the cache folder the audit / retrieval / sweep read); on a cluster, a shared file system path"),
-    corpus: Optional[str] = typer.Option(None, "--corpus", "-c", help="posfair corpus, plain .parquet/.jsonl, HF dataset, or a benchmark with --part; default: bundled"),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="hub id or folder; default: the bundled all-MiniLM-L6-v2"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="B,layers,alpha, e.g. 128,0.5,0.5 (default: stock)"),
-    basket_size: Optional[int] = typer.Option(None, "--basket-size", help="calibrate with this basket size"),
-    layers: Optional[str] = typer.Option(None, "--layers", help="calibrated layers: k (last k), 0.5 (last half), or 3+4+5"),
-    strength: Optional[float] = typer.Option(None, "--strength", help="calibration strength in [0, 1]"),
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="embedding store folder (the cache folder the audit / retrieval / sweep read); on a cluster, a shared file system path",
+    ),
+    corpus: str | None = typer.Option(
+        None, "--corpus", "-c", help="posfair corpus, plain .parquet/.jsonl, HF dataset, or a benchmark with --part; default: bundled"
+    ),
+    model: str | None = typer.Option(None, "--model", "-m", help="hub id or folder; default: the bundled all-MiniLM-L6-v2"),
+    calibration: str | None = typer.Option(None, "--calibration", help="B,layers,alpha, e.g. 128,0.5,0.5 (default: stock)"),
+    basket_size: int | None = typer.Option(None, "--basket-size", help="calibrate with this basket size"),
+    layers: str | None = typer.Option(None, "--layers", help="calibrated layers: k (last k), 0.5 (last half), or 3+4+5"),
+    strength: float | None = typer.Option(None, "--strength", help="calibration strength in [0, 1]"),
     text_field: str = typer.Option("text", "--text-field", help="field/column holding the texts"),
-    unit: Optional[str] = typer.Option(None, help="posfair corpus: keep rows of this unit (bundled default: section)"),
-    langs: Optional[str] = typer.Option(None, help="posfair corpus: comma-separated languages to keep"),
-    part: Optional[str] = typer.Option(None, "--part", help="treat --corpus as a retrieval benchmark (e.g. a PosIR folder) and embed its 'documents' or 'queries'"),
-    lang: Optional[str] = typer.Option(None, "--lang", help="benchmark language (PosIR)"),
-    prompt: Optional[str] = typer.Option(None, help="text prefix (e.g. a query instruction)"),
-    pooling: Optional[str] = typer.Option(None, help="override the pooling: cls, mean or lasttoken"),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
+    unit: str | None = typer.Option(None, help="posfair corpus: keep rows of this unit (bundled default: section)"),
+    langs: str | None = typer.Option(None, help="posfair corpus: comma-separated languages to keep"),
+    part: str | None = typer.Option(
+        None, "--part", help="treat --corpus as a retrieval benchmark (e.g. a PosIR folder) and embed its 'documents' or 'queries'"
+    ),
+    lang: str | None = typer.Option(None, "--lang", help="benchmark language (PosIR)"),
+    prompt: str | None = typer.Option(None, help="text prefix (e.g. a query instruction)"),
+    pooling: str | None = typer.Option(None, help="override the pooling: cls, mean or lasttoken"),
+    max_seq_length: int | None = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     trust_remote_code: bool = typer.Option(False, help="allow code shipped with the model"),
-    device: Optional[str] = typer.Option(None, help="local engine / CPU workers; Ray GPU workers use cuda"),
-    shard_size: int = typer.Option(1024, "--shard-size", min=1, help="distinct texts per shard (a killed run loses at most the shards in flight)"),
+    device: str | None = typer.Option(None, help="local engine / CPU workers; Ray GPU workers use cuda"),
+    shard_size: int = typer.Option(
+        1024, "--shard-size", min=1, help="distinct texts per shard (a killed run loses at most the shards in flight)"
+    ),
     batching: str = typer.Option("length", help="'length': sort by tokens, token-budget batches; 'fixed': sentence-transformers' batching"),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="most texts per batch"),
     max_tokens: int = typer.Option(16384, "--max-tokens", min=1, help="padded-token budget of a batch (length batching)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="run on Ray: 'auto' (the running cluster), 'ray://host:port' or 'local'"),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="run on Ray with N model replicas (default: one per GPU, else per CPU)"),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="run on Ray: 'auto' (the running cluster), 'ray://host:port' or 'local'"
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="run on Ray with N model replicas (default: one per GPU, else per CPU)"
+    ),
     add_corpus: bool = typer.Option(False, "--add-corpus", help="allow adding another corpus to a store built from a different one"),
 ) -> None:
     """Embed every distinct text of a corpus into STORE, stock or calibrated. Resumable and idempotent."""
     from posfair import cliutil
-    from posfair.distributed.job import EmbedSpec, ManifestMismatch, RAY_INSTALL_HINT, embed_texts, ray_available, read_corpus_texts
+    from posfair.distributed.job import RAY_INSTALL_HINT, EmbedSpec, ManifestMismatch, embed_texts, ray_available, read_corpus_texts
 
     use_ray = ray_address is not None or workers is not None
     if use_ray and not ray_available():

@@ -37,8 +37,9 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -90,14 +91,14 @@ class EmbedSpec:
     vectors when shards equal its chunks).
     """
 
-    model: Optional[str] = None
-    calibration: Optional[dict] = None
-    prompt: Optional[str] = None
-    pooling: Optional[str] = None
-    padding_side: Optional[str] = None
-    max_seq_length: Optional[int] = None
+    model: str | None = None
+    calibration: dict | None = None
+    prompt: str | None = None
+    pooling: str | None = None
+    padding_side: str | None = None
+    max_seq_length: int | None = None
     trust_remote_code: bool = False
-    device: Optional[str] = None
+    device: str | None = None
     batching: str = "length"
     batch_size: int = 32
     max_tokens: int = 16384
@@ -118,10 +119,10 @@ class EmbedSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EmbedSpec":
+    def from_dict(cls, d: dict[str, Any]) -> EmbedSpec:
         return cls(**d)
 
-    def load_model(self, device: Optional[str] = None):
+    def load_model(self, device: str | None = None):
         """Load the encoder (on ``device``, default ``self.device``) and validate the calibration on it."""
         from posfair.model import load_model
 
@@ -217,6 +218,7 @@ def encode_shard(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[np.ndarr
         vectors = _encode(model, spec, texts, spec.batch_size)
     else:
         from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
+
         vectors = np.zeros((len(texts), compat.embedding_dimension(model)), dtype=np.float32)
         for b in batches:
             vectors[b] = _encode(model, spec, [texts[i] for i in b], len(b))
@@ -282,7 +284,7 @@ class EmbedReport:
     seconds: float
     #: fraction of the corpus's distinct texts the calibration changes (None for a stock job);
     #: texts of at most one basket are encoded stock (see posfair.calibration.coverage)
-    calibrated_share: Optional[float] = None
+    calibrated_share: float | None = None
 
     @property
     def texts_per_second(self) -> float:
@@ -316,13 +318,13 @@ def embed_texts(
     model=None,
     shard_size: int = 1024,
     engine: str = "local",
-    ray_address: Optional[str] = None,
-    workers: Optional[int] = None,
+    ray_address: str | None = None,
+    workers: int | None = None,
     corpus_source: str = "texts",
     text_field: str = "text",
     add_corpus: bool = False,
-    progress: Optional[Callable[[int], None]] = None,
-    after_shard: Optional[Callable[[dict], None]] = None,
+    progress: Callable[[int], None] | None = None,
+    after_shard: Callable[[dict], None] | None = None,
 ) -> EmbedReport:
     """Embed the distinct ``texts`` into the embedding namespace of ``store_root``; resumable.
 
@@ -352,6 +354,7 @@ def embed_texts(
     shards = plan_shards(texts, shard_size)
     all_keys = [k for s in shards for k in s.keys]
     from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
+
     dim = compat.embedding_dimension(model)
     meta = embedding_meta(model.fingerprint, cal, spec.prompt)
     ns_dir = EmbeddingStore(store_root).namespace_dir(**meta)
@@ -415,13 +418,13 @@ def embed_texts(
 
 
 def read_corpus_texts(
-    source: Optional[str],
+    source: str | None,
     *,
     text_field: str = "text",
-    unit: Optional[str] = None,
-    langs: Optional[Sequence[str]] = None,
-    benchmark_part: Optional[str] = None,
-    lang: Optional[str] = None,
+    unit: str | None = None,
+    langs: Sequence[str] | None = None,
+    benchmark_part: str | None = None,
+    lang: str | None = None,
 ) -> tuple[list[str], str]:
     """Texts to embed and a description of their source.
 

@@ -21,8 +21,9 @@ import logging
 import re
 import time
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -52,11 +53,11 @@ class WorkerPlan:
 
     workers: int
     resources: dict[str, float]  # Ray resource request per replica: {"num_cpus": .., "num_gpus": ..}
-    threads: Optional[int]  # torch threads per replica (None: torch's default)
-    device: Optional[str]  # device each replica loads the model on
+    threads: int | None  # torch threads per replica (None: torch's default)
+    device: str | None  # device each replica loads the model on
 
 
-def plan_workers(resources: Mapping[str, float], workers: Optional[int], device: Optional[str]) -> WorkerPlan:
+def plan_workers(resources: Mapping[str, float], workers: int | None, device: str | None) -> WorkerPlan:
     """The replica layout for a cluster with ``resources`` (as ``ray.cluster_resources()``).
 
     With GPUs: ``workers`` replicas (default one per GPU), each holding one GPU and
@@ -110,8 +111,8 @@ class ShardEncoder:
     (optional) runs after each shard in the worker (monitoring, fault injection in tests).
     """
 
-    def __init__(self, spec: dict, ns_dir: str, fingerprint: str, threads: Optional[int] = None,
-                 device: Optional[str] = None, after_shard: Optional[Callable[[dict], None]] = None,
+    def __init__(self, spec: dict, ns_dir: str, fingerprint: str, threads: int | None = None,
+                 device: str | None = None, after_shard: Callable[[dict], None] | None = None,
                  registry=None):  # fmt: skip
         import ray
         import torch
@@ -192,8 +193,8 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
 
 
 def run_ray(spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result: Callable[[dict], None],
-            after_shard: Optional[Callable[[dict], None]], fingerprint: str, address: Optional[str],
-            workers: Optional[int]) -> int:  # fmt: skip
+            after_shard: Callable[[dict], None] | None, fingerprint: str, address: str | None,
+            workers: int | None) -> int:  # fmt: skip
     """Run ``shards`` on a Ray Data actor pool; ``on_result`` gets each shard's status row. Returns the replicas used."""
     ray = require_ray()
     started_here = not ray.is_initialized()

@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 import pandas as pd
@@ -120,7 +121,7 @@ class _Running:
         self.set_sumsq[:n] += set_vals**2 * p
         self.count[:n] += present.astype(np.int64)
 
-    def merge(self, other: "_Running") -> None:
+    def merge(self, other: _Running) -> None:
         self.grow(other.width)
         n = other.width
         self.sum[:, :n] += other.sum
@@ -160,8 +161,8 @@ class AttentionProfile:
     group: str = ""
     model: str = ""
     fingerprint: str = ""
-    calibration: Optional[dict] = None
-    n_calibrated: Optional[int] = None  # documents the calibration changed (None: stock profile)
+    calibration: dict | None = None
+    n_calibrated: int | None = None  # documents the calibration changed (None: stock profile)
     n_docs: int = 0
     max_total_error: float = 0.0  # max |sum of a document's row over its valid keys - 1|
     max_padding_mass: float = 0.0  # max mass any padding key received
@@ -243,11 +244,13 @@ class AttentionProfile:
         onehot[np.nonzero(keep)[0], group[keep]] = 1.0
         self._add(view, values @ onehot, onehot.sum(0) > 0)
 
-    def merge(self, other: "AttentionProfile") -> "AttentionProfile":
+    def merge(self, other: AttentionProfile) -> AttentionProfile:
         """Add another profile's sums (same model, layers, basket size and bins)."""
         for name in ("num_layers", "layers", "basket_size", "n_bins", "pooling", "queries"):
             if getattr(self, name) != getattr(other, name):
-                raise ValueError(f"cannot merge attention profiles with different {name}: {getattr(self, name)!r} vs {getattr(other, name)!r}")
+                raise ValueError(
+                    f"cannot merge attention profiles with different {name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
+                )
         for v in VIEWS:
             self.views[v].merge(other.views[v])
         if self.segment_tokens.shape[0] < other.segment_tokens.shape[0]:
@@ -315,12 +318,20 @@ class AttentionProfile:
             names = self.cell_names(view)
             for layer in [None, *range(self.num_layers)]:
                 st = self.stats(view, layer)
-                df = pd.DataFrame({"cell": np.arange(run.width), "name": names, **{k: st[k] for k in ("mean", "std", "sem", "lo", "hi", "count")}})
+                df = pd.DataFrame(
+                    {"cell": np.arange(run.width), "name": names, **{k: st[k] for k in ("mean", "std", "sem", "lo", "hi", "count")}}
+                )
                 df.insert(0, "layer", -1 if layer is None else layer)
                 df.insert(0, "view", view)
                 frames.append(df)
         out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        for col, val in (("group", self.group), ("label", self.label), ("model", self.model), ("queries", self.query_label), ("basket_size", self.basket_size)):
+        for col, val in (
+            ("group", self.group),
+            ("label", self.label),
+            ("model", self.model),
+            ("queries", self.query_label),
+            ("basket_size", self.basket_size),
+        ):
             out.insert(0, col, val)
         return out
 
@@ -371,7 +382,7 @@ class AttentionProfile:
         return {"parquet": pq, "npz": npz}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "AttentionProfile":
+    def load(cls, path: str | os.PathLike) -> AttentionProfile:
         p = Path(path)
         if p.suffix != ".npz":
             p = p.with_name(p.name + ".npz") if p.suffix != ".parquet" else p.with_suffix(".npz")
@@ -379,7 +390,9 @@ class AttentionProfile:
             meta = json.loads(str(data["meta"]))
             views = {}
             for v in VIEWS:
-                views[v] = _Running(meta["num_layers"], *(np.array(data[f"{v}.{n}"]) for n in ("sum", "sumsq", "set_sum", "set_sumsq", "count")))
+                views[v] = _Running(
+                    meta["num_layers"], *(np.array(data[f"{v}.{n}"]) for n in ("sum", "sumsq", "set_sum", "set_sumsq", "count"))
+                )
             seg_tokens = np.array(data["segment_tokens"])
         for k in ("query_label",):
             meta.pop(k)
@@ -477,7 +490,9 @@ def attention_profile(
         coverage = calibration_coverage(model.transformer_module.resolve(calibration), lengths)  # no truncation: lengths are the spans
         n_calibrated = coverage.calibrated
         if coverage.message():
-            warnings.warn(f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2)
+            warnings.warn(
+                f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2
+            )
     if label is None:
         label = calibration.label() if calibration is not None else "stock"
     profile = AttentionProfile(
@@ -496,7 +511,9 @@ def attention_profile(
     with torch.no_grad(), model.using(calibration), model.recording_attention(recorder, every, queries=queries):
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
-            enc = tok(batch, padding=True, truncation=False, return_tensors="pt", return_offsets_mapping=True, return_special_tokens_mask=True)
+            enc = tok(
+                batch, padding=True, truncation=False, return_tensors="pt", return_offsets_mapping=True, return_special_tokens_mask=True
+            )
             features = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
             features["modality"] = "text"
             buffer.clear()
@@ -517,7 +534,9 @@ def attention_profile(
                 seg = None
                 if spans[b0 + j] is not None:
                     seg = token_segment_index(offsets[j, s : e + 1], spans[b0 + j], special[j, s : e + 1])
-                profile.add_document(rows[:, j, s : e + 1], has_bos=bool(special[j, s]), has_eos=bool(special[j, e]) and e > s, token_segments=seg)
+                profile.add_document(
+                    rows[:, j, s : e + 1], has_bos=bool(special[j, s]), has_eos=bool(special[j, e]) and e > s, token_segments=seg
+                )
             if progress is not None:
                 progress(len(batch))
     return profile

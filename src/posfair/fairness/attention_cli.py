@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,7 +14,7 @@ __all__ = ["app", "parse_layers", "build_documents", "run_attention"]
 app = typer.Typer(help="Attention diagnosis: where the pooling token looks.", no_args_is_help=True)
 
 
-def parse_layers(spec: Optional[str]):
+def parse_layers(spec: str | None):
     """``None`` (last half), ``"6"`` (last 6), ``"0.5"`` (fraction) or ``"6+7+8"`` (0-based indices)."""
     if spec is None or not spec.strip():
         return None
@@ -25,7 +24,9 @@ def parse_layers(spec: Optional[str]):
             return tuple(int(x) for x in s.replace(",", "+").split("+"))
         return float(s) if "." in s else int(s)
     except ValueError:
-        raise typer.BadParameter(f"--layers must be an int (last k layers), a fraction like 0.5 or indices like 6+7+8; got {spec!r}") from None
+        raise typer.BadParameter(
+            f"--layers must be an int (last k layers), a fraction like 0.5 or indices like 6+7+8; got {spec!r}"
+        ) from None
 
 
 def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int = 0):
@@ -39,7 +40,23 @@ def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int =
     return inst.documents[:max_docs]
 
 
-def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calibration, max_docs, out: Path, batch_size=8, seed=0, model_name="", progress=None):
+def run_attention(
+    model,
+    corpus,
+    *,
+    langs,
+    n,
+    layers,
+    basket_size,
+    n_bins,
+    calibration,
+    max_docs,
+    out: Path,
+    batch_size=8,
+    seed=0,
+    model_name="",
+    progress=None,
+):
     """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
     from posfair.fairness.attention import attention_profile
     from posfair.report.attention_plots import attention_section
@@ -64,21 +81,25 @@ def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calib
 
 @app.command("attention")
 def attention_cmd(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or path (default: bundled all-MiniLM-L6-v2)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", "-c", help="Aligned corpus (default: the bundled corpus)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name or path (default: bundled all-MiniLM-L6-v2)."),
+    corpus: str | None = typer.Option(None, "--corpus", "-c", help="Aligned corpus (default: the bundled corpus)."),
     n: int = typer.Option(3, "--n", help="Segments per document."),
-    langs: List[str] = typer.Option(["en"], "--langs", help="Languages (one profile each; repeat the option)."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Layer set: last k (6), a fraction (0.5) or indices (6+7+8). Default: last half."),
+    langs: list[str] = typer.Option(["en"], "--langs", help="Languages (one profile each; repeat the option)."),
+    layers: str | None = typer.Option(
+        None, "--layers", help="Layer set: last k (6), a fraction (0.5) or indices (6+7+8). Default: last half."
+    ),
     basket_size: int = typer.Option(128, "--basket-size", help="Content keys per basket."),
     bins: int = typer.Option(20, "--bins", help="Relative-position bins."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Also profile the calibrated model: BASKET,LAYERS,STRENGTH or 'default'."),
+    calibration: str | None = typer.Option(
+        None, "--calibration", help="Also profile the calibrated model: BASKET,LAYERS,STRENGTH or 'default'."
+    ),
     max_docs: int = typer.Option(200, "--max-docs", help="Documents per language."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     batch_size: int = typer.Option(8, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
+    max_seq_length: int | None = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
-    device: Optional[str] = typer.Option(None, "--device"),
+    device: str | None = typer.Option(None, "--device"),
 ):
     """Profile the pooling token's attention over segment-set documents (stock vs calibrated)."""
     from rich.console import Console
@@ -121,12 +142,16 @@ def attention_cmd(
         )  # fmt: skip
     from rich.table import Table
 
-    table = Table(title=f"Attention profile ({profiles[0].query_label}, layers {list(profiles[0].layers)}; {time.perf_counter() - t0:.0f} s)")
+    table = Table(
+        title=f"Attention profile ({profiles[0].query_label}, layers {list(profiles[0].layers)}; {time.perf_counter() - t0:.0f} s)"
+    )
     keys = list(profiles[0].summary())
     for col in ["lang", "profile", *keys]:
         table.add_column(col, justify="left" if col in ("lang", "profile") else "right")
     for p in profiles:
         s = p.summary()
-        table.add_row(p.group, p.label, *[format_share(s.get(k)) if k == "calibrated_share" else f"{s.get(k, float('nan')):.4g}" for k in keys])
+        table.add_row(
+            p.group, p.label, *[format_share(s.get(k)) if k == "calibrated_share" else f"{s.get(k, float('nan')):.4g}" for k in keys]
+        )
     console.print(table)
     console.print(f"report: [bold]{report}[/bold]")

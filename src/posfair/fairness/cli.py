@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -49,7 +48,9 @@ def _summary_table(result, title: str):
     from rich.table import Table
 
     hf = result.headline_frame()
-    t = Table(title=title, caption="σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)")
+    t = Table(
+        title=title, caption="σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
+    )
     for col in ("n", "configuration", "coef", *hf.columns):
         t.add_column(str(col), justify="right" if col not in ("configuration", "coef") else "left")
     for (n, cfg, coef), row in hf.iterrows():
@@ -57,7 +58,7 @@ def _summary_table(result, title: str):
     return t
 
 
-def _inference_options(inference: str, draws: Optional[int], weights: Optional[str], seed: Optional[int]) -> dict:
+def _inference_options(inference: str, draws: int | None, weights: str | None, seed: int | None) -> dict:
     """``--inference`` and the bootstrap options as AuditSettings keywords (ValueError naming the option)."""
     from posfair.fairness.ols import BOOTSTRAP_WEIGHTS, INFERENCE_METHODS, Inference
 
@@ -95,9 +96,8 @@ def _run(model, corpus, settings, calibrations, out: Path, cache: Path | None, m
     from rich.console import Console
     from rich.markup import escape
 
-    from posfair.fairness.ols import FewClustersWarning
-
     from posfair.fairness.evaluator import audit
+    from posfair.fairness.ols import FewClustersWarning
 
     console = Console()
     cache = cache or out / "cache"
@@ -110,7 +110,9 @@ def _run(model, corpus, settings, calibrations, out: Path, cache: Path | None, m
 
         with warnings.catch_warnings():  # the few-clusters warning is printed below, once, as a line of the summary
             warnings.simplefilter("ignore", FewClustersWarning)
-            result = audit(model, corpus, settings, calibrations, cache_dir=cache, model_name=model_name, corpus_name=corpus_name, progress=progress)
+            result = audit(
+                model, corpus, settings, calibrations, cache_dir=cache, model_name=model_name, corpus_name=corpus_name, progress=progress
+            )
         for task in prog.tasks:
             prog.update(task.id, completed=task.total)
     paths = result.save(out, title=title)
@@ -139,7 +141,7 @@ def _run(model, corpus, settings, calibrations, out: Path, cache: Path | None, m
     return result, paths, elapsed
 
 
-def _load_corpus(spec: Optional[str], langs):
+def _load_corpus(spec: str | None, langs):
     from posfair.corpus import load_corpus
 
     return load_corpus(spec, langs=sorted(langs) if langs else None)
@@ -147,30 +149,31 @@ def _load_corpus(spec: Optional[str], langs):
 
 @app.command("audit", cls=_MultiValueCommand)
 def audit_cmd(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name or path (default: bundled all-MiniLM-L6-v2)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", "-c", help="Aligned corpus (default: the bundled corpus)."),
-    n: List[int] = typer.Option([3, 4], "--n", help="Segments per document (e.g. --n 3 4)."),
-    langs: List[str] = typer.Option([], "--langs", help="Monolingual configurations (e.g. --langs en de)."),
-    mixed: List[str] = typer.Option([], "--mixed", help="Mixed configurations LEAD:LATER (e.g. --mixed de:en)."),
-    calibration: List[str] = typer.Option([], "--calibration", help="Calibrations BASKET,LAYERS,STRENGTH (e.g. 128,0.5,0.5); 'default' = the robust default."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name or path (default: bundled all-MiniLM-L6-v2)."),
+    corpus: str | None = typer.Option(None, "--corpus", "-c", help="Aligned corpus (default: the bundled corpus)."),
+    n: list[int] = typer.Option([3, 4], "--n", help="Segments per document (e.g. --n 3 4)."),
+    langs: list[str] = typer.Option([], "--langs", help="Monolingual configurations (e.g. --langs en de)."),
+    mixed: list[str] = typer.Option([], "--mixed", help="Mixed configurations LEAD:LATER (e.g. --mixed de:en)."),
+    calibration: list[str] = typer.Option(
+        [], "--calibration", help="Calibrations BASKET,LAYERS,STRENGTH (e.g. 128,0.5,0.5); 'default' = the robust default."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     docs: int = typer.Option(1000, "--docs", help="Target documents per instance (paper: ~1,000)."),
     seed: int = typer.Option(0, "--seed"),
     batch_size: int = typer.Option(16, "--batch-size"),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
-    min_tokens: Optional[int] = typer.Option(None, "--min-segment-tokens", help="Default: a third of the per-segment budget."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-segment-tokens", help="Default: (limit - special tokens) // n."),
-    cache: Optional[Path] = typer.Option(None, "--cache", help="Embedding cache directory (default: OUT/cache)."),
+    max_seq_length: int | None = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
+    min_tokens: int | None = typer.Option(None, "--min-segment-tokens", help="Default: a third of the per-segment budget."),
+    max_tokens: int | None = typer.Option(None, "--max-segment-tokens", help="Default: (limit - special tokens) // n."),
+    cache: Path | None = typer.Option(None, "--cache", help="Embedding cache directory (default: OUT/cache)."),
     no_control: bool = typer.Option(False, "--no-control", help="Skip the semantic-fidelity control."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
-    device: Optional[str] = typer.Option(None, "--device"),
+    device: str | None = typer.Option(None, "--device"),
     inference: str = typer.Option("cluster", "--inference", help=INFERENCE_HELP),
-    bootstrap_draws: Optional[int] = typer.Option(None, "--bootstrap-draws", help=DRAWS_HELP),
-    bootstrap_weights: Optional[str] = typer.Option(None, "--bootstrap-weights", help=WEIGHTS_HELP),
-    bootstrap_seed: Optional[int] = typer.Option(None, "--bootstrap-seed", help=BOOT_SEED_HELP),
+    bootstrap_draws: int | None = typer.Option(None, "--bootstrap-draws", help=DRAWS_HELP),
+    bootstrap_weights: str | None = typer.Option(None, "--bootstrap-weights", help=WEIGHTS_HELP),
+    bootstrap_seed: int | None = typer.Option(None, "--bootstrap-seed", help=BOOT_SEED_HELP),
 ):
     """Audit a model's positional fairness on an aligned corpus (stock vs calibrations)."""
-    import posfair
     from posfair.cliutil import calibrations_option, load_model_option
     from posfair.fairness.documents import LanguageConfig
     from posfair.fairness.experiment import AuditSettings
@@ -236,12 +239,12 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
 @app.command("demo")
 def demo_cmd(
     out: Path = typer.Option(Path("posfair-demo"), "--out", "-o", help="Output directory."),
-    docs: Optional[int] = typer.Option(None, "--docs", help=f"Documents per instance (default {DEMO_SETTINGS['target_docs']})."),
-    cache: Optional[Path] = typer.Option(None, "--cache", help="Embedding cache directory (default: OUT/cache)."),
+    docs: int | None = typer.Option(None, "--docs", help=f"Documents per instance (default {DEMO_SETTINGS['target_docs']})."),
+    cache: Path | None = typer.Option(None, "--cache", help="Embedding cache directory (default: OUT/cache)."),
     inference: str = typer.Option("cluster", "--inference", help=INFERENCE_HELP),
-    bootstrap_draws: Optional[int] = typer.Option(None, "--bootstrap-draws", help=DRAWS_HELP),
-    bootstrap_weights: Optional[str] = typer.Option(None, "--bootstrap-weights", help=WEIGHTS_HELP),
-    bootstrap_seed: Optional[int] = typer.Option(None, "--bootstrap-seed", help=BOOT_SEED_HELP),
+    bootstrap_draws: int | None = typer.Option(None, "--bootstrap-draws", help=DRAWS_HELP),
+    bootstrap_weights: str | None = typer.Option(None, "--bootstrap-weights", help=WEIGHTS_HELP),
+    bootstrap_seed: int | None = typer.Option(None, "--bootstrap-seed", help=BOOT_SEED_HELP),
 ):
     """Audit the bundled MiniLM on the bundled corpus: English n=3,4 + one mixed configuration, stock vs default calibration, documents up to 512 tokens."""
     try:

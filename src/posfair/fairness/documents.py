@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -47,11 +48,11 @@ class LanguageConfig:
     later: str
 
     @classmethod
-    def mono(cls, lang: str) -> "LanguageConfig":
+    def mono(cls, lang: str) -> LanguageConfig:
         return cls(lang, lang)
 
     @classmethod
-    def parse(cls, spec: str) -> "LanguageConfig":
+    def parse(cls, spec: str) -> LanguageConfig:
         """``"en"`` (monolingual) or ``"LEAD:LATER"`` (mixed), e.g. ``"de:en"``."""
         parts = [p.strip() for p in spec.split(":")]
         if len(parts) == 1 and parts[0]:
@@ -158,7 +159,9 @@ def segment_spans(texts: Sequence[str], sep: str = SEPARATOR) -> tuple[str, list
     return sep.join(texts), spans
 
 
-def token_segment_index(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], special_mask: Sequence[int] | None = None) -> np.ndarray:
+def token_segment_index(
+    offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], special_mask: Sequence[int] | None = None
+) -> np.ndarray:
     """For each token, the 0-based segment it belongs to, or -1 (special tokens, pure whitespace).
 
     A token is assigned to the segment its character offsets overlap most; tokens
@@ -243,9 +246,7 @@ def build_instance(
     langs_present = set(corpus["lang"].unique())
     for lang in config.needed:
         if lang not in langs_present:
-            raise ValueError(
-                f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}"
-            )
+            raise ValueError(f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}")
     sub = corpus[corpus["lang"].isin(config.needed)]
     counts = sub.groupby("id")["lang"].nunique()
     topics_all = sorted(counts.index[counts == len(config.needed)].tolist())
@@ -257,7 +258,9 @@ def build_instance(
         enc = tokenizer([text_of[k] for k in todo], add_special_tokens=False, verbose=False)["input_ids"]
         for k, ids in zip(todo, enc):
             lengths[k] = len(ids)
-    n_special = len(tokenizer("x", add_special_tokens=True, verbose=False)["input_ids"]) - len(tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"])
+    n_special = len(tokenizer("x", add_special_tokens=True, verbose=False)["input_ids"]) - len(
+        tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"]
+    )
     if max_segment_tokens is None or min_segment_tokens is None:
         low, high = default_length_window(limit, n, special_tokens=n_special, min_ratio=window_ratio)
         min_segment_tokens = low if min_segment_tokens is None else min_segment_tokens
@@ -302,8 +305,7 @@ def build_instance(
         seen.add(fs)
         # cheap lower bound first: any ordering has at least the shortest lead segment
         lower = n_special + min(
-            lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k)
-            for k in range(n)
+            lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k) for k in range(n)
         )
         if lower > limit:
             report.sets_skipped_too_long += 1

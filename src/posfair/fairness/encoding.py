@@ -11,7 +11,8 @@ and produces bit-identical results.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,9 +86,7 @@ def max_seq_length(model, length: int) -> Iterator[None]:
 def _encode_kwargs(model, calibration) -> dict[str, Any]:
     if calibration is not None:
         if not callable(getattr(model, "set_calibration", None)):
-            raise ValueError(
-                f"{type(model).__name__} does not support attention calibration; load the model with posfair.load_model()"
-            )
+            raise ValueError(f"{type(model).__name__} does not support attention calibration; load the model with posfair.load_model()")
         return {"calibration": calibration}
     # a FairModel may carry a default calibration: the audit's stock run must be the stock model
     return {"calibration": False} if callable(getattr(model, "set_calibration", None)) else {}

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -191,9 +192,7 @@ class _Encoder:
     def _ns(self, calibration: Calibration | None, kind: str):
         if kind == "embedding":  # pooled embeddings: the namespace shared with every other command
             return embedding_namespace(self.store, self.info.fingerprint, calibration)
-        return self.store.namespace(
-            model=self.info.fingerprint, calibration=calibration.key() if calibration else STOCK, kind=kind
-        )
+        return self.store.namespace(model=self.info.fingerprint, calibration=calibration.key() if calibration else STOCK, kind=kind)
 
     def segments(self, texts: Sequence[str], calibration: Calibration | None, tick=None) -> np.ndarray:
         s = self.settings
@@ -213,7 +212,9 @@ class _Encoder:
             pooled, tokens = enc.encode_documents(self.model, texts, calibration, s.batch_size, with_tokens=retention)
             if not retention:
                 return pooled, None
-            tok = self.tokenizer(list(texts), add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
+            tok = self.tokenizer(
+                list(texts), add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False
+            )
             ctx = []
             for i, (ids, states) in enumerate(tokens):
                 if list(ids) != list(tok["input_ids"][i]):
@@ -382,4 +383,3 @@ def make_model_info(model, settings: AuditSettings, name: str | None = None) -> 
     with enc.max_seq_length(model, limit):  # the identity the embeddings are computed under
         fingerprint = enc.model_fingerprint(model)
     return ModelInfo(name=str(name), fingerprint=fingerprint, pooling=pooling, limit=limit, retention=retention)
-

@@ -112,7 +112,7 @@ class Inference:
         object.__setattr__(self, "seed", int(self.seed))
 
     @classmethod
-    def coerce(cls, value: "Inference | str | dict | None") -> "Inference":
+    def coerce(cls, value: Inference | str | dict | None) -> Inference:
         if value is None:
             return cls()
         if isinstance(value, Inference):
@@ -140,11 +140,7 @@ class Inference:
                 "CR1 cluster-robust standard errors (clusters = segment sets, correction G/(G-1) * (N-1)/(N-K)), "
                 "p-values from Student's t with G-1 degrees of freedom"
             )
-        w = (
-            "Webb six-point weights"
-            if self.weights == "webb"
-            else "Rademacher weights (all 2^G sign vectors enumerated when 2^G < B)"
-        )
+        w = "Webb six-point weights" if self.weights == "webb" else "Rademacher weights (all 2^G sign vectors enumerated when 2^G < B)"
         return (
             f"CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, "
             f"clusters = segment sets, {w}, B = {self.draws} draws, seed {self.seed}; p = share of |t*| ≥ |t|, "
@@ -280,7 +276,9 @@ def _wild_tests(X: np.ndarray, y: np.ndarray, groups: np.ndarray, inference: Inf
     return tvals, pvals
 
 
-def fit_position_ols(y, positions, clusters, n: int | None = None, inference: Inference | str | None = None, *, warn: bool = True) -> PositionOLS:
+def fit_position_ols(
+    y, positions, clusters, n: int | None = None, inference: Inference | str | None = None, *, warn: bool = True
+) -> PositionOLS:
     """Fit the positional OLS with cluster-robust SEs (clusters = segment-set ids).
 
     ``inference``: :class:`Inference` (or ``"cluster"`` / ``"wild"``); default CR1 + t(G-1).
@@ -312,7 +310,9 @@ def fit_position_ols(y, positions, clusters, n: int | None = None, inference: In
     X = position_design(positions, n)
     res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
     if getattr(res, "df_resid_inference", None) != n_clusters - 1:  # statsmodels' contract, checked not assumed
-        raise RuntimeError(f"statsmodels used {getattr(res, 'df_resid_inference', None)} degrees of freedom, expected G-1 = {n_clusters - 1}")
+        raise RuntimeError(
+            f"statsmodels used {getattr(res, 'df_resid_inference', None)} degrees of freedom, expected G-1 = {n_clusters - 1}"
+        )
     tvalues, pvalues = np.asarray(res.tvalues), np.asarray(res.pvalues)
     if inference.method == "wild":
         t_wild, pvalues = _wild_tests(X, y, groups, inference)

@@ -174,7 +174,9 @@ CLUSTER_ROW = "G (segment sets)"
 SHARE_ROW = "calibrated_share"
 
 
-def coefficient_detail_table(coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 4) -> Table:
+def coefficient_detail_table(
+    coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 4
+) -> Table:
     """Every coefficient with its SE, t, p-value, mark, G and inference: rows (n, configuration, coefficient)."""
     sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
     index, cells = [], []
@@ -188,7 +190,9 @@ def coefficient_detail_table(coefs: pd.DataFrame, *, model: str, measure: str, c
                     "" if r.position == 1 else r.mark, str(int(r.clusters)), r.inference,
                 ])  # fmt: skip
     columns = ["estimate", "SE", "t", "p", "mark", "G", "inference"]
-    frame = pd.DataFrame(cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "coefficient"]) if index else None)
+    frame = pd.DataFrame(
+        cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "coefficient"]) if index else None
+    )
     variant = calibration if setting == "main" else f"{calibration}, control"
     return Table(
         title=f"OLS coefficients with standard errors and p-values, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
@@ -212,7 +216,9 @@ FIDELITY_CAPTION = (
 )
 
 
-def fidelity_summary(observations: pd.DataFrame, coefficients: pd.DataFrame | None = None, coverage: pd.DataFrame | None = None) -> pd.DataFrame:
+def fidelity_summary(
+    observations: pd.DataFrame, coefficients: pd.DataFrame | None = None, coverage: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per (calibration, setting, n, config): the σ profile, its spread and max |β|, and the fidelity means.
 
     Per-position columns ``sigma_p<k>`` / ``margin_p<k>`` (NaN beyond n); ``recall`` and ``drift``
@@ -233,7 +239,14 @@ def fidelity_summary(observations: pd.DataFrame, coefficients: pd.DataFrame | No
         row["max_abs_beta"] = np.nan
         if coefficients is not None and len(coefficients):
             c = coefficients
-            hit = c[(c["measure"] == "sigma") & (c["calibration"] == key[0]) & (c["setting"] == key[1]) & (c["n"] == key[2]) & (c["config"] == key[3]) & (c["position"] > 1)]
+            hit = c[
+                (c["measure"] == "sigma")
+                & (c["calibration"] == key[0])
+                & (c["setting"] == key[1])
+                & (c["n"] == key[2])
+                & (c["config"] == key[3])
+                & (c["position"] > 1)
+            ]
             if len(hit):
                 row["max_abs_beta"] = float(hit["estimate"].abs().max())
         row["other_cos"] = float(per_doc["other_cos"].mean())
@@ -267,7 +280,9 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
         ] + ([format_share(s["calibrated_share"])] if shares else []))  # fmt: skip
     columns = ["σ by position", "spread", "max |β|", "other-set cos", "margin by position", "margin", "recall@n", "drift"]
     columns += ["calibrated_share"] if shares else []
-    frame = pd.DataFrame(cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "variant"]) if index else None)
+    frame = pd.DataFrame(
+        cells, columns=columns, index=pd.MultiIndex.from_tuples(index, names=["n", "configuration", "variant"]) if index else None
+    )
     return Table(title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity")
 
 
@@ -296,7 +311,13 @@ def coverage_summary(observations: pd.DataFrame, calibrations: list[dict[str, An
     docs = observations[observations["setting"] == "main"].drop_duplicates(["calibration", "doc_id"])
     rows = []
     for (label, n, config), g in docs.groupby(["calibration", "n", "config"], sort=False):
-        row: dict[str, Any] = {"calibration": label, "n": int(n), "config": config, "config_key": g["config_key"].iloc[0], "documents": int(len(g))}
+        row: dict[str, Any] = {
+            "calibration": label,
+            "n": int(n),
+            "config": config,
+            "config_key": g["config_key"].iloc[0],
+            "documents": int(len(g)),
+        }
         cal = by_label.get(label)
         if cal is None:  # stock
             row.update(calibrated=np.nan, calibrated_share=np.nan)
@@ -373,9 +394,18 @@ class AuditResult:
     def measures(self) -> list[str]:
         return [m for m in MEASURES if m in self.observations and self.observations[m].notna().any()]
 
-    def coefficient(self, *, measure: str = "sigma", calibration: str = STOCK, setting: str = "main", n: int, config: str, position: int) -> pd.Series:
+    def coefficient(
+        self, *, measure: str = "sigma", calibration: str = STOCK, setting: str = "main", n: int, config: str, position: int
+    ) -> pd.Series:
         c = self.coefficients
-        hit = c[(c["measure"] == measure) & (c["calibration"] == calibration) & (c["setting"] == setting) & (c["n"] == n) & (c["config"] == config) & (c["position"] == position)]
+        hit = c[
+            (c["measure"] == measure)
+            & (c["calibration"] == calibration)
+            & (c["setting"] == setting)
+            & (c["n"] == n)
+            & (c["config"] == config)
+            & (c["position"] == position)
+        ]
         if not len(hit):
             raise KeyError(f"no coefficient for {measure}/{calibration}/{setting}/n={n}/{config}/position {position}")
         return hit.iloc[0]
@@ -474,7 +504,9 @@ class AuditResult:
             for m, style in (("sigma", "-"), ("tau", "--")):
                 if m in self.measures:
                     data = pd.DataFrame({"row": d["n"], "col": d["config"], "x": d["position"], "value": d[m], "cluster": d["set_id"]})
-                    series.append(ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, colors[k % len(colors)], style, draw=cal not in noop))
+                    series.append(
+                        ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, colors[k % len(colors)], style, draw=cal not in noop)
+                    )
         base = obs[(obs["calibration"] == STOCK) & (obs["setting"] == "main")]
         bars = pd.DataFrame({"row": base["n"], "col": base["config"], "x": base["position"], "bar": base["seg_tokens"]})
         return profile_grid(
@@ -520,7 +552,9 @@ class AuditResult:
             "OLS tables",
             inference_html
             + "".join(
-                f'<details class="detail"><summary>{escape(t.title)}</summary>{to_html(t)}</details>' if t.name.endswith("_detail") else to_html(t)
+                f'<details class="detail"><summary>{escape(t.title)}</summary>{to_html(t)}</details>'
+                if t.name.endswith("_detail")
+                else to_html(t)
                 for t in coef_tables
             ),
         )
@@ -581,11 +615,17 @@ class AuditResult:
             png = save_figure(self.fidelity_figure(), out / "figures" / "fidelity")
             paths["figure:fidelity"] = out / "figures" / "fidelity.png"
             paths["fidelity"] = atomic_write_text(out / "fidelity.csv", self.fidelity().to_csv(index=False))
-            figures.append(FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT))
+            figures.append(
+                FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT)
+            )
         hf = self.headline_frame()
         few = self.few_clusters_message()
-        caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {self.inference_text()}." + (f" Few clusters: {few}" if few else "")
-        paths["headline"] = atomic_write_text(out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, caption, "headline")) if len(hf) else "")
+        caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {self.inference_text()}." + (
+            f" Few clusters: {few}" if few else ""
+        )
+        paths["headline"] = atomic_write_text(
+            out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, caption, "headline")) if len(hf) else ""
+        )
         paths["run"] = atomic_write_json(
             out / "run.json",
             {"model": self.model, "corpus": self.corpus, "settings": self.settings, "calibrations": self.calibrations,
@@ -598,4 +638,3 @@ class AuditResult:
             subtitle=f"corpus {self.corpus.get('name', '')} · {len(self.observations):,} observations",
         )
         return paths
-

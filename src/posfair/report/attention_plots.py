@@ -19,9 +19,9 @@ in its label.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -204,7 +204,9 @@ def plot_layer_heatmap(profiles: Sequence[AttentionProfile], *, view: str = "bas
     return fig
 
 
-def save_attention_figures(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None) -> dict[str, bytes]:
+def save_attention_figures(
+    profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None
+) -> dict[str, bytes]:
     """Write every figure as PNG + PDF under ``out_dir``; return {name: PNG bytes}."""
     if not profiles:
         raise ValueError("no attention profiles to plot")
@@ -231,7 +233,11 @@ def summary_html(profiles: Sequence[AttentionProfile]) -> str:
     body = ""
     for g, lab, s in rows:
         cells = "".join(
-            f"<td>{format_share(s.get(c))}</td>" if c == "calibrated_share" else f"<td>{s[c]:.4g}</td>" if c in s and np.isfinite(s[c]) else "<td>–</td>"
+            f"<td>{format_share(s.get(c))}</td>"
+            if c == "calibrated_share"
+            else f"<td>{s[c]:.4g}</td>"
+            if c in s and np.isfinite(s[c])
+            else "<td>–</td>"
             for c in cols
         )
         body += f"<tr><td>{escape(g)}</td><td>{escape(lab)}</td>{cells}</tr>"

@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from posfair.io import atomic_write_text
 
@@ -36,7 +37,7 @@ class Section:
     title: str
     html: str = ""
     figures: list[FigureRef] = field(default_factory=list)
-    subsections: list["Section"] = field(default_factory=list)
+    subsections: list[Section] = field(default_factory=list)
     anchor: str = ""
 
     def slug(self, i: int) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -96,7 +96,9 @@ def profile_grid(
                 cell = st[(st["row"] == r) & (st["col"] == c)]
                 if not len(cell):
                     continue
-                (line,) = ax.plot(cell["x"], cell["mean"], color=s.color, linestyle=s.linestyle, marker=s.marker, ms=3, lw=1.4, label=s.label)
+                (line,) = ax.plot(
+                    cell["x"], cell["mean"], color=s.color, linestyle=s.linestyle, marker=s.marker, ms=3, lw=1.4, label=s.label
+                )
                 ax.fill_between(cell["x"], cell["lo"], cell["hi"], color=line.get_color(), alpha=0.2, lw=0)
                 handles.setdefault(s.label, line)
             xs = sorted({x for _, st in stats for x in st[(st["row"] == r) & (st["col"] == c)]["x"]})
@@ -149,7 +151,9 @@ def tradeoff_scatter(
         ax.scatter(d.loc[ref, "x"], d.loc[ref, "y"], s=140, marker="*", color="black", label="stock", zorder=3)
         if "highlight" in d.columns and d["highlight"].astype(bool).any():
             hi = d["highlight"].astype(bool)
-            ax.scatter(d.loc[hi, "x"], d.loc[hi, "y"], s=160, facecolors="none", edgecolors="#b2182b", linewidths=1.6, label="chosen", zorder=4)
+            ax.scatter(
+                d.loc[hi, "x"], d.loc[hi, "y"], s=160, facecolors="none", edgecolors="#b2182b", linewidths=1.6, label="chosen", zorder=4
+            )
         for r in d.itertuples(index=False):
             if r.reference or annotate:
                 ax.annotate(str(r.label), (r.x, r.y), fontsize=6 if not r.reference else 8, xytext=(3, 3), textcoords="offset points")

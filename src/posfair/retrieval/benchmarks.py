@@ -29,9 +29,10 @@ import json
 import random
 import re
 import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,9 +64,23 @@ FINEWEB_HUB_ID = "NovaSearch/FineWeb-PosQ"
 POSIR_HUB_ID = "infgrad/PosIR-Benchmark-v1"
 POSIR_LANGS = ("ara-Arab", "cmn-Hans", "deu-Latn", "eng-Latn", "fra-Latn", "ita-Latn", "kor-Kore", "por-Latn", "rus-Cyrl", "spa-Latn")
 _ISO1_TO_POSIR = {
-    "ar": "ara-Arab", "zh": "cmn-Hans", "de": "deu-Latn", "en": "eng-Latn", "fr": "fra-Latn", "it": "ita-Latn",
-    "ko": "kor-Kore", "pt": "por-Latn", "ru": "rus-Cyrl", "es": "spa-Latn", "nl": "nld-Latn", "ja": "jpn-Jpan",
-    "hi": "hin-Deva", "pl": "pol-Latn", "bn": "ben-Beng", "zh-cn": "cmn-Hans", "zh_cn": "cmn-Hans",
+    "ar": "ara-Arab",
+    "zh": "cmn-Hans",
+    "de": "deu-Latn",
+    "en": "eng-Latn",
+    "fr": "fra-Latn",
+    "it": "ita-Latn",
+    "ko": "kor-Kore",
+    "pt": "por-Latn",
+    "ru": "rus-Cyrl",
+    "es": "spa-Latn",
+    "nl": "nld-Latn",
+    "ja": "jpn-Jpan",
+    "hi": "hin-Deva",
+    "pl": "pol-Latn",
+    "bn": "ben-Beng",
+    "zh-cn": "cmn-Hans",
+    "zh_cn": "cmn-Hans",
 }
 _POSIR_DIR = re.compile(r"^[a-z]{3}-[A-Z][a-z]{3}$")
 
@@ -77,7 +92,9 @@ def posir_lang(lang: str) -> str:
     try:
         return _ISO1_TO_POSIR[lang.lower()]
     except KeyError:
-        raise ValueError(f"unknown language {lang!r}: give a PosIR directory name such as 'eng-Latn' or one of {sorted(_ISO1_TO_POSIR)}") from None
+        raise ValueError(
+            f"unknown language {lang!r}: give a PosIR directory name such as 'eng-Latn' or one of {sorted(_ISO1_TO_POSIR)}"
+        ) from None
 
 
 @dataclass
@@ -245,8 +262,14 @@ def _posq_benchmark(
     p2i = {p: i for i, p in enumerate(corpus)}
     corpus_ids = [str(i) for i in range(len(corpus))]
     return RetrievalBenchmark(
-        name=name, corpus_ids=corpus_ids, corpus_texts=corpus, query_ids=qids, query_texts=questions,
-        qrels={qid: {corpus_ids[p2i[q2p[q]]]: 1} for qid, q in zip(qids, questions)}, groups=groups, meta=meta,
+        name=name,
+        corpus_ids=corpus_ids,
+        corpus_texts=corpus,
+        query_ids=qids,
+        query_texts=questions,
+        qrels={qid: {corpus_ids[p2i[q2p[q]]]: 1} for qid, q in zip(qids, questions)},
+        groups=groups,
+        meta=meta,
     )
 
 
@@ -408,7 +431,9 @@ def load_posir(
     if skipped:
         warnings.warn(f"PosIR {lang}->{corpus_lang}: skipped domain(s) with missing files: {skipped}", stacklevel=2)
     if not frames_q:
-        raise ValueError(f"{root}: no complete domain for {lang} -> {corpus_lang} (need queries.parquet, qrels/test.parquet and the corpus)")
+        raise ValueError(
+            f"{root}: no complete domain for {lang} -> {corpus_lang} (need queries.parquet, qrels/test.parquet and the corpus)"
+        )
     q = pd.concat(frames_q, ignore_index=True)
     c = pd.concat(frames_c, ignore_index=True)
     relpos = np.array([posir_relative_position(s, n) for s, n in zip(q["pos_char_span"], q["pos_char_length"])])
@@ -423,7 +448,9 @@ def load_posir(
     if meta_file.exists():
         built = json.loads(meta_file.read_text())
         meta["built"] = built
-        name = f"{built.get('name', root.name)}[{lang}]" if corpus_lang == lang else f"{built.get('name', root.name)}[{lang}->{corpus_lang}]"
+        name = (
+            f"{built.get('name', root.name)}[{lang}]" if corpus_lang == lang else f"{built.get('name', root.name)}[{lang}->{corpus_lang}]"
+        )
     return RetrievalBenchmark(
         name=name,
         corpus_ids=c["_id"].tolist(),
@@ -541,7 +568,9 @@ def build_from_corpus(
     for lang in langs:
         sub = df[df["lang"] == lang]
         if sub.empty:
-            raise ValueError(f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}")
+            raise ValueError(
+                f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}"
+            )
         if sub["id"].duplicated().any():
             raise ValueError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
         per_lang[lang] = sub.set_index("id")
@@ -590,18 +619,39 @@ def build_from_corpus(
             corpus_rows.append({"_id": did, "text": doc_text})
             for p, (s, span) in enumerate(zip(segs, spans), start=1):
                 qid = f"q-{s}"
-                query_rows.append({
-                    "_id": qid, "text": sub.at[s, "title"], "pos_char_span": list(span), "pos_char_length": len(doc_text),
-                    "pos_token_length": tok, "segment_id": s, "segment_position": p, "n_segments": len(segs),
-                })
+                query_rows.append(
+                    {
+                        "_id": qid,
+                        "text": sub.at[s, "title"],
+                        "pos_char_span": list(span),
+                        "pos_char_length": len(doc_text),
+                        "pos_token_length": tok,
+                        "segment_id": s,
+                        "segment_position": p,
+                        "n_segments": len(segs),
+                    }
+                )
                 qrel_rows.append({"query-id": qid, "corpus-id": did, "score": 1})
         atomic_write_parquet(ldir / "corpus.parquet", pd.DataFrame(corpus_rows))
         atomic_write_parquet(ldir / "queries.parquet", pd.DataFrame(query_rows))
         atomic_write_parquet(ldir / "qrels" / "test.parquet", pd.DataFrame(qrel_rows))
-    atomic_write_json(out / "benchmark.json", {
-        "name": name, "domain": domain, "langs": [posir_lang(x) for x in langs], "k": k, "seed": seed,
-        "max_doc_tokens": max_doc_tokens, "max_seq_length": max_seq_length, "budget_langs": [posir_lang(x) for x in (budget_langs or langs)], "segments_aligned": n_aligned, "segments_used": len(ids),
-        "segments_dropped_too_long": n_aligned - len(ids), "documents": len(docs), "separator": separator,
-        "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
-    })
+    atomic_write_json(
+        out / "benchmark.json",
+        {
+            "name": name,
+            "domain": domain,
+            "langs": [posir_lang(x) for x in langs],
+            "k": k,
+            "seed": seed,
+            "max_doc_tokens": max_doc_tokens,
+            "max_seq_length": max_seq_length,
+            "budget_langs": [posir_lang(x) for x in (budget_langs or langs)],
+            "segments_aligned": n_aligned,
+            "segments_used": len(ids),
+            "segments_dropped_too_long": n_aligned - len(ids),
+            "documents": len(docs),
+            "separator": separator,
+            "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
+        },
+    )
     return out

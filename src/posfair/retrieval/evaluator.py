@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,8 +31,8 @@ from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.encoding import stock_kwargs
 from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
-from posfair.retrieval.search import search
 from posfair.retrieval.sea import SegmentEmbedAverage
+from posfair.retrieval.search import search
 from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 try:  # sentence-transformers >= 6
@@ -115,19 +116,31 @@ class RetrievalResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "benchmark": self.benchmark, "setting": self.setting, "method": self.method, "calibration": self.calibration,
-            "query_ids": list(self.query_ids), "ndcg": [float(x) for x in self.ndcg], "recall": [float(x) for x in self.recall],
-            "metrics": self.metrics, "groups": self.groups,
+            "benchmark": self.benchmark,
+            "setting": self.setting,
+            "method": self.method,
+            "calibration": self.calibration,
+            "query_ids": list(self.query_ids),
+            "ndcg": [float(x) for x in self.ndcg],
+            "recall": [float(x) for x in self.recall],
+            "metrics": self.metrics,
+            "groups": self.groups,
             "buckets": {b: {**v, "bins": {str(k): x for k, x in v["bins"].items()}} for b, v in self.buckets.items()},
             "calibrated_share": self.calibrated_share,
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RetrievalResult":
+    def from_dict(cls, d: dict[str, Any]) -> RetrievalResult:
         return cls(
-            benchmark=d["benchmark"], setting=d["setting"], method=d["method"], calibration=d["calibration"],
-            query_ids=list(d["query_ids"]), ndcg=np.asarray(d["ndcg"], dtype=np.float64), recall=np.asarray(d["recall"], dtype=np.float64),
-            metrics=dict(d["metrics"]), groups=dict(d["groups"]),
+            benchmark=d["benchmark"],
+            setting=d["setting"],
+            method=d["method"],
+            calibration=d["calibration"],
+            query_ids=list(d["query_ids"]),
+            ndcg=np.asarray(d["ndcg"], dtype=np.float64),
+            recall=np.asarray(d["recall"], dtype=np.float64),
+            metrics=dict(d["metrics"]),
+            groups=dict(d["groups"]),
             buckets={b: {**v, "bins": {int(k): x for k, x in v["bins"].items()}} for b, v in d["buckets"].items()},
             calibrated_share=None if d.get("calibrated_share") is None else float(d["calibrated_share"]),
         )
@@ -136,11 +149,13 @@ class RetrievalResult:
         return atomic_write_json(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: str | Path) -> "RetrievalResult":
+    def load(cls, path: str | Path) -> RetrievalResult:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def score_rankings(benchmark: RetrievalBenchmark, ranked: np.ndarray, k: int = 10, recall_depth: int = 100) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, float], dict]:
+def score_rankings(
+    benchmark: RetrievalBenchmark, ranked: np.ndarray, k: int = 10, recall_depth: int = 100
+) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, float], dict]:
     """Per-query nDCG@k and recall, the flat metrics dict, group scores and PosIR bucket stats."""
     ndcg = ndcg_at_k(ranked, benchmark.relevant, k)
     recall = recall_at_k(ranked, benchmark.relevant, recall_depth)
@@ -164,11 +179,14 @@ def score_rankings(benchmark: RetrievalBenchmark, ranked: np.ndarray, k: int = 1
 def _progress(enabled: bool) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
     """Yields ``task(description, total) -> advance(n)``; a rich progress bar when enabled."""
     if not enabled:
-        yield lambda desc, total: (lambda n: None)
+        yield lambda desc, total: lambda n: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), transient=False) as prog:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), transient=False
+    ) as prog:
+
         def task(desc: str, total: int) -> Callable[[int], None]:
             tid = prog.add_task(desc, total=total)
             return lambda n: prog.advance(tid, n)
@@ -264,7 +282,12 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         return self.store.namespace(model=fp, **meta) if self.store is not None else None
 
     def _embed(
-        self, texts: list[str], ns: Namespace | None, compute: Callable[[list[str]], np.ndarray], advance: Callable[[int], None], chunk: int | None = None
+        self,
+        texts: list[str],
+        ns: Namespace | None,
+        compute: Callable[[list[str]], np.ndarray],
+        advance: Callable[[int], None],
+        chunk: int | None = None,
     ) -> np.ndarray:
         chunk = chunk or self.encode_chunk
         keys = [text_key(t) for t in texts]
@@ -338,9 +361,16 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         ranked = self.retrieve(_l2(q), _l2(d))
         ndcg, recall, metrics, groups, buckets = score_rankings(b, ranked, 10, self.top_k)
         return RetrievalResult(
-            benchmark=b.name, setting=self.setting, method=self.method,
+            benchmark=b.name,
+            setting=self.setting,
+            method=self.method,
             calibration=self.calibration.to_dict() if self.calibration is not None else None,
-            query_ids=list(b.query_ids), ndcg=ndcg, recall=recall, metrics=metrics, groups=groups, buckets=buckets,
+            query_ids=list(b.query_ids),
+            ndcg=ndcg,
+            recall=recall,
+            metrics=metrics,
+            groups=groups,
+            buckets=buckets,
             calibrated_share=share,
         )
 
@@ -349,9 +379,15 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         b = self.benchmark
         nan = np.full(len(b.query_ids), np.nan)
         return RetrievalResult(
-            benchmark=b.name, setting=self.setting, method=self.method,
+            benchmark=b.name,
+            setting=self.setting,
+            method=self.method,
             calibration=self.calibration.to_dict() if self.calibration is not None else None,
-            query_ids=list(b.query_ids), ndcg=nan, recall=nan.copy(), metrics={}, calibrated_share=share,
+            query_ids=list(b.query_ids),
+            ndcg=nan,
+            recall=nan.copy(),
+            metrics={},
+            calibrated_share=share,
         )
 
     def __call__(self, model: Any, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
@@ -364,7 +400,10 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
             stem = f"positional_retrieval_{self.name or result.benchmark}_{self.setting}".replace("/", "_")
             suffix = run_tag(epoch, steps)
             atomic_write_json(out / f"{stem}{suffix}.json", metrics)
-            atomic_write_parquet(out / f"{stem}{suffix}_per_query.parquet", pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}))
+            atomic_write_parquet(
+                out / f"{stem}{suffix}_per_query.parquet",
+                pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}),
+            )
         return finish_metrics(self, model, metrics, epoch, steps)
 
     def get_config_dict(self) -> dict[str, Any]:

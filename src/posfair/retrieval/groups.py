@@ -25,7 +25,7 @@ Conventions (each reproduces the public reference code; see
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

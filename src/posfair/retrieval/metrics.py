@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -119,9 +119,7 @@ def psi(values) -> float:
     return float(1.0 - v.min() / v.max())
 
 
-def posir_bucket_scores(
-    per_query: np.ndarray, bucket: Sequence[str | None], bins: np.ndarray
-) -> dict[str, dict[str, object]]:
+def posir_bucket_scores(per_query: np.ndarray, bucket: Sequence[str | None], bins: np.ndarray) -> dict[str, dict[str, object]]:
     """PosIR per-length-bucket statistics.
 
     Returns ``{bucket: {"n": queries, "ndcg@10": mean, "bins": {bin: mean}, "psi": PSI}}``

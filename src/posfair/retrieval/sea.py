@@ -16,9 +16,9 @@ defaults to the model's ``max_seq_length`` so that no chunk is truncated.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -115,11 +115,17 @@ class SegmentEmbedAverage:
         ``chunk_store`` caches the chunk embeddings.
         """
         if encode is None:
+
             def encode(batch: list[str]) -> np.ndarray:
                 return model.encode(
-                    batch, batch_size=self.batch_size, convert_to_numpy=True,
-                    normalize_embeddings=self.normalize_chunks, show_progress_bar=False, **stock_kwargs(model),
+                    batch,
+                    batch_size=self.batch_size,
+                    convert_to_numpy=True,
+                    normalize_embeddings=self.normalize_chunks,
+                    show_progress_bar=False,
+                    **stock_kwargs(model),
                 )
+
         chunks = self.chunk(model, texts)
         flat = [c for cs in chunks for c in cs]
         if chunk_store is not None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -129,14 +130,27 @@ def run_sweep(
         raise ValueError("nothing to run: no calibration, stock run disabled and no SEA")
     evaluators = [
         PositionalRetrievalEvaluator(
-            benchmark, cal, sea=s, query_prompt=query_prompt, store=store, batch_size=batch_size, top_k=top_k,
-            use_faiss=use_faiss, show_progress_bar=show_progress_bar, encode_chunk=encode_chunk, report_fallback=False,
+            benchmark,
+            cal,
+            sea=s,
+            query_prompt=query_prompt,
+            store=store,
+            batch_size=batch_size,
+            top_k=top_k,
+            use_faiss=use_faiss,
+            show_progress_bar=show_progress_bar,
+            encode_chunk=encode_chunk,
+            report_fallback=False,
         )
         for cal, s in settings
     ]
     manifest = {
-        "model": fp, "max_seq_length": model.max_seq_length, "benchmark": benchmark.summary(), "top_k": top_k,
-        "query_prompt": evaluators[0]._query_prompt(model), "settings": [_run_name(e) for e in evaluators],
+        "model": fp,
+        "max_seq_length": model.max_seq_length,
+        "benchmark": benchmark.summary(),
+        "top_k": top_k,
+        "query_prompt": evaluators[0]._query_prompt(model),
+        "settings": [_run_name(e) for e in evaluators],
     }
     mpath = out / "sweep.json"
     if mpath.exists():

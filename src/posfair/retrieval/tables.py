@@ -17,8 +17,8 @@ are left empty: its figures would be the stock model's, not a result.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -125,7 +125,11 @@ def bucket_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
             base = stock.buckets.get(b, {}).get("psi", math.nan) if stock is not None and r is not stock else math.nan
             row[f"dPSI {b}"] = round(v - base, 2)
         row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2) if shown else math.nan
-        row["dnDCG@10"] = round(100 * (r.metrics["ndcg@10"] - stock.metrics["ndcg@10"]), 2) if shown and stock is not None and r is not stock else math.nan
+        row["dnDCG@10"] = (
+            round(100 * (r.metrics["ndcg@10"] - stock.metrics["ndcg@10"]), 2)
+            if shown and stock is not None and r is not stock
+            else math.nan
+        )
         if has_harm:
             row["Harm"] = round(100 * r.metrics["harm"], 2) if shown and "harm" in r.metrics else math.nan
         row["calibrated_share"] = _share(r)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,7 +18,7 @@ def _split(s: str | None) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()] if s else []
 
 
-def _space(grid: str, baskets: Optional[str], layers: Optional[str], strengths: Optional[str], fine_rounds: int):
+def _space(grid: str, baskets: str | None, layers: str | None, strengths: str | None, fine_rounds: int):
     from posfair.calibration.params import parse_layers
     from posfair.tuning.tuner import SearchSpace
 
@@ -36,30 +35,46 @@ def _space(grid: str, baskets: Optional[str], layers: Optional[str], strengths: 
 
 @app.command("tune")
 def tune_cmd(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Hub id or local folder (default: the bundled all-MiniLM-L6-v2)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", "-c", help="Aligned corpus (default: the bundled corpus)."),
-    objective: str = typer.Option("fairness", "--objective", help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10)."),
-    benchmark: Optional[str] = typer.Option(None, "--benchmark", "-b", help="Retrieval: a benchmark (name, hub id or path) instead of one built from --corpus."),
-    max_recall_drop: float = typer.Option(2.0, "--max-recall-drop", help="Fairness: most own-segment recall@n may fall below stock (points)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Hub id or local folder (default: the bundled all-MiniLM-L6-v2)."),
+    corpus: str | None = typer.Option(None, "--corpus", "-c", help="Aligned corpus (default: the bundled corpus)."),
+    objective: str = typer.Option(
+        "fairness", "--objective", help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10)."
+    ),
+    benchmark: str | None = typer.Option(
+        None, "--benchmark", "-b", help="Retrieval: a benchmark (name, hub id or path) instead of one built from --corpus."
+    ),
+    max_recall_drop: float = typer.Option(
+        2.0, "--max-recall-drop", help="Fairness: most own-segment recall@n may fall below stock (points)."
+    ),
     max_ndcg_drop: float = typer.Option(2.0, "--max-ndcg-drop", help="Retrieval: most aggregate nDCG@10 may fall below stock (points)."),
-    score: str = typer.Option("spread", "--score", help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|)."),
-    grid: str = typer.Option("default", "--grid", help="default (baskets 16,64,256 x layers 0.5,1.0 x strengths 0.5,1.0) or paper (128,256,512 x 1,0.5 x 0.5,1.0)."),
-    baskets: Optional[str] = typer.Option(None, "--baskets", help="Override the grid's basket sizes, e.g. 16,64."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Override the grid's layer sets: 3 (last 3), 0.5 (last half), 1.0 (all)."),
-    strengths: Optional[str] = typer.Option(None, "--strengths", help="Override the grid's strengths, e.g. 0.5,1.0."),
+    score: str = typer.Option(
+        "spread", "--score", help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|)."
+    ),
+    grid: str = typer.Option(
+        "default",
+        "--grid",
+        help="default (baskets 16,64,256 x layers 0.5,1.0 x strengths 0.5,1.0) or paper (128,256,512 x 1,0.5 x 0.5,1.0).",
+    ),
+    baskets: str | None = typer.Option(None, "--baskets", help="Override the grid's basket sizes, e.g. 16,64."),
+    layers: str | None = typer.Option(None, "--layers", help="Override the grid's layer sets: 3 (last 3), 0.5 (last half), 1.0 (all)."),
+    strengths: str | None = typer.Option(None, "--strengths", help="Override the grid's strengths, e.g. 0.5,1.0."),
     fine_rounds: int = typer.Option(2, "--fine-rounds", help="Rounds of strength bisection around the best grid setting."),
     n: int = typer.Option(3, "--n", help="Fairness: segments per document."),
     lang: str = typer.Option("en", "--lang", help="Language (fairness documents; retrieval benchmark built from the corpus)."),
     docs: int = typer.Option(120, "--docs", help="Fairness: documents in dev + test together."),
-    test_fraction: float = typer.Option(0.5, "--test-fraction", help="Share of segment sets (fairness) or documents' queries (retrieval) held out."),
+    test_fraction: float = typer.Option(
+        0.5, "--test-fraction", help="Share of segment sets (fairness) or documents' queries (retrieval) held out."
+    ),
     seed: int = typer.Option(0, "--seed"),
     batch_size: int = typer.Option(16, "--batch-size"),
     out: Path = typer.Option(Path("posfair-tune"), "--out", "-o", help="Output directory (resumable: re-run the same command)."),
-    cache: Optional[Path] = typer.Option(None, "--cache", help="Embedding cache (default: OUT/cache)."),
-    save_model: Optional[Path] = typer.Option(None, "--save-model", help="Save the model with the chosen calibration persisted into this folder."),
-    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
+    cache: Path | None = typer.Option(None, "--cache", help="Embedding cache (default: OUT/cache)."),
+    save_model: Path | None = typer.Option(
+        None, "--save-model", help="Save the model with the chosen calibration persisted into this folder."
+    ),
+    max_seq_length: int | None = typer.Option(None, "--max-seq-length", help=MAX_SEQ_LENGTH_HELP),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code"),
-    device: Optional[str] = typer.Option(None, "--device"),
+    device: str | None = typer.Option(None, "--device"),
 ) -> None:
     """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
     from rich.console import Console
@@ -99,4 +114,7 @@ def tune_cmd(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     console.print(summary_markdown(result), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"{time.perf_counter() - t0:.0f} s; results in [bold]{out}[/bold]" + (f"; tuned model in [bold]{save_model}[/bold]" if save_model else ""))
+    console.print(
+        f"{time.perf_counter() - t0:.0f} s; results in [bold]{out}[/bold]"
+        + (f"; tuned model in [bold]{save_model}[/bold]" if save_model else "")
+    )

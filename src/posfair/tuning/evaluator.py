@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -59,7 +60,9 @@ def make_objective(
     if objective == "fairness":
         if corpus is None:
             raise ValueError("the fairness objective needs a corpus")
-        return FairnessObjective(model, corpus, settings, store=store, score=score or "spread", test_fraction=test_fraction, seed=seed, progress=progress)
+        return FairnessObjective(
+            model, corpus, settings, store=store, score=score or "spread", test_fraction=test_fraction, seed=seed, progress=progress
+        )
     if objective == "retrieval":
         if score not in (None, "harm"):
             raise ValueError(f"the retrieval objective optimises Harm; got score={score!r}")
@@ -110,7 +113,9 @@ def tune(
             write_outputs(result, out_dir)
             if isinstance(obj, FairnessObjective):
                 cals = [result.chosen] if result.chosen is not None else []
-                obj.audit_result(cals, "test", corpus_name="tuning").save(Path(out_dir) / "test_audit", title="Tuned calibration on the test split")
+                obj.audit_result(cals, "test", corpus_name="tuning").save(
+                    Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
+                )
     if save_model is not None:
         # saved with the token limit the search encoded at, so that the folder reproduces the tuner's embeddings
         info = getattr(obj, "info", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import pandas as pd
 
 from posfair.calibration import Calibration
@@ -12,7 +13,16 @@ from posfair.report.plots import save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.tuner import DEV, TEST, TuneResult
 
-__all__ = ["skipped_note", "trials_table", "front_table", "test_table", "tradeoff_figure", "write_outputs", "save_tuned_model", "summary_markdown"]
+__all__ = [
+    "skipped_note",
+    "trials_table",
+    "front_table",
+    "test_table",
+    "tradeoff_figure",
+    "write_outputs",
+    "save_tuned_model",
+    "summary_markdown",
+]
 
 _NAMES = {"spread": "σ spread", "max_abs_beta": "max |β|", "recall": "recall@n", "margin": "margin", "other_cos": "other-set cos",
           "drift": "drift", "harm": "Harm", "psi": "PSI", "ndcg@10": "nDCG@10"}  # fmt: skip
@@ -130,4 +140,3 @@ def save_tuned_model(model, calibration: Calibration | None, path: str | Path) -
     finally:
         model.set_calibration(before)
     return Path(path)
-

@@ -34,9 +34,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -100,12 +101,14 @@ class SearchSpace:
         self.coarse()  # validates every combination
 
     @classmethod
-    def paper(cls, fine_rounds: int = 2) -> "SearchSpace":
+    def paper(cls, fine_rounds: int = 2) -> SearchSpace:
         """The papers' grid: {128, 256, 512} x {last layer, last 50%} x {0.5, 1.0}."""
         return cls(basket_sizes=(128, 256, 512), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=fine_rounds)
 
     def coarse(self) -> list[Calibration]:
-        return [Calibration(basket_size=b, layers=l, strength=a) for b in self.basket_sizes for l in self.layer_sets for a in self.strengths]
+        return [
+            Calibration(basket_size=b, layers=l, strength=a) for b in self.basket_sizes for l in self.layer_sets for a in self.strengths
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,7 +155,7 @@ class Trial:
         }  # fmt: skip
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trial":
+    def from_dict(cls, d: dict[str, Any]) -> Trial:
         cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else None
         metrics = {k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()}
         share = d.get("calibrated_share")
@@ -190,7 +193,13 @@ class Objective:
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "score": self.score, "guard": self.guard, "greater_is_better": self.greater_is_better, "columns": list(self.columns)}
+        return {
+            "name": self.name,
+            "score": self.score,
+            "guard": self.guard,
+            "greater_is_better": self.greater_is_better,
+            "columns": list(self.columns),
+        }
 
 
 class FunctionObjective(Objective):
@@ -267,11 +276,19 @@ class FairnessObjective(Objective):
         for inst in build_instances(corpus, self.settings, enc.model_tokenizer(model), self.info.limit):
             set_ids = [s.set_id for s in inst.sets]
             if len(set_ids) < 4:
-                raise ValueError(f"instance {inst.key} has {len(set_ids)} segment sets; a dev/test split needs at least 4 (2 per split): raise the document count")
+                raise ValueError(
+                    f"instance {inst.key} has {len(set_ids)} segment sets; a dev/test split needs at least 4 (2 per split): raise the document count"
+                )
             dev, test = split_ids(set_ids, test_fraction, seed)
             for split, ids in ((DEV, set(dev)), (TEST, set(test))):
                 self.instances[split].append(
-                    Instance(inst.n, inst.config, [s for s in inst.sets if s.set_id in ids], [d for d in inst.documents if d.set_id in ids], inst.report)
+                    Instance(
+                        inst.n,
+                        inst.config,
+                        [s for s in inst.sets if s.set_id in ids],
+                        [d for d in inst.documents if d.set_id in ids],
+                        inst.report,
+                    )
                 )
 
     def describe(self) -> dict[str, Any]:
@@ -294,7 +311,9 @@ class FairnessObjective(Objective):
             self._tmp = getattr(self, "_tmp", None) or tempfile.TemporaryDirectory(prefix="posfair-tune-")
             self.store = EmbeddingStore(self._tmp.name)
         with quiet_fallback():  # the share is reported per trial (Trial.calibrated_share), not per encode call
-            obs, _ = run_instances(self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress)
+            obs, _ = run_instances(
+                self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress
+            )
         return obs
 
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
@@ -356,7 +375,17 @@ class RetrievalObjective(Objective):
     guard = "ndcg@10"
     columns = ("harm", "psi", "ndcg@10")
 
-    def __init__(self, model, benchmark, *, store=None, test_fraction: float = 0.5, seed: int = 0, batch_size: int = 32, query_prompt: str | None = "auto"):
+    def __init__(
+        self,
+        model,
+        benchmark,
+        *,
+        store=None,
+        test_fraction: float = 0.5,
+        seed: int = 0,
+        batch_size: int = 32,
+        query_prompt: str | None = "auto",
+    ):
         from posfair.retrieval.evaluator import model_fingerprint
         from posfair.store import EmbeddingStore
 
@@ -370,7 +399,9 @@ class RetrievalObjective(Objective):
         self.test_fraction, self.seed = test_fraction, seed
         self.fingerprint = model_fingerprint(model)
         self._shares: dict[str, float] = {}
-        unit = [f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)]
+        unit = [
+            f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)
+        ]
         dev, test = split_ids(unit, test_fraction, seed)
         self.splits = {}
         for split, ids in ((DEV, set(dev)), (TEST, set(test))):
@@ -421,6 +452,7 @@ class RetrievalObjective(Objective):
 
 def pareto_front(trials: Sequence[Trial], score: str, guard: str, greater_is_better: bool) -> list[Trial]:
     """The trials no other trial beats on both the score and the guard (higher guard is better)."""
+
     def better_or_equal(a: Trial, b: Trial) -> bool:
         sa, sb = a.metrics[score], b.metrics[score]
         return (sa >= sb if greater_is_better else sa <= sb) and a.metrics[guard] >= b.metrics[guard]
@@ -591,7 +623,9 @@ def run_search(
         trials.append(t)
         save()
         shown = "" if share is None else f" calibrated_share={share:.3f}"
-        say(f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}{shown}")
+        say(
+            f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}{shown}"
+        )
         return t
 
     stock = run(None, DEV, STOCK)
@@ -632,6 +666,8 @@ def run_search(
     run(None, TEST, "test")
     if pick.calibration is not None:
         run(pick.calibration, TEST, "test")
-    result = TuneResult(desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0, list(skipped))
+    result = TuneResult(
+        desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0, list(skipped)
+    )
     save(result.to_dict())
     return result
