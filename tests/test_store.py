@@ -79,13 +79,14 @@ def test_no_pickle_in_shards(tmp_path):
 import json  # noqa: E402
 import warnings  # noqa: E402
 
+from posfair.encoding import encode_cached  # noqa: E402
+
 from posfair.store import (  # noqa: E402
     MANIFEST,
     DamagedShardWarning,
     ManifestMismatch,
     _checksum,
     code_version,
-    encode_cached,
     read_shard,
     write_shard,
 )

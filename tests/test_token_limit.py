@@ -12,7 +12,7 @@ from transformers import BertConfig, XLMRobertaConfig
 
 import posfair
 from posfair.cliutil import MAX_SEQ_LENGTH_HELP
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.fairness.experiment import AuditSettings, make_model_info
 from posfair.model import position_limit, token_limit
 from posfair.tuning import TEST, FairnessObjective, SearchSpace, tune

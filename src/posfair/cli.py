@@ -129,7 +129,8 @@ def encode(
 
     from posfair import cliutil
     from posfair.io import atomic_save_npy, atomic_write_parquet
-    from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
+    from posfair.encoding import encode_cached, l2_normalize
+    from posfair.store import EmbeddingStore, embedding_namespace
 
     # everything the user gave is checked before the model is loaded
     if output.suffix.lower() not in (".npy", ".parquet"):
@@ -166,11 +167,11 @@ def encode(
             raise _error(str(exc)) from None
         n_unique = len(set(texts))
         with cliutil.progress() as prog:
-            task = prog.add_task("encoding", total=n_unique, completed=n_unique - len(ns.missing([text_key(t) for t in texts])))
+            task = prog.add_task("encoding", total=n_unique)  # encode_cached counts the cached texts first
             vectors = encode_cached(fm, texts, store, calibration=cal, prompt=prompt, batch_size=batch_size,
                                     chunk_size=chunk_size, progress=lambda k: prog.advance(task, k))  # fmt: skip
     if normalize:
-        vectors = vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
+        vectors = l2_normalize(vectors)
     if output.suffix.lower() == ".npy":
         atomic_save_npy(output, vectors.astype(np.float32))
     else:

@@ -66,7 +66,6 @@ __all__ = [
     "embedding_settings",
     "text_key",
     "embedding_namespace",
-    "encode_cached",
     "calibration_tag",
     "STOCK",
 ]
@@ -576,50 +575,3 @@ def embedding_meta(fingerprint: str, calibration=None, prompt: str | None = None
 def embedding_settings(fingerprint: str, calibration=None, prompt: str | None = None, **extra: Any) -> dict[str, Any]:
     """The manifest settings of an :func:`embedding_namespace` beyond its metadata (``extra``: e.g. dim)."""
     return dict(fingerprint=fingerprint, calibration=calibration.to_dict() if calibration else None, prompt=prompt or "", **extra)
-
-
-def encode_cached(
-    model,
-    texts: Sequence[str],
-    store: EmbeddingStore | None = None,
-    *,
-    calibration=None,
-    prompt: str | None = None,
-    batch_size: int = 32,
-    chunk_size: int = 256,
-    progress: Callable[[int], None] | None = None,
-) -> np.ndarray:
-    """Pooled embeddings of ``texts`` (float32, n x dim) through the cache.
-
-    ``calibration=None`` is the stock model (even when the model carries a
-    default calibration).  Without a store, duplicates are still encoded once.
-    Texts must be non-empty strings (ValueError naming the index otherwise).
-    """
-    texts = list(texts)
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise ValueError(f"text {i} is {type(t).__name__} {t!r}, not a string: posfair embeds only texts")
-        if not t.strip():
-            raise ValueError(f"text {i} is empty: posfair does not embed empty texts")
-
-    def compute(chunk: list[str]) -> np.ndarray:
-        out = model.encode(
-            list(chunk), calibration=calibration if calibration is not None else False, prompt=prompt,
-            batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False,
-        )  # fmt: skip
-        return np.asarray(out, dtype=np.float32)
-
-    keys = [text_key(t) for t in texts]
-    if store is None:
-        unique = list(dict.fromkeys(texts))
-        vecs = np.concatenate([compute(unique[i : i + chunk_size]) for i in range(0, len(unique), chunk_size)]) if unique else None
-        if progress is not None:
-            progress(len(unique))
-        if vecs is None:
-            from posfair import compat  # sentence-transformers 5.x / 6.x name the dimension differently
-
-            return np.zeros((0, compat.embedding_dimension(model) or 0), dtype=np.float32)
-        index = {t: i for i, t in enumerate(unique)}
-        return vecs[[index[t] for t in texts]]
-    ns = embedding_namespace(store, model.fingerprint, calibration, prompt)
-    return ns.get_or_compute(keys, texts, compute, chunk_size=chunk_size, progress=progress)

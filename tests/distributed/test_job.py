@@ -10,7 +10,8 @@ import pytest
 
 from posfair import Calibration
 from posfair.distributed import ManifestMismatch, embed_texts, plan_shards
-from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, encode_cached, text_key, write_shard
+from posfair.encoding import encode_cached
+from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, text_key, write_shard
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
 CAL = Calibration.parse("16,0.5,0.5")

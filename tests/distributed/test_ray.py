@@ -12,7 +12,8 @@ import pytest
 
 from posfair import Calibration
 from posfair.distributed import ManifestMismatch, embed_texts
-from posfair.store import EmbeddingStore, embedding_namespace, encode_cached, text_key
+from posfair.encoding import encode_cached
+from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*truncated"),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from posfair import Calibration
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.fairness.evaluator import PositionalFairnessEvaluator, audit
 from posfair.fairness.experiment import AuditSettings
 

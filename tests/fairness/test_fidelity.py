@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from posfair import Calibration
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings
 from posfair.fairness.metrics import fidelity_measures, profile_spread

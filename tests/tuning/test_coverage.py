@@ -76,7 +76,7 @@ def model(tiny_model):
 
 
 def test_fairness_objective_counts_documents_and_skips_baskets_longer_than_every_document(model, tmp_path, monkeypatch):
-    from posfair.fairness import encoding as enc
+    from posfair import encoding as enc
 
     settings = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
     obj = FairnessObjective(model, tiny_corpus(topics=12), settings, store=tmp_path / "cache")

@@ -10,7 +10,7 @@ import pytest
 
 import posfair
 from posfair import Calibration
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.tuning import (
     DEV,
     TEST,

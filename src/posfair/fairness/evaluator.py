@@ -16,7 +16,7 @@ from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.compat import SentenceEvaluator
 from posfair.evaluation import finish_metrics, run_tag
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
 from posfair.fairness.results import AuditResult, coverage_messages, fit_all
 from posfair.store import EmbeddingStore

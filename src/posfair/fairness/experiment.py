@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration import Calibration
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
@@ -40,7 +40,7 @@ from posfair.store import EmbeddingStore, embedding_namespace
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
 
-STOCK = enc.STOCK
+STOCK = "stock"
 MEASURES = ("sigma", "tau")
 #: per-observation fidelity columns (``recall`` and ``drift`` are per document, repeated over its positions)
 FIDELITY = ("other_cos", "margin", "recall", "drift")
@@ -196,10 +196,10 @@ class _Encoder:
 
     def segments(self, texts: Sequence[str], calibration: Calibration | None, tick=None) -> np.ndarray:
         s = self.settings
-        return enc.cached_texts(
-            self._ns(calibration, "embedding"),
+        return enc.embed_through(
             texts,
-            lambda chunk: enc.encode_texts(self.model, chunk, calibration, s.batch_size),
+            self._ns(calibration, "embedding"),
+            enc.encoder(self.model, calibration, batch_size=s.batch_size),
             chunk_size=s.chunk_size,
             progress=tick,
         )
@@ -209,7 +209,7 @@ class _Encoder:
         retention = self.info.retention
 
         def compute(texts, spans):
-            pooled, tokens = enc.encode_documents(self.model, texts, calibration, s.batch_size, with_tokens=retention)
+            pooled, tokens = enc.encode_documents(self.model, texts, calibration, batch_size=s.batch_size, with_tokens=retention)
             if not retention:
                 return pooled, None
             tok = self.tokenizer(

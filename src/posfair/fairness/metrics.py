@@ -6,18 +6,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["normalize", "rowwise_cosine", "contextualised_segments", "fidelity_measures", "profile_spread"]
+from posfair.encoding import l2_normalize
+
+__all__ = ["rowwise_cosine", "contextualised_segments", "fidelity_measures", "profile_spread"]
 
 
-def normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """L2-normalise the last axis (float64)."""
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+def _unit64(x: np.ndarray) -> np.ndarray:
+    """``x`` in float64 with the last axis L2-normalised (the measures are computed in float64)."""
+    return l2_normalize(np.asarray(x, dtype=np.float64))
 
 
 def rowwise_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``cos(a[i], b[i])`` for every row (broadcasting over leading axes)."""
-    return np.sum(normalize(a) * normalize(b), axis=-1)
+    return np.sum(_unit64(a) * _unit64(b), axis=-1)
 
 
 def contextualised_segments(token_states: np.ndarray, segment_index: np.ndarray, n_segments: int) -> np.ndarray:
@@ -69,7 +70,7 @@ def fidelity_measures(
     m, n = own.shape
     if len(docs) != m or len(own_set) != m:
         raise ValueError(f"{len(docs)} documents but {m} rows of own segments and {len(own_set)} own sets")
-    cos = normalize(docs) @ normalize(pool).T  # (m, P)
+    cos = _unit64(docs) @ _unit64(pool).T  # (m, P)
     in_set = np.zeros(cos.shape, dtype=bool)
     for i, rows in enumerate(own_set):
         in_set[i, np.asarray(rows, dtype=np.int64)] = True

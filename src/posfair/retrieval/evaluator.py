@@ -28,7 +28,8 @@ from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning,
 from posfair.evaluation import finish_metrics, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.retrieval.benchmarks import RetrievalBenchmark
-from posfair.retrieval.encoding import stock_kwargs
+from posfair.encoding import embed_through, encoder, l2_normalize
+from posfair.model import model_fingerprint
 from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.sea import SegmentEmbedAverage
@@ -45,7 +46,6 @@ __all__ = [
     "PositionalRetrievalEvaluator",
     "RetrievalResult",
     "default_query_prompt",
-    "model_fingerprint",
 ]
 
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
@@ -74,17 +74,6 @@ def default_query_prompt(model: Any) -> str | None:
         if pattern in name:
             return prompt
     return None
-
-
-def _l2(x: np.ndarray) -> np.ndarray:
-    return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
-
-
-def model_fingerprint(model: Any) -> str:
-    """``model.fingerprint`` for posfair models; the same identity computed for plain sentence-transformers models."""
-    from posfair.model import model_fingerprint as shared
-
-    return shared(model)
 
 
 @dataclass
@@ -272,11 +261,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
 
     def _encoder(self, model: Any, prompt: str | None, calibration: Calibration | None) -> Callable[[list[str]], np.ndarray]:
         # stored as the model returns them (the shared cache format); normalised in evaluate()
-        kwargs: dict[str, Any] = dict(batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
-        if prompt:
-            kwargs["prompt"] = prompt
-        kwargs.update(stock_kwargs(model, calibration))
-        return lambda texts: np.asarray(model.encode(list(texts), **kwargs), dtype=np.float32)
+        return encoder(model, calibration, prompt=prompt, batch_size=self.batch_size)
 
     def _namespace(self, fp: str, **meta: Any) -> Namespace | None:
         return self.store.namespace(model=fp, **meta) if self.store is not None else None
@@ -289,20 +274,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         advance: Callable[[int], None],
         chunk: int | None = None,
     ) -> np.ndarray:
-        chunk = chunk or self.encode_chunk
-        keys = [text_key(t) for t in texts]
-        if ns is not None:
-            n_cached = len(keys) - len(ns.missing(keys))
-            advance(n_cached)
-            return ns.get_or_compute(keys, texts, compute, chunk_size=chunk, progress=advance)
-        uniq = list(dict.fromkeys(texts))
-        vecs = []
-        for s in range(0, len(uniq), chunk):
-            part = uniq[s : s + chunk]
-            vecs.append(compute(part))
-            advance(len(part))
-        pos = {t: i for i, t in enumerate(uniq)}
-        return np.concatenate(vecs)[[pos[t] for t in texts]]
+        return embed_through(texts, ns, compute, chunk_size=chunk or self.encode_chunk, progress=advance)
 
     def calibrated_share(self, model: Any) -> float | None:
         """Fraction of the corpus documents the calibration changes (None for stock and SEA).
@@ -358,7 +330,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
         with _progress(self.show_progress_bar) as task:
             q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(b.query_texts)))
             d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(b.corpus_texts)))
-        ranked = self.retrieve(_l2(q), _l2(d))
+        ranked = self.retrieve(l2_normalize(q), l2_normalize(d))
         ndcg, recall, metrics, groups, buckets = score_rankings(b, ranked, 10, self.top_k)
         return RetrievalResult(
             benchmark=b.name,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from posfair.retrieval.encoding import stock_kwargs
+from posfair.encoding import calibration_kwargs
 from posfair.store import Namespace, text_key
 
 __all__ = ["SegmentEmbedAverage"]
@@ -33,10 +33,10 @@ def _stock_embeddings(base: type, model: Any) -> Any:
 
     class _StockEmbeddings(base):
         def embed(self, text: str) -> np.ndarray:
-            return self.model.encode(text, convert_to_numpy=True, show_progress_bar=False, **stock_kwargs(self.model))
+            return self.model.encode(text, convert_to_numpy=True, show_progress_bar=False, **calibration_kwargs(self.model))
 
         def embed_batch(self, texts: list[str]) -> list[np.ndarray]:
-            return self.model.encode(texts, convert_to_numpy=True, show_progress_bar=False, **stock_kwargs(self.model))
+            return self.model.encode(texts, convert_to_numpy=True, show_progress_bar=False, **calibration_kwargs(self.model))
 
     return _StockEmbeddings(model)
 
@@ -123,7 +123,7 @@ class SegmentEmbedAverage:
                     convert_to_numpy=True,
                     normalize_embeddings=self.normalize_chunks,
                     show_progress_bar=False,
-                    **stock_kwargs(model),
+                    **calibration_kwargs(model),
                 )
 
         chunks = self.chunk(model, texts)

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["l2_normalize", "exact_topk", "faiss_topk", "search"]
+from posfair.encoding import l2_normalize
+
+__all__ = ["exact_topk", "faiss_topk", "search"]
 
 
-def l2_normalize(x: np.ndarray) -> np.ndarray:
+def _unit_rows(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"embeddings must be a 2-D array; got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
+    return l2_normalize(x)
 
 
 def _sorted_topk(scores: np.ndarray, idx: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -36,8 +37,8 @@ def exact_topk(
 
     Returns ``(indices, scores)`` of shape ``(n_queries, min(k, n_docs))``, best first.
     """
-    q = l2_normalize(queries)
-    d = l2_normalize(docs)
+    q = _unit_rows(queries)
+    d = _unit_rows(docs)
     if q.shape[1] != d.shape[1]:
         raise ValueError(f"query dimension {q.shape[1]} != document dimension {d.shape[1]}")
     if len(d) == 0:
@@ -67,8 +68,8 @@ def faiss_topk(queries: np.ndarray, docs: np.ndarray, k: int = 100) -> tuple[np.
         import faiss
     except ImportError as e:
         raise ImportError("faiss is not installed: `pip install faiss-cpu` (or use the default exact search)") from e
-    q = l2_normalize(queries)
-    d = l2_normalize(docs)
+    q = _unit_rows(queries)
+    d = _unit_rows(docs)
     index = faiss.IndexFlatIP(d.shape[1])
     index.add(d)
     scores, idx = index.search(q, min(k, len(d)))

@@ -11,7 +11,7 @@ import pandas as pd
 
 from posfair.compat import SentenceEvaluator
 from posfair.evaluation import finish_metrics, run_tag
-from posfair.fairness import encoding as enc
+from posfair import encoding as enc
 from posfair.model import token_limit
 from posfair.store import EmbeddingStore
 from posfair.tuning.report import save_tuned_model, write_outputs

@@ -254,7 +254,7 @@ class FairnessObjective(Objective):
 
     def __init__(self, model, corpus: pd.DataFrame, settings=None, *, store=None, score: str = "spread", test_fraction: float = 0.5,
                  seed: int = 0, progress=None):  # fmt: skip
-        from posfair.fairness import encoding as enc
+        from posfair import encoding as enc
         from posfair.fairness.documents import Instance
         from posfair.fairness.evaluator import corpus_fingerprint
         from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info
@@ -386,7 +386,7 @@ class RetrievalObjective(Objective):
         batch_size: int = 32,
         query_prompt: str | None = "auto",
     ):
-        from posfair.retrieval.evaluator import model_fingerprint
+        from posfair.model import model_fingerprint
         from posfair.store import EmbeddingStore
 
         if not benchmark.groups:

@@ -1,0 +1,291 @@
+"""Encoding with the cache: the one layer every area embeds texts through.
+
+The audit's segments and documents, the retrieval queries and documents, SEA's
+chunks, sweeps, the tuner and ``posfair encode`` all call this module; none of
+them calls ``model.encode`` itself.  It owns four decisions that used to be
+made in several places:
+
+* **stock vs calibrated** (:func:`calibration_kwargs`): ``calibration=None``
+  always means the stock model, even when a posfair model carries a default
+  calibration (posfair's ``encode`` takes ``calibration=False`` for that); a
+  calibration asked of a model that cannot calibrate is an error, never a
+  silently stock run;
+* **dedupe -> chunk -> cache** (:func:`embed_through`): each distinct text is
+  computed once, in chunks of ``chunk_size`` written whole and atomically to
+  the store, so a killed run loses at most one chunk and a resumed run batches
+  exactly as an uninterrupted one (bit-identical vectors);
+* **pooling** (:func:`model_pooling`): the pooling name of any
+  sentence-transformers model (``cls``, ``mean``, ``lasttoken``);
+* **L2 normalisation** (:func:`l2_normalize`).
+
+Embeddings are cached exactly as the model returns them (float32, not
+normalised); consumers normalise when they need to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from posfair import compat
+from posfair.model import token_limit
+from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
+
+__all__ = [
+    "calibration_kwargs",
+    "l2_normalize",
+    "model_pooling",
+    "model_tokenizer",
+    "model_limit",
+    "max_seq_length",
+    "encoder",
+    "encode_texts",
+    "encode_documents",
+    "embed_through",
+    "encode_cached",
+    "span_key",
+    "cached_documents",
+]
+
+# sentence-transformers' pooling_mode spellings -> posfair's
+_POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "lasttoken", "last_token": "lasttoken"}
+
+
+def calibration_kwargs(model: Any, calibration: Any = None) -> dict[str, Any]:
+    """The ``encode`` keyword that selects ``calibration`` (None: the stock model).
+
+    A posfair model (its ``encode`` takes ``calibration``) gets ``calibration=False``
+    for None, so a default calibration it carries is not applied to a stock run.  A
+    plain sentence-transformers model is always stock; asking it for a calibration
+    raises TypeError instead of returning stock embeddings under a calibrated label.
+    """
+    if "calibration" in inspect.signature(model.encode).parameters:
+        return {"calibration": calibration if calibration is not None else False}
+    if calibration is not None:
+        raise TypeError(f"{type(model).__name__}.encode takes no calibration: load the model with posfair.load_model()")
+    return {}
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """``x`` with each vector (last axis) scaled to unit length; zero vectors stay zero."""
+    x = np.asarray(x)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def model_tokenizer(model: Any) -> Any:
+    """The model's tokenizer (ValueError if it exposes none)."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError(f"model {type(model).__name__} exposes no tokenizer; token spans need one")
+    return tok
+
+
+def model_limit(model: Any, max_seq_length: int | None = None) -> int:
+    """The token limit texts are encoded with: :func:`posfair.model.token_limit`, the one rule of
+    every posfair command (``max_seq_length`` if given, else the model's configured one, never
+    above its position limit)."""
+    return token_limit(model, max_seq_length)
+
+
+@contextlib.contextmanager
+def max_seq_length(model: Any, length: int) -> Iterator[None]:
+    """Within the block, ``model.max_seq_length`` is ``length`` (restored after, also on error)."""
+    old = getattr(model, "max_seq_length", None)
+    model.max_seq_length = length
+    try:
+        yield
+    finally:
+        if old is not None:
+            model.max_seq_length = old
+
+
+def model_pooling(model: Any) -> str:
+    """``cls``, ``mean`` or ``lasttoken``: a posfair model's ``pooling``, else its Pooling module's mode."""
+    p = getattr(model, "pooling", None)
+    if isinstance(p, str):
+        return p
+    for module in model if hasattr(model, "__iter__") else []:
+        mode = getattr(module, "pooling_mode", None)
+        if isinstance(mode, str):
+            return _POOLING_NAMES.get(mode, mode)
+        get = getattr(module, "get_pooling_mode_str", None)
+        if callable(get):
+            return _POOLING_NAMES.get(get(), get())
+    raise ValueError(f"cannot determine the pooling of {type(model).__name__}: it has no Pooling module")
+
+
+def encoder(
+    model: Any,
+    calibration: Any = None,
+    *,
+    prompt: str | None = None,
+    batch_size: int = 32,
+    **encode_kwargs: Any,
+) -> Callable[[list[str]], np.ndarray]:
+    """A function embedding a list of texts (float32, n x dim) with ``model`` as configured here."""
+    kwargs: dict[str, Any] = dict(batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False, **encode_kwargs)
+    if prompt:
+        kwargs["prompt"] = prompt
+    kwargs.update(calibration_kwargs(model, calibration))
+
+    def encode(texts: list[str]) -> np.ndarray:
+        return np.asarray(model.encode(list(texts), **kwargs), dtype=np.float32)
+
+    return encode
+
+
+def encode_texts(
+    model: Any, texts: Sequence[str], calibration: Any = None, *, prompt: str | None = None, batch_size: int = 32
+) -> np.ndarray:
+    """Pooled embeddings of ``texts`` (float32, n x dim), no cache."""
+    return encoder(model, calibration, prompt=prompt, batch_size=batch_size)(list(texts))
+
+
+def encode_documents(
+    model: Any, texts: Sequence[str], calibration: Any = None, *, batch_size: int = 32, with_tokens: bool = True
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Pooled embeddings plus, per text, ``(input_ids, token_states)`` with padding removed
+    (``with_tokens=False``: the pooled embeddings and an empty list)."""
+    if not with_tokens:
+        return encode_texts(model, texts, calibration, batch_size=batch_size), []
+    outs = model.encode(
+        list(texts),
+        batch_size=batch_size,
+        output_value=None,
+        convert_to_numpy=False,
+        show_progress_bar=False,
+        **calibration_kwargs(model, calibration),
+    )
+    pooled, tokens = [], []
+    for o in outs:
+        valid = o["attention_mask"].bool().cpu().numpy()
+        pooled.append(o["sentence_embedding"].float().cpu().numpy())
+        tokens.append((o["input_ids"].cpu().numpy()[valid], o["token_embeddings"].float().cpu().numpy()[valid]))
+    return np.stack(pooled).astype(np.float32), tokens
+
+
+def embed_through(
+    texts: Sequence[str],
+    ns: Namespace | None,
+    compute: Callable[[list[str]], np.ndarray],
+    *,
+    chunk_size: int = 256,
+    progress: Callable[[int], None] | None = None,
+    dim: int | None = None,
+) -> np.ndarray:
+    """Vectors of ``texts`` (in order): dedupe -> chunk -> cache around any ``compute(texts)``.
+
+    Each distinct text is computed once, in chunks of ``chunk_size`` distinct texts; with
+    a namespace ``ns`` each chunk is stored whole before the next starts and texts already
+    stored are not computed.  ``progress(n)`` is called with the number of distinct texts
+    done, the cached ones first.  ``dim`` gives the width of an empty result.
+    """
+    texts = list(texts)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1; got {chunk_size}")
+    if ns is not None:
+        keys = [text_key(t) for t in texts]
+        if progress is not None:
+            n_unique = len(set(keys))
+            missing = len(ns.missing(keys))
+            if n_unique - missing:
+                progress(n_unique - missing)
+        return ns.get_or_compute(keys, texts, compute, chunk_size=chunk_size, progress=progress)
+    unique = list(dict.fromkeys(texts))
+    parts = []
+    for start in range(0, len(unique), chunk_size):
+        part = unique[start : start + chunk_size]
+        parts.append(np.asarray(compute(part), dtype=np.float32))
+        if progress is not None:
+            progress(len(part))
+    if not parts:
+        return np.zeros((0, dim or 0), dtype=np.float32)
+    index = {t: i for i, t in enumerate(unique)}
+    return np.concatenate(parts)[[index[t] for t in texts]]
+
+
+def _check_texts(texts: Sequence[Any]) -> list[str]:
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise ValueError(f"text {i} is {type(t).__name__} {t!r}, not a string: posfair embeds only texts")
+        if not t.strip():
+            raise ValueError(f"text {i} is empty: posfair does not embed empty texts")
+    return texts
+
+
+def encode_cached(
+    model: Any,
+    texts: Sequence[str],
+    store: EmbeddingStore | None = None,
+    *,
+    calibration: Any = None,
+    prompt: str | None = None,
+    batch_size: int = 32,
+    chunk_size: int = 256,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Pooled embeddings of ``texts`` (float32, n x dim) through the shared embedding namespace.
+
+    ``calibration=None`` is the stock model (even when the model carries a default
+    calibration).  Without a store, duplicates are still encoded once.  Texts must be
+    non-empty strings (ValueError naming the index otherwise).  ``progress(n)``
+    counts distinct texts, the ones already cached first.
+    """
+    texts = _check_texts(texts)
+    compute = encoder(model, calibration, prompt=prompt, batch_size=batch_size)
+    ns = embedding_namespace(store, model.fingerprint, calibration, prompt) if store is not None else None
+    return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
+
+
+def span_key(doc_text: str, span: tuple[int, int]) -> str:
+    """The cache key of the segment at character ``span`` of ``doc_text`` (contextualised segments)."""
+    return text_key(doc_text, f"span:{span[0]}:{span[1]}")
+
+
+def cached_documents(
+    ns_doc: Namespace,
+    ns_ctx: Namespace | None,
+    texts: Sequence[str],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    compute: Callable[[list[str], list[Sequence[tuple[int, int]]]], tuple[np.ndarray, Any]],
+    chunk_size: int = 64,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Document embeddings (m x dim) and, with ``ns_ctx``, contextualised segments (m x n x dim).
+
+    ``compute(texts, spans)`` returns ``(doc_vectors, ctx_vectors or None)``.  Chunks
+    follow a fixed grid over the distinct documents (a chunk with anything missing is
+    recomputed whole, so a resumed run batches as an uninterrupted one); the
+    contextualised vectors are stored one per ``(document, span)`` key, before the
+    document vectors, so a stored document always has its segments stored.
+    """
+    keys = [text_key(t) for t in texts]
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    uniq = list(first)
+    ctx_keys = {k: [span_key(texts[first[k]], sp) for sp in spans[first[k]]] for k in uniq}
+    for start in range(0, len(uniq), chunk_size):
+        ck = uniq[start : start + chunk_size]
+        need = bool(ns_doc.missing(ck))
+        if ns_ctx is not None and not need:
+            need = bool(ns_ctx.missing([c for k in ck for c in ctx_keys[k]]))
+        if not need:
+            continue
+        docs, ctx = compute([texts[first[k]] for k in ck], [spans[first[k]] for k in ck])
+        if ns_ctx is not None:
+            if ctx is None:
+                raise ValueError("compute returned no contextualised segments but a contextualised store was given")
+            ns_ctx.put([c for k in ck for c in ctx_keys[k]], np.concatenate([np.asarray(c) for c in ctx]))
+        ns_doc.put(ck, docs)
+        if progress is not None:
+            progress(len(ck))
+    doc_vecs = ns_doc.get(keys)
+    if ns_ctx is None:
+        return doc_vecs, None
+    return doc_vecs, np.stack([ns_ctx.get(ctx_keys[k]) for k in keys])
