@@ -80,7 +80,6 @@ import json  # noqa: E402
 import warnings  # noqa: E402
 
 from posfair.encoding import encode_cached  # noqa: E402
-
 from posfair.store import (  # noqa: E402
     MANIFEST,
     DamagedShardWarning,

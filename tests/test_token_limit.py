@@ -11,8 +11,8 @@ import typer.main
 from transformers import BertConfig, XLMRobertaConfig
 
 import posfair
-from posfair.cliutil import MAX_SEQ_LENGTH_HELP
 from posfair import encoding as enc
+from posfair.cliutil import MAX_SEQ_LENGTH_HELP
 from posfair.fairness.experiment import AuditSettings, make_model_info
 from posfair.model import position_limit, token_limit
 from posfair.tuning import TEST, FairnessObjective, SearchSpace, tune

@@ -128,8 +128,8 @@ def encode(
     import numpy as np
 
     from posfair import cliutil
-    from posfair.io import atomic_save_npy, atomic_write_parquet
     from posfair.encoding import encode_cached, l2_normalize
+    from posfair.io import atomic_save_npy, atomic_write_parquet
     from posfair.store import EmbeddingStore, embedding_namespace
 
     # everything the user gave is checked before the model is loaded
@@ -162,7 +162,7 @@ def encode(
     with cliutil.one_line_warnings():
         try:
             store = EmbeddingStore(cache_dir)
-            ns = embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards
+            embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards
         except ValueError as exc:
             raise _error(str(exc)) from None
         n_unique = len(set(texts))

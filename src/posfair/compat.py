@@ -12,7 +12,7 @@ What differs:
 - sentence-transformers' module classes: the input module ``Transformer`` and ``Pooling``
   (``sentence_transformers.models`` in 5.x; ``sentence_transformers.base.modules`` /
   ``sentence_transformers.sentence_transformer.modules`` in 6.x) and the evaluator base
-  ``SentenceEvaluator``.
+  ``BaseEvaluator`` (``SentenceEvaluator`` in 5.x).
 - Loading a saved posfair folder: sentence-transformers 6.x resolves module types through
   ``_load_with_module_classes``; 5.x imports the ``modules.json`` type by name.
 - Preparing inputs: 6.x has ``preprocess`` (prompt + tokenisation) and
@@ -40,7 +40,7 @@ __all__ = [
     "ST_6",
     "Transformer",
     "Pooling",
-    "SentenceEvaluator",
+    "BaseEvaluator",
     "pooling_mode",
     "set_pooling_mode",
     "load_with_module_classes",
@@ -74,11 +74,12 @@ if TRANSFORMERS_VERSION < (4, 53) or ST_VERSION < (5, 1):
     )
 
 if ST_6:
+    # 6.x: the evaluator base moved to sentence_transformers.base (the old names are deprecated aliases)
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
     from sentence_transformers.base.modules.transformer import Transformer
-    from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
     from sentence_transformers.sentence_transformer.modules import Pooling
 else:
-    from sentence_transformers.evaluation import SentenceEvaluator
+    from sentence_transformers.evaluation import SentenceEvaluator as BaseEvaluator  # the 5.x name of the same base
     from sentence_transformers.models import Pooling, Transformer
 
 

@@ -63,7 +63,7 @@ def calibration_kwargs(model: Any, calibration: Any = None) -> dict[str, Any]:
     plain sentence-transformers model is always stock; asking it for a calibration
     raises TypeError instead of returning stock embeddings under a calibrated label.
     """
-    if "calibration" in inspect.signature(model.encode).parameters:
+    if callable(getattr(model, "set_calibration", None)) or "calibration" in inspect.signature(model.encode).parameters:
         return {"calibration": calibration if calibration is not None else False}
     if calibration is not None:
         raise TypeError(f"{type(model).__name__}.encode takes no calibration: load the model with posfair.load_model()")

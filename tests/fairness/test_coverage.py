@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from posfair import Calibration
-from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning
 from posfair import encoding as enc
+from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning
 from posfair.fairness.attention import AttentionProfile, attention_profile
 from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info

@@ -12,11 +12,10 @@ from typing import Any
 
 import pandas as pd
 
+from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
-from posfair.compat import SentenceEvaluator
-from posfair.evaluation import finish_metrics, run_tag
-from posfair import encoding as enc
+from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
 from posfair.fairness.results import AuditResult, coverage_messages, fit_all
 from posfair.store import EmbeddingStore
@@ -89,7 +88,7 @@ class _nullctx:
         return False
 
 
-class PositionalFairnessEvaluator(SentenceEvaluator):
+class PositionalFairnessEvaluator(PosfairEvaluator):
     """Positional-fairness audit as a sentence-transformers evaluator.
 
     Built from a corpus and settings; ``evaluator(model)`` returns a dict of headline
@@ -129,7 +128,7 @@ class PositionalFairnessEvaluator(SentenceEvaluator):
         self.last_result = result
         if output_path is not None and self.write_report:
             result.save(Path(output_path) / f"{self.name}{run_tag(epoch, steps)}")
-        return finish_metrics(self, model, result.headline(), epoch, steps)
+        return self.finish(model, result.headline(), epoch, steps)
 
     @property
     def description(self) -> str:

@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.calibration import Calibration
 from posfair import encoding as enc
+from posfair.calibration import Calibration
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
+from posfair.model import model_fingerprint
 from posfair.store import EmbeddingStore, embedding_namespace
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
@@ -381,5 +382,5 @@ def make_model_info(model, settings: AuditSettings, name: str | None = None) -> 
         name = getattr(model, "model_card_data", None) and getattr(model.model_card_data, "base_model", None)
         name = name or getattr(model, "name_or_path", None) or type(model).__name__
     with enc.max_seq_length(model, limit):  # the identity the embeddings are computed under
-        fingerprint = enc.model_fingerprint(model)
+        fingerprint = model_fingerprint(model)
     return ModelInfo(name=str(name), fingerprint=fingerprint, pooling=pooling, limit=limit, retention=retention)

@@ -25,21 +25,16 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
-from posfair.evaluation import finish_metrics, run_tag
-from posfair.io import atomic_write_json, atomic_write_parquet
-from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.encoding import embed_through, encoder, l2_normalize
+from posfair.evaluation import PosfairEvaluator, run_tag
+from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
+from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.search import search
-from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
-
-try:  # sentence-transformers >= 6
-    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator as _EvaluatorBase
-except ImportError:  # older releases
-    from sentence_transformers.evaluation import SentenceEvaluator as _EvaluatorBase
+from posfair.store import EmbeddingStore, Namespace, embedding_namespace
 
 __all__ = [
     "QWEN3_QUERY_PROMPT",
@@ -183,7 +178,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int], Callable[[int], No
         yield task
 
 
-class PositionalRetrievalEvaluator(_EvaluatorBase):
+class PositionalRetrievalEvaluator(PosfairEvaluator):
     """A sentence-transformers-style evaluator: ``evaluator(model) -> dict[str, float]``.
 
     Args:
@@ -376,7 +371,7 @@ class PositionalRetrievalEvaluator(_EvaluatorBase):
                 out / f"{stem}{suffix}_per_query.parquet",
                 pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}),
             )
-        return finish_metrics(self, model, metrics, epoch, steps)
+        return self.finish(model, metrics, epoch, steps)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"benchmark": self.benchmark.name, "setting": self.setting, "top_k": self.top_k}

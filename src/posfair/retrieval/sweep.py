@@ -31,8 +31,8 @@ import numpy as np
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write_json
-from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.model import model_fingerprint
+from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, write_table

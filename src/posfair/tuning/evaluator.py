@@ -9,9 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from posfair.compat import SentenceEvaluator
-from posfair.evaluation import finish_metrics, run_tag
 from posfair import encoding as enc
+from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.model import token_limit
 from posfair.store import EmbeddingStore
 from posfair.tuning.report import save_tuned_model, write_outputs
@@ -124,7 +123,7 @@ def tune(
     return result
 
 
-class CalibrationTuner(SentenceEvaluator):
+class CalibrationTuner(PosfairEvaluator):
     """The tuner in the evaluator style: ``tuner(model) -> dict`` of dev and test figures (prefixed with ``name``).
 
     ``objective``: "fairness" (needs ``corpus``), "retrieval" (``benchmark`` or ``corpus``) or
@@ -156,7 +155,7 @@ class CalibrationTuner(SentenceEvaluator):
             cache_dir=self.cache_dir,
         )  # fmt: skip
         self.last_result = result
-        return finish_metrics(self, model, result.headline(), epoch, steps)
+        return self.finish(model, result.headline(), epoch, steps)
 
     @property
     def description(self) -> str:
