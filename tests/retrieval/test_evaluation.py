@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+from tests.retrieval.conftest import aligned_corpus
 
 from posfair import Calibration
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
@@ -17,8 +18,6 @@ CAL = Calibration(basket_size=16, layers=0.5, strength=0.5)
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    from tests.retrieval.conftest import aligned_corpus
-
     out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None)
     return load_posir(out, lang="en")
 
@@ -51,7 +50,9 @@ def test_evaluator_protocol_and_metrics(model, bench, tmp_path):
     qrels = [ir_measures.Qrel(qid, did, s) for qid, rel in bench.qrels.items() for did, s in rel.items()]
     ref = {x.query_id: x.value for x in ir_measures.iter_calc([nDCG @ 10], qrels, run)}
     assert r.ndcg == pytest.approx([ref[q] for q in bench.query_ids], abs=1e-6)
-    assert r.metrics["ndcg@10[seg 2]"] == pytest.approx(np.mean([ref[q] for q, g in zip(bench.query_ids, bench.groups["seg 2"]) if g]))
+    assert r.metrics["ndcg@10[seg 2]"] == pytest.approx(
+        np.mean([ref[q] for q, g in zip(bench.query_ids, bench.groups["seg 2"], strict=True) if g])
+    )
 
 
 def test_query_prompts(model, bench):
