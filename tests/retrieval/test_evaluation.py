@@ -136,3 +136,17 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     with pytest.raises(ValueError, match="different top_k"):
         run_sweep(model, bench, cals, tmp_path / "resumed", top_k=50)
     assert manifest["model"] == model.fingerprint
+
+
+def test_progress_callback_counts_every_distinct_text(model, bench, tmp_path):
+    done: dict[str, list[int]] = {}
+
+    def progress(desc, total, already):
+        done[desc] = [total]
+        return done[desc].append
+
+    PositionalRetrievalEvaluator(bench, CAL, store=tmp_path / "cache", progress=progress, encode_chunk=2).evaluate(model)
+    assert {d: (t[0], sum(t[1:])) for d, t in done.items()} == {
+        f"{bench.name}: queries (stock)": (len(set(bench.query_texts)), len(set(bench.query_texts))),
+        f"{bench.name}: documents ({CAL.label()})": (len(set(bench.corpus_texts)), len(set(bench.corpus_texts))),
+    }

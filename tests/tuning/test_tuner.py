@@ -1,6 +1,7 @@
 """The tuner: known optimum of a synthetic objective, constraint, Pareto front, split, resume, saved model."""
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -239,3 +240,15 @@ def test_evaluator_style_call(tmp_path):
     assert metrics["tn_chosen_strength"] == pytest.approx(chosen.strength) and abs(chosen.strength - 0.7) < 0.02
     assert metrics["tn_test_chosen_score"] == pytest.approx(synthetic(chosen, TEST)["score"])
     assert (tmp_path / "tn" / "tables" / "pareto.md").exists()
+
+
+def test_search_logs_and_shows_progress(caplog, capsys):
+    lines = []
+    with caplog.at_level(logging.INFO, logger="posfair.tuning.search"):
+        res = run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=1), max_drop=0.1, log=lines.append)
+    logged = [r.getMessage() for r in caplog.records if r.name == "posfair.tuning.search"]
+    assert logged == lines and lines[-1].startswith("test test") and any(m.startswith("chosen: ") for m in lines)
+    assert "tuning trials" in capsys.readouterr().err  # None: shown at INFO, like sentence-transformers
+    run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=0), max_drop=0.1, show_progress_bar=False)
+    assert "tuning trials" not in capsys.readouterr().err
+    assert res.chosen is not None

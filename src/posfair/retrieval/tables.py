@@ -11,14 +11,13 @@
 * :func:`to_markdown` - the Markdown of :func:`results_table` with the best setting in bold
   (what the command line prints); :func:`to_latex` - the paper's booktabs layout (section
   rows, the best setting in bold, alpha and Delta symbols).
+* :func:`strength_figure` / :func:`plot_strength_curves` - Figure 3: per-group nDCG@10
+  change vs strength (a ``matplotlib.figure.Figure``; pyplot's global state is not touched).
 
 Both tables carry ``calibrated_share``: the fraction of the benchmark's documents
 the setting's calibration changed (NaN, shown as "—", for stock and SEA).  A
 calibration with share 0 is labelled "no-op: nothing calibrated" and its cells
 are left empty: its figures would be the stock model's, not a result.
-
-* :func:`strength_figure` / :func:`plot_strength_curves` - Figure 3: per-group nDCG@10
-  change vs strength (a ``matplotlib.figure.Figure``; pyplot's global state is not touched).
 """
 
 from __future__ import annotations

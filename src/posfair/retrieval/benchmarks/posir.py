@@ -69,7 +69,7 @@ def _posir_root(source: Any, langs: Sequence[str]) -> Path:
             raise ValueError(f"{root}: a PosIR source must be a directory <root>/<lang-Script>/<domain>/...")
         return root
     if isinstance(source, str) and looks_like_hub_id(source):
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # only a hub download needs it
 
         return Path(snapshot_download(repo_id=source, repo_type="dataset", allow_patterns=[f"{lang}/**" for lang in langs]))
     raise FileNotFoundError(f"{source!r} is neither an existing local directory nor a hub dataset id")

@@ -17,16 +17,18 @@ __all__ = ["is_local", "looks_like_hub_id", "read_splits", "check_fields", "sour
 
 
 def is_local(source: Any) -> bool:
+    """Whether ``source`` is a Path or names an existing file or directory."""
     return isinstance(source, Path) or (isinstance(source, str) and Path(source).expanduser().exists())
 
 
 def looks_like_hub_id(source: str) -> bool:
+    """Whether ``source`` has the shape of a hub dataset id (``owner/name``)."""
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", source))
 
 
 def read_splits(source: Any, splits: Sequence[str]) -> list[dict]:
     """Rows of ``splits`` (those present, in order) from a hub id, a local copy or in-memory data."""
-    import datasets
+    import datasets  # heavy (pyarrow, fsspec): loaded only when a benchmark is read
 
     if isinstance(source, datasets.DatasetDict):
         present = [s for s in splits if s in source]
@@ -58,12 +60,13 @@ def read_splits(source: Any, splits: Sequence[str]) -> list[dict]:
 
 
 def _hub_split(repo_id: str, split: str) -> list[dict]:
-    import datasets
+    import datasets  # heavy: see read_splits
 
     return datasets.load_dataset(repo_id, split=split).to_list()
 
 
 def check_fields(rows: list[dict], required: Iterable[str], what: str) -> None:
+    """ValueError naming ``what`` unless there are rows and the first has every required field."""
     if not rows:
         raise ValueError(f"{what}: no rows")
     missing = [f for f in required if f not in rows[0]]
@@ -72,4 +75,5 @@ def check_fields(rows: list[dict], required: Iterable[str], what: str) -> None:
 
 
 def source_name(source: Any) -> str:
+    """How a benchmark's ``meta`` records its source: the path or hub id, else ``"in-memory"``."""
     return str(source) if isinstance(source, (str, Path)) else "in-memory"
