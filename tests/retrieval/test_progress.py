@@ -2,7 +2,7 @@
 
 import logging
 
-from posfair.retrieval.progress import progress_enabled, progress_tasks
+from posfair.progress import progress_enabled, progress_tasks
 
 logger = logging.getLogger("posfair.tests.progress")
 

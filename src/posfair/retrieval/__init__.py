@@ -9,7 +9,7 @@ group, Harm, PSI, PosIR per-length-bucket PSI.  Sweeps (:func:`run_sweep`) over 
 paper's grids (:mod:`~posfair.retrieval.grids`) are cached and resumable; tables in the
 layouts of the paper's Tables 1 and 2 (:mod:`~posfair.retrieval.tables`, written through
 :mod:`posfair.report.tables`).  Long calls show tqdm bars or call a ``progress`` callback
-(:mod:`~posfair.retrieval.progress`).
+(:mod:`~posfair.progress`).
 
 Names are imported on first use, so ``import posfair.retrieval`` stays cheap (torch,
 sentence-transformers and chonkie load only when needed).

@@ -29,10 +29,10 @@ from posfair.encoding import embed_through, encoder, l2_normalize
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
+from posfair.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
-from posfair.retrieval.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.search import search
 from posfair.store import EmbeddingStore, Namespace, embedding_namespace
@@ -179,7 +179,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         show_progress_bar: tqdm bars of the query and document encoding; None (default)
             shows them when this module's logger is at INFO or DEBUG (as sentence-transformers does).
         progress: instead of tqdm, ``progress(description, total, already_done) -> advance(n)``
-            (see :mod:`posfair.retrieval.progress`), e.g. a command line's own bar.
+            (see :mod:`posfair.progress`), e.g. a command line's own bar.
     """
 
     def __init__(

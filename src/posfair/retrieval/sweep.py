@@ -30,11 +30,11 @@ from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write_json
 from posfair.model import model_fingerprint
+from posfair.progress import ProgressCallback
 from posfair.report.tables import write_table
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.grids import paper_grid, strength_sweep
-from posfair.retrieval.progress import ProgressCallback
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.store import EmbeddingStore

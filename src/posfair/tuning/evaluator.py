@@ -12,8 +12,8 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.model import token_limit
+from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
-from posfair.retrieval.progress import ProgressCallback
 from posfair.store import EmbeddingStore
 from posfair.tuning.objectives import FairnessObjective, Objective, RetrievalObjective, default_fairness_settings
 from posfair.tuning.report import save_tuned_model, write_outputs

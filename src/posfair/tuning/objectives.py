@@ -26,9 +26,9 @@ from posfair.fairness.evaluator import corpus_fingerprint
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info, run_instances
 from posfair.fairness.results import AuditResult, fidelity_summary, fit_all
 from posfair.model import model_fingerprint
+from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
-from posfair.retrieval.progress import ProgressCallback
 from posfair.store import EmbeddingStore
 
 __all__ = [

@@ -51,8 +51,8 @@ from tqdm.auto import tqdm
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write_json
+from posfair.progress import progress_enabled
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
-from posfair.retrieval.progress import progress_enabled
 from posfair.tuning.objectives import DEV, STOCK, TEST, Objective
 
 __all__ = ["RESULTS_FILE", "SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"]
