@@ -140,7 +140,7 @@ def test_segment_view(tiny_model):
 
     model = tiny_model("bert")
     parts = [(text(12, 10), text(20, 11), text(7, 12)), (text(5, 13), text(9, 14), text(30, 15))]
-    docs, spans = zip(*(segment_spans(p) for p in parts))
+    docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
     prof = attention_profile(model, list(docs), segments=list(spans), basket_size=B)
     seg = prof.mean("segment")
     assert seg.shape == (3,)
@@ -150,7 +150,7 @@ def test_segment_view(tiny_model):
     # Document objects bring their own spans
     objs = [
         Document(f"d{i}", "s", 0, (0, 1, 2), ("a", "b", "c"), ("a", "b", "c"), ("en",) * 3, p, d, tuple(s), 0)
-        for i, (p, d, s) in enumerate(zip(parts, docs, spans))
+        for i, (p, d, s) in enumerate(zip(parts, docs, spans, strict=True))
     ]
     again = attention_profile(model, objs, basket_size=B)
     np.testing.assert_allclose(again.mean("segment"), seg, atol=1e-9)
@@ -182,7 +182,7 @@ def test_figures_and_report_section(tiny_model, tmp_path):
 
     model = tiny_model("bert")
     parts = [(text(12, 20), text(20, 21)), (text(25, 22), text(9, 23))]
-    docs, spans = zip(*(segment_spans(p) for p in parts))
+    docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
     cal = Calibration(basket_size=B, layers=2, strength=1.0)
     profiles = [attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en") for c in (None, cal)]
     section = attention_section(profiles, tmp_path)
@@ -256,3 +256,16 @@ def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
     assert res.exit_code == 0, res.output
     (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]
     assert prof.n_docs == 2 and len(prof.layers) == minilm.num_layers // 2
+
+
+def test_progress_callback_and_bar(tiny_model, capsys):
+    """Progress through a callback (how the CLI drives its bars) or a tqdm bar; the numbers do not depend on it."""
+    model = tiny_model("bert")
+    capsys.readouterr()  # building the tiny model shows bars of its own
+    done = []
+    quiet = attention_profile(model, DOCS, basket_size=B, batch_size=3, progress=done.append)
+    assert done == [3, 1] and capsys.readouterr().err == ""
+    shown = attention_profile(model, DOCS, basket_size=B, batch_size=3, show_progress_bar=True, group="en")
+    err = capsys.readouterr().err
+    assert "attention stock (en)" in err and "4/4" in err
+    np.testing.assert_array_equal(shown.mean("basket"), quiet.mean("basket"))
