@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from posfair.report.html import FigureRef, Section, render_report, write_report
+from posfair.report.html import FigureRef, Section, key_value_html, render_report, render_string, write_report
 from posfair.report.plots import ProfileSeries, cluster_mean_ci, profile_grid, save_figure
 from posfair.report.tables import Table, to_csv, to_html, to_latex, to_markdown, write_table
 
@@ -127,3 +127,12 @@ def test_profile_grid_and_report(tmp_path):
     assert "<h3>Sub</h3>" in html
     path = write_report(tmp_path / "r.html", "T", sections)
     assert path.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_fragments_escape_once_and_nest():
+    kv = key_value_html({"a<b": "it's & <i>", "n": 3})
+    assert kv == '<table class="kv"><tr><th>a&lt;b</th><td>it&#x27;s &amp; &lt;i&gt;</td></tr><tr><th>n</th><td>3</td></tr></table>'
+    assert ("<h3>x</h3>" + kv).startswith("<h3>x</h3><table")  # a plain str: concatenating does not escape
+    nested = render_string("<div>{{ frag | safe }}{{ text }}</div>", frag=kv, text="<kv>")
+    assert nested == f"<div>{kv}&lt;kv&gt;</div>"
+    assert render_string("{{ frag }}", frag=kv).startswith("&lt;table")  # not marked safe: escaped

@@ -235,7 +235,7 @@ def _summary_cell(column: str, summary: dict[str, float]) -> str:
     return f"{value:.4g}" if value is not None and np.isfinite(value) else "–"
 
 
-def summary_html(profiles: Sequence[AttentionProfile]):
+def summary_html(profiles: Sequence[AttentionProfile]) -> str:
     """A table of the headline numbers of each profile (escaped)."""
     rows = [(p.group, p.label + (f" — {NOOP_LABEL}" if p.noop else ""), p.summary()) for p in profiles]
     cols: list[str] = []
@@ -257,7 +257,7 @@ _INTRO = """\
 <p>Attention of the pooling query ({{ p.query_label }}) averaged over heads and layers {{ p.layers | list }} of \
 {{ p.num_layers }}; content keys (between BOS and EOS) in baskets of {{ p.basket_size }} and in {{ p.n_bins }} \
 relative-position bins.</p>
-{{ params }}{{ summary }}"""
+{{ params | safe }}{{ summary | safe }}"""
 
 
 def attention_section(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None) -> Section:

@@ -85,36 +85,36 @@ _INFERENCE = """\
 _SUMMARY = """\
 <p>Coefficients β<sub>p</sub> of the positional-fairness regression (σ, difference of position p to position 1; \
 negative = later segments under-represented); G: segment sets (clusters) per instance. {{ legend }}.</p>
-{{ inference }}{{ headline }}
+{{ inference | safe }}{{ headline | safe }}
 {% for note in coverage_notes %}<p class="warning">{{ note }}</p>
 {% endfor %}
-{{ coverage }}"""
+{{ coverage | safe }}"""
 
 _PROFILES = """\
 <p>Mean σ (solid) and τ (dashed) per position with 95% intervals over segment sets; grey bars: mean segment \
 length in tokens per position; rows: n, columns: language configuration.</p>"""
 
 _TABLES = """\
-{{ inference }}
+{{ inference | safe }}
 {% for t in tables %}
-{% if t.detail %}<details class="detail"><summary>{{ t.title }}</summary>{{ t.html }}</details>{% else %}{{ t.html }}{% endif %}
+{% if t.detail %}<details class="detail"><summary>{{ t.title }}</summary>{{ t.html | safe }}</details>{% else %}{{ t.html | safe }}{% endif %}
 {% endfor %}"""
 
 _FIDELITY = """\
 <p>A flat σ profile can hide a collapse: if calibration makes every document embedding alike, each document \
 is equally similar to its segments but no more than to anything else. The margin, own-segment recall and \
 drift show what the flattening costs.</p>
-{{ table }}"""
+{{ table | safe }}"""
 
 _DOCUMENTS = """\
-{{ table }}
+{{ table | safe }}
 {% for note in notes %}<p>{{ note }}</p>
 {% endfor %}"""
 
 _PARAMETERS = """\
-<h3>Model</h3>{{ model }}<h3>Corpus</h3>{{ corpus }}<h3>Settings</h3>{{ settings }}
+<h3>Model</h3>{{ model | safe }}<h3>Corpus</h3>{{ corpus | safe }}<h3>Settings</h3>{{ settings | safe }}
 <h3>Calibrations</h3>{% for c in calibrations %}<pre>{{ c }}</pre>{% endfor %}
-<h3>Timings (s)</h3>{{ timings }}"""
+<h3>Timings (s)</h3>{{ timings | safe }}"""
 
 
 def report_sections(

@@ -6,12 +6,12 @@ as base64) and optional sub-sections.  Areas add their own sections (e.g. the
 audit's summary, the attention profile) by appending to the list passed to
 :func:`render_report`; this module knows nothing about them.
 
-Every fragment is rendered by Jinja with autoescaping: a value is escaped
-exactly once, as :func:`html.escape` does, unless it is already markup (the
-:class:`markupsafe.Markup` a fragment renders to), so fragments nest without
-being escaped twice.  An area keeps its markup beside its code as a template
-string rendered with :func:`render_string`; generic fragments (tables, key-value
-tables) are the template files under ``report/templates``.
+Every fragment is rendered by Jinja with autoescaping: a value is escaped as
+:func:`html.escape` does (quotes included) unless the template marks it ``| safe``
+-- which is how a fragment (a ``str`` of HTML returned by one of these functions)
+nests in another.  An area keeps its markup beside its code as a template string
+rendered with :func:`render_string`; generic fragments (tables, key-value tables)
+are the template files under ``report/templates``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Section:
 
 
 def _escape_once(value: Any) -> Any:
-    """Jinja ``finalize``: markup passes, anything else becomes ``html.escape(str(value))`` (quotes included)."""
+    """Jinja ``finalize``: markup (``| safe``) passes, anything else becomes ``html.escape(str(value))``."""
     if hasattr(value, "__html__"):
         return value
     return Markup(html.escape(str(value)))
@@ -77,9 +77,9 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render_fragment(name: str, **context: Any) -> Markup:
-    """Render the template file ``name`` of ``report/templates`` to markup."""
-    return Markup(environment().get_template(name).render(**context))
+def render_fragment(name: str, **context: Any) -> str:
+    """Render the template file ``name`` of ``report/templates``."""
+    return environment().get_template(name).render(**context)
 
 
 @cache
@@ -87,12 +87,12 @@ def _compiled(source: str) -> jinja2.Template:
     return environment().from_string(source)
 
 
-def render_string(source: str, **context: Any) -> Markup:
+def render_string(source: str, **context: Any) -> str:
     """Render a template string (an area's section markup) in the same autoescaping environment."""
-    return Markup(_compiled(source).render(**context))
+    return _compiled(source).render(**context)
 
 
-def key_value_html(items: Mapping[str, Any]) -> Markup:
+def key_value_html(items: Mapping[str, Any]) -> str:
     """A two-column table of parameters (keys and values escaped)."""
     return render_fragment("key_value.html.j2", items=list(items.items()))
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from markupsafe import Markup
 
 from posfair.io import atomic_write_text
 from posfair.report.html import render_fragment
@@ -154,7 +153,7 @@ def to_latex(table: Table, label: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_html(table: Table) -> Markup:
+def to_html(table: Table) -> str:
     """An HTML ``<table>`` fragment (escaped); the first row of each group is marked for a rule."""
     header, body = table.rows()
     return render_fragment("table.html.j2", title=table.title, caption=table.caption, header=header, body=body, n_lead=table.n_lead)
