@@ -49,11 +49,11 @@ from tqdm.auto import tqdm
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
 from posfair.fairness.attention_record import AttentionProfile, query_label
-from posfair.fairness.attention_views import VIEWS
+from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, Z95
 from posfair.fairness.documents import token_segment_index
 from posfair.fairness.progress import resolve_show_progress_bar
 
-__all__ = ["AttentionProfile", "attention_profile", "resolve_layers", "query_label", "VIEWS"]
+__all__ = ["AttentionProfile", "attention_profile", "resolve_layers", "query_label", "VIEWS", "SPECIAL_NAMES", "Z95", "LayerSpec"]
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,13 @@ from posfair.fairness.analysis import (
 )
 from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK
 from posfair.fairness.ols import Inference, PositionOLS, describe_inference
+from posfair.fairness.report import FIDELITY_ALT
 from posfair.fairness.tables import (
+    CLUSTER_ROW,
+    COVERAGE_CAPTION,
+    FIDELITY_CAPTION,
     MEASURE_TITLES,
+    SHARE_ROW,
     coefficient_detail_table,
     coefficient_table,
     coverage_table,
@@ -52,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AuditResult", "fit_all", "fit_instance", "coefficient_table", "coefficient_detail_table", "few_clusters", "few_clusters_message",
     "fidelity_summary", "fidelity_table", "MEASURE_TITLES", "coverage_summary", "coverage_table", "coverage_messages",
-    "GROUP", "COEF_COLUMNS",
+    "GROUP", "COEF_COLUMNS", "CLUSTER_ROW", "SHARE_ROW", "FIDELITY_ALT", "FIDELITY_CAPTION", "COVERAGE_CAPTION",
 ]  # fmt: skip
 
 
