@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 from tqdm.auto import tqdm
 
-__all__ = ["ProgressCallback", "progress_enabled", "progress_tasks"]
+__all__ = ["ProgressCallback", "TqdmTasks", "progress_enabled", "progress_tasks"]
 
 #: ``progress(description, total, already_done) -> advance(n) or None``
 ProgressCallback = Callable[[str, int, int], Callable[[int], None] | None]
@@ -70,3 +70,38 @@ def progress_tasks(
     finally:
         for bar in bars:
             bar.close()
+
+
+class TqdmTasks:
+    """A ``progress(description, total, done) -> tick(k)`` callback drawing one tqdm bar per task.
+
+    The shape of :data:`ProgressCallback`: each task
+    (an instance and variant) gets its bar, closed when it is full or when the next task
+    starts; :meth:`close` (or leaving the ``with`` block) closes the last one.
+    """
+
+    def __init__(self, unit: str = "text") -> None:
+        self.unit = unit
+        self._bar: tqdm | None = None
+
+    def __call__(self, description: str, total: int, done: int = 0) -> Callable[[int], None]:
+        self.close()
+        bar = self._bar = tqdm(total=total, initial=done, desc=description, unit=self.unit)
+
+        def tick(k: int) -> None:
+            bar.update(k)
+            if bar.n >= bar.total:
+                bar.close()
+
+        return tick
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> TqdmTasks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -51,7 +51,7 @@ from posfair.calibration.params import Calibration
 from posfair.fairness.attention_record import AttentionProfile, query_label
 from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, Z95
 from posfair.fairness.documents import token_segment_index
-from posfair.fairness.progress import resolve_show_progress_bar
+from posfair.progress import progress_enabled
 
 __all__ = ["AttentionProfile", "attention_profile", "resolve_layers", "query_label", "VIEWS", "SPECIAL_NAMES", "Z95", "LayerSpec"]
 
@@ -180,7 +180,7 @@ def attention_profile(
 
     every = list(range(num_layers))
     bar = None
-    if progress is None and resolve_show_progress_bar(show_progress_bar, log):
+    if progress is None and progress_enabled(show_progress_bar, log):
         bar = tqdm(total=len(texts), desc=f"attention {label}" + (f" ({group})" if group else ""), unit="doc")
         progress = bar.update
     with (

@@ -20,8 +20,8 @@ from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallb
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.fairness.analysis import coverage_messages, fit_all
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
-from posfair.fairness.progress import TqdmTasks, resolve_show_progress_bar
 from posfair.fairness.results import AuditResult
+from posfair.progress import TqdmTasks, progress_enabled
 from posfair.store import EmbeddingStore
 
 __all__ = ["audit", "corpus_fingerprint", "PositionalFairnessEvaluator"]
@@ -110,7 +110,7 @@ def _cache_root(cache_dir: str | Path | None) -> Iterator[str | Path]:
 @contextlib.contextmanager
 def _progress_callback(progress, show_progress_bar: bool | None) -> Iterator[Any]:
     """The caller's ``progress``, else tqdm bars when they are to be shown, else None."""
-    if progress is not None or not resolve_show_progress_bar(show_progress_bar, log):
+    if progress is not None or not progress_enabled(show_progress_bar, log):
         yield progress
         return
     with TqdmTasks() as bars:
