@@ -84,11 +84,11 @@ from posfair.store import (  # noqa: E402
     MANIFEST,
     DamagedShardWarning,
     ManifestMismatch,
-    _checksum,
     code_version,
     read_shard,
     write_shard,
 )
+from posfair.store.shards import _checksum  # noqa: E402
 
 TEXTS = [f"text number {i}" for i in range(9)]
 KEYS = [text_key(t) for t in TEXTS]
