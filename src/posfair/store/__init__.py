@@ -40,6 +40,7 @@ from posfair.store.manifest import ManifestMismatch, open_namespace_dir
 from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key
 from posfair.store.settings import (
     MANIFEST,
+    MANIFEST_FORMAT,
     STOCK,
     calibration_tag,
     code_version,
@@ -47,7 +48,7 @@ from posfair.store.settings import (
     embedding_settings,
     run_settings,
 )
-from posfair.store.shards import DamagedShard, DamagedShardWarning, read_shard, set_aside, write_shard
+from posfair.store.shards import SHARD_FORMAT, DamagedShard, DamagedShardWarning, read_shard, set_aside, write_shard
 
 __all__ = [
     "EmbeddingStore",
@@ -56,6 +57,8 @@ __all__ = [
     "DamagedShardWarning",
     "DamagedShard",
     "MANIFEST",
+    "MANIFEST_FORMAT",
+    "SHARD_FORMAT",
     "write_shard",
     "read_shard",
     "set_aside",
