@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 import typer.main
 from transformers import BertConfig, XLMRobertaConfig
 
@@ -62,8 +65,6 @@ def test_position_limit_by_hand(config, expected):
 
 def test_position_limit_of_a_real_tiny_xlmr_matches_its_embeddings(tiny_model):
     """The XLM-R limit is exactly the longest input its position table accepts."""
-    import torch
-
     model = tiny_model("xlmr")
     limit = model.position_limit
     auto = model.transformer_module.auto_model
@@ -116,8 +117,6 @@ def test_every_command_states_the_same_limit_option():
 
 def test_build_benchmark_budgets_for_the_models_limit(tmp_path):
     """A 256-token model gets documents that fit 256 tokens (it used to budget 510)."""
-    import json
-
     from typer.testing import CliRunner
 
     from posfair.cli import app
@@ -129,7 +128,6 @@ def test_build_benchmark_budgets_for_the_models_limit(tmp_path):
     model = posfair.load_model()
     assert meta["max_seq_length"] == 256
     assert meta["max_doc_tokens"] == 256 - model.special_token_count() == 254
-    import pandas as pd
 
     docs = pd.read_parquet(out / "eng-Latn" / "all" / "corpus.parquet")
     lengths = model.token_lengths(docs["text"].tolist())
@@ -156,9 +154,9 @@ def test_tuned_model_saved_at_the_tuning_limit_reproduces_its_test_split(tiny_mo
     obs = obj.observations([res.chosen], TEST)
     obs = obs[(obs.calibration == res.chosen.label()) & (obs.setting == "main")]
     texts = {d.doc_id: d.text for d in docs}
-    segs = {sid: t for d in docs for sid, t in zip(d.segment_ids, d.texts)}
-    doc_vec = dict(zip(texts, reloaded.encode(list(texts.values()))))
-    seg_vec = dict(zip(segs, reloaded.encode(list(segs.values()))))
+    segs = {sid: t for d in docs for sid, t in zip(d.segment_ids, d.texts, strict=True)}
+    doc_vec = dict(zip(texts, reloaded.encode(list(texts.values())), strict=True))
+    seg_vec = dict(zip(segs, reloaded.encode(list(segs.values())), strict=True))
     mine = [float(np.dot(doc_vec[r.doc_id], seg_vec[r.segment_id]) / np.linalg.norm(doc_vec[r.doc_id]) / np.linalg.norm(seg_vec[r.segment_id]))
             for r in obs.itertuples()]  # fmt: skip
     np.testing.assert_allclose(mine, obs["sigma"].to_numpy(), atol=1e-5)
