@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -96,3 +97,16 @@ def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[i
         more = f" ({len(bad)} unusable texts in all)" if len(bad) > 1 else ""
         raise ValueError(f"{source}: {where}: {field!r} is {describe_value(texts[i])}{more}")
     return list(texts)
+
+
+def is_local(source: Any) -> bool:
+    """Whether a data source is local: a Path, or a string naming an existing file or folder."""
+    return isinstance(source, Path) or (isinstance(source, str) and Path(source).expanduser().exists())
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """Whether ``source`` has the shape of a Hugging Face hub id (``owner/name``)."""
+    return bool(_HUB_ID.fullmatch(source))

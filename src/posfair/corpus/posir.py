@@ -29,6 +29,8 @@ from typing import Any
 import pandas as pd
 from huggingface_hub import snapshot_download
 
+from posfair.io import is_local, looks_like_hub_id
+
 __all__ = [
     "POSIR_DIR",
     "POSIR_HUB_ID",
@@ -64,7 +66,6 @@ _ISO1_TO_POSIR = {
 }
 #: a language directory's name: ISO 639-3 code, dash, ISO 15924 script
 POSIR_DIR = re.compile(r"^[a-z]{3}-[A-Z][a-z]{3}$")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 # the columns of the layout itself (PosIR's position columns are retrieval's to check)
 _COLUMNS = {"queries": ("_id", "text"), "corpus": ("_id", "text"), "qrels": ("query-id", "corpus-id", "score")}
 
@@ -95,12 +96,12 @@ def is_posir_tree(path: str | Path) -> bool:
 def posir_root(source: Any, langs: Sequence[str]) -> Path:
     """The local root of a PosIR-layout source: a folder as is; a hub dataset id downloaded
     (only the folders of ``langs``)."""
-    if isinstance(source, Path) or (isinstance(source, str) and Path(source).expanduser().exists()):
+    if is_local(source):
         root = Path(source).expanduser()
         if not root.is_dir():
             raise ValueError(f"{root}: a PosIR source must be a directory <root>/<lang-Script>/<domain>/...")
         return root
-    if isinstance(source, str) and _HUB_ID.fullmatch(source):
+    if isinstance(source, str) and looks_like_hub_id(source):
         return Path(snapshot_download(repo_id=source, repo_type="dataset", allow_patterns=[f"{lang}/**" for lang in langs]))
     raise FileNotFoundError(f"{source!r} is neither an existing local directory nor a hub dataset id")
 

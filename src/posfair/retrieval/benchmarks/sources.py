@@ -6,24 +6,15 @@ data files as on the hub, or a single parquet / json(l) file.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from posfair.io import is_local, looks_like_hub_id
+
 __all__ = ["is_local", "looks_like_hub_id", "read_splits", "check_fields", "source_name"]
-
-
-def is_local(source: Any) -> bool:
-    """Whether ``source`` is a Path or names an existing file or directory."""
-    return isinstance(source, Path) or (isinstance(source, str) and Path(source).expanduser().exists())
-
-
-def looks_like_hub_id(source: str) -> bool:
-    """Whether ``source`` has the shape of a hub dataset id (``owner/name``)."""
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", source))
 
 
 def read_splits(source: Any, splits: Sequence[str]) -> list[dict]:
