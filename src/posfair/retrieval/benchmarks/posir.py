@@ -41,9 +41,11 @@ def load_posir(
     """
     tables = read_posir(source, lang=lang, corpus_lang=corpus_lang, domains=domains)
     q, c, r = tables.queries, tables.corpus, tables.qrels
-    missing = [col for col in _POSITION_COLUMNS if col not in q.columns]
-    if missing:
-        raise ValueError(f"{tables.root / tables.lang}: the queries lack PosIR's position column(s) {missing}; found {list(q.columns)}")
+    for domain, rows in q.groupby("domain", sort=True):  # name the file, as read_posir does for the layout's columns
+        missing = [col for col in _POSITION_COLUMNS if col not in rows.columns or rows[col].isna().all()]
+        if missing:
+            path = tables.root / tables.lang / str(domain) / "queries.parquet"
+            raise ValueError(f"{path}: missing column(s) {missing} (PosIR's answer positions); found {list(rows.columns.drop('domain'))}")
     qrels: dict[str, dict[str, int]] = {}
     for dom, qid, did, score in zip(r["domain"], r["query-id"].astype(str), r["corpus-id"].astype(str), r["score"], strict=True):
         qrels.setdefault(f"{dom}/{qid}", {})[did] = int(score)
