@@ -29,6 +29,7 @@ from posfair.calibration import fallback
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 from posfair.compat import Transformer
+from posfair.hub import check_model_source
 
 __all__ = [
     "FairModel",
@@ -357,7 +358,7 @@ class FairModel(SentenceTransformer):
         mean over each sequence's valid query rows.  Calibrated layers report the
         calibrated rows.  Nothing else in the forward pass changes.
         """
-        bad = [l for l in layers if not 0 <= l < self.num_layers]
+        bad = [i for i in layers if not 0 <= i < self.num_layers]
         if bad:
             raise ValueError(f"layers {bad} out of range: the model has {self.num_layers} layers (0..{self.num_layers - 1})")
         if queries not in ("pool", "all"):
@@ -651,10 +652,9 @@ def load_model(
         **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
     """
     path = str(bundled_model_path()) if name_or_path is None else os.fspath(name_or_path)
-    if name_or_path is not None and not os.path.exists(path):
-        looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
-        if looks_local:
-            raise FileNotFoundError(f"model path {path!r} does not exist")
+    if name_or_path is not None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.hub)
+        hub_kw = {k: st_kwargs.get(k) for k in ("cache_folder", "revision")}
+        check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
     try:
         if _posfair_saved(path):

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from posfair.errors import PosfairInputError
 from posfair.io import atomic_path, atomic_write_json
 
 __all__ = [
@@ -83,7 +84,7 @@ _STRICT = ("format", "namespace", "posfair_version", "code_hash")
 _RECORDED = ("model", "corpora")
 
 
-class ManifestMismatch(ValueError):
+class ManifestMismatch(PosfairInputError):
     """A run's settings disagree with the vectors already in a store namespace; nothing was written."""
 
 
@@ -499,7 +500,7 @@ class Namespace:
         todo = self.missing(keys)
         if todo:
             first = {}
-            for k, it in zip(keys, items):
+            for k, it in zip(keys, items, strict=False):
                 first.setdefault(k, it)
             for start in range(0, len(todo), chunk_size):
                 chunk = todo[start : start + chunk_size]
