@@ -12,7 +12,7 @@ from transformers import BertConfig, XLMRobertaConfig
 
 import posfair
 from posfair import encoding as enc
-from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+from posfair.cli.options import MAX_SEQ_LENGTH_HELP
 from posfair.fairness.experiment import AuditSettings, make_model_info
 from posfair.model import position_limit, token_limit
 from posfair.tuning import TEST, FairnessObjective, SearchSpace, tune
@@ -156,9 +156,9 @@ def test_tuned_model_saved_at_the_tuning_limit_reproduces_its_test_split(tiny_mo
     obs = obj.observations([res.chosen], TEST)
     obs = obs[(obs.calibration == res.chosen.label()) & (obs.setting == "main")]
     texts = {d.doc_id: d.text for d in docs}
-    segs = {sid: t for d in docs for sid, t in zip(d.segment_ids, d.texts)}
-    doc_vec = dict(zip(texts, reloaded.encode(list(texts.values()))))
-    seg_vec = dict(zip(segs, reloaded.encode(list(segs.values()))))
+    segs = {sid: t for d in docs for sid, t in zip(d.segment_ids, d.texts, strict=True)}
+    doc_vec = dict(zip(texts, reloaded.encode(list(texts.values())), strict=True))
+    seg_vec = dict(zip(segs, reloaded.encode(list(segs.values())), strict=True))
     mine = [float(np.dot(doc_vec[r.doc_id], seg_vec[r.segment_id]) / np.linalg.norm(doc_vec[r.doc_id]) / np.linalg.norm(seg_vec[r.segment_id]))
             for r in obs.itertuples()]  # fmt: skip
     np.testing.assert_allclose(mine, obs["sigma"].to_numpy(), atol=1e-5)

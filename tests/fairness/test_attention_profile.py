@@ -140,7 +140,7 @@ def test_segment_view(tiny_model):
 
     model = tiny_model("bert")
     parts = [(text(12, 10), text(20, 11), text(7, 12)), (text(5, 13), text(9, 14), text(30, 15))]
-    docs, spans = zip(*(segment_spans(p) for p in parts))
+    docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
     prof = attention_profile(model, list(docs), segments=list(spans), basket_size=B)
     seg = prof.mean("segment")
     assert seg.shape == (3,)
@@ -150,7 +150,7 @@ def test_segment_view(tiny_model):
     # Document objects bring their own spans
     objs = [
         Document(f"d{i}", "s", 0, (0, 1, 2), ("a", "b", "c"), ("a", "b", "c"), ("en",) * 3, p, d, tuple(s), 0)
-        for i, (p, d, s) in enumerate(zip(parts, docs, spans))
+        for i, (p, d, s) in enumerate(zip(parts, docs, spans, strict=True))
     ]
     again = attention_profile(model, objs, basket_size=B)
     np.testing.assert_allclose(again.mean("segment"), seg, atol=1e-9)
@@ -182,7 +182,7 @@ def test_figures_and_report_section(tiny_model, tmp_path):
 
     model = tiny_model("bert")
     parts = [(text(12, 20), text(20, 21)), (text(25, 22), text(9, 23))]
-    docs, spans = zip(*(segment_spans(p) for p in parts))
+    docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
     cal = Calibration(basket_size=B, layers=2, strength=1.0)
     profiles = [attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en") for c in (None, cal)]
     section = attention_section(profiles, tmp_path)
@@ -197,14 +197,14 @@ def test_figures_and_report_section(tiny_model, tmp_path):
 def test_cli_on_tiny_model(tiny_model_path, tmp_path):
     from typer.testing import CliRunner
 
-    from posfair.fairness.attention_cli import app
+    from posfair.cli import app
 
     folder, _ = tiny_model_path("bert")
     rows = [{"id": f"t{i}", "lang": "en", "text": text(15 + (i % 5) * 3, 100 + i)} for i in range(8)]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
-    args = ["--model", str(folder), "--corpus", str(corpus), "--n", "2", "--max-docs", "4", "--basket-size", "8",
+    args = ["attention", "--model", str(folder), "--corpus", str(corpus), "--n", "2", "--max-docs", "4", "--basket-size", "8",
             "--layers", "2+3", "--calibration", "8,2,1.0", "--max-seq-length", "128", "--out", str(out)]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -214,7 +214,7 @@ def test_cli_on_tiny_model(tiny_model_path, tmp_path):
     profs = [AttentionProfile.load(p) for p in stored]
     assert {p.layers for p in profs} == {(2, 3)} and all(p.n_docs == 4 for p in profs)
     bad = CliRunner().invoke(app, [*args[:-2], "--layers", "9", "--out", str(out)])
-    assert bad.exit_code != 0 and "layers" in bad.output
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --layers 9: ") and "only 4" in bad.stderr
 
 
 def test_bad_input(tiny_model):
@@ -236,13 +236,15 @@ def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
     """`--model bundled` (as the README wrote it) loads the bundled MiniLM offline, in attention and audit alike."""
     from typer.testing import CliRunner
 
-    from posfair.fairness.attention_cli import app
+    from posfair.cli import app
 
     rows = [{"id": f"t{i}", "lang": "en", "text": text(30 + i, 200 + i)} for i in range(6)]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)])
+    res = CliRunner().invoke(
+        app, ["attention", "--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]
     assert prof.n_docs == 2 and len(prof.layers) == minilm.num_layers // 2

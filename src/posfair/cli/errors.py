@@ -55,8 +55,9 @@ def input_error(option: str, value: Any, message: str) -> PosfairInputError:
 def naming(option: str, value: Any = None, *, errors: tuple[type[BaseException], ...] = (ValueError, OSError)) -> Iterator[None]:
     """Run a library call on an option's value; its ValueError / OSError becomes one line naming the option.
 
-    A message that already starts with the value (a file name) is not repeated.
-    A model that cannot be found (:class:`posfair.hub.ModelNotFound`) is named by its reason.
+    A message that already starts with the value (a file name: ``corpus.jsonl: line 3 ...``)
+    names it well enough and is kept as it is.  A model that cannot be found
+    (:class:`posfair.hub.ModelNotFound`) is named by its reason.
     """
     try:
         yield
@@ -64,7 +65,7 @@ def naming(option: str, value: Any = None, *, errors: tuple[type[BaseException],
         reason = getattr(exc, "reason", None)  # posfair.hub.ModelNotFound
         message = reason if isinstance(reason, str) else _message(exc)
         if value is not None and message.startswith(str(value)):
-            raise PosfairInputError(f"{option} {message}") from exc
+            raise PosfairInputError(message) from exc
         raise input_error(option, value, message) from exc
 
 
