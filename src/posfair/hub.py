@@ -123,9 +123,9 @@ def check_model_source(
     path = Path(name).expanduser()
     if path.exists():
         if path.is_dir() and not any((path / f).is_file() for f in _MODEL_FILES):
-            raise ModelNotFound(name, f"folder {name} holds no model (no {' or '.join(_MODEL_FILES)})")
+            raise ModelNotFound(name, f"a folder without a model (no {', '.join(_MODEL_FILES)})")
         if not path.is_dir():
-            raise ModelNotFound(name, f"{name} is a file, not a model folder")
+            raise ModelNotFound(name, "a file, not a model folder")
         return "local"
     if _looks_local(name):
         raise ModelNotFound(name, "no such folder", local=True)

@@ -22,6 +22,7 @@ from posfair.cli.options import (
     TrustRemoteCode,
     integer,
     layer_spec,
+    layers_text,
 )
 
 
@@ -105,7 +106,7 @@ def attention(
     checks.device(device)
     data = load_corpus(corpus, sorted(set(langs)))
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
-    with naming("--layers", layers):
+    with naming("--layers", layers_text(layers)):
         resolve_layers(layers, fm.num_layers)
     checks.check_calibrations(fm, [calibration])
     name = model_id or BUNDLED_MODEL_NAME

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from posfair.cli.errors import input_error, naming
+from posfair.cli.options import calibration_text
 
 __all__ = [
     "output_folder",
@@ -177,7 +178,7 @@ def check_calibrations(model, calibrations) -> None:
     for cal in calibrations:
         if cal is None:
             continue
-        with naming("--calibration", cal.label()):
+        with naming("--calibration", calibration_text(cal)):
             model.transformer_module.resolve(cal)
 
 

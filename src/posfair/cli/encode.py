@@ -71,6 +71,7 @@ def encode(
     # heavy modules (numpy, torch, the model) are imported here, when the command runs, so that --help stays fast
     import numpy as np
 
+    from posfair.cli.errors import input_error
     from posfair.cli.progress import progress_bars
     from posfair.encoding import encode_cached, l2_normalize
     from posfair.io import atomic_save_npy, atomic_write_parquet, read_texts
@@ -78,6 +79,10 @@ def encode(
 
     # everything the user gave is checked before the model is loaded or anything is written
     checks.output_file(out, OUTPUT_TYPES)
+    if id_field is not None and out.suffix.lower() != ".parquet":
+        raise input_error("--id-field", id_field, f"ids go into a .parquet output; --out {out} is {out.suffix}")
+    if id_field is not None and input.suffix.lower() == ".txt":
+        raise input_error("--id-field", id_field, f"a .txt input ({input}) has no fields; use .jsonl or .parquet")
     checks.cache_folder(cache)
     cal = checks.calibration(calibration, basket_size, layers, strength)
     model = checks.model_source(model)

@@ -112,6 +112,16 @@ def layer_spec(value: Any):
     return layers
 
 
+def layers_text(layers: Any) -> str:
+    """A parsed layer spec as it is written on the command line (``(0, 99)`` -> ``0+99``)."""
+    return "+".join(str(i) for i in layers) if isinstance(layers, (tuple, list)) else str(layers)
+
+
+def calibration_text(cal: Any) -> str:
+    """A calibration as it is written on the command line: ``BASKET,LAYERS,STRENGTH`` (its other fields left out)."""
+    return f"{cal.basket_size},{layers_text(cal.layers)},{cal.strength:g}"
+
+
 def integer(low: int | None = None, high: int | None = None) -> Callable[[Any], int]:
     """A parser of a whole number in ``[low, high]``."""
 
