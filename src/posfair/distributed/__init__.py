@@ -3,7 +3,7 @@
 * :mod:`posfair.distributed.batching` -- length-aware, token-budget batching and padding waste.
 * :mod:`posfair.distributed.job` -- deterministic shards, the shard function, the local and
   Ray executors, the manifest (:func:`embed_texts`, :func:`read_corpus_texts`).
-* :mod:`posfair.distributed.cli` -- ``posfair embed``.
+* ``posfair embed`` (command line) is :mod:`posfair.cli.embed`.
 
 Ray is optional (``pip install 'posfair[ray]'``); without it the local executor runs.
 """

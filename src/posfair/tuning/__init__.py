@@ -1,7 +1,7 @@
 """Choosing a calibration: search basket size x layers x strength on a dev split, report the test split.
 
 ``posfair.tuning.tune(model, corpus)`` (library), :class:`CalibrationTuner` (evaluator
-style), ``posfair tune`` (command line, :mod:`posfair.tuning.cli`).
+style), ``posfair tune`` (command line, :mod:`posfair.cli.tune`).
 """
 
 from posfair.tuning.evaluator import CalibrationTuner, make_objective, tune
