@@ -80,7 +80,12 @@ def no_model(monkeypatch):
             (),
             "{path}: line 3: 'text' is an int (123), not a string (2 unusable texts in all)",
         ),
-        ("in.jsonl", '{"text": "ok", "doc": 1}\n{"text": "ok"}\n', ("--id-field", "doc"), "{path}: line 2 has no 'doc' field"),
+        (
+            "in.jsonl",
+            '{"text": "ok", "doc": 1}\n{"text": "ok"}\n',
+            ("--id-field", "doc", "-o", "{tmp}/o.parquet"),
+            "{path}: line 2 has no 'doc' field",
+        ),
         ("in.jsonl", "", (), "{path}: no texts to embed (the input is empty)"),
         ("in.jsonl", "\n  \n", (), "{path}: no texts to embed (the input is empty)"),
         ("in.txt", "", (), "{path}: no texts to embed (the input is empty)"),
@@ -94,7 +99,7 @@ def test_bad_input_is_refused_by_name_before_any_work(tmp_path, no_model, name, 
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    r = run("encode", "-i", path, "-o", tmp_path / "o.npy", *extra)
+    r = run("encode", "-i", path, "-o", tmp_path / "o.npy", *(e.format(tmp=tmp_path) for e in extra))  # a later -o wins
     assert r.exit_code == 2
     assert r.stderr == f"error: {message.format(path=path)}\n"
     assert not (tmp_path / "o.npy").exists() and [f.name for f in tmp_path.iterdir()] == ([name] if content is not None else [])

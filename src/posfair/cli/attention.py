@@ -17,6 +17,7 @@ from posfair.cli.options import (
     Langs,
     MaxSeqLength,
     Model,
+    N,
     OutFolder,
     Seed,
     TrustRemoteCode,
@@ -65,7 +66,7 @@ def attention(
     out: OutFolder,
     model: Model = None,
     corpus: Corpus = None,
-    n: Annotated[int, typer.Option("--n", parser=integer(2), metavar="N", help="Segments per document.")] = 3,
+    n: N = 3,
     langs: Langs = ("en",),
     layers: Annotated[
         Any,

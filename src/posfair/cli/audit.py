@@ -26,6 +26,7 @@ from posfair.cli.options import (
     Langs,
     MaxSeqLength,
     Model,
+    Ns,
     OutFolder,
     Seed,
     TrustRemoteCode,
@@ -43,16 +44,7 @@ def audit(
     out: OutFolder,
     model: Model = None,
     corpus: Corpus = None,
-    n: Annotated[
-        list[int],
-        typer.Option(
-            "--n",
-            parser=comma_list(integer(2)),
-            callback=joined,
-            metavar="N,...",
-            help="Segments per document, comma-separated (each >= 2).",
-        ),
-    ] = (3, 4),  # fmt: skip
+    n: Ns = (3, 4),
     langs: Langs = (),
     mixed: Annotated[
         list[str],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,11 +12,13 @@ from posfair.cli.options import (
     BatchSize,
     CalibrationLayers,
     CalibrationOption,
+    CorpusOrBenchmark,
     Device,
     Lang,
     Langs,
     MaxSeqLength,
     Model,
+    OutStore,
     Pooling,
     Prompt,
     Strength,
@@ -30,25 +31,8 @@ from posfair.cli.options import (
 
 
 def embed(
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="FOLDER",
-            help="Embedding store folder (the cache folder audit / retrieval / sweep read); on a cluster, a path every node sees.",
-        ),
-    ],  # fmt: skip
-    corpus: Annotated[
-        str | None,
-        typer.Option(
-            "--corpus",
-            "-c",
-            metavar="PATH|DATASET",
-            show_default="bundled",
-            help="A posfair corpus, a plain .parquet / .jsonl, a Hugging Face dataset, or a benchmark with --part.",
-        ),
-    ] = None,  # fmt: skip
+    out: OutStore,
+    corpus: CorpusOrBenchmark = None,
     model: Model = None,
     calibration: CalibrationOption = None,
     basket_size: BasketSize = None,

@@ -18,9 +18,11 @@ from posfair.cli.options import (
     Device,
     MaxSeqLength,
     Model,
+    OutFile,
     Pooling,
     Prompt,
     Strength,
+    TemporaryCache,
     TextField,
     TrustRemoteCode,
     integer,
@@ -33,9 +35,7 @@ def encode(
     input: Annotated[
         Path, typer.Option("--input", "-i", metavar="FILE", help=".txt (one text a line), .jsonl (one record a line) or .parquet.")
     ],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", metavar="FILE", help=".npy (float32 matrix, one row per text) or .parquet (one row per text).")
-    ],
+    out: OutFile,
     model: Model = None,
     calibration: CalibrationOption = None,
     basket_size: BasketSize = None,
@@ -53,15 +53,7 @@ def encode(
     max_seq_length: MaxSeqLength = None,
     device: Device = None,
     trust_remote_code: TrustRemoteCode = False,
-    cache: Annotated[
-        Path | None,
-        typer.Option(
-            "--cache",
-            metavar="FOLDER",
-            show_default=".<out>.posfair-cache, removed after success",
-            help="Embedding cache folder, kept: a rerun computes only what is missing; shareable with posfair embed.",
-        ),
-    ] = None,  # fmt: skip
+    cache: TemporaryCache = None,
     chunk_size: Annotated[
         int,
         typer.Option("--chunk-size", parser=integer(1), metavar="N", help="Texts per cached chunk (a killed run loses at most one chunk)."),

@@ -45,7 +45,15 @@ __all__ = [
     "Langs",
     "Lang",
     "OutFolder",
+    "OutFile",
+    "OutStore",
+    "OutResults",
+    "OutTune",
     "Cache",
+    "TemporaryCache",
+    "CorpusOrBenchmark",
+    "N",
+    "Ns",
     "BatchSize",
     "Device",
     "MaxSeqLength",
@@ -56,6 +64,7 @@ __all__ = [
     "Pooling",
     "Unit",
     "Benchmark",
+    "OptionalBenchmark",
     "CorpusLang",
     "Domains",
     "QueryPrompt",
@@ -332,6 +341,60 @@ Cache = Annotated[
         help="Embedding cache folder, kept: a rerun computes only what is missing; shareable with posfair embed.",
     ),
 ]
+# the variants of --out, --cache and --corpus some commands need (a file, a store, a default under ./)
+OutFile = Annotated[
+    Path,
+    typer.Option("--out", "-o", metavar="FILE", help=".npy (float32 matrix, one row per text) or .parquet (one row per text)."),
+]
+OutStore = Annotated[
+    Path,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="FOLDER",
+        help="Embedding store folder (the --cache folder audit / retrieval / sweep read); on a cluster, a path every node sees.",
+    ),
+]
+OutResults = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="FOLDER",
+        show_default="./posfair-results/<benchmark>",
+        help="Output folder (created if missing); rerunning resumes from its cache.",
+    ),
+]
+OutTune = Annotated[
+    Path, typer.Option("--out", "-o", metavar="FOLDER", help="Output folder (created if missing); rerunning resumes the search.")
+]
+TemporaryCache = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache",
+        metavar="FOLDER",
+        show_default=".<out>.posfair-cache, removed after success",
+        help="Embedding cache folder, kept: a rerun computes only what is missing; shareable with posfair embed.",
+    ),
+]
+CorpusOrBenchmark = Annotated[
+    str | None,
+    typer.Option(
+        "--corpus",
+        "-c",
+        metavar="PATH|DATASET",
+        show_default="bundled",
+        help="A posfair corpus, a plain .parquet / .jsonl (--text-field), a Hugging Face dataset, or a benchmark with --part.",
+    ),
+]
+N = Annotated[int, typer.Option("--n", parser=integer(2), metavar="N", help="Segments per document.")]
+Ns = Annotated[
+    list[int],
+    typer.Option(
+        "--n", parser=comma_list(integer(2)), callback=joined, metavar="N,...", help="Segments per document, comma-separated (each >= 2)."
+    ),
+]
+
 BatchSize = Annotated[int, typer.Option("--batch-size", parser=integer(1), metavar="N", help="Texts per encoder batch.")]
 Device = Annotated[
     str | None,
@@ -370,7 +433,7 @@ Unit = Annotated[
     ),
 ]
 
-# retrieval and sweep
+# retrieval, sweep and tune
 Benchmark = Annotated[
     str,
     typer.Option(
@@ -378,6 +441,16 @@ Benchmark = Annotated[
         "-b",
         metavar="NAME|PATH",
         help="squad-posq | squad-posq-tiny | fineweb-posq | posir | a hub id | a local path (e.g. from posfair build-benchmark).",
+    ),
+]
+OptionalBenchmark = Annotated[
+    str | None,
+    typer.Option(
+        "--benchmark",
+        "-b",
+        metavar="NAME|PATH",
+        show_default="one built from --corpus",
+        help="--objective retrieval: a benchmark (name, hub id or path).",
     ),
 ]
 CorpusLang = Annotated[

@@ -23,6 +23,7 @@ from posfair.cli.options import (
     Lang,
     MaxSeqLength,
     Model,
+    OutResults,
     QueryPrompt,
     Sea,
     TopK,
@@ -30,7 +31,6 @@ from posfair.cli.options import (
 )
 
 RESULTS_ROOT = Path("posfair-results")
-OUT_HELP = "Output folder (default: ./posfair-results/<benchmark>); rerunning resumes from its cache."
 
 
 def query_prompt(text: str) -> str | None:
@@ -112,7 +112,7 @@ def retrieval(
     corpus_lang: CorpusLang = None,
     domains: Domains = (),
     query_prompt: QueryPrompt = "auto",
-    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="FOLDER", help=OUT_HELP)] = None,
+    out: OutResults = None,
     cache: Cache = None,
     batch_size: BatchSize = 32,
     top_k: TopK = 100,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,6 +19,7 @@ from posfair.cli.options import (
     LayerSets,
     MaxSeqLength,
     Model,
+    OutResults,
     QueryPrompt,
     Sea,
     Strengths,
@@ -28,7 +28,6 @@ from posfair.cli.options import (
     integer,
     number,
 )
-from posfair.cli.retrieval import OUT_HELP
 
 
 def sweep(
@@ -51,7 +50,7 @@ def sweep(
     corpus_lang: CorpusLang = None,
     domains: Domains = (),
     query_prompt: QueryPrompt = "auto",
-    out: Annotated[Path | None, typer.Option("--out", "-o", metavar="FOLDER", help=OUT_HELP)] = None,
+    out: OutResults = None,
     cache: Cache = None,
     batch_size: BatchSize = 32,
     top_k: TopK = 100,

@@ -19,6 +19,9 @@ from posfair.cli.options import (
     LayerSets,
     MaxSeqLength,
     Model,
+    N,
+    OptionalBenchmark,
+    OutTune,
     Seed,
     Strengths,
     TrustRemoteCode,
@@ -45,16 +48,7 @@ def tune(
             help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10).",
         ),
     ] = "fairness",  # fmt: skip
-    benchmark: Annotated[
-        str | None,
-        typer.Option(
-            "--benchmark",
-            "-b",
-            metavar="NAME|PATH",
-            show_default="one built from --corpus",
-            help="--objective retrieval: a benchmark (name, hub id or path).",
-        ),
-    ] = None,  # fmt: skip
+    benchmark: OptionalBenchmark = None,
     max_recall_drop: Annotated[
         float,
         typer.Option(
@@ -90,7 +84,7 @@ def tune(
         int,
         typer.Option("--fine-rounds", parser=integer(0), metavar="N", help="Rounds of strength bisection around the best grid setting."),
     ] = 2,
-    n: Annotated[int, typer.Option("--n", parser=integer(2), metavar="N", help="Fairness: segments per document.")] = 3,
+    n: N = 3,
     lang: Lang = "en",
     docs: Annotated[int, typer.Option("--docs", parser=integer(1), metavar="N", help="Fairness: documents in dev + test together.")] = 120,
     test_fraction: Annotated[
@@ -104,9 +98,7 @@ def tune(
     ] = 0.5,  # fmt: skip
     seed: Seed = 0,
     batch_size: BatchSize = 16,
-    out: Annotated[
-        Path, typer.Option("--out", "-o", metavar="FOLDER", help="Output folder (created if missing); rerunning resumes the search.")
-    ] = Path("posfair-tune"),
+    out: OutTune = Path("posfair-tune"),
     cache: Cache = None,
     save_model: Annotated[
         Path | None,
