@@ -226,13 +226,13 @@ def joined(values: Any) -> list:
 
 
 def choice(*allowed: str) -> Callable[[Any], str]:
-    """One of ``allowed`` (the error lists them)."""
+    """One of ``allowed`` (lower-case names; ``Webb`` is ``webb``); the error lists them."""
 
     def parse(value: Any) -> str:
         text = str(value).strip()
-        if text not in allowed:
+        if text.lower() not in allowed:
             raise _bad(f"must be one of {', '.join(allowed)}; got {text!r}")
-        return text
+        return text.lower()
 
     return parse
 
