@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -19,10 +19,11 @@ from posfair.cli.options import (
     Model,
     N,
     OutFolder,
+    ProfileBasketSize,
+    ProfileLayers,
     Seed,
     TrustRemoteCode,
     integer,
-    layer_spec,
     layers_text,
 )
 
@@ -68,19 +69,8 @@ def attention(
     corpus: Corpus = None,
     n: N = 3,
     langs: Langs = ("en",),
-    layers: Annotated[
-        Any,
-        typer.Option(
-            "--layers",
-            parser=layer_spec,
-            metavar="LAYERS",
-            show_default="the last half",
-            help="Layers to profile: 6 (the last 6), 0.5 (the last half) or 6+7+8 (0-based indices).",
-        ),
-    ] = None,  # fmt: skip
-    basket_size: Annotated[
-        int, typer.Option("--basket-size", parser=integer(1), metavar="B", help="Content keys per basket of the profile.")
-    ] = 128,
+    layers: ProfileLayers = None,
+    basket_size: ProfileBasketSize = 128,
     bins: Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins.")] = 20,
     calibration: CalibrationOption = None,
     max_docs: Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")] = 200,

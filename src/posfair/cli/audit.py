@@ -22,6 +22,7 @@ from posfair.cli.options import (
     Calibrations,
     Corpus,
     Device,
+    Docs,
     Inference,
     Langs,
     MaxSeqLength,
@@ -58,9 +59,7 @@ def audit(
         ),
     ] = (),  # fmt: skip
     calibration: Calibrations = (),
-    docs: Annotated[
-        int, typer.Option("--docs", parser=integer(1), metavar="N", help="Target documents per instance (paper: ~1,000).")
-    ] = 1000,
+    docs: Docs = 1000,
     seed: Seed = 0,
     batch_size: BatchSize = 16,
     max_seq_length: MaxSeqLength = None,

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from posfair.cli import checks
-from posfair.cli.options import BootstrapDraws, BootstrapSeed, BootstrapWeights, Cache, Inference, OutFolder, inference_settings, integer
+from posfair.cli.options import (
+    BootstrapDraws,
+    BootstrapSeed,
+    BootstrapWeights,
+    Cache,
+    Docs,
+    Inference,
+    OutFolder,
+    inference_settings,
+)
 
 #: The demo: English monolingual n in {3, 4} plus one Latin-script mixed
 #: configuration, stock vs the default calibration.  144 documents per instance
@@ -50,12 +56,7 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
 
 def demo(
     out: OutFolder = Path("posfair-demo"),
-    docs: Annotated[
-        int | None,
-        typer.Option(
-            "--docs", parser=integer(1), metavar="N", show_default=str(DEMO_SETTINGS["target_docs"]), help="Documents per instance."
-        ),
-    ] = None,
+    docs: Docs = DEMO_SETTINGS["target_docs"],
     cache: Cache = None,
     inference: Inference = "cluster",
     bootstrap_draws: BootstrapDraws = None,

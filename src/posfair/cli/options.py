@@ -63,6 +63,12 @@ __all__ = [
     "Prompt",
     "Pooling",
     "Unit",
+    "Docs",
+    "TuneDocs",
+    "ProfileLayers",
+    "ProfileBasketSize",
+    "GridFlag",
+    "GridChoice",
     "Benchmark",
     "OptionalBenchmark",
     "CorpusLang",
@@ -430,6 +436,34 @@ Unit = Annotated[
         metavar="UNIT",
         show_default="section for the bundled corpus",
         help="Keep the corpus rows of this unit (the bundled corpus: section or packed).",
+    ),
+]
+
+# flags whose meaning depends on the command: each meaning is one alias
+Docs = Annotated[int, typer.Option("--docs", parser=integer(1), metavar="N", help="Target documents per instance (paper: ~1,000).")]
+TuneDocs = Annotated[int, typer.Option("--docs", parser=integer(1), metavar="N", help="Fairness: documents in dev + test together.")]
+ProfileLayers = Annotated[
+    Any,
+    typer.Option(
+        "--layers",
+        parser=layer_spec,
+        metavar="LAYERS",
+        show_default="the last half",
+        help="Layers to profile: 6 (the last 6), 0.5 (the last half) or 6+7+8 (0-based indices).",
+    ),
+]
+ProfileBasketSize = Annotated[
+    int, typer.Option("--basket-size", parser=integer(1), metavar="B", help="Content keys per basket of the attention profile.")
+]
+GridFlag = Annotated[bool, typer.Option("--grid/--no-grid", help="The papers' grid: --baskets x --layers x --strengths.")]
+GridChoice = Annotated[
+    str,
+    typer.Option(
+        "--grid",
+        parser=choice("default", "paper"),
+        metavar="default|paper",
+        help="default (baskets 16,64,256 x layers 0.5,1.0 x strengths 0.5,1.0) or paper (128,256,512 x 1,0.5 x 0.5,1.0); "
+        "--baskets / --layers / --strengths override its values.",
     ),
 ]
 

@@ -15,6 +15,7 @@ from posfair.cli.options import (
     Device,
     Domains,
     Faiss,
+    GridFlag,
     Lang,
     LayerSets,
     MaxSeqLength,
@@ -33,7 +34,7 @@ from posfair.cli.options import (
 def sweep(
     benchmark: Benchmark,
     model: Model = None,
-    grid: Annotated[bool, typer.Option("--grid/--no-grid", help="The papers' grid: --baskets x --layers x --strengths.")] = True,
+    grid: GridFlag = True,
     fine: Annotated[bool, typer.Option("--fine", help="Also a fine strength sweep (--step) at --fine-basket.")] = False,
     baskets: Baskets = (128, 256, 512),
     layers: LayerSets = (1, 0.5),

@@ -15,6 +15,7 @@ from posfair.cli.options import (
     Cache,
     Corpus,
     Device,
+    GridChoice,
     Lang,
     LayerSets,
     MaxSeqLength,
@@ -25,14 +26,10 @@ from posfair.cli.options import (
     Seed,
     Strengths,
     TrustRemoteCode,
+    TuneDocs,
     choice,
     integer,
     number,
-)
-
-GRID_HELP = (
-    "default (baskets 16,64,256 x layers 0.5,1.0 x strengths 0.5,1.0) or paper (128,256,512 x 1,0.5 x 0.5,1.0); "
-    "--baskets / --layers / --strengths override its values."
 )
 
 
@@ -76,7 +73,7 @@ def tune(
             help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|).",
         ),
     ] = "spread",  # fmt: skip
-    grid: Annotated[str, typer.Option("--grid", parser=choice("default", "paper"), metavar="default|paper", help=GRID_HELP)] = "default",
+    grid: GridChoice = "default",
     baskets: Baskets = (),
     layers: LayerSets = (),
     strengths: Strengths = (),
@@ -86,7 +83,7 @@ def tune(
     ] = 2,
     n: N = 3,
     lang: Lang = "en",
-    docs: Annotated[int, typer.Option("--docs", parser=integer(1), metavar="N", help="Fairness: documents in dev + test together.")] = 120,
+    docs: TuneDocs = 120,
     test_fraction: Annotated[
         float,
         typer.Option(
