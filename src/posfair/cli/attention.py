@@ -81,7 +81,7 @@ def attention(
     device: Device = None,
 ) -> None:
     """Profile the pooling token's attention over segment-set documents (stock vs calibrated)."""
-    # the model, the profile code and the plots are imported here, when the command runs, so that --help stays fast
+    # the model and the plots are imported only when they are needed, after the checks (--help and mistakes stay fast)
     from rich.markup import escape
     from rich.table import Table
 
@@ -90,7 +90,6 @@ def attention(
     from posfair.cli.errors import data_errors, naming
     from posfair.cli.progress import console, progress_bars
     from posfair.fairness.attention import resolve_layers
-    from posfair.model import BUNDLED_MODEL_NAME
 
     checks.output_folder(out)
     model_id = checks.model_source(model)
@@ -100,6 +99,8 @@ def attention(
     with naming("--layers", layers_text(layers)):
         resolve_layers(layers, fm.num_layers)
     checks.check_calibrations(fm, [calibration])
+    from posfair.model import BUNDLED_MODEL_NAME  # (loaded with the model above)
+
     name = model_id or BUNDLED_MODEL_NAME
     t0 = time.perf_counter()
     with progress_bars() as bar, data_errors():  # e.g. too few topics of a language for --n

@@ -93,10 +93,8 @@ def audit(
     bootstrap_seed: BootstrapSeed = None,
 ) -> None:
     """Audit a model's positional fairness on an aligned corpus (stock vs calibrations). Resumable."""
-    # the pipelines (torch, pandas, statsmodels) are imported here, when the command runs, so that --help stays fast
     from posfair.cli.errors import PosfairInputError
     from posfair.fairness.documents import LanguageConfig
-    from posfair.fairness.experiment import AuditSettings
 
     inference_kw = inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
     configs = [LanguageConfig.mono(lang) for lang in langs] + [LanguageConfig.parse(m) for m in mixed]
@@ -108,6 +106,9 @@ def audit(
     checks.cache_folder(cache)
     model_id = checks.model_source(model)
     checks.device(device)
+    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
+    from posfair.fairness.experiment import AuditSettings
+
     settings = AuditSettings(
         n_values=tuple(n), configs=tuple(configs), target_docs=docs, seed=seed, max_seq_length=max_seq_length,
         min_segment_tokens=min_tokens, max_segment_tokens=max_tokens, batch_size=batch_size, control=not no_control,

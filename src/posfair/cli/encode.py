@@ -60,16 +60,10 @@ def encode(
     ] = 512,
 ) -> None:
     """Embed texts, stock or calibrated. Resumable: rerun the same command after an interruption."""
-    # heavy modules (numpy, torch, the model) are imported here, when the command runs, so that --help stays fast
-    import numpy as np
-
     from posfair.cli.errors import input_error
-    from posfair.cli.progress import progress_bars
-    from posfair.encoding import encode_cached, l2_normalize
-    from posfair.io import atomic_save_npy, atomic_write_parquet, read_texts
-    from posfair.store import EmbeddingStore, embedding_namespace
+    from posfair.io import read_texts
 
-    # everything the user gave is checked before the model is loaded or anything is written
+    # everything the user gave is checked before the heavy imports, the model or anything is written
     checks.output_file(out, OUTPUT_TYPES)
     if id_field is not None and out.suffix.lower() != ".parquet":
         raise input_error("--id-field", id_field, f"ids go into a .parquet output; --out {out} is {out.suffix}")
@@ -80,6 +74,14 @@ def encode(
     model = checks.model_source(model)
     checks.device(device)
     texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
+    # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
+    import numpy as np
+
+    from posfair.cli.progress import progress_bars
+    from posfair.encoding import encode_cached, l2_normalize
+    from posfair.io import atomic_save_npy, atomic_write_parquet
+    from posfair.store import EmbeddingStore, embedding_namespace
+
     fm = checks.load_model(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
     checks.check_calibrations(fm, [cal])
     cache_dir = cache if cache is not None else _temporary_cache(out)

@@ -49,17 +49,11 @@ def query_prompt(text: str) -> str | None:
 
 def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss,
                   max_seq_length, trust_remote_code, device, lang, corpus_lang, domains) -> None:  # fmt: skip
-    """Check everything, load the benchmark and the model, run every setting (resumable), print the tables."""
-    from rich.markdown import Markdown
+    """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
 
-    from posfair.calibration.coverage import NOOP_LABEL
+    ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
+    """
     from posfair.cli.errors import PosfairInputError, naming
-    from posfair.cli.progress import console
-    from posfair.retrieval.benchmarks import load_benchmark
-    from posfair.retrieval.sea import SegmentEmbedAverage
-    from posfair.retrieval.sweep import noop_settings, run_sweep
-    from posfair.retrieval.tables import bucket_table, group_table, to_markdown
-    from posfair.store import EmbeddingStore
 
     if not stock and not calibrations and not sea:
         raise PosfairInputError("nothing to evaluate: --no-stock without --calibration or --sea")
@@ -73,13 +67,25 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     prompt = query_prompt(prompt)
     model_id = checks.model_source(model)
     checks.device(device)
+    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
+    from rich.markdown import Markdown
+
+    from posfair.calibration.coverage import NOOP_LABEL
+    from posfair.cli.progress import console
+    from posfair.retrieval.benchmarks import load_benchmark
+    from posfair.retrieval.sea import SegmentEmbedAverage
+    from posfair.retrieval.sweep import noop_settings, run_sweep
+    from posfair.retrieval.tables import bucket_table, group_table, to_markdown
+    from posfair.store import EmbeddingStore
+
+    calibrations = calibrations() if callable(calibrations) else list(calibrations)
     with naming("--benchmark", benchmark):
         bench = load_benchmark(benchmark, lang=lang, corpus_lang=corpus_lang, domains=list(domains) or None)
     out = out if out is not None else checks.output_folder(RESULTS_ROOT / bench.name.replace("/", "_"))
     fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
     checks.check_calibrations(fm, calibrations)
     results = run_sweep(
-        fm, bench, list(calibrations), out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
+        fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
         store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
         use_faiss=faiss, show_progress_bar=True,
     )  # fmt: skip

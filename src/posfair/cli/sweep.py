@@ -61,21 +61,24 @@ def sweep(
     device: Device = None,
 ) -> None:
     """Calibration sweep (the papers' grid and/or a fine strength sweep); resumable: rerun the same command."""
-    # the pipelines are imported here, when the command runs, so that --help stays fast
     from posfair.cli.errors import PosfairInputError, naming
     from posfair.cli.retrieval import run_benchmark
-    from posfair.retrieval.sweep import paper_grid, strength_sweep
 
     if not grid and not fine:
         raise PosfairInputError("nothing to sweep: --no-grid without --fine")
-    cals = []
-    if grid:
-        cals += paper_grid(list(baskets), list(layers), list(strengths))
-    if fine:
-        with naming("--step", step):
-            cals += strength_sweep(fine_basket, list(layers), step)
+
+    def calibrations() -> list:
+        # the grid code lives with the pipeline (torch, transformers): imported when run_benchmark has checked the rest
+        from posfair.retrieval.sweep import paper_grid, strength_sweep
+
+        cals = paper_grid(list(baskets), list(layers), list(strengths)) if grid else []
+        if fine:
+            with naming("--step", step):
+                cals += strength_sweep(fine_basket, list(layers), step)
+        return cals
+
     run_benchmark(
-        model=model, benchmark=benchmark, calibrations=cals, out=out, cache=cache, sea=sea, stock=True,
+        model=model, benchmark=benchmark, calibrations=calibrations, out=out, cache=cache, sea=sea, stock=True,
         prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
     )  # fmt: skip

@@ -106,27 +106,28 @@ def tune(
     device: Device = None,
 ) -> None:
     """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
-    # the tuner, the pipelines and the model are imported here, when the command runs, so that --help stays fast
     from posfair.cli.audit import load_corpus
     from posfair.cli.errors import PosfairInputError, data_errors, naming
     from posfair.cli.progress import console
-    from posfair.tuning.evaluator import tune as run_tune
-    from posfair.tuning.report import summary_markdown
-    from posfair.tuning.tuner import SearchSpace, default_fairness_settings
 
     if benchmark is not None and objective != "retrieval":
         raise PosfairInputError(f"--benchmark {benchmark} applies only to --objective retrieval")
-    base = SearchSpace.paper(fine_rounds) if grid == "paper" else SearchSpace(fine_rounds=fine_rounds)
-    space = SearchSpace(
-        basket_sizes=tuple(baskets) or base.basket_sizes, layer_sets=tuple(layers) or base.layer_sets,
-        strengths=tuple(strengths) or base.strengths, fine_rounds=fine_rounds,
-    )  # fmt: skip
     checks.output_folder(out)
     checks.cache_folder(cache)
     if save_model is not None:
         checks.output_folder(save_model, "--save-model")
     model_id = checks.model_source(model)
     checks.device(device)
+    # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
+    from posfair.tuning.evaluator import tune as run_tune
+    from posfair.tuning.report import summary_markdown
+    from posfair.tuning.tuner import SearchSpace, default_fairness_settings
+
+    base = SearchSpace.paper(fine_rounds) if grid == "paper" else SearchSpace(fine_rounds=fine_rounds)
+    space = SearchSpace(
+        basket_sizes=tuple(baskets) or base.basket_sizes, layer_sets=tuple(layers) or base.layer_sets,
+        strengths=tuple(strengths) or base.strengths, fine_rounds=fine_rounds,
+    )  # fmt: skip
     df = bench = settings = None
     if objective == "retrieval" and benchmark is not None:
         from posfair.retrieval.benchmarks import load_benchmark
