@@ -136,7 +136,7 @@ def main() -> None:
         for res in rows:
             L = res["plain"]["length"]
 
-            def ratio(a, b):
+            def ratio(a, b, res=res):
                 return f"{res[a]['time'] / res[b]['time']:.2f}x / {res[a]['peak_mb'] / res[b]['peak_mb']:.2f}x"
 
             naive_all = ratio("naive-all", "posfair-all") if "naive-all" in res else "-"

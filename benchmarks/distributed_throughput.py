@@ -58,7 +58,10 @@ def padding_table(raw: np.ndarray, texts: list[str], limit: int, shard_size: int
             real, padded = padded_tokens(lens, b)
             totals[name][0] += real
             totals[name][1] += padded
-    return {name: (p - r) / r for name, (r, p) in totals.items()} | {"real_tokens": totals["naive"][0], "truncated": int((raw > lengths).sum())}
+    return {name: (p - r) / r for name, (r, p) in totals.items()} | {
+        "real_tokens": totals["naive"][0],
+        "truncated": int((raw > lengths).sum()),
+    }
 
 
 def main() -> None:
@@ -73,7 +76,9 @@ def main() -> None:
     # PosIR estimate assumptions
     ap.add_argument("--posir-texts", type=float, default=310 * 2000, help="assumed texts to embed: 310 datasets x 2,000 (docs + queries)")
     ap.add_argument("--posir-tokens-per-text", type=float, default=1500, help="assumed mean tokens per text")
-    ap.add_argument("--posir-passes", type=float, default=10, help="assumed encodings of the corpus (stock + calibration settings x models)")
+    ap.add_argument(
+        "--posir-passes", type=float, default=10, help="assumed encodings of the corpus (stock + calibration settings x models)"
+    )
     ap.add_argument("--model-cost-ratio", type=float, default=25, help="assumed per-token cost of the PosIR models relative to this model")
     ap.add_argument("--gpu-speedup", type=float, default=100, help="assumed speed-up of one GPU over this machine's CPU run")
     args = ap.parse_args()
@@ -135,7 +140,9 @@ def main() -> None:
     tokens = args.posir_texts * args.posir_tokens_per_text * args.posir_passes
     gpu_hours_1 = tokens * per_token * args.model_cost_ratio / args.gpu_speedup / 3600
     print("\nPosIR calibrated-run estimate, assumptions (flags):")
-    print(f"  texts {args.posir_texts:,.0f} x {args.posir_tokens_per_text:,.0f} tokens x {args.posir_passes:g} passes = {tokens:.3g} tokens")
+    print(
+        f"  texts {args.posir_texts:,.0f} x {args.posir_tokens_per_text:,.0f} tokens x {args.posir_passes:g} passes = {tokens:.3g} tokens"
+    )
     print(f"  model cost x{args.model_cost_ratio:g} of this model per token; one GPU = x{args.gpu_speedup:g} this CPU run; "
           "linear scaling over GPUs (shards are independent)")  # fmt: skip
     print(f"  => {gpu_hours_1:,.0f} GPU-hours;", ", ".join(f"{n} GPUs: {gpu_hours_1 / n:,.1f} h" for n in (1, 8, 64, 256)))

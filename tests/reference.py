@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 REF_NAME = "posfair_test_reference"
 
@@ -117,7 +119,7 @@ class _LayerReference(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            a = dict(zip(_SDPA_ARGS, args), **kwargs)
+            a = dict(zip(_SDPA_ARGS, args, strict=False), **kwargs)  # positional arguments, then keywords
             assert not a.get("is_causal"), "the reference handles encoders' SDPA calls only"
             self.calls += 1
             mod = type("Layer", (), {"layer_idx": self.layer})()
@@ -160,7 +162,7 @@ def _wrapped_attention(auto_model, num_layers: int, batch: int):
 
         return forward
 
-    for mod, mode in zip(mods, modes):
+    for mod, mode in zip(mods, modes, strict=True):
         mod.forward = wrap(mod, mode)
     try:
         yield modes
@@ -171,9 +173,6 @@ def _wrapped_attention(auto_model, num_layers: int, batch: int):
 
 
 def _register():
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
     AttentionInterface.register(REF_NAME, _REF.attention)
     AttentionMaskInterface.register(REF_NAME, eager_mask)
 

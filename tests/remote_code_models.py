@@ -47,6 +47,7 @@ import torch
 from transformers import AutoTokenizer
 
 from posfair.model import bundled_model_path
+from reference import reference_calibrate_row
 
 KINDS = ("functional", "torch", "method", "module", "sdpa", "packed")
 UNPADDED_KIND = "unpadded"  # not in KINDS: calibrates single texts only (see the module docstring)
@@ -296,7 +297,6 @@ def _reference_forward(module, layer: int, resolved):
     """A float64 replacement for one ``TinyRemoteAttention.forward``, written from the architecture:
     explicit eager weights from the module's own parameters, the chosen rows calibrated with the loop
     reference (``tests/reference.py``), then ``@ V`` and the output projection."""
-    from reference import reference_calibrate_row
 
     def forward(hidden_states, attention_bias=None, rope=None):
         B, L, _ = hidden_states.shape

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,8 +21,6 @@ import pytest
     ],
 )
 def test_encode_refuses_unusable_items_by_index(tiny_model, sentences, message):
-    import re
-
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         tiny_model("bert").encode(sentences)
 

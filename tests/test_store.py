@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -84,11 +86,11 @@ from posfair.store import (  # noqa: E402
     MANIFEST,
     DamagedShardWarning,
     ManifestMismatch,
-    _checksum,
     code_version,
     read_shard,
     write_shard,
 )
+from posfair.store.shards import _checksum  # noqa: E402
 
 TEXTS = [f"text number {i}" for i in range(9)]
 KEYS = [text_key(t) for t in TEXTS]
@@ -149,8 +151,6 @@ REASONS = {
 
 @pytest.mark.parametrize("kind", list(REASONS))
 def test_a_damaged_shard_is_set_aside_named_and_recomputed(tmp_path, kind):
-    import re
-
     clean, _ = filled(tmp_path / "clean")
     want = clean.get(KEYS)
     _, shards = filled(tmp_path / "s")

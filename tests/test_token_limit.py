@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 import typer.main
 from transformers import BertConfig, XLMRobertaConfig
 
@@ -62,8 +65,6 @@ def test_position_limit_by_hand(config, expected):
 
 def test_position_limit_of_a_real_tiny_xlmr_matches_its_embeddings(tiny_model):
     """The XLM-R limit is exactly the longest input its position table accepts."""
-    import torch
-
     model = tiny_model("xlmr")
     limit = model.position_limit
     auto = model.transformer_module.auto_model
@@ -116,8 +117,6 @@ def test_every_command_states_the_same_limit_option():
 
 def test_build_benchmark_budgets_for_the_models_limit(tmp_path):
     """A 256-token model gets documents that fit 256 tokens (it used to budget 510)."""
-    import json
-
     from typer.testing import CliRunner
 
     from posfair.cli import app
@@ -129,7 +128,6 @@ def test_build_benchmark_budgets_for_the_models_limit(tmp_path):
     model = posfair.load_model()
     assert meta["max_seq_length"] == 256
     assert meta["max_doc_tokens"] == 256 - model.special_token_count() == 254
-    import pandas as pd
 
     docs = pd.read_parquet(out / "eng-Latn" / "all" / "corpus.parquet")
     lengths = model.token_lengths(docs["text"].tolist())

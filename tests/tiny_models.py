@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer, BertConfig, ModernBertConfig, Qwen3Config, XLMRobertaConfig
 
+from posfair.compat import TRANSFORMERS_5
 from posfair.model import bundled_model_path
 
 VOCAB = 30522  # the bundled WordPiece vocabulary
@@ -19,8 +20,6 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attenti
 
 
 def _configs():
-    from transformers import BertConfig, ModernBertConfig, Qwen3Config, XLMRobertaConfig
-
     return {
         # CLS-pooled encoders (as bge-m3 / gte)
         "bert": (BertConfig(**COMMON, max_position_embeddings=512, pad_token_id=0), "cls"),
@@ -68,8 +67,6 @@ REGISTRY_ON_4X = ("qwen3",)
 
 def expected_mechanism(arch: str) -> str:
     """How posfair reaches ``arch``'s attention on the installed stack: "registry" or "fallback"."""
-    from posfair.compat import TRANSFORMERS_5
-
     return "registry" if TRANSFORMERS_5 or arch in REGISTRY_ON_4X else "fallback"
 
 

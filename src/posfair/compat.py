@@ -41,7 +41,9 @@ __all__ = [
     "Transformer",
     "Pooling",
     "BaseEvaluator",
+    "POOLING_NAMES",
     "pooling_mode",
+    "pooling_name",
     "set_pooling_mode",
     "load_with_module_classes",
     "preprocess",
@@ -82,6 +84,12 @@ else:
     from sentence_transformers.evaluation import SentenceEvaluator as BaseEvaluator  # the 5.x name of the same base
     from sentence_transformers.models import Pooling, Transformer
 
+# transformers' attention registry: the same names and signatures on 4.53+ and 5.x (imported after
+# the version check above, so an older stack gets its message rather than a missing name)
+from transformers import AttentionInterface  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask  # noqa: E402
+
 
 def pooling_mode(module) -> str | None:
     """The pooling mode string of a ``Pooling`` module ("cls", "mean", "lasttoken", ...); None for other modules.
@@ -93,6 +101,17 @@ def pooling_mode(module) -> str | None:
         return mode
     get = getattr(module, "get_pooling_mode_str", None)
     return get() if callable(get) else None
+
+
+#: sentence-transformers' pooling-mode spellings -> posfair's pooling names (the one map of them)
+POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "lasttoken", "last_token": "lasttoken"}
+
+
+def pooling_name(module) -> str | None:
+    """The pooling of a ``Pooling`` module in posfair's names ("cls", "mean", "lasttoken"; other
+    modes, e.g. "max", as sentence-transformers spells them); None for other modules."""
+    mode = pooling_mode(module)
+    return POOLING_NAMES.get(mode, mode) if mode is not None else None
 
 
 _ST5_POOLING_FLAGS = {
@@ -162,17 +181,7 @@ def embedding_dimension(model) -> int | None:
 def attention_registries() -> tuple[Any, Any, Any, Any]:
     """(``AttentionInterface``, ``AttentionMaskInterface``, ``sdpa_mask``, ``eager_mask``): the same
     names and signatures on transformers 4.53+ and 5.x."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-
     return AttentionInterface, AttentionMaskInterface, sdpa_mask, eager_mask
-
-
-def sdpa_attention_forward(*args: Any, **kwargs: Any):
-    """transformers' stock SDPA attention function (same signature on 4.53+ and 5.x)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward as stock
-
-    return stock(*args, **kwargs)
 
 
 def reaches_registry(model) -> bool:

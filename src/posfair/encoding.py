@@ -51,9 +51,6 @@ __all__ = [
     "cached_documents",
 ]
 
-# sentence-transformers' pooling_mode spellings -> posfair's
-_POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "lasttoken", "last_token": "lasttoken"}
-
 
 def calibration_kwargs(model: Any, calibration: Any = None) -> dict[str, Any]:
     """The ``encode`` keyword that selects ``calibration`` (None: the stock model).
@@ -109,12 +106,9 @@ def model_pooling(model: Any) -> str:
     if isinstance(p, str):
         return p
     for module in model if hasattr(model, "__iter__") else []:
-        mode = getattr(module, "pooling_mode", None)
-        if isinstance(mode, str):
-            return _POOLING_NAMES.get(mode, mode)
-        get = getattr(module, "get_pooling_mode_str", None)
-        if callable(get):
-            return _POOLING_NAMES.get(get(), get())
+        name = compat.pooling_name(module)
+        if name is not None:
+            return name
     raise ValueError(f"cannot determine the pooling of {type(model).__name__}: it has no Pooling module")
 
 

@@ -1,4 +1,4 @@
-"""Small I/O helpers: atomic writes, and reading the texts of an input file (``posfair encode``, the jobs)."""
+"""Small I/O helpers: atomic writes, reading the texts of an input file (``posfair encode``), telling a local source from a hub id."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import contextlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from posfair.errors import PosfairInputError
 
@@ -155,8 +157,6 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
         if id_field:
             ids = [r[id_field] for r in records]
     else:
-        import pandas as pd  # only for Parquet input
-
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several error types for a file that is not Parquet
@@ -168,3 +168,16 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
         if id_field:
             ids = df[id_field].tolist()
     return texts, ids
+
+
+def is_local(source: Any) -> bool:
+    """Whether a data source is local: a Path, or a string naming an existing file or folder."""
+    return isinstance(source, Path) or (isinstance(source, str) and Path(source).expanduser().exists())
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """Whether ``source`` has the shape of a Hugging Face hub id (``owner/name``)."""
+    return bool(_HUB_ID.fullmatch(source))

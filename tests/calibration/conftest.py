@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+import posfair
+from remote_code_models import build_remote_model
+
 
 @pytest.fixture(scope="session")
 def remote_model_path(tmp_path_factory):
     """Factory: attention kind -> folder of a seeded tiny remote-code model (built once per session)."""
-    from remote_code_models import build_remote_model
-
     cache = {}
 
     def make(kind: str):
@@ -24,7 +25,6 @@ def remote_model_path(tmp_path_factory):
 def remote_model(remote_model_path):
     """Factory: (attention kind, pooling) -> a loaded FairModel, as users load remote code
     (cached per session; do not mutate it: no default calibration, no lasting hooks)."""
-    import posfair
 
     cache = {}
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from posfair.calibration.baskets import calibrate_rows
+from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from reference import reference_calibrate_row
 
 ROW = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0]  # keys 0..5 valid, 6..7 right padding
@@ -148,8 +148,6 @@ def test_bad_arguments():
     ],
 )
 def test_in_place_span_path_matches_reference(kw):
-    from posfair.calibration.baskets import calibrate_span_
-
     rng = np.random.default_rng(2)
     for _ in range(10):
         K = int(rng.integers(2, 60))

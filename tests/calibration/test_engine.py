@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import posfair
+import posfair.model as pm
 from posfair import Calibration, compat
 from reference import reference_mode
 from tiny_models import ARCHS, expected_mechanism
@@ -157,8 +158,6 @@ def test_bundled_minilm_fast_path_matches_reference(minilm):
 
 
 def test_minilm_cls_pooling_override_matches_reference():
-    import posfair.model as pm
-
     model = posfair.load_model(pm.bundled_model_path(), pooling="cls")
     texts = ["Positional bias makes later segments hard to find in search. " * 5, "short text here"]
     assert_matches_reference(model, texts, Calibration(basket_size=8, layers=2, strength=1.0))

@@ -8,6 +8,7 @@ from torch import nn
 
 import posfair
 from posfair import Calibration
+from posfair.fairness.attention import attention_profile
 
 
 class OwnSoftmaxAttention(nn.Module):
@@ -129,11 +130,9 @@ def test_fallback_records_each_layer_once_and_as_the_registry_path(tiny_model_pa
 
 @pytest.mark.parametrize("kind", ["functional", "module", "sdpa"])
 def test_attention_profile_on_a_remote_code_model(remote_model, kind):
-    from posfair.fairness.attention import attention_profile
-
     model = remote_model(kind, "cls")
     for queries in ("pool", "all"):
         got, _ = record_rows(model, TEXTS, CAL, queries)
-        assert {l: len(r) for l, r in got.items()} == {l: 1 for l in range(model.num_layers)}
+        assert {layer: len(r) for layer, r in got.items()} == {layer: 1 for layer in range(model.num_layers)}
     profile = attention_profile(model, TEXTS, basket_size=8, calibration=CAL, batch_size=2)
     assert profile.num_layers == model.num_layers

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import _get_current_function_mode
 
 from posfair import Calibration
 from remote_code_models import attention_modules
@@ -113,8 +114,6 @@ def test_no_torch_global_is_patched_during_a_calibrated_forward(remote_model):
 
 
 def test_an_exception_inside_the_attention_leaves_no_interception_behind(remote_model):
-    from torch.overrides import _get_current_function_mode
-
     model = remote_model("functional", "cls")
     want = model.encode(TEXTS, calibration=CAL)
     x = torch.randn(3, 4, 9, 9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle  # only to mimic how multi-process workers receive the model; posfair stores nothing with it
 import warnings
 
 import numpy as np
@@ -11,6 +12,7 @@ from sentence_transformers import SentenceTransformer
 
 import posfair
 from posfair import Calibration, compat
+from tiny_models import build_tiny_model
 
 LONG = "Calibration gives later baskets as much attention as early ones. " * 8
 TEXTS = [LONG, "A much shorter text about search engines and their indexes.", LONG[:200]]
@@ -117,8 +119,6 @@ def test_truncation_warns_once_per_call_and_truncates_like_st(minilm):
 
 
 def test_fingerprint_identifies_weights(tiny_model_path, minilm):
-    from tiny_models import build_tiny_model
-
     a = posfair.load_model(tiny_model_path("bert")[0], pooling="cls")
     b = posfair.load_model(tiny_model_path("bert")[0], pooling="cls")
     assert a.fingerprint == b.fingerprint != minilm.fingerprint
@@ -132,8 +132,6 @@ def test_per_call_calibration_refused_for_multi_process(minilm):
 
 
 def test_default_calibration_survives_pickling(tmp_path):
-    import pickle  # only to mimic how multi-process workers receive the model; posfair stores nothing with it
-
     model = posfair.load_model()
     model.set_calibration(CAL)
     want = model.encode(TEXTS)

@@ -151,7 +151,7 @@ def test_other_softmaxes_in_the_attention_module_pass_through(remote_model, kind
     x = probes["x"]
     want = [torch.softmax(x, 1), torch.softmax(x, 2), torch.softmax(x, 0), torch.softmax(x[..., :-1], -1),
             torch.softmax(x[:, :, :1], -1), torch.softmax(x.double()[0], -1)]  # fmt: skip
-    for a, b in zip(probes["got"][0], want):
+    for a, b in zip(probes["got"][0], want, strict=True):
         assert torch.equal(a, b)
     np.testing.assert_allclose(got, reference(remote_model, "cls", 0.5), atol=ATOL, rtol=0)
 
@@ -201,7 +201,7 @@ def test_bfloat16_calibrates_in_float32_and_keeps_the_dtype(remote_model, kind):
     rows = {}
 
     def run(calibration):
-        with torch.no_grad(), model.using(calibration), model.recording_attention(lambda l, r: rows.__setitem__(l, r), [3]):
+        with torch.no_grad(), model.using(calibration), model.recording_attention(lambda layer, r: rows.__setitem__(layer, r), [3]):
             out = model(dict(features))["sentence_embedding"]
         return out, rows.pop(3)
 

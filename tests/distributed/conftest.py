@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from posfair.corpus import load_corpus
+from posfair.distributed import EmbedSpec
+
 MAX_LEN = 64
 
 
 @pytest.fixture(scope="session")
 def texts():
     """60 bundled-corpus texts cut to varied lengths (about 5 to 150 tokens), plus two duplicates."""
-    from posfair.corpus import load_corpus
-
     df = load_corpus(langs=["en", "de"])
     picked = []
     for i, t in enumerate(df.text.tolist()[:60]):
@@ -23,8 +24,6 @@ def texts():
 @pytest.fixture(scope="session")
 def tiny_spec(tiny_model_path):
     """Factory: EmbedSpec of the tiny seeded BERT (CLS pooling), with keyword overrides."""
-    from posfair.distributed import EmbedSpec
-
     path, pooling = tiny_model_path("bert")
 
     def make(**kw):

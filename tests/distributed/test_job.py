@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import warnings
 
 import numpy as np
 import pytest
 
 from posfair import Calibration
+from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.distributed import ManifestMismatch, embed_texts, plan_shards
 from posfair.encoding import encode_cached
 from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, text_key, write_shard
@@ -150,11 +155,6 @@ embed_texts(texts, sys.argv[2], EmbedSpec.from_dict(json.loads(sys.argv[3])), sh
 
 
 def test_killed_driver_loses_only_the_shard_in_flight(tmp_path, texts, tiny_spec, tiny_fair):
-    import os
-    import signal
-    import subprocess
-    import sys
-
     spec = tiny_spec()
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     root = tmp_path / "store"
@@ -267,10 +267,6 @@ def test_cli_names_a_damaged_shard_in_one_warning_line(tmp_path, texts, tiny_spe
 
 def test_calibrated_share_is_reported_once_for_the_corpus(tmp_path, texts, tiny_spec, tiny_fair):
     """The job counts the texts its calibration changes once (not per shard) and reports the share."""
-    import warnings as _w
-
-    from posfair.calibration.coverage import CalibrationFallbackWarning
-
     cal = Calibration(basket_size=32, layers=1, strength=1.0)
     distinct = list(dict.fromkeys(texts))
     # by hand: CLS pooling isolates [CLS]; a text is calibrated when its content (tokens after
@@ -278,8 +274,8 @@ def test_calibrated_share_is_reported_once_for_the_corpus(tmp_path, texts, tiny_
     lengths = np.minimum(tiny_fair.token_lengths(distinct), tiny_fair.max_seq_length)
     expected = float(np.mean(lengths - 1 > 32))
     assert 0 < expected < 1
-    with _w.catch_warnings(record=True) as caught:
-        _w.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         rep = embed_texts(texts, tmp_path, tiny_spec(calibration=cal.to_dict()), model=tiny_fair, shard_size=8)
     fallback = [w for w in caught if issubclass(w.category, CalibrationFallbackWarning)]
     assert len(fallback) == 1, [str(w.message) for w in fallback]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,8 +83,6 @@ embed_texts(texts, sys.argv[2], EmbedSpec.from_dict(json.loads(sys.argv[3])), sh
 
 def ray_processes() -> list[str]:
     """Ray's servers and posfair's actors on this machine (Ray's side agents of a dead instance exit on their own)."""
-    import subprocess
-
     pattern = "ray/raylet|ray/gcs/gcs_server|ray::MapWorker|ray::Replicas"
     out = subprocess.run(["pgrep", "-a", "-f", pattern], capture_output=True, text=True)
     return [line[:100] for line in out.stdout.splitlines()]
@@ -156,9 +157,6 @@ def test_refusals_before_any_worker_starts(tmp_path, texts, tiny_spec, tiny_fair
 
 
 def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_spec, tiny_fair):
-    import json
-    import subprocess
-
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))
     spec = tiny_spec()
@@ -180,10 +178,6 @@ def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_sp
 
 
 def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_path, texts, tiny_spec, tiny_fair, ray_local):
-    import json
-    import signal
-    import subprocess
-
     spec = tiny_spec()
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     root = tmp_path / "store"

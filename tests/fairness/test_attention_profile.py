@@ -177,7 +177,7 @@ def test_save_load_frame(tiny_model, tmp_path):
 
 
 def test_figures_and_report_section(tiny_model, tmp_path):
-    from posfair.report.attention_plots import attention_section
+    from posfair.fairness.attention_report import attention_section
     from posfair.report.html import render_report
 
     model = tiny_model("bert")
@@ -248,3 +248,16 @@ def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
     assert res.exit_code == 0, res.output
     (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]
     assert prof.n_docs == 2 and len(prof.layers) == minilm.num_layers // 2
+
+
+def test_progress_callback_and_bar(tiny_model, capsys):
+    """Progress through a callback (how the CLI drives its bars) or a tqdm bar; the numbers do not depend on it."""
+    model = tiny_model("bert")
+    capsys.readouterr()  # building the tiny model shows bars of its own
+    done = []
+    quiet = attention_profile(model, DOCS, basket_size=B, batch_size=3, progress=done.append)
+    assert done == [3, 1] and capsys.readouterr().err == ""
+    shown = attention_profile(model, DOCS, basket_size=B, batch_size=3, show_progress_bar=True, group="en")
+    err = capsys.readouterr().err
+    assert "attention stock (en)" in err and "4/4" in err
+    np.testing.assert_array_equal(shown.mean("basket"), quiet.mean("basket"))

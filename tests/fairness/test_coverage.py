@@ -102,7 +102,7 @@ def test_tables_report_and_figure_carry_the_share(run, lengths, partial, tmp_pat
 
 
 def test_attention_profile_counts_and_labels_a_noop(tiny_model, tmp_path):
-    from posfair.report.attention_plots import plot_baskets, plot_view, summary_html
+    from posfair.fairness.attention_report import plot_baskets, plot_view, summary_html
 
     model = tiny_model("bert")  # CLS pooling: BOS isolated at its original mass -> calibrated iff n_tokens >= B + 2
     docs = [" ".join(["word"] * k) for k in (6, 10, 30)]  # 8, 12, 32 tokens with [CLS] and [SEP]

@@ -1,3 +1,6 @@
+import logging
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -209,3 +212,54 @@ def test_settings_errors(model, corpus):
         audit(model, corpus, AuditSettings(n_values=(3,), configs=("en",), target_docs=6, min_segment_tokens=1, max_segment_tokens=60))
     with pytest.raises(ValueError, match="position limit"):
         audit(model, corpus, AuditSettings(n_values=(2,), max_seq_length=4096))
+
+
+def test_ols_keeps_statsmodels_results(result):
+    """The regression behind a block of coefficients, with statsmodels' results object: same numbers as the table."""
+    coefs = result.coefficients
+    for measure, cal, setting in (("sigma", "stock", "main"), ("tau", CAL.label(), "main"), ("sigma", CAL.label(), "control")):
+        fit = result.ols(measure=measure, calibration=cal, setting=setting, n=3, config="[de, en, ..., en]")
+        rows = coefs[(coefs.measure == measure) & (coefs.calibration == cal) & (coefs.setting == setting) & (coefs.n == 3)]
+        rows = rows[rows.config == "[de, en, ..., en]"].sort_values("position")
+        np.testing.assert_array_equal(fit.params, rows["estimate"].to_numpy())
+        np.testing.assert_array_equal(fit.pvalues, rows["p"].to_numpy())
+        ci = fit.result.conf_int()
+        np.testing.assert_array_equal(ci, rows[["ci_low", "ci_high"]].to_numpy())
+        np.testing.assert_array_equal(fit.conf_int(), ci)
+        assert (rows["ci_low"] <= rows["estimate"]).all() and (rows["estimate"] <= rows["ci_high"]).all()
+    text = fit.summary().as_text()
+    assert "beta_0" in text and "beta_3" in text and "cluster" in text
+    assert "coef" in fit.result.summary().as_text()
+    with pytest.raises(KeyError, match="no observations"):
+        result.ols(n=7, config="en")
+
+
+def _cached_counts(message: str) -> tuple[int, ...]:
+    m = re.search(r"(\d+) segments \((\d+) cached\), (\d+) documents \((\d+) cached\)", message)
+    return tuple(int(x) for x in m.groups())
+
+
+@pytest.mark.filterwarnings("ignore::posfair.fairness.ols.FewClustersWarning")
+def test_progress_callback_bars_and_logging(model, corpus, tmp_path, capsys, caplog):
+    """audit() reports progress through a callback or tqdm (never rich) and logs what it encodes and what was cached."""
+    calls = []
+
+    def progress(desc, total, done):
+        calls.append([desc, total, done])
+        return lambda k: calls[-1].append(k)
+
+    with caplog.at_level(logging.INFO, logger="posfair.fairness"):
+        audit(model, corpus, SMALL, cache_dir=tmp_path, progress=progress)
+    (desc, total, done, *ticks) = calls[0]
+    assert len(calls) == 1 and desc.startswith("n3") and done == 0 and sum(ticks) == total
+    first = [_cached_counts(r.getMessage()) for r in caplog.records if "cached" in r.getMessage()]
+    assert len(first) == 1 and first[0][0] > 0 and first[0][2] > 0 and first[0][1] == first[0][3] == 0
+    caplog.clear()
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="posfair.fairness"):  # INFO: bars shown by default, as in sentence-transformers
+        audit(model, corpus, SMALL, cache_dir=tmp_path)
+    again = [_cached_counts(r.getMessage()) for r in caplog.records if "cached" in r.getMessage()]
+    assert again == [(first[0][0], first[0][0], first[0][2], first[0][2])]  # everything came from the cache
+    assert "100%" in capsys.readouterr().err
+    audit(model, corpus, SMALL, cache_dir=tmp_path, show_progress_bar=False)
+    assert capsys.readouterr().err == ""

@@ -103,7 +103,7 @@ def test_measures_match_direct_computation(result, model, corpus, variant):
     texts = {s: texts[s] for s in rows["segment_id"].unique()}  # the instance's pool
     direct = _direct(model, rows, texts, CAL if variant == "calibrated" else None)
     assert len(direct) == rows["doc_id"].nunique() >= 12
-    for d, (other_cos, recall, drift, g) in direct.items():
+    for other_cos, recall, drift, g in direct.values():
         assert g["other_cos"].to_numpy() == pytest.approx(np.full(3, other_cos), abs=1e-5)
         assert g["margin"].to_numpy() == pytest.approx(g["sigma"].to_numpy() - other_cos, abs=1e-5)
         assert g["recall"].iloc[0] == pytest.approx(recall)

@@ -24,7 +24,7 @@ def _observations(sets_by_n=None, seed=0):
         for config, key in (("en", "en"), ("[de, en, ..., en]", "de-en")):
             for s in range(G):
                 u = rng.normal(0, 0.03)
-                for k, perm in enumerate(itertools.permutations(range(n))):
+                for k, _perm in enumerate(itertools.permutations(range(n))):
                     for p in range(1, n + 1):
                         y = 0.7 - 0.004 * (p - 1) + u + rng.normal(0, 0.01)
                         rows.append(dict(calibration="stock", setting="main", n=n, config=config, config_key=key,

@@ -272,3 +272,20 @@ def test_ols_errors():
     bad[0] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
         fit_position_ols(bad, pos, cl)
+
+
+@pytest.mark.parametrize("inference", ["cluster", Inference("wild", draws=199, weights="webb", seed=1)])
+def test_results_object_summary_and_ci_columns(inference):
+    """statsmodels' results object stays reachable: summary() and conf_int() work, and conf_int is the CI columns."""
+    y, pos, cl = _data(seed=3, sets=8)
+    fit = _quiet(y, pos, cl, n=4, inference=inference)
+    text = fit.summary().as_text()
+    assert all(name in text for name in ("beta_0", "beta_2", "beta_3", "beta_4")) and "cluster" in text
+    assert "coef" in fit.result.summary().as_text()
+    frame = fit.to_frame()
+    np.testing.assert_array_equal(frame[["ci_low", "ci_high"]].to_numpy(), fit.conf_int())
+    np.testing.assert_array_equal(fit.conf_int(), np.asarray(fit.result.conf_int(0.05)))
+    np.testing.assert_array_equal(frame["estimate"].to_numpy(), fit.result.params)
+    # the interval is t(G-1) around the CR1 SE, whatever the p-values rest on
+    half = stats.t.ppf(0.975, df=7) * fit.bse
+    np.testing.assert_allclose(fit.conf_int(), np.column_stack([fit.params - half, fit.params + half]), rtol=1e-10)

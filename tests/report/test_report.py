@@ -1,10 +1,11 @@
 import base64
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from posfair.report.html import FigureRef, Section, render_report, write_report
+from posfair.report.html import FigureRef, Section, key_value_html, render_report, render_string, write_report
 from posfair.report.plots import ProfileSeries, cluster_mean_ci, profile_grid, save_figure
 from posfair.report.tables import Table, to_csv, to_html, to_latex, to_markdown, write_table
 
@@ -16,13 +17,26 @@ def _table():
     )
 
 
+def _cells(line: str) -> list[str]:
+    """The cells of a Markdown pipe-table row (escaped pipes kept), whatever the padding."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
 def test_markdown_blanks_repeated_group_labels():
     md = to_markdown(_table()).splitlines()
-    assert md[2] == "| n | coef | en | [de, en] |"
-    assert md[4] == "| 3 | β0 | 0.75 | 0.81 |"
-    assert md[5] == "|  | β2 | -0.05 ◊ | -0.13 • |"
-    assert md[6] == "| 4 | β0 | 0.71 | a\\|b_c |"
+    assert md[0] == "**T**"
+    assert _cells(md[2]) == ["n", "coef", "en", "[de, en]"]
+    assert re.fullmatch(r"\|:-+\|:-+\|-+:\|-+:\|", md[3])  # index columns left, cells right
+    assert _cells(md[4]) == ["3", "β0", "0.75", "0.81"]
+    assert _cells(md[5]) == ["", "β2", "-0.05 ◊", "-0.13 •"]
+    assert _cells(md[6]) == ["4", "β0", "0.71", "a\\|b_c"]
     assert md[-1] == "cap"
+
+
+def test_markdown_keeps_formatted_numbers():
+    """Cells are strings already formatted: the Markdown writer must not re-parse them as numbers."""
+    t = Table("", pd.DataFrame({"a": ["0.000", "1e3", "-0.020", "007"]}))
+    assert [_cells(line)[0] for line in to_markdown(t).splitlines()[2:]] == ["0.000", "1e3", "-0.020", "007"]
 
 
 def test_csv_keeps_every_label():
@@ -38,6 +52,22 @@ def test_latex_escapes_marks_and_specials():
     assert r"a|b\_c" in tex and r"$\beta$0" in tex
     assert tex.count(r"\midrule") == 2  # header rule + one group separator
     assert r"\label{tab:t1}" in tex
+
+
+def test_latex_layout():
+    lines = to_latex(_table()).splitlines()
+    assert lines[0] == r"\begin{table}[t]" and lines[-1] == r"\end{table}"
+    assert r"\begin{tabular}{llrr}" in lines and r"\toprule" in lines and r"\bottomrule" in lines
+    assert r"\caption{T cap}" in lines
+    body = lines[lines.index(r"\toprule") + 1 : lines.index(r"\bottomrule")]
+    assert body == [
+        r"n & coef & en & [de, en] \\",
+        r"\midrule",
+        r"3 & $\beta$0 & 0.75 & 0.81 \\",
+        r" & $\beta$2 & -0.05 $^{\diamond}$ & -0.13 $^{\bullet}$ \\",
+        r"\midrule",  # a new group of the first index level
+        r"4 & $\beta$0 & 0.71 & a|b\_c \\",
+    ]
 
 
 def test_write_table_is_atomic_and_complete(tmp_path):
@@ -97,3 +127,12 @@ def test_profile_grid_and_report(tmp_path):
     assert "<h3>Sub</h3>" in html
     path = write_report(tmp_path / "r.html", "T", sections)
     assert path.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_fragments_escape_once_and_nest():
+    kv = key_value_html({"a<b": "it's & <i>", "n": 3})
+    assert kv == '<table class="kv"><tr><th>a&lt;b</th><td>it&#x27;s &amp; &lt;i&gt;</td></tr><tr><th>n</th><td>3</td></tr></table>'
+    assert ("<h3>x</h3>" + kv).startswith("<h3>x</h3><table")  # a plain str: concatenating does not escape
+    nested = render_string("<div>{{ frag | safe }}{{ text }}</div>", frag=kv, text="<kv>")
+    assert nested == f"<div>{kv}&lt;kv&gt;</div>"
+    assert render_string("{{ frag }}", frag=kv).startswith("&lt;table")  # not marked safe: escaped

@@ -1,6 +1,8 @@
 import pandas as pd
 import pytest
 
+import posfair
+
 TOPICS = [
     ("apt", "the apt package manager installs and upgrades software packages from configured repositories"),
     ("kernel", "kernel modules are loaded at boot and provide drivers for the hardware of the machine"),
@@ -53,8 +55,6 @@ def aligned_corpus() -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def model():
-    import posfair
-
     return posfair.load_model(device="cpu")
 
 

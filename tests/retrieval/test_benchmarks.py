@@ -166,7 +166,7 @@ def test_build_from_corpus_layout(tmp_path, corpus_df):
     r = pd.read_parquet(out / "eng-Latn" / "all" / "qrels" / "test.parquet")
     assert sorted(q["segment_id"]) == sorted(corpus_df["id"].unique())  # every segment exactly once
     assert len(c) == 4 and set(q["segment_position"]) == {1, 2, 3}
-    docs = dict(zip(c["_id"], c["text"]))
+    docs = dict(zip(c["_id"], c["text"], strict=True))
     en = corpus_df[corpus_df.lang == "en"].set_index("id")
     for _, row in q.iterrows():
         did = r.loc[r["query-id"] == row["_id"], "corpus-id"].item()

@@ -8,6 +8,7 @@ import math
 import warnings
 
 import pytest
+from tests.retrieval.conftest import aligned_corpus
 
 from posfair import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning
@@ -24,8 +25,6 @@ FULL = Calibration(basket_size=16, layers=0.5, strength=0.5)
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    from tests.retrieval.conftest import aligned_corpus
-
     out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None)
     return load_posir(out, lang="en")
 
@@ -80,7 +79,7 @@ def test_sweep_marks_a_noop_grid_point_and_never_evaluates_it(model, bench, tmp_
     r = row.iloc[0]
     assert r["calibrated_share"] == 0.0 and not r["best"]
     assert all(math.isnan(r[c]) for c in ("seg 1", "seg 2", "seg 3", "Harm", "PSI", "nDCG@10"))  # no figures presented
-    shares = dict(zip(t["setting"], t["calibrated_share"]))
+    shares = dict(zip(t["setting"], t["calibrated_share"], strict=True))
     assert math.isnan(shares["No calibration"]) and shares["B=147, a=1"] == 0.5 and shares["B=16, a=0.5"] == 1.0
     md, tex = to_markdown(t), to_latex(t)
     assert f"B=1024, a=1 — {NOOP_LABEL} | - | - | - | - | - | - | 0.000 |" in md

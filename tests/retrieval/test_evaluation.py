@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+from tests.retrieval.conftest import aligned_corpus
 
 from posfair import Calibration
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
@@ -17,8 +18,6 @@ CAL = Calibration(basket_size=16, layers=0.5, strength=0.5)
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    from tests.retrieval.conftest import aligned_corpus
-
     out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None)
     return load_posir(out, lang="en")
 
@@ -51,7 +50,9 @@ def test_evaluator_protocol_and_metrics(model, bench, tmp_path):
     qrels = [ir_measures.Qrel(qid, did, s) for qid, rel in bench.qrels.items() for did, s in rel.items()]
     ref = {x.query_id: x.value for x in ir_measures.iter_calc([nDCG @ 10], qrels, run)}
     assert r.ndcg == pytest.approx([ref[q] for q in bench.query_ids], abs=1e-6)
-    assert r.metrics["ndcg@10[seg 2]"] == pytest.approx(np.mean([ref[q] for q, g in zip(bench.query_ids, bench.groups["seg 2"]) if g]))
+    assert r.metrics["ndcg@10[seg 2]"] == pytest.approx(
+        np.mean([ref[q] for q, g in zip(bench.query_ids, bench.groups["seg 2"], strict=True) if g])
+    )
 
 
 def test_query_prompts(model, bench):
@@ -135,3 +136,17 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     with pytest.raises(ValueError, match="different top_k"):
         run_sweep(model, bench, cals, tmp_path / "resumed", top_k=50)
     assert manifest["model"] == model.fingerprint
+
+
+def test_progress_callback_counts_every_distinct_text(model, bench, tmp_path):
+    done: dict[str, list[int]] = {}
+
+    def progress(desc, total, already):
+        done[desc] = [total]
+        return done[desc].append
+
+    PositionalRetrievalEvaluator(bench, CAL, store=tmp_path / "cache", progress=progress, encode_chunk=2).evaluate(model)
+    assert {d: (t[0], sum(t[1:])) for d, t in done.items()} == {
+        f"{bench.name}: queries (stock)": (len(set(bench.query_texts)), len(set(bench.query_texts))),
+        f"{bench.name}: documents ({CAL.label()})": (len(set(bench.corpus_texts)), len(set(bench.corpus_texts))),
+    }

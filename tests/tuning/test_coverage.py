@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from posfair import Calibration
+from posfair import encoding as enc
 from posfair.calibration.coverage import NOOP_LABEL
-from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, run_search
+from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, run_search
 from posfair.tuning.report import summary_markdown, trials_table, write_outputs
-from posfair.tuning.tuner import default_fairness_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
@@ -76,8 +76,6 @@ def model(tiny_model):
 
 
 def test_fairness_objective_counts_documents_and_skips_baskets_longer_than_every_document(model, tmp_path, monkeypatch):
-    from posfair import encoding as enc
-
     settings = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
     obj = FairnessObjective(model, tiny_corpus(topics=12), settings, store=tmp_path / "cache")
     lengths = np.array([d.n_tokens for inst in obj.instances[DEV] for d in inst.documents])

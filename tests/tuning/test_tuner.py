@@ -1,6 +1,7 @@
 """The tuner: known optimum of a synthetic objective, constraint, Pareto front, split, resume, saved model."""
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -11,18 +12,25 @@ import pytest
 import posfair
 from posfair import Calibration
 from posfair import encoding as enc
+from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+from posfair.retrieval.metrics import harmonic_mean
 from posfair.tuning import (
     DEV,
     TEST,
+    CalibrationTuner,
     FairnessObjective,
     FunctionObjective,
+    RetrievalObjective,
     SearchSpace,
+    Trial,
+    default_fairness_settings,
     pareto_front,
     run_search,
     save_tuned_model,
+    split_ids,
     tune,
 )
-from posfair.tuning.tuner import Trial, default_fairness_settings, split_ids
+from posfair.tuning.evaluator import build_corpus_benchmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
@@ -200,10 +208,6 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
     from typer.testing import CliRunner
 
     from posfair.cli import app
-    from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
-    from posfair.retrieval.metrics import harmonic_mean
-    from posfair.tuning.evaluator import build_corpus_benchmark
-    from posfair.tuning.tuner import RetrievalObjective
 
     bench = build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
     obj = RetrievalObjective(model, bench, store=tmp_path / "cache")
@@ -230,8 +234,6 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
 
 
 def test_evaluator_style_call(tmp_path):
-    from posfair.tuning import CalibrationTuner
-
     tuner = CalibrationTuner(objective=FunctionObjective(synthetic), space=SPACE, max_drop=0.1, name="tn")
     metrics = tuner(object(), output_path=str(tmp_path))
     assert tuner.primary_metric == "tn_test_chosen_score" and tuner.primary_metric in metrics
@@ -239,3 +241,15 @@ def test_evaluator_style_call(tmp_path):
     assert metrics["tn_chosen_strength"] == pytest.approx(chosen.strength) and abs(chosen.strength - 0.7) < 0.02
     assert metrics["tn_test_chosen_score"] == pytest.approx(synthetic(chosen, TEST)["score"])
     assert (tmp_path / "tn" / "tables" / "pareto.md").exists()
+
+
+def test_search_logs_and_shows_progress(caplog, capsys):
+    lines = []
+    with caplog.at_level(logging.INFO, logger="posfair.tuning.search"):
+        res = run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=1), max_drop=0.1, log=lines.append)
+    logged = [r.getMessage() for r in caplog.records if r.name == "posfair.tuning.search"]
+    assert logged == lines and lines[-1].startswith("test test") and any(m.startswith("chosen: ") for m in lines)
+    assert "tuning trials" in capsys.readouterr().err  # None: shown at INFO, like sentence-transformers
+    run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=0), max_drop=0.1, show_progress_bar=False)
+    assert "tuning trials" not in capsys.readouterr().err
+    assert res.chosen is not None

@@ -30,7 +30,6 @@ import contextvars
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -57,7 +56,7 @@ CALIBRATED, SHORTER, ONE_BASKET, STRENGTH_ZERO = 0, 1, 2, 3
 #: how a calibration that changes no text is marked in tables, figures and logs
 NOOP_LABEL = "no-op: nothing calibrated"
 
-AnyCalibration = Union[Calibration, ResolvedCalibration]
+AnyCalibration = Calibration | ResolvedCalibration
 
 
 class CalibrationFallbackWarning(UserWarning):

@@ -25,7 +25,7 @@ A softmax call: the stock weights are kept and the calibrated rows replaced (the
 pooling row, or every row with ``queries="all"``), computed in float32 and returned in
 the softmax's dtype.  An SDPA call: the stock kernel runs for all rows and the pooling
 row is recomputed explicitly and written in; ``queries="all"`` computes the layer
-explicitly in tiles -- the registry path's :func:`~posfair.calibration.attention.attend`.
+explicitly in tiles -- the registry backend's :func:`~posfair.calibration.kernels.attend`.
 
 After the forward, :func:`verify` checks that every calibrated / recorded layer saw
 exactly one attention call per module call, so a model whose attention cannot be
@@ -45,8 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode
 
-from posfair.calibration.attention import _STATE, ForwardState, _calib_kwargs, attend
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
+from posfair.calibration.kernels import attend
+from posfair.calibration.state import ForwardState, active_state
 
 __all__ = ["find_layer_attention_modules", "install", "layer_map", "active", "verify"]
 
@@ -88,7 +89,7 @@ def layer_map(attention_modules: list[nn.Module]) -> dict[int, int]:
 
 
 def _pre_hook(module: nn.Module, args) -> None:
-    state = _STATE.get()
+    state = active_state()
     if state is None:
         return None
     layer = state.fallback_layers.get(id(module))
@@ -104,7 +105,7 @@ def _pre_hook(module: nn.Module, args) -> None:
 
 
 def _post_hook(module: nn.Module, args, output) -> None:
-    state = _STATE.get()
+    state = active_state()
     if state is None or not state.fallback_active or state.fallback_active[-1][0] != id(module):
         return None
     _, mode = state.fallback_active.pop()
@@ -142,8 +143,8 @@ def active(state: ForwardState) -> Iterator[ForwardState]:
 
 def verify(state: ForwardState, model_name: str, probe: bool = False) -> None:
     """TypeError unless every calibrated / recorded layer saw exactly one attention call per module call."""
-    wanted = sorted({l for l in state.fallback_layers.values() if any(state.layer_wants(l))})
-    missing = [l for l in wanted if not state.fallback_calls.get(l) or 0 in state.fallback_calls[l]]
+    wanted = sorted({layer for layer in state.fallback_layers.values() if any(state.layer_wants(layer))})
+    missing = [layer for layer in wanted if not state.fallback_calls.get(layer) or 0 in state.fallback_calls[layer]]
     if missing:
         where = "" if probe else f" in this forward pass (sequence length {state.length})"
         raise TypeError(
@@ -151,7 +152,7 @@ def verify(state: ForwardState, model_name: str, probe: bool = False) -> None:
             f"nor computes a softmax / scaled_dot_product_attention over (batch, heads, tokens, tokens) that could be "
             f"intercepted{where} (layers without a hit: {missing})"
         )
-    repeated = {l: max(state.fallback_calls[l]) for l in wanted if max(state.fallback_calls[l]) > 1}
+    repeated = {layer: max(state.fallback_calls[layer]) for layer in wanted if max(state.fallback_calls[layer]) > 1}
     if repeated:
         raise TypeError(
             f"posfair cannot calibrate {model_name}: attention modules made several attention-shaped softmax / "
@@ -200,7 +201,7 @@ class _LayerMode(TorchFunctionMode):
                     return self._softmax(out)
             return out
         if func is _SDPA:
-            a = dict(zip(_SDPA_ARGS, args), **kwargs)
+            a = dict(zip(_SDPA_ARGS, args, strict=False), **kwargs)  # positional arguments, then keywords
             q, k = a.get("query"), a.get("key")
             if (
                 isinstance(q, torch.Tensor)
@@ -223,11 +224,11 @@ class _LayerMode(TorchFunctionMode):
         exact = out.dtype in (torch.float32, torch.float64)
         res = out
         if self.calibrate:
-            kw = _calib_kwargs(st.calibration)
+            kw = st.calibration.basket_kwargs()
             if st.calibration.queries == "all":
                 # every row of a sequence shares its span (padding query rows too: harmless, never pooled)
                 res = (out.clone() if out.requires_grad else out) if exact else out.float()
-                for i, (s, e) in enumerate(zip(st.start.tolist(), st.end.tolist())):
+                for i, (s, e) in enumerate(zip(st.start.tolist(), st.end.tolist(), strict=True)):
                     calibrate_span_(res[i], s, e, **kw)
             else:
                 rows = st.pool_rows().to(dev)

@@ -14,9 +14,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from numbers import Integral, Real
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-Share = Union[Literal["equal", "original"], float]
+Share = Literal["equal", "original"] | float
 Pooling = Literal["cls", "mean", "lasttoken"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "lasttoken")
 
@@ -251,3 +251,14 @@ class ResolvedCalibration:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_set", frozenset(self.layers))
+
+    def basket_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`) for this calibration."""
+        return dict(
+            basket_size=self.basket_size,
+            strength=self.strength,
+            isolate_bos=self.isolate_bos,
+            isolate_eos=self.isolate_eos,
+            bos_weight=self.bos_weight,
+            eos_weight=self.eos_weight,
+        )

@@ -43,8 +43,7 @@ def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calib
                   batch_size=8, seed=0, model_name="", progress=None):  # fmt: skip
     """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
     from posfair.fairness.attention import attention_profile
-    from posfair.report.attention_plots import attention_section
-    from posfair.report.html import write_report
+    from posfair.fairness.attention_report import write_attention_report
 
     out.mkdir(parents=True, exist_ok=True)
     profiles = []
@@ -58,8 +57,7 @@ def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calib
             )  # fmt: skip
             prof.save(out / f"attention_{lang}_{'stock' if cal is None else cal.key()}")
             profiles.append(prof)
-    section = attention_section(profiles, out)
-    report = write_report(out / "attention.html", f"Attention profile — {model_name or 'model'}", [section])
+    report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
     return profiles, report
 
 

@@ -71,7 +71,7 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     from rich.markdown import Markdown
 
     from posfair.calibration.coverage import NOOP_LABEL
-    from posfair.cli.progress import console
+    from posfair.cli.progress import console, progress_bars
     from posfair.retrieval.benchmarks import load_benchmark
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.retrieval.sweep import noop_settings, run_sweep
@@ -84,11 +84,12 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     out = out if out is not None else checks.output_folder(RESULTS_ROOT / bench.name.replace("/", "_"))
     fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
     checks.check_calibrations(fm, calibrations)
-    results = run_sweep(
-        fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
-        store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
-        use_faiss=faiss, show_progress_bar=True,
-    )  # fmt: skip
+    with progress_bars() as bar:
+        results = run_sweep(
+            fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
+            store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
+            use_faiss=faiss, progress=bar,
+        )  # fmt: skip
     con = console()
     if any(r.groups for r in results):
         text = f"**{results[0].benchmark}** - nDCG@10 per positional group (x100), Harm, PSI\n\n" + to_markdown(group_table(results))

@@ -5,6 +5,9 @@
   (:class:`CorpusError` names the field and rows at fault).
 * :mod:`posfair.corpus.filters` holds token counting and the length rules of the papers
   (length window scaled to the model limit, +-70% of the reference language).
+* :func:`read_corpus_texts` reads the texts to embed from a corpus, a plain .parquet /
+  .jsonl column or (:func:`read_benchmark_texts`) a benchmark in PosIR's layout
+  (:mod:`posfair.corpus.posir`, which reads that layout's tables: :func:`read_posir`).
 """
 
 from posfair.corpus.filters import (
@@ -21,6 +24,8 @@ from posfair.corpus.load import (
     load_corpus,
     validate_corpus,
 )
+from posfair.corpus.posir import posir_lang, read_posir
+from posfair.corpus.texts import read_benchmark_texts, read_corpus_texts
 
 __all__ = [
     "REQUIRED_FIELDS",
@@ -30,6 +35,10 @@ __all__ = [
     "filter_by_length",
     "filter_by_reference_length",
     "load_corpus",
+    "posir_lang",
+    "read_benchmark_texts",
+    "read_corpus_texts",
+    "read_posir",
     "token_lengths",
     "topics_in_all",
     "validate_corpus",

@@ -21,7 +21,7 @@ def token_lengths(texts: Iterable[str], tokenizer: Any, *, batch_size: int = 256
     are counted in full.
     """
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy (it imports torch): only when given a tokenizer name
 
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), use_fast=True)
     if batch_size < 1:

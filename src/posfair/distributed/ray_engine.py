@@ -1,5 +1,8 @@
 """The Ray executor of :func:`~posfair.distributed.job.embed_texts`: a Ray Data actor pool of model replicas.
 
+Ray is optional (``pip install 'posfair[ray]'``) and heavy: it is imported only when a
+job runs on it (:func:`require_ray`); this module itself imports without it.
+
 The shards go through ``ray.data.from_items(...).map_batches(ShardEncoder, ...)``
 on an actor pool: one replica per GPU (``num_gpus=1`` each) or, without GPUs, one
 per group of CPUs (torch threads = the CPUs it holds).  Each replica runs the very
@@ -17,6 +20,7 @@ ends every actor of the job on the cluster as well.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import re
 import time
@@ -26,15 +30,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from posfair.distributed.job import RAY_INSTALL_HINT, EmbedSpec, ManifestMismatch, Shard, process_shard
+from posfair.distributed.shards import Shard, process_shard
+from posfair.distributed.spec import EmbedSpec
+from posfair.store import ManifestMismatch
 
-__all__ = ["ShardEncoder", "WorkerPlan", "plan_workers", "require_ray", "root_cause", "run_ray"]
+__all__ = ["RAY_INSTALL_HINT", "ShardEncoder", "WorkerPlan", "plan_workers", "ray_available", "require_ray", "root_cause", "run_ray"]
+
+RAY_INSTALL_HINT = "pip install 'posfair[ray]'"
 
 # status rows two shards deep per replica: enough to keep it busy, little to lose when it dies
 _IN_FLIGHT_PER_WORKER = 2
 _CLEANUP_TIMEOUT_S = 30.0
 _RELEASE_WAIT_S = 10.0
+
+
+def ray_available() -> bool:
+    """Whether Ray is installed (without importing it)."""
+    return importlib.util.find_spec("ray") is not None
 
 
 def require_ray():
@@ -115,7 +129,6 @@ class ShardEncoder:
                  device: str | None = None, after_shard: Callable[[dict], None] | None = None,
                  registry=None):  # fmt: skip
         import ray
-        import torch
 
         if registry is not None:
             here = ray.get_runtime_context()
@@ -134,7 +147,7 @@ class ShardEncoder:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = []
-        for sid, keys, texts in zip(batch["shard"], batch["keys"], batch["texts"]):
+        for sid, keys, texts in zip(batch["shard"], batch["keys"], batch["texts"], strict=True):
             res = process_shard(self.model, self.spec, self.ns_dir, str(sid), [str(k) for k in keys], [str(t) for t in texts])
             if self.after_shard is not None:
                 self.after_shard(res)

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from posfair.corpus.filters import default_length_window
+
 __all__ = [
     "LanguageConfig",
     "SegmentSet",
@@ -237,8 +239,6 @@ def build_instance(
     segments fit the limit by construction and segments have comparable lengths;
     every language version a set uses must lie in the window.
     """
-    from posfair.corpus.filters import default_length_window
-
     if n < 2:
         raise ValueError(f"n (segments per document) must be >= 2; got {n}")
     if target_docs < 1:
@@ -256,7 +256,7 @@ def build_instance(
     todo = [(t, lang) for t in topics_all for lang in config.needed if (t, lang) not in lengths]
     if todo:
         enc = tokenizer([text_of[k] for k in todo], add_special_tokens=False, verbose=False)["input_ids"]
-        for k, ids in zip(todo, enc):
+        for k, ids in zip(todo, enc, strict=True):
             lengths[k] = len(ids)
     n_special = len(tokenizer("x", add_special_tokens=True, verbose=False)["input_ids"]) - len(
         tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"]
@@ -314,7 +314,7 @@ def build_instance(
         cand = []
         for j, perm in enumerate(_orderings(n)):
             seg_topics = tuple(pick[k] for k in perm)
-            texts = tuple(text_of[(t, lang)] for t, lang in zip(seg_topics, lang_seq))
+            texts = tuple(text_of[(t, lang)] for t, lang in zip(seg_topics, lang_seq, strict=True))
             text, spans = segment_spans(texts)
             cand.append((j, perm, seg_topics, texts, text, spans))
         n_tok = [len(ids) for ids in tokenizer([c[4] for c in cand], add_special_tokens=True, verbose=False)["input_ids"]]
@@ -322,7 +322,7 @@ def build_instance(
             report.sets_skipped_too_long += 1
             continue
         chosen.append(pick)
-        for (j, perm, seg_topics, texts, text, spans), nt in zip(cand, n_tok):
+        for (j, perm, seg_topics, texts, text, spans), nt in zip(cand, n_tok, strict=True):
             docs.append(
                 Document(
                     doc_id=f"{set_id}-p{j:04d}",
@@ -330,7 +330,7 @@ def build_instance(
                     perm_index=j,
                     permutation=tuple(perm),
                     topics=seg_topics,
-                    segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(seg_topics, lang_seq)),
+                    segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(seg_topics, lang_seq, strict=True)),
                     langs=lang_seq,
                     texts=texts,
                     text=text,

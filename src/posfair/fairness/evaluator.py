@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +18,15 @@ from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.evaluation import PosfairEvaluator, run_tag
+from posfair.fairness.analysis import coverage_messages, fit_all
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
-from posfair.fairness.results import AuditResult, coverage_messages, fit_all
+from posfair.fairness.results import AuditResult
+from posfair.progress import TqdmTasks, progress_enabled
 from posfair.store import EmbeddingStore
 
 __all__ = ["audit", "corpus_fingerprint", "PositionalFairnessEvaluator"]
+
+log = logging.getLogger(__name__)
 
 
 def corpus_fingerprint(corpus: pd.DataFrame) -> str:
@@ -43,10 +49,17 @@ def audit(
     model_name: str | None = None,
     corpus_name: str = "",
     progress: Callable[[str, int, int], Callable[[int], None] | None] | None = None,
+    show_progress_bar: bool | None = None,
 ) -> AuditResult:
     """Run the permutation audit of ``model`` on ``corpus``; stock plus every calibration.
 
     ``cache_dir``: the embedding cache (None = a temporary one, deleted afterwards).
+    ``progress(description, total, done)``: called when the texts of one instance and variant
+    start (``done`` of ``total`` already cached); it may return a ``tick(k)`` called as ``k``
+    more are encoded (how the CLI drives its bars).  Without it, ``show_progress_bar`` shows a
+    tqdm bar per instance and variant; None = shown when this module's logger is at INFO or
+    DEBUG (as sentence-transformers does).  What is encoded, and what came from the cache, is
+    logged at INFO.
     """
     settings = settings or AuditSettings()
     cals = default_calibrations(calibrations)
@@ -55,10 +68,16 @@ def audit(
         raise ValueError(f"calibration needs cls, mean or last-token pooling; the model pools with {info.pooling!r}")
     t0 = time.perf_counter()
     instances = build_instances(corpus, settings, enc.model_tokenizer(model), info.limit)
-    with tempfile.TemporaryDirectory(prefix="posfair-cache-") if cache_dir is None else _nullctx(cache_dir) as root:
-        store = EmbeddingStore(root)
-        with quiet_fallback():  # reported once per calibration below (and in every table), not per encode call
-            obs, timings = run_instances(model, instances, cals, store, info, settings, progress)
+    log.info(
+        "audit of %s: %d instances (%s documents) x %d variants (stock + %s)",
+        info.name, len(instances), sum(len(i.documents) for i in instances), 1 + len(cals), [c.label() for c in cals] or "no calibration",
+    )  # fmt: skip
+    with (
+        _cache_root(cache_dir) as root,
+        _progress_callback(progress, show_progress_bar) as progress_cb,
+        quiet_fallback(),  # reported once per calibration below (and in every table), not per encode call
+    ):
+        obs, timings = run_instances(model, instances, cals, EmbeddingStore(root), info, settings, progress_cb)
     coefs = fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()], settings.inference_spec)
     timings["total"] = time.perf_counter() - t0
     langs = sorted(corpus["lang"].astype(str).unique()) if "lang" in corpus else []
@@ -77,15 +96,25 @@ def audit(
     return result
 
 
-class _nullctx:
-    def __init__(self, value):
-        self.value = value
+@contextlib.contextmanager
+def _cache_root(cache_dir: str | Path | None) -> Iterator[str | Path]:
+    """``cache_dir``, or a temporary directory deleted afterwards."""
+    if cache_dir is not None:
+        yield cache_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="posfair-cache-") as root:
+        log.debug("temporary embedding cache %s", root)
+        yield root
 
-    def __enter__(self):
-        return self.value
 
-    def __exit__(self, *exc):
-        return False
+@contextlib.contextmanager
+def _progress_callback(progress, show_progress_bar: bool | None) -> Iterator[Any]:
+    """The caller's ``progress``, else tqdm bars when they are to be shown, else None."""
+    if progress is not None or not progress_enabled(show_progress_bar, log):
+        yield progress
+        return
+    with TqdmTasks() as bars:
+        yield bars
 
 
 class PositionalFairnessEvaluator(PosfairEvaluator):
@@ -99,7 +128,7 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
 
     By default the evaluator uses a fresh temporary cache per call, which is what
     a training loop needs (weights change between calls); pass ``cache_dir`` to
-    reuse embeddings across calls of an unchanged model.
+    reuse embeddings across calls of an unchanged model.  ``show_progress_bar``: as for :func:`audit`.
     """
 
     def __init__(
@@ -111,6 +140,7 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
         name: str = "posfair",
         cache_dir: str | Path | None = None,
         write_report: bool = True,
+        show_progress_bar: bool | None = None,
     ):
         super().__init__()
         self.corpus = corpus
@@ -119,12 +149,15 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
         self.name = name
         self.cache_dir = cache_dir
         self.write_report = write_report
+        self.show_progress_bar = show_progress_bar
         self.primary_metric = "stock_main_sigma_mean_later_beta"
         self.greater_is_better = True
         self.last_result: AuditResult | None = None
 
     def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
-        result = audit(model, self.corpus, self.settings, self.calibrations, cache_dir=self.cache_dir)
+        result = audit(
+            model, self.corpus, self.settings, self.calibrations, cache_dir=self.cache_dir, show_progress_bar=self.show_progress_bar
+        )
         self.last_result = result
         if output_path is not None and self.write_report:
             result.save(Path(output_path) / f"{self.name}{run_tag(epoch, steps)}")

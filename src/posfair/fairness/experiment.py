@@ -22,6 +22,7 @@ killed at any moment resumes to identical results.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -37,9 +38,11 @@ from posfair.fairness.documents import Instance, LanguageConfig, build_instance,
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
 from posfair.model import model_fingerprint
-from posfair.store import EmbeddingStore, embedding_namespace
+from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
+
+log = logging.getLogger(__name__)
 
 STOCK = "stock"
 MEASURES = ("sigma", "tau")
@@ -195,6 +198,11 @@ class _Encoder:
             return embedding_namespace(self.store, self.info.fingerprint, calibration)
         return self.store.namespace(model=self.info.fingerprint, calibration=calibration.key() if calibration else STOCK, kind=kind)
 
+    def cached(self, texts: Sequence[str], calibration: Calibration | None) -> tuple[int, int]:
+        """(distinct texts, how many of them are in the pooled-embedding cache) for ``calibration``."""
+        keys = {text_key(t) for t in texts}
+        return len(keys), len(keys) - len(self._ns(calibration, "embedding").missing(keys))
+
     def segments(self, texts: Sequence[str], calibration: Calibration | None, tick=None) -> np.ndarray:
         s = self.settings
         return enc.embed_through(
@@ -324,17 +332,23 @@ def run_instances(
         for inst in instances:
             seg_lookup: dict[str, str] = {}
             for d in inst.documents:
-                seg_lookup.update(zip(d.segment_ids, d.texts))
+                seg_lookup.update(zip(d.segment_ids, d.texts, strict=True))
             seg_ids = sorted(seg_lookup)
             seg_texts = [seg_lookup[s] for s in seg_ids]
             lens = tokenizer(seg_texts, add_special_tokens=False, verbose=False)["input_ids"]
-            seg_tokens = {s: len(ids) for s, ids in zip(seg_ids, lens)}
+            seg_tokens = {s: len(ids) for s, ids in zip(seg_ids, lens, strict=True)}
             stock_segs: dict[str, np.ndarray] | None = None
             stock_docs: np.ndarray | None = None
             for cal in variants:
                 label = cal.label() if cal else STOCK
                 key = cal.key() if cal else STOCK
                 t0 = time.perf_counter()
+                if log.isEnabledFor(logging.INFO):
+                    (n_seg, seg_hit), (n_doc, doc_hit) = (
+                        encoder.cached(seg_texts, cal),
+                        encoder.cached([d.text for d in inst.documents], cal),
+                    )
+                    log.info("%s, %s: %d segments (%d cached), %d documents (%d cached)", inst.key, label, n_seg, seg_hit, n_doc, doc_hit)
                 total = len(seg_texts) + len(inst.documents)
                 raw = progress(f"{inst.key} {label}", total, 0) if progress else None
                 ticked = [0]
@@ -345,11 +359,12 @@ def run_instances(
                         raw(k)
 
                 seg_mat = encoder.segments(seg_texts, cal, tick)
-                segs = dict(zip(seg_ids, seg_mat))
+                segs = dict(zip(seg_ids, seg_mat, strict=True))
                 doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
                 if raw is not None and ticked[0] < total:  # what came from the cache was never ticked
                     raw(total - ticked[0])
                 timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
+                log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.key}/{label}"])
                 frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs))
                 if cal is None:
                     stock_segs, stock_docs = segs, doc_vecs

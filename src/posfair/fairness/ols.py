@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from statsmodels.regression.linear_model import OLS
+from wildboottest.wildboottest import WildboottestCL
 
 __all__ = [
     "PositionOLS", "fit_position_ols", "significance_mark", "MARKS", "MARK_LEGEND", "position_design",
@@ -173,8 +175,9 @@ def describe_inference(labels) -> str:
 class PositionOLS:
     """Coefficients beta_0 (intercept = mean at position 1) and beta_2..beta_n.
 
-    ``result`` is the statsmodels results object of the CR1 fit (``conf_int()``, ``summary()``:
-    intervals and tests from t(G-1)); with wild inference ``pvalues`` are the bootstrap ones.
+    ``result`` is statsmodels' results object of the CR1 fit (``conf_int()``, ``summary()``,
+    ``cov_params()``, ...: intervals and tests from t(G-1)); with wild inference ``pvalues`` are
+    the bootstrap ones, and the results object's are still those of t(G-1).
     """
 
     n: int
@@ -196,10 +199,19 @@ class PositionOLS:
         return [significance_mark(p) for p in self.pvalues]
 
     def conf_int(self, alpha: float = 0.05) -> np.ndarray:
-        """CR1 confidence intervals from t(G-1) (statsmodels)."""
+        """CR1 confidence intervals from t(G-1) (statsmodels), shape (n, 2)."""
         return np.asarray(self.result.conf_int(alpha))
 
+    def summary(self, alpha: float = 0.05):
+        """statsmodels' summary of the CR1 fit, the coefficients named ``beta_0, beta_2, ...``.
+
+        Its p-values are those of t(G-1) also under wild inference (see :attr:`pvalues`).
+        """
+        return self.result.summary(xname=self.names, alpha=alpha)
+
     def to_frame(self) -> pd.DataFrame:
+        """One row per coefficient; ``ci_low`` / ``ci_high``: the 95% interval of :meth:`conf_int`."""
+        ci = self.conf_int() if self.result is not None else np.full((self.n, 2), np.nan)
         return pd.DataFrame(
             {
                 "coef": self.names,
@@ -212,6 +224,8 @@ class PositionOLS:
                 "nobs": self.nobs,
                 "clusters": self.n_clusters,
                 "inference": self.inference,
+                "ci_low": ci[:, 0],
+                "ci_high": ci[:, 1],
             }
         )
 
@@ -254,8 +268,6 @@ def wild_pvalue(t_stat: float, t_boot: np.ndarray, *, enumerated: bool) -> float
 
 def _wild_tests(X: np.ndarray, y: np.ndarray, groups: np.ndarray, inference: Inference) -> tuple[np.ndarray, np.ndarray]:
     """(t statistics, bootstrap p-values) per coefficient via wildboottest's WCR11 bootstrap."""
-    from wildboottest.wildboottest import WildboottestCL
-
     k = X.shape[1]
     G = int(len(np.unique(groups)))
     enumerated = inference.enumerates(G)
@@ -285,8 +297,6 @@ def fit_position_ols(
     ``warn``: emit a :class:`FewClustersWarning` when G < :data:`FEW_CLUSTERS` (callers that fit
     many regressions warn once for all of them instead).
     """
-    import statsmodels.api as sm
-
     inference = Inference.coerce(inference)
     y = np.asarray(y, dtype=np.float64)
     positions = np.asarray(positions, dtype=np.int64)
@@ -308,7 +318,7 @@ def fit_position_ols(
     if warn and n_clusters < FEW_CLUSTERS:
         warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=2)
     X = position_design(positions, n)
-    res = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    res = OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
     if getattr(res, "df_resid_inference", None) != n_clusters - 1:  # statsmodels' contract, checked not assumed
         raise RuntimeError(
             f"statsmodels used {getattr(res, 'df_resid_inference', None)} degrees of freedom, expected G-1 = {n_clusters - 1}"

@@ -1,9 +1,16 @@
-"""Profile grids in the style of the paper's Figures 2-3 / 5 / 7 (matplotlib, Agg).
+"""Generic figures: profile grids in the style of the paper's Figures 2-3 / 5 / 7, trade-off scatters, saving.
 
 A grid has one subplot per (row, column) cell; every :class:`ProfileSeries`
 draws its per-x mean with a 95% interval (computed over cluster means, so
 observations of one cluster count once), and optional grey bars on a twin axis
 (e.g. the mean token length per position).
+
+Figures are :class:`matplotlib.figure.Figure` objects made by :func:`new_figure`,
+never through ``pyplot``: pyplot keeps global state (its figure registry and the
+backend), and setting a backend from library code would switch a notebook user's.
+A ``Figure`` renders with Agg when saved and is freed like any object.  matplotlib
+is imported when a figure is made, not with this module: the audit imports this
+module, and most audits are run for their numbers.
 """
 
 from __future__ import annotations
@@ -13,13 +20,24 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from posfair.io import atomic_write
 
-__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter", "save_figure"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter", "save_figure", "new_figure"]
+
+
+def new_figure(figsize: tuple[float, float]) -> Figure:
+    """A matplotlib :class:`~matplotlib.figure.Figure` outside pyplot (see the module docstring)."""
+    from matplotlib.figure import Figure  # heavy: imported when a figure is made
+
+    return Figure(figsize=figsize)
 
 
 @dataclass
@@ -62,16 +80,13 @@ def profile_grid(
     bar_label: str = "",
     xlabel: str = "position",
     title: str = "",
-):
+) -> Figure:
     """Build the figure (``bars``: columns ``row, col, x, bar``)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     nr, nc = len(rows), len(cols)
-    fig, axes = plt.subplots(nr, nc, figsize=(3.2 * nc + 0.6, 2.5 * nr + 0.8), squeeze=False, sharey=True)
-    from matplotlib.lines import Line2D
+    fig = new_figure((3.2 * nc + 0.6, 2.5 * nr + 0.8))
+    axes = fig.subplots(nr, nc, squeeze=False, sharey=True)
 
     hidden = {s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x") for s in series if not s.draw}
     series = [s for s in series if s.draw]
@@ -129,7 +144,7 @@ def tradeoff_scatter(
     title: str = "",
     panel_label: Callable[[object], str] = str,
     annotate: bool = True,
-):
+) -> Figure:
     """One panel per ``panel``, one point per row: columns ``panel, label, x, y, reference`` (bool).
 
     Reference points (e.g. the stock model) are drawn as a large black star and
@@ -137,14 +152,10 @@ def tradeoff_scatter(
     plot such as profile spread against own-segment recall needs).  An optional
     bool column ``highlight`` rings points (e.g. a chosen setting) in red.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     panels = list(dict.fromkeys(points["panel"]))
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)) + 0.4, 3.8), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    fig = new_figure((4.2 * max(1, len(panels)) + 0.4, 3.8))
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=False):  # no points: one empty panel
         d = points[points["panel"] == panel]
         ref = d["reference"].astype(bool)
         ax.scatter(d.loc[~ref, "x"], d.loc[~ref, "y"], s=22, color="#1f4e9c", alpha=0.8, label="calibrated", zorder=2)
@@ -171,15 +182,16 @@ def tradeoff_scatter(
     return fig
 
 
-def save_figure(fig, path_stem: str | os.PathLike, dpi: int = 130) -> bytes:
-    """Write ``<stem>.png`` and ``<stem>.pdf`` atomically; return the PNG bytes (for embedding)."""
-    import matplotlib.pyplot as plt
+def save_figure(fig: Figure, path_stem: str | os.PathLike, dpi: int = 130) -> bytes:
+    """Write ``<stem>.png`` and ``<stem>.pdf`` atomically; return the PNG bytes (for embedding).
 
+    The figure is not closed: a :class:`~matplotlib.figure.Figure` made by :func:`new_figure` is
+    freed with its last reference (a figure made through pyplot is its creator's to close).
+    """
     stem = Path(path_stem)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     png = buf.getvalue()
     atomic_write(stem.with_suffix(".png"), lambda p: p.write_bytes(png))
     atomic_write(stem.with_suffix(".pdf"), lambda p: fig.savefig(p, format="pdf"))
-    plt.close(fig)
     return png

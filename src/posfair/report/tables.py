@@ -1,8 +1,13 @@
-"""A small table model with Markdown, CSV and LaTeX writers (atomic writes).
+"""A small table model with Markdown, CSV, LaTeX and HTML writers (atomic writes).
 
 A :class:`Table` holds a DataFrame of already formatted cells (strings), an
 optional row index of one or more levels (rendered as leading columns with
 repeated labels blanked, like the paper's tables), a title and a caption.
+
+The writers lay out :meth:`Table.rows` and leave the rendering to pandas:
+Markdown through :meth:`pandas.DataFrame.to_markdown` (tabulate's pipe tables,
+numbers kept as formatted), LaTeX through :meth:`pandas.io.formats.style.Styler.to_latex`
+(booktabs rules), HTML through the ``table.html.j2`` template.
 """
 
 from __future__ import annotations
@@ -10,14 +15,16 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from posfair.io import atomic_write_text
+from posfair.report.html import render_fragment
 
-__all__ = ["Table", "to_markdown", "to_csv", "to_latex", "to_html", "write_table"]
+__all__ = ["Table", "to_markdown", "to_csv", "to_latex", "to_html", "write_table", "latex_escape"]
 
 
 @dataclass
@@ -34,7 +41,7 @@ class Table:
         has_index = not (len(index_names) == 1 and index_names[0] == "" and isinstance(df.index, pd.RangeIndex))
         header = (index_names if has_index else []) + [str(c) for c in df.columns]
         body, prev = [], None
-        for idx, row in zip(df.index, df.itertuples(index=False)):
+        for idx, row in zip(df.index, df.itertuples(index=False), strict=True):
             lead: list[str] = []
             if has_index:
                 labels = [str(x) for x in (idx if isinstance(idx, tuple) else (idx,))]
@@ -46,29 +53,52 @@ class Table:
             body.append(lead + ["" if pd.isna(v) else str(v) for v in row])
         return header, body
 
+    @property
+    def n_lead(self) -> int:
+        """The number of leading (index) columns in :meth:`rows`."""
+        header, _ = self.rows()
+        return len(header) - len(self.frame.columns)
+
+
+def _layout(table: Table) -> tuple[pd.DataFrame, int]:
+    """:meth:`Table.rows` as a frame with positional column labels (headers may repeat), and the leading columns."""
+    header, body = table.rows()
+    frame = pd.DataFrame(body, columns=range(len(header)), dtype=object)
+    return frame, len(header) - len(table.frame.columns)
+
 
 def _md_escape(s: str) -> str:
     return s.replace("|", "\\|")
 
 
 def to_markdown(table: Table) -> str:
-    header, body = table.rows()
+    """A pipe table (index columns left-aligned, cells right-aligned) under the bold title, the caption below."""
+    header, _ = table.rows()
+    frame, n_lead = _layout(table)
     out = [f"**{table.title}**", ""] if table.title else []
-    out.append("| " + " | ".join(_md_escape(h) for h in header) + " |")
-    out.append("|" + "|".join("---" for _ in header) + "|")
-    out += ["| " + " | ".join(_md_escape(c) for c in r) + " |" for r in body]
+    if header:
+        out.append(
+            frame.map(_md_escape).to_markdown(
+                index=False,
+                headers=[_md_escape(h) for h in header],
+                tablefmt="pipe",
+                disable_numparse=True,  # the cells are formatted already: "0.000" stays "0.000"
+                colalign=["left"] * n_lead + ["right"] * (len(header) - n_lead),
+            )
+        )
     if table.caption:
         out += ["", table.caption]
     return "\n".join(out) + "\n"
 
 
 def to_csv(table: Table) -> str:
+    """Every index label repeated on every row (a CSV is read by programs, not people)."""
     header, _ = table.rows()
     df = table.frame
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
-    for idx, row in zip(df.index, df.itertuples(index=False)):
+    for idx, row in zip(df.index, df.itertuples(index=False), strict=True):
         labels = [str(x) for x in (idx if isinstance(idx, tuple) else (idx,))] if len(header) > len(df.columns) else []
         w.writerow(labels + ["" if pd.isna(v) else str(v) for v in row])
     return buf.getvalue()
@@ -83,47 +113,50 @@ _LATEX_SPECIAL = {
 
 
 def latex_escape(s: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in s)
+    """LaTeX specials escaped, and the marks and Greek letters of posfair's tables as math (needs ``amssymb``)."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(s))
+
+
+_ROW_END = re.compile(r"\\\\\s*$")
 
 
 def to_latex(table: Table, label: str | None = None) -> str:
-    """A ``table`` environment with booktabs rules (needs ``booktabs`` and ``amssymb``)."""
+    """A ``table`` environment with booktabs rules (needs ``booktabs`` and ``amssymb``).
+
+    Index columns are left-aligned, cells right-aligned; a ``\\midrule`` separates the groups
+    of the first index level (where its label is not blanked).
+    """
     header, body = table.rows()
-    n_lead = len(header) - len(table.frame.columns)
-    spec = "l" * n_lead + "r" * len(table.frame.columns)
-    lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule"]
-    lines.append(" & ".join(latex_escape(h) for h in header) + r" \\")
-    lines.append(r"\midrule")
-    for k, r in enumerate(body):
-        if k and n_lead and r[0]:
-            lines.append(r"\midrule")
-        lines.append(" & ".join(latex_escape(c) for c in r) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    frame, n_lead = _layout(table)
     cap = " ".join(x for x in (table.title, table.caption) if x)
-    if cap:
-        lines.append(rf"\caption{{{latex_escape(cap)}}}")
-    lines.append(rf"\label{{{label or 'tab:' + table.name}}}")
-    lines.append(r"\end{table}")
+    styler = frame.style.hide(axis="index").format(latex_escape).format_index(lambda i: latex_escape(header[i]), axis=1)
+    tex = styler.to_latex(
+        column_format="l" * n_lead + "r" * (len(header) - n_lead),
+        position="t",
+        position_float="centering",
+        hrules=True,
+        caption=latex_escape(cap) if cap else None,
+        label=label or f"tab:{table.name}",
+    )
+    groups = [k for k, r in enumerate(body) if k and n_lead and r[0]]
+    if not groups:
+        return tex
+    # Styler draws rules only at the top, under the header and at the bottom; the group rules go in
+    # before the body rows that start a group (one line per row, after the header's \midrule)
+    lines = tex.splitlines()
+    first = lines.index(r"\midrule") + 1
+    rows = [i for i in range(first, len(lines)) if _ROW_END.search(lines[i])][: len(body)]
+    if len(rows) != len(body):
+        raise RuntimeError(f"Styler.to_latex wrote {len(rows)} body rows for {len(body)}")
+    for k in reversed(groups):
+        lines.insert(rows[k], r"\midrule")
     return "\n".join(lines) + "\n"
 
 
 def to_html(table: Table) -> str:
-    """An HTML ``<table>`` fragment (escaped)."""
-    from html import escape
-
+    """An HTML ``<table>`` fragment (escaped); the first row of each group is marked for a rule."""
     header, body = table.rows()
-    out = ['<table class="coef">']
-    if table.title:
-        out.append(f"<caption>{escape(table.title)}</caption>")
-    out.append("<thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
-    n_lead = len(header) - len(table.frame.columns)
-    for r in body:
-        cls = ' class="group"' if n_lead and r[0] else ""
-        out.append(f"<tr{cls}>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>")
-    out.append("</tbody></table>")
-    if table.caption:
-        out.append(f'<p class="caption">{escape(table.caption)}</p>')
-    return "\n".join(out)
+    return render_fragment("table.html.j2", title=table.title, caption=table.caption, header=header, body=body, n_lead=table.n_lead)
 
 
 def write_table(table: Table, directory: str | os.PathLike, stem: str | None = None) -> dict[str, Path]:

@@ -1,14 +1,18 @@
 """posfair.retrieval: position-aware retrieval evaluation.
 
-Benchmarks (:mod:`~posfair.retrieval.benchmarks`): SQuAD-PosQ, FineWeb-PosQ,
+Benchmarks (the :mod:`~posfair.retrieval.benchmarks` package): SQuAD-PosQ, FineWeb-PosQ,
 PosIR (hub ids or local copies in the published layouts) and benchmarks built
 offline from an aligned corpus (saved in PosIR's layout).  Evaluation
 (:class:`PositionalRetrievalEvaluator`): documents encoded stock / calibrated /
 with Segment Embed Average, queries stock; exact search; nDCG@10 per positional
-group, Harm, PSI, PosIR per-length-bucket PSI.  Sweeps (:func:`run_sweep`) are
-cached and resumable; tables in the layouts of the paper's Tables 1 and 2.
+group, Harm, PSI, PosIR per-length-bucket PSI.  Sweeps (:func:`run_sweep`) over the
+paper's grids (:mod:`~posfair.retrieval.grids`) are cached and resumable; tables in the
+layouts of the paper's Tables 1 and 2 (:mod:`~posfair.retrieval.tables`, written through
+:mod:`posfair.report.tables`).  Long calls show tqdm bars or call a ``progress`` callback
+(:mod:`~posfair.progress`).
 
-Heavy imports (torch, sentence-transformers, chonkie) happen on first use.
+Names are imported on first use, so ``import posfair.retrieval`` stays cheap (torch,
+sentence-transformers and chonkie load only when needed).
 """
 
 from __future__ import annotations
@@ -22,15 +26,17 @@ _EXPORTS = {
     "load_fineweb_posq": "benchmarks",
     "load_posir": "benchmarks",
     "build_from_corpus": "benchmarks",
+    "BENCHMARK_NAMES": "benchmarks",
     "PositionalRetrievalEvaluator": "evaluator",
     "RetrievalResult": "evaluator",
     "SegmentEmbedAverage": "sea",
     "run_sweep": "sweep",
-    "paper_grid": "sweep",
-    "strength_sweep": "sweep",
+    "paper_grid": "grids",
+    "strength_sweep": "grids",
     "group_table": "tables",
     "bucket_table": "tables",
-    "write_table": "tables",
+    "results_table": "tables",
+    "strength_figure": "tables",
     "plot_strength_curves": "tables",
     "ndcg_at_k": "metrics",
     "harmonic_mean": "metrics",

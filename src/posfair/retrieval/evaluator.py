@@ -12,10 +12,10 @@ when one is given, keyed by model fingerprint, setting and prompt.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from posfair.encoding import embed_through, encoder, l2_normalize
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
+from posfair.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
@@ -46,6 +47,8 @@ __all__ = [
 QWEN3_QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
 # (substring of the model name, lower case) -> query prefix used by the published evaluations
 _QUERY_PROMPTS = {"qwen3-embedding": QWEN3_QUERY_PROMPT}
+
+logger = logging.getLogger(__name__)
 
 
 def _model_name(model: Any) -> str:
@@ -159,25 +162,6 @@ def score_rankings(
     return ndcg, recall, metrics, groups, buckets
 
 
-@contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[str, int], Callable[[int], None]]]:
-    """Yields ``task(description, total) -> advance(n)``; a rich progress bar when enabled."""
-    if not enabled:
-        yield lambda desc, total: lambda n: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), transient=False
-    ) as prog:
-
-        def task(desc: str, total: int) -> Callable[[int], None]:
-            tid = prog.add_task(desc, total=total)
-            return lambda n: prog.advance(tid, n)
-
-        yield task
-
-
 class PositionalRetrievalEvaluator(PosfairEvaluator):
     """A sentence-transformers-style evaluator: ``evaluator(model) -> dict[str, float]``.
 
@@ -192,6 +176,10 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         document_prompt: prefix for documents (none in the papers).
         store: an :class:`EmbeddingStore` (or a directory) caching every embedding.
         top_k: search depth (>= 10; recall is reported at this depth).
+        show_progress_bar: tqdm bars of the query and document encoding; None (default)
+            shows them when this module's logger is at INFO or DEBUG (as sentence-transformers does).
+        progress: instead of tqdm, ``progress(description, total, already_done) -> advance(n)``
+            (see :mod:`posfair.progress`), e.g. a command line's own bar.
     """
 
     def __init__(
@@ -208,9 +196,10 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         top_k: int = 100,
         use_faiss: bool = False,
         name: str = "",
-        show_progress_bar: bool = False,
+        show_progress_bar: bool | None = None,
         encode_chunk: int = 256,
         report_fallback: bool = True,
+        progress: ProgressCallback | None = None,
     ):
         super().__init__()
         if calibration is not None and sea is not None:
@@ -229,6 +218,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         self.use_faiss = use_faiss
         self.name = name
         self.show_progress_bar = show_progress_bar
+        self.progress = progress
         self.encode_chunk = encode_chunk
         self.report_fallback = report_fallback
         self.primary_metric = "harm" if benchmark.groups else "ndcg@10"
@@ -322,9 +312,10 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
                 CalibrationFallbackWarning,
                 stacklevel=2,
             )
-        with _progress(self.show_progress_bar) as task:
-            q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(b.query_texts)))
-            d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(b.corpus_texts)))
+        with progress_tasks(self.show_progress_bar, logger, self.progress) as task:
+            # the encoding layer reports distinct texts (each is encoded once)
+            q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(set(b.query_texts))))
+            d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts))))
         ranked = self.retrieve(l2_normalize(q), l2_normalize(d))
         ndcg, recall, metrics, groups, buckets = score_rankings(b, ranked, 10, self.top_k)
         return RetrievalResult(

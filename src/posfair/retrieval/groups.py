@@ -68,7 +68,7 @@ def squad_group_masks(answer_starts: Sequence[int], convention: str = "inclusive
         raise ValueError(f"convention must be 'inclusive' or 'half-open'; got {convention!r}")
     s = np.asarray(answer_starts, dtype=np.int64)
     masks = {}
-    for i, ((lo, hi), label) in enumerate(zip(SQUAD_BOUNDS, SQUAD_LABELS)):
+    for i, ((lo, hi), label) in enumerate(zip(SQUAD_BOUNDS, SQUAD_LABELS, strict=True)):
         last = i == len(SQUAD_BOUNDS) - 1
         if convention == "inclusive" or last:
             masks[label] = (s >= lo) & (s <= hi)
@@ -88,7 +88,7 @@ def fineweb_group_masks(span_classes: Sequence[Iterable[str]]) -> dict[str, np.n
         if unknown:
             raise ValueError(f"FineWeb-PosQ row {i}: unknown span_class values {sorted(unknown)}; expected {FINEWEB_CLASSES}")
         sets.append(spans)
-    return {label: np.array([c in s for s in sets], dtype=bool) for c, label in zip(FINEWEB_CLASSES, FINEWEB_LABELS)}
+    return {label: np.array([c in s for s in sets], dtype=bool) for c, label in zip(FINEWEB_CLASSES, FINEWEB_LABELS, strict=True)}
 
 
 def posir_length_bucket(token_length: float | None) -> str | None:

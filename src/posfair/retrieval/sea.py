@@ -22,21 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from posfair.encoding import calibration_kwargs
-from posfair.store import Namespace, text_key
+from posfair.encoding import embed_through, encoder
+from posfair.store import Namespace
 
 __all__ = ["SegmentEmbedAverage"]
 
 
 def _stock_embeddings(base: type, model: Any) -> Any:
     """Chonkie's SentenceTransformerEmbeddings over ``model``, always encoding with the stock model."""
+    encode = encoder(model, None)
 
     class _StockEmbeddings(base):
         def embed(self, text: str) -> np.ndarray:
-            return self.model.encode(text, convert_to_numpy=True, show_progress_bar=False, **calibration_kwargs(self.model))
+            return encode([text])[0]
 
         def embed_batch(self, texts: list[str]) -> list[np.ndarray]:
-            return self.model.encode(texts, convert_to_numpy=True, show_progress_bar=False, **calibration_kwargs(self.model))
+            return encode(texts)
 
     return _StockEmbeddings(model)
 
@@ -110,28 +111,16 @@ class SegmentEmbedAverage:
     ) -> np.ndarray:
         """SEA embeddings of ``texts`` (n x d, float32).
 
-        ``encode`` embeds a list of chunk texts with the stock model (default:
-        ``model.encode(..., normalize_embeddings=normalize_chunks)``);
-        ``chunk_store`` caches the chunk embeddings.
+        ``encode`` embeds a list of chunk texts with the stock model (default: the
+        encoding layer's stock :func:`~posfair.encoding.encoder`, normalised when
+        ``normalize_chunks``); ``chunk_store`` caches the chunk embeddings (each distinct
+        chunk is embedded once, with or without it).
         """
         if encode is None:
-
-            def encode(batch: list[str]) -> np.ndarray:
-                return model.encode(
-                    batch,
-                    batch_size=self.batch_size,
-                    convert_to_numpy=True,
-                    normalize_embeddings=self.normalize_chunks,
-                    show_progress_bar=False,
-                    **calibration_kwargs(model),
-                )
-
+            encode = encoder(model, None, batch_size=self.batch_size, normalize_embeddings=self.normalize_chunks)
         chunks = self.chunk(model, texts)
         flat = [c for cs in chunks for c in cs]
-        if chunk_store is not None:
-            vecs = chunk_store.get_or_compute([text_key(c) for c in flat], flat, encode, chunk_size=max(256, self.batch_size))
-        else:
-            vecs = np.asarray(encode(flat), dtype=np.float32)
+        vecs = embed_through(flat, chunk_store, encode, chunk_size=max(256, self.batch_size))
         out, start = [], 0
         for cs in chunks:
             out.append(vecs[start : start + len(cs)].mean(axis=0))

@@ -26,42 +26,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write_json
 from posfair.model import model_fingerprint
+from posfair.progress import ProgressCallback
+from posfair.report.tables import write_table
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
+from posfair.retrieval.grids import paper_grid, strength_sweep
 from posfair.retrieval.sea import SegmentEmbedAverage
-from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, write_table
+from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.store import EmbeddingStore
 
+# paper_grid and strength_sweep (defined in posfair.retrieval.grids) are importable from here too
 __all__ = ["paper_grid", "strength_sweep", "run_sweep", "write_results", "noop_settings"]
 
-log = logging.getLogger(__name__)
-
-PAPER_BASKETS = (128, 256, 512)
-PAPER_LAYERS: tuple[Any, ...] = (1, 0.5)  # last layer, last 50% of layers
-PAPER_STRENGTHS = (0.5, 1.0)
-
-
-def paper_grid(
-    basket_sizes: Sequence[int] = PAPER_BASKETS, layer_sets: Sequence[Any] = PAPER_LAYERS, strengths: Sequence[float] = PAPER_STRENGTHS
-) -> list[Calibration]:
-    """Basket size x layer set x strength (paper: {128, 256, 512} x {last, last 50%} x {0.5, 1.0})."""
-    return [Calibration(basket_size=b, layers=l, strength=a) for l in layer_sets for a in strengths for b in basket_sizes]
-
-
-def strength_sweep(basket_size: int = 128, layer_sets: Sequence[Any] = PAPER_LAYERS, step: float = 0.05) -> list[Calibration]:
-    """Strengths step, 2 step, ..., 1 for each layer set (strength 0 is the stock run)."""
-    if not 0 < step <= 1:
-        raise ValueError(f"step must be in (0, 1]; got {step}")
-    n = int(round(1 / step))
-    if not np.isclose(n * step, 1.0):
-        raise ValueError(f"step must divide 1 (e.g. 0.05, 0.1, 0.25); got {step}")
-    return [Calibration(basket_size=basket_size, layers=l, strength=round(i * step, 10)) for l in layer_sets for i in range(1, n + 1)]
+logger = logging.getLogger(__name__)
 
 
 def _run_name(ev: PositionalRetrievalEvaluator) -> str:
@@ -73,14 +54,28 @@ def _run_name(ev: PositionalRetrievalEvaluator) -> str:
     return f"{ev.calibration.label()}-{ev.calibration.key()}"
 
 
+GROUPS_TITLE = "{benchmark} - nDCG@10 per positional group (x100), Harm (x100), PSI"
+BUCKETS_TITLE = "{benchmark} - PSI per length bucket and its change vs stock, aggregate nDCG@10 (x100) and its change"
+SHARE_CAPTION = (
+    "calibrated_share: fraction of the benchmark's documents the calibration changes (— for stock and SEA); "
+    f"a calibration with share 0 ({NOOP_LABEL}) is not evaluated and its cells are left empty."
+)
+
+
 def write_results(results: Sequence[RetrievalResult], out_dir: str | Path, plot_basket: int | None = None) -> list[Path]:
-    """Tables, and the strength plot when some basket size has >= 2 strengths (default: the one with most)."""
+    """Tables (``table_groups`` / ``table_buckets``: Markdown, CSV, LaTeX through
+    :func:`posfair.report.tables.write_table`), and the strength plot when some basket
+    size has >= 2 strengths (default: the one with most)."""
     out = Path(out_dir)
     written: list[Path] = []
-    if any(r.groups for r in results):
-        written += write_table(group_table(results), out / "table_groups")
-    if any(r.buckets for r in results):
-        written += write_table(bucket_table(results), out / "table_buckets")
+    name = results[0].benchmark if results else ""
+    for stem, build, title, present in (
+        ("table_groups", group_table, GROUPS_TITLE, any(r.groups for r in results)),
+        ("table_buckets", bucket_table, BUCKETS_TITLE, any(r.buckets for r in results)),
+    ):
+        if present:
+            table = results_table(build(results), title=title.format(benchmark=name), caption=SHARE_CAPTION, name=stem)
+            written += write_table(table, out, stem).values()
     series: dict[int, set] = {}
     for r in results:
         if r.method == "calibrated" and not r.noop:
@@ -105,10 +100,15 @@ def run_sweep(
     batch_size: int = 32,
     top_k: int = 100,
     use_faiss: bool = False,
-    show_progress_bar: bool = False,
+    show_progress_bar: bool | None = None,
     encode_chunk: int = 256,
+    progress: ProgressCallback | None = None,
 ) -> list[RetrievalResult]:
     """Evaluate stock (+ SEA) + every calibration on ``benchmark``; resumable; writes tables.
+
+    ``show_progress_bar`` / ``progress``: as :class:`PositionalRetrievalEvaluator` (tqdm bars
+    of each setting's encoding, shown by default when this module's logger is at INFO or
+    DEBUG; or the caller's ``progress(description, total, already_done)``).
 
     A calibration whose calibrated share of the benchmark's documents is 0 (every document
     shorter than one basket, or exactly one basket) is not evaluated: it is recorded as a
@@ -142,6 +142,7 @@ def run_sweep(
             show_progress_bar=show_progress_bar,
             encode_chunk=encode_chunk,
             report_fallback=False,
+            progress=progress,
         )
         for cal, s in settings
     ]
@@ -171,16 +172,17 @@ def run_sweep(
             results.append(result)
             continue
         share = ev.calibrated_share(model)
+        logger.info("%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else "")
         result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
         result.save(run_path)
         results.append(result)
     noop = noop_settings(results)
     if noop:
-        log.warning("%d of %d calibrations change no document of %s (%s), not evaluated: %s",
+        logger.warning("%d of %d calibrations change no document of %s (%s), not evaluated: %s",
                     len(noop), sum(r.method == "calibrated" for r in results), benchmark.name, NOOP_LABEL, ", ".join(noop))  # fmt: skip
     partial = [f"{r.setting} ({r.calibrated_share:.3f})" for r in results if r.calibrated_share is not None and 0 < r.calibrated_share < 1]
     if partial:
-        log.info("calibrations that change only part of the documents of %s (calibrated share): %s", benchmark.name, ", ".join(partial))
+        logger.info("calibrations that change only part of the documents of %s (calibrated share): %s", benchmark.name, ", ".join(partial))
     write_results(results, out)
     return results
 

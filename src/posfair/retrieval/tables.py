@@ -5,13 +5,19 @@
   Harm (x100), PSI, plus aggregate nDCG@10; the best setting by Harm is marked.
 * :func:`bucket_table` - Table 2: PSI per length bucket with its change vs the
   stock model, and aggregate nDCG@10 with its change.
-* :func:`write_table` - CSV, Markdown and LaTeX (atomic writes).
+* :func:`results_table` - either table as a :class:`posfair.report.tables.Table`
+  (formatted cells, rows indexed by section and setting), written like every posfair
+  table by :func:`posfair.report.tables.write_table` (Markdown, CSV, LaTeX).
+* :func:`to_markdown` - the Markdown of :func:`results_table` with the best setting in bold
+  (what the command line prints); :func:`to_latex` - the paper's booktabs layout (section
+  rows, the best setting in bold, alpha and Delta symbols).
+* :func:`strength_figure` / :func:`plot_strength_curves` - Figure 3: per-group nDCG@10
+  change vs strength (a ``matplotlib.figure.Figure``; pyplot's global state is not touched).
 
 Both tables carry ``calibrated_share``: the fraction of the benchmark's documents
 the setting's calibration changed (NaN, shown as "—", for stock and SEA).  A
 calibration with share 0 is labelled "no-op: nothing calibrated" and its cells
 are left empty: its figures would be the stock model's, not a result.
-* :func:`plot_strength_curves` - Figure 3: per-group nDCG@10 change vs strength.
 """
 
 from __future__ import annotations
@@ -25,11 +31,22 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
-from posfair.io import atomic_write, atomic_write_text
+from posfair.io import atomic_write
+from posfair.report import tables as report_tables
+from posfair.report.tables import Table
 from posfair.retrieval.evaluator import RetrievalResult
 from posfair.retrieval.groups import POSIR_BUCKETS
 
-__all__ = ["group_table", "bucket_table", "write_table", "to_markdown", "to_latex", "plot_strength_curves", "layer_section"]
+__all__ = [
+    "group_table",
+    "bucket_table",
+    "results_table",
+    "to_markdown",
+    "to_latex",
+    "strength_figure",
+    "plot_strength_curves",
+    "layer_section",
+]
 
 STOCK_LABEL = "No calibration"
 SEA_LABEL = "Segment Embed Average"
@@ -70,7 +87,7 @@ def _ordered(results: Sequence[RetrievalResult]) -> list[tuple[str, str, Retriev
         raise ValueError(f"one table per benchmark: results come from {sorted(names)}")
     rows = [(*_row_label(r), r) for r in results]
     rows.sort(key=lambda x: x[2])
-    return [(s, l, r) for s, l, _, r in rows]
+    return [(section, label, r) for section, label, _, r in rows]
 
 
 def _stock(results: Sequence[RetrievalResult]) -> RetrievalResult | None:
@@ -152,25 +169,36 @@ def _fmt(v: object, col: str) -> str:
     return str(v)
 
 
-def _cells(df: pd.DataFrame) -> tuple[list[str], list[list[str]], list[bool]]:
-    cols = [c for c in df.columns if c not in ("section", "best")]
-    best = df["best"].tolist() if "best" in df.columns else [False] * len(df)
-    body = []
-    for _, row in df.iterrows():
-        cells = [_fmt(row[c], c) for c in cols]
-        if row.get("section"):
-            cells[0] = f"{row['section']}: {cells[0]}"
-        body.append(cells)
-    return cols, body, best
+def _value_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c not in ("section", "setting", "best")]
 
 
-def to_markdown(df: pd.DataFrame) -> str:
-    """Markdown table; the best setting (``best`` column) is bold."""
-    cols, body, best = _cells(df)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|"]
-    for cells, b in zip(body, best):
-        lines.append("| " + " | ".join(f"**{c}**" if b else c for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+def results_table(df: pd.DataFrame, *, title: str = "", caption: str = "", name: str = "table", bold_best: bool = False) -> Table:
+    """A :func:`group_table` / :func:`bucket_table` frame as a report :class:`~posfair.report.tables.Table`.
+
+    Rows are indexed by (section, setting); cells are formatted (x100 figures and deltas with
+    two decimals, PSI with three, ``-`` for a figure not presented, ``—`` for the calibrated
+    share of stock and SEA).  The best setting gets a ``best`` column ("yes"), or with
+    ``bold_best`` its label and cells in Markdown bold (for Markdown only).
+    """
+    cols = _value_columns(df)
+    best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
+    sections = df["section"].fillna("").astype(str).tolist() if "section" in df.columns else [""] * len(df)
+    labels = df["setting"].astype(str).tolist()
+    cells = {c: [_fmt(v, c) for v in df[c]] for c in cols}
+    if bold_best:
+        bold = lambda x, b: f"**{x}**" if b else x  # noqa: E731
+        labels = [bold(x, b) for x, b in zip(labels, best, strict=True)]
+        cells = {c: [bold(x, b) for x, b in zip(v, best, strict=True)] for c, v in cells.items()}
+    elif "best" in df.columns:
+        cells["best"] = ["yes" if b else "" for b in best]
+    index = pd.MultiIndex.from_arrays([sections, labels], names=["section", "setting"])
+    return Table(title, pd.DataFrame(cells, index=index), caption, name)
+
+
+def to_markdown(df: pd.DataFrame, title: str = "") -> str:
+    """Markdown of :func:`results_table` with the best setting (``best`` column) in bold."""
+    return report_tables.to_markdown(results_table(df, title=title, bold_best=True))
 
 
 def _tex(s: str) -> str:
@@ -180,43 +208,37 @@ def _tex(s: str) -> str:
 
 
 def to_latex(df: pd.DataFrame) -> str:
-    """A booktabs LaTeX tabular with section rows; the best setting is bold."""
-    cols = [c for c in df.columns if c not in ("section", "best")]
+    """The paper's layout: a booktabs tabular with a row per section, the best setting in bold.
+
+    Same cells as :func:`results_table`; the files a sweep writes use the common
+    :func:`posfair.report.tables.to_latex` table instead.
+    """
+    frame = results_table(df).frame.drop(columns="best", errors="ignore")
+    best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
+    cols = ["setting", *frame.columns]
     lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule", " & ".join(_tex(c) for c in cols) + r" \\", r"\midrule"]
     current = None
-    for _, row in df.iterrows():
-        section = row.get("section") or ""
+    for (section, label), row, is_best in zip(frame.index, frame.itertuples(index=False), best, strict=True):
         if section and section != current:
-            lines.append(r"\multicolumn{%d}{l}{\textit{%s}} \\" % (len(cols), _tex(section)))
+            lines.append(rf"\multicolumn{{{len(cols)}}}{{l}}{{\textit{{{_tex(section)}}}}} \\")
         current = section or current
-        cells = [_tex(_fmt(row[c], c)) for c in cols]
-        if row.get("best"):
-            cells = [r"\textbf{%s}" % c for c in cells]
+        cells = [_tex(c) for c in (label, *row)]
+        if is_best:
+            cells = [rf"\textbf{{{c}}}" for c in cells]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
-def write_table(df: pd.DataFrame, stem: str | Path) -> list[Path]:
-    """Write ``stem.csv``, ``stem.md`` and ``stem.tex`` atomically."""
-    stem = Path(stem)
-    return [
-        atomic_write(stem.with_suffix(".csv"), lambda p: df.to_csv(p, index=False)),
-        atomic_write_text(stem.with_suffix(".md"), to_markdown(df)),
-        atomic_write_text(stem.with_suffix(".tex"), to_latex(df)),
-    ]
-
-
-def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, basket_size: int = 128) -> Path:
-    """Figure 3: nDCG@10 change (x100) vs the stock model per group (and Harm) against strength.
+def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
+    """Figure 3 as a ``matplotlib.figure.Figure``: nDCG@10 change (x100) vs the stock model per
+    group (and Harm) against strength.
 
     Uses the calibrated results with ``basket_size`` (one panel per layer set);
-    strength 0 is the stock model itself.
+    strength 0 is the stock model itself.  Built without pyplot: no backend is chosen
+    and nothing is registered with pyplot's figure manager.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # heavy, and only needed for the figure
 
     stock = _stock(results)
     if stock is None:
@@ -232,8 +254,9 @@ def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, b
             panels.setdefault(layer_section(cal), []).append((cal.strength, r))
     if not panels:
         raise ValueError(f"no calibrated result with basket size {basket_size}")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), sharey=True, squeeze=False)
-    for ax, (section, pts) in zip(axes[0], sorted(panels.items())):
+    fig = Figure(figsize=(5 * len(panels), 3.6))
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)
+    for ax, (section, pts) in zip(axes[0], sorted(panels.items()), strict=True):
         pts = [(0.0, stock)] + sorted(pts, key=lambda x: x[0])
         xs = [a for a, _ in pts]
         for g in stock.groups:
@@ -246,11 +269,12 @@ def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, b
     axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(stock.benchmark)
     fig.tight_layout()
+    return fig
+
+
+def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, basket_size: int = 128) -> Path:
+    """:func:`strength_figure` saved atomically to ``path`` (format from its suffix, PNG by default)."""
+    fig = strength_figure(results, basket_size)
     path = Path(path)
-
-    def _save(p: Path) -> None:
-        fig.savefig(p, format=path.suffix.lstrip(".") or "png", dpi=150)
-
-    atomic_write(path, _save)
-    plt.close(fig)
+    atomic_write(path, lambda p: fig.savefig(p, format=path.suffix.lstrip(".") or "png", dpi=150))
     return path

@@ -12,26 +12,20 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.model import token_limit
+from posfair.progress import ProgressCallback
+from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
 from posfair.store import EmbeddingStore
+from posfair.tuning.objectives import FairnessObjective, Objective, RetrievalObjective, default_fairness_settings
 from posfair.tuning.report import save_tuned_model, write_outputs
-from posfair.tuning.tuner import (
-    RESULTS_FILE,
-    FairnessObjective,
-    Objective,
-    RetrievalObjective,
-    SearchSpace,
-    TuneResult,
-    default_fairness_settings,
-    run_search,
-)
+from posfair.tuning.search import RESULTS_FILE, SearchSpace, TuneResult, run_search
 
 __all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner"]
 
 
-def build_corpus_benchmark(model, corpus: pd.DataFrame, out_dir: str | Path, *, lang: str = "en", k: int = 3, seed: int = 0):
+def build_corpus_benchmark(
+    model, corpus: pd.DataFrame, out_dir: str | Path, *, lang: str = "en", k: int = 3, seed: int = 0
+) -> RetrievalBenchmark:
     """A position-aware benchmark built from an aligned corpus (titles as queries), saved in ``out_dir`` and loaded."""
-    from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
-
     limit = token_limit(model)
     path = build_from_corpus(
         corpus, out_dir, langs=[lang], k=k, seed=seed, max_doc_tokens=limit - model.special_token_count(), max_seq_length=limit,
@@ -53,7 +47,7 @@ def make_objective(
     seed: int = 0,
     work_dir: str | Path | None = None,
     lang: str = "en",
-    progress=None,
+    progress: ProgressCallback | None = None,
 ) -> Objective:
     """A :class:`FairnessObjective` (needs ``corpus``) or :class:`RetrievalObjective` (``benchmark``, or one built from ``corpus``)."""
     if objective == "fairness":
@@ -92,6 +86,7 @@ def tune(
     save_model: str | Path | None = None,
     lang: str = "en",
     log: Callable[[str], None] | None = None,
+    show_progress_bar: bool | None = None,
 ) -> TuneResult:
     """Choose a calibration for ``model`` (see :func:`posfair.tuning.tuner.run_search`).
 
@@ -99,6 +94,7 @@ def tune(
     ``out_dir/cache``) and the tables, figure and summary are written there; with
     ``save_model`` the model is saved there with the chosen calibration persisted.  ``lang``: the
     language of a retrieval benchmark built from ``corpus`` (the fairness audit's come with ``settings``).
+    ``log`` / ``show_progress_bar``: as :func:`~posfair.tuning.search.run_search`.
     """
     with tempfile.TemporaryDirectory(prefix="posfair-tune-") as tmp:
         work = Path(out_dir) if out_dir is not None else Path(tmp)
@@ -107,7 +103,10 @@ def tune(
             model, objective, corpus=corpus, benchmark=benchmark, settings=settings, score=score, store=store,
             test_fraction=test_fraction, seed=seed, work_dir=work, lang=lang,
         )  # fmt: skip
-        result = run_search(obj, space, max_drop=max_drop, results_path=work / RESULTS_FILE if out_dir is not None else None, log=log)
+        result = run_search(
+            obj, space, max_drop=max_drop, results_path=work / RESULTS_FILE if out_dir is not None else None, log=log,
+            show_progress_bar=show_progress_bar,
+        )  # fmt: skip
         if out_dir is not None:
             write_outputs(result, out_dir)
             if isinstance(obj, FairnessObjective):
@@ -133,8 +132,10 @@ class CalibrationTuner(PosfairEvaluator):
 
     def __init__(self, corpus: pd.DataFrame | None = None, *, objective: str | Objective = "fairness", benchmark=None, settings=None,
                  space: SearchSpace | None = None, max_drop: float = 0.02, score: str | None = None, test_fraction: float = 0.5,
-                 seed: int = 0, cache_dir: str | Path | None = None, name: str = "tune"):  # fmt: skip
+                 seed: int = 0, cache_dir: str | Path | None = None, name: str = "tune",
+                 show_progress_bar: bool | None = None):  # fmt: skip
         super().__init__()
+        self.show_progress_bar = show_progress_bar
         self.corpus, self.objective, self.benchmark = corpus, objective, benchmark
         self.settings = settings if settings is not None or objective != "fairness" else default_fairness_settings()
         self.space, self.max_drop, self.score_name = space or SearchSpace(), max_drop, score
@@ -152,7 +153,7 @@ class CalibrationTuner(PosfairEvaluator):
             model, self.corpus, objective=self.objective, benchmark=self.benchmark, settings=self.settings, space=self.space,
             max_drop=self.max_drop, score=self.score_name, test_fraction=self.test_fraction, seed=self.seed,
             out_dir=None if output_path is None else Path(output_path) / f"{self.name}{tag}",
-            cache_dir=self.cache_dir,
+            cache_dir=self.cache_dir, show_progress_bar=self.show_progress_bar,
         )  # fmt: skip
         self.last_result = result
         return self.finish(model, result.headline(), epoch, steps)

@@ -11,7 +11,8 @@ from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.io import atomic_write_text
 from posfair.report.plots import save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
-from posfair.tuning.tuner import DEV, TEST, TuneResult
+from posfair.tuning.objectives import DEV, TEST
+from posfair.tuning.search import TuneResult
 
 __all__ = [
     "skipped_note",

@@ -1,4 +1,4 @@
-"""Figures and the HTML report section of the attention profile (matplotlib, Agg).
+"""Figures and the HTML report section of the attention profile.
 
 * :func:`plot_baskets` — mean mass per absolute basket with 95% bands, the BOS and
   EOS keys in their own panel, every profile (e.g. stock vs calibrated) overlaid,
@@ -6,42 +6,44 @@
 * :func:`plot_view` — the same for the relative-position bins or the segment positions;
 * :func:`plot_layer_heatmap` — layer x basket mean mass, one panel per profile,
   the averaged layer set marked;
+* :func:`summary_html` — the headline numbers of each profile as a table;
 * :func:`attention_section` — writes the figures and returns a
-  :class:`posfair.report.html.Section` for the audit report.
+  :class:`posfair.report.html.Section` for a report (:func:`write_attention_report`
+  writes it as a page of its own).
 
 A calibrated profile in which no document was calibrated (every document
 shorter than one basket, or exactly one) is the stock profile: it is named in
 the legend as "no-op: nothing calibrated" but not drawn over the stock line; a
 profile that calibrated only part of its documents carries its calibrated share
 in its label.
+
+This module exists to draw: matplotlib is imported with it (the profile itself,
+:mod:`posfair.fairness.attention`, does not need it).  Figures are built on
+:class:`matplotlib.figure.Figure`, never through pyplot.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from html import escape
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.fairness.attention import AttentionProfile
-from posfair.report.plots import save_figure
+from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
+from posfair.report.plots import new_figure, save_figure
 
-__all__ = ["plot_baskets", "plot_view", "plot_layer_heatmap", "save_attention_figures", "attention_section", "summary_html"]
+__all__ = [
+    "plot_baskets", "plot_view", "plot_layer_heatmap", "save_attention_figures", "attention_section", "summary_html",
+    "write_attention_report", "CAPTIONS",
+]  # fmt: skip
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 _XLABEL = {"basket": "content basket", "bin": "relative position in the document (bin)", "segment": "segment position"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _groups(profiles: Sequence[AttentionProfile]) -> list[str]:
@@ -94,14 +96,12 @@ def _title(p: AttentionProfile) -> str:
     return f"{p.group} · " if p.group else ""
 
 
-def plot_view(profiles: Sequence[AttentionProfile], view: str, *, max_cells: int | None = None, title: str = ""):
+def plot_view(profiles: Sequence[AttentionProfile], view: str, *, max_cells: int | None = None, title: str = "") -> Figure:
     """Mean mass per cell of ``view`` ("basket", "bin" or "segment") with 95% bands; one panel per group."""
-    from matplotlib.ticker import MaxNLocator
-
-    plt = _plt()
     groups, colors = _groups(profiles), _colors(profiles)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups) + 0.6, 3.2), squeeze=False)
-    for ax, g in zip(axes[0], groups):
+    fig = new_figure((4.2 * len(groups) + 0.6, 3.2))
+    axes = fig.subplots(1, len(groups), squeeze=False)
+    for ax, g in zip(axes[0], groups, strict=True):
         counts = None
         for p in (q for q in profiles if q.group == g):
             if p.noop:
@@ -134,18 +134,15 @@ def _legend_and_title(fig, ax, title: str) -> None:
     fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.93 if title else 1))
 
 
-def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | None = None, title: str = ""):
+def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | None = None, title: str = "") -> Figure:
     """Figure-4 style: BOS/EOS panel + content baskets, stock vs calibrated overlaid, 95% bands."""
-    plt = _plt()
     groups, colors = _groups(profiles), _colors(profiles)
-    fig, axes = plt.subplots(
-        1, 2 * len(groups), figsize=(5.4 * len(groups) + 0.6, 3.3), squeeze=False,
-        gridspec_kw={"width_ratios": [1, 4] * len(groups)},
-    )  # fmt: skip
+    fig = new_figure((5.4 * len(groups) + 0.6, 3.3))
+    axes = fig.subplots(1, 2 * len(groups), squeeze=False, gridspec_kw={"width_ratios": [1, 4] * len(groups)})
     members = [[p for p in profiles if p.group == g] for g in groups]
     drawn = [[p for p in m if not p.noop] for m in members]
     width = 0.8 / max(1, max(len(m) for m in drawn))
-    for gi, (g, group_profiles) in enumerate(zip(groups, members)):
+    for gi, (g, group_profiles) in enumerate(zip(groups, members, strict=True)):
         ax_sp, ax = axes[0][2 * gi], axes[0][2 * gi + 1]
         for k, p in enumerate(drawn[gi]):
             sp = p.stats("special")
@@ -180,19 +177,21 @@ def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | Non
     return fig
 
 
-def plot_layer_heatmap(profiles: Sequence[AttentionProfile], *, view: str = "basket", max_cells: int | None = None, title: str = ""):
+def plot_layer_heatmap(
+    profiles: Sequence[AttentionProfile], *, view: str = "basket", max_cells: int | None = None, title: str = ""
+) -> Figure:
     """Layer x cell mean mass (content keys only), one panel per profile; the layer set is marked."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(profiles), figsize=(3.8 * len(profiles) + 0.8, 0.35 * profiles[0].num_layers + 1.8), squeeze=False)
+    fig = new_figure((3.8 * len(profiles) + 0.8, 0.35 * profiles[0].num_layers + 1.8))
+    axes = fig.subplots(1, len(profiles), squeeze=False)
     maps = [p.heatmap(view)[:, :max_cells] for p in profiles]
     vmax = max(float(np.nanmax(m)) if m.size and np.isfinite(m).any() else 0.0 for m in maps) or 1.0
     im = None
-    for ax, p, m in zip(axes[0], profiles, maps):
+    for ax, p, m in zip(axes[0], profiles, maps, strict=True):
         im = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, origin="lower",
                        extent=(0.5, m.shape[1] + 0.5, -0.5, p.num_layers - 0.5))  # fmt: skip
         ax.set_xticks(range(1, m.shape[1] + 1))
         ax.set_yticks(range(p.num_layers))
-        ax.set_yticklabels([f"{l}{' *' if l in p.layers else ''}" for l in range(p.num_layers)], fontsize=7)
+        ax.set_yticklabels([f"{layer}{' *' if layer in p.layers else ''}" for layer in range(p.num_layers)], fontsize=7)
         ax.set_xlabel(_XLABEL.get(view, view), fontsize=8)
         ax.set_title(f"{_title(p)}{p.label}" + (f"\n({NOOP_LABEL} = stock)" if p.noop else ""), fontsize=9)
         ax.tick_params(labelsize=7)
@@ -223,25 +222,27 @@ def save_attention_figures(
     return {name: save_figure(fig, out / name) for name, fig in figs.items()}
 
 
+_SUMMARY = """\
+<table><thead><tr>{% for c in header %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
+{% for row in rows %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}
+</tbody></table>"""
+
+
+def _summary_cell(column: str, summary: dict[str, float]) -> str:
+    if column == "calibrated_share":
+        return format_share(summary.get(column))
+    value = summary.get(column)
+    return f"{value:.4g}" if value is not None and np.isfinite(value) else "–"
+
+
 def summary_html(profiles: Sequence[AttentionProfile]) -> str:
     """A table of the headline numbers of each profile (escaped)."""
     rows = [(p.group, p.label + (f" — {NOOP_LABEL}" if p.noop else ""), p.summary()) for p in profiles]
     cols: list[str] = []
     for _, _, s in rows:
         cols += [c for c in s if c not in cols]
-    head = "".join(f"<th>{escape(c)}</th>" for c in ["group", "profile", *cols])
-    body = ""
-    for g, lab, s in rows:
-        cells = "".join(
-            f"<td>{format_share(s.get(c))}</td>"
-            if c == "calibrated_share"
-            else f"<td>{s[c]:.4g}</td>"
-            if c in s and np.isfinite(s[c])
-            else "<td>–</td>"
-            for c in cols
-        )
-        body += f"<tr><td>{escape(g)}</td><td>{escape(lab)}</td>{cells}</tr>"
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = [[g, lab, *(_summary_cell(c, s) for c in cols)] for g, lab, s in rows]
+    return render_string(_SUMMARY, header=["group", "profile", *cols], rows=body)
 
 
 CAPTIONS = {
@@ -252,17 +253,27 @@ CAPTIONS = {
 }
 
 
-def attention_section(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None):
-    """Write the figures to ``out_dir`` and return the report :class:`~posfair.report.html.Section`."""
-    from posfair.report.html import FigureRef, Section, key_value_html
+_INTRO = """\
+<p>Attention of the pooling query ({{ p.query_label }}) averaged over heads and layers {{ p.layers | list }} of \
+{{ p.num_layers }}; content keys (between BOS and EOS) in baskets of {{ p.basket_size }} and in {{ p.n_bins }} \
+relative-position bins.</p>
+{{ params | safe }}{{ summary | safe }}"""
 
+
+def attention_section(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None) -> Section:
+    """Write the figures to ``out_dir`` and return the report :class:`~posfair.report.html.Section`."""
     pngs = save_attention_figures(profiles, out_dir, max_baskets=max_baskets)
     p0 = profiles[0]
-    intro = (
-        f"<p>Attention of the pooling query ({escape(p0.query_label)}) averaged over heads and layers "
-        f"{escape(str(list(p0.layers)))} of {p0.num_layers}; content keys (between BOS and EOS) in baskets of "
-        f"{p0.basket_size} and in {p0.n_bins} relative-position bins.</p>"
-    )
     params = key_value_html({"model": p0.model or "-", "fingerprint": p0.fingerprint, "documents": p0.n_docs})
+    html = render_string(_INTRO, p=p0, params=params, summary=summary_html(profiles))
     figures = [FigureRef(png=png, caption=CAPTIONS[name], alt=name) for name, png in pngs.items()]
-    return Section(title="Attention profile", html=intro + params + summary_html(profiles), figures=figures, anchor="attention-profile")
+    return Section(title="Attention profile", html=html, figures=figures, anchor="attention-profile")
+
+
+def write_attention_report(
+    profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, title: str | None = None, max_baskets: int | None = None
+) -> Path:
+    """The figures and ``<out_dir>/attention.html``, a page with the :func:`attention_section`; returns the page's path."""
+    out = Path(out_dir)
+    section = attention_section(profiles, out, max_baskets=max_baskets)
+    return write_report(out / "attention.html", title or f"Attention profile — {profiles[0].model or 'model'}", [section])

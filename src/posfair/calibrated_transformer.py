@@ -1,0 +1,288 @@
+"""The sentence-transformers input module that calibrates: :class:`CalibratedTransformer`.
+
+A sentence-transformers ``Transformer`` that knows how to calibrate its model's
+attention: it switches the model to posfair's registered attention function when
+the model dispatches through transformers' registry, else installs the fallback
+interception (which mechanism is probed once, :attr:`CalibratedTransformer.mechanism`),
+and in ``forward`` sets the :class:`~posfair.calibration.state.ForwardState` the
+backends read.  It stores a default calibration and the pooling in
+``sentence_bert_config.json``, so a saved folder reloads calibrated.
+
+Which calibration a forward pass runs with is its default unless a
+:func:`calibration_override` is active around the call (``FairModel.using`` /
+``encode(calibration=...)``); :func:`attention_recording` adds a recorder of the
+pooling token's attention rows.  Both are context variables, so concurrent
+threads each see their own.
+
+Saving and loading: :func:`saved_with_posfair` tells a folder that needs this class
+(its ``modules.json`` names it), :data:`MODULE_CLASSES` maps that name to it, and
+:func:`stock_module_type` writes a module without a default calibration as the
+stock ``Transformer`` (so the folder loads without posfair).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posfair import compat
+from posfair.calibration import attention as att
+from posfair.calibration import fallback
+from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
+from posfair.compat import Transformer
+
+__all__ = [
+    "CalibratedTransformer",
+    "MODULE_CLASSES",
+    "attention_recording",
+    "calibration_override",
+    "effective_calibration",
+    "make_calibrated",
+    "saved_with_posfair",
+    "stock_module_type",
+]
+
+_UNSET = object()
+# per-call calibration override: _UNSET = use the module's default; None = stock
+_OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("posfair_override", default=_UNSET)
+# attention recorder for the attention profile: (recorder, layers, queries) or None
+_RECORDING: contextvars.ContextVar[tuple[att.Recorder, frozenset[int], str] | None] = contextvars.ContextVar(
+    "posfair_recording", default=None
+)
+
+# Registered at import so that a pickled model (e.g. in sentence-transformers' multi-process
+# workers) finds posfair's attention functions when it is unpickled.
+att.register()
+
+
+def effective_calibration(default: Calibration | None) -> Calibration | None:
+    """The calibration a forward pass runs with now: the one of an active :func:`calibration_override`
+    (None = stock), else ``default``."""
+    override = _OVERRIDE.get()
+    return default if override is _UNSET else override
+
+
+@contextlib.contextmanager
+def calibration_override(calibration: Calibration | None) -> Iterator[None]:
+    """Within the block, every forward pass runs with ``calibration`` (None = stock) instead of its default."""
+    token = _OVERRIDE.set(calibration)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+@contextlib.contextmanager
+def attention_recording(recorder: att.Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator[None]:
+    """Within the block, forward passes call ``recorder(layer, rows)`` for ``layers`` (see ``FairModel.recording_attention``)."""
+    token = _RECORDING.set((recorder, frozenset(layers), queries))
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def _num_layers(config) -> int:
+    for cfg in (config, getattr(config, "text_config", None)):
+        n = getattr(cfg, "num_hidden_layers", None) if cfg is not None else None
+        if isinstance(n, int) and n > 0:
+            return n
+    raise TypeError(f"cannot tell how many layers {type(config).__name__} has (no num_hidden_layers)")
+
+
+class CalibratedTransformer(Transformer):
+    """A sentence-transformers ``Transformer`` whose attention can be calibrated.
+
+    Extra config keys (saved in ``sentence_bert_config.json``):
+    ``posfair_calibration`` (a :class:`Calibration` as a dict, or None) and
+    ``posfair_pooling`` ("cls" / "mean" / "lasttoken").
+    """
+
+    config_keys = [*Transformer.config_keys, "posfair_calibration", "posfair_pooling"]
+
+    def __init__(self, *args, posfair_calibration: dict | None = None, posfair_pooling: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._posfair_init(posfair_calibration, posfair_pooling)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _posfair_init(self, calibration: dict | Calibration | None, pooling: str | None) -> None:
+        if isinstance(calibration, dict):
+            calibration = Calibration.from_dict(calibration)
+        self.default_calibration: Calibration | None = calibration
+        self.posfair_pooling = pooling
+        self._posfair_mode: str | None = None
+        self._resolved: dict[Calibration, ResolvedCalibration] = {}
+        self._attention_modules = None
+        att.register()
+        model = self.auto_model
+        self.num_layers = _num_layers(model.config)
+        self._refresh_identity()
+        base = getattr(model.config, "_attn_implementation", None)
+        if base in (att.ATTN_SDPA, att.ATTN_EAGER):
+            return
+        try:
+            compat.set_attn_implementation(model, att.ATTN_SDPA)
+        except Exception:  # remote code, or BERT-family on transformers 4.x (see posfair.compat): fallback interception
+            self._posfair_mode = "fallback"
+            return
+        if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
+            self._posfair_mode = "fallback"
+
+    def _refresh_identity(self) -> None:
+        """The config objects of this model's modules: the attention function acts only on these."""
+        model = self.auto_model
+        self._config_ids = frozenset({id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")})
+
+    def __setstate__(self, state: dict) -> None:  # unpickled / deep-copied: new config objects
+        super().__setstate__(state)
+        self._refresh_identity()
+        if self._posfair_mode == "checked-fallback":
+            self._posfair_mode = "fallback"
+        self._attention_modules = None
+
+    @property
+    def posfair_calibration(self) -> dict | None:
+        return self.default_calibration.to_dict() if self.default_calibration is not None else None
+
+    def get_config_dict(self) -> dict[str, Any]:
+        d = super().get_config_dict()
+        d["posfair_calibration"] = self.posfair_calibration
+        d["posfair_pooling"] = self.posfair_pooling
+        return d
+
+    def resolve(self, calibration: Calibration) -> ResolvedCalibration:
+        if self.posfair_pooling not in POOLINGS:
+            raise ValueError(
+                f"cannot calibrate: the pooling is {self.posfair_pooling!r}; pass pooling='cls', 'mean' or 'lasttoken' to load_model"
+            )
+        if calibration not in self._resolved:
+            self._resolved[calibration] = calibration.resolve(self.posfair_pooling, self.num_layers)
+        return self._resolved[calibration]
+
+    def set_attention_base(self, base: str) -> None:
+        """Switch between the fast path (``"sdpa"``) and the explicit full-matrix path (``"eager"``)."""
+        name = {"sdpa": att.ATTN_SDPA, "eager": att.ATTN_EAGER}[base]
+        if self._mode() != "registry":
+            raise TypeError(f"{type(self.auto_model).__name__} does not use transformers' attention registry")
+        compat.set_attn_implementation(self.auto_model, name)
+
+    # -- mechanism detection ---------------------------------------------------------------------
+    def _probe_inputs(self) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(["posfair probe text"], return_tensors="pt")
+        dev = next(self.auto_model.parameters()).device
+        return {k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def _mode(self) -> str:
+        if self._posfair_mode == "registry" or self._posfair_mode == "checked-fallback":
+            return "registry" if self._posfair_mode == "registry" else "fallback"
+        model = self.auto_model
+        inputs = self._probe_inputs()
+        B, L = inputs["input_ids"].shape
+        start, end = att.spans_from_mask(inputs.get("attention_mask"), B, L, inputs["input_ids"].device)
+        every = frozenset(range(self.num_layers))
+        if self._posfair_mode is None:
+            state = att.ForwardState(self._config_ids, start, end, pooling=self.posfair_pooling or "cls")
+            with torch.no_grad(), att.forward_state(state):
+                model(**inputs)
+            if every <= state.visited:
+                self._posfair_mode = "registry"
+                return "registry"
+        # fallback: intercept softmax / SDPA inside each layer's attention module (posfair.calibration.fallback)
+        modules = fallback.find_layer_attention_modules(model, self.num_layers)
+        fallback.install(modules)
+        state = att.ForwardState(
+            self._config_ids, start, end, recorder=lambda _l, _r: None, record_layers=every, pooling=self.posfair_pooling or "cls",
+            length=L, fallback_layers=fallback.layer_map(modules),
+        )  # fmt: skip
+        with torch.no_grad(), att.forward_state(state), fallback.active(state):
+            model(**inputs)
+        fallback.verify(state, type(model).__name__, probe=True)
+        self._attention_modules = modules
+        self._posfair_mode = "checked-fallback"
+        return "fallback"
+
+    @property
+    def mechanism(self) -> str:
+        """ "registry" or "fallback": how calibration reaches this model's attention."""
+        return self._mode()
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
+        cal = effective_calibration(self.default_calibration)
+        recording = _RECORDING.get()
+        if cal is None and recording is None:
+            return super().forward(features, **kwargs)
+        ids = features.get("input_ids")
+        if ids is None:
+            raise TypeError("posfair calibration needs token inputs (input_ids)")
+        B, L = ids.shape[:2]
+        start, end = att.spans_from_mask(features.get("attention_mask"), B, L, ids.device)
+        state = att.ForwardState(
+            self._config_ids,
+            start,
+            end,
+            calibration=self.resolve(cal) if cal is not None else None,
+            pooling=self.posfair_pooling or "cls",
+        )
+        if recording is not None:
+            state.recorder, state.record_layers, state.record_queries = recording
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(att.forward_state(state))
+            if self._mode() != "fallback":
+                return super().forward(features, **kwargs)
+            state.length = L
+            state.fallback_layers = fallback.layer_map(self._attention_modules)
+            stack.enter_context(fallback.active(state))
+            out = super().forward(features, **kwargs)
+            fallback.verify(state, type(self.auto_model).__name__)
+            return out
+
+
+# Saved folders name each module by ``type(module).__module__`` in modules.json, and pickles name
+# classes the same way: the class keeps its public home, ``posfair.model.CalibratedTransformer``,
+# so folders saved by any posfair version load in any other.
+CalibratedTransformer.__module__ = "posfair.model"
+
+#: the modules.json type of a posfair folder -> the class that loads it
+MODULE_CLASSES: dict[str, type] = {f"{CalibratedTransformer.__module__}.{CalibratedTransformer.__name__}": CalibratedTransformer}
+
+
+def make_calibrated(module: Transformer) -> CalibratedTransformer:
+    """Turn a loaded stock ``Transformer`` module into a :class:`CalibratedTransformer` in place
+    (no default calibration; the pooling is set by the caller)."""
+    if not isinstance(module, CalibratedTransformer):
+        module.__class__ = CalibratedTransformer
+        module._posfair_init(None, None)
+    return module
+
+
+@contextlib.contextmanager
+def stock_module_type(module: Transformer) -> Iterator[None]:
+    """Within the block, a :class:`CalibratedTransformer` without a default calibration is a stock
+    ``Transformer`` (what ``save`` then writes: no posfair needed to load the folder)."""
+    if not isinstance(module, CalibratedTransformer) or module.default_calibration is not None:
+        yield
+        return
+    module.__class__ = Transformer
+    try:
+        yield
+    finally:
+        module.__class__ = CalibratedTransformer
+
+
+def saved_with_posfair(path: str) -> bool:
+    """Whether the folder ``path`` holds a module saved by posfair (its modules.json names one)."""
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return False
+    try:
+        entries = json.loads(modules.read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(e.get("type", "")).startswith("posfair.") for e in entries)

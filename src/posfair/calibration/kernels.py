@@ -1,0 +1,256 @@
+"""Explicit attention kernels: the pooling row computed explicitly, and tiled explicit attention.
+
+Both backends (:mod:`posfair.calibration.registry`, :mod:`posfair.calibration.fallback`)
+end in :func:`attend`: the stock kernel (SDPA or eager) runs for all rows, then the
+pooling token's row is recomputed explicitly (``q_pool @ K^T -> softmax -> calibrate
+-> @ V``, :func:`pool_row_attention`) and written into the output, so no
+(heads x L x L) matrix is ever formed.  When every valid row is calibrated
+(``queries="all"``, mean pooling) or recorded, the layer is computed explicitly in
+tiles of query rows (:func:`explicit_attention`) so memory stays bounded by
+:data:`TILE_BYTES`.  ``explicit_attention(naive=True)`` is the full-matrix path:
+the slow reference and the benchmark's "naive" baseline.
+
+Scores and probabilities are computed in float32 whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from posfair.calibration.baskets import calibrate_rows, calibrate_span_
+from posfair.calibration.state import ForwardState
+
+__all__ = ["TILE_BYTES", "attend", "check_supported", "explicit_attention", "pool_row_attention"]
+
+TILE_BYTES = 32 * 2**20  # budget for one tile of explicit scores in the all-rows path
+
+
+def _mask_to_additive(mask: torch.Tensor | None, dtype=torch.float32) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        return torch.where(mask, zero, torch.finfo(dtype).min)
+    return mask.to(dtype).clamp(min=torch.finfo(dtype).min)  # -inf would turn fully masked rows into NaN
+
+
+def _is_causal(module: nn.Module, kwargs: dict) -> bool:
+    flag = kwargs.get("is_causal")
+    return bool(flag if flag is not None else getattr(module, "is_causal", False))
+
+
+def check_supported(kwargs: dict) -> None:
+    for name in ("softcap", "position_bias", "s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"posfair attention calibration does not support attention with `{name}`")
+
+
+def _grouped(query: torch.Tensor, key: torch.Tensor) -> tuple[int, int]:
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) are not a multiple of key/value heads ({kv_heads})")
+    return kv_heads, heads // kv_heads
+
+
+def _explicit_probs(
+    q: torch.Tensor,
+    key: torch.Tensor,
+    mask_rows: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """softmax(q K^T * scaling + mask) for grouped queries.
+
+    q: (B, Hkv, g, T, D); key: (B, Hkv, K, D); mask_rows: additive, broadcastable to (B, Hkv, g, T, K).
+    """
+    # masks are additive with finite minima (never -inf), so a fully masked row is uniform, never NaN
+    scores = torch.matmul(q.float() * scaling, key.float().transpose(-1, -2).unsqueeze(2))
+    if mask_rows is not None:
+        scores.add_(mask_rows)
+    return torch.softmax(scores, dim=-1)
+
+
+def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
+    """Additive mask for one query row per sequence: (B, Hkv|1, g|1, 1, K).
+
+    ``attention_mask``: (B|1, Hm, L|1, K) with Hm = 1 or heads; the rows are picked before
+    the conversion to an additive float mask, so no full float copy of the mask is made.
+    """
+    if attention_mask is None:
+        return None
+    B = rows.shape[0]
+    m = attention_mask.expand(B, *attention_mask.shape[1:])
+    r = rows.to(m.device) if m.shape[2] > 1 else torch.zeros_like(rows, device=m.device)
+    picked = _mask_to_additive(m[torch.arange(B, device=m.device), :, r])  # (B, Hm, K)
+    if picked.shape[1] == 1:
+        return picked[:, :, None, None, :]  # (B,1,1,1,K)
+    return picked.view(B, kv_heads, heads // kv_heads, 1, -1)
+
+
+def _mask_for_tile(attention_mask: torch.Tensor | None, t0: int, t1: int, heads: int, kv_heads: int, B: int) -> torch.Tensor | None:
+    if attention_mask is None:
+        return None
+    rows = attention_mask[:, :, t0:t1] if attention_mask.shape[2] > 1 else attention_mask
+    tile = _mask_to_additive(rows)  # (B|1, Hm, T|1, K)
+    if tile.shape[1] == 1:
+        return tile.unsqueeze(2)  # (B|1, 1, 1, T, K)
+    return tile.reshape(tile.shape[0], kv_heads, heads // kv_heads, *tile.shape[2:])
+
+
+def _causal_additive(t0: int, t1: int, K: int, device) -> torch.Tensor:
+    rows = torch.arange(t0, t1, device=device)[:, None]
+    keys = torch.arange(K, device=device)[None, :]
+    return torch.where(keys <= rows, 0.0, torch.finfo(torch.float32).min)
+
+
+def pool_row_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState,
+    calibrate: bool,
+    record: bool,
+    kwargs: dict,
+) -> torch.Tensor:
+    """The pooling token's attention output (B, H, D), calibrated if asked; records the row."""
+    B, H, L, D = query.shape
+    kv_heads, groups = _grouped(query, key)
+    rows = state.pool_rows().to(query.device)
+    q = query[torch.arange(B, device=query.device), :, rows].view(B, kv_heads, groups, 1, D)
+    mask = _mask_for_rows(attention_mask, rows, H, kv_heads)
+    if mask is None and _is_causal(module, kwargs) and L > 1:
+        K = key.shape[2]
+        causal = torch.where(torch.arange(K, device=query.device)[None, :] <= rows[:, None], 0.0, torch.finfo(torch.float32).min)
+        mask = causal[:, None, None, None, :]
+    probs = _explicit_probs(q, key, mask, scaling)  # (B, Hkv, g, 1, K)
+    if calibrate:
+        cal = state.calibration
+        probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), **cal.basket_kwargs())
+    if record:
+        state.recorder(module.layer_idx, probs.reshape(B, H, -1))
+    out = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, 1, D)
+    return out.reshape(B, H, D)
+
+
+def explicit_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState | None,
+    calibrate_rows_mode: str | None,
+    record: bool,
+    kwargs: dict,
+    tile_rows: int | None = None,
+    naive: bool = False,
+) -> torch.Tensor:
+    """Attention computed explicitly, tiled over query rows; returns (B, L, H, D).
+
+    ``calibrate_rows_mode``: None (stock), "pool" or "all" — which rows get calibrated.
+    With ``tile_rows=None`` the tile size follows :data:`TILE_BYTES`.  ``naive=True``
+    is the hook-style baseline: the full matrix in one tile, calibrated with the
+    general per-row function (the benchmark's "naive" path and a slow cross-check).
+    """
+    B, H, L, D = query.shape
+    K = key.shape[2]
+    kv_heads, groups = _grouped(query, key)
+    if naive:
+        tile_rows = L
+    elif tile_rows is None:
+        tile_rows = max(1, min(L, TILE_BYTES // max(1, B * H * K * 4)))
+    causal = attention_mask is None and _is_causal(module, kwargs) and L > 1
+    q_all = query.view(B, kv_heads, groups, L, D)
+    out = torch.empty(B, L, H, D, dtype=value.dtype, device=value.device)
+    rec_sum = None
+    if record and state is not None:
+        rec_sum = torch.zeros(B, H, K, dtype=torch.float32, device=query.device)
+    if state is not None:
+        start = state.start.view(B, 1, 1, 1).to(query.device)
+        end = state.end.view(B, 1, 1, 1).to(query.device)
+    for t0 in range(0, L, tile_rows):
+        t1 = min(L, t0 + tile_rows)
+        mask = _mask_for_tile(attention_mask, t0, t1, H, kv_heads, B)
+        if causal:
+            c = _causal_additive(t0, t1, K, query.device)
+            mask = c if mask is None else mask + c
+        probs = _explicit_probs(q_all[:, :, :, t0:t1], key, mask, scaling)  # (B, Hkv, g, T, K)
+        if calibrate_rows_mode == "all" and not naive:
+            # fast path: every row of a sequence shares its span; padding query rows are calibrated
+            # too, which is harmless (their outputs only reach masked keys and are never pooled)
+            kw = state.calibration.basket_kwargs()
+            for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist(), strict=True)):
+                calibrate_span_(probs[b], s_b, e_b, **kw)
+        elif calibrate_rows_mode == "pool" and state is not None:
+            # only the pooling row is calibrated (what a hook on eager weights does)
+            pool = state.pool_rows().to(query.device)
+            inside = (pool >= t0) & (pool < t1)
+            if bool(inside.any()):
+                b_idx = torch.arange(B, device=query.device)
+                r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
+                row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
+                cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), **state.calibration.basket_kwargs())
+                probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
+        elif calibrate_rows_mode == "all" and state is not None:
+            cal = calibrate_rows(probs, start, end, **state.calibration.basket_kwargs())
+            rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
+            probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)
+        if rec_sum is not None:
+            if state.record_queries == "all":
+                rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
+                valid = ((rows >= start) & (rows <= end)).unsqueeze(-1).float()
+                rec_sum += (probs * valid).sum(dim=3).reshape(B, H, K)
+            else:
+                pool = state.pool_rows().to(query.device)
+                inside = (pool >= t0) & (pool < t1)
+                if bool(inside.any()):
+                    idx = (pool - t0).clamp(0, t1 - t0 - 1)
+                    picked = probs[torch.arange(B, device=query.device), :, :, idx]  # (B, Hkv, g, K)
+                    rec_sum += picked.reshape(B, H, K) * inside.view(B, 1, 1).float()
+        o = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, T, D)
+        out[:, t0:t1] = o.reshape(B, H, t1 - t0, D).transpose(1, 2)
+    if rec_sum is not None:
+        if state.record_queries == "all":
+            n = (state.end - state.start + 1).to(rec_sum.device).float().view(B, 1, 1)
+            rec_sum = rec_sum / n
+        state.recorder(module.layer_idx, rec_sum)
+    return out
+
+
+def attend(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState,
+    calibrate: bool,
+    record: bool,
+    kwargs: dict,
+    stock: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """The attention output (B, L, H, D) of a calibrated and/or recorded layer.
+
+    ``stock()`` runs the stock kernel for all rows (returning (B, L, H, D)); the pooling
+    row is then recomputed explicitly and written in.  When every valid row is calibrated
+    (``queries="all"``) or recorded, the layer is computed explicitly in tiles instead.
+    Shared by the registry function and the fallback's intercepted SDPA call.
+    """
+    check_supported(kwargs)
+    if calibrate and state.calibration.queries == "all":
+        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs)
+    if record and state.record_queries == "all":
+        # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding
+        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "pool" if calibrate else None, record, kwargs)
+    out = stock()
+    rows = state.pool_rows().to(out.device)
+    row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs)
+    B = out.shape[0]
+    return out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))

@@ -1,0 +1,71 @@
+"""The registry backend: calibration through transformers' attention registry.
+
+Used for transformers 5.x (BERT, XLM-RoBERTa, ModernBERT, Qwen3, most current
+architectures) and, on transformers 4.x, Qwen3 and the other architectures that
+dispatch through ``ALL_ATTENTION_FUNCTIONS`` (see :mod:`posfair.compat`).  The
+model's attention implementation is switched to a name registered in
+transformers' ``AttentionInterface`` (and, for its masks, ``AttentionMaskInterface``).
+The registered function calls the stock SDPA kernel for all rows; in calibrated
+or recorded layers it hands over to :func:`~posfair.calibration.kernels.attend`,
+which recomputes the pooling row explicitly (or the whole layer in tiles).
+
+When no calibration is active the registered function is exactly the stock
+kernel, so a model switched to it produces bit-identical embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from posfair.calibration.kernels import attend, check_supported, explicit_attention
+from posfair.calibration.state import active_state
+from posfair.compat import attention_registries, sdpa_attention_forward
+
+__all__ = ["ATTN_SDPA", "ATTN_EAGER", "register"]
+
+ATTN_SDPA = "posfair_sdpa"
+ATTN_EAGER = "posfair_eager"  # explicit full-matrix path: the slow reference and the "naive" benchmark baseline
+
+
+def _make_attention_function(base: str) -> Callable:
+    def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        state = active_state()
+        calibrate, record = state.wants(module) if state is not None else (False, False)
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        if base == "eager_explicit":
+            if state is not None and (calibrate or record):
+                check_supported(kwargs)
+            mode = state.calibration.queries if calibrate else None
+            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, naive=True)
+            return out, None
+        if not (calibrate or record):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+        def stock() -> torch.Tensor:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)[0]
+
+        return attend(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, stock), None
+
+    posfair_attention.__name__ = f"posfair_attention_{base}"
+    return posfair_attention
+
+
+_REGISTERED = False
+
+
+def register() -> None:
+    """Register posfair's attention functions (and their mask builders) with transformers."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    AttentionInterface, AttentionMaskInterface, sdpa_mask, eager_mask = attention_registries()
+    AttentionInterface.register(ATTN_SDPA, _make_attention_function("sdpa"))
+    AttentionInterface.register(ATTN_EAGER, _make_attention_function("eager_explicit"))
+    # Without a mask function registered under the same name, transformers would pass
+    # attention_mask=None and padding would be silently ignored.
+    AttentionMaskInterface.register(ATTN_SDPA, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_EAGER, eager_mask)
+    _REGISTERED = True

@@ -1,0 +1,101 @@
+"""The forward state: what one forward pass asks of the attention backends.
+
+A :class:`ForwardState` is active for the duration of one forward pass (a
+``ContextVar``, so threads and async tasks each see their own), holding the
+resolved calibration, each sequence's valid span (from the 2D padding mask) and
+an optional recorder of the pooling token's attention rows (used by the
+attention profile).  Both backends -- the registry function
+(:mod:`posfair.calibration.registry`) and the fallback interception
+(:mod:`posfair.calibration.fallback`) -- read it; the model layer sets it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from posfair.calibration.params import ResolvedCalibration
+
+__all__ = ["Recorder", "ForwardState", "active_state", "forward_state", "spans_from_mask"]
+
+# recorder(layer_idx, rows) with rows of shape (batch, heads, keys): the pooling
+# token's post-softmax (post-calibration) row, or for queries="all" the mean over
+# valid query rows.
+Recorder = Callable[[int, torch.Tensor], None]
+
+
+@dataclass
+class ForwardState:
+    config_ids: frozenset[int]
+    start: torch.Tensor  # (B,) first valid position
+    end: torch.Tensor  # (B,) last valid position
+    calibration: ResolvedCalibration | None = None
+    recorder: Recorder | None = None
+    record_layers: frozenset[int] = frozenset()
+    record_queries: str = "pool"  # "pool" or "all"
+    pooling: str = "cls"
+    visited: set[int] = field(default_factory=set)
+    # fallback backend (posfair.calibration.fallback) only:
+    length: int | None = None  # tokens per sequence of the batch (the attention's query and key length)
+    fallback_layers: dict[int, int] = field(default_factory=dict)  # id(attention module) -> layer index
+    fallback_active: list = field(default_factory=list)  # (id(module), mode) pushed by the forward pre-hooks
+    fallback_calls: dict[int, list[int]] = field(default_factory=dict)  # layer -> attention calls seen, per module call
+
+    def wants(self, module: nn.Module) -> tuple[bool, bool]:
+        """(calibrate, record) for this attention module."""
+        if id(getattr(module, "config", None)) not in self.config_ids:
+            return False, False
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            return False, False
+        self.visited.add(layer)
+        return self.layer_wants(layer)
+
+    def layer_wants(self, layer: int) -> tuple[bool, bool]:
+        """(calibrate, record) for layer ``layer``."""
+        cal = self.calibration is not None and layer in self.calibration.layer_set
+        rec = self.recorder is not None and layer in self.record_layers
+        return cal, rec
+
+    def pool_rows(self) -> torch.Tensor:
+        return self.end if self.pooling == "lasttoken" else self.start
+
+
+_STATE: contextvars.ContextVar[ForwardState | None] = contextvars.ContextVar("posfair_state", default=None)
+
+
+def active_state() -> ForwardState | None:
+    """The forward state of the forward pass running in this context (None outside one)."""
+    return _STATE.get()
+
+
+@contextlib.contextmanager
+def forward_state(state: ForwardState) -> Iterator[ForwardState]:
+    """Make ``state`` the active forward state for the block."""
+    token = _STATE.set(state)
+    try:
+        yield state
+    finally:
+        _STATE.reset(token)
+
+
+def spans_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last valid position per sequence from a 2D (B, L) padding mask."""
+    if attention_mask is None:
+        return (torch.zeros(batch, dtype=torch.long, device=device), torch.full((batch,), length - 1, dtype=torch.long, device=device))
+    m = attention_mask.bool()
+    pos = torch.arange(m.shape[1], device=m.device)
+    big = m.shape[1]
+    start = torch.where(m, pos, big).min(dim=1).values
+    end = torch.where(m, pos, -1).max(dim=1).values
+    if bool((end < 0).any()):
+        raise ValueError("a sequence in the batch has no valid token (all-zero attention mask)")
+    n_valid = m.sum(1)
+    if bool((n_valid != end - start + 1).any()):
+        raise ValueError("posfair needs each sequence's valid tokens to be one contiguous span (left or right padding)")
+    return start, end

@@ -1,0 +1,217 @@
+"""The audit's figures, HTML report sections and files on disk (what :meth:`AuditResult.save` writes).
+
+Functions of an :class:`~posfair.fairness.results.AuditResult`; the generic
+rendering (page assembly, tables, profile grids, saving figures) is the
+:mod:`posfair.report` package's.  The section markup is kept here as Jinja
+template strings, rendered with autoescaping by :func:`posfair.report.html.render_string`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from posfair.calibration.coverage import NOOP_LABEL
+from posfair.fairness.analysis import coverage_messages
+from posfair.fairness.experiment import STOCK
+from posfair.fairness.ols import MARK_LEGEND
+from posfair.fairness.tables import coverage_table, fidelity_table
+from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
+from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
+from posfair.report.plots import ProfileSeries, profile_grid, save_figure, tradeoff_scatter
+from posfair.report.tables import Table, to_html, to_markdown, write_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from posfair.fairness.results import AuditResult
+
+__all__ = ["profile_figure", "fidelity_figure", "report_sections", "save_result", "FIDELITY_ALT"]
+
+log = logging.getLogger(__name__)
+
+FIDELITY_ALT = "fidelity: σ profile spread against own-segment recall"
+COLORS = ("#1f4e9c", "#b2182b", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+
+
+# -- figures ---------------------------------------------------------------------------------------
+def profile_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
+    """Mean sigma / tau per position with 95% intervals over segment sets; grid n x config; variants overlaid."""
+    obs = result.observations
+    rows, cols = sorted(obs["n"].unique()), result.configs
+    series = []
+    variants = [(STOCK, "main")] + [(cal, setting) for cal, s in result.variants if cal != STOCK and s == setting]
+    noop = set(result.noop_calibrations())
+    for k, (cal, s) in enumerate(variants):
+        d = obs[(obs["calibration"] == cal) & (obs["setting"] == s)]
+        label = cal if s == "main" else f"{cal} (control)"
+        if cal in noop:  # identical to stock: named in the legend, not drawn over the stock line
+            label += f" — {NOOP_LABEL}, = stock"
+        for m, style in (("sigma", "-"), ("tau", "--")):
+            if m in result.measures:
+                data = pd.DataFrame({"row": d["n"], "col": d["config"], "x": d["position"], "value": d[m], "cluster": d["set_id"]})
+                series.append(
+                    ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, COLORS[k % len(COLORS)], style, draw=cal not in noop)
+                )
+    base = obs[(obs["calibration"] == STOCK) & (obs["setting"] == "main")]
+    bars = pd.DataFrame({"row": base["n"], "col": base["config"], "x": base["position"], "bar": base["seg_tokens"]})
+    return profile_grid(
+        series, rows=rows, cols=cols, bars=bars, row_label=lambda n: f"n = {n}", ylabel="cosine similarity",
+        bar_label="mean tokens", title=title,
+    )  # fmt: skip
+
+
+def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
+    """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
+    fid = result.fidelity()
+    fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK)]
+    points = pd.DataFrame({
+        "panel": [f"n = {n}, {c}" for n, c in zip(fid["n"], fid["config"], strict=True)], "label": fid["calibration"],
+        "x": fid["spread"], "y": fid["recall"], "reference": fid["calibration"] == STOCK,
+    })  # fmt: skip
+    return tradeoff_scatter(points, xlabel="σ profile spread (max - min over positions)", ylabel="own-segment recall@n", title=title)
+
+
+# -- HTML sections ---------------------------------------------------------------------------------
+_INFERENCE = """\
+{% if inference %}<p class="inference">Inference: {{ inference }}.</p>{% endif %}
+{% if few %}<p class="warning">Few clusters: {{ few }}</p>{% endif %}
+"""
+
+_SUMMARY = """\
+<p>Coefficients β<sub>p</sub> of the positional-fairness regression (σ, difference of position p to position 1; \
+negative = later segments under-represented); G: segment sets (clusters) per instance. {{ legend }}.</p>
+{{ inference | safe }}{{ headline | safe }}
+{% for note in coverage_notes %}<p class="warning">{{ note }}</p>
+{% endfor %}
+{{ coverage | safe }}"""
+
+_PROFILES = """\
+<p>Mean σ (solid) and τ (dashed) per position with 95% intervals over segment sets; grey bars: mean segment \
+length in tokens per position; rows: n, columns: language configuration.</p>"""
+
+_TABLES = """\
+{{ inference | safe }}
+{% for t in tables %}
+{% if t.detail %}<details class="detail"><summary>{{ t.title }}</summary>{{ t.html | safe }}</details>{% else %}{{ t.html | safe }}{% endif %}
+{% endfor %}"""
+
+_FIDELITY = """\
+<p>A flat σ profile can hide a collapse: if calibration makes every document embedding alike, each document \
+is equally similar to its segments but no more than to anything else. The margin, own-segment recall and \
+drift show what the flattening costs.</p>
+{{ table | safe }}"""
+
+_DOCUMENTS = """\
+{{ table | safe }}
+{% for note in notes %}<p>{{ note }}</p>
+{% endfor %}"""
+
+_PARAMETERS = """\
+<h3>Model</h3>{{ model | safe }}<h3>Corpus</h3>{{ corpus | safe }}<h3>Settings</h3>{{ settings | safe }}
+<h3>Calibrations</h3>{% for c in calibrations %}<pre>{{ c }}</pre>{% endfor %}
+<h3>Timings (s)</h3>{{ timings | safe }}"""
+
+
+def report_sections(
+    result: AuditResult, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None
+) -> list[Section]:
+    """Summary, profiles, fidelity, OLS tables, documents, ``extra_sections``, run parameters."""
+    figures = figures or []
+    inference = render_string(_INFERENCE, inference=result.inference_text(), few=result.few_clusters_message())
+    hf = result.headline_frame()
+    headline = to_html(Table("Headline: β2, β3 per instance", hf if len(hf) else pd.DataFrame(), name="headline"))
+    coverage = dict(coverage_notes=[], coverage="")
+    if result.calibrations:  # the calibrated-share table, with a warning line per calibration that left documents stock
+        cov = result.coverage()
+        coverage = dict(coverage_notes=coverage_messages(cov), coverage=to_html(coverage_table(cov, result.model["name"])))
+    summary = Section("Summary", render_string(_SUMMARY, legend=MARK_LEGEND, inference=inference, headline=headline, **coverage))
+    fig_section = Section("Profiles", render_string(_PROFILES), figures=[f for f in figures if f.alt != FIDELITY_ALT])
+    coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
+    tables = Section(
+        "OLS tables",
+        render_string(
+            _TABLES,
+            inference=inference,
+            tables=[dict(detail=t.name.endswith("_detail"), title=t.title, html=to_html(t)) for t in coef_tables],
+        ),
+    )
+    fidelity = []
+    if result.has_fidelity:
+        table = to_html(fidelity_table(result.fidelity(), result.model["name"]))
+        fidelity = [Section("Fidelity", render_string(_FIDELITY, table=table), figures=[f for f in figures if f.alt == FIDELITY_ALT])]
+    sampling = pd.DataFrame(result.sampling).drop(columns=["notes"], errors="ignore")
+    documents = Section(
+        "Documents",
+        render_string(
+            _DOCUMENTS,
+            table=to_html(Table("Sampling per instance", sampling, name="sampling")),
+            notes=[n for s in result.sampling for n in s.get("notes", [])],
+        ),
+    )
+    params = Section(
+        "Run parameters",
+        render_string(
+            _PARAMETERS,
+            model=key_value_html(result.model),
+            corpus=key_value_html(result.corpus),
+            settings=key_value_html(result.settings),
+            calibrations=[json.dumps(c, sort_keys=True) for c in result.calibrations],
+            timings=key_value_html({k: f"{v:.1f}" for k, v in result.timings.items()}),
+        ),
+    )
+    return [summary, fig_section, *fidelity, tables, documents, *(extra_sections or []), params]
+
+
+# -- files -----------------------------------------------------------------------------------------
+def save_result(result: AuditResult, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None) -> dict[str, Path]:
+    """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
+    out = Path(out_dir)
+    log.info("writing the audit to %s", out)
+    paths: dict[str, Path] = {}
+    paths["observations"] = atomic_write_parquet(out / "observations.parquet", result.observations)
+    paths["coefficients"] = atomic_write_text(out / "coefficients.csv", result.coefficients.to_csv(index=False))
+    for t in result.tables():
+        for kind, p in write_table(t, out / "tables").items():
+            paths[f"table:{t.name}.{kind}"] = p
+    figures = []
+    settings = ["main"] + (["control"] if any(s == "control" for _, s in result.variants) else [])
+    for setting in settings:
+        title_fig = "calibrated documents vs stock standalone segments (control)" if setting == "control" else ""
+        png = save_figure(profile_figure(result, setting, title_fig), out / "figures" / f"profiles_{setting}")
+        paths[f"figure:{setting}"] = out / "figures" / f"profiles_{setting}.png"
+        cap = (
+            "Semantic-fidelity control: calibrated documents against stock standalone segments, overlaid on the stock run."
+            if setting == "control"
+            else "Stock and calibrated runs (calibration applied to documents and standalone segments)."
+        )
+        figures.append(FigureRef(png, cap))
+    if result.has_fidelity:
+        png = save_figure(fidelity_figure(result), out / "figures" / "fidelity")
+        paths["figure:fidelity"] = out / "figures" / "fidelity.png"
+        paths["fidelity"] = atomic_write_text(out / "fidelity.csv", result.fidelity().to_csv(index=False))
+        figures.append(
+            FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT)
+        )
+    hf = result.headline_frame()
+    few = result.few_clusters_message()
+    caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {result.inference_text()}." + (f" Few clusters: {few}" if few else "")
+    paths["headline"] = atomic_write_text(
+        out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, caption, "headline")) if len(hf) else ""
+    )
+    paths["run"] = atomic_write_json(
+        out / "run.json",
+        {"model": result.model, "corpus": result.corpus, "settings": result.settings, "calibrations": result.calibrations,
+         "sampling": result.sampling, "timings": result.timings, "headline": result.headline()},
+    )  # fmt: skip
+    paths["report"] = write_report(
+        out / "report.html",
+        title or f"Positional-fairness audit: {result.model['name']}",
+        report_sections(result, figures, extra_sections),
+        subtitle=f"corpus {result.corpus.get('name', '')} · {len(result.observations):,} observations",
+    )
+    return paths

@@ -1,0 +1,189 @@
+"""The audit's tables: the paper's coefficient layout, every coefficient in detail, fidelity and coverage.
+
+Each function formats numbers from :mod:`posfair.fairness.analysis` into a
+:class:`posfair.report.tables.Table` (cells as strings: estimates with their
+significance marks, G, calibrated shares), which the report package writes as
+Markdown, CSV, LaTeX and HTML.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from posfair.calibration.coverage import NOOP_LABEL, format_share
+from posfair.fairness.analysis import few_clusters, is_noop, safe_name, share_of
+from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference
+from posfair.report.tables import Table
+
+__all__ = [
+    "coefficient_table", "coefficient_detail_table", "fidelity_table", "coverage_table", "MEASURE_TITLES",
+    "CLUSTER_ROW", "SHARE_ROW", "FIDELITY_CAPTION", "COVERAGE_CAPTION", "format_estimate",
+]  # fmt: skip
+
+MEASURE_TITLES = {
+    "sigma": "positional fairness (sigma = cos(document, standalone segment))",
+    "tau": "information retention (tau = cos(standalone, contextualised segment))",
+}
+CLUSTER_ROW = "G (segment sets)"
+SHARE_ROW = "calibrated_share"
+
+
+def format_estimate(estimate: float, mark: str, digits: int) -> str:
+    """``estimate`` to ``digits`` decimals (never "-0.000") followed by its significance mark."""
+    s = f"{estimate:.{digits}f}"
+    if s.startswith("-") and float(s) == 0:
+        s = s[1:]
+    return s + (f" {mark}" if mark else "")
+
+
+def _fmt_p(p: float) -> str:
+    if p is None or not np.isfinite(p):
+        return ""
+    return f"{p:.3g}"
+
+
+def _few_note(sub: pd.DataFrame) -> str:
+    few = few_clusters(sub)
+    if not len(few):
+        return ""
+    which = ", ".join(f"n={r.n} {r.config} (G={r.clusters})" for r in few.itertuples(index=False))
+    return f" Fewer than {FEW_CLUSTERS} segment sets, p-values approximate: {which}."
+
+
+def _inference_caption(sub: pd.DataFrame) -> str:
+    labels = list(dict.fromkeys(sub["inference"])) if "inference" in sub and len(sub) else []
+    return f"Inference: {describe_inference(labels)}." if labels else ""
+
+
+def _coef_label(position: int) -> str:
+    return "β0 (intercept)" if position == 1 else f"β{position} ({position} vs. 1)"
+
+
+def _index(index: list[tuple], names: list[str]) -> pd.MultiIndex | None:
+    return pd.MultiIndex.from_tuples(index, names=names) if index else None
+
+
+def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 3,
+                      coverage: pd.DataFrame | None = None) -> Table:  # fmt: skip
+    """The paper's Table 1 layout: rows (n, beta_k), columns language configurations.
+
+    Each n block ends with a row ``G (segment sets)``: the clusters every p-value (mark) of the
+    block rests on; the caption names the inference and the instances with G < 20.  With
+    ``coverage`` (:func:`~posfair.fairness.analysis.coverage_summary`) a row ``calibrated_share``
+    follows: the fraction of the instance's documents the calibration changed ("—" for stock); a
+    calibration that changed none is marked "no-op: nothing calibrated" in the title (its
+    coefficients are the stock ones).
+    """
+    sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
+    index, cells = [], []
+    for n in sorted(sub["n"].unique()):
+        for pos in range(1, int(n) + 1):
+            index.append((int(n), _coef_label(pos)))
+            row = []
+            for c in configs:
+                hit = sub[(sub["n"] == n) & (sub["config"] == c) & (sub["position"] == pos)]
+                row.append(format_estimate(hit["estimate"].iloc[0], "" if pos == 1 else hit["mark"].iloc[0], digits) if len(hit) else "")
+            cells.append(row)
+        index.append((int(n), CLUSTER_ROW))
+        g_row = []
+        for c in configs:
+            hit = sub[(sub["n"] == n) & (sub["config"] == c)]
+            g_row.append(str(int(hit["clusters"].iloc[0])) if len(hit) else "")
+        cells.append(g_row)
+        if coverage is not None:
+            index.append((int(n), SHARE_ROW))
+            cells.append([format_share(share_of(coverage, calibration, n, c)) for c in configs])
+    frame = pd.DataFrame(cells, columns=configs, index=_index(index, ["n", "coefficient"]))
+    variant = calibration if setting == "main" else f"{calibration}, control: calibrated documents vs stock segments"
+    if coverage is not None and is_noop(coverage, calibration):
+        variant += f" — {NOOP_LABEL}, identical to stock"
+    return Table(
+        title=f"OLS coefficients, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
+        frame=frame,
+        caption=(
+            f"{MEASURE_TITLES[measure]}. OLS on position dummies (position 1 = baseline), standard errors clustered "
+            f"by segment set; G = number of segment sets (clusters). {_inference_caption(sub)} "
+            f"Statistical significance: {MARK_LEGEND}.{_few_note(sub)}"
+        ),
+        name=f"{measure}_{safe_name(calibration)}_{setting}",
+    )
+
+
+def coefficient_detail_table(
+    coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 4
+) -> Table:
+    """Every coefficient with its SE, t, p-value, mark, G and inference: rows (n, configuration, coefficient)."""
+    sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
+    index, cells = [], []
+    for n in sorted(sub["n"].unique()):
+        for c in configs:
+            for r in sub[(sub["n"] == n) & (sub["config"] == c)].sort_values("position").itertuples(index=False):
+                index.append((int(n), c, _coef_label(r.position)))
+                cells.append([
+                    format_estimate(r.estimate, "", digits), f"{r.se:.{digits}f}", f"{r.t:.2f}" if np.isfinite(r.t) else "",
+                    _fmt_p(r.p), "" if r.position == 1 else r.mark, str(int(r.clusters)), r.inference,
+                ])  # fmt: skip
+    columns = ["estimate", "SE", "t", "p", "mark", "G", "inference"]
+    frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "configuration", "coefficient"]))
+    variant = calibration if setting == "main" else f"{calibration}, control"
+    return Table(
+        title=f"OLS coefficients with standard errors and p-values, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
+        frame=frame,
+        caption=(
+            f"{MEASURE_TITLES[measure]}. SE: CR1 cluster-robust (clusters = segment sets); G: number of segment sets. "
+            f"{_inference_caption(sub)} Marks: {MARK_LEGEND}.{_few_note(sub)}"
+        ),
+        name=f"{measure}_{safe_name(calibration)}_{setting}_detail",
+    )
+
+
+FIDELITY_CAPTION = (
+    "σ by position: mean cos(document, standalone segment) at positions 1..n; spread: max - min of those means; "
+    "max |β|: the largest |β_p| (p ≥ 2) of the σ regression; other-set cos: mean cos(document, standalone segments of "
+    "the other segment sets of the instance); margin: σ minus that (per position, and overall); recall@n: share of the "
+    "document's n segments among its n most similar standalone segments (its own n and those of every other set); "
+    "drift: cos(document, stock embedding of the same document), 1 for stock. Control rows compare the calibrated "
+    "documents with stock standalone segments."
+)
+
+
+def _profile(row: pd.Series, prefix: str) -> str:
+    return "/".join(f"{row[f'{prefix}_p{p}']:.3f}" for p in range(1, int(row["n"]) + 1))
+
+
+def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
+    """The fidelity summary (:func:`~posfair.fairness.analysis.fidelity_summary`) formatted: rows (n, configuration, variant)."""
+    index, cells = [], []
+    shares = "calibrated_share" in summary.columns
+    for r in summary.itertuples(index=False):
+        s = pd.Series(r._asdict())
+        variant = r.calibration if r.setting == "main" else f"{r.calibration} (control)"
+        index.append((int(r.n), r.config, variant))
+        cells.append([
+            _profile(s, "sigma"), f"{r.spread:.3f}", "" if pd.isna(r.max_abs_beta) else f"{r.max_abs_beta:.3f}",
+            f"{r.other_cos:.3f}", _profile(s, "margin"), f"{r.margin:.3f}", f"{r.recall:.3f}", f"{r.drift:.3f}",
+        ] + ([format_share(s["calibrated_share"])] if shares else []))  # fmt: skip
+    columns = ["σ by position", "spread", "max |β|", "other-set cos", "margin by position", "margin", "recall@n", "drift"]
+    columns += ["calibrated_share"] if shares else []
+    frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "configuration", "variant"]))
+    return Table(title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity")
+
+
+COVERAGE_CAPTION = (
+    "calibrated_share: fraction of the instance's documents whose embedding the calibration changes. A document whose "
+    "content (its tokens minus the isolated BOS/EOS keys) is shorter than one basket is encoded stock (the authors' rule), "
+    "and so is one of exactly one basket when no isolated key is reweighted (calibration is then the identity). "
+    f"Share 0 = {NOOP_LABEL}: the calibrated figures are the stock ones. Standalone segments follow the same rule."
+)
+
+
+def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
+    """:func:`~posfair.fairness.analysis.coverage_summary` formatted: rows (calibration, n, configuration)."""
+    cov = coverage[coverage["calibrated_share"].notna()]
+    index = [(r.calibration, int(r.n), r.config) for r in cov.itertuples(index=False)]
+    cells = [[str(int(r.documents)), str(int(r.calibrated)), format_share(r.calibrated_share)] for r in cov.itertuples(index=False)]
+    frame = pd.DataFrame(
+        cells, columns=["documents", "calibrated", "calibrated_share"], index=_index(index, ["calibration", "n", "configuration"])
+    )
+    return Table(title=f"Calibrated share per configuration ({model})", frame=frame, caption=COVERAGE_CAPTION, name="coverage")

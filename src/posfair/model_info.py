@@ -1,0 +1,105 @@
+"""What posfair reads off any sentence-transformers model: its token limits and its cache identity.
+
+:func:`token_limit` is the one rule of every command and pipeline for how many tokens
+a text is encoded with (:func:`position_limit` is what the model's position table
+allows); :func:`model_fingerprint` is the identity under which embeddings are cached.
+All three work for a :class:`~posfair.model.FairModel` and for a plain
+``SentenceTransformer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import torch
+
+from posfair import compat
+
+__all__ = ["model_fingerprint", "position_limit", "token_limit"]
+
+# RoBERTa-style embeddings number positions from padding_idx + 1 (padding_idx = pad_token_id)
+_ROBERTA_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert")
+
+
+def _auto_config(model):
+    first = next(iter(model._modules.values()), None) if hasattr(model, "_modules") else None
+    auto = getattr(first, "auto_model", None) or getattr(first, "model", None)
+    return getattr(auto, "config", None)
+
+
+def position_limit(model) -> int | None:
+    """The most tokens (special tokens included) the model's position embeddings allow.
+
+    ``max_position_embeddings`` of the transformers config; RoBERTa-family models number
+    positions from ``pad_token_id + 1``, so they lose ``pad_token_id + 1`` entries (XLM-R:
+    514 - 2 = 512).  Without a position table the tokenizer's ``model_max_length`` is used;
+    None when neither is known.  Works for any sentence-transformers model.
+    """
+    cfg = _auto_config(model)
+    n = getattr(cfg, "max_position_embeddings", None) if cfg is not None else None
+    if isinstance(n, int) and n > 0:
+        if getattr(cfg, "model_type", "") in _ROBERTA_POSITIONS:
+            pad = getattr(cfg, "pad_token_id", None)
+            n -= (1 if pad is None else int(pad)) + 1
+        return int(n)
+    tml = getattr(getattr(model, "tokenizer", None), "model_max_length", None)
+    if isinstance(tml, int) and 0 < tml < 1_000_000:
+        return tml
+    return None
+
+
+def token_limit(model, max_seq_length: int | None = None) -> int:
+    """The token limit posfair encodes with: the one rule every command and pipeline follows.
+
+    ``max_seq_length`` (a user's ``--max-seq-length``) if given, else the model's own
+    configured ``max_seq_length`` (what sentence-transformers truncates at: 256 for the
+    bundled all-MiniLM-L6-v2), else its position limit.  A request above the position
+    limit, or below 4 tokens, is refused with ``ValueError``.
+    """
+    limit = position_limit(model)
+    if max_seq_length is not None:
+        if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, (int, np.integer)):
+            raise ValueError(f"max_seq_length must be a whole number; got {max_seq_length!r}")
+        if max_seq_length < 4 or (limit is not None and max_seq_length > limit):
+            raise ValueError(
+                f"max_seq_length must be in [4, {limit if limit is not None else 'inf'}] for this model "
+                f"(4 to its position limit); got {max_seq_length}"
+            )
+        return int(max_seq_length)
+    configured = getattr(model, "max_seq_length", None)
+    if isinstance(configured, int) and configured > 0:
+        return configured if limit is None else min(configured, limit)
+    if limit is None:
+        raise ValueError("cannot tell the model's token limit (no max_seq_length, no position table): pass max_seq_length")
+    return limit
+
+
+def _weights_digest(model: torch.nn.Module) -> str:
+    digest = getattr(model, "_posfair_weights_digest", None)
+    if digest is None:
+        h = hashlib.sha256()
+        with torch.no_grad():
+            for name, p in sorted(model.state_dict().items()):
+                h.update(name.encode())
+                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if p.numel() else b"")
+        digest = h.hexdigest()
+        model._posfair_weights_digest = digest  # weights are fixed at inference time
+    return digest
+
+
+def model_fingerprint(model) -> str:
+    """The cache identity of any sentence-transformers model (a FairModel or a plain one)."""
+    h = hashlib.sha256(_weights_digest(model).encode())
+    auto = getattr(next(iter(model._modules.values()), None), "auto_model", None)
+    if auto is not None:
+        h.update(type(auto).__name__.encode())
+        h.update(auto.config.to_json_string(use_diff=False).encode())
+    tok = getattr(model, "tokenizer", None)
+    pooling = getattr(model, "pooling", None)
+    if pooling is None:
+        pooling = [compat.pooling_mode(m) for m in model._modules.values()]
+    h.update(json.dumps([str(pooling), model.max_seq_length, getattr(tok, "padding_side", None), type(tok).__name__, len(tok) if tok is not None else 0,
+                         [type(m).__name__ for m in model._modules.values()]]).encode())  # fmt: skip
+    return h.hexdigest()[:20]

@@ -1,0 +1,51 @@
+"""Position-aware retrieval benchmarks: the published ones and one built offline.
+
+Published benchmarks (definitions in ``shared/specs/retrieval-benchmarks.md``,
+reproducing the reference code of Zeng et al. 2025 / PosIR):
+
+* :func:`load_squad_posq` - SQuAD v2 (hub ``rajpurkar/squad_v2``), train +
+  validation; answerable questions are the queries, every context (exact-string
+  deduplicated, sorted) is the corpus; groups by first answer start.
+* :func:`load_fineweb_posq` - ``NovaSearch/FineWeb-PosQ`` split train; groups
+  by ``span_class``.
+* :func:`load_posir` - ``infgrad/PosIR-Benchmark-v1``:
+  ``<lang-Script>/<domain>/{queries.parquet, corpus.parquet, qrels/test.parquet}``;
+  retrieval is per domain (each domain has its own corpus), monolingual or
+  cross-lingual (queries + qrels of one language against the corpus of another).
+
+Each loader takes a hub id (the normal path, needs the hub) or a local copy in
+the published layout: a directory saved with ``datasets.save_to_disk``, a
+directory of data files as on the hub, a single parquet / json(l) file, or (for
+PosIR) the downloaded directory tree.  :func:`load_benchmark` takes any of them
+by name, hub id or path.
+
+:func:`build_from_corpus` builds a benchmark from any aligned corpus and saves it
+in PosIR's layout (:func:`load_posir` reads it back, with extra per-segment
+position groups).
+
+Modules: :mod:`.benchmark` (the :class:`RetrievalBenchmark` object), :mod:`.sources`
+(reading rows from the hub or a local copy), :mod:`.posq` (SQuAD-PosQ, FineWeb-PosQ),
+:mod:`.posir` (PosIR), :mod:`.load` (:func:`load_benchmark`), :mod:`.build`
+(:func:`build_from_corpus`).
+"""
+
+from posfair.retrieval.benchmarks.benchmark import RetrievalBenchmark
+from posfair.retrieval.benchmarks.build import build_from_corpus
+from posfair.retrieval.benchmarks.load import BENCHMARK_NAMES, load_benchmark
+from posfair.retrieval.benchmarks.posir import POSIR_HUB_ID, POSIR_LANGS, load_posir, posir_lang
+from posfair.retrieval.benchmarks.posq import FINEWEB_HUB_ID, SQUAD_HUB_ID, load_fineweb_posq, load_squad_posq
+
+__all__ = [
+    "RetrievalBenchmark",
+    "SQUAD_HUB_ID",
+    "FINEWEB_HUB_ID",
+    "POSIR_HUB_ID",
+    "POSIR_LANGS",
+    "BENCHMARK_NAMES",
+    "load_squad_posq",
+    "load_fineweb_posq",
+    "load_posir",
+    "load_benchmark",
+    "build_from_corpus",
+    "posir_lang",
+]

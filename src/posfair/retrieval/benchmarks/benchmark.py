@@ -1,0 +1,104 @@
+"""The benchmark object every loader returns: queries, a corpus, binary qrels and positional metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["RetrievalBenchmark"]
+
+
+@dataclass
+class RetrievalBenchmark:
+    """Queries, a corpus, binary qrels and the positional metadata of each query.
+
+    ``groups`` maps a group label to a boolean mask over the queries (groups may
+    overlap, as published).  ``length_bucket`` / ``relpos`` (PosIR-style) give
+    each query's length bucket (``"Q1"``..``"Q4"`` or None) and relative position
+    (NaN when undefined).  When ``query_domains`` / ``corpus_domains`` are set,
+    a query is searched only against the documents of its own domain, and its
+    qrels refer to document ids of that domain.
+    """
+
+    name: str
+    corpus_ids: list[str]
+    corpus_texts: list[str]
+    query_ids: list[str]
+    query_texts: list[str]
+    qrels: dict[str, dict[str, int]]
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
+    length_bucket: list[str | None] | None = None
+    relpos: np.ndarray | None = None
+    query_domains: list[str] | None = None
+    corpus_domains: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        nq, nd = len(self.query_ids), len(self.corpus_ids)
+        if nd == 0:
+            raise ValueError(f"benchmark {self.name!r} has an empty corpus")
+        if nq == 0:
+            raise ValueError(f"benchmark {self.name!r} has no queries")
+        if len(self.corpus_texts) != nd or len(self.query_texts) != nq:
+            raise ValueError(f"benchmark {self.name!r}: ids and texts differ in length")
+        if (self.query_domains is None) != (self.corpus_domains is None):
+            raise ValueError("query_domains and corpus_domains must be given together")
+        qdom = self.query_domains or [""] * nq
+        cdom = self.corpus_domains or [""] * nd
+        if len(qdom) != nq or len(cdom) != nd:
+            raise ValueError(f"benchmark {self.name!r}: domain lists do not match the queries / corpus")
+        self._doc_index: dict[tuple[str, str], int] = {}
+        for i, (d, did) in enumerate(zip(cdom, self.corpus_ids, strict=True)):
+            if (d, did) in self._doc_index:
+                raise ValueError(f"benchmark {self.name!r}: duplicate document id {did!r}" + (f" in domain {d!r}" if d else ""))
+            self._doc_index[(d, did)] = i
+        rel: list[np.ndarray] = []
+        for qid, d in zip(self.query_ids, qdom, strict=True):
+            judged = self.qrels.get(qid)
+            if not judged:
+                raise ValueError(f"benchmark {self.name!r}: query {qid!r} has no qrels")
+            idx = []
+            for did, score in judged.items():
+                if (d, did) not in self._doc_index:
+                    raise ValueError(f"benchmark {self.name!r}: qrels of query {qid!r} name unknown document {did!r}")
+                if score > 0:
+                    idx.append(self._doc_index[(d, did)])
+            if not idx:
+                raise ValueError(f"benchmark {self.name!r}: query {qid!r} has no relevant document (score > 0)")
+            rel.append(np.asarray(sorted(idx), dtype=np.int64))
+        self.relevant = rel
+        for label, mask in list(self.groups.items()):
+            mask = np.asarray(mask, dtype=bool)
+            if mask.shape != (nq,):
+                raise ValueError(f"group {label!r}: mask has shape {mask.shape}, expected ({nq},)")
+            self.groups[label] = mask
+        if self.length_bucket is not None and len(self.length_bucket) != nq:
+            raise ValueError("length_bucket must have one entry per query")
+        if self.relpos is not None:
+            self.relpos = np.asarray(self.relpos, dtype=float)
+            if self.relpos.shape != (nq,):
+                raise ValueError("relpos must have one entry per query")
+
+    @property
+    def is_posir(self) -> bool:
+        return self.length_bucket is not None and self.relpos is not None
+
+    def domain_slices(self) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """``(domain, query indices, document indices)`` for each domain (one '' domain if none)."""
+        if self.query_domains is None:
+            return [("", np.arange(len(self.query_ids)), np.arange(len(self.corpus_ids)))]
+        q = np.asarray(self.query_domains, dtype=object)
+        c = np.asarray(self.corpus_domains, dtype=object)
+        return [(d, np.flatnonzero(q == d), np.flatnonzero(c == d)) for d in dict.fromkeys(self.query_domains)]
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "queries": len(self.query_ids), "documents": len(self.corpus_ids)}
+        out["groups"] = {k: int(v.sum()) for k, v in self.groups.items()}
+        if self.length_bucket is not None:
+            out["length_buckets"] = dict(sorted(pd.Series([b for b in self.length_bucket if b]).value_counts().items()))
+        if self.query_domains is not None:
+            out["domains"] = len(set(self.query_domains))
+        return out

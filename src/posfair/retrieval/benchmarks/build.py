@@ -1,0 +1,157 @@
+"""Building a position-aware benchmark offline from an aligned corpus, saved in PosIR's layout.
+
+:func:`~posfair.retrieval.benchmarks.posir.load_posir` reads it back, with extra
+per-segment position groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from posfair.io import atomic_write_json, atomic_write_parquet
+from posfair.retrieval.benchmarks.posir import posir_lang
+
+__all__ = ["build_from_corpus"]
+
+
+def build_from_corpus(
+    corpus: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    langs: Sequence[str] = ("en",),
+    k: int = 3,
+    seed: int = 0,
+    name: str = "aligned",
+    domain: str = "all",
+    max_doc_tokens: int | None = 510,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
+    separator: str = "\n\n",
+    budget_langs: Sequence[str] | None = None,
+    max_seq_length: int | None = None,
+) -> Path:
+    """Build a position-aware benchmark from an aligned corpus and save it in PosIR's layout.
+
+    ``corpus`` has one row per (segment ``id``, ``lang``) with ``text`` and
+    ``title`` (the text excludes the title).  Segments present with a non-empty
+    title and text in every language of ``langs`` are used.  If
+    ``max_doc_tokens`` is set, segments longer than ``max_doc_tokens // k``
+    tokens in any language are dropped, so every document of k segments fits
+    (token counts from ``count_tokens(texts)`` - without special tokens - or
+    else from the corpus column ``n_tokens_minilm``); ``budget_langs`` limits
+    that check to the languages whose documents will be searched (e.g. ``["en"]``
+    for en and de -> en retrieval; default: every language).  The remaining segments
+    are shuffled (``numpy.random.default_rng(seed)``) and cut into documents of
+    k consecutive segments (the last document may be shorter); every segment is
+    in exactly one document, and documents have the same ids and segment order
+    in every language.  For each segment the query is its title; the relevant
+    document is the one holding it.  Per language ``<lang-Script>/<domain>/``
+    gets ``corpus.parquet`` (``_id, text``), ``queries.parquet`` (PosIR columns
+    + ``segment_id, segment_position, n_segments``) and ``qrels/test.parquet``;
+    ``benchmark.json`` records the construction (with ``max_seq_length``, the token
+    limit of the model the budget was derived from, when given).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1; got {k}")
+    if not langs:
+        raise ValueError("langs must name at least one language")
+    missing = [c for c in ("id", "lang", "text", "title") if c not in corpus.columns]
+    if missing:
+        raise ValueError(f"corpus is missing column(s) {missing}; found {list(corpus.columns)}")
+    df = corpus.copy()
+    df["id"] = df["id"].astype(str)
+    df = df[df["text"].fillna("").str.strip().ne("") & df["title"].fillna("").str.strip().ne("")]
+    per_lang = {}
+    for lang in langs:
+        sub = df[df["lang"] == lang]
+        if sub.empty:
+            raise ValueError(
+                f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}"
+            )
+        if sub["id"].duplicated().any():
+            raise ValueError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
+        per_lang[lang] = sub.set_index("id")
+    ids = sorted(set.intersection(*(set(s.index) for s in per_lang.values())))
+    if not ids:
+        raise ValueError(f"no segment id is present in every language of {list(langs)}")
+    n_aligned = len(ids)
+    n_tokens: dict[str, pd.Series] = {}
+    for lang, sub in per_lang.items():
+        if count_tokens is not None:
+            n_tokens[lang] = pd.Series([int(n) for n in count_tokens(sub.loc[ids, "text"].tolist())], index=ids)
+        elif "n_tokens_minilm" in sub.columns:
+            n_tokens[lang] = sub.loc[ids, "n_tokens_minilm"].astype(int)
+    if max_doc_tokens is not None:
+        if not n_tokens:
+            raise ValueError("max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column")
+        cap = max_doc_tokens // k
+        keep = set(ids)
+        checked = [lang for lang in (budget_langs or langs)]
+        unknown = set(checked) - set(langs)
+        if unknown:
+            raise ValueError(f"budget_langs {sorted(unknown)} are not among langs {list(langs)}")
+        for lang in checked:
+            counts = n_tokens[lang]
+            keep &= set(counts.index[counts <= cap])
+        ids = [i for i in ids if i in keep]
+        if not ids:
+            raise ValueError(f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language")
+    order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+    docs = [order[i : i + k] for i in range(0, len(order), k)]
+    width = len(str(len(docs)))
+    doc_ids = [f"d{j:0{width}d}" for j in range(len(docs))]
+    out = Path(out_dir)
+    for lang, sub in per_lang.items():
+        ldir = out / posir_lang(lang) / domain
+        corpus_rows, query_rows, qrel_rows = [], [], []
+        for did, segs in zip(doc_ids, docs, strict=True):
+            parts, spans, pos = [], [], 0
+            for s in segs:
+                text = sub.at[s, "text"]
+                spans.append((pos, pos + len(text)))
+                parts.append(text)
+                pos += len(text) + len(separator)
+            doc_text = separator.join(parts)
+            tok = int(sum(int(n_tokens[lang][s]) for s in segs)) if lang in n_tokens else None
+            corpus_rows.append({"_id": did, "text": doc_text})
+            for p, (s, span) in enumerate(zip(segs, spans, strict=True), start=1):
+                qid = f"q-{s}"
+                query_rows.append(
+                    {
+                        "_id": qid,
+                        "text": sub.at[s, "title"],
+                        "pos_char_span": list(span),
+                        "pos_char_length": len(doc_text),
+                        "pos_token_length": tok,
+                        "segment_id": s,
+                        "segment_position": p,
+                        "n_segments": len(segs),
+                    }
+                )
+                qrel_rows.append({"query-id": qid, "corpus-id": did, "score": 1})
+        atomic_write_parquet(ldir / "corpus.parquet", pd.DataFrame(corpus_rows))
+        atomic_write_parquet(ldir / "queries.parquet", pd.DataFrame(query_rows))
+        atomic_write_parquet(ldir / "qrels" / "test.parquet", pd.DataFrame(qrel_rows))
+    atomic_write_json(
+        out / "benchmark.json",
+        {
+            "name": name,
+            "domain": domain,
+            "langs": [posir_lang(x) for x in langs],
+            "k": k,
+            "seed": seed,
+            "max_doc_tokens": max_doc_tokens,
+            "max_seq_length": max_seq_length,
+            "budget_langs": [posir_lang(x) for x in (budget_langs or langs)],
+            "segments_aligned": n_aligned,
+            "segments_used": len(ids),
+            "segments_dropped_too_long": n_aligned - len(ids),
+            "documents": len(docs),
+            "separator": separator,
+            "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
+        },
+    )
+    return out

@@ -1,0 +1,211 @@
+"""Namespaces: sets of vectors of one kind and dimension, addressed by key, in a store folder.
+
+An :class:`EmbeddingStore` is a folder of namespaces; each namespace is a folder
+named by a hash of its defining metadata (``meta.json``), holding shards and a
+manifest.  Opening one runs the manifest check and reads its shards
+(:func:`~posfair.store.manifest.open_namespace_dir`).  Keys are caller-chosen
+strings; :func:`text_key` gives the usual one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posfair.io import atomic_write_json
+from posfair.store.manifest import open_namespace_dir
+from posfair.store.settings import MANIFEST, canonical, embedding_meta, embedding_settings, run_settings
+from posfair.store.shards import set_aside, write_shard
+
+__all__ = ["EmbeddingStore", "Namespace", "embedding_namespace", "text_key"]
+
+
+def text_key(text: str, *extra: str) -> str:
+    """The cache key of a text: sha256 over the text and any extra qualifiers."""
+    h = hashlib.sha256()
+    for part in (*extra, text):
+        h.update(part.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def _namespace_id(meta: dict[str, Any]) -> str:
+    blob = json.dumps(meta, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _ensure_meta(path: Path, meta: dict[str, Any]) -> None:
+    """Create a namespace folder with its ``meta.json``, or check the existing one agrees."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"embedding store namespace {path} is a file, not a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    meta_file = path / "meta.json"
+    want = canonical(meta)
+    if meta_file.exists():
+        try:
+            stored = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            set_aside(meta_file, f"not readable: {exc}", what="namespace metadata", then="it is written again")
+            atomic_write_json(meta_file, meta)  # the folder name is the hash of the metadata: rewrite it
+            return
+        if stored != want:
+            raise ValueError(f"embedding store namespace {path} holds different metadata: {stored} != {meta}")
+    else:
+        atomic_write_json(meta_file, meta)
+
+
+class Namespace:
+    """One set of vectors of the same kind and dimension, addressed by key.
+
+    Opening it runs :func:`open_namespace_dir` (settings check, shard checks,
+    damaged shards set aside); ``settings``: extra settings of the run (see
+    :func:`embedding_settings`).
+    """
+
+    def __init__(self, path: Path, meta: dict[str, Any], settings: dict[str, Any] | None = None):
+        self.path = Path(path)
+        self.meta = meta
+        self.settings = run_settings(meta, **(settings or {}))
+        self._index: dict[str, tuple[int, int]] = {}
+        self._shards: list[np.ndarray] = []
+        self._seen_files: set[str] = set()
+        _ensure_meta(self.path, meta)
+        self.manifest = open_namespace_dir(self.path, self.settings, self._add)
+
+    @property
+    def dim(self) -> int | None:
+        """The vector dimension (None while the namespace is empty)."""
+        return self.manifest.get("dim")
+
+    def _add(self, name: str, keys: Sequence[str], vectors: np.ndarray) -> None:
+        shard = len(self._shards)
+        self._shards.append(vectors)
+        for row, k in enumerate(keys):
+            self._index.setdefault(k, (shard, row))
+        self._seen_files.add(name)
+
+    def refresh(self) -> None:
+        """Pick up shards written since the namespace was opened (e.g. by another process), checking each."""
+        self.manifest = open_namespace_dir(self.path, self.settings, self._add, seen=self._seen_files)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """Keys not stored yet, in first-seen order, without duplicates."""
+        out, seen = [], set()
+        for k in keys:
+            if k not in self._index and k not in seen:
+                seen.add(k)
+                out.append(k)
+        return out
+
+    def get(self, keys: Sequence[str]) -> np.ndarray:
+        """Vectors for ``keys`` (all must be present), stacked in order."""
+        absent = [k for k in keys if k not in self._index]
+        if absent:
+            raise KeyError(f"{len(absent)} keys are not in the store (first: {absent[0]})")
+        if not keys:
+            return np.zeros((0, self.dim or 0), dtype=np.float32)
+        return np.stack([self._shards[s][r] for s, r in (self._index[k] for k in keys)])
+
+    def put(self, keys: Sequence[str], vectors: np.ndarray, name: str | None = None) -> None:
+        """Write one shard atomically (temporary file + rename); ``name``: see :func:`write_shard`."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim == 2 and len(vectors) and self.dim is not None and vectors.shape[1] != self.dim:
+            raise ValueError(f"{self.path} holds vectors of {self.dim} dimensions; refusing to add vectors of {vectors.shape[1]}")
+        name = write_shard(self.path, keys, vectors, name, settings=self.settings)
+        if name is None:
+            return
+        self._add(name, list(keys), vectors)
+        if self.dim is None:
+            self.manifest = {**self.manifest, "dim": int(vectors.shape[1])}
+            atomic_write_json(self.path / MANIFEST, self.manifest)
+
+    def get_or_compute(
+        self,
+        keys: Sequence[str],
+        items: Sequence[Any],
+        compute: Callable[[list[Any]], np.ndarray],
+        chunk_size: int = 256,
+        progress: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Return vectors for ``keys``, computing the missing ones with ``compute(items)``.
+
+        ``items[i]`` is what ``compute`` needs for ``keys[i]`` (usually the text).
+        Missing items are computed in chunks of ``chunk_size``; each chunk is
+        stored as one shard before the next starts, so a killed run loses at
+        most one chunk.  ``progress(n)`` is called with the number of items done.
+        """
+        if len(keys) != len(items):
+            raise ValueError(f"{len(keys)} keys but {len(items)} items")
+        todo = self.missing(keys)
+        if todo:
+            first = {}
+            for k, it in zip(keys, items, strict=True):  # lengths checked above
+                first.setdefault(k, it)
+            for start in range(0, len(todo), chunk_size):
+                chunk = todo[start : start + chunk_size]
+                vecs = np.asarray(compute([first[k] for k in chunk]), dtype=np.float32)
+                if len(vecs) != len(chunk):
+                    raise ValueError(f"compute returned {len(vecs)} vectors for {len(chunk)} items")
+                self.put(chunk, vecs)
+                if progress is not None:
+                    progress(len(chunk))
+        return self.get(keys)
+
+
+class EmbeddingStore:
+    """A directory of :class:`Namespace` s."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"embedding store {self.root} is a file, not a folder")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._open: dict[str, Namespace] = {}
+
+    def namespace(self, **meta: Any) -> Namespace:
+        """The namespace defined by ``meta`` (e.g. model=fingerprint, calibration=key, kind='sentence')."""
+        return self.open_namespace(meta)
+
+    def open_namespace(self, meta: dict[str, Any], settings: dict[str, Any] | None = None) -> Namespace:
+        """The namespace defined by ``meta``, opened with the run's extra ``settings`` (see :class:`Namespace`)."""
+        meta = canonical(meta)
+        nid = _namespace_id(meta)
+        if nid not in self._open:
+            self._open[nid] = Namespace(self.root / nid, meta, settings)
+        return self._open[nid]
+
+    def namespace_dir(self, **meta: Any) -> Path:
+        """The folder of the namespace defined by ``meta``, created (with its meta.json) but not loaded.
+
+        For writers that add shards without reading the vectors already there (``posfair embed``,
+        which checks it with :func:`open_namespace_dir`).
+        """
+        meta = canonical(meta)
+        path = self.root / _namespace_id(meta)
+        _ensure_meta(path, meta)
+        return path
+
+
+def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration=None, prompt: str | None = None) -> Namespace:
+    """The one namespace of *pooled embeddings of texts* for a model, calibration and prompt.
+
+    Every part of posfair (``encode``, the audit's segments and documents, the
+    retrieval queries and documents, sweeps, ``posfair embed`` on Ray) reads and
+    writes pooled embeddings here, keyed by :func:`text_key` of the text, stored
+    exactly as the model returns them (consumers normalise when they need to).
+    So an embedding computed once, by any command, is never computed again.
+    Opening it checks the namespace's manifest (:func:`open_namespace_dir`).
+    """
+    return store.open_namespace(embedding_meta(fingerprint, calibration, prompt), embedding_settings(fingerprint, calibration, prompt))

@@ -1,0 +1,308 @@
+"""What the tuner optimises: objectives mapping ``(calibration or None, split)`` to metrics.
+
+* :class:`Objective` - the interface (``evaluate``, ``score``, ``guard``, ``calibrated_share``);
+* :class:`FunctionObjective` - any function;
+* :class:`FairnessObjective` - flatten the audit's σ profile, keep own-segment recall@n;
+* :class:`RetrievalObjective` - raise Harm of nDCG@10 over position groups, keep nDCG@10.
+
+The data are split once into *dev* (:data:`DEV`, searched) and *test* (:data:`TEST`,
+reported) with :func:`split_ids`.  The search itself is :mod:`posfair.tuning.search`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from posfair import encoding as enc
+from posfair.calibration import Calibration
+from posfair.calibration.coverage import calibration_coverage, quiet_fallback
+from posfair.fairness.documents import Instance
+from posfair.fairness.evaluator import corpus_fingerprint
+from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info, run_instances
+from posfair.fairness.results import AuditResult, fidelity_summary, fit_all
+from posfair.model import model_fingerprint
+from posfair.progress import ProgressCallback
+from posfair.retrieval.benchmarks import RetrievalBenchmark
+from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+from posfair.store import EmbeddingStore
+
+__all__ = [
+    "DEV",
+    "TEST",
+    "STOCK",
+    "Objective",
+    "FunctionObjective",
+    "FairnessObjective",
+    "RetrievalObjective",
+    "split_ids",
+    "default_fairness_settings",
+]
+
+DEV, TEST = "dev", "test"
+STOCK = "stock"
+
+
+class Objective:
+    """What the tuner optimises: ``evaluate(calibration or None, split) -> metrics``.
+
+    ``score``: the metric optimised (``greater_is_better`` says which way);
+    ``guard``: the metric constrained (higher is better; a setting may lose at
+    most ``max_drop`` of it against the stock model); ``columns``: metrics shown in
+    the tables.  ``describe()`` identifies the objective (checked when resuming).
+    """
+
+    name = "objective"
+    score = "score"
+    greater_is_better = False
+    guard = "guard"
+    columns: tuple[str, ...] = ()
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        raise TypeError(f"{type(self).__name__} must define evaluate(calibration, split)")
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        """Fraction of the split's texts ``calibration`` changes (0 = a no-op the search skips); None = unknown."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "score": self.score,
+            "guard": self.guard,
+            "greater_is_better": self.greater_is_better,
+            "columns": list(self.columns),
+        }
+
+
+class FunctionObjective(Objective):
+    """An objective given as a function ``fn(calibration or None, split) -> dict of metrics``."""
+
+    def __init__(self, fn: Callable[[Calibration | None, str], dict[str, float]], *, score: str = "score", guard: str = "guard",
+                 greater_is_better: bool = False, name: str = "function", identity: Any = None,
+                 share: Callable[[Calibration, str], float | None] | None = None):  # fmt: skip
+        """``share(calibration, split)``: optional calibrated share of the split's texts (see :meth:`Objective.calibrated_share`)."""
+        self.fn, self.name, self.identity, self.share = fn, name, identity, share
+        self.score, self.guard, self.greater_is_better = score, guard, greater_is_better
+        self.columns = (score, guard)
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        return dict(self.fn(calibration, split))
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        return None if self.share is None else self.share(calibration, split)
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {"identity": self.identity}
+
+
+def split_ids(ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Seeded split of unique ids into (dev, test); each side gets at least one id."""
+    uniq = sorted(dict.fromkeys(ids))
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+    if len(uniq) < 2:
+        raise ValueError(f"need at least 2 units to split into dev and test; got {len(uniq)}")
+    order = [uniq[i] for i in np.random.default_rng(seed).permutation(len(uniq))]
+    k = min(len(uniq) - 1, max(1, int(round(test_fraction * len(uniq)))))
+    test = sorted(order[:k])
+    dev = sorted(order[k:])
+    return dev, test
+
+
+class FairnessObjective(Objective):
+    """Flatten the σ profile (``spread``, or ``max_abs_beta``) while keeping own-segment recall@n.
+
+    The audit's instances are built once; their segment sets are split into dev and
+    test (seeded, per instance), and each split is measured on its own documents, with
+    its own standalone segments as the pool of the fidelity measures.  Metrics are
+    means over instances: ``spread``, ``max_abs_beta``, ``recall``, ``margin``,
+    ``other_cos``, ``drift``, ``sigma_mean`` and ``sigma_p<k>`` (single-n audits).
+    """
+
+    name = "fairness"
+    guard = "recall"
+    greater_is_better = False
+    columns = ("spread", "max_abs_beta", "recall", "margin", "other_cos", "drift")
+
+    def __init__(self, model, corpus: pd.DataFrame, settings=None, *, store=None, score: str = "spread", test_fraction: float = 0.5,
+                 seed: int = 0, progress: ProgressCallback | None = None):  # fmt: skip
+        """``progress(description, total, already_done)``: the audit's encoding progress (see
+        :func:`posfair.fairness.experiment.run_instances`)."""
+        if score not in ("spread", "max_abs_beta"):
+            raise ValueError(f"the fairness score is 'spread' or 'max_abs_beta'; got {score!r}")
+        self.score = score
+        self.model = model
+        self.settings = settings or default_fairness_settings()
+        if not isinstance(self.settings, AuditSettings):
+            raise TypeError("settings must be an AuditSettings")
+        self.info = make_model_info(model, self.settings)
+        self.store = store if isinstance(store, EmbeddingStore) or store is None else EmbeddingStore(store)
+        self.progress = progress
+        self.corpus_fingerprint = corpus_fingerprint(corpus)
+        self.test_fraction, self.seed = test_fraction, seed
+        self.instances: dict[str, list[Instance]] = {DEV: [], TEST: []}
+        for inst in build_instances(corpus, self.settings, enc.model_tokenizer(model), self.info.limit):
+            set_ids = [s.set_id for s in inst.sets]
+            if len(set_ids) < 4:
+                raise ValueError(
+                    f"instance {inst.key} has {len(set_ids)} segment sets; a dev/test split needs at least 4 (2 per split): raise the document count"
+                )
+            dev, test = split_ids(set_ids, test_fraction, seed)
+            for split, ids in ((DEV, set(dev)), (TEST, set(test))):
+                self.instances[split].append(
+                    Instance(
+                        inst.n,
+                        inst.config,
+                        [s for s in inst.sets if s.set_id in ids],
+                        [d for d in inst.documents if d.set_id in ids],
+                        inst.report,
+                    )
+                )
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {
+            "model": self.info.fingerprint, "corpus": self.corpus_fingerprint, "settings": self.settings.to_dict(),
+            "test_fraction": self.test_fraction, "seed": self.seed,
+        }  # fmt: skip
+
+    def split_sets(self, split: str) -> list[str]:
+        return [s.set_id for inst in self.instances[split] for s in inst.sets]
+
+    def observations(self, calibrations: Sequence[Calibration], split: str) -> pd.DataFrame:
+        """Observations of stock + ``calibrations`` on one split (through the cache)."""
+        if self.store is None:
+            self._tmp = getattr(self, "_tmp", None) or tempfile.TemporaryDirectory(prefix="posfair-tune-")
+            self.store = EmbeddingStore(self._tmp.name)
+        with quiet_fallback():  # the share is reported per trial (Trial.calibrated_share), not per encode call
+            obs, _ = run_instances(
+                self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress
+            )
+        return obs
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        """Share of the split's documents ``calibration`` changes (their token counts are known: no encoding)."""
+        resolve = getattr(getattr(self.model, "transformer_module", None), "resolve", None)
+        if resolve is None:
+            return None
+        lengths = [d.n_tokens for inst in self.instances[split] for d in inst.documents]
+        return calibration_coverage(resolve(calibration), lengths).share
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        obs = self.observations([calibration] if calibration is not None else [], split)
+        label = calibration.label() if calibration is not None else STOCK
+        obs = obs[(obs["calibration"] == label) & (obs["setting"] == "main")]
+        fid = fidelity_summary(obs, fit_all(obs, ["sigma"], warn=False))
+        out = {m: float(fid[m].mean()) for m in self.columns}
+        out["sigma_mean"] = float(obs["sigma"].mean())
+        if fid["n"].nunique() == 1:
+            for p in range(1, int(fid["n"].iloc[0]) + 1):
+                out[f"sigma_p{p}"] = float(fid[f"sigma_p{p}"].mean())
+        out["documents"] = float(obs["doc_id"].nunique())
+        return out
+
+    def audit_result(self, calibrations: Sequence[Calibration], split: str, corpus_name: str = "") -> AuditResult:
+        """An :class:`~posfair.fairness.results.AuditResult` of stock + ``calibrations`` on one split (cached)."""
+        obs = self.observations(calibrations, split)
+        return AuditResult(
+            model=self.info.to_dict(), corpus={"name": f"{corpus_name} ({split} split)", "fingerprint": self.corpus_fingerprint},
+            settings=self.settings.to_dict(), calibrations=[{"label": c.label(), "key": c.key(), **c.to_dict()} for c in calibrations],
+            observations=obs, coefficients=fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()]),
+            sampling=[i.report.to_dict() | {"instance": i.key, "split": split, "sets_in_split": len(i.sets)} for i in self.instances[split]],
+        )  # fmt: skip
+
+
+def default_fairness_settings(**overrides: Any) -> AuditSettings:
+    """The tuner's audit: English, n = 3, 120 documents (20 segment sets: 10 dev, 10 test), no τ, no control."""
+    kw: dict[str, Any] = dict(n_values=(3,), configs=("en",), target_docs=120, seed=0, batch_size=16, retention=False, control=False)
+    kw.update(overrides)
+    return AuditSettings(**kw)
+
+
+class RetrievalObjective(Objective):
+    """Raise Harm of nDCG@10 over position groups while keeping aggregate nDCG@10.
+
+    Queries are split into dev and test by their relevant document (all queries of a
+    document land in the same split); documents are encoded calibrated (the whole
+    corpus is searched in both splits), queries stock.
+    """
+
+    name = "retrieval"
+    score = "harm"
+    greater_is_better = True
+    guard = "ndcg@10"
+    columns = ("harm", "psi", "ndcg@10")
+
+    def __init__(
+        self,
+        model,
+        benchmark,
+        *,
+        store=None,
+        test_fraction: float = 0.5,
+        seed: int = 0,
+        batch_size: int = 32,
+        query_prompt: str | None = "auto",
+        show_progress_bar: bool | None = False,
+        progress: ProgressCallback | None = None,
+    ):
+        """``show_progress_bar`` / ``progress``: each trial's encoding progress, as
+        :class:`~posfair.retrieval.evaluator.PositionalRetrievalEvaluator` (off by default: the
+        search shows one bar over the trials)."""
+        if not benchmark.groups:
+            raise ValueError(f"benchmark {benchmark.name!r} has no positional groups: Harm needs them")
+        self.model = model
+        self.benchmark = benchmark
+        self.store = store if isinstance(store, EmbeddingStore) or store is None else EmbeddingStore(store)
+        self.batch_size = batch_size
+        self.query_prompt = query_prompt
+        self.show_progress_bar, self.progress = show_progress_bar, progress
+        self.test_fraction, self.seed = test_fraction, seed
+        self.fingerprint = model_fingerprint(model)
+        self._shares: dict[str, float] = {}
+        unit = [
+            f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)
+        ]
+        dev, test = split_ids(unit, test_fraction, seed)
+        self.splits = {}
+        for split, ids in ((DEV, set(dev)), (TEST, set(test))):
+            self.splits[split] = self._subset(np.array([u in ids for u in unit]), split)
+        self.columns = ("harm", "psi", "ndcg@10", *sorted(k for k in self.splits[DEV].groups))
+
+    def _subset(self, mask: np.ndarray, split: str) -> RetrievalBenchmark:
+        b = self.benchmark
+        idx = np.flatnonzero(mask)
+        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+        return RetrievalBenchmark(
+            name=f"{b.name}[{split}]", corpus_ids=b.corpus_ids, corpus_texts=b.corpus_texts, query_ids=pick(b.query_ids),
+            query_texts=pick(b.query_texts), qrels={b.query_ids[i]: b.qrels[b.query_ids[i]] for i in idx},
+            groups={g: m[idx] for g, m in b.groups.items() if m[idx].any()}, length_bucket=pick(b.length_bucket),
+            relpos=None if b.relpos is None else b.relpos[idx], query_domains=pick(b.query_domains), corpus_domains=b.corpus_domains, meta=b.meta,
+        )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {
+            "model": self.fingerprint, "benchmark": self.benchmark.summary(), "test_fraction": self.test_fraction, "seed": self.seed,
+        }  # fmt: skip
+
+    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+        ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt,
+                                          report_fallback=False, show_progress_bar=self.show_progress_bar, progress=self.progress)  # fmt: skip
+        res = ev.evaluate(self.model)
+        out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
+        for g, v in res.groups.items():
+            out[g] = float(v)
+        out["queries"] = float(len(res.query_ids))
+        return out
+
+    def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
+        """Share of the corpus documents ``calibration`` changes (both splits search the whole corpus)."""
+        if not callable(getattr(self.model, "calibration_coverage", None)):
+            return None
+        if calibration.key() not in self._shares:
+            self._shares[calibration.key()] = self.model.calibrated_share(self.benchmark.corpus_texts, calibration)
+        return self._shares[calibration.key()]

@@ -1,0 +1,408 @@
+"""Choosing a calibration: grid search with a fine strength search, a constraint, a Pareto front, a held-out test.
+
+The search runs on the *dev* split only:
+
+1. the stock model (strength 0) gives the reference of the constraint;
+2. the coarse grid basket size x layer set x strength;
+3. the fine strength search: on the (basket size, layer set) line of the best
+   coarse setting (the best feasible one; if none is feasible, the best-scoring
+   one), each round evaluates the midpoints between the line's best strength and
+   its evaluated neighbours (strength 0 = stock), for ``fine_rounds`` rounds.
+
+A grid or fine point whose calibration changes none of the split's texts
+(calibrated share 0: every document shorter than one basket, or exactly one;
+:mod:`posfair.calibration.coverage`) is *skipped*: not evaluated, not a
+candidate, listed in :attr:`TuneResult.skipped` and in the report.
+
+A setting is *feasible* when its guard metric (own-segment recall@n for the
+fairness objective, aggregate nDCG@10 for retrieval) drops by at most
+``max_drop`` below the stock model's on the dev split.  The chosen setting is the
+best-scoring feasible one (stock if none beats it); ties go to the lower strength.
+Only then are the stock model and the chosen setting evaluated on the *test* split,
+which therefore never influences the choice.
+
+Objectives (:mod:`posfair.tuning.objectives`: :class:`FairnessObjective`,
+:class:`RetrievalObjective`, or any :class:`Objective`, e.g. :class:`FunctionObjective`
+wrapping a function) map ``(calibration or None, split)`` to a dict of metrics.  Every trial is appended to
+``tune.json`` (written atomically after each configuration) and every embedding
+goes through the :class:`~posfair.store.EmbeddingStore`, so a killed run resumes
+where it stopped and a re-run computes nothing.
+
+The search logs each trial through :mod:`logging` (INFO) and, like sentence-transformers,
+shows a tqdm bar over the trials when ``show_progress_bar`` is True (None: when this
+module's logger is at INFO or DEBUG).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from posfair.calibration import Calibration
+from posfair.calibration.coverage import NOOP_LABEL
+from posfair.io import atomic_write_json
+from posfair.progress import progress_enabled
+from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
+from posfair.tuning.objectives import DEV, STOCK, TEST, Objective
+
+__all__ = ["RESULTS_FILE", "SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"]
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "tune.json"
+
+
+def _strength(x: float) -> float:
+    return round(float(x), 6)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Basket size x layer set x strength, then ``fine_rounds`` rounds of strength bisection.
+
+    ``layer_sets``: as :class:`~posfair.Calibration` ``layers`` (int = last k layers,
+    float = fraction: 1.0 = all layers, 0.5 = the last half).  The default (3 x 2 x 2 = 12
+    settings plus at most 2 per fine round) keeps ``posfair tune`` on the bundled corpus and
+    model to about a quarter of an hour on 2 CPU cores; :meth:`paper` is the papers' grid.
+    """
+
+    basket_sizes: tuple[int, ...] = (16, 64, 256)
+    layer_sets: tuple[Any, ...] = (0.5, 1.0)
+    strengths: tuple[float, ...] = (0.5, 1.0)
+    fine_rounds: int = 2
+    min_step: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.basket_sizes or not self.layer_sets or not self.strengths:
+            raise ValueError("the search space needs at least one basket size, layer set and strength")
+        bad = [s for s in self.strengths if not 0 < float(s) <= 1]
+        if bad:
+            raise ValueError(f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}")
+        if self.fine_rounds < 0:
+            raise ValueError(f"fine_rounds must be >= 0; got {self.fine_rounds}")
+        object.__setattr__(self, "basket_sizes", tuple(dict.fromkeys(int(b) for b in self.basket_sizes)))
+        object.__setattr__(self, "strengths", tuple(sorted({_strength(s) for s in self.strengths})))
+        layer_sets = [tuple(x) if isinstance(x, list) else x for x in self.layer_sets]  # 1 (last layer) != 1.0 (all layers)
+        object.__setattr__(self, "layer_sets", tuple({(type(x).__name__, x): x for x in layer_sets}.values()))
+        self.coarse()  # validates every combination
+
+    @classmethod
+    def paper(cls, fine_rounds: int = 2) -> SearchSpace:
+        """The papers' grid (:func:`posfair.retrieval.grids.paper_grid`): {128, 256, 512} x {last layer, last 50%} x {0.5, 1.0}."""
+        return cls(basket_sizes=PAPER_BASKETS, layer_sets=PAPER_LAYERS, strengths=PAPER_STRENGTHS, fine_rounds=fine_rounds)
+
+    def coarse(self) -> list[Calibration]:
+        return [
+            Calibration(basket_size=b, layers=layers, strength=a)
+            for b in self.basket_sizes
+            for layers in self.layer_sets
+            for a in self.strengths
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "basket_sizes": list(self.basket_sizes), "layer_sets": [list(x) if isinstance(x, tuple) else x for x in self.layer_sets],
+            "strengths": list(self.strengths), "fine_rounds": self.fine_rounds, "min_step": self.min_step,
+        }  # fmt: skip
+
+
+@dataclass
+class Trial:
+    """One configuration evaluated on one split."""
+
+    calibration: Calibration | None
+    split: str
+    phase: str  # "stock", "coarse", "fine" or "test" ("skipped" for a no-op grid point, never evaluated)
+    metrics: dict[str, float]
+    seconds: float = 0.0
+    #: fraction of the split's texts the calibration changes (None: stock, or the objective cannot tell)
+    calibrated_share: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.calibration.label() if self.calibration is not None else STOCK
+
+    @property
+    def key(self) -> str:
+        return self.calibration.key() if self.calibration is not None else STOCK
+
+    @property
+    def strength(self) -> float:
+        return self.calibration.strength if self.calibration is not None else 0.0
+
+    @property
+    def line(self) -> tuple | None:
+        """(basket size, layers) of a calibration; None for stock."""
+        c = self.calibration
+        return None if c is None else (c.basket_size, c.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "key": self.key, "calibration": self.calibration.to_dict() if self.calibration else None,
+            "split": self.split, "phase": self.phase, "metrics": {k: _num(v) for k, v in self.metrics.items()}, "seconds": self.seconds,
+            "calibrated_share": self.calibrated_share,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trial:
+        cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else None
+        metrics = {k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()}
+        share = d.get("calibrated_share")
+        return cls(cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)), None if share is None else float(share))
+
+
+def _num(v: Any) -> float | None:
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def pareto_front(trials: Sequence[Trial], score: str, guard: str, greater_is_better: bool) -> list[Trial]:
+    """The trials no other trial beats on both the score and the guard (higher guard is better)."""
+
+    def better_or_equal(a: Trial, b: Trial) -> bool:
+        sa, sb = a.metrics[score], b.metrics[score]
+        return (sa >= sb if greater_is_better else sa <= sb) and a.metrics[guard] >= b.metrics[guard]
+
+    def strictly(a: Trial, b: Trial) -> bool:
+        return better_or_equal(a, b) and (a.metrics[score] != b.metrics[score] or a.metrics[guard] != b.metrics[guard])
+
+    ok = [t for t in trials if np.isfinite(t.metrics.get(score, np.nan)) and np.isfinite(t.metrics.get(guard, np.nan))]
+    front = [t for t in ok if not any(strictly(o, t) for o in ok if o is not t)]
+    return sorted(front, key=lambda t: (t.metrics[guard], t.strength), reverse=True)
+
+
+@dataclass
+class TuneResult:
+    """The search's outcome: every trial, the chosen setting, the Pareto front and the test-split figures."""
+
+    objective: dict[str, Any]
+    space: dict[str, Any]
+    max_drop: float
+    trials: list[Trial]
+    chosen: Calibration | None
+    front: list[Trial] = field(default_factory=list)
+    feasible: bool = True
+    seconds: float = 0.0
+    #: grid points that calibrate nothing on the dev split (calibrated share 0): not evaluated, not candidates
+    skipped: list[Trial] = field(default_factory=list)
+
+    @property
+    def score(self) -> str:
+        return self.objective["score"]
+
+    @property
+    def guard(self) -> str:
+        return self.objective["guard"]
+
+    def dev_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.split == DEV]
+
+    def trial(self, calibration: Calibration | None, split: str) -> Trial:
+        key = calibration.key() if calibration is not None else STOCK
+        for t in self.trials:
+            if t.key == key and t.split == split:
+                return t
+        raise KeyError(f"no {split} trial of {calibration.label() if calibration else STOCK}")
+
+    @property
+    def chosen_label(self) -> str:
+        return self.chosen.label() if self.chosen is not None else STOCK
+
+    def test_metrics(self) -> dict[str, dict[str, float]]:
+        """``{"stock": ..., "chosen": ...}`` on the test split."""
+        return {"stock": self.trial(None, TEST).metrics, "chosen": self.trial(self.chosen, TEST).metrics}
+
+    def headline(self) -> dict[str, float]:
+        """Flat dict (evaluator style): dev and test figures of stock and the chosen setting."""
+        out: dict[str, float] = {}
+        for split in (DEV, TEST):
+            for who, cal in ((STOCK, None), ("chosen", self.chosen)):
+                for k, v in self.trial(cal, split).metrics.items():
+                    out[f"{split}_{who}_{k}"] = float(v)
+        if self.chosen is not None:
+            out.update(chosen_basket_size=float(self.chosen.basket_size), chosen_strength=self.chosen.strength)
+            for split in (DEV, TEST):
+                share = self.trial(self.chosen, split).calibrated_share
+                if share is not None:
+                    out[f"{split}_chosen_calibrated_share"] = float(share)
+        out["feasible"] = float(self.feasible)
+        out["skipped"] = float(len(self.skipped))
+        return out
+
+    def frame(self, split: str = DEV) -> pd.DataFrame:
+        """One row per trial of ``split``: label, phase, basket, layers, strength, metrics, feasible, on_front."""
+        stock = self.trial(None, split).metrics.get(self.guard, np.nan) if split == DEV else np.nan
+        front = {t.key for t in self.front}
+        rows = []
+        for t in self.trials:
+            if t.split != split:
+                continue
+            c = t.calibration
+            row = {"label": t.label, "phase": t.phase, "basket_size": c.basket_size if c else None,
+                   "layers": (str(c.layers) if c else None), "strength": t.strength,
+                   "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share, **t.metrics}  # fmt: skip
+            if split == DEV:
+                row["feasible"] = bool(t.metrics[self.guard] >= stock - self.max_drop - 1e-12)
+                row["on_front"] = t.key in front
+            row["chosen"] = t.key == (self.chosen.key() if self.chosen else STOCK)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "objective": self.objective, "space": self.space, "max_drop": self.max_drop, "trials": [t.to_dict() for t in self.trials],
+            "chosen": self.chosen.to_dict() if self.chosen else None, "chosen_label": self.chosen_label,
+            "front": [t.label for t in self.front], "feasible": self.feasible, "seconds": self.seconds,
+            "skipped": [t.to_dict() for t in self.skipped],
+        }  # fmt: skip
+
+
+def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    old = json.loads(json.dumps(saved.get("objective"), default=str))
+    if old != json.loads(json.dumps(objective, default=str)):
+        raise ValueError(f"{path} holds a search of a different objective, model or data ({old}); use another output directory")
+    return [Trial.from_dict(d) for d in saved.get("trials", [])]
+
+
+def run_search(
+    objective: Objective,
+    space: SearchSpace | None = None,
+    *,
+    max_drop: float = 0.02,
+    results_path: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+    show_progress_bar: bool | None = None,
+) -> TuneResult:
+    """Search ``space`` on the dev split, choose under the constraint, then evaluate stock and the choice on test.
+
+    ``max_drop``: the most the guard metric may fall below stock on dev (in its own units:
+    0.02 = 2 points of recall or nDCG@10).  ``results_path``: ``tune.json``, rewritten
+    atomically after every trial and read back on a re-run (finished trials are not redone).
+    ``log``: called with each line the search logs (INFO on this module's logger), e.g. to
+    print them.  ``show_progress_bar``: a tqdm bar over the trials (None: shown when this
+    module's logger is at INFO or DEBUG).
+    """
+    space = space or SearchSpace()
+    if max_drop < 0:
+        raise ValueError(f"max_drop must be >= 0; got {max_drop}")
+    t0 = time.perf_counter()
+    desc = objective.describe()
+    path = Path(results_path) if results_path is not None else None
+    done = {(t.key, t.split): t for t in (_load_trials(path, desc) if path else [])}
+    trials: list[Trial] = []
+    skipped: list[Trial] = []
+    grid = space.coarse()
+    # stock + the grid + stock and the choice on test; each fine point adds one as it comes
+    bar = tqdm(total=len(grid) + 3, desc="tuning trials", unit="trial", disable=not progress_enabled(show_progress_bar, logger))
+
+    def say(msg: str) -> None:
+        logger.info(msg)
+        if log is not None:
+            log(msg)
+
+    sign = 1.0 if objective.greater_is_better else -1.0
+
+    def save(extra: dict[str, Any] | None = None) -> None:
+        if path is not None:
+            body = {"objective": desc, "space": space.to_dict(), "max_drop": max_drop, "trials": [t.to_dict() for t in trials],
+                    "skipped": [t.to_dict() for t in skipped]}  # fmt: skip
+            atomic_write_json(path, body | (extra or {}))
+
+    def run(cal: Calibration | None, split: str, phase: str) -> Trial | None:
+        """The trial of ``cal`` on ``split`` (evaluated, or read back); None for a no-op calibration (skipped)."""
+        key = (cal.key() if cal is not None else STOCK, split)
+        for t in trials:
+            if (t.key, t.split) == key:
+                return t
+        for t in skipped:
+            if (t.key, t.split) == key:
+                return None
+        share = objective.calibrated_share(cal, split) if cal is not None else None
+        if share is not None and share == 0 and phase in ("coarse", "fine"):  # the test split reports the choice whatever it is
+            skipped.append(Trial(cal, split, "skipped", {}, 0.0, 0.0))
+            save()
+            bar.update()
+            say(f"{split:>4} {phase:<6} {cal.label():<22} skipped: {NOOP_LABEL} (calibrated share 0)")
+            return None
+        if key in done:
+            t = done[key]
+            t.phase = phase
+            if t.calibrated_share is None:
+                t.calibrated_share = share
+        else:
+            s0 = time.perf_counter()
+            metrics = objective.evaluate(cal, split)
+            for name in (objective.score, objective.guard):
+                if name not in metrics:
+                    raise ValueError(f"objective {objective.name!r} returned no {name!r} metric (got {sorted(metrics)})")
+            t = Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0, share)
+        trials.append(t)
+        save()
+        bar.update()
+        shown = "" if share is None else f" calibrated_share={share:.3f}"
+        say(
+            f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}{shown}"
+        )
+        return t
+
+    try:
+        stock = run(None, DEV, STOCK)
+        floor = stock.metrics[objective.guard] - max_drop - 1e-12
+
+        def feasible(t: Trial) -> bool:
+            return t.calibration is None or t.metrics[objective.guard] >= floor
+
+        def rank(t: Trial) -> tuple[float, float]:  # smaller is better; ties to the lower strength
+            return (-sign * t.metrics[objective.score], t.strength)
+
+        coarse = [t for t in (run(c, DEV, "coarse") for c in grid) if t is not None]
+        if skipped:
+            say(f"skipped {len(skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({', '.join(t.label for t in skipped)})")
+        ok = [t for t in coarse if feasible(t)]
+        line = min(ok or coarse, key=rank).line if coarse else None
+        for _ in range(space.fine_rounds if line is not None else 0):
+            on_line = [stock] + [t for t in trials if t.split == DEV and t.line == line]
+            best = min([t for t in on_line if feasible(t)], key=rank)
+            strengths = sorted({t.strength for t in on_line})
+            i = strengths.index(best.strength)
+            mids = [(strengths[j] + best.strength) / 2 for j in (i - 1, i + 1) if 0 <= j < len(strengths)]
+            new = [m for m in mids if abs(m - best.strength) >= space.min_step / 2]
+            if not new:
+                break
+            bar.total += len(new)
+            bar.refresh()
+            for m in new:
+                run(Calibration(basket_size=line[0], layers=line[1], strength=_strength(m)), DEV, "fine")  # same line: never a no-op
+        dev = [t for t in trials if t.split == DEV]
+        pick = min([t for t in dev if feasible(t)], key=rank)
+        any_feasible = any(feasible(t) for t in dev if t.calibration is not None)
+        front = pareto_front(dev, objective.score, objective.guard, objective.greater_is_better)
+        if not any(t.calibration is not None for t in dev):
+            say(f"chosen: {pick.label} (every grid point was a no-op: nothing calibrated)")
+        else:
+            say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
+        # only now does the test split enter: stock and the chosen setting
+        run(None, TEST, "test")
+        if pick.calibration is not None:
+            run(pick.calibration, TEST, "test")
+        result = TuneResult(
+            desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0, list(skipped)
+        )
+        save(result.to_dict())
+        bar.total = bar.n  # the choice may be stock: evaluated on test once
+    finally:
+        bar.close()
+    return result

