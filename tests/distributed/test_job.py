@@ -126,7 +126,7 @@ def test_cli_single_process_and_missing_ray(tmp_path, texts, tiny_spec, monkeypa
     from typer.testing import CliRunner
 
     from posfair.cli import app
-    from posfair.distributed import job
+    from posfair.distributed import ray_engine
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts[:12]))
@@ -137,7 +137,7 @@ def test_cli_single_process_and_missing_ray(tmp_path, texts, tiny_spec, monkeypa
     assert res.exit_code == 0, res.output
     assert "single process" in res.output and "12 distinct texts" in res.output and "3 shards written" in res.output
     assert len(list((tmp_path / "s").glob("*/part-*.npz"))) == 3
-    monkeypatch.setattr(job, "ray_available", lambda: False)
+    monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
     res = CliRunner().invoke(app, ["embed", *args, "--workers", "2"])
     assert res.exit_code != 0 and "pip install 'posfair[ray]'" in res.output
     res = CliRunner().invoke(app, ["embed", *args])

@@ -96,7 +96,8 @@ def embed(
     # the job code, torch and the model are imported here, when the command runs, so that --help stays fast
     from posfair.cli.errors import PosfairInputError, naming
     from posfair.cli.progress import progress_bars
-    from posfair.distributed import RAY_INSTALL_HINT, EmbedSpec, embed_texts, ray_available, read_corpus_texts
+    from posfair.distributed import EmbedSpec, embed_texts, read_corpus_texts
+    from posfair.distributed.ray_engine import RAY_INSTALL_HINT, ray_available
 
     use_ray = ray_address is not None or workers is not None
     if use_ray and not ray_available():
