@@ -221,7 +221,7 @@ def test_every_command_is_mounted():
 
 
 def test_calibration_specs_accept_default():
-    from posfair.cli.options import calibration_spec
+    from posfair.cli.parsers import calibration_spec
 
     assert [calibration_spec(s) for s in ("default", "512,1,1.0")] == [Calibration(), Calibration(512, 1, 1.0)]
 

@@ -101,7 +101,7 @@ def test_parse_errors():
 
 def test_parse_default_is_the_robust_default_everywhere():
     from posfair.cli.checks import calibration
-    from posfair.cli.options import calibration_spec
+    from posfair.cli.parsers import calibration_spec
 
     assert Calibration.parse("default") == Calibration.parse(" Default ") == Calibration() == Calibration.parse("128,0.5,0.5")
     assert calibration(calibration_spec("default")) == Calibration()

@@ -23,9 +23,8 @@ from posfair.cli.options import (
     ProfileLayers,
     Seed,
     TrustRemoteCode,
-    integer,
-    layers_text,
 )
+from posfair.cli.parsers import integer, layers_text
 
 
 def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int = 0):

@@ -31,12 +31,8 @@ from posfair.cli.options import (
     OutFolder,
     Seed,
     TrustRemoteCode,
-    comma_list,
-    inference_settings,
-    integer,
-    joined,
-    mixed_config,
 )
+from posfair.cli.parsers import comma_list, integer, joined, mixed_config
 
 SUMMARY_CAPTION = "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
 
@@ -96,7 +92,7 @@ def audit(
     from posfair.cli.errors import PosfairInputError
     from posfair.fairness.documents import LanguageConfig
 
-    inference_kw = inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
+    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
     configs = [LanguageConfig.mono(lang) for lang in langs] + [LanguageConfig.parse(m) for m in mixed]
     if not configs:
         raise PosfairInputError("give at least one language configuration: --langs (e.g. en,de) and/or --mixed LEAD:LATER (e.g. de:en)")

@@ -7,20 +7,8 @@ from typing import Annotated
 import typer
 
 from posfair.cli import checks
-from posfair.cli.options import (
-    Corpus,
-    Langs,
-    MaxSeqLength,
-    Model,
-    OutFolder,
-    Seed,
-    Unit,
-    comma_list,
-    integer,
-    joined,
-    lang_code,
-    name_part,
-)
+from posfair.cli.options import Corpus, Langs, MaxSeqLength, Model, OutFolder, Seed, Unit
+from posfair.cli.parsers import comma_list, integer, joined, lang_code, name_part
 
 
 def build_benchmark(

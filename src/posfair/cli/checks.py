@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from posfair.cli.errors import input_error, naming
-from posfair.cli.options import calibration_text
+from posfair.cli.errors import PosfairInputError, input_error, naming
+from posfair.cli.parsers import calibration_text
 
 __all__ = [
     "output_folder",
@@ -28,6 +28,7 @@ __all__ = [
     "calibration",
     "check_calibrations",
     "installed",
+    "inference_settings",
 ]
 
 
@@ -186,3 +187,18 @@ def installed(module: str, option: str, hint: str) -> None:
     """Refuse ``option`` when the optional package providing ``module`` is not installed."""
     if importlib.util.find_spec(module) is None:
         raise input_error(option, None, f"needs {module}, which is not installed ({hint})")
+
+
+def inference_settings(inference: str, draws: int | None, weights: str | None, seed: int | None) -> dict:
+    """``--inference`` and the bootstrap options as AuditSettings keywords; a bootstrap option without ``wild`` is refused."""
+    given = {"--bootstrap-draws": draws, "--bootstrap-weights": weights, "--bootstrap-seed": seed}
+    extra = [k for k, v in given.items() if v is not None]
+    if inference != "wild" and extra:
+        raise PosfairInputError(f"{', '.join(extra)} applies only to --inference wild (got --inference {inference})")
+    from posfair.fairness.ols import Inference as InferenceSpec  # the defaults live with the OLS code
+
+    d = InferenceSpec()
+    return dict(
+        inference=inference, bootstrap_draws=d.draws if draws is None else draws,
+        bootstrap_weights=d.weights if weights is None else weights, bootstrap_seed=d.seed if seed is None else seed,
+    )  # fmt: skip

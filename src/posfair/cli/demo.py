@@ -5,16 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posfair.cli import checks
-from posfair.cli.options import (
-    BootstrapDraws,
-    BootstrapSeed,
-    BootstrapWeights,
-    Cache,
-    Docs,
-    Inference,
-    OutFolder,
-    inference_settings,
-)
+from posfair.cli.options import BootstrapDraws, BootstrapSeed, BootstrapWeights, Cache, Docs, Inference, OutFolder
 
 #: The demo: English monolingual n in {3, 4} plus one Latin-script mixed
 #: configuration, stock vs the default calibration.  144 documents per instance
@@ -64,7 +55,7 @@ def demo(
     bootstrap_seed: BootstrapSeed = None,
 ) -> None:
     """Audit the bundled MiniLM on the bundled corpus: English n=3,4 + one mixed configuration, stock vs default calibration, documents up to 512 tokens."""
-    inference_kw = inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
+    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
     checks.output_folder(out)
     checks.cache_folder(cache)
     run_demo(out, docs, cache, inference_kw)

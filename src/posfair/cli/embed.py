@@ -25,9 +25,8 @@ from posfair.cli.options import (
     TextField,
     TrustRemoteCode,
     Unit,
-    choice,
-    integer,
 )
+from posfair.cli.parsers import choice, integer
 
 
 def embed(

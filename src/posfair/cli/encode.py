@@ -25,8 +25,8 @@ from posfair.cli.options import (
     TemporaryCache,
     TextField,
     TrustRemoteCode,
-    integer,
 )
+from posfair.cli.parsers import integer
 
 OUTPUT_TYPES = (".npy", ".parquet")
 

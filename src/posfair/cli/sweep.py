@@ -26,9 +26,8 @@ from posfair.cli.options import (
     Strengths,
     TopK,
     TrustRemoteCode,
-    integer,
-    number,
 )
+from posfair.cli.parsers import integer, number
 
 
 def sweep(

@@ -27,10 +27,8 @@ from posfair.cli.options import (
     Strengths,
     TrustRemoteCode,
     TuneDocs,
-    choice,
-    integer,
-    number,
 )
+from posfair.cli.parsers import choice, integer, number
 
 
 def tune(
