@@ -55,9 +55,9 @@ def test_parquet_input_and_kept_cache_reused(tmp_path):
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if the command loads a model (bad input must be refused before any work)."""
-    from posfair import cliutil
+    from posfair.cli import checks
 
-    monkeypatch.setattr(cliutil, "load_model_option", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(checks, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
 @pytest.mark.parametrize(
@@ -80,13 +80,18 @@ def no_model(monkeypatch):
             (),
             "{path}: line 3: 'text' is an int (123), not a string (2 unusable texts in all)",
         ),
-        ("in.jsonl", '{"text": "ok", "doc": 1}\n{"text": "ok"}\n', ("--id-field", "doc"), "{path}: line 2 has no 'doc' field"),
+        (
+            "in.jsonl",
+            '{"text": "ok", "doc": 1}\n{"text": "ok"}\n',
+            ("--id-field", "doc", "-o", "{tmp}/o.parquet"),
+            "{path}: line 2 has no 'doc' field",
+        ),
         ("in.jsonl", "", (), "{path}: no texts to embed (the input is empty)"),
         ("in.jsonl", "\n  \n", (), "{path}: no texts to embed (the input is empty)"),
         ("in.txt", "", (), "{path}: no texts to embed (the input is empty)"),
         ("in.txt", "\n\n", (), "{path}: no texts to embed (the input is empty)"),
         ("in.txt", "first\n\nthird\n", (), "{path}: line 2: 'text' is empty"),
-        ("in.txt", "fine\n", ("--strength", "2"), "calibration options: strength must be a number in [0, 1]; got 2.0"),
+        ("in.txt", "fine\n", ("--strength", "2"), "--strength 2: must be a number in [0, 1]; got 2"),
         ("missing.txt", None, (), "input file {path} does not exist"),
     ],
 )
@@ -94,7 +99,7 @@ def test_bad_input_is_refused_by_name_before_any_work(tmp_path, no_model, name, 
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    r = run("encode", "-i", path, "-o", tmp_path / "o.npy", *extra)
+    r = run("encode", "-i", path, "-o", tmp_path / "o.npy", *(e.format(tmp=tmp_path) for e in extra))  # a later -o wins
     assert r.exit_code == 2
     assert r.stderr == f"error: {message.format(path=path)}\n"
     assert not (tmp_path / "o.npy").exists() and [f.name for f in tmp_path.iterdir()] == ([name] if content is not None else [])
@@ -121,12 +126,10 @@ def test_an_output_that_is_a_folder_is_refused(tmp_path, no_model):
     (tmp_path / "dir.npy").mkdir()
     (tmp_path / "dir.npy" / "keep").write_text("mine")
     r = run("encode", "-i", tmp_path / "in.txt", "-o", tmp_path / "dir.npy")
-    assert r.exit_code == 2 and r.stderr == f"error: --output {tmp_path / 'dir.npy'} is an existing folder, not a file\n"
+    assert r.exit_code == 2 and r.stderr == f"error: --out {tmp_path / 'dir.npy'}: is an existing folder, not a file\n"
     assert [f.name for f in (tmp_path / "dir.npy").iterdir()] == ["keep"]
     r = run("encode", "-i", tmp_path / "in.txt", "-o", tmp_path / "in.txt" / "o.npy")
-    assert (
-        r.exit_code == 2 and r.stderr == f"error: --output {tmp_path / 'in.txt' / 'o.npy'}: {tmp_path / 'in.txt'} is a file, not a folder\n"
-    )
+    assert r.exit_code == 2 and r.stderr == f"error: --out {tmp_path / 'in.txt' / 'o.npy'}: {tmp_path / 'in.txt'} is a file, not a folder\n"
 
 
 @pytest.fixture
@@ -218,13 +221,13 @@ def test_every_command_is_mounted():
 
 
 def test_calibration_specs_accept_default():
-    from posfair.cliutil import calibrations_option
+    from posfair.cli.parsers import calibration_spec
 
-    assert calibrations_option(["default", "512,1,1.0"]) == [Calibration(), Calibration(512, 1, 1.0)]
+    assert [calibration_spec(s) for s in ("default", "512,1,1.0")] == [Calibration(), Calibration(512, 1, 1.0)]
 
 
 def test_txt_lines_end_at_newlines_only(tmp_path):
-    from posfair.cli import read_texts
+    from posfair.io import read_texts
 
     (tmp_path / "in.txt").write_bytes("one\x0cwith a form feed\r\ntwo\u2028three\n\n".encode())
     assert read_texts(tmp_path / "in.txt") == (["one\x0cwith a form feed", "two\u2028three"], None)

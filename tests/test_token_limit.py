@@ -15,7 +15,7 @@ from transformers import BertConfig, XLMRobertaConfig
 
 import posfair
 from posfair import encoding as enc
-from posfair.cliutil import MAX_SEQ_LENGTH_HELP
+from posfair.cli.options import MAX_SEQ_LENGTH_HELP
 from posfair.fairness.experiment import AuditSettings, make_model_info
 from posfair.model import position_limit, token_limit
 from posfair.tuning import TEST, FairnessObjective, SearchSpace, tune

@@ -1,13 +1,15 @@
 """posfair: measure and repair positional bias in text-embedding models."""
 
-from posfair.calibration import Calibration
-
 __version__ = "0.1.0"
 
 __all__ = ["Calibration", "FairModel", "load_model", "__version__"]
 
 
-def __getattr__(name):  # lazy: importing posfair must not import torch/transformers eagerly
+def __getattr__(name):  # lazy: importing posfair (e.g. for ``posfair --help``) must not import numpy, torch or transformers
+    if name == "Calibration":
+        from posfair.calibration import Calibration
+
+        return Calibration
     if name in ("FairModel", "load_model"):
         from posfair import model
 

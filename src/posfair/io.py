@@ -1,4 +1,4 @@
-"""Small I/O helpers: atomic writes and text-file readers shared by the CLI and the jobs."""
+"""Small I/O helpers: atomic writes, reading the texts of an input file (``posfair encode``), telling a local source from a hub id."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+
+from posfair.errors import PosfairInputError
 
 
 @contextlib.contextmanager
@@ -82,21 +85,89 @@ def describe_value(value: Any) -> str:
 
 
 def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[int] | None = None) -> list[str]:
-    """``texts`` if every one is a non-empty string; else ValueError naming the first bad one.
+    """``texts`` if every one is a non-empty string; else PosfairInputError (a ValueError) naming the first bad one.
 
     ``source``: the file (or corpus) named in the message; ``lines``: the file line of
     each text (.jsonl, 1-based), else texts are named by row (0-based, as in pandas).
     An empty ``texts`` is refused too (nothing to embed is never what was meant).
     """
     if len(texts) == 0:
-        raise ValueError(f"{source}: no texts to embed (the input is empty)")
+        raise PosfairInputError(f"{source}: no texts to embed (the input is empty)")
     bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
     if bad:
         i = bad[0]
         where = f"line {lines[i]}" if lines is not None else f"row {i}"
         more = f" ({len(bad)} unusable texts in all)" if len(bad) > 1 else ""
-        raise ValueError(f"{source}: {where}: {field!r} is {describe_value(texts[i])}{more}")
+        raise PosfairInputError(f"{source}: {where}: {field!r} is {describe_value(texts[i])}{more}")
     return list(texts)
+
+
+#: the input files :func:`read_texts` reads
+TEXT_FILE_TYPES = (".txt", ".jsonl", ".json", ".parquet")
+
+
+def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str | None = None) -> tuple[list[str], list | None]:
+    """Texts (and ids) from .txt (one text a line), .jsonl/.json (one record a line) or .parquet.
+
+    Raises :class:`~posfair.errors.PosfairInputError` (a ValueError) naming the file and
+    the line (.txt, .jsonl; 1-based) or row (.parquet; 0-based) of the first unusable
+    value: a missing field, a null, a non-string or an empty text.  An input without
+    texts, a file that is not UTF-8 and a missing file are refused too.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise PosfairInputError(f"input file {path} does not exist")
+    if path.is_dir():
+        raise PosfairInputError(f"input {path} is a folder, not a file")
+    suffix = path.suffix.lower()
+    ids = None
+    if suffix not in TEXT_FILE_TYPES:
+        raise PosfairInputError(f"{path}: unsupported input type {suffix!r}: use .txt, .jsonl or .parquet")
+    if suffix in (".txt", ".jsonl", ".json"):
+        try:
+            raw = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PosfairInputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise PosfairInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        # lines end at \n only (str.splitlines would also cut at form feeds, U+2028, ... inside a text)
+        lines = [line[:-1] if line.endswith("\r") else line for line in raw.split("\n")]
+    if suffix == ".txt":
+        # trailing blank lines end the file; a blank line inside it is refused (output row i = line i + 1)
+        while lines and not lines[-1].strip():
+            lines.pop()
+        texts = check_texts(lines, str(path), "text", list(range(1, len(lines) + 1)))
+    elif suffix in (".jsonl", ".json"):
+        records, numbers = [], []
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PosfairInputError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise PosfairInputError(f"{path}: line {n} is a JSON {type(rec).__name__}, not an object with a {text_field!r} field")
+            for field in (text_field, id_field) if id_field else (text_field,):
+                if field not in rec:
+                    raise PosfairInputError(f"{path}: line {n} has no {field!r} field")
+            records.append(rec)
+            numbers.append(n)
+        texts = check_texts([r[text_field] for r in records], str(path), text_field, numbers)
+        if id_field:
+            ids = [r[id_field] for r in records]
+    else:
+        try:
+            df = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several error types for a file that is not Parquet
+            raise PosfairInputError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+        for field in (text_field, id_field) if id_field else (text_field,):
+            if field not in df.columns:
+                raise PosfairInputError(f"{path}: no column {field!r} (columns: {list(df.columns)})")
+        texts = check_texts(df[text_field].tolist(), str(path), text_field)
+        if id_field:
+            ids = df[id_field].tolist()
+    return texts, ids
 
 
 def is_local(source: Any) -> bool:

@@ -37,6 +37,7 @@ from posfair.calibration.attention import Recorder
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
 from posfair.calibration.params import POOLINGS, Calibration
 from posfair.compat import Transformer
+from posfair.hub import check_model_source
 from posfair.model_info import model_fingerprint, position_limit, token_limit
 
 __all__ = [
@@ -375,10 +376,9 @@ def load_model(
         **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
     """
     path = str(bundled_model_path()) if name_or_path is None else os.fspath(name_or_path)
-    if name_or_path is not None and not os.path.exists(path):
-        looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
-        if looks_local:
-            raise FileNotFoundError(f"model path {path!r} does not exist")
+    if name_or_path is not None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.hub)
+        hub_kw = {k: st_kwargs.get(k) for k in ("cache_folder", "revision")}
+        check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
     try:
         if saved_with_posfair(path):

@@ -100,11 +100,12 @@ def test_parse_errors():
 
 
 def test_parse_default_is_the_robust_default_everywhere():
-    from posfair.cliutil import calibration_option, calibrations_option
+    from posfair.cli.checks import calibration
+    from posfair.cli.parsers import calibration_spec
 
     assert Calibration.parse("default") == Calibration.parse(" Default ") == Calibration() == Calibration.parse("128,0.5,0.5")
-    assert calibration_option("default") == Calibration()
-    assert calibration_option("default", strength=1.0) == Calibration(strength=1.0)
-    assert calibrations_option(["default", "64,1,1"]) == [Calibration(), Calibration(basket_size=64, layers=1, strength=1.0)]
+    assert calibration(calibration_spec("default")) == Calibration()
+    assert calibration(calibration_spec("default"), strength=1.0) == Calibration(strength=1.0)
+    assert [calibration_spec(s) for s in ("default", "64,1,1")] == [Calibration(), Calibration(basket_size=64, layers=1, strength=1.0)]
     with pytest.raises(ValueError, match="or 'default'; got 'defaults'"):
         Calibration.parse("defaults")

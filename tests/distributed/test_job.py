@@ -125,21 +125,22 @@ def test_refuses_to_mix_settings(tmp_path, texts, tiny_spec, tiny_fair):
 def test_cli_single_process_and_missing_ray(tmp_path, texts, tiny_spec, monkeypatch):
     from typer.testing import CliRunner
 
-    from posfair.distributed import cli, job
+    from posfair.cli import app
+    from posfair.distributed import ray_engine
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts[:12]))
     spec = tiny_spec()
     args = ["--out", str(tmp_path / "s"), "--corpus", str(corpus), "--text-field", "body", "--model", spec.model,
             "--pooling", spec.pooling, "--max-seq-length", str(spec.max_seq_length), "--shard-size", "5"]  # fmt: skip
-    res = CliRunner().invoke(cli.app, args)
+    res = CliRunner().invoke(app, ["embed", *args])
     assert res.exit_code == 0, res.output
     assert "single process" in res.output and "12 distinct texts" in res.output and "3 shards written" in res.output
     assert len(list((tmp_path / "s").glob("*/part-*.npz"))) == 3
-    monkeypatch.setattr(job, "ray_available", lambda: False)
-    res = CliRunner().invoke(cli.app, [*args, "--workers", "2"])
+    monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
+    res = CliRunner().invoke(app, ["embed", *args, "--workers", "2"])
     assert res.exit_code != 0 and "pip install 'posfair[ray]'" in res.output
-    res = CliRunner().invoke(cli.app, args)
+    res = CliRunner().invoke(app, ["embed", *args])
     assert "Ray is not installed" in res.output and "0 shards written, 3 already present" in res.output
 
 
@@ -230,12 +231,12 @@ def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path, texts, tiny_spe
 def test_cli_refuses_unusable_texts_by_line(tmp_path, lines, message, monkeypatch):
     from typer.testing import CliRunner
 
-    from posfair.distributed import cli, job
+    from posfair.cli import app, checks
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(line + "\n" for line in lines))
-    monkeypatch.setattr(job.EmbedSpec, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    res = CliRunner().invoke(cli.app, ["--out", str(tmp_path / "s"), "--corpus", str(corpus), "--text-field", "body"])
+    monkeypatch.setattr(checks, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    res = CliRunner().invoke(app, ["embed", "--out", str(tmp_path / "s"), "--corpus", str(corpus), "--text-field", "body"])
     assert res.exit_code == 2 and res.stderr == f"error: {corpus}: {message}\n"
     assert not (tmp_path / "s").exists()
 
@@ -243,18 +244,18 @@ def test_cli_refuses_unusable_texts_by_line(tmp_path, lines, message, monkeypatc
 def test_cli_names_a_damaged_shard_in_one_warning_line(tmp_path, texts, tiny_spec):
     from typer.testing import CliRunner
 
-    from posfair.distributed import cli
+    from posfair.cli import app
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:12]))
     spec = tiny_spec()
     args = ["--out", str(tmp_path / "s"), "--corpus", str(corpus), "--model", spec.model, "--pooling", spec.pooling,
             "--max-seq-length", str(spec.max_seq_length), "--shard-size", "5"]  # fmt: skip
-    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    assert CliRunner().invoke(app, ["embed", *args]).exit_code == 0
     before = stored(tmp_path / "s", spec.load_model(), texts[:12])
     shard = sorted((tmp_path / "s").glob("*/part-*.npz"))[1]
     shard.write_bytes(b"garbage" * 10)
-    res = CliRunner().invoke(cli.app, args)
+    res = CliRunner().invoke(app, ["embed", *args])
     assert res.exit_code == 0, res.output
     assert [line for line in res.stderr.splitlines() if "damaged" in line] == [  # (model loading prints progress too)
         f"warning: damaged cache shard {shard} (not a complete .npz archive: 70 bytes, cut short or overwritten): "

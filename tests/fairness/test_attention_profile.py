@@ -194,28 +194,19 @@ def test_figures_and_report_section(tiny_model, tmp_path):
     assert "Attention profile" in html and cal.label() in html and "stock" in html
 
 
-def _xfail_if_report_moved(res) -> None:
-    """The old command module (posfair.fairness.attention_cli) imports the attention report from
-    posfair.report.attention_plots, now posfair.fairness.attention_report; issue 13 moves the command
-    into posfair/cli/.  At the merge, point these tests at the new command module and drop this."""
-    if isinstance(res.exception, ModuleNotFoundError) and "attention_plots" in str(res.exception):
-        pytest.xfail("the attention command still imports posfair.report.attention_plots (moved; issue 13)")
-
-
 def test_cli_on_tiny_model(tiny_model_path, tmp_path):
     from typer.testing import CliRunner
 
-    from posfair.fairness.attention_cli import app
+    from posfair.cli import app
 
     folder, _ = tiny_model_path("bert")
     rows = [{"id": f"t{i}", "lang": "en", "text": text(15 + (i % 5) * 3, 100 + i)} for i in range(8)]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
-    args = ["--model", str(folder), "--corpus", str(corpus), "--n", "2", "--max-docs", "4", "--basket-size", "8",
+    args = ["attention", "--model", str(folder), "--corpus", str(corpus), "--n", "2", "--max-docs", "4", "--basket-size", "8",
             "--layers", "2+3", "--calibration", "8,2,1.0", "--max-seq-length", "128", "--out", str(out)]  # fmt: skip
     res = CliRunner().invoke(app, args)
-    _xfail_if_report_moved(res)
     assert res.exit_code == 0, res.output
     assert (out / "attention.html").is_file() and (out / "attention_baskets.png").is_file()
     stored = sorted(out.glob("attention_en_*.npz"))
@@ -223,7 +214,7 @@ def test_cli_on_tiny_model(tiny_model_path, tmp_path):
     profs = [AttentionProfile.load(p) for p in stored]
     assert {p.layers for p in profs} == {(2, 3)} and all(p.n_docs == 4 for p in profs)
     bad = CliRunner().invoke(app, [*args[:-2], "--layers", "9", "--out", str(out)])
-    assert bad.exit_code != 0 and "layers" in bad.output
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --layers 9: ") and "only 4" in bad.stderr
 
 
 def test_bad_input(tiny_model):
@@ -245,14 +236,15 @@ def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
     """`--model bundled` (as the README wrote it) loads the bundled MiniLM offline, in attention and audit alike."""
     from typer.testing import CliRunner
 
-    from posfair.fairness.attention_cli import app
+    from posfair.cli import app
 
     rows = [{"id": f"t{i}", "lang": "en", "text": text(30 + i, 200 + i)} for i in range(6)]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)])
-    _xfail_if_report_moved(res)
+    res = CliRunner().invoke(
+        app, ["attention", "--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]
     assert prof.n_docs == 2 and len(prof.layers) == minilm.num_layers // 2

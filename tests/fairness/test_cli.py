@@ -1,7 +1,7 @@
 import pandas as pd
 from typer.testing import CliRunner
 
-from posfair.fairness.cli import app
+from posfair.cli import app
 
 
 def test_audit_cli_end_to_end(tmp_path, tiny_model_path, make_corpus):
@@ -11,7 +11,7 @@ def test_audit_cli_end_to_end(tmp_path, tiny_model_path, make_corpus):
     out = tmp_path / "out"
     res = CliRunner().invoke(
         app,
-        ["audit", "--model", str(path), "--corpus", str(corpus), "--n", "2", "3", "--mixed", "de:en",
+        ["audit", "--model", str(path), "--corpus", str(corpus), "--n", "2,3", "--mixed", "de:en",
          "--calibration", "8,0.5,1.0", "--docs", "12", "--min-segment-tokens", "1", "--max-segment-tokens", "60", "--out", str(out)],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
@@ -50,9 +50,12 @@ def test_inference_option_errors_before_any_work(tmp_path):
     out = tmp_path / "o"
     missing = str(tmp_path / "no-such-corpus.parquet")  # never opened: the options are checked first
     cases = [
-        (["--inference", "nonsense"], "--inference must be one of cluster, wild; got 'nonsense'"),
-        (["--inference", "wild", "--bootstrap-weights", "mammen"], "--bootstrap-weights must be one of webb, rademacher; got 'mammen'"),
-        (["--inference", "wild", "--bootstrap-draws", "10"], "--bootstrap-draws must be >= 99; got 10"),
+        (["--inference", "nonsense"], "--inference nonsense: must be one of cluster, wild; got 'nonsense'"),
+        (
+            ["--inference", "wild", "--bootstrap-weights", "mammen"],
+            "--bootstrap-weights mammen: must be one of webb, rademacher; got 'mammen'",
+        ),
+        (["--inference", "wild", "--bootstrap-draws", "10"], "--bootstrap-draws 10: must be >= 99; got 10"),
         (["--bootstrap-draws", "999"], "--bootstrap-draws applies only to --inference wild"),
     ]
     for extra, message in cases:
@@ -62,7 +65,7 @@ def test_inference_option_errors_before_any_work(tmp_path):
         assert lines == [f"error: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {message}")), res.output
         assert not out.exists()
     res = CliRunner().invoke(app, ["demo", "--out", str(out), "--inference", "bogus"])
-    assert res.exit_code == 2 and res.output.strip().splitlines() == ["error: --inference must be one of cluster, wild; got 'bogus'"]
+    assert res.exit_code == 2 and res.output.strip().splitlines() == ["error: --inference bogus: must be one of cluster, wild; got 'bogus'"]
     assert not out.exists()
 
 

@@ -7,7 +7,7 @@ import json
 from tests.retrieval.conftest import aligned_corpus
 from typer.testing import CliRunner
 
-from posfair.retrieval.cli import app
+from posfair.cli import app
 
 
 def test_retrieval_refuses_a_store_of_other_settings(tmp_path):

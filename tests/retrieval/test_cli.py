@@ -2,7 +2,7 @@ import pandas as pd
 from tests.retrieval.conftest import aligned_corpus
 from typer.testing import CliRunner
 
-from posfair.retrieval.cli import app
+from posfair.cli import app
 
 
 def test_cli_build_and_retrieval(tmp_path):
@@ -49,4 +49,4 @@ def test_cli_build_and_retrieval(tmp_path):
     table = pd.read_csv(tmp_path / "out" / "table_groups.csv")
     assert table["setting"].tolist() == ["No calibration", "B=16, a=0.5"]
     res = runner.invoke(app, ["retrieval", "--benchmark", "no-such-benchmark"])
-    assert res.exit_code != 0 and "unknown benchmark" in str(res.exception)
+    assert res.exit_code == 2 and res.stderr.startswith("error: --benchmark no-such-benchmark: unknown benchmark")

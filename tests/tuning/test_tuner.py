@@ -207,7 +207,7 @@ def test_saved_tuned_model_reloads_with_its_calibration(model, tmp_path):
 def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, tmp_path):
     from typer.testing import CliRunner
 
-    from posfair.tuning.cli import _space, app  # the command line moves to posfair.cli
+    from posfair.cli import app
 
     bench = build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
     obj = RetrievalObjective(model, bench, store=tmp_path / "cache")
@@ -219,16 +219,17 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
     assert m["ndcg@10"] == pytest.approx(float(direct.ndcg.mean()))
     assert m["harm"] == pytest.approx(harmonic_mean(direct.groups))
     assert m["queries"] == len(dev.query_ids)
-    # the command line end to end (retrieval objective on the saved benchmark)
-    space = _space("paper", "4", "1.0", "1.0", 0)
-    assert space.coarse() == [Calibration(basket_size=4, layers=1.0, strength=1.0)]
+    # the command line end to end (retrieval objective on the saved benchmark; --baskets / --layers / --strengths
+    # override the grid's values: one setting, layers 1.0 = all layers, not 1 = the last one)
     path, _ = tiny_model_path("bert-mean")
     out = tmp_path / "cli"
-    r = CliRunner().invoke(app, ["--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"), "--baskets", "4",
+    r = CliRunner().invoke(app, ["tune", "--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"), "--baskets", "4",
                                  "--layers", "1.0", "--strengths", "1.0", "--fine-rounds", "0", "--out", str(out)])  # fmt: skip
     assert r.exit_code == 0, r.output
     saved = json.loads((out / "tune.json").read_text())
     assert saved["objective"]["score"] == "harm" and {t["split"] for t in saved["trials"]} == {DEV, TEST}
+    tried = {json.dumps(t["calibration"], sort_keys=True) for t in saved["trials"] if t["calibration"] is not None}
+    assert tried == {json.dumps(Calibration(basket_size=4, layers=1.0, strength=1.0).to_dict(), sort_keys=True)}
     assert "Pareto front" in r.output
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from posfair.errors import PosfairInputError
+
 REQUIRED_FIELDS = ("id", "lang", "text")
 BASE_COLUMNS = ("id", "lang", "text", "title")
 BUNDLED_NAME = "debian_docs.parquet"
@@ -26,7 +28,7 @@ _PATH_SUFFIXES = set(_FILE_TYPES) | {".csv", ".tsv", ".txt", ".arrow", ".gz", ".
 _MAX_LISTED_ROWS = 5
 
 
-class CorpusError(ValueError):
+class CorpusError(PosfairInputError):
     """A corpus cannot be loaded or fails validation; the message names the problem and rows."""
 
 

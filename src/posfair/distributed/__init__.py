@@ -7,6 +7,7 @@
 * :mod:`posfair.distributed.job` -- the job: plan, skip what is stored, run the shards
   locally or on Ray (:func:`embed_texts`).
 * :mod:`posfair.distributed.ray_engine` -- the Ray executor.
+* ``posfair embed`` (command line) is :mod:`posfair.cli.embed`.
 
 Ray is optional (``pip install 'posfair[ray]'``); without it the local executor runs.
 The texts of a corpus are read by :func:`posfair.corpus.read_corpus_texts` (also

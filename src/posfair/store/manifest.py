@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.store.settings import MANIFEST, canonical
 from posfair.store.shards import DamagedShard, read_shard, set_aside
@@ -31,7 +32,7 @@ _STRICT = ("format", "namespace", "posfair_version", "code_hash")
 _RECORDED = ("model", "corpora")
 
 
-class ManifestMismatch(ValueError):
+class ManifestMismatch(PosfairInputError):
     """A run's settings disagree with the vectors already in a store namespace; nothing was written."""
 
 

@@ -1,7 +1,7 @@
 """Choosing a calibration: search basket size x layers x strength on a dev split, report the test split.
 
 ``posfair.tuning.tune(model, corpus)`` (library), :class:`CalibrationTuner` (evaluator
-style), ``posfair tune`` (command line).
+style), ``posfair tune`` (command line, :mod:`posfair.cli.tune`).
 
 Modules: :mod:`.search` (search space, trials, Pareto front, :func:`run_search`),
 :mod:`.objectives` (fairness, retrieval, any function), :mod:`.evaluator` (:func:`tune`,

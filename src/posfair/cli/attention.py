@@ -1,0 +1,119 @@
+"""``posfair attention``: where the pooling token looks, stock vs calibrated, per language."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import (
+    BatchSize,
+    CalibrationOption,
+    Corpus,
+    Device,
+    Langs,
+    MaxSeqLength,
+    Model,
+    N,
+    OutFolder,
+    ProfileBasketSize,
+    ProfileLayers,
+    Seed,
+    TrustRemoteCode,
+)
+from posfair.cli.parsers import integer, layers_text
+
+
+def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int = 0):
+    """Monolingual segment-set documents (the audit's builder): all orderings of random sets."""
+    from posfair.fairness.documents import LanguageConfig, build_instance, prepare_corpus
+
+    inst = build_instance(
+        prepare_corpus(corpus), n, LanguageConfig.mono(lang),
+        tokenizer=model.tokenizer, limit=int(model.max_seq_length), target_docs=max_docs, seed=seed,
+    )  # fmt: skip
+    return inst.documents[:max_docs]
+
+
+def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calibration, max_docs, out: Path,
+                  batch_size=8, seed=0, model_name="", progress=None):  # fmt: skip
+    """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
+    from posfair.fairness.attention import attention_profile
+    from posfair.fairness.attention_report import write_attention_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    profiles = []
+    for lang in langs:
+        docs = build_documents(model, corpus, lang, n, max_docs, seed)
+        for cal in [None] + ([calibration] if calibration is not None else []):
+            tick = progress(f"{lang} · {'stock' if cal is None else cal.label()}", len(docs)) if progress else None
+            prof = attention_profile(
+                model, docs, layers=layers, basket_size=basket_size, n_bins=n_bins, calibration=cal,
+                batch_size=batch_size, group=lang, model_name=model_name, progress=tick,
+            )  # fmt: skip
+            prof.save(out / f"attention_{lang}_{'stock' if cal is None else cal.key()}")
+            profiles.append(prof)
+    report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
+    return profiles, report
+
+
+def attention(
+    out: OutFolder,
+    model: Model = None,
+    corpus: Corpus = None,
+    n: N = 3,
+    langs: Langs = ("en",),
+    layers: ProfileLayers = None,
+    basket_size: ProfileBasketSize = 128,
+    bins: Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins.")] = 20,
+    calibration: CalibrationOption = None,
+    max_docs: Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")] = 200,
+    batch_size: BatchSize = 8,
+    seed: Seed = 0,
+    max_seq_length: MaxSeqLength = None,
+    trust_remote_code: TrustRemoteCode = False,
+    device: Device = None,
+) -> None:
+    """Profile the pooling token's attention over segment-set documents (stock vs calibrated)."""
+    # the model and the plots are imported only when they are needed, after the checks (--help and mistakes stay fast)
+    from rich.markup import escape
+    from rich.table import Table
+
+    from posfair.calibration.coverage import format_share
+    from posfair.cli.audit import load_corpus
+    from posfair.cli.errors import data_errors, naming
+    from posfair.cli.progress import console, progress_bars
+    from posfair.fairness.attention import resolve_layers
+
+    checks.output_folder(out)
+    model_id = checks.model_source(model)
+    checks.device(device)
+    data = load_corpus(corpus, sorted(set(langs)))
+    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    with naming("--layers", layers_text(layers)):
+        resolve_layers(layers, fm.num_layers)
+    checks.check_calibrations(fm, [calibration])
+    from posfair.model import BUNDLED_MODEL_NAME  # (loaded with the model above)
+
+    name = model_id or BUNDLED_MODEL_NAME
+    t0 = time.perf_counter()
+    with progress_bars() as bar, data_errors():  # e.g. too few topics of a language for --n
+        profiles, report = run_attention(
+            fm, data, langs=langs, n=n, layers=layers, basket_size=basket_size, n_bins=bins, calibration=calibration,
+            max_docs=max_docs, out=out, batch_size=batch_size, seed=seed, model_name=name, progress=bar,
+        )  # fmt: skip
+    first = profiles[0]
+    table = Table(title=escape(f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"))
+    keys = list(first.summary())
+    for col in ["lang", "profile", *keys]:
+        table.add_column(col, justify="left" if col in ("lang", "profile") else "right")
+    for p in profiles:
+        s = p.summary()
+        values = [format_share(s.get(k)) if k == "calibrated_share" else f"{s.get(k, float('nan')):.4g}" for k in keys]
+        table.add_row(p.group, escape(p.label), *values)
+    con = console()
+    con.print(table)
+    con.print(f"report: [bold]{escape(str(report))}[/bold]")

@@ -1,0 +1,182 @@
+"""``posfair audit``: a model's positional fairness on an aligned corpus, stock vs calibrations.
+
+:func:`run_audit` (the work and the summary printed after it) is shared with ``posfair demo``.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import (
+    BatchSize,
+    BootstrapDraws,
+    BootstrapSeed,
+    BootstrapWeights,
+    Cache,
+    Calibrations,
+    Corpus,
+    Device,
+    Docs,
+    Inference,
+    Langs,
+    MaxSeqLength,
+    Model,
+    Ns,
+    OutFolder,
+    Seed,
+    TrustRemoteCode,
+)
+from posfair.cli.parsers import comma_list, integer, joined, mixed_config
+
+SUMMARY_CAPTION = "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
+
+
+def audit(
+    out: OutFolder,
+    model: Model = None,
+    corpus: Corpus = None,
+    n: Ns = (3, 4),
+    langs: Langs = (),
+    mixed: Annotated[
+        list[str],
+        typer.Option(
+            "--mixed",
+            parser=comma_list(mixed_config),
+            callback=joined,
+            metavar="LEAD:LATER,...",
+            show_default="none",
+            help="Mixed configurations, comma-separated: LEAD at position 1, LATER after it (e.g. de:en).",
+        ),
+    ] = (),  # fmt: skip
+    calibration: Calibrations = (),
+    docs: Docs = 1000,
+    seed: Seed = 0,
+    batch_size: BatchSize = 16,
+    max_seq_length: MaxSeqLength = None,
+    min_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--min-segment-tokens",
+            parser=integer(1),
+            metavar="TOKENS",
+            show_default="a third of the per-segment budget",
+            help="Shortest segment (tokens, no special tokens).",
+        ),
+    ] = None,  # fmt: skip
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-segment-tokens",
+            parser=integer(1),
+            metavar="TOKENS",
+            show_default="(limit - special tokens) // n",
+            help="Longest segment (tokens, no special tokens).",
+        ),
+    ] = None,  # fmt: skip
+    cache: Cache = None,
+    no_control: Annotated[bool, typer.Option("--no-control", help="Skip the semantic-fidelity control.")] = False,
+    trust_remote_code: TrustRemoteCode = False,
+    device: Device = None,
+    inference: Inference = "cluster",
+    bootstrap_draws: BootstrapDraws = None,
+    bootstrap_weights: BootstrapWeights = None,
+    bootstrap_seed: BootstrapSeed = None,
+) -> None:
+    """Audit a model's positional fairness on an aligned corpus (stock vs calibrations). Resumable."""
+    from posfair.cli.errors import PosfairInputError
+    from posfair.fairness.documents import LanguageConfig
+
+    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
+    configs = [LanguageConfig.mono(lang) for lang in langs] + [LanguageConfig.parse(m) for m in mixed]
+    if not configs:
+        raise PosfairInputError("give at least one language configuration: --langs (e.g. en,de) and/or --mixed LEAD:LATER (e.g. de:en)")
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise PosfairInputError(f"--min-segment-tokens {min_tokens} is above --max-segment-tokens {max_tokens}")
+    checks.output_folder(out)
+    checks.cache_folder(cache)
+    model_id = checks.model_source(model)
+    checks.device(device)
+    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
+    from posfair.fairness.experiment import AuditSettings
+
+    settings = AuditSettings(
+        n_values=tuple(n), configs=tuple(configs), target_docs=docs, seed=seed, max_seq_length=max_seq_length,
+        min_segment_tokens=min_tokens, max_segment_tokens=max_tokens, batch_size=batch_size, control=not no_control,
+        **inference_kw,
+    )  # fmt: skip
+    data = load_corpus(corpus, sorted({lang for c in configs for lang in c.needed}))
+    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    checks.check_calibrations(fm, calibration)
+    name = model_id or "all-MiniLM-L6-v2 (bundled)"
+    run_audit(fm, data, settings, list(calibration), out, cache, name, corpus or "bundled", "Positional-fairness audit")
+
+
+def load_corpus(corpus: str | None, langs: list[str] | None = None, **kwargs: Any):
+    """``--corpus`` loaded (with the languages the command needs); CorpusError names the file, field, rows or languages."""
+    from posfair.corpus import load_corpus as load
+
+    return load(None if corpus in (None, "bundled") else corpus, langs=langs or None, **kwargs)
+
+
+def summary_table(result, title: str):
+    """The headline coefficients of an audit as a rich table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    hf = result.headline_frame()
+    table = Table(title=title, caption=SUMMARY_CAPTION)
+    for col in ("n", "configuration", "coef", *hf.columns):
+        table.add_column(str(col), justify="right" if col not in ("configuration", "coef") else "left")
+    for (n, cfg, coef), row in hf.iterrows():
+        table.add_row(str(n), escape(cfg), coef, *[escape(str(v)) for v in row.tolist()])
+    return table
+
+
+def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str):
+    """Run the audit with progress bars, save its results and report in ``out``, print the summary."""
+    from rich.markup import escape
+
+    from posfair.cli.errors import data_errors
+    from posfair.cli.progress import console, progress_bars
+    from posfair.fairness.evaluator import audit as run
+    from posfair.fairness.ols import FewClustersWarning
+
+    cache = cache or out / "cache"
+    t0 = time.perf_counter()
+    with progress_bars(complete_on_exit=True) as bar, data_errors():  # e.g. too few segment sets for the settings
+        with warnings.catch_warnings():  # the few-clusters warning is printed below, once, as a line of the summary
+            warnings.simplefilter("ignore", FewClustersWarning)
+            result = run(
+                model, corpus, settings, calibrations, cache_dir=cache, model_name=model_name, corpus_name=corpus_name, progress=bar
+            )
+    paths = result.save(out, title=title)
+    elapsed = time.perf_counter() - t0
+    con = console()
+    con.print(summary_table(result, f"{title} ({elapsed:.0f} s)"))
+    con.print(f"inference: {escape(result.inference_text())}")
+    cov = result.coverage()
+    cov = cov[cov["calibrated_share"].notna()]
+    for label, g in cov.groupby("calibration", sort=False):
+        docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
+        style = "yellow" if done < docs else "default"
+        con.print(f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]")
+    few = result.few_clusters_message()
+    if few:
+        con.print(f"[yellow]warning: {escape(few)}[/yellow]")
+    for s in result.sampling:
+        line = f"{s['instance']}: {s['documents']} documents from {s['sets_used']} segment sets"
+        if s["sets_skipped_too_long"]:
+            line += f", {s['sets_skipped_too_long']} sets skipped (longer than {s['limit']} tokens)"
+        if s["segments_outside_window"]:
+            line += f", {s['segments_outside_window']} topics outside the segment-length window"
+        con.print(escape(line))
+        for note in s.get("notes", []):
+            con.print(f"  [yellow]{escape(note)}[/yellow]")
+    con.print(f"report: [bold]{escape(str(paths['report']))}[/bold]")
+    return result, paths, elapsed

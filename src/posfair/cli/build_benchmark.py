@@ -1,0 +1,89 @@
+"""``posfair build-benchmark``: a position-aware benchmark from an aligned corpus, in PosIR's layout."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import Corpus, Langs, MaxSeqLength, Model, OutFolder, Seed, Unit
+from posfair.cli.parsers import comma_list, integer, joined, lang_code, name_part
+
+
+def build_benchmark(
+    out: OutFolder,
+    corpus: Corpus = None,
+    unit: Unit = None,
+    sources: Annotated[
+        list[str],
+        typer.Option(
+            "--sources",
+            parser=comma_list(str),
+            callback=joined,
+            metavar="SOURCE,...",
+            show_default="all",
+            help="Values of the corpus' 'source' column to keep, comma-separated.",
+        ),
+    ] = (),  # fmt: skip
+    langs: Langs = ("en",),
+    k: Annotated[int, typer.Option("--k", parser=integer(1), metavar="K", help="Segments per document.")] = 3,
+    seed: Seed = 0,
+    name: Annotated[str, typer.Option("--name", parser=name_part, metavar="NAME", help="Benchmark name.")] = "aligned",
+    domain: Annotated[str, typer.Option("--domain", parser=name_part, metavar="DOMAIN", help="Domain folder name.")] = "all",
+    max_doc_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-doc-tokens",
+            parser=integer(0),
+            metavar="TOKENS",
+            show_default="the model's token limit minus its special tokens",
+            help="Document token budget without special tokens (segments over budget // k are dropped); 0 = no limit.",
+        ),
+    ] = None,  # fmt: skip
+    budget_langs: Annotated[
+        list[str],
+        typer.Option(
+            "--budget-langs",
+            parser=comma_list(lang_code),
+            callback=joined,
+            metavar="LANG,...",
+            show_default="all of --langs",
+            help="Languages whose documents must fit --max-doc-tokens, comma-separated.",
+        ),
+    ] = (),  # fmt: skip
+    model: Model = None,
+    max_seq_length: MaxSeqLength = None,
+) -> None:
+    """Build a position-aware benchmark from an aligned corpus, saved in PosIR's layout (the model's tokenizer counts tokens)."""
+    # pandas, the corpus loader and the model are imported here, when the command runs, so that --help stays fast
+    import json
+
+    from posfair.cli.audit import load_corpus
+    from posfair.cli.errors import PosfairInputError, data_errors, input_error
+    from posfair.cli.progress import console
+    from posfair.retrieval.benchmarks import build_from_corpus
+
+    outside = [lang for lang in budget_langs if lang not in langs]
+    if outside:
+        raise input_error("--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --langs {','.join(langs)}")
+    checks.output_folder(out)
+    model_id = checks.model_source(model)
+    df = load_corpus(corpus, list(langs), unit=unit)
+    if sources:
+        if "source" not in df.columns:
+            raise PosfairInputError(f"--sources given, but the corpus {corpus or 'bundled'} has no 'source' column")
+        unknown = sorted(set(sources) - set(df["source"].unique()))
+        if unknown:
+            raise input_error("--sources", ",".join(sources), f"unknown source(s) {unknown}; available: {sorted(df['source'].unique())}")
+        df = df[df["source"].isin(sources)]
+    m = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=False, device="cpu")
+    if max_doc_tokens is None:
+        max_doc_tokens = m.max_seq_length - m.special_token_count()
+    with data_errors(f"--corpus {corpus or 'bundled'}"):  # e.g. no segment present in every language
+        path = build_from_corpus(
+            df, out, langs=list(langs), k=k, seed=seed, name=name, domain=domain, max_doc_tokens=max_doc_tokens or None,
+            count_tokens=lambda texts: m.token_lengths(texts, add_special_tokens=False).tolist(),
+            budget_langs=list(budget_langs) or None, max_seq_length=m.max_seq_length,
+        )  # fmt: skip
+    console().print_json(json.dumps(json.loads((path / "benchmark.json").read_text())))

@@ -1,0 +1,204 @@
+"""Checks of what a command was given, run before any work; each failure is one ``error:`` line.
+
+The order every command follows: the values the parser checked (ranges, choices,
+calibration specs), then output and cache paths, the model's source (a missing
+folder, an unreachable hub), the device, the input files or corpus, and only
+then the model is loaded and what depends on it (layers, token limit) checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from posfair.cli.errors import PosfairInputError, input_error, naming
+from posfair.cli.parsers import calibration_text
+
+__all__ = [
+    "output_folder",
+    "output_file",
+    "cache_folder",
+    "model_source",
+    "device",
+    "load_model",
+    "calibration",
+    "check_calibrations",
+    "installed",
+    "inference_settings",
+]
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The first ancestor of ``path`` that exists as a file (a folder cannot be made under it)."""
+    return next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+
+
+def _not_writable(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it cannot be written in."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        return existing
+    return None
+
+
+def output_folder(path: Path, option: str = "--out") -> Path:
+    """An output folder: may exist (as a folder), else must be creatable."""
+    if path.exists() and not path.is_dir():
+        raise input_error(option, path, "is an existing file, not a folder")
+    blocked = _blocking_file(path)
+    if blocked is not None:
+        raise input_error(option, path, f"{blocked} is a file, not a folder")
+    locked = _not_writable(path)
+    if locked is not None:
+        raise input_error(option, path, f"cannot write in {locked} (permission denied)")
+    return path
+
+
+def output_file(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
+    """An output file of one of ``suffixes``: not an existing folder, its folder creatable."""
+    if path.suffix.lower() not in suffixes:
+        raise input_error(option, path, f"unsupported output type {path.suffix!r}: use {' or '.join(suffixes)}")
+    if path.is_dir():
+        raise input_error(option, path, "is an existing folder, not a file")
+    blocked = _blocking_file(path)
+    if blocked is not None:
+        raise input_error(option, path, f"{blocked} is a file, not a folder")
+    locked = _not_writable(path.parent)
+    if locked is not None:
+        raise input_error(option, path, f"cannot write in {locked} (permission denied)")
+    return path
+
+
+def cache_folder(path: Path | None, option: str = "--cache") -> Path | None:
+    """An embedding cache folder (None: the command's default)."""
+    return None if path is None else output_folder(path, option)
+
+
+def model_source(model: str | None) -> str | None:
+    """``--model`` as ``load_model`` takes it (None = bundled), after a quick check of where it comes from.
+
+    A missing folder, a folder without a model, or a hub id that is not cached
+    while the hub is offline or unreachable is refused now (posfair.hub), before
+    the corpus is read or the model loaded.
+    """
+    if model is None or model.strip() in ("", "bundled"):
+        return None
+    from posfair.hub import check_model_source
+
+    with naming("--model", model):
+        check_model_source(model)
+    return model
+
+
+def device(name: str | None) -> str | None:
+    """``--device``: a device torch knows and this machine has (imports torch)."""
+    if name is None:
+        return None
+    import torch  # heavy: only when a device was asked for, inside a running command
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise input_error("--device", name, "not a torch device (e.g. cpu, cuda, cuda:1, mps)") from None
+    kinds = {"cuda": torch.cuda, "xpu": getattr(torch, "xpu", None), "mps": getattr(torch.backends, "mps", None)}
+    if dev.type in kinds:
+        backend = kinds[dev.type]
+        if backend is None or not backend.is_available():
+            raise input_error("--device", name, f"{dev.type} is not available on this machine")
+        count = getattr(backend, "device_count", None)
+        if dev.index is not None and count is not None and dev.index >= count():
+            raise input_error("--device", name, f"this machine has {count()} {dev.type} device(s)")
+    elif dev.type not in ("cpu", "meta"):
+        raise input_error("--device", name, f"posfair runs on cpu, cuda, mps or xpu; got {dev.type!r}")
+    return name
+
+
+@contextlib.contextmanager
+def _quiet_weight_loading() -> Iterator[None]:
+    """Within: no "Loading weights" bar from transformers (the commands show their own progress); downloads keep theirs."""
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    was_on = transformers_logging.is_progress_bar_enabled()
+    hub_off = hub_utils.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # (this turns the hub's bars off too: back on below)
+    if not hub_off:
+        hub_utils.enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+        if hub_off:
+            hub_utils.disable_progress_bars()
+
+
+def load_model(model: str | None, *, max_seq_length: int | None = None, pooling: str | None = None, **kwargs: Any):
+    """Load ``--model`` (None = bundled) as a FairModel; a refusal names ``--max-seq-length``, ``--pooling`` or ``--model``."""
+    from posfair.model import load_model as load
+
+    try:
+        with _quiet_weight_loading():
+            return load(model, max_seq_length=max_seq_length, pooling=pooling, **kwargs)
+    except ValueError as exc:
+        text = str(exc)
+        if max_seq_length is not None and "max_seq_length" in text:
+            raise input_error("--max-seq-length", max_seq_length, text) from exc
+        if pooling is not None and "pool" in text:
+            raise input_error("--pooling", pooling, text) from exc
+        with naming("--model", model or "bundled"):
+            raise
+    except OSError as exc:
+        with naming("--model", model or "bundled"):
+            raise exc from None
+
+
+def calibration(spec: Any = None, basket_size: int | None = None, layers: Any = None, strength: float | None = None):
+    """The Calibration of ``--calibration`` and the separate ``--basket-size`` / ``--layers`` / ``--strength`` (None if none given).
+
+    The separate options override the spec's fields; alone, they change the default
+    calibration (B=128, last 50% of layers, strength 0.5) in what they name.
+    """
+    from posfair.calibration.params import Calibration
+
+    if spec is None and basket_size is None and layers is None and strength is None:
+        return None
+    fields = (spec if spec is not None else Calibration()).to_dict()
+    given = {"basket_size": basket_size, "layers": layers, "strength": strength}
+    fields.update({k: v for k, v in given.items() if v is not None})
+    with naming("--calibration"):
+        return Calibration.from_dict(fields)
+
+
+def check_calibrations(model, calibrations) -> None:
+    """Each calibration resolved against the loaded model (its layers exist, its pooling can be calibrated)."""
+    for cal in calibrations:
+        if cal is None:
+            continue
+        with naming("--calibration", calibration_text(cal)):
+            model.transformer_module.resolve(cal)
+
+
+def installed(module: str, option: str, hint: str) -> None:
+    """Refuse ``option`` when the optional package providing ``module`` is not installed."""
+    if importlib.util.find_spec(module) is None:
+        raise input_error(option, None, f"needs {module}, which is not installed ({hint})")
+
+
+def inference_settings(inference: str, draws: int | None, weights: str | None, seed: int | None) -> dict:
+    """``--inference`` and the bootstrap options as AuditSettings keywords; a bootstrap option without ``wild`` is refused."""
+    given = {"--bootstrap-draws": draws, "--bootstrap-weights": weights, "--bootstrap-seed": seed}
+    extra = [k for k, v in given.items() if v is not None]
+    if inference != "wild" and extra:
+        raise PosfairInputError(f"{', '.join(extra)} applies only to --inference wild (got --inference {inference})")
+    from posfair.fairness.ols import Inference as InferenceSpec  # the defaults live with the OLS code
+
+    d = InferenceSpec()
+    return dict(
+        inference=inference, bootstrap_draws=d.draws if draws is None else draws,
+        bootstrap_weights=d.weights if weights is None else weights, bootstrap_seed=d.seed if seed is None else seed,
+    )  # fmt: skip

@@ -1,0 +1,139 @@
+"""``posfair encode``: embed the texts of a file, stock or calibrated, into a .npy or .parquet file."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import (
+    BasketSize,
+    BatchSize,
+    CalibrationLayers,
+    CalibrationOption,
+    Device,
+    MaxSeqLength,
+    Model,
+    OutFile,
+    Pooling,
+    Prompt,
+    Strength,
+    TemporaryCache,
+    TextField,
+    TrustRemoteCode,
+)
+from posfair.cli.parsers import integer
+
+OUTPUT_TYPES = (".npy", ".parquet")
+
+
+def encode(
+    input: Annotated[
+        Path, typer.Option("--input", "-i", metavar="FILE", help=".txt (one text a line), .jsonl (one record a line) or .parquet.")
+    ],
+    out: OutFile,
+    model: Model = None,
+    calibration: CalibrationOption = None,
+    basket_size: BasketSize = None,
+    layers: CalibrationLayers = None,
+    strength: Strength = None,
+    text_field: TextField = "text",
+    id_field: Annotated[
+        str | None,
+        typer.Option("--id-field", metavar="FIELD", help="Field / column to carry into a .parquet output (.jsonl / .parquet input)."),
+    ] = None,
+    batch_size: BatchSize = 32,
+    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings.")] = False,
+    prompt: Prompt = None,
+    pooling: Pooling = None,
+    max_seq_length: MaxSeqLength = None,
+    device: Device = None,
+    trust_remote_code: TrustRemoteCode = False,
+    cache: TemporaryCache = None,
+    chunk_size: Annotated[
+        int,
+        typer.Option("--chunk-size", parser=integer(1), metavar="N", help="Texts per cached chunk (a killed run loses at most one chunk)."),
+    ] = 512,
+) -> None:
+    """Embed texts, stock or calibrated. Resumable: rerun the same command after an interruption."""
+    from posfair.cli.errors import input_error
+    from posfair.io import read_texts
+
+    # everything the user gave is checked before the heavy imports, the model or anything is written
+    checks.output_file(out, OUTPUT_TYPES)
+    if id_field is not None and out.suffix.lower() != ".parquet":
+        raise input_error("--id-field", id_field, f"ids go into a .parquet output; --out {out} is {out.suffix}")
+    if id_field is not None and input.suffix.lower() == ".txt":
+        raise input_error("--id-field", id_field, f"a .txt input ({input}) has no fields; use .jsonl or .parquet")
+    checks.cache_folder(cache)
+    cal = checks.calibration(calibration, basket_size, layers, strength)
+    model = checks.model_source(model)
+    checks.device(device)
+    texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
+    # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
+    import numpy as np
+
+    from posfair.cli.progress import progress_bars
+    from posfair.encoding import encode_cached, l2_normalize
+    from posfair.io import atomic_save_npy, atomic_write_parquet
+    from posfair.store import EmbeddingStore, embedding_namespace
+
+    fm = checks.load_model(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
+    checks.check_calibrations(fm, [cal])
+    cache_dir = cache if cache is not None else _temporary_cache(out)
+    store = EmbeddingStore(cache_dir)
+    embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards (ManifestMismatch)
+    with progress_bars() as bar:
+        tick = bar("encoding", len(set(texts)))  # encode_cached counts the cached texts first
+        vectors = encode_cached(
+            fm, texts, store, calibration=cal, prompt=prompt, batch_size=batch_size, chunk_size=chunk_size, progress=tick
+        )
+    if normalize:
+        vectors = l2_normalize(vectors)
+    if out.suffix.lower() == ".npy":
+        atomic_save_npy(out, vectors.astype(np.float32))
+    else:
+        import pandas as pd
+
+        df = pd.DataFrame({"embedding": list(vectors.astype(np.float32))})
+        if ids is not None:
+            df.insert(0, id_field, ids)
+        atomic_write_parquet(out, df)
+    if cache is None:
+        _remove_temporary_cache(cache_dir)
+    label = cal.label() if cal else "stock"
+    typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}) to {out}")
+
+
+# the file that marks a cache folder posfair created for one ``encode`` output (and may delete)
+_TEMPORARY_MARK = ".posfair-temporary-cache"
+
+
+def _temporary_cache(output: Path) -> Path:
+    """The cache folder of ``encode`` without ``--cache``: created by posfair next to the output.
+
+    Its name is fixed (``.<output name>.posfair-cache``), so a rerun after an
+    interruption resumes from it; it holds a marker file, and only a folder with
+    that marker is ever reused or removed.  A folder of that name without the
+    marker is not posfair's: it is left alone and a fresh one is made instead.
+    """
+    output.parent.mkdir(parents=True, exist_ok=True)
+    folder = output.parent / f".{output.name}.posfair-cache"
+    if (folder / _TEMPORARY_MARK).is_file():
+        return folder
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        folder = Path(tempfile.mkdtemp(prefix=f".{output.name}.posfair-cache-", dir=output.parent))
+    (folder / _TEMPORARY_MARK).write_text(f"temporary embedding cache of posfair encode for {output}; removed after success\n")
+    return folder
+
+
+def _remove_temporary_cache(folder: Path) -> None:
+    """Remove a cache folder :func:`_temporary_cache` made (and nothing else)."""
+    if (folder / _TEMPORARY_MARK).is_file():
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,204 @@
+"""The error boundary of the command line: every problem ends as one line on stderr.
+
+* A user mistake -- a bad option value or usage (the parser's errors), or a
+  :class:`~posfair.errors.PosfairInputError` from a command or the library (a
+  missing file, a corpus without a field, a store of other settings, ...) --
+  prints ``error: <what>`` naming the file, option or value, and exits with 2.
+* Anything else is a bug or an environment problem: one line
+  ``error: unexpected <Type>: <message> (rerun with --debug for the traceback)``
+  and exit code 1; ``posfair --debug COMMAND ...`` (or ``POSFAIR_DEBUG=1``) prints
+  the traceback before that line.
+* An interruption (Ctrl-C) prints ``error: interrupted`` and exits with 130.
+
+:class:`PosfairGroup` is the Typer group class of the ``posfair`` application; its
+``main`` is the boundary, so ``posfair.cli.main()``, the ``posfair`` script and
+``typer.testing.CliRunner().invoke(app, ...)`` all go through it.  Library
+warnings print as one line ``warning: <message>`` (:func:`one_line_warnings`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from posfair.errors import PosfairInputError
+
+__all__ = ["PosfairGroup", "PosfairInputError", "input_error", "naming", "data_errors", "one_line_warnings", "EXIT_USER", "EXIT_BUG"]
+
+EXIT_USER = 2
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130
+DEBUG_HINT = "rerun with --debug for the traceback"
+
+# the parser's exception classes, taken from typer's own BadParameter (typer >= 0.2x vendors click)
+_PARSER_ERRORS = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+_UsageError: type[Exception] = _PARSER_ERRORS["UsageError"]
+_ParserException: type[Exception] = _PARSER_ERRORS["ClickException"]
+_LIST_HINT = "a list option takes comma-separated values, e.g. --langs en,de or --n 3,4"
+
+
+def input_error(option: str, value: Any, message: str) -> PosfairInputError:
+    """``PosfairInputError("--option value: message")`` (the value left out when None)."""
+    shown = "" if value is None else f" {value}"
+    return PosfairInputError(f"{option}{shown}: {message}")
+
+
+@contextlib.contextmanager
+def naming(option: str, value: Any = None, *, errors: tuple[type[BaseException], ...] = (ValueError, OSError)) -> Iterator[None]:
+    """Run a library call on an option's value; its ValueError / OSError becomes one line naming the option.
+
+    A message that already starts with the value (a file name: ``corpus.jsonl: line 3 ...``)
+    names it well enough and is kept as it is.  A model that cannot be found
+    (:class:`posfair.hub.ModelNotFound`) is named by its reason.
+    """
+    try:
+        yield
+    except errors as exc:
+        reason = getattr(exc, "reason", None)  # posfair.hub.ModelNotFound
+        message = reason if isinstance(reason, str) else _message(exc)
+        if value is not None and message.startswith(str(value)):
+            raise PosfairInputError(message) from exc
+        raise input_error(option, value, message) from exc
+
+
+@contextlib.contextmanager
+def data_errors(what: str | None = None) -> Iterator[None]:
+    """Run a pipeline on what the user gave: its ValueError is about that input (exit 2), not a bug.
+
+    The audit, tuner and benchmark builder refuse data that cannot serve the settings
+    (too few topics or segment sets, nothing fits the token limit) with ValueError;
+    ``what`` (e.g. ``"--corpus x.jsonl"``) prefixes the message.
+    """
+    try:
+        yield
+    except PosfairInputError:
+        raise
+    except ValueError as exc:
+        raise PosfairInputError((f"{what}: " if what else "") + one_line(str(exc))) from exc
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror and exc.filename and not isinstance(exc, PosfairInputError):
+        return f"{exc.filename}: {exc.strerror}"
+    text = str(exc) or type(exc).__name__
+    return text
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line (a multi-line message joined with spaces)."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def _option_value(args: Sequence[str], opts: Sequence[str]) -> str | None:
+    """The value given to an option on the command line, when it was given exactly once."""
+    found = []
+    for i, arg in enumerate(args):
+        for opt in opts:
+            if arg == opt and i + 1 < len(args):
+                found.append(args[i + 1])
+            elif opt.startswith("--") and arg.startswith(opt + "="):
+                found.append(arg[len(opt) + 1 :])
+    return found[0] if len(found) == 1 else None
+
+
+def _usage_message(exc: Exception, args: Sequence[str]) -> str:
+    """The parser's error as ``--option value: what is wrong`` (or its own sentence, lower-cased)."""
+    param = getattr(exc, "param", None)
+    opts = [o for o in getattr(param, "opts", []) or [] if o.startswith("-")]
+    if type(exc).__name__ == "BadParameter" and opts:
+        message = one_line(getattr(exc, "message", str(exc)))
+        for prefix in ("Value error, ", "Assertion failed, "):  # pydantic's words around a validator's message
+            message = message.replace(prefix, "")
+        if message.startswith("Input should be "):
+            message = "must be " + message[len("Input should be ") :]
+        name = max(opts, key=len)
+        value = _option_value(args, opts)
+        return f"{name} {value}: {message}" if value is not None else f"{name}: {message}"
+    message = one_line(exc.format_message()).rstrip(".")
+    message = message[:1].lower() + message[1:]
+    if message.startswith("got unexpected extra argument"):
+        message += f" ({_LIST_HINT})"
+    return message
+
+
+def _debug_requested(args: Sequence[str]) -> bool:
+    """``--debug`` among the options before the command name, or ``POSFAIR_DEBUG`` set."""
+    if os.environ.get("POSFAIR_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    for arg in args:
+        if not arg.startswith("-"):
+            return False
+        if arg == "--debug":
+            return True
+    return False
+
+
+def report(exc: BaseException, args: Sequence[str], debug: bool) -> int:
+    """Print ``exc`` as one ``error:`` line (a traceback first when ``debug`` and unexpected); the exit code."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # bare "posfair": the help (rich prints it itself), exit 0
+        text = exc.format_message()
+        if text.strip() and "Usage:" in text:
+            print(text)
+        return 0
+    if isinstance(exc, _UsageError):
+        code, message = EXIT_USER, _usage_message(exc, args)
+    elif isinstance(exc, PosfairInputError):
+        code, message = EXIT_USER, one_line(str(exc))
+    elif isinstance(exc, _ParserException):
+        code, message = getattr(exc, "exit_code", EXIT_USER), one_line(exc.format_message())
+    elif isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "Abort":
+        code, message = EXIT_INTERRUPTED, "interrupted"
+    else:
+        code = EXIT_BUG
+        message = f"unexpected {type(exc).__name__}: {one_line(str(exc))}" + ("" if debug else f" ({DEBUG_HINT})")
+    sys.stdout.flush()
+    if debug and code != EXIT_INTERRUPTED:  # --debug: the traceback of every error but the parser's
+        if not isinstance(exc, _UsageError):
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+class PosfairGroup(TyperGroup):
+    """The ``posfair`` command group; its :meth:`main` is the error boundary."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        argv = list(sys.argv[1:] if args is None else args)
+        debug = _debug_requested(argv)
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+            if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into exit code 130
+                print("error: interrupted", file=sys.stderr, flush=True)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_BUG)
+        except BaseException as exc:  # the boundary: everything becomes one line and an exit code
+            code = report(exc, argv, debug)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Within: every Python warning prints as one line ``warning: <message>`` on stderr.
+
+    Library code warns with :mod:`warnings` (e.g. a damaged cache shard set aside,
+    :class:`posfair.store.DamagedShardWarning`); a command shows each as one line.
+    """
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"warning: {one_line(str(message))}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield

@@ -1,0 +1,44 @@
+"""The one progress display of every command: rich bars on stderr (results go to stdout)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+__all__ = ["progress_bars", "console", "Tick"]
+
+#: ``tick(k)``: k more items done
+Tick = Callable[[int], None]
+
+
+@contextlib.contextmanager
+def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., Tick]]:
+    """Yield ``bar(description, total, done=0) -> tick``; each call adds a bar with counts, elapsed and remaining time.
+
+    The library reports progress through such callbacks (``progress=`` of
+    ``audit``, ``encode_cached``, ``embed_texts``, ``attention_profile``...);
+    ``complete_on_exit`` fills every bar when the block ends without an error
+    (a bar whose items were partly answered from the cache).
+    """
+    from rich.console import Console  # rich is imported only when a command runs
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as prog:
+
+        def bar(description: str, total: int, done: int = 0) -> Tick:
+            task = prog.add_task(escape(description), total=total, completed=done)
+            return lambda k: prog.advance(task, k)
+
+        yield bar
+        if complete_on_exit:
+            for task in prog.tasks:
+                prog.update(task.id, completed=task.total)
+
+
+def console():
+    """The rich console results are printed on (stdout)."""
+    from rich.console import Console
+
+    return Console()

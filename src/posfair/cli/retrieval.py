@@ -1,0 +1,136 @@
+"""``posfair retrieval``: a model on a position-aware benchmark, stock, calibrated and SEA.
+
+:func:`run_benchmark` (checks, work and summary) is shared with ``posfair sweep``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import (
+    BatchSize,
+    Benchmark,
+    Cache,
+    Calibrations,
+    CorpusLang,
+    Device,
+    Domains,
+    Faiss,
+    Lang,
+    MaxSeqLength,
+    Model,
+    OutResults,
+    QueryPrompt,
+    Sea,
+    TopK,
+    TrustRemoteCode,
+)
+
+RESULTS_ROOT = Path("posfair-results")
+
+
+def query_prompt(text: str) -> str | None:
+    """``--query-prompt``: ``auto``, ``none`` or a string in which ``\\n`` and other escapes are read."""
+    from posfair.cli.errors import input_error
+
+    if text.lower() == "none":
+        return None
+    if text == "auto":
+        return "auto"
+    try:
+        return text.encode().decode("unicode_escape")
+    except UnicodeDecodeError as exc:
+        raise input_error("--query-prompt", repr(text), f"bad escape ({exc.reason})") from None
+
+
+def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss,
+                  max_seq_length, trust_remote_code, device, lang, corpus_lang, domains) -> None:  # fmt: skip
+    """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
+
+    ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
+    """
+    from posfair.cli.errors import PosfairInputError, naming
+
+    if not stock and not calibrations and not sea:
+        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration or --sea")
+    if out is not None:
+        checks.output_folder(out)
+    checks.cache_folder(cache)
+    if sea:
+        checks.installed("chonkie", "--sea", "pip install 'posfair[retrieval]'")
+    if faiss:
+        checks.installed("faiss", "--faiss", "pip install faiss-cpu")
+    prompt = query_prompt(prompt)
+    model_id = checks.model_source(model)
+    checks.device(device)
+    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
+    from rich.markdown import Markdown
+
+    from posfair.calibration.coverage import NOOP_LABEL
+    from posfair.cli.progress import console, progress_bars
+    from posfair.retrieval.benchmarks import load_benchmark
+    from posfair.retrieval.sea import SegmentEmbedAverage
+    from posfair.retrieval.sweep import noop_settings, run_sweep
+    from posfair.retrieval.tables import bucket_table, group_table, to_markdown
+    from posfair.store import EmbeddingStore
+
+    calibrations = calibrations() if callable(calibrations) else list(calibrations)
+    with naming("--benchmark", benchmark):
+        bench = load_benchmark(benchmark, lang=lang, corpus_lang=corpus_lang, domains=list(domains) or None)
+    out = out if out is not None else checks.output_folder(RESULTS_ROOT / bench.name.replace("/", "_"))
+    fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
+    checks.check_calibrations(fm, calibrations)
+    with progress_bars() as bar:
+        results = run_sweep(
+            fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
+            store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
+            use_faiss=faiss, progress=bar,
+        )  # fmt: skip
+    con = console()
+    if any(r.groups for r in results):
+        text = f"**{results[0].benchmark}** - nDCG@10 per positional group (x100), Harm, PSI\n\n" + to_markdown(group_table(results))
+        con.print(Markdown(text))
+    if any(r.buckets for r in results):
+        text = f"**{results[0].benchmark}** - PSI per length bucket and aggregate nDCG@10\n\n" + to_markdown(bucket_table(results))
+        con.print(Markdown(text))
+    noop = noop_settings(results)
+    if noop:
+        n_cal = sum(r.method == "calibrated" for r in results)
+        con.print(
+            f"{len(noop)} of {n_cal} calibrations change no document of this benchmark ({NOOP_LABEL}; every document is shorter "
+            f"than one basket or exactly one basket) and were not evaluated: {', '.join(noop)}",
+            markup=False,
+            highlight=False,
+        )
+    con.print(f"results in {out}", markup=False, highlight=False)
+
+
+def retrieval(
+    benchmark: Benchmark,
+    model: Model = None,
+    calibration: Calibrations = (),
+    sea: Sea = False,
+    stock: Annotated[bool, typer.Option("--stock/--no-stock", help="Include the uncalibrated model.")] = True,
+    lang: Lang = None,
+    corpus_lang: CorpusLang = None,
+    domains: Domains = (),
+    query_prompt: QueryPrompt = "auto",
+    out: OutResults = None,
+    cache: Cache = None,
+    batch_size: BatchSize = 32,
+    top_k: TopK = 100,
+    faiss: Faiss = False,
+    max_seq_length: MaxSeqLength = None,
+    trust_remote_code: TrustRemoteCode = False,
+    device: Device = None,
+) -> None:
+    """Evaluate a model on a position-aware benchmark: stock, calibrated documents, SEA. Resumable."""
+    run_benchmark(
+        model=model, benchmark=benchmark, calibrations=calibration, out=out, cache=cache, sea=sea, stock=stock,
+        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
+    )  # fmt: skip

@@ -1,0 +1,154 @@
+"""``posfair tune``: choose a calibration on a dev split under a constraint; report it on a test split."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import (
+    Baskets,
+    BatchSize,
+    Cache,
+    Corpus,
+    Device,
+    GridChoice,
+    Lang,
+    LayerSets,
+    MaxSeqLength,
+    Model,
+    N,
+    OptionalBenchmark,
+    OutTune,
+    Seed,
+    Strengths,
+    TrustRemoteCode,
+    TuneDocs,
+)
+from posfair.cli.parsers import choice, integer, number
+
+
+def tune(
+    model: Model = None,
+    corpus: Corpus = None,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            parser=choice("fairness", "retrieval"),
+            metavar="fairness|retrieval",
+            help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10).",
+        ),
+    ] = "fairness",  # fmt: skip
+    benchmark: OptionalBenchmark = None,
+    max_recall_drop: Annotated[
+        float,
+        typer.Option(
+            "--max-recall-drop",
+            parser=number(0, 100),
+            metavar="POINTS",
+            help="Fairness: most own-segment recall@n may fall below stock (points, 0..100).",
+        ),
+    ] = 2.0,  # fmt: skip
+    max_ndcg_drop: Annotated[
+        float,
+        typer.Option(
+            "--max-ndcg-drop",
+            parser=number(0, 100),
+            metavar="POINTS",
+            help="Retrieval: most aggregate nDCG@10 may fall below stock (points, 0..100).",
+        ),
+    ] = 2.0,  # fmt: skip
+    score: Annotated[
+        str,
+        typer.Option(
+            "--score",
+            parser=choice("spread", "max-beta"),
+            metavar="spread|max-beta",
+            help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|).",
+        ),
+    ] = "spread",  # fmt: skip
+    grid: GridChoice = "default",
+    baskets: Baskets = (),
+    layers: LayerSets = (),
+    strengths: Strengths = (),
+    fine_rounds: Annotated[
+        int,
+        typer.Option("--fine-rounds", parser=integer(0), metavar="N", help="Rounds of strength bisection around the best grid setting."),
+    ] = 2,
+    n: N = 3,
+    lang: Lang = "en",
+    docs: TuneDocs = 120,
+    test_fraction: Annotated[
+        float,
+        typer.Option(
+            "--test-fraction",
+            parser=number(0, 1, low_open=True, high_open=True),
+            metavar="F",
+            help="Share of segment sets (fairness) or documents' queries (retrieval) held out, in (0, 1).",
+        ),
+    ] = 0.5,  # fmt: skip
+    seed: Seed = 0,
+    batch_size: BatchSize = 16,
+    out: OutTune = Path("posfair-tune"),
+    cache: Cache = None,
+    save_model: Annotated[
+        Path | None,
+        typer.Option("--save-model", metavar="FOLDER", help="Save the model with the chosen calibration persisted into this folder."),
+    ] = None,
+    max_seq_length: MaxSeqLength = None,
+    trust_remote_code: TrustRemoteCode = False,
+    device: Device = None,
+) -> None:
+    """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
+    from posfair.cli.audit import load_corpus
+    from posfair.cli.errors import PosfairInputError, data_errors, naming
+    from posfair.cli.progress import console
+
+    if benchmark is not None and objective != "retrieval":
+        raise PosfairInputError(f"--benchmark {benchmark} applies only to --objective retrieval")
+    checks.output_folder(out)
+    checks.cache_folder(cache)
+    if save_model is not None:
+        checks.output_folder(save_model, "--save-model")
+    model_id = checks.model_source(model)
+    checks.device(device)
+    # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
+    from posfair.tuning.evaluator import tune as run_tune
+    from posfair.tuning.report import summary_markdown
+    from posfair.tuning.tuner import SearchSpace, default_fairness_settings
+
+    base = SearchSpace.paper(fine_rounds) if grid == "paper" else SearchSpace(fine_rounds=fine_rounds)
+    space = SearchSpace(
+        basket_sizes=tuple(baskets) or base.basket_sizes, layer_sets=tuple(layers) or base.layer_sets,
+        strengths=tuple(strengths) or base.strengths, fine_rounds=fine_rounds,
+    )  # fmt: skip
+    df = bench = settings = None
+    if objective == "retrieval" and benchmark is not None:
+        from posfair.retrieval.benchmarks import load_benchmark
+
+        with naming("--benchmark", benchmark):
+            bench = load_benchmark(benchmark)
+    else:
+        df = load_corpus(corpus, [lang])
+    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    if objective == "fairness":
+        settings = default_fairness_settings(n_values=(n,), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size)
+    con = console()
+    t0 = time.perf_counter()
+    with data_errors():  # e.g. too few segment sets to split into dev and test
+        result = run_tune(
+            fm, df, objective=objective, benchmark=bench, settings=settings, space=space,
+            max_drop=(max_recall_drop if objective == "fairness" else max_ndcg_drop) / 100,
+            score={"spread": "spread", "max-beta": "max_abs_beta"}[score] if objective == "fairness" else None,
+            test_fraction=test_fraction, seed=seed, out_dir=out, cache_dir=cache, save_model=save_model, lang=lang,
+            log=lambda msg: con.print(msg, highlight=False, markup=False, soft_wrap=True),
+        )  # fmt: skip
+    con.print(summary_markdown(result), markup=False, highlight=False, soft_wrap=True)
+    con.print(
+        f"{time.perf_counter() - t0:.0f} s; results in [bold]{out}[/bold]"
+        + (f"; tuned model in [bold]{save_model}[/bold]" if save_model else "")
+    )
