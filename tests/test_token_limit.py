@@ -18,8 +18,7 @@ from posfair import encoding as enc
 from posfair.cli.options import MAX_SEQ_LENGTH_HELP
 from posfair.fairness.experiment import AuditSettings, make_model_info
 from posfair.model import position_limit, token_limit
-from posfair.tuning import TEST, FairnessObjective, SearchSpace, tune
-from posfair.tuning.tuner import default_fairness_settings
+from posfair.tuning import TEST, FairnessObjective, SearchSpace, default_fairness_settings, tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fairness"))
 from conftest import tiny_corpus  # noqa: E402

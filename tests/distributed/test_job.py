@@ -282,3 +282,35 @@ def test_calibrated_share_is_reported_once_for_the_corpus(tmp_path, texts, tiny_
     assert f"calibrated share {expected:.3f}" in str(fallback[0].message)
     assert rep.calibrated_share == pytest.approx(expected)
     assert embed_texts(texts, tmp_path / "stock", tiny_spec(), model=tiny_fair, shard_size=8).calibrated_share is None
+
+
+@pytest.mark.parametrize("part", ["documents", "queries"])
+def test_cli_embeds_a_benchmark_part_of_any_layout(tmp_path, tiny_spec, tiny_fair, part):
+    """``embed --part`` reads a FineWeb-PosQ file (not PosIR's layout) as the retrieval loader does:
+    the stored vectors are those of the loader's texts, and nothing else is stored."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+    from posfair.retrieval import load_benchmark
+
+    rows = [
+        {"question": "where is the fox", "content": "the quick brown fox jumps over the lazy dog", "span_class": ["beginning"]},
+        {"question": "what does the cat do", "content": "a cat sleeps on the warm mat all afternoon", "span_class": ["end"]},
+        {"question": "who sleeps", "content": "the quick brown fox jumps over the lazy dog", "span_class": ["middle"]},
+    ]
+    path = tmp_path / "fineweb.jsonl"
+    pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+    bench = load_benchmark(str(path))
+    want = bench.corpus_texts if part == "documents" else bench.query_texts
+    spec = tiny_spec()
+    res = CliRunner().invoke(app, ["embed", "--out", str(tmp_path / "s"), "--corpus", str(path), "--part", part,
+                                   "--model", spec.model, "--pooling", spec.pooling, "--max-seq-length", str(spec.max_seq_length)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (
+        f"{len(set(want))} distinct texts" in res.output
+        and f"benchmark fineweb-posq ({part})" in open(next((tmp_path / "s").glob("*/manifest.json"))).read()
+    )
+    ns = embedding_namespace(EmbeddingStore(tmp_path / "s"), tiny_fair.fingerprint)
+    assert len(ns) == len(set(want))
+    np.testing.assert_allclose(ns.get([text_key(t) for t in want]), encode_cached(tiny_fair, want, None, batch_size=8), atol=1e-5)

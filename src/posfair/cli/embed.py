@@ -46,7 +46,7 @@ def embed(
             "--part",
             parser=choice("documents", "queries"),
             metavar="documents|queries",
-            help="Treat --corpus as a retrieval benchmark (e.g. a PosIR folder) and embed its documents or queries.",
+            help="Treat --corpus as a retrieval benchmark (a name such as posir or squad-posq, a hub id or a folder) and embed its documents or queries.",
         ),
     ] = None,  # fmt: skip
     lang: Lang = None,
@@ -97,6 +97,7 @@ def embed(
     from posfair.cli.progress import progress_bars
     from posfair.distributed import EmbedSpec, embed_texts, read_corpus_texts
     from posfair.distributed.ray_engine import RAY_INSTALL_HINT, ray_available
+    from posfair.retrieval import load_benchmark
 
     use_ray = ray_address is not None or workers is not None
     if use_ray and not ray_available():
@@ -112,9 +113,12 @@ def embed(
         trust_remote_code=trust_remote_code, device=device, batching=batching, batch_size=batch_size, max_tokens=max_tokens,
     )  # fmt: skip
     with naming("--corpus", corpus or "bundled"):
-        texts, source = read_corpus_texts(
-            corpus, text_field=text_field, unit=unit, langs=list(langs) or None, benchmark_part=part, lang=lang
-        )
+        if part is not None:  # any benchmark retrieval reads (PosIR layout, SQuAD-PosQ, FineWeb-PosQ), as the retrieval command sees it
+            bench = load_benchmark(corpus, lang=lang)
+            texts = bench.corpus_texts if part == "documents" else bench.query_texts
+            source = f"benchmark {bench.name} ({part})"
+        else:
+            texts, source = read_corpus_texts(corpus, text_field=text_field, unit=unit, langs=list(langs) or None)
     # the driver's model (on Ray it only gives the fingerprint and dimension: kept off the GPUs); checks the calibration's layers
     fm = checks.load_model(model_id, device="cpu" if use_ray else device, trust_remote_code=trust_remote_code, pooling=pooling,
                            max_seq_length=max_seq_length)  # fmt: skip

@@ -117,9 +117,9 @@ def tune(
     model_id = checks.model_source(model)
     checks.device(device)
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
+    from posfair.tuning import SearchSpace, default_fairness_settings
     from posfair.tuning.evaluator import tune as run_tune
     from posfair.tuning.report import summary_markdown
-    from posfair.tuning.tuner import SearchSpace, default_fairness_settings
 
     base = SearchSpace.paper(fine_rounds) if grid == "paper" else SearchSpace(fine_rounds=fine_rounds)
     space = SearchSpace(

@@ -88,7 +88,7 @@ def tune(
     log: Callable[[str], None] | None = None,
     show_progress_bar: bool | None = None,
 ) -> TuneResult:
-    """Choose a calibration for ``model`` (see :func:`posfair.tuning.tuner.run_search`).
+    """Choose a calibration for ``model`` (see :func:`posfair.tuning.search.run_search`).
 
     With ``out_dir`` the run is resumable (``tune.json``, embeddings in ``cache_dir`` or
     ``out_dir/cache``) and the tables, figure and summary are written there; with
