@@ -1,8 +1,9 @@
 """Progress of long library calls, reported as sentence-transformers does: tqdm bars, or a caller's callback.
 
-``show_progress_bar=None`` shows tqdm bars when the calling module's logger is at INFO or
-DEBUG (sentence-transformers' rule), so a notebook user who turns on logging sees progress
-and a library user who does not sees nothing.  A caller that draws its own bars (the
+``show_progress_bar=None`` shows tqdm bars in a notebook (an IPython kernel is running:
+``audit()`` there shows progress instead of minutes of silence) and elsewhere when the
+calling module's logger is at INFO or DEBUG (sentence-transformers' rule), so a script
+that does not turn on logging prints nothing.  A caller that draws its own bars (the
 command line's rich bar) passes ``progress`` instead: ``progress(description, total,
 already_done)`` returns ``advance(n)`` (or None), the signature the fairness audit's
 ``run_instances`` takes too.  Library code never imports typer or rich.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterator
 
 from tqdm.auto import tqdm
@@ -26,10 +28,15 @@ def _ignore(n: int) -> None:
     return None
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter / IPython kernel (tqdm.auto draws widgets there)."""
+    return "ipykernel" in sys.modules
+
+
 def progress_enabled(show_progress_bar: bool | None, logger: logging.Logger) -> bool:
-    """``show_progress_bar``, or for None whether ``logger`` is at INFO or DEBUG."""
+    """``show_progress_bar``; for None: in a notebook, or when ``logger`` is at INFO or DEBUG."""
     if show_progress_bar is None:
-        return logger.getEffectiveLevel() in (logging.INFO, logging.DEBUG)
+        return in_notebook() or logger.getEffectiveLevel() in (logging.INFO, logging.DEBUG)
     return bool(show_progress_bar)
 
 

@@ -1,13 +1,16 @@
 """Progress of long calls: a caller's callback, tqdm bars (sentence-transformers' rule), or nothing."""
 
 import logging
+import sys
+import types
 
 from posfair.progress import progress_enabled, progress_tasks
 
 logger = logging.getLogger("posfair.tests.progress")
 
 
-def test_enabled_follows_the_logger_level_when_not_given():
+def test_enabled_follows_the_logger_level_when_not_given(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     logger.setLevel(logging.WARNING)
     assert not progress_enabled(None, logger)
     logger.setLevel(logging.INFO)
@@ -15,6 +18,14 @@ def test_enabled_follows_the_logger_level_when_not_given():
     logger.setLevel(logging.DEBUG)
     assert progress_enabled(None, logger)
     assert not progress_enabled(False, logger) and progress_enabled(True, logger)
+    logger.setLevel(logging.NOTSET)
+
+
+def test_a_notebook_shows_progress_by_default(monkeypatch):
+    """In a Jupyter kernel a long call (audit, tune, ...) shows bars without any logging set up."""
+    logger.setLevel(logging.WARNING)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    assert progress_enabled(None, logger) and not progress_enabled(False, logger)
     logger.setLevel(logging.NOTSET)
 
 
