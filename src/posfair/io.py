@@ -8,7 +8,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +139,7 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
         texts = check_texts(lines, str(path), "text", list(range(1, len(lines) + 1)))
     elif suffix in (".jsonl", ".json"):
         records, numbers = [], []
-        for n, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PosfairInputError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise PosfairInputError(f"{path}: line {n} is a JSON {type(rec).__name__}, not an object with a {text_field!r} field")
+        for n, rec in jsonl_records(lines, path, expected=f"an object with a {text_field!r} field"):
             for field in (text_field, id_field) if id_field else (text_field,):
                 if field not in rec:
                     raise PosfairInputError(f"{path}: line {n} has no {field!r} field")
@@ -181,3 +173,23 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 def looks_like_hub_id(source: str) -> bool:
     """Whether ``source`` has the shape of a Hugging Face hub id (``owner/name``)."""
     return bool(_HUB_ID.fullmatch(source))
+
+
+def jsonl_records(
+    lines: Iterable[str], path: str | os.PathLike, error: type[Exception] = PosfairInputError, expected: str = "an object"
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of each non-blank line of a JSON-lines file (1-based numbers).
+
+    ``error`` (naming ``path`` and the line) for a line that is not valid JSON or not a JSON
+    object; ``expected`` completes that message (e.g. "an object with a 'text' field").
+    """
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise error(f"{path}: line {n} is a JSON {type(rec).__name__}, not {expected}")
+        yield n, rec

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from posfair.errors import PosfairInputError
+from posfair.io import jsonl_records
 
 REQUIRED_FIELDS = ("id", "lang", "text")
 BASE_COLUMNS = ("id", "lang", "text", "title")
@@ -107,17 +108,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
         if not all(isinstance(r, dict) for r in records):
             raise CorpusError(f"{path}: the JSON array must hold objects (one record each)")
         return pd.DataFrame.from_records(records)
-    records: list[dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CorpusError(f"{path}: line {lineno} is not valid JSON: {e.msg}") from e
-        if not isinstance(rec, dict):
-            raise CorpusError(f"{path}: line {lineno} is a JSON {type(rec).__name__}, expected an object")
-        records.append(rec)
+    records = [rec for _, rec in jsonl_records(text.splitlines(), path, CorpusError)]
     if not records:
         raise CorpusError(f"{path}: no records")
     return pd.DataFrame.from_records(records)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from posfair.corpus.load import load_corpus
 from posfair.corpus.posir import POSIR_HUB_ID, is_posir_tree, posir_languages, read_posir
-from posfair.io import check_texts
+from posfair.io import check_texts, jsonl_records
 
 __all__ = ["BENCHMARK_PARTS", "read_benchmark_texts", "read_corpus_texts"]
 
@@ -105,14 +105,8 @@ def _read_text_column(path: Path, field: str) -> list[str]:
     else:
         texts, lines = [], []
         with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}: line {n} is not valid JSON ({exc.msg})") from None
-                if not isinstance(rec, dict) or field not in rec:
+            for n, rec in jsonl_records(fh, path, ValueError, expected=f"an object with a {field!r} field"):
+                if field not in rec:
                     raise ValueError(f"{path}: line {n} has no field {field!r}")
                 texts.append(rec[field])
                 lines.append(n)
