@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posfair.cli import app, main
+from posfair.errors import PosfairInputError
 
 # (id, command line ({t} = the test's folder), a fragment the error line must contain, environment)
 MISTAKES = [
@@ -290,3 +291,27 @@ def test_a_hub_id_in_the_cache_is_not_refused_offline(tmp_path, monkeypatch):
     assert check_model_source("some-org/some-model", cache_folder=str(tmp_path)) == "cache"
     monkeypatch.setenv("SENTENCE_TRANSFORMERS_HOME", str(tmp_path))
     assert check_model_source("some-org/some-model") == "cache"
+
+
+@pytest.mark.parametrize(
+    "raised, code, line",
+    [
+        (
+            ValueError("a bug inside the audit"),
+            1,
+            "error: unexpected ValueError: a bug inside the audit (rerun with --debug for the traceback)",
+        ),
+        (PosfairInputError("too few segment sets for n=4"), 2, "error: too few segment sets for n=4"),
+    ],
+)
+def test_a_pipeline_error_is_the_users_only_when_the_library_says_so(files, monkeypatch, raised, code, line):
+    """Inside a run, the library's PosfairInputError (data that cannot serve the settings) exits 2;
+    any other ValueError is a bug: exit 1 with the hint, not passed off as the user's mistake."""
+    import posfair.fairness.evaluator
+
+    def failing(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(posfair.fairness.evaluator, "audit", failing)
+    res = run("audit --langs en --n 3 --docs 10 --out {t}/audit-out", files)
+    assert (res.exit_code, res.stderr.splitlines()) == (code, [line])

@@ -71,18 +71,20 @@ def naming(option: str, value: Any = None, *, errors: tuple[type[BaseException],
 
 @contextlib.contextmanager
 def data_errors(what: str | None = None) -> Iterator[None]:
-    """Run a pipeline on what the user gave: its ValueError is about that input (exit 2), not a bug.
+    """Run a pipeline on what the user gave, naming that input in its refusals.
 
     The audit, tuner and benchmark builder refuse data that cannot serve the settings
-    (too few topics or segment sets, nothing fits the token limit) with ValueError;
-    ``what`` (e.g. ``"--corpus x.jsonl"``) prefixes the message.
+    (too few topics or segment sets, nothing fits the token limit) with
+    :class:`PosfairInputError` (exit 2); ``what`` (e.g. ``"--corpus x.jsonl"``) prefixes
+    the message.  Any other exception is not about the input and reaches the boundary
+    as unexpected (exit 1, ``--debug`` for the traceback).
     """
     try:
         yield
-    except PosfairInputError:
+    except PosfairInputError as exc:
+        if what and not str(exc).startswith(what):
+            raise PosfairInputError(f"{what}: {one_line(str(exc))}") from exc
         raise
-    except ValueError as exc:
-        raise PosfairInputError((f"{what}: " if what else "") + one_line(str(exc))) from exc
 
 
 def _message(exc: BaseException) -> str:

@@ -25,16 +25,21 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as prog:
+    # the display starts with its first bar: a command that fails before any work prints nothing but its error line
+    started: list[Progress] = []
+    with contextlib.ExitStack() as stack:
 
         def bar(description: str, total: int, done: int = 0) -> Tick:
+            if not started:
+                started.append(stack.enter_context(Progress(*columns, console=Console(stderr=True))))
+            prog = started[0]
             task = prog.add_task(escape(description), total=total, completed=done)
             return lambda k: prog.advance(task, k)
 
         yield bar
-        if complete_on_exit:
-            for task in prog.tasks:
-                prog.update(task.id, completed=task.total)
+        if complete_on_exit and started:
+            for task in started[0].tasks:
+                started[0].update(task.id, completed=task.total)
 
 
 def console():

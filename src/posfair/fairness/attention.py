@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
+from posfair.errors import PosfairInputError
 from posfair.fairness.attention_record import AttentionProfile, query_label
 from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, Z95
 from posfair.fairness.documents import token_segment_index
@@ -67,7 +68,7 @@ def resolve_layers(layers: LayerSpec, num_layers: int) -> tuple[int, ...]:
     if isinstance(spec, (list, tuple)):
         bad = [i for i in spec if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= int(i) < num_layers]
         if bad:
-            raise ValueError(f"layers {bad} out of range: the model has {num_layers} layers (valid indices 0..{num_layers - 1})")
+            raise PosfairInputError(f"layers {bad} out of range: the model has {num_layers} layers (valid indices 0..{num_layers - 1})")
         spec = tuple(int(i) for i in spec)
     return Calibration(layers=spec).layer_indices(num_layers)
 
@@ -85,10 +86,10 @@ def _doc_inputs(documents, segments):
         else:
             raise TypeError(f"document {i} must be a string or have a .text attribute; got {type(d).__name__}")
         if not texts[-1].strip():
-            raise ValueError(f"document {i} is empty")
+            raise PosfairInputError(f"document {i} is empty")
     if segments is not None:
         if len(segments) != len(texts):
-            raise ValueError(f"segments has {len(segments)} entries for {len(texts)} documents")
+            raise PosfairInputError(f"segments has {len(segments)} entries for {len(texts)} documents")
         spans = [None if s is None else tuple((int(a), int(b)) for a, b in s) for s in segments]
     return texts, spans
 
@@ -133,15 +134,15 @@ def attention_profile(
     longer than the model's ``max_seq_length`` (they would be truncated).
     """
     if isinstance(basket_size, bool) or not isinstance(basket_size, (int, np.integer)) or basket_size < 1:
-        raise ValueError(f"basket_size must be an integer >= 1; got {basket_size!r}")
+        raise PosfairInputError(f"basket_size must be an integer >= 1; got {basket_size!r}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        raise PosfairInputError(f"batch_size must be >= 1; got {batch_size}")
     num_layers = model.num_layers
     chosen = resolve_layers(layers, num_layers)
     pooling = model.pooling or "cls"
     queries = queries or ("all" if pooling == "mean" else "pool")
     if queries not in ("pool", "all"):
-        raise ValueError(f"queries must be 'pool' or 'all'; got {queries!r}")
+        raise PosfairInputError(f"queries must be 'pool' or 'all'; got {queries!r}")
     texts, spans = _doc_inputs(documents, segments)
     tok = model.tokenizer
     limit = model.max_seq_length or model.position_limit
@@ -149,7 +150,7 @@ def attention_profile(
     over = np.nonzero(lengths > limit)[0] if limit else np.zeros(0, dtype=np.int64)
     if over.size:
         i = int(over[0])
-        raise ValueError(
+        raise PosfairInputError(
             f"{over.size} document(s) are longer than the model's limit of {limit} tokens (first: document {i}, "
             f"{int(lengths[i])} tokens); they would be truncated. Use shorter documents or raise max_seq_length "
             f"(position limit {model.position_limit})"

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from posfair.errors import PosfairInputError
 from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, RunningSums, cell_names, document_views
 from posfair.io import atomic_write, atomic_write_parquet
 
@@ -63,12 +64,14 @@ class AttentionProfile:
 
     def __post_init__(self) -> None:
         if isinstance(self.basket_size, bool) or not isinstance(self.basket_size, (int, np.integer)) or self.basket_size < 1:
-            raise ValueError(f"basket_size must be an integer >= 1; got {self.basket_size!r}")
+            raise PosfairInputError(f"basket_size must be an integer >= 1; got {self.basket_size!r}")
         if isinstance(self.n_bins, bool) or not isinstance(self.n_bins, (int, np.integer)) or self.n_bins < 1:
-            raise ValueError(f"n_bins must be an integer >= 1; got {self.n_bins!r}")
+            raise PosfairInputError(f"n_bins must be an integer >= 1; got {self.n_bins!r}")
         bad = [layer for layer in self.layers if not 0 <= layer < self.num_layers]
         if bad or not self.layers:
-            raise ValueError(f"layers {list(self.layers)} invalid: the model has {self.num_layers} layers (0..{self.num_layers - 1})")
+            raise PosfairInputError(
+                f"layers {list(self.layers)} invalid: the model has {self.num_layers} layers (0..{self.num_layers - 1})"
+            )
         self.layers = tuple(int(layer) for layer in self.layers)
         for v in VIEWS:
             self.views.setdefault(v, RunningSums(self.num_layers))
@@ -132,7 +135,7 @@ class AttentionProfile:
     def stats(self, view: str, layer: int | None = None) -> dict[str, np.ndarray]:
         """Per-cell statistics of ``view`` for the layer set (``layer=None``) or one layer."""
         if view not in VIEWS:
-            raise ValueError(f"view must be one of {VIEWS}; got {view!r}")
+            raise PosfairInputError(f"view must be one of {VIEWS}; got {view!r}")
         return self.views[view].stats(layer)
 
     def mean(self, view: str, layer: int | None = None) -> np.ndarray:

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.corpus.filters import default_length_window
+from posfair.errors import PosfairInputError
 
 __all__ = [
     "LanguageConfig",
@@ -63,7 +64,7 @@ class LanguageConfig:
             if parts[0] == parts[1]:
                 return cls.mono(parts[0])
             return cls(parts[0], parts[1])
-        raise ValueError(f"language configuration must be 'LANG' or 'LEAD:LATER' (e.g. 'de:en'); got {spec!r}")
+        raise PosfairInputError(f"language configuration must be 'LANG' or 'LEAD:LATER' (e.g. 'de:en'); got {spec!r}")
 
     @property
     def mixed(self) -> bool:
@@ -189,7 +190,7 @@ def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:
     """
     missing = {"id", "lang", "text"} - set(corpus.columns)
     if missing:
-        raise ValueError(f"corpus is missing column(s) {sorted(missing)}; expected at least id, lang, text")
+        raise PosfairInputError(f"corpus is missing column(s) {sorted(missing)}; expected at least id, lang, text")
     df = corpus.loc[:, [c for c in ("id", "lang", "text", "title") if c in corpus.columns]].copy()
     df["id"] = df["id"].astype(str)
     df["lang"] = df["lang"].astype(str)
@@ -198,7 +199,7 @@ def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:
     dup = df.duplicated(["id", "lang"])
     if dup.any():
         first = df.loc[dup, ["id", "lang"]].iloc[0].tolist()
-        raise ValueError(f"corpus has {int(dup.sum())} duplicate (id, lang) rows (first: {first}); ids must identify topics")
+        raise PosfairInputError(f"corpus has {int(dup.sum())} duplicate (id, lang) rows (first: {first}); ids must identify topics")
     return df.reset_index(drop=True)
 
 
@@ -240,13 +241,13 @@ def build_instance(
     every language version a set uses must lie in the window.
     """
     if n < 2:
-        raise ValueError(f"n (segments per document) must be >= 2; got {n}")
+        raise PosfairInputError(f"n (segments per document) must be >= 2; got {n}")
     if target_docs < 1:
-        raise ValueError(f"target document count must be >= 1; got {target_docs}")
+        raise PosfairInputError(f"target document count must be >= 1; got {target_docs}")
     langs_present = set(corpus["lang"].unique())
     for lang in config.needed:
         if lang not in langs_present:
-            raise ValueError(f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}")
+            raise PosfairInputError(f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}")
     sub = corpus[corpus["lang"].isin(config.needed)]
     counts = sub.groupby("id")["lang"].nunique()
     topics_all = sorted(counts.index[counts == len(config.needed)].tolist())
@@ -266,7 +267,7 @@ def build_instance(
         min_segment_tokens = low if min_segment_tokens is None else min_segment_tokens
         max_segment_tokens = high if max_segment_tokens is None else max_segment_tokens
     if min_segment_tokens > max_segment_tokens:
-        raise ValueError(f"segment-length window is empty: min {min_segment_tokens} > max {max_segment_tokens} tokens")
+        raise PosfairInputError(f"segment-length window is empty: min {min_segment_tokens} > max {max_segment_tokens} tokens")
     seg_cap = min(max_segment_tokens, limit - n_special)
 
     def in_window(t: str) -> bool:
@@ -283,7 +284,7 @@ def build_instance(
         sets_wanted=sets_wanted,
     )
     if len(topics) < n:
-        raise ValueError(
+        raise PosfairInputError(
             f"instance (n={n}, {config.name}): only {len(topics)} topics are present in {list(config.needed)} "
             f"with segments of {min_segment_tokens}..{seg_cap} tokens (of {len(topics_all)} topics in all needed "
             f"languages); need at least {n}"
@@ -344,7 +345,7 @@ def build_instance(
     if not chosen:
         seg_lens = sorted(lengths[(t, lang_seq[0])] for t in topics)
         median = seg_lens[len(seg_lens) // 2]
-        raise ValueError(
+        raise PosfairInputError(
             f"instance (n={n}, {config.name}): no segment set fits the model limit of {limit} tokens "
             f"({report.sets_skipped_too_long} sets tried were too long; median segment length {median} tokens). "
             "Use shorter segments (max segment tokens), a smaller n, or a model with a longer limit."

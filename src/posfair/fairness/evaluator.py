@@ -17,6 +17,7 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
+from posfair.errors import PosfairInputError
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.fairness.analysis import coverage_messages, fit_all
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
@@ -65,7 +66,7 @@ def audit(
     cals = default_calibrations(calibrations)
     info = make_model_info(model, settings, model_name)
     if cals and info.pooling not in ("cls", "mean", "lasttoken"):
-        raise ValueError(f"calibration needs cls, mean or last-token pooling; the model pools with {info.pooling!r}")
+        raise PosfairInputError(f"calibration needs cls, mean or last-token pooling; the model pools with {info.pooling!r}")
     t0 = time.perf_counter()
     instances = build_instances(corpus, settings, enc.model_tokenizer(model), info.limit)
     log.info(

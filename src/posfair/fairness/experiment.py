@@ -34,6 +34,7 @@ import pandas as pd
 
 from posfair import encoding as enc
 from posfair.calibration import Calibration
+from posfair.errors import PosfairInputError
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
@@ -103,21 +104,21 @@ class AuditSettings:
     def __post_init__(self) -> None:
         ns = tuple(int(n) for n in self.n_values)
         if not ns:
-            raise ValueError("n_values must not be empty")
+            raise PosfairInputError("n_values must not be empty")
         bad = [n for n in ns if n < 2]
         if bad:
-            raise ValueError(f"n (segments per document) must be >= 2; got {bad}")
+            raise PosfairInputError(f"n (segments per document) must be >= 2; got {bad}")
         object.__setattr__(self, "n_values", tuple(sorted(set(ns))))
         cfgs = tuple(c if isinstance(c, LanguageConfig) else LanguageConfig.parse(str(c)) for c in self.configs)
         if not cfgs:
-            raise ValueError("at least one language configuration is needed")
+            raise PosfairInputError("at least one language configuration is needed")
         object.__setattr__(self, "configs", tuple(dict.fromkeys(cfgs)))
         if self.target_docs < 1:
-            raise ValueError(f"target_docs must be >= 1; got {self.target_docs}")
+            raise PosfairInputError(f"target_docs must be >= 1; got {self.target_docs}")
         if self.max_seq_length is not None and self.max_seq_length < 4:
-            raise ValueError(f"max_seq_length must be >= 4; got {self.max_seq_length}")
+            raise PosfairInputError(f"max_seq_length must be >= 4; got {self.max_seq_length}")
         if self.batch_size < 1 or self.chunk_size < 1:
-            raise ValueError("batch_size and chunk_size must be >= 1")
+            raise PosfairInputError("batch_size and chunk_size must be >= 1")
         spec = self.inference_spec  # validates; stores the normalised spellings
         object.__setattr__(self, "inference", spec.method)
         object.__setattr__(self, "bootstrap_weights", spec.weights)
@@ -153,7 +154,7 @@ def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, li
     for cfg in settings.configs:
         for lang in cfg.needed:
             if lang not in langs:
-                raise ValueError(f"unknown language {lang!r} in configuration {cfg.name}: the corpus has {langs}")
+                raise PosfairInputError(f"unknown language {lang!r} in configuration {cfg.name}: the corpus has {langs}")
     lengths: dict[tuple[str, str], int] = {}
     out = []
     for n in settings.n_values:
@@ -175,7 +176,7 @@ def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, li
             )
             inst = out[-1]
             if len(inst.sets) < 2:
-                raise ValueError(
+                raise PosfairInputError(
                     f"instance (n={n}, {cfg.name}) has {len(inst.sets)} segment set(s); clustered standard errors need "
                     f"at least 2: raise the target document count to >= {2 * math.factorial(n)}"
                 )
@@ -227,7 +228,7 @@ class _Encoder:
             ctx = []
             for i, (ids, states) in enumerate(tokens):
                 if list(ids) != list(tok["input_ids"][i]):
-                    raise ValueError(
+                    raise PosfairInputError(
                         f"the model tokenised a document differently from its tokenizer ({len(ids)} vs "
                         f"{len(tok['input_ids'][i])} tokens); token spans cannot be mapped"
                     )
@@ -385,7 +386,7 @@ def default_calibrations(calibrations) -> list[Calibration]:
         out.append(c if isinstance(c, Calibration) else Calibration.parse(str(c)))
     labels = [c.label() for c in out]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"duplicate calibrations: {labels}")
+        raise PosfairInputError(f"duplicate calibrations: {labels}")
     return out
 
 

@@ -46,6 +46,8 @@ import pandas as pd
 from statsmodels.regression.linear_model import OLS
 from wildboottest.wildboottest import WildboottestCL
 
+from posfair.errors import PosfairInputError
+
 __all__ = [
     "PositionOLS", "fit_position_ols", "significance_mark", "MARKS", "MARK_LEGEND", "position_design",
     "Inference", "describe_inference", "INFERENCE_METHODS", "BOOTSTRAP_WEIGHTS", "FEW_CLUSTERS", "FewClustersWarning", "wild_pvalue",
@@ -100,17 +102,17 @@ class Inference:
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
         if method not in INFERENCE_METHODS:
-            raise ValueError(f"inference must be one of {', '.join(INFERENCE_METHODS)}; got {self.method!r}")
+            raise PosfairInputError(f"inference must be one of {', '.join(INFERENCE_METHODS)}; got {self.method!r}")
         object.__setattr__(self, "method", method)
         weights = str(self.weights).strip().lower()
         if weights not in BOOTSTRAP_WEIGHTS:
-            raise ValueError(f"bootstrap weights must be one of {', '.join(BOOTSTRAP_WEIGHTS)}; got {self.weights!r}")
+            raise PosfairInputError(f"bootstrap weights must be one of {', '.join(BOOTSTRAP_WEIGHTS)}; got {self.weights!r}")
         object.__setattr__(self, "weights", weights)
         if isinstance(self.draws, bool) or int(self.draws) != self.draws or self.draws < 99:
-            raise ValueError(f"bootstrap draws must be an integer >= 99; got {self.draws!r}")
+            raise PosfairInputError(f"bootstrap draws must be an integer >= 99; got {self.draws!r}")
         object.__setattr__(self, "draws", int(self.draws))
         if isinstance(self.seed, bool) or int(self.seed) != self.seed or self.seed < 0:
-            raise ValueError(f"bootstrap seed must be an integer >= 0; got {self.seed!r}")
+            raise PosfairInputError(f"bootstrap seed must be an integer >= 0; got {self.seed!r}")
         object.__setattr__(self, "seed", int(self.seed))
 
     @classmethod
@@ -314,7 +316,7 @@ def fit_position_ols(
     groups = pd.Series(clusters).astype("category").cat.codes.to_numpy().astype(np.int64)
     n_clusters = int(groups.max()) + 1
     if n_clusters < 2:
-        raise ValueError("clustered standard errors need at least 2 segment sets")
+        raise PosfairInputError("clustered standard errors need at least 2 segment sets")
     if warn and n_clusters < FEW_CLUSTERS:
         warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=2)
     X = position_design(positions, n)

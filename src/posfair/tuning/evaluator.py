@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from posfair import encoding as enc
+from posfair.errors import PosfairInputError
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.model import token_limit
 from posfair.progress import ProgressCallback
@@ -52,21 +53,21 @@ def make_objective(
     """A :class:`FairnessObjective` (needs ``corpus``) or :class:`RetrievalObjective` (``benchmark``, or one built from ``corpus``)."""
     if objective == "fairness":
         if corpus is None:
-            raise ValueError("the fairness objective needs a corpus")
+            raise PosfairInputError("the fairness objective needs a corpus")
         return FairnessObjective(
             model, corpus, settings, store=store, score=score or "spread", test_fraction=test_fraction, seed=seed, progress=progress
         )
     if objective == "retrieval":
         if score not in (None, "harm"):
-            raise ValueError(f"the retrieval objective optimises Harm; got score={score!r}")
+            raise PosfairInputError(f"the retrieval objective optimises Harm; got score={score!r}")
         if benchmark is None:
             if corpus is None:
-                raise ValueError("the retrieval objective needs a benchmark or a corpus to build one from")
+                raise PosfairInputError("the retrieval objective needs a benchmark or a corpus to build one from")
             if work_dir is None:
-                raise ValueError("building a benchmark from the corpus needs a work directory")
+                raise PosfairInputError("building a benchmark from the corpus needs a work directory")
             benchmark = build_corpus_benchmark(model, corpus, Path(work_dir) / "benchmark", lang=lang, seed=seed)
         return RetrievalObjective(model, benchmark, store=store, test_fraction=test_fraction, seed=seed)
-    raise ValueError(f"objective must be 'fairness' or 'retrieval'; got {objective!r}")
+    raise PosfairInputError(f"objective must be 'fairness' or 'retrieval'; got {objective!r}")
 
 
 def tune(

@@ -21,6 +21,7 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import calibration_coverage, quiet_fallback
+from posfair.errors import PosfairInputError
 from posfair.fairness.documents import Instance
 from posfair.fairness.evaluator import corpus_fingerprint
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info, run_instances
@@ -104,9 +105,9 @@ def split_ids(ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list
     """Seeded split of unique ids into (dev, test); each side gets at least one id."""
     uniq = sorted(dict.fromkeys(ids))
     if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1); got {test_fraction}")
+        raise PosfairInputError(f"test_fraction must be in (0, 1); got {test_fraction}")
     if len(uniq) < 2:
-        raise ValueError(f"need at least 2 units to split into dev and test; got {len(uniq)}")
+        raise PosfairInputError(f"need at least 2 units to split into dev and test; got {len(uniq)}")
     order = [uniq[i] for i in np.random.default_rng(seed).permutation(len(uniq))]
     k = min(len(uniq) - 1, max(1, int(round(test_fraction * len(uniq)))))
     test = sorted(order[:k])
@@ -134,7 +135,7 @@ class FairnessObjective(Objective):
         """``progress(description, total, already_done)``: the audit's encoding progress (see
         :func:`posfair.fairness.experiment.run_instances`)."""
         if score not in ("spread", "max_abs_beta"):
-            raise ValueError(f"the fairness score is 'spread' or 'max_abs_beta'; got {score!r}")
+            raise PosfairInputError(f"the fairness score is 'spread' or 'max_abs_beta'; got {score!r}")
         self.score = score
         self.model = model
         self.settings = settings or default_fairness_settings()
@@ -149,7 +150,7 @@ class FairnessObjective(Objective):
         for inst in build_instances(corpus, self.settings, enc.model_tokenizer(model), self.info.limit):
             set_ids = [s.set_id for s in inst.sets]
             if len(set_ids) < 4:
-                raise ValueError(
+                raise PosfairInputError(
                     f"instance {inst.key} has {len(set_ids)} segment sets; a dev/test split needs at least 4 (2 per split): raise the document count"
                 )
             dev, test = split_ids(set_ids, test_fraction, seed)
@@ -254,7 +255,7 @@ class RetrievalObjective(Objective):
         :class:`~posfair.retrieval.evaluator.PositionalRetrievalEvaluator` (off by default: the
         search shows one bar over the trials)."""
         if not benchmark.groups:
-            raise ValueError(f"benchmark {benchmark.name!r} has no positional groups: Harm needs them")
+            raise PosfairInputError(f"benchmark {benchmark.name!r} has no positional groups: Harm needs them")
         self.model = model
         self.benchmark = benchmark
         self.store = store if isinstance(store, EmbeddingStore) or store is None else EmbeddingStore(store)

@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
+from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.progress import progress_enabled
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
@@ -84,12 +85,12 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         if not self.basket_sizes or not self.layer_sets or not self.strengths:
-            raise ValueError("the search space needs at least one basket size, layer set and strength")
+            raise PosfairInputError("the search space needs at least one basket size, layer set and strength")
         bad = [s for s in self.strengths if not 0 < float(s) <= 1]
         if bad:
-            raise ValueError(f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}")
+            raise PosfairInputError(f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}")
         if self.fine_rounds < 0:
-            raise ValueError(f"fine_rounds must be >= 0; got {self.fine_rounds}")
+            raise PosfairInputError(f"fine_rounds must be >= 0; got {self.fine_rounds}")
         object.__setattr__(self, "basket_sizes", tuple(dict.fromkeys(int(b) for b in self.basket_sizes)))
         object.__setattr__(self, "strengths", tuple(sorted({_strength(s) for s in self.strengths})))
         layer_sets = [tuple(x) if isinstance(x, list) else x for x in self.layer_sets]  # 1 (last layer) != 1.0 (all layers)
@@ -273,7 +274,7 @@ def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
     saved = json.loads(path.read_text())
     old = json.loads(json.dumps(saved.get("objective"), default=str))
     if old != json.loads(json.dumps(objective, default=str)):
-        raise ValueError(f"{path} holds a search of a different objective, model or data ({old}); use another output directory")
+        raise PosfairInputError(f"{path} holds a search of a different objective, model or data ({old}); use another output directory")
     return [Trial.from_dict(d) for d in saved.get("trials", [])]
 
 
@@ -297,7 +298,7 @@ def run_search(
     """
     space = space or SearchSpace()
     if max_drop < 0:
-        raise ValueError(f"max_drop must be >= 0; got {max_drop}")
+        raise PosfairInputError(f"max_drop must be >= 0; got {max_drop}")
     t0 = time.perf_counter()
     desc = objective.describe()
     path = Path(results_path) if results_path is not None else None
@@ -347,7 +348,7 @@ def run_search(
             metrics = objective.evaluate(cal, split)
             for name in (objective.score, objective.guard):
                 if name not in metrics:
-                    raise ValueError(f"objective {objective.name!r} returned no {name!r} metric (got {sorted(metrics)})")
+                    raise PosfairInputError(f"objective {objective.name!r} returned no {name!r} metric (got {sorted(metrics)})")
             t = Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0, share)
         trials.append(t)
         save()

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.retrieval.benchmarks.posir import posir_lang
 
@@ -55,12 +56,12 @@ def build_from_corpus(
     limit of the model the budget was derived from, when given).
     """
     if k < 1:
-        raise ValueError(f"k must be >= 1; got {k}")
+        raise PosfairInputError(f"k must be >= 1; got {k}")
     if not langs:
-        raise ValueError("langs must name at least one language")
+        raise PosfairInputError("langs must name at least one language")
     missing = [c for c in ("id", "lang", "text", "title") if c not in corpus.columns]
     if missing:
-        raise ValueError(f"corpus is missing column(s) {missing}; found {list(corpus.columns)}")
+        raise PosfairInputError(f"corpus is missing column(s) {missing}; found {list(corpus.columns)}")
     df = corpus.copy()
     df["id"] = df["id"].astype(str)
     df = df[df["text"].fillna("").str.strip().ne("") & df["title"].fillna("").str.strip().ne("")]
@@ -68,15 +69,15 @@ def build_from_corpus(
     for lang in langs:
         sub = df[df["lang"] == lang]
         if sub.empty:
-            raise ValueError(
+            raise PosfairInputError(
                 f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}"
             )
         if sub["id"].duplicated().any():
-            raise ValueError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
+            raise PosfairInputError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
         per_lang[lang] = sub.set_index("id")
     ids = sorted(set.intersection(*(set(s.index) for s in per_lang.values())))
     if not ids:
-        raise ValueError(f"no segment id is present in every language of {list(langs)}")
+        raise PosfairInputError(f"no segment id is present in every language of {list(langs)}")
     n_aligned = len(ids)
     n_tokens: dict[str, pd.Series] = {}
     for lang, sub in per_lang.items():
@@ -86,19 +87,19 @@ def build_from_corpus(
             n_tokens[lang] = sub.loc[ids, "n_tokens_minilm"].astype(int)
     if max_doc_tokens is not None:
         if not n_tokens:
-            raise ValueError("max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column")
+            raise PosfairInputError("max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column")
         cap = max_doc_tokens // k
         keep = set(ids)
         checked = [lang for lang in (budget_langs or langs)]
         unknown = set(checked) - set(langs)
         if unknown:
-            raise ValueError(f"budget_langs {sorted(unknown)} are not among langs {list(langs)}")
+            raise PosfairInputError(f"budget_langs {sorted(unknown)} are not among langs {list(langs)}")
         for lang in checked:
             counts = n_tokens[lang]
             keep &= set(counts.index[counts <= cap])
         ids = [i for i in ids if i in keep]
         if not ids:
-            raise ValueError(f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language")
+            raise PosfairInputError(f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language")
     order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
     docs = [order[i : i + k] for i in range(0, len(order), k)]
     width = len(str(len(docs)))
