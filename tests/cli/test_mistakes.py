@@ -135,6 +135,7 @@ MISTAKES = [
     ("build-benchmark-unknown-unit", "build-benchmark --unit chapter -o {t}/bench", "no rows with unit='chapter'", None),
     ("build-benchmark-unknown-source", "build-benchmark --sources nope -o {t}/bench", "--sources nope: unknown source(s) ['nope']", None),
     # tune
+    ("tune-space", "tune --space wide -o {t}/out", "--space wide: must be one of default, paper", None),
     ("tune-objective", "tune --objective speed -o {t}/out", "--objective speed: must be one of fairness, retrieval", None),
     ("tune-test-fraction-1", "tune --test-fraction 1 -o {t}/out", "--test-fraction 1: must be a number in (0, 1)", None),
     ("tune-negative-drop", "tune --max-recall-drop -1 -o {t}/out", "--max-recall-drop -1: must be a number in [0, 100]", None),

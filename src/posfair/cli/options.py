@@ -78,7 +78,7 @@ __all__ = [
     "ProfileLayers",
     "ProfileBasketSize",
     "GridFlag",
-    "GridChoice",
+    "SpaceChoice",
     "Benchmark",
     "OptionalBenchmark",
     "CorpusLang",
@@ -306,10 +306,11 @@ ProfileBasketSize = Annotated[
     int, typer.Option("--basket-size", parser=integer(1), metavar="B", help="Content keys per basket of the attention profile.")
 ]
 GridFlag = Annotated[bool, typer.Option("--grid/--no-grid", help="The papers' grid: --baskets x --layers x --strengths.")]
-GridChoice = Annotated[
+# tune's starting grid (named --space: --grid is the sweep's on/off flag, one flag one meaning)
+SpaceChoice = Annotated[
     str,
     typer.Option(
-        "--grid",
+        "--space",
         parser=choice("default", "paper"),
         metavar="default|paper",
         help="default (baskets 16,64,256 x layers 0.5,1.0 x strengths 0.5,1.0) or paper (128,256,512 x 1,0.5 x 0.5,1.0); "

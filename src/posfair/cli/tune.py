@@ -15,7 +15,6 @@ from posfair.cli.options import (
     Cache,
     Corpus,
     Device,
-    GridChoice,
     Lang,
     LayerSets,
     MaxSeqLength,
@@ -24,6 +23,7 @@ from posfair.cli.options import (
     OptionalBenchmark,
     OutTune,
     Seed,
+    SpaceChoice,
     Strengths,
     TrustRemoteCode,
     TuneDocs,
@@ -71,7 +71,7 @@ def tune(
             help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|).",
         ),
     ] = "spread",  # fmt: skip
-    grid: GridChoice = "default",
+    space: SpaceChoice = "default",
     baskets: Baskets = (),
     layers: LayerSets = (),
     strengths: Strengths = (),
@@ -121,7 +121,7 @@ def tune(
     from posfair.tuning.evaluator import tune as run_tune
     from posfair.tuning.report import summary_markdown
 
-    base = SearchSpace.paper(fine_rounds) if grid == "paper" else SearchSpace(fine_rounds=fine_rounds)
+    base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
     space = SearchSpace(
         basket_sizes=tuple(baskets) or base.basket_sizes, layer_sets=tuple(layers) or base.layer_sets,
         strengths=tuple(strengths) or base.strengths, fine_rounds=fine_rounds,
