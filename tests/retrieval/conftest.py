@@ -61,3 +61,29 @@ def model():
 @pytest.fixture()
 def corpus_df():
     return aligned_corpus()
+
+
+def build_cli_benchmark(tmp_path):
+    """``posfair build-benchmark`` on :func:`aligned_corpus` (en, de; 3 sections; no token budget) into ``tmp_path/bench``."""
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+
+    src = tmp_path / "corpus.jsonl"
+    aligned_corpus().to_json(src, orient="records", lines=True)
+    args = [
+        "build-benchmark",
+        "--corpus",
+        str(src),
+        "--out",
+        str(tmp_path / "bench"),
+        "--langs",
+        "en,de",
+        "--k",
+        "3",
+        "--max-doc-tokens",
+        "0",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return tmp_path / "bench"

@@ -4,33 +4,15 @@ from __future__ import annotations
 
 import json
 
-from tests.retrieval.conftest import aligned_corpus
+from tests.retrieval.conftest import build_cli_benchmark
 from typer.testing import CliRunner
 
 from posfair.cli import app
 
 
 def test_retrieval_refuses_a_store_of_other_settings(tmp_path):
-    src = tmp_path / "corpus.jsonl"
-    aligned_corpus().to_json(src, orient="records", lines=True)
+    build_cli_benchmark(tmp_path)
     runner = CliRunner()
-    res = runner.invoke(
-        app,
-        [
-            "build-benchmark",
-            "--corpus",
-            str(src),
-            "--out",
-            str(tmp_path / "bench"),
-            "--langs",
-            "en,de",
-            "--k",
-            "3",
-            "--max-doc-tokens",
-            "0",
-        ],
-    )
-    assert res.exit_code == 0, res.output
     args = ["retrieval", "--benchmark", str(tmp_path / "bench"), "--lang", "en", "--no-stock", "--calibration", "16,0.5,0.5",
             "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--device", "cpu"]  # fmt: skip
     res = runner.invoke(app, args)

@@ -1,31 +1,13 @@
 import pandas as pd
-from tests.retrieval.conftest import aligned_corpus
+from tests.retrieval.conftest import build_cli_benchmark
 from typer.testing import CliRunner
 
 from posfair.cli import app
 
 
 def test_cli_build_and_retrieval(tmp_path):
-    src = tmp_path / "corpus.jsonl"
-    aligned_corpus().to_json(src, orient="records", lines=True)
+    build_cli_benchmark(tmp_path)
     runner = CliRunner()
-    res = runner.invoke(
-        app,
-        [
-            "build-benchmark",
-            "--corpus",
-            str(src),
-            "--out",
-            str(tmp_path / "bench"),
-            "--langs",
-            "en,de",
-            "--k",
-            "3",
-            "--max-doc-tokens",
-            "0",
-        ],
-    )
-    assert res.exit_code == 0, res.output
     assert (tmp_path / "bench" / "deu-Latn" / "all" / "qrels" / "test.parquet").exists()
     res = runner.invoke(
         app,
