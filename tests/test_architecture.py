@@ -16,7 +16,18 @@ PACKAGE = SRC / "posfair"
 
 # lower levels never import higher ones; a level may import itself and anything below
 LEVELS = [
-    ("base", ("posfair.io", "posfair.compat", "posfair.errors", "posfair.progress", "posfair.calibration", "posfair.report")),
+    (
+        "base",
+        (
+            "posfair._post_import",
+            "posfair.io",
+            "posfair.compat",
+            "posfair.errors",
+            "posfair.progress",
+            "posfair.calibration",
+            "posfair.report",
+        ),
+    ),
     (
         "model / store / corpus",
         ("posfair.model", "posfair.calibrated_transformer", "posfair.model_info", "posfair.store", "posfair.hub", "posfair.corpus"),

@@ -14,10 +14,15 @@ Which calibration a forward pass runs with is its default unless a
 pooling token's attention rows.  Both are context variables, so concurrent
 threads each see their own.
 
-Saving and loading: :func:`saved_with_posfair` tells a folder that needs this class
-(its ``modules.json`` names it), :data:`MODULE_CLASSES` maps that name to it, and
-:func:`stock_module_type` writes a module without a default calibration as the
-stock ``Transformer`` (so the folder loads without posfair).
+Saving and loading: ``FairModel.save`` writes the module as the stock ``Transformer``
+(:func:`stock_module_type`).  With a default calibration, for the architectures in
+:data:`FLAG_FREE_MODEL_TYPES`, :func:`write_flag_free` then records the calibration in
+the folder's ``config.json`` with ``attn_implementation="posfair_sdpa"``, so plain
+``SentenceTransformer(path)`` loads it calibrated after ``import posfair``; when such a
+folder is loaded as a ``FairModel``, this module takes the calibration over from the
+config.  Other architectures keep the previous format, whose ``modules.json`` names
+this class: :func:`saved_with_posfair` tells such a folder and :data:`MODULE_CLASSES`
+maps the name to the class.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ import torch
 
 from posfair import compat
 from posfair.calibration import attention as att
-from posfair.calibration import fallback
+from posfair.calibration import fallback, transformers4
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
+from posfair.calibration.state import CONFIG_CALIBRATION_KEY, CONFIG_POOLING_KEY
 from posfair.compat import Transformer
+from posfair.io import atomic_write_json, atomic_write_text
 
 __all__ = [
     "CalibratedTransformer",
@@ -43,9 +50,12 @@ __all__ = [
     "attention_recording",
     "calibration_override",
     "effective_calibration",
+    "flag_free",
     "make_calibrated",
     "saved_with_posfair",
     "stock_module_type",
+    "write_flag_free",
+    "write_model_card_note",
 ]
 
 _UNSET = object()
@@ -112,6 +122,13 @@ class CalibratedTransformer(Transformer):
 
     # -- setup -----------------------------------------------------------------------------
     def _posfair_init(self, calibration: dict | Calibration | None, pooling: str | None) -> None:
+        model = self.auto_model
+        # a flag-free calibrated folder (see save_flag_free) carries its calibration in config.json: from here
+        # on this module owns it (so encode(calibration=False) is stock), and save() writes it back
+        saved_cal = model.config.__dict__.pop(CONFIG_CALIBRATION_KEY, None)
+        saved_pooling = model.config.__dict__.pop(CONFIG_POOLING_KEY, None)
+        if calibration is None:
+            calibration, pooling = saved_cal, pooling or saved_pooling
         if isinstance(calibration, dict):
             calibration = Calibration.from_dict(calibration)
         self.default_calibration: Calibration | None = calibration
@@ -120,7 +137,6 @@ class CalibratedTransformer(Transformer):
         self._resolved: dict[Calibration, ResolvedCalibration] = {}
         self._attention_modules = None
         att.register()
-        model = self.auto_model
         self.num_layers = _num_layers(model.config)
         self._refresh_identity()
         base = getattr(model.config, "_attn_implementation", None)
@@ -263,10 +279,10 @@ def make_calibrated(module: Transformer) -> CalibratedTransformer:
 
 
 @contextlib.contextmanager
-def stock_module_type(module: Transformer) -> Iterator[None]:
-    """Within the block, a :class:`CalibratedTransformer` without a default calibration is a stock
-    ``Transformer`` (what ``save`` then writes: no posfair needed to load the folder)."""
-    if not isinstance(module, CalibratedTransformer) or module.default_calibration is not None:
+def stock_module_type(module: Transformer, always: bool = False) -> Iterator[None]:
+    """Within the block, a :class:`CalibratedTransformer` without a default calibration (with
+    ``always``, any) is a stock ``Transformer``: what ``save`` then writes loads without posfair's class."""
+    if not isinstance(module, CalibratedTransformer) or (module.default_calibration is not None and not always):
         yield
         return
     module.__class__ = Transformer
@@ -274,6 +290,92 @@ def stock_module_type(module: Transformer) -> Iterator[None]:
         yield
     finally:
         module.__class__ = CalibratedTransformer
+
+
+#: ``model_type`` s whose calibrated folders load calibrated with plain ``SentenceTransformer(path)`` on both
+#: stacks: architectures that dispatch through transformers' attention registry on 4.x and 5.x alike, and
+#: the BERT family, whose 4.x attention tables posfair extends (posfair.calibration.transformers4)
+FLAG_FREE_MODEL_TYPES = transformers4.MODEL_TYPES | {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text", "phi3"}
+
+
+def flag_free(module: CalibratedTransformer) -> bool:
+    """Whether ``module`` saves as a flag-free calibrated folder (:func:`write_flag_free`); else a
+    calibrated save names :class:`CalibratedTransformer` in ``modules.json`` (the previous format:
+    it loads with ``posfair.load_model``, or with ``trust_remote_code=True`` on sentence-transformers 6)."""
+    config = module.auto_model.config
+    return getattr(config, "model_type", None) in FLAG_FREE_MODEL_TYPES and not getattr(config, "auto_map", None)
+
+
+def write_flag_free(folder: Path, module: CalibratedTransformer) -> None:
+    """Turn the stock ``Transformer`` folder just written for ``module`` into a calibrated one.
+
+    ``config.json`` gets ``attn_implementation: "posfair_sdpa"`` (the attention function posfair
+    registers with transformers) and the calibration and pooling (``posfair_calibration``,
+    ``posfair_pooling``: transformers keeps unknown keys as config attributes, and the
+    registered function reads them); ``sentence_bert_config.json`` gets the same
+    ``attn_implementation`` in ``model_args``, which sentence-transformers passes to
+    ``from_pretrained``; and ``_attn_implementation_internal`` for ``AutoModel`` on transformers 4.x,
+    which drops ``attn_implementation`` from ``config.json``.
+    """
+    config_path, st_path = folder / "config.json", folder / "sentence_bert_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["attn_implementation"] = att.ATTN_SDPA
+    # transformers 4.x drops "attn_implementation" when it reads config.json but sets the leftover keys as
+    # attributes, this one being where its config keeps the implementation; 5.x skips this key
+    config["_attn_implementation_internal"] = att.ATTN_SDPA
+    config[CONFIG_CALIBRATION_KEY] = module.default_calibration.to_dict()
+    config[CONFIG_POOLING_KEY] = module.posfair_pooling
+    atomic_write_json(config_path, config)
+    st_config = json.loads(st_path.read_text(encoding="utf-8")) if st_path.is_file() else {}
+    st_config.setdefault("model_args", {})["attn_implementation"] = att.ATTN_SDPA  # the key both 5.x and 6.x read
+    atomic_write_json(st_path, st_config)
+
+
+def model_card_note(module: CalibratedTransformer, flag_free_folder: bool) -> str:
+    """What a calibrated folder's README says about loading it."""
+    cal = json.dumps(module.default_calibration.to_dict(), sort_keys=True)
+    head = (
+        "## Calibrated with posfair\n\n"
+        "The pooling token's attention of this model is calibrated at inference time by posfair "
+        f"(pooling `{module.posfair_pooling}`, calibration `{cal}`): in the chosen layers its attention row "
+        "gives every contiguous basket of tokens equal mass, which reduces the model's bias towards the "
+        "start of long texts.  Loading it needs posfair installed (`pip install posfair`).\n\n"
+    )
+    if flag_free_folder:
+        return head + (
+            "```python\n"
+            "import posfair  # registers posfair's attention function with transformers\n"
+            "from sentence_transformers import SentenceTransformer\n\n"
+            'model = SentenceTransformer("path/or/hub-id")  # calibrated; no trust_remote_code\n'
+            "```\n\n"
+            'Without `import posfair` loading fails with `Specified attn_implementation="posfair_sdpa" is not supported`. '
+            "With transformers alone: `import posfair` then `AutoModel.from_pretrained(path)`.  "
+            "`posfair.load_model(path)` loads it as a posfair `FairModel`.\n"
+        )
+    return head + (
+        "```python\n"
+        "import posfair\n\n"
+        'model = posfair.load_model("path/or/hub-id")\n'
+        "```\n\n"
+        "This architecture's calibrated folders name posfair's module class in `modules.json`: plain "
+        "sentence-transformers 6 loads them only with `trust_remote_code=True`.\n"
+    )
+
+
+def write_model_card_note(folder: Path, module: CalibratedTransformer, flag_free_folder: bool) -> None:
+    """Add :func:`model_card_note` to the folder's README.md (after its front matter; a README with only
+    the note when sentence-transformers wrote none)."""
+    readme = folder / "README.md"
+    note = model_card_note(module, flag_free_folder)
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    if "## Calibrated with posfair" in text:
+        return
+    if text.startswith("---\n") and "\n---\n" in text[4:]:
+        end = text.index("\n---\n", 4) + len("\n---\n")
+        text = text[:end] + "\n" + note + "\n" + text[end:]
+    else:
+        text = note + ("\n" + text if text else "")
+    atomic_write_text(readme, text)
 
 
 def saved_with_posfair(path: str) -> bool:

@@ -19,7 +19,8 @@ What differs:
   ``get_embedding_dimension``; 5.x prepends the prompt itself and calls ``tokenize``, and
   names the dimension ``get_sentence_embedding_dimension``.
 - transformers' attention registry (``AttentionInterface`` / ``AttentionMaskInterface``)
-  exists on both, with the same signatures; which *architectures* dispatch through it
+  exists on both, with the same signatures (:mod:`posfair.calibration.registry` uses it
+  directly); which *architectures* dispatch through it
   differs: on 4.x BERT, XLM-RoBERTa and ModernBERT choose their attention classes
   themselves (BERT's ``BertSdpaSelfAttention`` calls SDPA, its eager class computes the
   softmax inline), so posfair reaches them through the scoped fallback
@@ -49,8 +50,6 @@ __all__ = [
     "preprocess",
     "resolve_prompt",
     "embedding_dimension",
-    "attention_registries",
-    "sdpa_attention_forward",
     "reaches_registry",
     "set_attn_implementation",
 ]
@@ -83,12 +82,6 @@ if ST_6:
 else:
     from sentence_transformers.evaluation import SentenceEvaluator as BaseEvaluator  # the 5.x name of the same base
     from sentence_transformers.models import Pooling, Transformer
-
-# transformers' attention registry: the same names and signatures on 4.53+ and 5.x (imported after
-# the version check above, so an older stack gets its message rather than a missing name)
-from transformers import AttentionInterface  # noqa: E402
-from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
-from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask  # noqa: E402
 
 
 def pooling_mode(module) -> str | None:
@@ -176,12 +169,6 @@ def embedding_dimension(model) -> int | None:
     if ST_6:
         return model.get_embedding_dimension()
     return model.get_sentence_embedding_dimension()
-
-
-def attention_registries() -> tuple[Any, Any, Any, Any]:
-    """(``AttentionInterface``, ``AttentionMaskInterface``, ``sdpa_mask``, ``eager_mask``): the same
-    names and signatures on transformers 4.53+ and 5.x."""
-    return AttentionInterface, AttentionMaskInterface, sdpa_mask, eager_mask
 
 
 def reaches_registry(model) -> bool:

@@ -13,6 +13,7 @@ model live in :mod:`posfair.model_info`; this module re-exports them, and
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -29,9 +30,12 @@ from posfair.calibrated_transformer import (
     attention_recording,
     calibration_override,
     effective_calibration,
+    flag_free,
     make_calibrated,
     saved_with_posfair,
     stock_module_type,
+    write_flag_free,
+    write_model_card_note,
 )
 from posfair.calibration.attention import Recorder
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
@@ -198,10 +202,35 @@ class FairModel(SentenceTransformer):
             yield self
 
     def save(self, path: str, *args, **kwargs) -> None:
-        """Save like sentence-transformers.  With a default calibration the folder records it (and
-        reloads calibrated); without one it is a plain sentence-transformers folder."""
-        with stock_module_type(self.transformer_module):  # no default calibration: a stock folder
-            return super().save(path, *args, **kwargs)
+        """Save like sentence-transformers.  Without a default calibration the folder is a plain
+        sentence-transformers folder.  With one it reloads calibrated:
+
+        - BERT, RoBERTa, XLM-RoBERTa, ModernBERT, Qwen2/3, Llama, Mistral, Gemma, Phi-3: the folder
+          holds the stock sentence-transformers modules; its ``config.json`` names posfair's
+          registered attention function and carries the calibration, so after ``import posfair``
+          plain ``SentenceTransformer(path)`` (no ``trust_remote_code``) and
+          ``transformers.AutoModel.from_pretrained(path)`` load it calibrated;
+        - other architectures (remote code among them): ``modules.json`` names posfair's module
+          class; load with ``posfair.load_model(path)``.
+
+        Either way the folder's README says what loading needs.
+        """
+        tmod = self.transformer_module
+        calibrated = tmod.default_calibration is not None
+        flag_free_folder = calibrated and flag_free(tmod)
+        with stock_module_type(tmod, always=flag_free_folder):
+            out = super().save(path, *args, **kwargs)
+        if calibrated:
+            if flag_free_folder:
+                write_flag_free(Path(path) / self._module_folder(path, tmod), tmod)
+            write_model_card_note(Path(path), tmod, flag_free_folder)
+        return out
+
+    def _module_folder(self, path: str, module) -> str:
+        """The subfolder ``save`` wrote ``module`` to (from ``modules.json``; "" = the folder itself)."""
+        name = next(k for k, m in self._modules.items() if m is module)
+        entries = json.loads((Path(path) / "modules.json").read_text(encoding="utf-8"))
+        return next((e.get("path", "") for e in entries if str(e.get("name")) == name), "")
 
     # -- encode -------------------------------------------------------------------------------
     def encode(self, sentences, calibration: Calibration | None | bool = None, **kwargs):  # type: ignore[override]

@@ -11,7 +11,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 import posfair
-from posfair import Calibration, compat
+from posfair import Calibration
 from tiny_models import build_tiny_model
 
 LONG = "Calibration gives later baskets as much attention as early ones. " * 8
@@ -64,12 +64,8 @@ def test_saved_calibration_is_used_by_plain_sentence_transformers(tmp_path):
     want = model.encode(TEXTS, calibration=CAL)
     stock = model.encode(TEXTS)
     model.set_calibration(CAL).save(str(tmp_path / "m"))
-    # sentence-transformers 6.x imports module classes outside its namespace only with the flag
-    # (5.x imports them from a local folder without it)
-    if compat.ST_6:
-        with pytest.raises(ValueError, match="trust_remote_code"):
-            SentenceTransformer(str(tmp_path / "m"))
-    plain = SentenceTransformer(str(tmp_path / "m"), trust_remote_code=True)
+    # no trust_remote_code: the folder holds stock modules (tests/calibration/test_flag_free.py)
+    plain = SentenceTransformer(str(tmp_path / "m"))
     np.testing.assert_allclose(plain.encode(TEXTS), want, atol=1e-6)
     again = posfair.load_model(tmp_path / "m")
     assert again.calibration == CAL

@@ -16,7 +16,11 @@ transformers 4.x also BERT, XLM-RoBERTa and ModernBERT, which pick their attenti
 classes themselves): a scoped torch-function mode intercepts each layer's softmax
 or SDPA call.
 
-Both read the :class:`~posfair.calibration.state.ForwardState` of the running
+On transformers 4.x, calibrated folders of BERT, RoBERTa, XLM-RoBERTa and ModernBERT
+load through :mod:`posfair.calibration.transformers4` (a ``"posfair_sdpa"`` entry in
+each architecture's own attention table, running the fallback's per-layer mode).
+
+All read the :class:`~posfair.calibration.state.ForwardState` of the running
 forward pass (:mod:`posfair.calibration.state`) and share the explicit kernels of
 :mod:`posfair.calibration.kernels` (the pooling row computed explicitly; tiled
 explicit attention when every row is calibrated), so they calibrate identically.

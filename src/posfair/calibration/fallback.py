@@ -10,7 +10,7 @@ persistent hooks:
 
 - a forward pre-hook that, when the current thread's :class:`ForwardState` wants the
   layer calibrated or recorded, enters a per-thread ``TorchFunctionMode``
-  (:class:`_LayerMode`); a forward hook (``always_call=True``, so an exception cannot
+  (:class:`LayerMode`); a forward hook (``always_call=True``, so an exception cannot
   leave it pushed) leaves it.  Torch-function modes live on a thread-local stack: a
   softmax or a forward of the same model in another thread is never touched, and no
   torch global is ever patched.
@@ -49,7 +49,7 @@ from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from posfair.calibration.kernels import attend
 from posfair.calibration.state import ForwardState, active_state
 
-__all__ = ["find_layer_attention_modules", "install", "layer_map", "active", "verify"]
+__all__ = ["LayerMode", "find_layer_attention_modules", "install", "layer_map", "active", "verify"]
 
 # every spelling of softmax, as a torch-function mode sees it
 _SOFTMAX = (F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax, torch._softmax)
@@ -98,7 +98,7 @@ def _pre_hook(module: nn.Module, args) -> None:
     calibrate, record = state.layer_wants(layer)
     if not (calibrate or record):
         return None
-    mode = _LayerMode(state, layer, calibrate, record)
+    mode = LayerMode(state, layer, calibrate, record)
     mode.__enter__()
     state.fallback_active.append((id(module), mode))
     return None
@@ -114,7 +114,7 @@ def _post_hook(module: nn.Module, args, output) -> None:
     return None
 
 
-def _leave(mode: _LayerMode) -> None:
+def _leave(mode: LayerMode) -> None:
     if _get_current_function_mode() is not mode:
         raise RuntimeError("posfair: the torch-function mode stack changed inside an attention module")
     mode.__exit__(None, None, None)
@@ -173,7 +173,7 @@ def _softmax_over_last(dim, ndim: int) -> bool:
         return False
 
 
-class _LayerMode(TorchFunctionMode):
+class LayerMode(TorchFunctionMode):
     """Active (in one thread) while a calibrated / recorded layer's attention module runs."""
 
     def __init__(self, state: ForwardState, layer: int, calibrate: bool, record: bool) -> None:

@@ -11,6 +11,14 @@ which recomputes the pooling row explicitly (or the whole layer in tiles).
 
 When no calibration is active the registered function is exactly the stock
 kernel, so a model switched to it produces bit-identical embeddings.
+
+Outside a posfair forward pass (no :class:`~posfair.calibration.state.ForwardState`:
+a calibrated folder loaded with plain ``SentenceTransformer(path)`` or
+``AutoModel.from_pretrained(path)`` after ``import posfair``) the function reads the
+calibration from the attention module's config (``posfair_calibration`` /
+``posfair_pooling``, stored in the folder's ``config.json`` whose
+``attn_implementation`` names this function) and each sequence's valid span from
+the layer's attention mask (:func:`~posfair.calibration.state.config_state`).
 """
 
 from __future__ import annotations
@@ -18,10 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import transformers
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from posfair.calibration import transformers4
 from posfair.calibration.kernels import attend, check_supported, explicit_attention
-from posfair.calibration.state import active_state
-from posfair.compat import attention_registries, sdpa_attention_forward
+from posfair.calibration.state import active_state, config_state
 
 __all__ = ["ATTN_SDPA", "ATTN_EAGER", "register"]
 
@@ -32,6 +44,8 @@ ATTN_EAGER = "posfair_eager"  # explicit full-matrix path: the slow reference an
 def _make_attention_function(base: str) -> Callable:
     def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         state = active_state()
+        if state is None:  # a calibrated folder loaded without posfair's model class: the calibration is in module.config
+            state = config_state(module, attention_mask, query.shape[0], key.shape[-2], query.device)
         calibrate, record = state.wants(module) if state is not None else (False, False)
         if scaling is None:
             scaling = query.shape[-1] ** -0.5
@@ -57,15 +71,20 @@ _REGISTERED = False
 
 
 def register() -> None:
-    """Register posfair's attention functions (and their mask builders) with transformers."""
+    """Register posfair's attention functions (and their mask builders) with transformers.
+
+    Runs when transformers' modelling code is first imported after ``import posfair``
+    (see ``posfair/__init__.py``), so calibrated folders load with plain
+    ``SentenceTransformer(path)``; idempotent."""
     global _REGISTERED
     if _REGISTERED:
         return
-    AttentionInterface, AttentionMaskInterface, sdpa_mask, eager_mask = attention_registries()
     AttentionInterface.register(ATTN_SDPA, _make_attention_function("sdpa"))
     AttentionInterface.register(ATTN_EAGER, _make_attention_function("eager_explicit"))
     # Without a mask function registered under the same name, transformers would pass
     # attention_mask=None and padding would be silently ignored.
     AttentionMaskInterface.register(ATTN_SDPA, sdpa_mask)
     AttentionMaskInterface.register(ATTN_EAGER, eager_mask)
+    if int(transformers.__version__.split(".")[0]) < 5:  # BERT-family tables of transformers 4.x (posfair.calibration.transformers4)
+        transformers4.install()
     _REGISTERED = True

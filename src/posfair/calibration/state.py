@@ -13,15 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from posfair.calibration.params import ResolvedCalibration
+from posfair.calibration.params import Calibration, ResolvedCalibration
 
-__all__ = ["Recorder", "ForwardState", "active_state", "forward_state", "spans_from_mask"]
+__all__ = [
+    "Recorder",
+    "ForwardState",
+    "active_state",
+    "config_calibration",
+    "config_state",
+    "forward_state",
+    "spans_from_attention_mask",
+    "spans_from_mask",
+]
 
 # recorder(layer_idx, rows) with rows of shape (batch, heads, keys): the pooling
 # token's post-softmax (post-calibration) row, or for queries="all" the mean over
@@ -52,6 +63,14 @@ class ForwardState:
             return False, False
         layer = getattr(module, "layer_idx", None)
         if layer is None:
+            return False, False
+        self.visited.add(layer)
+        return self.layer_wants(layer)
+
+    def wants_layer(self, module: nn.Module, layer: int) -> tuple[bool, bool]:
+        """(calibrate, record) for ``module``, an attention module of layer ``layer`` (for modules that
+        name their layer differently from ``layer_idx``)."""
+        if id(getattr(module, "config", None)) not in self.config_ids:
             return False, False
         self.visited.add(layer)
         return self.layer_wants(layer)
@@ -99,3 +118,72 @@ def spans_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int
     if bool((n_valid != end - start + 1).any()):
         raise ValueError("posfair needs each sequence's valid tokens to be one contiguous span (left or right padding)")
     return start, end
+
+
+def spans_from_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and last valid position per sequence from the mask an attention layer receives.
+
+    ``attention_mask``: None (no padding), or 2-4 dimensional, boolean (True = attend) or additive
+    float (0 = attend), of shape (B|1, heads|1, queries|1, keys) as transformers builds them.
+    A key is valid when its own query row attends it (the diagonal): that holds for padding,
+    causal and sliding-window masks alike, whichever row is the pooling token's.
+    """
+    if attention_mask is None:
+        return spans_from_mask(None, batch, length, device)
+    m = attention_mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    m = m[:, 0]  # (B|1, Q|1, K): every head has the same padding
+    if m.dtype != torch.bool:
+        m = m > torch.finfo(m.dtype).min / 2
+    if m.shape[-1] != length:
+        raise ValueError(f"posfair: an attention mask over {m.shape[-1]} keys for {length} tokens (key/value caches are not supported)")
+    valid = m[:, 0, :] if m.shape[1] == 1 else torch.diagonal(m, dim1=-2, dim2=-1)
+    return spans_from_mask(valid.expand(batch, length), batch, length, device)
+
+
+#: the attributes of a transformers config that carry a calibration (written by ``FairModel.save``)
+CONFIG_CALIBRATION_KEY = "posfair_calibration"
+CONFIG_POOLING_KEY = "posfair_pooling"
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(calibration_json: str, pooling: str, num_layers: int) -> ResolvedCalibration:
+    return Calibration.from_dict(json.loads(calibration_json)).resolve(pooling, num_layers)
+
+
+def _num_layers(config) -> int | None:
+    for cfg in (config, getattr(config, "text_config", None)):
+        n = getattr(cfg, "num_hidden_layers", None) if cfg is not None else None
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def config_calibration(config) -> ResolvedCalibration | None:
+    """The calibration a transformers config carries (``posfair_calibration`` and ``posfair_pooling``,
+    as a calibrated folder saved by posfair stores them in ``config.json``), resolved; None if none."""
+    cal = getattr(config, CONFIG_CALIBRATION_KEY, None) if config is not None else None
+    if cal is None:
+        return None
+    pooling = getattr(config, CONFIG_POOLING_KEY, None)
+    layers = _num_layers(config)
+    if not isinstance(cal, dict) or pooling is None or layers is None:
+        raise ValueError(
+            f"posfair: the model config's {CONFIG_CALIBRATION_KEY}={cal!r} needs a dict, {CONFIG_POOLING_KEY} "
+            f"(got {pooling!r}) and num_hidden_layers (got {layers!r})"
+        )
+    return _resolved(json.dumps(cal, sort_keys=True), pooling, layers)
+
+
+def config_state(module: nn.Module, attention_mask: torch.Tensor | None, batch: int, length: int, device) -> ForwardState | None:
+    """The forward state of a model loaded from a calibrated folder *without* posfair's model class
+    (plain ``SentenceTransformer(path)`` or ``AutoModel.from_pretrained(path)`` after ``import posfair``):
+    the calibration comes from ``module.config``, the spans from the layer's attention mask.
+    None when the config carries no calibration (then the layer runs stock)."""
+    config = getattr(module, "config", None)
+    resolved = config_calibration(config)
+    if resolved is None:
+        return None
+    start, end = spans_from_attention_mask(attention_mask, batch, length, device)
+    return ForwardState(frozenset({id(config)}), start, end, calibration=resolved, pooling=resolved.pooling, length=length)
