@@ -33,15 +33,17 @@ LEVELS = [
         ("posfair.model", "posfair.calibrated_transformer", "posfair.model_info", "posfair.store", "posfair.hub", "posfair.corpus"),
     ),
     ("encoding", ("posfair.encoding", "posfair.evaluation")),
-    ("pipelines", ("posfair.fairness", "posfair.retrieval", "posfair.distributed", "posfair.tuning")),
+    ("pipelines", ("posfair.fairness", "posfair.retrieval", "posfair.distributed", "posfair.tuning", "posfair.mteb")),
     ("cli", ("posfair.cli",)),
 ]
-# the pipelines among themselves: tuning chooses a calibration with the fairness and retrieval objectives
+# the pipelines among themselves: tuning chooses a calibration with the fairness and retrieval objectives;
+# mteb (posfair.mteb, the retrieval benchmarks as MTEB tasks) reuses the retrieval benchmarks and metrics
 PIPELINE_IMPORTS = {
     "posfair.fairness": set(),
     "posfair.retrieval": set(),
     "posfair.distributed": set(),
     "posfair.tuning": {"posfair.fairness", "posfair.retrieval"},
+    "posfair.mteb": {"posfair.retrieval"},
 }
 
 
