@@ -13,6 +13,7 @@ model live in :mod:`posfair.model_info`; this module re-exports them, and
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import warnings
@@ -233,8 +234,13 @@ class FairModel(SentenceTransformer):
         return next((e.get("path", "") for e in entries if str(e.get("name")) == name), "")
 
     # -- encode -------------------------------------------------------------------------------
-    def encode(self, sentences, calibration: Calibration | None | bool = None, **kwargs):  # type: ignore[override]
+    def encode(self, inputs=None, *args, calibration: Calibration | None | bool = None, sentences=None, **kwargs):  # type: ignore[override]
         """``SentenceTransformer.encode`` with an optional :class:`Calibration`.
+
+        The texts are the first argument, by position or by either of sentence-transformers'
+        names (``inputs`` on 6.x, ``sentences`` on 5.x); every other argument is
+        sentence-transformers' own, in its order, so ``encode_query`` / ``encode_document``
+        and MTEB call it unchanged.  ``calibration`` is keyword-only.
 
         ``calibration``: a Calibration; None = the model's default (stock unless
         :meth:`set_calibration` was called); False = stock.  Texts whose content is
@@ -245,6 +251,20 @@ class FairModel(SentenceTransformer):
         counts (:meth:`calibration_coverage` gives them without encoding;
         ``posfair.calibration.coverage.quiet_fallback()`` silences the warning).
         """
+        if sentences is not None:
+            if inputs is not None:
+                raise TypeError("encode() got the texts twice (inputs and sentences)")
+            inputs = sentences
+        if inputs is None:
+            raise TypeError("encode() needs the texts to encode (inputs)")
+        if args:
+            if len(args) > len(_ENCODE_PARAMETERS):
+                raise TypeError(f"encode() takes at most {len(_ENCODE_PARAMETERS) + 1} positional arguments")
+            for name, value in zip(_ENCODE_PARAMETERS, args, strict=False):
+                if name in kwargs:
+                    raise TypeError(f"encode() got multiple values for argument {name!r}")
+                kwargs[name] = value
+        sentences = inputs
         single = isinstance(sentences, str)
         if not single:
             sentences = _as_text_list(sentences)
@@ -364,6 +384,13 @@ class FairModel(SentenceTransformer):
         """Token counts without truncation (as the model's tokenizer sees the texts)."""
         enc = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False)
         return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
+
+
+# sentence-transformers' encode parameters after the texts, in order (positional arguments map onto them)
+_ENCODE_PARAMETERS = tuple(
+    p.name for p in list(inspect.signature(SentenceTransformer.encode).parameters.values())[2:]
+    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+)  # fmt: skip
 
 
 def _as_text_list(sentences) -> list:

@@ -153,3 +153,24 @@ def test_saved_without_calibration_is_a_plain_st_folder(tmp_path, minilm):
     reloaded = posfair.load_model(tmp_path / "plain")
     assert reloaded.calibration is None
     np.testing.assert_allclose(reloaded.encode(TEXTS, calibration=CAL), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
+
+
+def test_encode_follows_sentence_transformers_signature(minilm):
+    """Texts by position or by either of sentence-transformers' names; positional arguments in its order;
+    encode_query / encode_document (what MTEB calls) go through the model's default calibration."""
+    by_name = minilm.encode(inputs=TEXTS, calibration=CAL)
+    np.testing.assert_allclose(minilm.encode(sentences=TEXTS, calibration=CAL), by_name, atol=1e-6)
+    np.testing.assert_allclose(minilm.encode(TEXTS, calibration=CAL), by_name, atol=1e-6)
+    # prompt_name, prompt, batch_size by position, as in SentenceTransformer.encode
+    np.testing.assert_allclose(minilm.encode(TEXTS, None, "query: ", 2), minilm.encode(TEXTS, prompt="query: "), atol=1e-6)
+    with pytest.raises(TypeError, match="twice"):
+        minilm.encode(TEXTS, sentences=TEXTS)
+    with pytest.raises(TypeError, match="multiple values"):
+        minilm.encode(TEXTS, None, "query: ", prompt="other: ")
+    try:
+        minilm.set_calibration(CAL)
+        np.testing.assert_allclose(minilm.encode_document(TEXTS), by_name, atol=1e-6)
+        np.testing.assert_allclose(minilm.encode_query(TEXTS), by_name, atol=1e-6)
+    finally:
+        minilm.set_calibration(None)
+    assert np.abs(minilm.encode_document(TEXTS) - by_name).max() > 1e-3
