@@ -102,9 +102,11 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
 
     def _posfair_encoder(self, model: Any) -> Any:
         """A FairModel given to ``mteb.evaluate`` directly arrives in MTEB's SentenceTransformer wrapper,
-        which calls ``encode_query`` / ``encode_document`` (not supported by FairModel on
-        sentence-transformers 6.x, and calibrating queries too): evaluate it through :func:`encoder`
-        instead, with its default calibration, its prompts and MTEB's record of it."""
+        which would encode queries with the model's default calibration too: on posfair's tasks it is
+        evaluated through :func:`encoder` instead (posfair's protocol: documents with its default
+        calibration, queries stock), with its prompts and MTEB's record of it.  Other MTEB tasks use
+        MTEB's wrapper as usual (``FairModel.encode_query`` / ``encode_document`` are
+        sentence-transformers')."""
         inner = getattr(model, "model", None)
         if (
             not isinstance(model, SentenceTransformerEncoderWrapper)
