@@ -70,9 +70,14 @@ def expected_mechanism(arch: str) -> str:
     return "registry" if TRANSFORMERS_5 or arch in REGISTRY_ON_4X else "fallback"
 
 
-def build_tiny_model(arch: str, folder: Path, seed: int = 0) -> tuple[Path, str]:
-    """Write the tiny ``arch`` model to ``folder``; returns (path, pooling)."""
+def build_tiny_model(arch: str, folder: Path, seed: int = 0, **overrides: object) -> tuple[Path, str]:
+    """Write the tiny ``arch`` model to ``folder``; returns (path, pooling).  ``overrides``: config
+    attributes to change (e.g. ``attention_probs_dropout_prob=0.5``)."""
     config, pooling = _configs()[arch]
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise AttributeError(f"{type(config).__name__} has no {key!r}")
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModel.from_config(config)
     model.eval()

@@ -45,7 +45,7 @@ def test_evaluator_reports_the_share_once(model, bench):
                     "documents shorter than one basket of 147 content tokens are encoded stock)"]  # fmt: skip
     assert res.calibrated_share == 0.5 and not res.noop
     assert RetrievalResult.from_dict(json.loads(json.dumps(res.to_dict()))).calibrated_share == 0.5
-    assert ev(model)["calibrated_share"] == 0.5
+    assert ev(model)[f"{ev.name}_calibrated_share"] == 0.5
 
 
 def test_sweep_marks_a_noop_grid_point_and_never_evaluates_it(model, bench, tmp_path):

@@ -30,7 +30,8 @@ def test_evaluator_protocol_and_metrics(model, bench, tmp_path):
     stock = PositionalRetrievalEvaluator(bench, store=store)
     cal = PositionalRetrievalEvaluator(bench, CAL, store=store)
     m = stock(model, output_path=str(tmp_path / "out"))
-    assert stock.primary_metric == "harm" and set(m) >= {"ndcg@10", "harm", "psi", "ndcg@10[seg 1]", "psi[Q1]"}
+    assert stock.primary_metric == f"{stock.name}_harm" and stock.primary_metric in m
+    assert {k.removeprefix(f"{stock.name}_") for k in m} >= {"ndcg@10", "harm", "psi", "ndcg@10[seg 1]", "psi[Q1]"}
     assert list((tmp_path / "out").glob("*.json"))
     # queries are encoded stock under both settings; documents differ
     q0, q1 = stock.encode_queries(model), cal.encode_queries(model)

@@ -248,8 +248,6 @@ class LayerMode(TorchFunctionMode):
     def _sdpa(self, func, args: tuple, kwargs: dict, a: dict) -> torch.Tensor:
         """One SDPA call: the stock kernel for all rows + the pooling row explicitly (or the tiled explicit path)."""
         query, key, value = a["query"], a["key"], a["value"]
-        if a.get("dropout_p", 0.0):
-            raise ValueError("posfair cannot calibrate attention with dropout (dropout_p > 0: is the model in training mode?)")
         scale = a.get("scale")
         scaling = scale if scale is not None else query.shape[-1] ** -0.5
         mask = a.get("attn_mask")
@@ -263,5 +261,6 @@ class LayerMode(TorchFunctionMode):
         def stock() -> torch.Tensor:
             return func(*args, **kwargs).transpose(1, 2)  # (B, L, H, D)
 
-        out = attend(layer, query, key, value, mask, scaling, self.state, self.calibrate, self.record, extra, stock)
+        dropout = float(a.get("dropout_p") or 0.0)  # > 0 only in training mode
+        out = attend(layer, query, key, value, mask, scaling, self.state, self.calibrate, self.record, extra, stock, dropout)
         return out.transpose(1, 2).contiguous()  # SDPA's (B, H, L, D)

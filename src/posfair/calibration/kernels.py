@@ -11,6 +11,12 @@ tiles of query rows (:func:`explicit_attention`) so memory stays bounded by
 the slow reference and the benchmark's "naive" baseline.
 
 Scores and probabilities are computed in float32 whatever the model's dtype.
+
+Training (a model fine-tuned with a default calibration): the explicit paths are
+differentiable (probabilities about to be calibrated in place are copied first when
+autograd tracks them), and attention dropout ``dropout`` (what the stock kernel gets in
+training mode) is applied to the calibrated probabilities, after any recording, as
+eager attention applies it after the softmax.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
@@ -116,6 +123,7 @@ def pool_row_attention(
     calibrate: bool,
     record: bool,
     kwargs: dict,
+    dropout: float = 0.0,
 ) -> torch.Tensor:
     """The pooling token's attention output (B, H, D), calibrated if asked; records the row."""
     B, H, L, D = query.shape
@@ -133,6 +141,8 @@ def pool_row_attention(
         probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), **cal.basket_kwargs())
     if record:
         state.recorder(module.layer_idx, probs.reshape(B, H, -1))
+    if dropout:
+        probs = F.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, 1, D)
     return out.reshape(B, H, D)
 
@@ -150,6 +160,7 @@ def explicit_attention(
     kwargs: dict,
     tile_rows: int | None = None,
     naive: bool = False,
+    dropout: float = 0.0,
 ) -> torch.Tensor:
     """Attention computed explicitly, tiled over query rows; returns (B, L, H, D).
 
@@ -181,6 +192,8 @@ def explicit_attention(
             c = _causal_additive(t0, t1, K, query.device)
             mask = c if mask is None else mask + c
         probs = _explicit_probs(q_all[:, :, :, t0:t1], key, mask, scaling)  # (B, Hkv, g, T, K)
+        if calibrate_rows_mode is not None and probs.requires_grad:
+            probs = probs.clone()  # calibrated in place below; softmax's backward needs its own output
         if calibrate_rows_mode == "all" and not naive:
             # fast path: every row of a sequence shares its span; padding query rows are calibrated
             # too, which is harmless (their outputs only reach masked keys and are never pooled)
@@ -213,6 +226,8 @@ def explicit_attention(
                     idx = (pool - t0).clamp(0, t1 - t0 - 1)
                     picked = probs[torch.arange(B, device=query.device), :, :, idx]  # (B, Hkv, g, K)
                     rec_sum += picked.reshape(B, H, K) * inside.view(B, 1, 1).float()
+        if dropout:
+            probs = F.dropout(probs, p=dropout, training=True)
         o = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, T, D)
         out[:, t0:t1] = o.reshape(B, H, t1 - t0, D).transpose(1, 2)
     if rec_sum is not None:
@@ -235,6 +250,7 @@ def attend(
     record: bool,
     kwargs: dict,
     stock: Callable[[], torch.Tensor],
+    dropout: float = 0.0,
 ) -> torch.Tensor:
     """The attention output (B, L, H, D) of a calibrated and/or recorded layer.
 
@@ -242,15 +258,17 @@ def attend(
     row is then recomputed explicitly and written in.  When every valid row is calibrated
     (``queries="all"``) or recorded, the layer is computed explicitly in tiles instead.
     Shared by the registry function and the fallback's intercepted SDPA call.
+    ``dropout``: the attention dropout probability the stock kernel was given (0 outside training).
     """
     check_supported(kwargs)
     if calibrate and state.calibration.queries == "all":
-        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs)
+        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs, dropout=dropout)
     if record and state.record_queries == "all":
         # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding
-        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "pool" if calibrate else None, record, kwargs)
+        mode = "pool" if calibrate else None
+        return explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, dropout=dropout)
     out = stock()
     rows = state.pool_rows().to(out.device)
-    row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs)
+    row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, dropout)
     B = out.shape[0]
     return out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))

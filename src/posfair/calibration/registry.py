@@ -53,7 +53,9 @@ def _make_attention_function(base: str) -> Callable:
             if state is not None and (calibrate or record):
                 check_supported(kwargs)
             mode = state.calibration.queries if calibrate else None
-            out = explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, naive=True)
+            out = explicit_attention(
+                module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, naive=True, dropout=dropout
+            )
             return out, None
         if not (calibrate or record):
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -61,7 +63,7 @@ def _make_attention_function(base: str) -> Callable:
         def stock() -> torch.Tensor:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)[0]
 
-        return attend(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, stock), None
+        return attend(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, stock, dropout), None
 
     posfair_attention.__name__ = f"posfair_attention_{base}"
     return posfair_attention

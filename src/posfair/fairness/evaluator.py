@@ -123,7 +123,13 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
 
     Built from a corpus and settings; ``evaluator(model)`` returns a dict of headline
     numbers (prefixed with ``name``); the primary metric is the mean beta_p
-    (p >= 2) of sigma for the stock model (closer to 0 = fairer; higher is better).
+    (p >= 2) of sigma for the stock model (closer to 0 = fairer; higher is better),
+    ``evaluator.primary_metric`` (e.g. ``"posfair_stock_main_sigma_mean_later_beta"``).
+    Each calibration in ``calibrations`` adds the same figures under its label, e.g.
+    ``"posfair_B128-L0.5-a0.5_main_sigma_mean_later_beta"``.  The audit always runs the
+    stock model plus ``calibrations``: a default calibration the model carries
+    (``model.set_calibration``) is not applied implicitly; pass it (``[model.calibration]``)
+    to audit the model as it encodes.
     The full :class:`AuditResult` of the last call is ``evaluator.last_result``.
     With ``output_path`` the results are saved to ``output_path/<name>_epoch<e>_steps<s>``.
 
@@ -144,18 +150,22 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
         show_progress_bar: bool | None = None,
     ):
         super().__init__()
+        if not isinstance(corpus, pd.DataFrame):
+            raise PosfairInputError(f"the corpus must be a pandas DataFrame (posfair.corpus.load_corpus); got {type(corpus).__name__}")
+        if settings is not None and not isinstance(settings, AuditSettings):
+            raise PosfairInputError(f"settings must be an AuditSettings; got {type(settings).__name__}")
         self.corpus = corpus
         self.settings = settings or AuditSettings()
         self.calibrations = default_calibrations(calibrations)
-        self.name = name
+        self.name = self._check_name(name)
         self.cache_dir = cache_dir
         self.write_report = write_report
         self.show_progress_bar = show_progress_bar
-        self.primary_metric = "stock_main_sigma_mean_later_beta"
+        self.base_metric = "stock_main_sigma_mean_later_beta"
         self.greater_is_better = True
         self.last_result: AuditResult | None = None
 
-    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+    def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:
         result = audit(
             model, self.corpus, self.settings, self.calibrations, cache_dir=self.cache_dir, show_progress_bar=self.show_progress_bar
         )

@@ -26,7 +26,8 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
 from posfair.encoding import embed_through, encoder, l2_normalize
-from posfair.evaluation import PosfairEvaluator, run_tag
+from posfair.errors import PosfairInputError
+from posfair.evaluation import PosfairEvaluator, metric_name_part, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback, progress_tasks
@@ -163,11 +164,16 @@ def score_rankings(
 
 
 class PositionalRetrievalEvaluator(PosfairEvaluator):
-    """A sentence-transformers-style evaluator: ``evaluator(model) -> dict[str, float]``.
+    """A sentence-transformers evaluator: ``evaluator(model) -> dict[str, float]``.
+
+    The keys are prefixed with ``name``; the primary metric is Harm (``ndcg@10`` for a
+    benchmark without position groups), ``evaluator.primary_metric``, higher is better.
 
     Args:
         benchmark: a :class:`RetrievalBenchmark`.
-        calibration: applied to document encodings (queries stay stock); None = stock.
+        calibration: applied to document encodings (queries stay stock); None = stock,
+            whatever default calibration the model carries (pass ``model.calibration`` to
+            evaluate the model as it encodes).
         sea: a :class:`SegmentEmbedAverage` to embed documents with instead (exclusive with calibration).
         query_prompt: prefix for queries; ``"auto"`` (default) = the published
             one for the model (Qwen3-Embedding's instruction, none for others);
@@ -180,6 +186,10 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             shows them when this module's logger is at INFO or DEBUG (as sentence-transformers does).
         progress: instead of tqdm, ``progress(description, total, already_done) -> advance(n)``
             (see :mod:`posfair.progress`), e.g. a command line's own bar.
+        name: the prefix of every metric; None (default) = the benchmark and the setting, e.g.
+            ``"aligned_eng-Latn_B128-L0.5-a0.5"``, so that evaluators of several settings or
+            benchmarks in one ``SequentialEvaluator`` never overwrite each other's keys;
+            ``""`` = bare metric names.
     """
 
     def __init__(
@@ -195,17 +205,23 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         batch_size: int = 32,
         top_k: int = 100,
         use_faiss: bool = False,
-        name: str = "",
+        name: str | None = None,
         show_progress_bar: bool | None = None,
         encode_chunk: int = 256,
         report_fallback: bool = True,
         progress: ProgressCallback | None = None,
     ):
         super().__init__()
+        if not isinstance(benchmark, RetrievalBenchmark):
+            raise PosfairInputError(
+                f"benchmark must be a RetrievalBenchmark (posfair.retrieval.benchmarks); got {type(benchmark).__name__}"
+            )
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise PosfairInputError(f"calibration must be a posfair.Calibration or None; got {type(calibration).__name__} {calibration!r}")
         if calibration is not None and sea is not None:
-            raise ValueError("give either a calibration or a SegmentEmbedAverage, not both")
+            raise PosfairInputError("give either a calibration or a SegmentEmbedAverage, not both")
         if top_k < 10:
-            raise ValueError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
+            raise PosfairInputError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
         self.benchmark = benchmark
         self.calibration = calibration
         self.sea = sea
@@ -216,12 +232,13 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         self.batch_size = batch_size
         self.top_k = top_k
         self.use_faiss = use_faiss
-        self.name = name
+        self.name = self._check_name(name) if name is not None else f"{metric_name_part(benchmark.name)}_{metric_name_part(self.setting)}"
         self.show_progress_bar = show_progress_bar
         self.progress = progress
         self.encode_chunk = encode_chunk
         self.report_fallback = report_fallback
-        self.primary_metric = "harm" if benchmark.groups else "ndcg@10"
+        self.base_metric = "harm" if benchmark.groups else "ndcg@10"
+        self.greater_is_better = True
 
     # -- settings ---------------------------------------------------------------------------
     @property
@@ -348,14 +365,14 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             calibrated_share=share,
         )
 
-    def __call__(self, model: Any, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+    def __call__(self, model: Any, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:
         result = self.evaluate(model)
         metrics = dict(result.metrics)
         if result.calibrated_share is not None:
             metrics["calibrated_share"] = result.calibrated_share
         if output_path is not None:
             out = Path(output_path)
-            stem = f"positional_retrieval_{self.name or result.benchmark}_{self.setting}".replace("/", "_")
+            stem = "positional_retrieval_" + metric_name_part(self.name or f"{result.benchmark}_{self.setting}")
             suffix = run_tag(epoch, steps)
             atomic_write_json(out / f"{stem}{suffix}.json", metrics)
             atomic_write_parquet(

@@ -35,6 +35,25 @@ def build_corpus_benchmark(
     return load_benchmark(str(path), lang=lang)
 
 
+def check_objective(objective: str | Objective, corpus: pd.DataFrame | None, benchmark, score: str | None) -> None:
+    """Refuse an objective and its data that cannot work, before any work starts (:func:`make_objective`;
+    :class:`CalibrationTuner` at construction, not at its first call, in a trainer after the first steps)."""
+    if isinstance(objective, Objective):
+        return
+    if objective == "fairness":
+        if corpus is None:
+            raise PosfairInputError("the fairness objective needs a corpus")
+        if score not in (None, "spread", "max_abs_beta"):
+            raise PosfairInputError(f"the fairness score is 'spread' or 'max_abs_beta'; got {score!r}")
+    elif objective == "retrieval":
+        if benchmark is None and corpus is None:
+            raise PosfairInputError("the retrieval objective needs a benchmark or a corpus to build one from")
+        if score not in (None, "harm"):
+            raise PosfairInputError(f"the retrieval objective optimises Harm; got score={score!r}")
+    else:
+        raise PosfairInputError(f"objective must be 'fairness', 'retrieval' or an Objective; got {objective!r}")
+
+
 def make_objective(
     model,
     objective: str = "fairness",
@@ -51,23 +70,18 @@ def make_objective(
     progress: ProgressCallback | None = None,
 ) -> Objective:
     """A :class:`FairnessObjective` (needs ``corpus``) or :class:`RetrievalObjective` (``benchmark``, or one built from ``corpus``)."""
+    if isinstance(objective, Objective) or objective not in ("fairness", "retrieval"):
+        raise PosfairInputError(f"objective must be 'fairness' or 'retrieval'; got {objective!r}")
+    check_objective(objective, corpus, benchmark, score)
     if objective == "fairness":
-        if corpus is None:
-            raise PosfairInputError("the fairness objective needs a corpus")
         return FairnessObjective(
             model, corpus, settings, store=store, score=score or "spread", test_fraction=test_fraction, seed=seed, progress=progress
         )
-    if objective == "retrieval":
-        if score not in (None, "harm"):
-            raise PosfairInputError(f"the retrieval objective optimises Harm; got score={score!r}")
-        if benchmark is None:
-            if corpus is None:
-                raise PosfairInputError("the retrieval objective needs a benchmark or a corpus to build one from")
-            if work_dir is None:
-                raise PosfairInputError("building a benchmark from the corpus needs a work directory")
-            benchmark = build_corpus_benchmark(model, corpus, Path(work_dir) / "benchmark", lang=lang, seed=seed)
-        return RetrievalObjective(model, benchmark, store=store, test_fraction=test_fraction, seed=seed)
-    raise PosfairInputError(f"objective must be 'fairness' or 'retrieval'; got {objective!r}")
+    if benchmark is None:
+        if work_dir is None:
+            raise PosfairInputError("building a benchmark from the corpus needs a work directory")
+        benchmark = build_corpus_benchmark(model, corpus, Path(work_dir) / "benchmark", lang=lang, seed=seed)
+    return RetrievalObjective(model, benchmark, store=store, test_fraction=test_fraction, seed=seed)
 
 
 def tune(
@@ -128,7 +142,9 @@ class CalibrationTuner(PosfairEvaluator):
 
     ``objective``: "fairness" (needs ``corpus``), "retrieval" (``benchmark`` or ``corpus``) or
     an :class:`Objective`.  The primary metric is the chosen setting's score on the test split.  The full
-    :class:`TuneResult` of the last call is ``tuner.last_result``.
+    :class:`TuneResult` of the last call is ``tuner.last_result``.  ``primary_metric`` is
+    ``f"{name}_test_chosen_{score}"``; ``greater_is_better`` follows the objective (the fairness
+    scores, spread and max |beta|: lower is better; the retrieval score, Harm: higher is better).
     """
 
     def __init__(self, corpus: pd.DataFrame | None = None, *, objective: str | Objective = "fairness", benchmark=None, settings=None,
@@ -136,19 +152,20 @@ class CalibrationTuner(PosfairEvaluator):
                  seed: int = 0, cache_dir: str | Path | None = None, name: str = "tune",
                  show_progress_bar: bool | None = None):  # fmt: skip
         super().__init__()
+        check_objective(objective, corpus, benchmark, score)
         self.show_progress_bar = show_progress_bar
         self.corpus, self.objective, self.benchmark = corpus, objective, benchmark
         self.settings = settings if settings is not None or objective != "fairness" else default_fairness_settings()
         self.space, self.max_drop, self.score_name = space or SearchSpace(), max_drop, score
-        self.test_fraction, self.seed, self.cache_dir, self.name = test_fraction, seed, cache_dir, name
+        self.test_fraction, self.seed, self.cache_dir, self.name = test_fraction, seed, cache_dir, self._check_name(name)
         if isinstance(objective, Objective):
-            score, self.greater_is_better = objective.score, objective.greater_is_better
+            score, self.greater_is_better = objective.score, bool(objective.greater_is_better)
         else:
             score, self.greater_is_better = score or ("harm" if objective == "retrieval" else "spread"), objective == "retrieval"
-        self.primary_metric = f"test_chosen_{score}"
+        self.base_metric = f"test_chosen_{score}"
         self.last_result: TuneResult | None = None
 
-    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+    def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:
         tag = run_tag(epoch, steps)
         result = tune(
             model, self.corpus, objective=self.objective, benchmark=self.benchmark, settings=self.settings, space=self.space,
