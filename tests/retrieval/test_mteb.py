@@ -43,7 +43,8 @@ def run(model_or_encoder, tasks, **kwargs):
 
 
 def posfair_metrics(bench, model, calibration=None, **kwargs):
-    """posfair's own evaluator on the same benchmark."""
+    """posfair's own evaluator on the same benchmark, its keys unprefixed (name="")."""
+    kwargs.setdefault("name", "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return PositionalRetrievalEvaluator(bench, calibration, **kwargs)(model)

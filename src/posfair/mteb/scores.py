@@ -47,7 +47,8 @@ class PositionScores:
 
     @property
     def metrics(self) -> dict[str, float]:
-        """The metrics under the names :class:`~posfair.retrieval.evaluator.PositionalRetrievalEvaluator` uses."""
+        """The metrics under the names :class:`~posfair.retrieval.evaluator.PositionalRetrievalEvaluator` uses
+        before its prefix (its keys with ``name=""``)."""
         out: dict[str, float] = {}
         for g, v in self.groups.items():
             out[f"ndcg@10[{g}]"] = v
