@@ -100,7 +100,9 @@ def test_vectors_are_memory_mapped_not_copied(tmp_path):
     for c in chunks:
         assert not c.flags.owndata and not c.flags.writeable  # a view of the file
         assert c.shape == (32, 8)
-    np.testing.assert_array_equal(np.concatenate(chunks), vectors_for(keys))
+    stored_keys = again.keys_at(np.arange(64)).tolist()  # shards in name order
+    assert sorted(stored_keys) == sorted(keys)
+    np.testing.assert_array_equal(np.concatenate(chunks), vectors_for(stored_keys))
     # the vectors and the keys are views into one mapping of the file: their addresses lie within its size
     shard = again.shards.file(0)
     size = shard.path.stat().st_size
@@ -227,3 +229,16 @@ def test_streaming_search_equals_the_in_memory_search(tmp_path):
     with pytest.warns(UserWarning, match="streaming exact search instead of FAISS"):
         big_keys, _ = stored_topk(q, ns, k=12, use_faiss=True, faiss_max_bytes=10)
     assert big_keys.tolist() == got_keys.tolist()
+
+
+def test_a_long_run_merges_its_new_keys_into_the_index_as_it_goes(tmp_path, monkeypatch):
+    import posfair.store.keyindex as ki
+
+    monkeypatch.setattr(ki, "RECENT_LIMIT", 25)
+    ns = EmbeddingStore(tmp_path).namespace(model="m")
+    keys = [f"k{i}" for i in range(100)]
+    for start in range(0, 100, 10):
+        ns.put(keys[start : start + 10], vectors_for(keys[start : start + 10]))
+        assert len(ns.shards._recent) < 25 and len(ns) == start + 10
+    np.testing.assert_array_equal(ns.get(keys[::-1]), vectors_for(keys[::-1]))
+    assert (ns.path / INDEX).exists()

@@ -13,14 +13,15 @@ by the lower document index, so results are deterministic.
 (:class:`posfair.store.Namespace`) without loading them: by default it streams the
 memory-mapped shards through the same chunked search (bounded memory at any size).
 With ``use_faiss=True`` it builds a FAISS flat index when the corpus takes at most
-``faiss_max_bytes`` (default 1 GiB, e.g. 700,000 x 384 float32) and streams above
-that (with a warning), so memory never grows with the corpus beyond that bound.
+``faiss_max_bytes`` (default 1 GiB, e.g. 700,000 x 384 float32; it needs about twice
+that in RAM: the vectors and their normalised copy) and streams above that (with a
+warning), so memory never grows with the corpus beyond that bound.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -53,36 +54,63 @@ def exact_topk(
     """
     if getattr(docs, "ndim", 2) != 2:
         raise ValueError(f"embeddings must be a 2-D array; got shape {np.shape(docs)}")
-    return streaming_topk(queries, (docs[ds : ds + doc_chunk] for ds in range(0, len(docs), doc_chunk)), k, query_chunk)
+    return streaming_topk(queries, [docs], k, query_chunk, doc_chunk)
+
+
+def _batches(chunks: Iterable[np.ndarray], rows: int) -> Iterator[np.ndarray]:
+    """Consecutive rows of ``chunks`` regrouped into arrays of ``rows`` (small chunks such as
+    shards of 1,024 rows are copied together into one buffer; the last batch may be shorter)."""
+    pending: list[np.ndarray] = []
+    have = 0
+    for chunk in chunks:
+        chunk = np.asarray(chunk)  # no copy for arrays (memory-mapped ones included)
+        start = 0
+        while start < len(chunk):
+            take = chunk[start : start + rows - have]
+            pending.append(take)
+            have += len(take)
+            start += len(take)
+            if have == rows:
+                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+                pending, have = [], 0
+    if have:
+        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
 
 
 def streaming_topk(
-    queries: np.ndarray, chunks: Iterable[np.ndarray], k: int = 100, query_chunk: int = 1024, doc_chunk: int = 50_000
+    queries: np.ndarray, chunks: Iterable[np.ndarray], k: int = 100, query_chunk: int = 1024, doc_chunk: int = 32_768
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`exact_topk` over documents given as consecutive chunks (e.g. a store's shards); document
-    indices count rows across the chunks.  Chunks larger than ``doc_chunk`` are cut."""
+    indices count rows across the chunks.  Chunks are regrouped into blocks of ``doc_chunk`` rows, so
+    memory is ~ ``doc_chunk x dim`` floats (one block, normalised in place) plus
+    ``query_chunk x doc_chunk`` scores, whatever the number of documents."""
     q = _unit_rows(queries)
     best_i = np.empty((len(q), 0), dtype=np.int64)
     best_s = np.empty((len(q), 0), dtype=np.float32)
     offset = 0
-    for chunk in chunks:
-        for cs in range(0, len(chunk), doc_chunk):
-            db = _unit_rows(chunk[cs : cs + doc_chunk])
-            if db.shape[1] != q.shape[1]:
-                raise ValueError(f"query dimension {q.shape[1]} != document dimension {db.shape[1]}")
-            for qs in range(0, len(q), query_chunk):
-                s = q[qs : qs + query_chunk] @ db.T
-                kk = min(k, s.shape[1])
-                part = np.argpartition(-s, kk - 1, axis=1)[:, :kk] if kk < s.shape[1] else np.tile(np.arange(s.shape[1]), (len(s), 1))
-                cand_s = np.concatenate([best_s[qs : qs + query_chunk], np.take_along_axis(s, part, 1)], axis=1)
-                cand_i = np.concatenate([best_i[qs : qs + query_chunk], part + offset], axis=1)
-                top_i, top_s = _sorted_topk(cand_s, cand_i, k)
-                if qs == 0:  # the candidate width grows until it reaches k
-                    new_i = np.empty((len(q), top_i.shape[1]), dtype=np.int64)
-                    new_s = np.empty((len(q), top_i.shape[1]), dtype=np.float32)
-                new_i[qs : qs + len(s)], new_s[qs : qs + len(s)] = top_i, top_s
-            best_i, best_s = new_i, new_s
-            offset += len(db)
+    for block in _batches(chunks, doc_chunk):
+        if block.ndim != 2:
+            raise ValueError(f"embeddings must be a 2-D array; got shape {block.shape}")
+        # normalised in place in a block of our own (a copy when it views the caller's or a file's memory)
+        db = block if block.flags.owndata and block.flags.writeable and block.dtype == np.float32 else np.array(block, np.float32)
+        norms = np.sqrt(np.einsum("ij,ij->i", db, db, dtype=np.float32))[:, None]  # no x*x temporary
+        np.divide(db, np.maximum(norms, 1e-12), out=db)
+        if db.shape[1] != q.shape[1]:
+            raise ValueError(f"query dimension {q.shape[1]} != document dimension {db.shape[1]}")
+        for qs in range(0, len(q), query_chunk):
+            s = q[qs : qs + query_chunk] @ db.T
+            kk = min(k, s.shape[1])
+            part = np.argpartition(-s, kk - 1, axis=1)[:, :kk] if kk < s.shape[1] else np.tile(np.arange(s.shape[1]), (len(s), 1))
+            cand_s = np.concatenate([best_s[qs : qs + query_chunk], np.take_along_axis(s, part, 1)], axis=1)
+            cand_i = np.concatenate([best_i[qs : qs + query_chunk], part + offset], axis=1)
+            top_i, top_s = _sorted_topk(cand_s, cand_i, k)
+            if qs == 0:  # the candidate width grows until it reaches k
+                new_i = np.empty((len(q), top_i.shape[1]), dtype=np.int64)
+                new_s = np.empty((len(q), top_i.shape[1]), dtype=np.float32)
+            new_i[qs : qs + len(s)], new_s[qs : qs + len(s)] = top_i, top_s
+        best_i, best_s = new_i, new_s
+        offset += len(db)
+        del block, db, s, part, cand_s, cand_i  # freed before the next block is gathered
     if offset == 0:
         raise ValueError("cannot search an empty corpus")
     return best_i, best_s

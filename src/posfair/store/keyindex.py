@@ -43,6 +43,7 @@ INDEX = "index.arrow"
 INDEX_FORMAT = 1
 _HASH = "siphash24:posfair-keyidx01"
 _HASH_KEY = "posfair-keyidx01"  # 16 bytes, as SipHash needs
+RECENT_LIMIT = 100_000  # keys of this process's new shards held in a dict before the index is rewritten
 
 
 def key_hashes(keys: Sequence[str] | pa.Array) -> np.ndarray:
@@ -129,7 +130,8 @@ class ShardSet:
 
     ``records[i]`` describes shard ``i`` (files in name order); shards are opened
     (memory-mapped) on first use.  Keys of shards added by this process since the
-    index was built are held in a small dict until :meth:`flush` merges them.
+    index was built are held in a dict until :meth:`flush` merges them into the index
+    (at the end of ``get_or_compute``, or every ``RECENT_LIMIT`` keys).
     """
 
     def __init__(self, folder: Path, index: _Index, opened: dict[str, ShardFile] | None = None):
@@ -293,6 +295,8 @@ class ShardSet:
         for r, (k, s) in enumerate(zip(keys, found, strict=True)):
             if s < 0 and k not in self._recent:
                 self._recent[k] = (i, r)
+        if len(self._recent) >= RECENT_LIMIT:  # keep the dict small: merge into the index arrays
+            self.flush()
 
     def flush(self) -> None:
         """Merge the keys of this process's new shards into the index and write it."""
