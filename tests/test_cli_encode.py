@@ -46,10 +46,10 @@ def test_parquet_input_and_kept_cache_reused(tmp_path):
     pd.DataFrame({"text": TEXTS}).to_parquet(tmp_path / "in.parquet")
     args = ("encode", "-i", tmp_path / "in.parquet", "-o", tmp_path / "a.npy", "--cache", tmp_path / "cache")
     assert run(*args).exit_code == 0
-    shards = sorted((tmp_path / "cache").rglob("part-*.npz"))
+    shards = sorted((tmp_path / "cache").rglob("part-*.arrow"))
     assert shards
     assert run(*args).exit_code == 0
-    assert sorted((tmp_path / "cache").rglob("part-*.npz")) == shards  # nothing recomputed
+    assert sorted((tmp_path / "cache").rglob("part-*.arrow")) == shards  # nothing recomputed
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_an_interrupted_run_without_cache_resumes_then_cleans_up(tmp_path, tiny,
     monkeypatch.setattr(FairModel, "encode", crash_on_second)
     assert run(*args).exit_code != 0
     temp = tmp_path / ".out.npy.posfair-cache"
-    assert len(list(temp.glob("*/part-*.npz"))) == 1 and (temp / ".posfair-temporary-cache").is_file()
+    assert len(list(temp.glob("*/part-*.arrow"))) == 1 and (temp / ".posfair-temporary-cache").is_file()
     calls.clear()
     monkeypatch.setattr(FairModel, "encode", lambda self, s, *a, **k: calls.append(list(s)) or real(self, s, *a, **k))
     r = run(*args)
@@ -182,13 +182,13 @@ def test_a_damaged_cache_shard_is_named_set_aside_and_recomputed(tmp_path, tiny)
     args = ("encode", "-i", tmp_path / "in.txt", "--chunk-size", "1", *tiny)
     assert run(*args, "-o", tmp_path / "clean.npy").exit_code == 0
     assert run(*args, "-o", tmp_path / "a.npy", "--cache", tmp_path / "cache").exit_code == 0
-    shard = sorted((tmp_path / "cache").glob("*/part-*.npz"))[0]
+    shard = sorted((tmp_path / "cache").glob("*/part-*.arrow"))[0]
     shard.write_bytes(shard.read_bytes()[:-50])
     r = run(*args, "-o", tmp_path / "b.npy", "--cache", tmp_path / "cache")
     assert r.exit_code == 0, r.output
     size = shard.with_name(shard.name + ".damaged-1").stat().st_size
     assert [line for line in r.stderr.splitlines() if line.startswith("warning:")] == [
-        f"warning: damaged cache shard {shard} (not a complete .npz archive: {size} bytes, cut short or overwritten): "
+        f"warning: damaged cache shard {shard} (not a complete Arrow IPC file: {size} bytes, cut short or overwritten): "
         f"moved to {shard}.damaged-1; its vectors are recomputed"
     ]
     clean = np.load(tmp_path / "clean.npy", allow_pickle=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from posfair.store import EmbeddingStore, text_key
@@ -47,7 +48,7 @@ def test_resume_after_crash_gives_identical_result(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         ns.get_or_compute(keys, texts, crashing, chunk_size=3)
     # a half-written temporary file from the kill must not be read as a shard
-    (ns.path / ".part-dead.npz.123.tmp").write_bytes(b"garbage")
+    (ns.path / ".part-dead.arrow.123.tmp").write_bytes(b"garbage")
     fresh = EmbeddingStore(tmp_path).namespace(model="m")
     assert len(fresh) == 6
     computed = []
@@ -70,15 +71,16 @@ def test_namespaces_are_separate_and_metadata_is_checked(tmp_path):
 def test_no_pickle_in_shards(tmp_path):
     ns = EmbeddingStore(tmp_path).namespace(model="m")
     ns.put(["k1", "k2"], np.eye(2))
-    shard = next(ns.path.glob("part-*.npz"))
-    with np.load(shard, allow_pickle=False) as z:
-        assert z["keys"].dtype.kind == "U" and z["vectors"].dtype == np.float32
+    shard = next(ns.path.glob("part-*.arrow"))
+    table = pa.ipc.open_file(pa.memory_map(str(shard))).read_all()  # plain Arrow: a key string column, float32 vectors
+    assert table.schema.field("key").type == pa.string() and table.schema.field("vector").type == pa.list_(pa.float32(), 2)
 
 
 # ---------------------------------------------------------------------------------------------
 # checksums, damaged shards, the manifest
 
 import json  # noqa: E402
+import os  # noqa: E402
 import warnings  # noqa: E402
 
 from posfair.encoding import encode_cached  # noqa: E402
@@ -100,51 +102,72 @@ def filled(root, chunk_size=3):
     """A namespace holding TEXTS in shards of ``chunk_size``; returns (namespace, shard files in order)."""
     ns = EmbeddingStore(root).namespace(model="m", calibration="stock")
     ns.get_or_compute(KEYS, TEXTS, fake_encode, chunk_size=chunk_size)
-    return ns, sorted(ns.path.glob("part-*.npz"))
+    return ns, sorted(ns.path.glob("part-*.arrow"))
 
 
-def rewrite(path, **arrays):
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+def rewrite(path, keys, vectors, meta=None):
+    """Write an Arrow shard by hand (``meta``: the posfair metadata, None = none)."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    metadata = {b"posfair": json.dumps(meta).encode()} if meta is not None else None
+    batch = pa.record_batch(
+        [pa.array(list(keys), pa.string()), pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])],
+        schema=pa.schema([pa.field("key", pa.string()), pa.field("vector", pa.list_(pa.float32(), vectors.shape[1]))], metadata=metadata),
+    )
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as w:
+        w.write_batch(batch)
+
+
+def later(path, mtime_ns):
+    """Damage is found later than the write: make sure the mtime moved (file timestamps are coarse)."""
+    if path.stat().st_mtime_ns == mtime_ns:
+        os.utime(path, ns=(mtime_ns, mtime_ns + 1_000_000_000))
 
 
 def damage(kind, path):
-    with np.load(path, allow_pickle=False) as z:
-        keys, vectors, meta = z["keys"], z["vectors"], z["meta"]
+    keys, vectors, meta = read_shard(path)
+    keys, vectors = list(keys), np.array(vectors)
     raw = path.read_bytes()
+    mtime = path.stat().st_mtime_ns
     if kind == "truncated":
         path.write_bytes(raw[: len(raw) // 2])
     elif kind == "zero-byte":
         path.write_bytes(b"")
     elif kind == "garbage":
         path.write_bytes(b"this is not a shard " * 20)
-    elif kind == "bad-member":  # bytes of the vectors flipped in place: the archive's own CRC catches it
+    elif kind == "flipped-byte":  # one byte of the vectors flipped in place: the checksum catches it
         at = raw.rindex(vectors.tobytes()[-8:])
-        path.write_bytes(raw[:at] + bytes(b ^ 0xFF for b in raw[at : at + 4]) + raw[at + 4 :])
+        path.write_bytes(raw[:at] + bytes([raw[at] ^ 0x01]) + raw[at + 1 :])
     elif kind == "altered":  # vectors changed after writing: the checksum no longer matches
-        rewrite(path, keys=keys, vectors=vectors + 1, meta=meta)
+        rewrite(path, keys, vectors + 1, meta)
     elif kind == "nan":  # NaN written with a consistent checksum: caught by the finiteness check
         bad = vectors.copy()
         bad[1, 0] = np.nan
-        info = {k: v for k, v in json.loads(str(meta[()])).items() if k != "sha256"}
-        rewrite(path, keys=keys, vectors=bad, meta=np.asarray(json.dumps({**info, "sha256": _checksum(info, keys.tolist(), bad)})))
+        info = {k: v for k, v in meta.items() if k != "sha256"}
+        rewrite(path, keys, bad, {**info, "sha256": _checksum(info, keys, bad)})
     elif kind == "wrong-shape":
-        rewrite(path, keys=keys, vectors=vectors[:, :2], meta=meta)
-    elif kind == "no-checksum":  # a shard of an older posfair (or another program)
-        rewrite(path, keys=keys, vectors=vectors)
+        rewrite(path, keys[:2], vectors[:2], meta)
+    elif kind == "wrong-dim":
+        rewrite(path, keys, vectors[:, :2], meta)
+    elif kind == "no-checksum":  # a shard of another program
+        rewrite(path, keys, vectors)
     else:
         raise AssertionError(kind)
+    later(path, mtime)
 
 
 # the reason named in the warning (the unreadable ones end with the exception's own text)
 REASONS = {
-    "truncated": ("not a complete .npz archive: ", True),
+    "truncated": ("not a complete Arrow IPC file: ", True),
     "zero-byte": ("empty file: 0 bytes", False),
-    "garbage": ("not a complete .npz archive: 400 bytes, cut short or overwritten", False),
-    "bad-member": ("unreadable .npz archive: BadZipFile: Bad CRC-32 for file 'vectors.npy'", False),
+    "garbage": ("not a complete Arrow IPC file: 400 bytes, cut short or overwritten", False),
+    "flipped-byte": ("checksum mismatch", False),
     "altered": ("checksum mismatch", False),
     "nan": ("1 NaN or infinite values", False),
-    "wrong-shape": ("it holds 3 keys and vectors of shape (3, 2), but its metadata says 3 x 3", False),
+    "wrong-shape": ("it holds 2 keys and vectors of shape (2, 3), but its metadata says 3 x 3", False),
+    "wrong-dim": (
+        "its columns are (key: string, vector: fixed_size_list<item: float>[2]), not key (string) and vector (fixed_size_list<float>[3])",
+        False,
+    ),  # fmt: skip
     "no-checksum": ("it has no checksum (written by an older posfair or another program)", False),
 }
 
@@ -180,18 +203,18 @@ def test_a_damaged_shard_is_set_aside_named_and_recomputed(tmp_path, kind):
 
 
 def test_a_second_damage_gets_the_next_free_name(tmp_path):
-    shard = EmbeddingStore(tmp_path).namespace(model="m").path / "part-fixed.npz"
+    shard = EmbeddingStore(tmp_path).namespace(model="m").path / "part-fixed.arrow"
     for n in (1, 2, 3):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ns = EmbeddingStore(tmp_path).namespace(model="m")
         assert [str(w.message).rsplit("/", 1)[-1] for w in caught] == (
-            [f"part-fixed.npz.damaged-{n - 1}; its vectors are recomputed"] if n > 1 else []
+            [f"part-fixed.arrow.damaged-{n - 1}; its vectors are recomputed"] if n > 1 else []
         )
         assert "a" not in ns
         ns.put(["a"], np.ones((1, 2)), name="fixed")
         shard.write_bytes(f"damage {n}".encode())
-    assert [(shard.parent / f"part-fixed.npz.damaged-{n}").read_text() for n in (1, 2)] == ["damage 1", "damage 2"]
+    assert [(shard.parent / f"part-fixed.arrow.damaged-{n}").read_text() for n in (1, 2)] == ["damage 1", "damage 2"]
 
 
 def test_every_shard_carries_a_checksum_over_keys_vectors_and_settings(tmp_path):
@@ -251,13 +274,12 @@ def test_a_manifest_of_other_settings_is_refused_by_name(tmp_path):
         f"store {ns.path} was made with other settings (code_hash: the store has '0000000000000000', this run has "
         f"'{here}'): refusing to mix them; use another store folder, or delete {ns.path} to recompute it"
     )
-    assert sorted(ns.path.glob("part-*.npz")) == shards  # nothing touched
+    assert sorted(ns.path.glob("part-*.arrow")) == shards  # nothing touched
     # with the manifest gone, the shards' own metadata gives the same answer
     manifest_file.unlink()
-    with np.load(shards[0], allow_pickle=False) as z:
-        keys, vectors = z["keys"].tolist(), z["vectors"]
+    keys, vectors, _ = read_shard(shards[0])
     write_shard(ns.path, keys, vectors, name="older", settings={"namespace": ns.meta, "posfair_version": "0.0.1", "code_hash": "0" * 16})
-    older = ns.path / "part-older.npz"
+    older = ns.path / "part-older.arrow"
     with pytest.raises(ManifestMismatch) as err:
         EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
     assert str(err.value) == (
@@ -271,8 +293,8 @@ def test_a_shard_of_another_namespace_is_refused_by_name(tmp_path):
     ns, _ = filled(tmp_path)
     other = EmbeddingStore(tmp_path).namespace(model="other")
     other.put(["x"], np.ones((1, 3)), name="foreign")
-    (other.path / "part-foreign.npz").rename(ns.path / "part-foreign.npz")
-    with pytest.raises(ManifestMismatch, match=f"^shard {ns.path / 'part-foreign.npz'} was made with other settings \\(namespace: "):
+    (other.path / "part-foreign.arrow").rename(ns.path / "part-foreign.arrow")
+    with pytest.raises(ManifestMismatch, match=f"^shard {ns.path / 'part-foreign.arrow'} was made with other settings \\(namespace: "):
         EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
 
 
@@ -280,11 +302,11 @@ def test_refresh_checks_shards_written_by_another_process(tmp_path):
     ns, _ = filled(tmp_path)
     late = EmbeddingStore(tmp_path / "x").namespace(model="m", calibration="stock")  # another "process", same settings
     late.put(["late"], np.ones((1, 3)), name="late")
-    (late.path / "part-late.npz").rename(ns.path / "part-late.npz")
-    (ns.path / "part-broken.npz").write_bytes(b"\x00" * 10)
-    with pytest.warns(DamagedShardWarning, match="part-broken.npz"):
+    (late.path / "part-late.arrow").rename(ns.path / "part-late.arrow")
+    (ns.path / "part-broken.arrow").write_bytes(b"\x00" * 10)
+    with pytest.warns(DamagedShardWarning, match="part-broken.arrow"):
         ns.refresh()
-    assert "late" in ns and len(ns) == 10 and (ns.path / "part-broken.npz.damaged-1").exists()
+    assert "late" in ns and len(ns) == 10 and (ns.path / "part-broken.arrow.damaged-1").exists()
 
 
 def test_encode_cached_refuses_non_text_items(tmp_path):

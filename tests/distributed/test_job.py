@@ -16,7 +16,7 @@ from posfair import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.distributed import ManifestMismatch, embed_texts, plan_shards
 from posfair.encoding import encode_cached
-from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, text_key, write_shard
+from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, read_shard, text_key, write_shard
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
 CAL = Calibration.parse("16,0.5,0.5")
@@ -28,7 +28,7 @@ def stored(root, model, texts, calibration=None):
 
 
 def shard_files(root):
-    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
+    return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")}
 
 
 def test_plan_is_deterministic_and_deduplicated(texts):
@@ -113,7 +113,7 @@ def test_refuses_to_mix_settings(tmp_path, texts, tiny_spec, tiny_fair):
         encode_cached(tiny_fair, texts[:3], EmbeddingStore(tmp_path))
     manifest_path.write_text(json.dumps(manifest))
     # a foreign shard (intact, of another dimension) dropped into the namespace
-    foreign = manifest_path.parent / "part-foreign.npz"
+    foreign = manifest_path.parent / "part-foreign.arrow"
     write_shard(manifest_path.parent, ["k"], np.zeros((1, 8), np.float32), name="foreign")
     with pytest.raises(
         ManifestMismatch, match=f"^shard {foreign} was made with other settings \\(dim: the store has 64, the shard has 8\\)"
@@ -136,7 +136,7 @@ def test_cli_single_process_and_missing_ray(tmp_path, texts, tiny_spec, monkeypa
     res = CliRunner().invoke(app, ["embed", *args])
     assert res.exit_code == 0, res.output
     assert "single process" in res.output and "12 distinct texts" in res.output and "3 shards written" in res.output
-    assert len(list((tmp_path / "s").glob("*/part-*.npz"))) == 3
+    assert len(list((tmp_path / "s").glob("*/part-*.arrow"))) == 3
     monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
     res = CliRunner().invoke(app, ["embed", *args, "--workers", "2"])
     assert res.exit_code != 0 and "pip install 'posfair[ray]'" in res.output
@@ -168,8 +168,7 @@ def test_killed_driver_loses_only_the_shard_in_flight(tmp_path, texts, tiny_spec
         proc.wait(timeout=60)
     files = shard_files(root)
     assert 3 <= len(files) < 15
-    with np.load(next(iter(root.glob("*/part-*.npz"))), allow_pickle=False) as z:
-        assert z["vectors"].shape == (4, 64)  # complete shards only
+    assert read_shard(next(iter(root.glob("*/part-*.arrow"))))[1].shape == (4, 64)  # complete shards only
     rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4)
     assert rep.skipped == len(files) and rep.written == 15 - len(files)
     assert {k: shard_files(root)[k] for k in files} == files
@@ -180,7 +179,7 @@ def test_a_damaged_shard_is_set_aside_and_recomputed_bit_identically(tmp_path, t
     spec = tiny_spec()
     embed_texts(texts, tmp_path / "clean", spec, model=tiny_fair, shard_size=16)
     embed_texts(texts, tmp_path / "s", spec, model=tiny_fair, shard_size=16)
-    shards = sorted((tmp_path / "s").glob("*/part-*.npz"))
+    shards = sorted((tmp_path / "s").glob("*/part-*.arrow"))
     shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
     shards[2].write_bytes(b"")  # zero bytes
     with warnings.catch_warnings(record=True) as caught:
@@ -192,7 +191,7 @@ def test_a_damaged_shard_is_set_aside_and_recomputed_bit_identically(tmp_path, t
     assert [m.split("): ")[-1] for m in messages] == [f"moved to {m}; its vectors are recomputed" for m in moved]
     assert all(m.exists() for m in moved) and moved[1].read_bytes() == b""  # set aside, never deleted
     assert (rep.written, rep.skipped, rep.encoded) == (2, 2, 32)
-    assert {f.name for f in (tmp_path / "s").glob("*/part-*.npz")} == {f.name for f in (tmp_path / "clean").glob("*/part-*.npz")}
+    assert {f.name for f in (tmp_path / "s").glob("*/part-*.arrow")} == {f.name for f in (tmp_path / "clean").glob("*/part-*.arrow")}
     np.testing.assert_array_equal(stored(tmp_path / "s", tiny_fair, texts), stored(tmp_path / "clean", tiny_fair, texts))
 
 
@@ -212,8 +211,7 @@ def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path, texts, tiny_spe
     assert rebuilt["calibration"] == CAL.to_dict() and rebuilt["dim"] == 64
     # the shards' metadata alone refuses a run of other settings
     manifest_path.unlink()
-    with np.load(next(manifest_path.parent.glob("part-*.npz")), allow_pickle=False) as z:
-        settings = json.loads(str(z["meta"][()]))["settings"]
+    settings = read_shard(next(manifest_path.parent.glob("part-*.arrow")))[2]["settings"]
     write_shard(manifest_path.parent, ["k"], np.ones((1, 64)), name="old", settings={**settings, "code_hash": "0" * 16})
     with pytest.raises(ManifestMismatch, match="code_hash: .*'0000000000000000'"):
         embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
@@ -253,12 +251,12 @@ def test_cli_names_a_damaged_shard_in_one_warning_line(tmp_path, texts, tiny_spe
             "--max-seq-length", str(spec.max_seq_length), "--shard-size", "5"]  # fmt: skip
     assert CliRunner().invoke(app, ["embed", *args]).exit_code == 0
     before = stored(tmp_path / "s", spec.load_model(), texts[:12])
-    shard = sorted((tmp_path / "s").glob("*/part-*.npz"))[1]
+    shard = sorted((tmp_path / "s").glob("*/part-*.arrow"))[1]
     shard.write_bytes(b"garbage" * 10)
     res = CliRunner().invoke(app, ["embed", *args])
     assert res.exit_code == 0, res.output
     assert [line for line in res.stderr.splitlines() if "damaged" in line] == [  # (model loading prints progress too)
-        f"warning: damaged cache shard {shard} (not a complete .npz archive: 70 bytes, cut short or overwritten): "
+        f"warning: damaged cache shard {shard} (not a complete Arrow IPC file: 70 bytes, cut short or overwritten): "
         f"moved to {shard}.damaged-1; its vectors are recomputed"
     ]
     assert "1 shards written, 2 already present" in res.stdout

@@ -33,7 +33,7 @@ class FailWorker:
         self.root, self.after = root, after
 
     def written(self) -> int:
-        return len(list(Path(self.root).glob("*/part-*.npz")))
+        return len(list(Path(self.root).glob("*/part-*.arrow")))
 
     def __call__(self, res: dict) -> None:
         if self.written() >= self.after:
@@ -109,7 +109,7 @@ def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, 
     assert workers_released(ray_local), "the failed run's workers still hold their CPUs"  # killed by the job
     left = ray_processes_settle_to(before)
     assert not left, f"the failed run's replicas are still alive: {left}"
-    files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
+    files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")}
     assert 3 <= len(files) <= 3 + 2 * 2 and not list(root.glob("*/.part-*"))  # only complete shards, no temporaries
     # run 2 resumes; a worker process is killed mid-run, Ray restarts it and retries its shard
     armed = tmp_path / "armed"
@@ -119,10 +119,10 @@ def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, 
     assert not armed.exists()  # the second kill happened
     # skipped: the shards of run 1, and the shard written just before the kill (found on retry)
     assert (rep.skipped, rep.written) == (len(files) + 1, 15 - len(files) - 1)
-    after = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")}
+    after = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")}
     assert {k: after[k] for k in files} == files  # finished shards were not recomputed
     embed_texts(texts, tmp_path / "ref", spec, model=tiny_fair, shard_size=4)
-    assert set(after) == {f.name for f in (tmp_path / "ref").glob("*/part-*.npz")}
+    assert set(after) == {f.name for f in (tmp_path / "ref").glob("*/part-*.arrow")}
     np.testing.assert_array_equal(vectors(root, tiny_fair, texts), vectors(tmp_path / "ref", tiny_fair, texts))
 
 
@@ -153,7 +153,7 @@ def test_refusals_before_any_worker_starts(tmp_path, texts, tiny_spec, tiny_fair
     with pytest.raises(ManifestMismatch, match="^worker model fingerprint .* differs from the driver's"):
         embed_texts(texts, tmp_path / "other", spec, model=other, shard_size=4, engine="ray", workers=2)
     assert workers_released(ray_local)
-    assert not list((tmp_path / "other").glob("*/part-*.npz"))
+    assert not list((tmp_path / "other").glob("*/part-*.arrow"))
 
 
 def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_spec, tiny_fair):
@@ -186,7 +186,7 @@ def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_pa
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
     try:
         deadline = time.monotonic() + 200
-        while len(list(root.glob("*/part-*.npz"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        while len(list(root.glob("*/part-*.arrow"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert proc.poll() is None, "the driver ended before it was killed"
         os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
@@ -194,10 +194,10 @@ def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_pa
         proc.wait(timeout=60)
     left = ray_processes_settle_to(before)
     assert not left, f"the killed driver's Ray instance (or its replicas) outlived it: {left}"
-    files = {f.name: f.stat().st_mtime_ns for f in root.glob("*/part-*.npz")}
+    files = {f.name: f.stat().st_mtime_ns for f in root.glob("*/part-*.arrow")}
     assert 2 <= len(files) < 15 and not list(root.glob("*/.part-*"))
     rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2)
     assert (rep.skipped, rep.written) == (len(files), 15 - len(files))
-    assert {k: v for k, v in ((f.name, f.stat().st_mtime_ns) for f in root.glob("*/part-*.npz")) if k in files} == files
+    assert {k: v for k, v in ((f.name, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")) if k in files} == files
     embed_texts(texts, tmp_path / "ref", spec, model=tiny_fair, shard_size=4)
     np.testing.assert_array_equal(vectors(root, tiny_fair, texts), vectors(tmp_path / "ref", tiny_fair, texts))

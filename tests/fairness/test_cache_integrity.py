@@ -22,7 +22,7 @@ def test_audit_sets_a_damaged_shard_aside_and_refuses_other_settings(tmp_path, t
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     clean = pd.read_parquet(out / "observations.parquet")
-    shards = sorted(cache.glob("*/part-*.npz"))
+    shards = sorted(cache.glob("*/part-*.arrow"))
     victim = shards[len(shards) // 2]
     victim.write_bytes(b"")
     res = CliRunner().invoke(app, args)

@@ -128,7 +128,7 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
         del model.encode
     assert (tmp_path / "resumed" / "runs" / "stock.json").exists()
     assert not list((tmp_path / "resumed").glob("table_*"))
-    stored = sum(1 for _ in (tmp_path / "resumed" / "embeddings").rglob("part-*.npz"))
+    stored = sum(1 for _ in (tmp_path / "resumed" / "embeddings").rglob("part-*.arrow"))
     assert stored > 0
     run_sweep(model, bench, cals, tmp_path / "resumed", encode_chunk=2)
     got = {p.name: p.read_text() for p in (tmp_path / "resumed").glob("table_*")}

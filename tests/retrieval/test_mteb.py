@@ -96,7 +96,7 @@ def stock_encoder(model, store, reference):
 
 def stored(store):
     """What the store holds: one folder per (model, setting, prompt) namespace, and its shard files."""
-    return sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*.npz"))
+    return sorted(str(p.relative_to(store.root)) for p in store.root.rglob("part-*.arrow"))
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ same cache folder and they find everything already computed.
   posfair version and a hash of the code that computes embeddings; a run whose
   settings disagree is refused (:class:`~posfair.store.ManifestMismatch`), and so is a namespace
   holding a shard made with other settings.  The check is
-  :func:`posfair.store.open_namespace_dir`, the same one every other command runs on
+  :func:`posfair.store.scan_namespace`, the same one every other command runs on
   the store; it verifies each shard's checksum, sets damaged shards aside (renamed
-  ``part-<id>.npz.damaged-<n>``, with a warning) so that this run recomputes them,
+  ``part-<id>.arrow.damaged-<n>``, with a warning) so that this run recomputes them,
   and rebuilds a missing manifest from the shards' own metadata.
 
 Progress: ``progress(n)`` callbacks and ``logging.getLogger("posfair.distributed.job")``.
@@ -49,7 +49,7 @@ from posfair.distributed.ray_engine import require_ray, run_ray
 from posfair.distributed.shards import Shard, plan_shards, process_shard
 from posfair.distributed.spec import EmbedSpec
 from posfair.io import atomic_write_json
-from posfair.store import MANIFEST, EmbeddingStore, embedding_meta, embedding_settings, open_namespace_dir, run_settings
+from posfair.store import MANIFEST, EmbeddingStore, embedding_meta, embedding_settings, run_settings, scan_namespace, shard_path
 from posfair.store import ManifestMismatch as ManifestMismatch
 
 __all__ = ["EmbedReport", "embed_texts"]
@@ -146,10 +146,11 @@ def embed_texts(
         meta, **embedding_settings(model.fingerprint, cal, spec.prompt, dim=dim, text_field=text_field), model=spec.model or "bundled"
     )
     corpus = {"fingerprint": corpus_fingerprint(all_keys), "source": corpus_source, "texts": len(all_keys)}
-    present: set[str] = set()
-    # settings check, every shard verified (damaged ones set aside: their keys are missing below)
-    manifest = open_namespace_dir(ns_dir, settings, lambda name, keys, vectors: present.update(keys), write=False)
-    manifest = record_corpus(ns_dir, manifest, corpus, present.issuperset(all_keys), add_corpus)
+    # settings check, shards checked (damaged ones set aside: their keys are missing below), key index loaded
+    manifest, stored = scan_namespace(ns_dir, settings, write=False)
+    found, _ = stored.locate(all_keys)
+    present = {k for k, s in zip(all_keys, found, strict=True) if s >= 0}
+    manifest = record_corpus(ns_dir, manifest, corpus, len(present) == len(all_keys), add_corpus)
     atomic_write_json(ns_dir / MANIFEST, manifest)
 
     share = None
@@ -162,7 +163,7 @@ def embed_texts(
     todo: list[Shard] = []
     skipped = 0
     for s in shards:
-        if (ns_dir / f"part-{s.id}.npz").exists():
+        if shard_path(ns_dir, s.id).exists():
             skipped += 1
             continue
         missing = [i for i, k in enumerate(s.keys) if k not in present]

@@ -1,6 +1,6 @@
 """The corpus part of a job's manifest: which corpora a namespace was built from.
 
-The settings check itself is the store's (:func:`posfair.store.open_namespace_dir`, the
+The settings check itself is the store's (:func:`posfair.store.scan_namespace`, the
 same one every command runs); a job adds the corpus it embeds, identified by
 :func:`corpus_fingerprint`, and refuses another corpus unless asked to add it.
 """

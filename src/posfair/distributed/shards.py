@@ -2,7 +2,7 @@
 
 * :func:`plan_shards` cuts the distinct texts, in corpus order, into shards of
   ``shard_size``; a shard's id is a hash of its keys and its file is
-  ``part-<id>.npz``, written atomically.
+  ``part-<id>.arrow`` (:func:`posfair.store.shard_path`), written atomically.
 * :func:`process_shard` is the one shard function: token lengths, length-aware
   batches (:mod:`posfair.distributed.batching`), encode, write.  The local executor
   (:mod:`posfair.distributed.job`) calls it in this process; the Ray executor
@@ -34,14 +34,14 @@ from posfair import compat
 from posfair.distributed.batching import length_aware_batches, padded_tokens
 from posfair.distributed.spec import EmbedSpec
 from posfair.encoding import calibration_kwargs
-from posfair.store import embedding_settings, run_settings, text_key, write_shard
+from posfair.store import embedding_settings, run_settings, shard_path, text_key, write_shard
 
 __all__ = ["Shard", "encode_shard", "plan_shards", "process_shard", "shard_id"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
-    """A unit of work: distinct texts with their keys; ``id`` names its file ``part-<id>.npz``."""
+    """A unit of work: distinct texts with their keys; ``id`` names its file ``part-<id>.arrow``."""
 
     id: str
     keys: tuple[str, ...]
@@ -112,9 +112,9 @@ def encode_shard(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[np.ndarr
 
 
 def process_shard(model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, keys: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
-    """Encode one shard and write ``part-<sid>.npz`` atomically, unless that file exists already."""
+    """Encode one shard and write ``part-<sid>.arrow`` atomically, unless that file exists already."""
     t0 = time.perf_counter()
-    target = Path(ns_dir) / f"part-{sid}.npz"
+    target = shard_path(ns_dir, sid)
     if target.exists():
         return {"shard": sid, "status": "skipped", "texts": 0, "tokens": 0, "padded": 0, "seconds": 0.0}
     vectors, counts = encode_shard(model, spec, texts)

@@ -1,4 +1,4 @@
-"""A content-addressed, crash-safe, self-checking embedding cache.
+"""A content-addressed, crash-safe, self-checking embedding cache that opens in O(shards), not O(vectors).
 
 Layout of a store root::
 
@@ -6,23 +6,33 @@ Layout of a store root::
       <namespace-id>/            one per (model fingerprint, calibration, kind, ...)
         meta.json               the namespace's defining metadata (written once, atomically)
         manifest.json           the settings the vectors were made with (see below)
-        part-<id>.npz           shards: ``keys`` (unicode), ``vectors`` (float32, n x d) and
-                                ``meta`` (JSON: row count, dimension, settings, sha256 checksum)
+        part-<id>.arrow         shards: Arrow IPC files, columns ``key`` (string) and ``vector``
+                                (fixed_size_list<float32>[dim]), schema metadata ``posfair`` (JSON:
+                                row count, dimension, settings, sha256 checksum)
+        index.arrow             the key index: sorted key hashes -> (shard, row), and the record of
+                                each verified shard (size, mtime, checksum); rebuilt when missing/stale
 
-Every shard is written to a temporary file and renamed into place, so a run
-killed at any moment leaves only complete shards; the next run reads them and
-computes only what is missing.  Shards are plain NumPy arrays read with
-``allow_pickle=False`` (no pickle anywhere).
+Every shard is written to a temporary file, flushed and renamed into place, so a
+run killed at any moment leaves only complete shards; the next run reads them and
+computes only what is missing.  No pickle anywhere.  pyarrow, pandas
+(``read_feather``) and Hugging Face ``datasets`` (``load_dataset("arrow", ...)``)
+read a shard directly; posfair memory-maps them (``pyarrow.memory_map``), so
+opening a namespace reads no vectors and holds no Python dict of its keys:
+lookups binary-search the memory-mapped index (:mod:`~posfair.store.keyindex`).
 
-Every shard carries a checksum over its keys, vectors and metadata.  A shard
-that cannot be read, has no checksum, fails it, or holds vectors that are not
-finite float32 rows of the namespace's dimension is *damaged*: it is renamed
-``part-<id>.npz.damaged-<n>`` in the same folder (never deleted), named in a
-:class:`DamagedShardWarning`, and its keys are computed again.
+Every shard carries a checksum over its keys, vectors and metadata.  The
+checksum rule (:mod:`~posfair.store.keyindex`): a shard is fully verified before it
+enters the index (new, or its size / mtime changed, or no valid index); one the
+index records unchanged is trusted at open; ``Namespace.verify()`` verifies all.
+A shard that cannot be read, has no checksum, fails it, or holds vectors that are
+not finite float32 rows of its dimension is *damaged*: it is renamed
+``part-<id>.arrow.damaged-<n>`` in the same folder (never deleted), named in a
+:class:`DamagedShardWarning`, and its keys are computed again.  Shards of the
+previous format (``part-<id>.npz``) are checked and converted to Arrow on open.
 
 ``manifest.json`` records the settings of the namespace (its metadata, the
 vector dimension, posfair's version and a hash of the code that computes
-embeddings; ``posfair embed`` adds the corpora).  :func:`open_namespace_dir` is
+embeddings; ``posfair embed`` adds the corpora).  :func:`scan_namespace` is
 the one check every command runs when it opens a namespace: settings that
 disagree with the manifest, or a shard made with other settings, raise
 :class:`ManifestMismatch` naming the folder and the setting.  A missing
@@ -32,11 +42,13 @@ Keys are caller-chosen strings; :func:`text_key` gives the usual one (sha256 of
 the text, plus any prefix such as a prompt).
 
 Modules: :mod:`~posfair.store.settings` (what a run records), :mod:`~posfair.store.shards`
-(shard files, checksums, damaged files), :mod:`~posfair.store.manifest` (the settings
-check), :mod:`~posfair.store.namespace` (namespaces and the store).
+(shard files, checksums, damaged files), :mod:`~posfair.store.keyindex` (the key index,
+the checksum rule), :mod:`~posfair.store.manifest` (the settings check, opening a
+namespace folder), :mod:`~posfair.store.namespace` (namespaces and the store).
 """
 
-from posfair.store.manifest import ManifestMismatch, open_namespace_dir
+from posfair.store.keyindex import INDEX, ShardSet, key_hashes
+from posfair.store.manifest import ManifestMismatch, open_namespace_dir, scan_namespace
 from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key
 from posfair.store.settings import (
     MANIFEST,
@@ -48,7 +60,17 @@ from posfair.store.settings import (
     embedding_settings,
     run_settings,
 )
-from posfair.store.shards import SHARD_FORMAT, DamagedShard, DamagedShardWarning, read_shard, set_aside, write_shard
+from posfair.store.shards import (
+    SHARD_FORMAT,
+    SHARD_SUFFIX,
+    DamagedShard,
+    DamagedShardWarning,
+    ShardFile,
+    read_shard,
+    set_aside,
+    shard_path,
+    write_shard,
+)
 
 __all__ = [
     "EmbeddingStore",
@@ -63,6 +85,13 @@ __all__ = [
     "read_shard",
     "set_aside",
     "open_namespace_dir",
+    "scan_namespace",
+    "ShardSet",
+    "ShardFile",
+    "INDEX",
+    "SHARD_SUFFIX",
+    "key_hashes",
+    "shard_path",
     "run_settings",
     "code_version",
     "embedding_meta",

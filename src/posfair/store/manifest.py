@@ -21,10 +21,11 @@ import numpy as np
 
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
+from posfair.store.keyindex import ShardSet, _record, load_index, unchanged
 from posfair.store.settings import MANIFEST, canonical
-from posfair.store.shards import DamagedShard, read_shard, set_aside
+from posfair.store.shards import LEGACY_SUFFIX, SHARD_SUFFIX, DamagedShard, ShardFile, convert_npz_shard, read_npz_shard, set_aside
 
-__all__ = ["ManifestMismatch", "open_namespace_dir"]
+__all__ = ["ManifestMismatch", "open_namespace_dir", "scan_namespace"]
 
 # settings that must be recorded and equal; the others are compared when both sides know them
 _STRICT = ("format", "namespace", "posfair_version", "code_hash")
@@ -76,14 +77,27 @@ def _read_manifest(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def open_namespace_dir(
-    ns_dir: str | os.PathLike,
-    settings: dict[str, Any],
-    on_shard: Callable[[str, list[str], np.ndarray], None] | None = None,
-    seen: Iterable[str] = (),
-    write: bool = True,
+def _check_shard(
+    path: Path, own_settings: dict[str, Any], dim: int, manifest: dict[str, Any] | None, settings: dict[str, Any], ns_dir: Path
 ) -> dict[str, Any]:
-    """Check a namespace folder against a run's ``settings``; verify and read its shards.
+    """The shard's settings against the manifest (or this run's settings); returns the manifest, rebuilt from
+    the shard when there was none."""
+    own = {**own_settings, "dim": dim}
+    reference = manifest if manifest is not None else settings
+    diffs = _diffs(reference, own, list(own), "the store" if manifest is not None else "this run", "the shard")
+    if diffs:
+        raise _mismatch(f"shard {path}", diffs, ns_dir)
+    if manifest is None:  # rebuild the manifest from the first good shard
+        return {**settings, **{k: v for k, v in own.items() if v is not None}}
+    if manifest.get("dim") is None:
+        manifest["dim"] = dim
+    return manifest
+
+
+def scan_namespace(
+    ns_dir: str | os.PathLike, settings: dict[str, Any], write: bool = True, full: bool = False
+) -> tuple[dict[str, Any], ShardSet]:
+    """Check a namespace folder against a run's ``settings``; check its shards; load (or rebuild) its key index.
 
     The one check of every command that reads or writes a store namespace (audit,
     retrieval, sweep, tune, encode, embed):
@@ -91,15 +105,17 @@ def open_namespace_dir(
     * ``manifest.json`` must agree with ``settings`` (:func:`run_settings`), else
       :class:`ManifestMismatch` naming the folder and the setting, before any shard
       is touched;
-    * every shard ``part-*.npz`` (except the file names in ``seen``) is read and
-      checked (:func:`read_shard`); a damaged one is set aside (:func:`set_aside`)
-      and skipped, so its keys count as missing; one made with other settings
-      raises :class:`ManifestMismatch` naming it; ``on_shard(name, keys, vectors)``
-      gets each good one;
-    * a missing manifest is rebuilt from the shards' own metadata (with a warning).
+    * shards of the previous format (``part-*.npz``) are checked and converted to
+      Arrow (``part-*.arrow``);
+    * every shard ``part-*.arrow`` is checked by the rule of :mod:`posfair.store.keyindex`
+      (fully verified when the index does not record it unchanged, or with ``full``);
+      a damaged one is set aside (:func:`set_aside`) and skipped, so its keys count as
+      missing; one made with other settings raises :class:`ManifestMismatch` naming it;
+    * a missing manifest is rebuilt from the shards' own metadata (with a warning);
+    * the key index is rebuilt (and written atomically) when it is missing or stale.
 
-    Returns the manifest: the stored one completed with what this run knows (the
-    dimension, ...), written back when it changed and ``write``.
+    Returns the manifest (the stored one completed with what this run knows, written
+    back when it changed and ``write``) and the :class:`ShardSet` of the good shards.
     """
     ns_dir = Path(ns_dir)
     settings = canonical(settings)
@@ -112,33 +128,62 @@ def open_namespace_dir(
         manifest = dict(have)
     else:
         manifest = None
-    n_good = 0
-    for f in sorted(ns_dir.glob("part-*.npz")):
-        if f.name in seen:
-            continue
+    for f in sorted(ns_dir.glob(f"part-*{LEGACY_SUFFIX}")):  # the previous format: check, then convert
         try:
-            keys, vectors, meta = read_shard(f)
+            _, _, meta = read_npz_shard(f)
         except DamagedShard as exc:
             set_aside(f, str(exc))
             continue
-        own = {**meta["settings"], "dim": meta["dim"]}
-        reference = manifest if manifest is not None else settings
-        diffs = _diffs(reference, own, list(own), "the store" if manifest is not None else "this run", "the shard")
-        if diffs:
-            raise _mismatch(f"shard {f}", diffs, ns_dir)
-        if manifest is None:  # rebuild the manifest from the first good shard
-            manifest = {**settings, **{k: v for k, v in own.items() if v is not None}}
-        elif manifest.get("dim") is None:
-            manifest["dim"] = meta["dim"]
-        n_good += 1
-        if on_shard is not None:
-            on_shard(f.name, keys, vectors)
-    if have is None and n_good:
-        warnings.warn(f"store {ns_dir} had no readable {MANIFEST}: rebuilt it from the metadata of its {n_good} shards", stacklevel=2)
+        manifest = _check_shard(f, meta["settings"], meta["dim"], manifest, settings, ns_dir)
+        convert_npz_shard(f)
+    old = load_index(ns_dir)
+    known = {rec["name"]: rec for rec in old.records} if old is not None else {}
+    records: list[dict[str, Any]] = []
+    fresh: dict[str, ShardFile] = {}
+    for f in sorted(ns_dir.glob(f"part-*{SHARD_SUFFIX}")):
+        rec = known.get(f.name)
+        if rec is None or full or not unchanged(rec, f):
+            try:
+                shard = ShardFile(f)
+                shard.verify()
+            except DamagedShard as exc:
+                set_aside(f, str(exc))
+                continue
+            rec = _record(f, shard)
+            fresh[f.name] = shard
+        manifest = _check_shard(f, rec["settings"], rec["dim"], manifest, settings, ns_dir)
+        records.append(rec)
+    if have is None and records:
+        warnings.warn(f"store {ns_dir} had no readable {MANIFEST}: rebuilt it from the metadata of its {len(records)} shards", stacklevel=3)
+    if old is not None and not fresh and [r["name"] for r in records] == [r["name"] for r in old.records]:
+        shards = ShardSet(ns_dir, old)
+    else:
+        shards = ShardSet.build(ns_dir, records, old, fresh)
+        if records or old is not None:
+            shards.save()
     manifest = manifest if manifest is not None else dict(settings)
     for k, v in settings.items():  # complete it with what this run knows
         if v is not None and (manifest.get(k) is None or k not in _RECORDED):
             manifest[k] = v
     if write and manifest != have:
         atomic_write_json(mpath, manifest)
+    return manifest, shards
+
+
+def open_namespace_dir(
+    ns_dir: str | os.PathLike,
+    settings: dict[str, Any],
+    on_shard: Callable[[str, list[str], np.ndarray], None] | None = None,
+    seen: Iterable[str] = (),
+    write: bool = True,
+) -> dict[str, Any]:
+    """:func:`scan_namespace`, returning the manifest; ``on_shard(name, keys, vectors)`` gets each good
+    shard not named in ``seen`` (its vectors memory-mapped)."""
+    manifest, shards = scan_namespace(ns_dir, settings, write=write)
+    if on_shard is not None:
+        seen = set(seen)
+        for i, shard in shards:
+            name = shards.records[i]["name"]
+            if name not in seen:
+                on_shard(name, shard.key_list(), shard.vectors)
     return manifest

@@ -2,8 +2,8 @@
 
 An :class:`EmbeddingStore` is a folder of namespaces; each namespace is a folder
 named by a hash of its defining metadata (``meta.json``), holding shards and a
-manifest.  Opening one runs the manifest check and reads its shards
-(:func:`~posfair.store.manifest.open_namespace_dir`).  Keys are caller-chosen
+manifest.  Opening one runs the manifest check and checks its shards
+(:func:`~posfair.store.manifest.scan_namespace`) without reading them into memory.  Keys are caller-chosen
 strings; :func:`text_key` gives the usual one.
 """
 
@@ -12,14 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from posfair.io import atomic_write_json
-from posfair.store.manifest import open_namespace_dir
+from posfair.store.keyindex import ShardSet
+from posfair.store.manifest import scan_namespace
 from posfair.store.settings import MANIFEST, canonical, embedding_meta, embedding_settings, run_settings
 from posfair.store.shards import set_aside, write_shard
 
@@ -63,60 +65,87 @@ def _ensure_meta(path: Path, meta: dict[str, Any]) -> None:
 class Namespace:
     """One set of vectors of the same kind and dimension, addressed by key.
 
-    Opening it runs :func:`open_namespace_dir` (settings check, shard checks,
-    damaged shards set aside); ``settings``: extra settings of the run (see
-    :func:`embedding_settings`).
+    Opening it runs :func:`scan_namespace` (settings check, shard checks by the
+    checksum rule of :mod:`posfair.store.keyindex`, damaged shards set aside, the
+    key index loaded or rebuilt); no shard is read into memory: lookups use the
+    memory-mapped key index and vectors are memory-mapped views of the shards.
+    ``settings``: extra settings of the run (see :func:`embedding_settings`).
     """
 
     def __init__(self, path: Path, meta: dict[str, Any], settings: dict[str, Any] | None = None):
         self.path = Path(path)
         self.meta = meta
         self.settings = run_settings(meta, **(settings or {}))
-        self._index: dict[str, tuple[int, int]] = {}
-        self._shards: list[np.ndarray] = []
-        self._seen_files: set[str] = set()
         _ensure_meta(self.path, meta)
-        self.manifest = open_namespace_dir(self.path, self.settings, self._add)
+        self.manifest, self._shards = scan_namespace(self.path, self.settings)
 
     @property
     def dim(self) -> int | None:
         """The vector dimension (None while the namespace is empty)."""
         return self.manifest.get("dim")
 
-    def _add(self, name: str, keys: Sequence[str], vectors: np.ndarray) -> None:
-        shard = len(self._shards)
-        self._shards.append(vectors)
-        for row, k in enumerate(keys):
-            self._index.setdefault(k, (shard, row))
-        self._seen_files.add(name)
+    @property
+    def shards(self) -> ShardSet:
+        """The namespace's good shards and key index."""
+        return self._shards
 
     def refresh(self) -> None:
         """Pick up shards written since the namespace was opened (e.g. by another process), checking each."""
-        self.manifest = open_namespace_dir(self.path, self.settings, self._add, seen=self._seen_files)
+        self._shards.flush()
+        self.manifest, self._shards = scan_namespace(self.path, self.settings)
+
+    def flush(self) -> None:
+        """Write the key index with the shards this process added (done by :meth:`get_or_compute`)."""
+        self._shards.flush()
+
+    def verify(self) -> list[Path]:
+        """Verify every shard fully (checksum over every byte, finite values), whatever the index says.
+
+        Damaged shards are set aside (with a warning) and the namespace is opened again,
+        so their keys are missing and get computed again.  Returns the paths set aside.
+        """
+        self._shards.flush()
+        before = set(self.path.glob("part-*.damaged-*"))
+        self.manifest, self._shards = scan_namespace(self.path, self.settings, full=True)
+        return sorted(set(self.path.glob("part-*.damaged-*")) - before)
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._shards)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._index
+        return bool(self._shards.locate([key])[0][0] >= 0)
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """Keys not stored yet, in first-seen order, without duplicates."""
-        out, seen = [], set()
-        for k in keys:
-            if k not in self._index and k not in seen:
-                seen.add(k)
-                out.append(k)
-        return out
+        uniq = list(dict.fromkeys(keys))
+        shard, _ = self._shards.locate(uniq)
+        return [uniq[i] for i in np.flatnonzero(shard < 0)]
 
     def get(self, keys: Sequence[str]) -> np.ndarray:
-        """Vectors for ``keys`` (all must be present), stacked in order."""
-        absent = [k for k in keys if k not in self._index]
-        if absent:
-            raise KeyError(f"{len(absent)} keys are not in the store (first: {absent[0]})")
-        if not keys:
-            return np.zeros((0, self.dim or 0), dtype=np.float32)
-        return np.stack([self._shards[s][r] for s, r in (self._index[k] for k in keys)])
+        """Vectors for ``keys`` (all must be present), stacked in order (a copy of those rows only)."""
+        keys = list(keys)
+        shard, row = self._shards.locate(keys)
+        absent = np.flatnonzero(shard < 0)
+        if len(absent):
+            raise KeyError(f"{len(absent)} keys are not in the store (first: {keys[absent[0]]})")
+        return self._shards.gather(shard, row, self.dim or 0)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """Every stored row, shard by shard: each shard's vectors, a memory-mapped view of the file
+        (the keys of a row: :meth:`keys_at`).  A key stored in two shards appears twice."""
+        for _, shard in self._shards:
+            yield shard.vectors
+
+    def keys_at(self, positions: np.ndarray) -> np.ndarray:
+        """The keys at global row positions (shards in order, as :meth:`chunks` yields them)."""
+        positions = np.asarray(positions)
+        starts = np.cumsum([0] + [int(r["rows"]) for r in self._shards.records])
+        shard = np.searchsorted(starts, positions.reshape(-1), side="right") - 1
+        out = np.empty(positions.size, dtype=object)
+        for s in np.unique(shard):
+            m = shard == s
+            out[m] = self._shards.file(int(s)).keys.take(pa.array(positions.reshape(-1)[m] - starts[s])).to_pylist()
+        return out.reshape(positions.shape)
 
     def put(self, keys: Sequence[str], vectors: np.ndarray, name: str | None = None) -> None:
         """Write one shard atomically (temporary file + rename); ``name``: see :func:`write_shard`."""
@@ -126,7 +155,7 @@ class Namespace:
         name = write_shard(self.path, keys, vectors, name, settings=self.settings)
         if name is None:
             return
-        self._add(name, list(keys), vectors)
+        self._shards.add(self.path / name, [str(k) for k in keys])
         if self.dim is None:
             self.manifest = {**self.manifest, "dim": int(vectors.shape[1])}
             atomic_write_json(self.path / MANIFEST, self.manifest)
@@ -145,6 +174,8 @@ class Namespace:
         Missing items are computed in chunks of ``chunk_size``; each chunk is
         stored as one shard before the next starts, so a killed run loses at
         most one chunk.  ``progress(n)`` is called with the number of items done.
+        The key index is written once at the end (a killed run's shards are
+        verified and indexed when the namespace is next opened).
         """
         if len(keys) != len(items):
             raise ValueError(f"{len(keys)} keys but {len(items)} items")
@@ -161,6 +192,7 @@ class Namespace:
                 self.put(chunk, vecs)
                 if progress is not None:
                     progress(len(chunk))
+            self.flush()
         return self.get(keys)
 
 
@@ -190,7 +222,7 @@ class EmbeddingStore:
         """The folder of the namespace defined by ``meta``, created (with its meta.json) but not loaded.
 
         For writers that add shards without reading the vectors already there (``posfair embed``,
-        which checks it with :func:`open_namespace_dir`).
+        which checks it with :func:`scan_namespace`).
         """
         meta = canonical(meta)
         path = self.root / _namespace_id(meta)
@@ -206,6 +238,6 @@ def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration=Non
     writes pooled embeddings here, keyed by :func:`text_key` of the text, stored
     exactly as the model returns them (consumers normalise when they need to).
     So an embedding computed once, by any command, is never computed again.
-    Opening it checks the namespace's manifest (:func:`open_namespace_dir`).
+    Opening it checks the namespace's manifest (:func:`scan_namespace`).
     """
     return store.open_namespace(embedding_meta(fingerprint, calibration, prompt), embedding_settings(fingerprint, calibration, prompt))
