@@ -10,20 +10,33 @@ Configurations:
   posfair-cls  posfair, CLS pooling: SDPA for all rows + the pooling row recomputed and calibrated
   naive-cls    eager full attention matrices with the same calibration applied to the post-softmax weights
   plain-mean   stock SDPA, mean pooling (same forward as plain)
-  posfair-all  posfair, mean pooling: every valid query row calibrated, tiled over query rows
+  posfair-all  posfair, mean pooling: every valid query row calibrated (the fused per-basket path,
+               posfair.calibration.fused, where it applies)
+  tiled-all    the same with the fused path switched off: the tiled explicit path (the "before" of issue 15)
   naive-all    eager full matrices, every row calibrated (only at lengths <= --naive-all-max)
+
+``--real-batch``: the bundled MiniLM (``posfair.load_model(max_seq_length=512)``) encoding
+batches of ``--batch`` three-section documents of mixed lengths (up to 512 tokens); figures
+are throughput (documents / s) and the configurations are plain-mean / posfair-all /
+tiled-all (mean pooling, as the model ships), plain / posfair-cls (CLS pooling) and
+plain-last / posfair-last (last-token pooling).
+
+``--dtype bfloat16``: the model cast to bfloat16 (plain is then plain bfloat16); the worker also
+reports the cosine of each calibrated embedding to the float32 calibrated one.
 
 On transformers 5.x XLM-RoBERTa reaches posfair through the attention registry; on 4.x it
 does not (it picks its SDPA / eager class itself), so there the posfair configurations go
 through the fallback (the SDPA call of each attention module intercepted) and the naive ones
 load XLM-R's own eager class; the last column names the mechanism.
 
-Printed ratios: calibrated/plain (time, peak RSS) and naive/posfair (time, peak RSS).
-Targets (issue 2): posfair-cls/plain <= 1.10 at 2048 and 8192; naive-cls/posfair-cls >= 3x time and
->= 4x memory at 8192; posfair-all/plain <= 2.5x time and <= 1.5x memory at 2048.
+Every ratio is printed beside its target (issue 15): all-rows calibrated / plain <= 1.30x time and
+<= 1.15x peak memory at 2048 and 8192; CLS / last-token calibrated / plain <= 1.05x time at 512,
+2048, 8192 and on real batches; real-batch all-rows throughput plain / calibrated <= 1.15x.
 
     python benchmarks/calibration_speed.py                      # 512, 2048, 8192
-    python benchmarks/calibration_speed.py --lengths 512 2048 --repeats 2
+    python benchmarks/calibration_speed.py --lengths 2048 8192 --configs plain-mean posfair-all tiled-all
+    python benchmarks/calibration_speed.py --real-batch --repeats 3
+    python benchmarks/calibration_speed.py --dtype bfloat16 --lengths 2048 --configs plain-mean posfair-all
 """
 
 from __future__ import annotations
@@ -40,6 +53,18 @@ import time
 from pathlib import Path
 
 CAL = dict(basket_size=128, layers=0.5, strength=0.5)
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+         "upsilon phi chi psi omega river stone light market policy court season engine signal harbour").split()  # fmt: skip
+# (numerator, denominator, target time ratio, target memory ratio or None)
+TARGETS = {
+    "posfair-cls": ("plain", 1.05, None),
+    "posfair-last": ("plain-last", 1.05, None),
+    "posfair-all": ("plain-mean", 1.30, 1.15),
+    "tiled-all": ("plain-mean", 1.30, 1.15),
+    "naive-cls": ("posfair-cls", None, None),
+    "naive-all": ("posfair-all", None, None),
+}
+REAL_TARGETS = {"posfair-all": 1.15, "tiled-all": 1.15, "posfair-cls": 1.05, "posfair-last": 1.05}
 
 
 def build_model(folder: Path, max_len: int) -> None:
@@ -57,46 +82,123 @@ def build_model(folder: Path, max_len: int) -> None:
     AutoTokenizer.from_pretrained(bundled_model_path()).save_pretrained(folder)
 
 
-def worker(folder: str, config: str, length: int, repeats: int) -> dict:
+def documents(n: int, seed: int = 0) -> list[str]:
+    """Three-section documents of mixed lengths (about 60 to 700 words: most exceed 512 tokens)."""
+    import random
+
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        sections = [" ".join(rng.choices(WORDS, k=rng.randint(20, 230))) for _ in range(3)]
+        docs.append("\n\n".join(f"Section {j + 1}. {body}." for j, body in enumerate(sections)))
+    return docs
+
+
+def _pooling(config: str) -> str:
+    if config.endswith(("mean", "all")):
+        return "mean"
+    return "lasttoken" if config.endswith("last") else "cls"
+
+
+def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batch: int) -> dict:
     import torch
 
     import posfair
+    import posfair.calibration.fused
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
-    pooling = "mean" if config.endswith(("mean", "all")) else "cls"
-    model = posfair.load_model(folder, pooling=pooling, max_seq_length=length)
+    pooling = _pooling(config)
+    real = folder == "-"
+    path = None if real else folder
+    model = posfair.load_model(path, pooling=pooling, max_seq_length=length)
     model.eval()
     if config.startswith("naive"):
         if model.mechanism == "registry":
             model.transformer_module.set_attention_base("eager")
         else:  # transformers 4.x: XLM-R's own eager class (full matrices), calibrated through the fallback
-            model = posfair.load_model(folder, pooling=pooling, max_seq_length=length, model_kwargs={"attn_implementation": "eager"})
+            model = posfair.load_model(path, pooling=pooling, max_seq_length=length, model_kwargs={"attn_implementation": "eager"})
             model.eval()
+    if config.startswith("tiled"):
+        posfair.calibration.fused.ENABLED = False
     cal = posfair.Calibration(**CAL) if not config.startswith("plain") else None
-    g = torch.Generator().manual_seed(1)
-    features = {
-        "input_ids": torch.randint(1000, 30000, (1, length), generator=g),
-        "attention_mask": torch.ones(1, length, dtype=torch.long),
-    }
+    if real:
+        features = model.tokenize(documents(batch))
+    else:
+        g = torch.Generator().manual_seed(1)
+        features = {
+            "input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
+            "attention_mask": torch.ones(batch, length, dtype=torch.long),
+        }
+    cosine = None
+    if dtype != "float32":
+        with torch.no_grad(), model.using(cal):
+            ref = model(dict(features))["sentence_embedding"].float()
+        model.to(getattr(torch, dtype))
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     with torch.no_grad(), model.using(cal):
-        model(dict(features))  # warm-up (allocator, kernel selection): not timed
+        emb = model(dict(features))["sentence_embedding"]  # warm-up (allocator, kernel selection): not timed
         for _ in range(repeats):
             t0 = time.perf_counter()
             model(dict(features))
             times.append(time.perf_counter() - t0)
+    if dtype != "float32":
+        cosine = float(torch.nn.functional.cosine_similarity(emb.float(), ref, dim=-1).min())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"config": config, "length": length, "time": statistics.median(times), "peak_mb": peak / 1024,
-            "extra_mb": (peak - base_rss) / 1024, "mechanism": model.mechanism}  # fmt: skip
+    return {"config": config, "length": int(features["input_ids"].shape[1]), "time": statistics.median(times),
+            "peak_mb": peak / 1024, "extra_mb": (peak - base_rss) / 1024, "mechanism": model.mechanism,
+            "min_cosine_to_fp32": cosine, "batch": batch}  # fmt: skip
 
 
-def run(folder: Path, config: str, length: int, repeats: int) -> dict:
+def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtype: str, batch: int) -> dict:
+    """Time only, in one process: the configurations' passes alternate, so every ratio is measured under
+    the same machine load (the subprocess mode's peak RSS needs one process per configuration)."""
+    import torch
+
+    import posfair
+    import posfair.calibration.fused
+
+    torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
+    real = folder == "-"
+    models, features = {}, {}
+    for pooling in {_pooling(c) for c in configs}:
+        m = posfair.load_model(None if real else folder, pooling=pooling, max_seq_length=length).eval()
+        if dtype != "float32":
+            m.to(getattr(torch, dtype))
+        models[pooling] = m
+        if real:
+            features[pooling] = m.tokenize(documents(batch))
+        else:
+            g = torch.Generator().manual_seed(1)
+            features[pooling] = {"input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
+                                 "attention_mask": torch.ones(batch, length, dtype=torch.long)}  # fmt: skip
+    times = {c: [] for c in configs}
+    with torch.no_grad():
+        for rep in range(repeats + 1):  # the first round is the warm-up
+            for c in configs:
+                pooling = _pooling(c)
+                posfair.calibration.fused.ENABLED = not c.startswith("tiled")
+                cal = posfair.Calibration(**CAL) if not c.startswith("plain") else None
+                with models[pooling].using(cal):
+                    t0 = time.perf_counter()
+                    models[pooling](dict(features[pooling]))
+                    if rep:
+                        times[c].append(time.perf_counter() - t0)
+    return {c: statistics.median(t) for c, t in times.items()}
+
+
+def run(folder, config: str, length: int, repeats: int, dtype: str, batch: int) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", str(folder), config, str(length), str(repeats)],
+        [sys.executable, __file__, "--worker", str(folder), config, str(length), str(repeats), dtype, str(batch)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _mark(value: float, target: float | None) -> str:
+    if target is None:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x (<= {target:.2f} {'ok' if value <= target else 'MISSED'})"
 
 
 def main() -> None:
@@ -104,44 +206,68 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--naive-all-max", type=int, default=2048, help="longest length for the naive all-rows run")
-    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--configs", nargs="+", help="only these configurations (see above)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--real-batch", action="store_true", help="the bundled MiniLM on batches of real-length documents")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default 1; 32 with --real-batch)")
+    ap.add_argument("--interleaved", action="store_true", help="time only, all configurations alternating in one process")
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        folder, config, length, repeats = args.worker
-        print(json.dumps(worker(folder, config, int(length), int(repeats))))
+        folder, config, length, repeats, dtype, batch = args.worker
+        print(json.dumps(worker(folder, config, int(length), int(repeats), dtype, int(batch))))
         return
+    batch = args.batch or (32 if args.real_batch else 1)
 
+    import sentence_transformers
+    import transformers
+
+    print(f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}, "
+          f"dtype {args.dtype}, batch {batch}, {'MiniLM real batch' if args.real_batch else 'XLM-R 12x384 random'}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "xlmr-12x384"
-        build_model(folder, max(args.lengths))
+        if args.real_batch:
+            folder, lengths = "-", [512]
+            default = ["plain-mean", "posfair-all", "tiled-all", "plain", "posfair-cls", "plain-last", "posfair-last"]
+        else:
+            folder, lengths = Path(tmp) / "xlmr-12x384", args.lengths
+            build_model(folder, max(lengths))
+            default = ["plain", "posfair-cls", "naive-cls", "plain-mean", "posfair-all", "tiled-all", "naive-all"]
+        configs = args.configs or default
+        if args.interleaved:
+            configs = [c for c in configs if not c.startswith("naive")]
+            print(f"{'L':>6} {'ratio':<28} {'time (interleaved, median of ' + str(args.repeats) + ')':>40}")
+            for L in lengths:
+                t = interleaved(str(folder), configs, L, args.repeats, args.dtype, batch)
+                print(f"{L:>6} {'plain (s)':<28} {', '.join(f'{c} {v:.3f}' for c, v in t.items() if c.startswith('plain')):>40}")
+                for c, (base, t_time, _) in TARGETS.items():
+                    if c in t and base in t:
+                        target = REAL_TARGETS.get(c) if args.real_batch else t_time
+                        print(f"{L:>6} {c + ' / ' + base:<28} {_mark(t[c] / t[base], target):>40}", flush=True)
+            return
         rows = []
-        import sentence_transformers
-        import transformers
-
-        print(f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}")
-        print(f"{'L':>6} {'config':<12} {'time s':>8} {'peak MB':>9} {'extra MB':>9}  mechanism")
-        for L in args.lengths:
+        print(f"{'L':>6} {'config':<13} {'time s':>8} {'docs/s':>8} {'peak MB':>9} {'extra MB':>9} {'cos fp32':>9}  mechanism")
+        for L in lengths:
             res = {}
-            configs = ["plain", "posfair-cls", "naive-cls", "plain-mean", "posfair-all"]
-            if L <= args.naive_all_max:
-                configs.append("naive-all")
             for c in configs:
-                res[c] = run(folder, c, L, args.repeats)
-                r = res[c]
-                print(f"{L:>6} {c:<12} {r['time']:>8.2f} {r['peak_mb']:>9.0f} {r['extra_mb']:>9.0f}  {r['mechanism']}", flush=True)
-            rows.append(res)
+                if c == "naive-all" and L > args.naive_all_max:
+                    continue
+                res[c] = r = run(folder, c, L, args.repeats, args.dtype, batch)
+                cos = "-" if r["min_cosine_to_fp32"] is None else f"{r['min_cosine_to_fp32']:.5f}"
+                print(f"{r['length']:>6} {c:<13} {r['time']:>8.3f} {batch / r['time']:>8.2f} {r['peak_mb']:>9.0f} "
+                      f"{r['extra_mb']:>9.0f} {cos:>9}  {r['mechanism']}", flush=True)  # fmt: skip
+            rows.append((L, res))
 
-        print("\nratios measured in this run (time / peak RSS):")
-        print(f"{'L':>6} {'cls calibrated/plain':>24} {'cls naive/posfair':>20} {'all calibrated/plain':>24} {'all naive/posfair':>20}")
-        for res in rows:
-            L = res["plain"]["length"]
-
-            def ratio(a, b, res=res):
-                return f"{res[a]['time'] / res[b]['time']:.2f}x / {res[a]['peak_mb'] / res[b]['peak_mb']:.2f}x"
-
-            naive_all = ratio("naive-all", "posfair-all") if "naive-all" in res else "-"
-            print(f"{L:>6} {ratio('posfair-cls', 'plain'):>24} {ratio('naive-cls', 'posfair-cls'):>20} "
-                  f"{ratio('posfair-all', 'plain-mean'):>24} {naive_all:>20}")  # fmt: skip
+        print("\nratios measured in this run, each beside its target (issue 15):")
+        print(f"{'L':>6} {'ratio':<28} {'time':>24} {'peak RSS':>24}")
+        for L, res in rows:
+            for c, (base, t_time, t_mem) in TARGETS.items():
+                if c not in res or base not in res:
+                    continue
+                if args.real_batch:  # throughput: plain docs/s over calibrated docs/s == time ratio
+                    t_time, t_mem = REAL_TARGETS.get(c), None
+                tr = res[c]["time"] / res[base]["time"]
+                mr = res[c]["peak_mb"] / res[base]["peak_mb"]
+                print(f"{L:>6} {c + ' / ' + base:<28} {_mark(tr, t_time):>24} {_mark(mr, t_mem):>24}")
 
 
 if __name__ == "__main__":

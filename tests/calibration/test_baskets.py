@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from posfair.calibration.baskets import calibrate_rows, calibrate_span_
+from posfair.calibration.baskets import basket_weights, calibrate_rows, calibrate_span_
 from reference import reference_calibrate_row
 
 ROW = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0]  # keys 0..5 valid, 6..7 right padding
@@ -162,3 +162,74 @@ def test_in_place_span_path_matches_reference(kw):
         calibrate_span_(t, s, e, **kw)
         for r in range(5):
             np.testing.assert_allclose(t[r].numpy(), ref(rows[r], s, e, kw), atol=1e-12)
+
+
+# -- basket_weights: the formula on masses (the fused all-rows path, posfair.calibration.fused) ----------
+
+
+def weights(mass, n_b, bos=None, eos=None, **kw):
+    t = lambda x: None if x is None else torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    w, b, e = basket_weights(t(mass), n_b, t(bos), t(eos), **kw)
+    return w.numpy(), None if b is None else float(b), None if e is None else float(e)
+
+
+def test_basket_weights_equal_baskets():
+    w, b, e = weights([0.5, 0.3, 0.2], 3)
+    np.testing.assert_allclose(w, [1 / 3] * 3, atol=1e-12)
+    assert b is None and e is None
+
+
+def test_basket_weights_strength_blends_with_the_original_masses():
+    w, _, _ = weights([0.5, 0.3, 0.2], 3, strength=0.5)
+    np.testing.assert_allclose(w, [0.5 / 3 + 0.25, 0.5 / 3 + 0.15, 0.5 / 3 + 0.1], atol=1e-12)
+
+
+def test_basket_weights_bos_original_and_eos_equal():
+    # content masses 0.3 0.1 (n_b = 2), BOS 0.4 kept, EOS 0.2 -> 1/4; each basket (1 - 0.65) / 2
+    w, b, e = weights([0.3, 0.1], 2, bos=0.4, eos=0.2, bos_weight="original", eos_weight="equal")
+    np.testing.assert_allclose(w, [0.175, 0.175], atol=1e-12)
+    assert b == pytest.approx(0.4) and e == pytest.approx(0.25)
+
+
+def test_basket_weights_zero_mass_basket_stays_zero_and_row_renormalised():
+    # per = 1/3 each, the empty basket drops out: total 2/3 -> each nonzero basket 1/2
+    w, _, _ = weights([0.6, 0.4, 0.0], 3)
+    np.testing.assert_allclose(w, [0.5, 0.5, 0.0], atol=1e-12)
+
+
+def test_basket_weights_unused_slots_beyond_the_row_baskets():
+    # a batch laid out for 3 baskets, this row has 2: its third slot has mass 0
+    w, _, e = weights([0.7, 0.2, 0.0], 2, eos=0.1, eos_weight=0.2)
+    np.testing.assert_allclose(w, [0.4, 0.4, 0.0], atol=1e-12)
+    assert e == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("iso", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("shares", [("original", "equal"), ("equal", "original"), (0.1, 0.05)])
+@pytest.mark.parametrize("strength", [0.0, 0.3, 1.0])
+def test_basket_weights_sum_calibrate_span(iso, shares, strength):
+    """Summing calibrate_span_'s output over each basket gives basket_weights of the row's masses."""
+    g = torch.Generator().manual_seed(3)
+    K, B, s, e = 23, 4, 1, 21  # key 0 and 22 are padding
+    a = torch.zeros(5, K, dtype=torch.float64)
+    a[:, s : e + 1] = torch.softmax(torch.randn(5, e - s + 1, generator=g, dtype=torch.float64) * 3, -1)
+    a[0, s + 3 : s + 9] = 0.0  # a row with empty baskets
+    a[0] /= a[0].sum()
+    kw = dict(basket_size=B, strength=strength, isolate_bos=iso[0], isolate_eos=iso[1], bos_weight=shares[0], eos_weight=shares[1])
+    out = calibrate_span_(a.clone(), s, e, **kw)
+    cs, ce = s + int(iso[0]), e - int(iso[1])
+    n_b = -(-(ce - cs + 1) // B)
+    content = torch.zeros(5, n_b * B, dtype=torch.float64)
+    content[:, : ce - cs + 1] = a[:, cs : ce + 1]
+    mass = content.view(5, n_b, B).sum(-1)
+    w, bv, ev = basket_weights(
+        mass, n_b, a[:, s] if iso[0] else None, a[:, e] if iso[1] else None,
+        strength=strength, bos_weight=shares[0], eos_weight=shares[1],
+    )  # fmt: skip
+    got = torch.zeros(5, n_b * B, dtype=torch.float64)
+    got[:, : ce - cs + 1] = out[:, cs : ce + 1]
+    torch.testing.assert_close(got.view(5, n_b, B).sum(-1), w, atol=1e-12, rtol=0)
+    if iso[0]:
+        torch.testing.assert_close(out[:, s], bv, atol=1e-12, rtol=0)
+    if iso[1]:
+        torch.testing.assert_close(out[:, e], ev, atol=1e-12, rtol=0)

@@ -247,11 +247,15 @@ class _Spy(TorchFunctionMode):
         return out
 
 
-@pytest.mark.parametrize(("pooling", "square"), [("cls", False), ("mean", True)])
-def test_intercepted_sdpa_runs_the_stock_kernel_plus_one_row(remote_model, pooling, square):
+@pytest.mark.parametrize(("pooling", "fused_path", "square"), [("cls", True, False), ("mean", True, False), ("mean", False, True)])
+def test_intercepted_sdpa_runs_the_stock_kernel_plus_one_row(remote_model, monkeypatch, pooling, fused_path, square):
     """CLS pooling: the stock SDPA kernel runs for all rows in every layer and the pooling row is the only
     explicit work (no tokens x tokens matrix); mean pooling (every row calibrated) computes the calibrated
-    layers explicitly."""
+    layers with the fused per-basket kernel (posfair.calibration.fused: no tokens x tokens matrix either),
+    or, with it switched off, explicitly in tiles."""
+    import posfair.calibration.fused as fused
+
+    monkeypatch.setattr(fused, "ENABLED", fused_path)
     model = remote_model("sdpa", pooling)
     assert model.mechanism == "fallback"  # probed before counting
     features = model.tokenize(TEXTS)
@@ -259,5 +263,5 @@ def test_intercepted_sdpa_runs_the_stock_kernel_plus_one_row(remote_model, pooli
     with torch.no_grad(), model.using(cal(0.5)), spy:
         model(features)
     n_layers, n_calibrated = model.num_layers, len(model.transformer_module.resolve(cal(0.5)).layers)
-    assert spy.sdpa == (n_layers if not square else n_layers - n_calibrated)
+    assert spy.sdpa == (n_layers if pooling == "cls" else n_layers - n_calibrated)
     assert (spy.square > 0) == square

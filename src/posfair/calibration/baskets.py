@@ -30,7 +30,7 @@ import torch
 
 from posfair.calibration.params import Share
 
-__all__ = ["calibrate_rows", "calibrate_span_"]
+__all__ = ["basket_weights", "calibrate_rows", "calibrate_span_"]
 
 
 def _share(weight: Share, original: torch.Tensor, n_total: torch.Tensor) -> torch.Tensor:
@@ -179,3 +179,46 @@ def calibrate_span_(
     for key, share, orig in iso:
         probs[..., key] = torch.where(ok, strength * share * inv + (1.0 - strength) * orig, orig)
     return probs
+
+
+def basket_weights(
+    mass: torch.Tensor,
+    n_baskets: torch.Tensor | int,
+    bos: torch.Tensor | None = None,
+    eos: torch.Tensor | None = None,
+    *,
+    strength: float = 1.0,
+    bos_weight: Share = "original",
+    eos_weight: Share = "equal",
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The basket formula on masses: what each basket and isolated key weighs after calibration.
+
+    A calibrated row keeps the proportions inside each content basket, so it is fully
+    described by one mass per basket and one per isolated key.  Given the original row's
+    masses -- ``mass`` (..., n) per content basket (0 for slots beyond the row's
+    ``n_baskets`` baskets), ``bos`` / ``eos`` (...) the isolated keys' probabilities (None
+    when the key is not isolated) -- returns ``(w, bos_value, eos_value)``: the calibrated
+    row is ``sum_b w_b * (row restricted to basket b, renormalised) + bos_value * e_bos +
+    eos_value * e_eos``, exactly what :func:`calibrate_span_` produces (renormalisation
+    and the strength blend included; a basket of mass 0 stays 0).  The caller decides
+    whether the row is calibrated at all (``C >= basket_size``); this function assumes it is.
+    """
+    n_b = torch.as_tensor(n_baskets, dtype=mass.dtype, device=mass.device).expand(mass.shape[:-1])
+    n_total = n_b + int(bos is not None) + int(eos is not None)
+    zero = torch.zeros((), dtype=mass.dtype, device=mass.device)
+    shares = []
+    for orig, weight in ((bos, bos_weight), (eos, eos_weight)):
+        if orig is not None:
+            shares.append(_share(weight, orig, n_total))
+    iso_total = sum(shares, torch.zeros_like(n_b))
+    per = ((1.0 - iso_total) / n_b.clamp(min=1)).clamp(min=0.0)  # target mass of each content basket
+    nonzero = mass > 0
+    total = per * nonzero.sum(-1).to(mass.dtype) + iso_total  # the calibrated row's sum before renormalisation
+    ok = total > 0
+    inv = torch.where(ok, 1.0 / total.clamp(min=torch.finfo(mass.dtype).tiny), zero)
+    w = torch.where(ok.unsqueeze(-1), strength * (per * inv).unsqueeze(-1) * nonzero + (1.0 - strength) * mass, mass)
+    values = []
+    for orig, share in zip((o for o in (bos, eos) if o is not None), shares, strict=True):
+        values.append(torch.where(ok, strength * share * inv + (1.0 - strength) * orig, orig))
+    it = iter(values)
+    return w, next(it) if bos is not None else None, next(it) if eos is not None else None

@@ -5,12 +5,15 @@ end in :func:`attend`: the stock kernel (SDPA or eager) runs for all rows, then 
 pooling token's row is recomputed explicitly (``q_pool @ K^T -> softmax -> calibrate
 -> @ V``, :func:`pool_row_attention`) and written into the output, so no
 (heads x L x L) matrix is ever formed.  When every valid row is calibrated
-(``queries="all"``, mean pooling) or recorded, the layer is computed explicitly in
-tiles of query rows (:func:`explicit_attention`) so memory stays bounded by
-:data:`TILE_BYTES`.  ``explicit_attention(naive=True)`` is the full-matrix path:
+(``queries="all"``, mean pooling), the layer runs the fused per-basket kernel of
+:mod:`posfair.calibration.fused` where it applies (CPU inference, float32 / bfloat16,
+padding-only mask, not causal, no recording or dropout); otherwise, and when every
+row is recorded, the layer is computed explicitly in tiles of query rows
+(:func:`explicit_attention`) so memory stays bounded by :data:`TILE_BYTES`.  ``explicit_attention(naive=True)`` is the full-matrix path:
 the slow reference and the benchmark's "naive" baseline.
 
-Scores and probabilities are computed in float32 whatever the model's dtype.
+Scores and probabilities of the explicit paths are computed in float32 whatever the model's
+dtype (the fused path runs in the model's dtype, see its module).
 
 Training (a model fine-tuned with a default calibration): the explicit paths are
 differentiable (probabilities about to be calibrated in place are copied first when
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posfair.calibration import fused
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from posfair.calibration.state import ForwardState
 
@@ -262,6 +266,8 @@ def attend(
     """
     check_supported(kwargs)
     if calibrate and state.calibration.queries == "all":
+        if fused.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
+            return fused.basket_attention(query, key, value, scaling, state)
         return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs, dropout=dropout)
     if record and state.record_queries == "all":
         # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding

@@ -1,0 +1,182 @@
+"""All-rows calibration in one fused pass: attention per basket, combined by the basket formula.
+
+A calibrated row keeps the proportions inside each content basket of keys, so with
+``O_b`` the attention output restricted to basket ``b`` (softmax over that basket's keys
+only) and ``m_b`` the row's original mass on it, the calibrated output is
+
+    out = sum_b w_b * O_b + bos_value * v_bos + eos_value * v_eos
+
+where ``w_b`` and the isolated keys' values come from the masses alone
+(:func:`~posfair.calibration.baskets.basket_weights`).  ``O_b`` and the per-basket
+log-sum-exps ``lse_b`` (hence ``m_b = exp(lse_b - logsumexp_b' lse_b')``) are what CPU
+flash attention (``aten._scaled_dot_product_flash_attention_for_cpu``) returns when the
+baskets are laid out as a head dimension: keys and values are gathered so that each
+sequence's content keys start at basket 0 (any padding / BOS offset), the query tile is
+*expanded* (a view, no copy) across baskets, and one call computes every basket of every
+head.  The work is that of one stock SDPA call (same FLOPs, no L x K matrix in memory);
+the extra cost is writing ``n_baskets`` partial outputs per query tile and their weighted sum.
+
+Used by :func:`~posfair.calibration.kernels.attend` for ``queries="all"`` when
+:func:`applicable` holds (CPU, float32 / bfloat16, inference, no dropout, no recording,
+a padding-only mask, not causal); otherwise the tiled explicit path runs.  Computed in
+the model's dtype; only the per-basket masses and the weighted sum are float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from posfair.calibration.baskets import basket_weights
+from posfair.calibration.state import ForwardState
+
+__all__ = ["ENABLED", "FUSED_TILE_BYTES", "applicable", "basket_attention"]
+
+ENABLED = True  # off: queries="all" always takes the tiled explicit path (the benchmark's "tiled-all")
+FUSED_TILE_BYTES = 64 * 2**20  # budget for one query tile's per-basket outputs (float32)
+MIN_TILE_ROWS = 768
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _padding_only(mask: torch.Tensor | None, start: torch.Tensor, end: torch.Tensor, K: int) -> bool:
+    """Whether ``mask`` (B|1, 1|H, L|1, K), boolean or additive, only masks the keys outside each span."""
+    if mask is None:
+        return bool((start == 0).all() and (end == K - 1).all())
+    m = mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    if m.shape[-1] != K:
+        return False
+    for dim in (1, 2):  # broadcast (stride-0) dimensions are checked once
+        if m.shape[dim] > 1 and m.stride(dim) == 0:
+            m = m.narrow(dim, 0, 1)
+    keys = torch.arange(K, device=m.device)
+    inside = ((keys >= start.to(m.device)[:, None]) & (keys <= end.to(m.device)[:, None]))[:, None, None, :]
+    if m.shape[0] not in (1, inside.shape[0]):
+        return False
+    if m.dtype == torch.bool:
+        return bool((m == inside).all())
+    return bool(torch.where(inside, m == 0, m <= torch.finfo(m.dtype).min / 2).all())
+
+
+def applicable(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    state: ForwardState,
+    record: bool,
+    kwargs: dict,
+    dropout: float,
+) -> bool:
+    """Whether the fused path computes this layer (else the tiled explicit path does)."""
+    if not ENABLED or record or dropout or query.device.type != "cpu" or query.dtype not in _DTYPES:
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False  # training: the explicit path is differentiable end to end
+    flag = kwargs.get("is_causal")
+    if (flag if flag is not None else getattr(module, "is_causal", False)) and query.shape[2] > 1:
+        return False
+    if query.shape[2] != key.shape[2]:
+        return False
+    return _padding_only(attention_mask, state.start, state.end, key.shape[2])
+
+
+def basket_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    state: ForwardState,
+    tile_rows: int | None = None,
+) -> torch.Tensor:
+    """Every row calibrated (``queries="all"``), fused; returns (B, L, H, D) in the value's dtype.
+
+    Padding query rows are calibrated too, which is harmless: their outputs only reach
+    padding positions, never pooled (as in the tiled explicit path).
+    """
+    B, H, L, D = query.shape
+    K = key.shape[2]
+    kv_heads = key.shape[1]
+    if H % kv_heads:
+        raise ValueError(f"query heads ({H}) are not a multiple of key/value heads ({kv_heads})")
+    g = H // kv_heads
+    cal = state.calibration
+    Bs = int(cal.basket_size)
+    iso_b, iso_e = bool(cal.isolate_bos), bool(cal.isolate_eos)
+    dev, dt = query.device, query.dtype
+    start = state.start.to(dev).long()
+    end = state.end.to(dev).long()
+    c_start = start + int(iso_b)
+    C = (end - int(iso_e) - c_start + 1).clamp(min=0)  # content keys per sequence
+    active = (C >= Bs).view(B, 1, 1)
+    n_b = torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32).view(B, 1, 1)
+    nb = max(1, -(-int(C.max()) // Bs))
+    S = nb * Bs
+
+    # content keys / values gathered so that basket j is slots [j*Bs, (j+1)*Bs) for every sequence
+    slot = torch.arange(S, device=dev)
+    valid = slot[None, :] < C[:, None]  # (B, S)
+    idx = (c_start[:, None] + slot[None, :]).clamp(max=K - 1)
+
+    def per_head_baskets(x: torch.Tensor) -> torch.Tensor:  # (B, Hkv, K, D) -> (B*H, nb, Bs, D)
+        got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
+        return got[:, :, None].expand(B, kv_heads, g, S, D).reshape(B * H, nb, Bs, D)
+
+    kb, vb = per_head_baskets(key), per_head_baskets(value)
+    mask = None
+    if not bool(valid.all()):
+        add = torch.where(valid, torch.zeros((), dtype=dt, device=dev), torch.finfo(dt).min)
+        mask = add.view(B, 1, nb, 1, Bs).expand(B, H, nb, 1, Bs).reshape(B * H, nb, 1, Bs)
+
+    def iso_key(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, H, 1, D) float32
+        picked = x[torch.arange(B, device=dev), :, pos]  # (B, Hkv, D)
+        return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B, H, 1, D).float()
+
+    isolated = []  # (key vector, value vector, present per sequence)
+    if iso_b:
+        isolated.append((iso_key(start, key), iso_key(start, value), torch.ones(B, dtype=torch.bool, device=dev)))
+    if iso_e:
+        present = ~(iso_b & (start == end)) if iso_b else torch.ones(B, dtype=torch.bool, device=dev)
+        isolated.append((iso_key(end, key), iso_key(end, value), present))
+
+    if tile_rows is None:  # at least MIN_TILE_ROWS: CPU flash attention uses its larger query blocks from 768 rows
+        tile_rows = min(L, max(MIN_TILE_ROWS, FUSED_TILE_BYTES // max(1, B * H * nb * D * 4)))
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    kw = cal.basket_kwargs()
+    out = torch.empty(B, L, H, D, dtype=value.dtype, device=dev)
+    for t0 in range(0, L, tile_rows):
+        t1 = min(L, t0 + tile_rows)
+        T = t1 - t0
+        qt = query[:, :, t0:t1].reshape(B * H, 1, T, D)
+        o, lse = flash(qt.expand(B * H, nb, T, D), kb, vb, attn_mask=mask, scale=scaling)  # (BH, nb, T, D), (BH, nb, T)
+        lse = lse.view(B, H, nb, T).transpose(2, 3)  # (B, H, T, nb)
+        iso_scores = []
+        for kvec, _, present in isolated:
+            s = torch.matmul(query[:, :, t0:t1].float(), kvec.transpose(-1, -2)).squeeze(-1) * scaling  # (B, H, T)
+            iso_scores.append(torch.where(present.view(B, 1, 1), s, -torch.inf))
+        row = torch.logsumexp(torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1), dim=-1)  # (B, H, T)
+        mass = torch.exp(lse - row.unsqueeze(-1))
+        iso_mass = [torch.exp(s - row) for s in iso_scores]
+        w, bos_v, eos_v = basket_weights(
+            mass,
+            n_b,
+            iso_mass[0] if iso_b else None,
+            iso_mass[-1] if iso_e else None,
+            strength=kw["strength"],
+            bos_weight=kw["bos_weight"],
+            eos_weight=kw["eos_weight"],
+        )
+        w = torch.where(active.unsqueeze(-1), w, mass)
+        values = [v for v in (bos_v, eos_v) if v is not None]
+        wb = w.transpose(2, 3).reshape(B * H, nb, T, 1)
+        if o.dtype != torch.float32:
+            wb = wb.to(o.dtype)  # bfloat16 products, float32 accumulation (torch's sum of bfloat16)
+        acc = o.mul_(wb).sum(1, dtype=torch.float32).view(B, H, T, D)  # sum_b w_b O_b (measured faster than bmm / einsum)
+        for (_, vvec, _), val, orig in zip(isolated, values, iso_mass, strict=True):
+            acc += torch.where(active, val, orig).unsqueeze(-1) * vvec
+        out[:, t0:t1] = acc.transpose(1, 2).to(out.dtype)
+    return out
