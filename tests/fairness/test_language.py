@@ -15,7 +15,6 @@ from posfair.errors import PosfairInputError
 from posfair.fairness.documents import LanguageConfig, language_grid
 from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings, build_instances
-from posfair.fairness.ols import FewClustersWarning
 from posfair.fairness.language import (
     beta2_grid,
     fit_language_ols,
@@ -24,6 +23,7 @@ from posfair.fairness.language import (
     language_effects,
     segment_tokens,
 )
+from posfair.fairness.ols import FewClustersWarning
 
 LANGS = ("en", "de", "fr")
 CAL = Calibration(basket_size=8, layers=0.5, strength=1.0)
