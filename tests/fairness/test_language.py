@@ -140,3 +140,15 @@ def test_report_has_the_language_section(result, tmp_path):
     assert set(eff["language"]) == set(LANGS)
     md = (tmp_path / "out" / "tables" / "language_effects_n3.md").read_text()
     assert "mean tokens / segment" in md and "length-adj." in md
+
+
+def test_monolingual_instances_only_leave_out_the_lead_dummies(result):
+    obs = result.observations[result.observations["lead_lang"] == result.observations["later_lang"]]
+    fit = fit_language_ols(obs, n=3)
+    assert not fit.lead_controls and not any(nm.startswith("lead:") for nm in fit.names)
+    g = obs[(obs["calibration"] == "stock") & (obs["position"] >= 2)]
+    direct = smf.ols("sigma ~ C(lang, Treatment('en')) + C(position)", data=g).fit(
+        cov_type="cluster", cov_kwds={"groups": pd.factorize(g["set_id"])[0]}, use_t=True
+    )
+    assert fit.params[fit.names.index("later:de")] == pytest.approx(direct.params["C(lang, Treatment('en'))[T.de]"], abs=1e-10)
+    assert fit.bse[fit.names.index("later:fr")] == pytest.approx(direct.bse["C(lang, Treatment('en'))[T.fr]"], rel=1e-8)

@@ -14,7 +14,9 @@ positional OLS; this module reads two things from it:
              + sum_{K != ref} e_K 1{lead language = K} (+ g * (tokens - mean tokens))
 
   ``c_L`` is the difference of a later segment in language ``L`` to one in the reference
-  language at the same position and under the same lead language.  Standard errors are CR1
+  language at the same position and under the same lead language.  Without mixed instances
+  (monolingual ones only) the lead language is the later one and its dummies are left out
+  (``lead_controls`` False).  Standard errors are CR1
   cluster-robust with clusters = segment sets (each instance draws its own sets), p-values
   from t(G-1), as in :mod:`posfair.fairness.ols`.  With ``control_length`` the segment's own
   token count (centred) enters too, so that a language whose script tokenises into more
@@ -75,6 +77,7 @@ class LanguageOLS:
     nobs: int
     n_clusters: int
     control_length: bool
+    lead_controls: bool = True
     result: Any = field(default=None, compare=False, repr=False)
 
     def to_frame(self) -> pd.DataFrame:
@@ -94,11 +97,14 @@ class LanguageOLS:
                 "clusters": self.n_clusters,
                 "reference": self.reference,
                 "length_adjusted": self.control_length,
+                "lead_controls": self.lead_controls,
             }
         )
 
 
-def language_design(frame: pd.DataFrame, n: int, reference: str, control_length: bool) -> tuple[np.ndarray, list[str]]:
+def language_design(
+    frame: pd.DataFrame, n: int, reference: str, control_length: bool, lead_controls: bool = True
+) -> tuple[np.ndarray, list[str]]:
     """Design matrix and term names of the pooled regression (rows: later segments of one n).
 
     Terms: ``intercept``, ``later:<L>`` for every later language but the reference,
@@ -115,7 +121,7 @@ def language_design(frame: pd.DataFrame, n: int, reference: str, control_length:
     for p in range(3, n + 1):
         cols.append((pos == p).astype(float))
         names.append(f"position:{p}")
-    for lang in sorted(set(lead) - {reference}):
+    for lang in sorted(set(lead) - {reference}) if lead_controls else ():
         cols.append((lead == lang).astype(float))
         names.append(f"lead:{lang}")
     if control_length:
@@ -147,8 +153,13 @@ def fit_language_ols(
     reference = reference or default_reference(langs)
     if reference not in langs:
         raise PosfairInputError(f"reference language {reference!r} has no later segments (n={n}); languages: {langs}")
+    lead_controls = True
     X, names = language_design(g, n, reference, control_length)
     rank = np.linalg.matrix_rank(X)
+    if rank < X.shape[1]:  # e.g. only monolingual instances: the lead language is the later one, no separate control
+        lead_controls = False
+        X, names = language_design(g, n, reference, control_length, lead_controls=False)
+        rank = np.linalg.matrix_rank(X)
     if rank < X.shape[1]:
         raise PosfairInputError(
             f"the pooled language regression (n={n}) is not identified: {X.shape[1]} terms but rank {rank} "
@@ -171,6 +182,7 @@ def fit_language_ols(
         nobs=len(y),
         n_clusters=n_clusters,
         control_length=control_length,
+        lead_controls=lead_controls,
         result=res,
     )
 
@@ -306,7 +318,8 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
     ref = e.loc[e["is_reference"], "language"].iloc[0] if e["is_reference"].any() else ""
     caption = (
         f"Effect of the later segments' language on σ at equal position, relative to {ref}: pooled OLS over every "
-        f"instance with n = {n} on positions 2..{n}, with later-language, position and lead-language dummies "
+        f"instance with n = {n} on positions 2..{n}, with later-language, position and "
+        f"{'lead-language dummies' if e['lead_controls'].all() else 'lead-language dummies (left out where collinear: monolingual instances only)'} "
         "(length-adj.: plus the segment's centred token count). "
         f"{MARK_LEGEND}. Inference: {describe_inference([LANGUAGE_INFERENCE])}; G = {int(g.max()) if len(g) else 0} "
         f"segment sets, N = {int(e['nobs'].max()) if len(e) else 0} later segments. Mean tokens per segment: the model's "
