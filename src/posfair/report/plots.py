@@ -198,6 +198,7 @@ def heatmaps(
     rows, cols = panels[0][1].shape
     width = max(3.0, 0.62 * cols + 1.6)
     fig = new_figure((width * len(panels) + 0.8, max(2.6, 0.5 * rows + 1.6)))
+    fig.set_layout_engine("constrained")  # room for the labels and the shared colour bar
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     image = None
     for ax, (name, values, labels) in zip(axes, panels, strict=True):
