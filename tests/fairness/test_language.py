@@ -76,20 +76,20 @@ def test_grid_documents_put_each_language_at_its_positions(model, corpus):
             assert perms == sorted(itertools.permutations(range(3)))
 
 
-def _direct_fit(obs: pd.DataFrame, calibration: str, length: bool):
+def _direct_fit(obs: pd.DataFrame, calibration: str, length: bool, measure: str = "sigma"):
     """The pooled regression written as a statsmodels formula (independent of posfair's design matrix)."""
     g = obs[(obs["calibration"] == calibration) & (obs["setting"] == "main") & (obs["position"] >= 2)].copy()
     g["tok_c"] = g["seg_tokens"] - g["seg_tokens"].mean()
-    formula = "sigma ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))" + (" + tok_c" if length else "")
+    formula = f"{measure} ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))" + (" + tok_c" if length else "")
     codes = pd.factorize(g["set_id"])[0]
     return smf.ols(formula, data=g).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True), g
 
 
-@pytest.mark.parametrize("calibration", ["stock", CAL.label()])
+@pytest.mark.parametrize(("calibration", "measure"), [("stock", "sigma"), (CAL.label(), "sigma"), ("stock", "margin")])
 @pytest.mark.parametrize("length", [False, True])
-def test_pooled_language_regression_matches_statsmodels_formula(result, calibration, length):
-    fit = fit_language_ols(result.observations, n=3, calibration=calibration, control_length=length)
-    direct, g = _direct_fit(result.observations, calibration, length)
+def test_pooled_language_regression_matches_statsmodels_formula(result, calibration, measure, length):
+    fit = fit_language_ols(result.observations, n=3, measure=measure, calibration=calibration, control_length=length)
+    direct, g = _direct_fit(result.observations, calibration, length, measure)
     assert fit.reference == "en" and fit.nobs == len(g) == 2 * g["doc_id"].nunique()
     assert fit.n_clusters == g["set_id"].nunique()
     names = {f"later:{lang}": f"C(lang, Treatment('en'))[T.{lang}]" for lang in ("de", "fr")}
@@ -134,12 +134,14 @@ def test_report_has_the_language_section(result, tmp_path):
     assert has_language_grid(result.observations)
     paths = result.save(tmp_path / "out")
     html = paths["report"].read_text()
-    assert "Languages" in html and "language effect at equal position" in html
+    assert "Languages" in html and "language effect on σ at equal position" in html
     assert (tmp_path / "out" / "figures" / "language_beta2_n3.png").exists()
     eff = pd.read_csv(tmp_path / "out" / "language_effects.csv")
     assert set(eff["language"]) == set(LANGS)
+    assert set(eff["measure"]) == {"sigma", "margin"}
     md = (tmp_path / "out" / "tables" / "language_effects_n3.md").read_text()
     assert "mean tokens / segment" in md and "length-adj." in md
+    assert "The margin subtracts" in (tmp_path / "out" / "tables" / "language_effects_margin_n3.md").read_text()
 
 
 def test_monolingual_instances_only_leave_out_the_lead_dummies(result):

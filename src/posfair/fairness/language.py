@@ -55,6 +55,8 @@ __all__ = [
 ]
 
 LANGUAGE_INFERENCE = "CR1 t(G-1)"
+#: measures of the language-effect tables besides σ
+MEASURE_NAMES = {"sigma": "σ", "margin": "the margin (σ minus the mean cosine to other sets)"}
 
 
 def default_reference(langs: Sequence[str]) -> str:
@@ -316,8 +318,10 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
             ]
     g = e["clusters"]
     ref = e.loc[e["is_reference"], "language"].iloc[0] if e["is_reference"].any() else ""
+    measure = str(e["measure"].iloc[0]) if len(e) else "sigma"
+    what = "σ" if measure == "sigma" else MEASURE_NAMES.get(measure, measure)
     caption = (
-        f"Effect of the later segments' language on σ at equal position, relative to {ref}: pooled OLS over every "
+        f"Effect of the later segments' language on {what} at equal position, relative to {ref}: pooled OLS over every "
         f"instance with n = {n} on positions 2..{n}, with later-language, position and "
         f"{'lead-language dummies' if e['lead_controls'].all() else 'lead-language dummies (left out where collinear: monolingual instances only)'} "
         "(length-adj.: plus the segment's centred token count). "
@@ -327,7 +331,13 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
     )
     if len(g) and g.max() < FEW_CLUSTERS:
         caption += f" Fewer than {FEW_CLUSTERS} segment sets: p-values approximate."
-    return Table(f"{model}: language effect at equal position (n = {n})", frame, caption, f"language_effects_n{n}")
+    if measure == "margin":
+        caption += (
+            " The margin subtracts the document's mean cosine to the other segment sets' segments: a language whose texts "
+            "all lie close together in the embedding space raises σ without being represented better, not the margin."
+        )
+    suffix = "" if measure == "sigma" else f"_{measure}"
+    return Table(f"{model}: language effect on {what} at equal position (n = {n})", frame, caption, f"language_effects{suffix}_n{n}")
 
 
 def calibration_effect_table(coefficients: pd.DataFrame, effects: pd.DataFrame, *, model: str) -> Table:

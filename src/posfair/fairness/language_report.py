@@ -11,6 +11,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
+
 from posfair.fairness.experiment import STOCK
 from posfair.fairness.language import (
     beta2_grid,
@@ -44,7 +47,8 @@ per instance (heatmaps, one panel per calibration; the diagonal holds the monoli
 the later segments' language at equal position from one regression pooled over all instances (language, position \
 and lead-language dummies, clustered by segment set). Scripts tokenise differently: the mean tokens per segment \
 per language stand beside the effects, and the length-adjusted columns add the segment's token count to the \
-regression. {{ legend }}.</p>
+regression. The same regression on the margin (σ minus the document's mean cosine to the other segment sets) \
+separates a language being represented from its texts merely lying close together. {{ legend }}.</p>
 {% for t in tables %}{{ t | safe }}
 {% endfor %}"""
 
@@ -56,13 +60,20 @@ def language_tables(result: AuditResult) -> list[Table]:
         return []
     name = result.model["name"]
     effects = language_effects(obs)
+    margin = language_effects(obs, measure="margin") if _has(obs, "margin") else None
     tokens = segment_tokens(obs)
     out = [calibration_effect_table(result.coefficients, effects, model=name)]
     for n in sorted(obs["n"].unique()):
         out.append(language_effect_table(effects, tokens, n=int(n), model=name))
+        if margin is not None:
+            out.append(language_effect_table(margin, tokens, n=int(n), model=name))
         for cal in dict.fromkeys(obs["calibration"]):
             out.append(beta2_table(result.coefficients, obs, calibration=cal, n=int(n), model=name))
     return out
+
+
+def _has(obs, column: str) -> bool:
+    return column in obs and bool(np.isfinite(obs[column].to_numpy(dtype=float)).any())
 
 
 def _figure(result: AuditResult, n: int):
@@ -93,7 +104,10 @@ def save_language(result: AuditResult, out: Path) -> tuple[dict[str, Path], list
     for t in language_tables(result):
         for kind, p in write_table(t, out / "tables").items():
             paths[f"table:{t.name}.{kind}"] = p
-    paths["language_effects"] = atomic_write_text(out / "language_effects.csv", language_effects(result.observations).to_csv(index=False))
+    frames = [language_effects(result.observations)]
+    if _has(result.observations, "margin"):
+        frames.append(language_effects(result.observations, measure="margin"))
+    paths["language_effects"] = atomic_write_text(out / "language_effects.csv", pd.concat(frames, ignore_index=True).to_csv(index=False))
     for n in sorted(result.observations["n"].unique()):
         stem = out / "figures" / f"language_beta2_n{int(n)}"
         png = save_figure(_figure(result, int(n)), stem)
