@@ -24,6 +24,7 @@ LEVELS = [
             "posfair.compat",
             "posfair.errors",
             "posfair.progress",
+            "posfair.spans",
             "posfair.calibration",
             "posfair.report",
         ),

@@ -32,7 +32,7 @@ from posfair.cli.options import (
     Seed,
     TrustRemoteCode,
 )
-from posfair.cli.parsers import comma_list, integer, joined, mixed_config
+from posfair.cli.parsers import comma_list, integer, joined, lang_code, mixed_config
 
 SUMMARY_CAPTION = "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
 
@@ -52,6 +52,19 @@ def audit(
             metavar="LEAD:LATER,...",
             show_default="none",
             help="Mixed configurations, comma-separated: LEAD at position 1, LATER after it (e.g. de:en).",
+        ),
+    ] = (),  # fmt: skip
+    language_grid: Annotated[
+        list[str],
+        typer.Option(
+            "--language-grid",
+            parser=comma_list(lang_code),
+            callback=joined,
+            metavar="LANG,...|all",
+            show_default="none",
+            help="Audit every language pair: the monolingual baseline of each language and every mixed [LEAD, LATER, ..., "
+            "LATER] (k languages: k + k(k-1) configurations); 'all' = every language of the corpus. Adds the language "
+            "section (β2 heatmaps, language effect at equal position) to the report.",
         ),
     ] = (),  # fmt: skip
     calibration: Calibrations = (),
@@ -91,10 +104,18 @@ def audit(
     """Audit a model's positional fairness on an aligned corpus (stock vs calibrations). Resumable."""
     from posfair.cli.errors import PosfairInputError
     from posfair.fairness.documents import LanguageConfig
+    from posfair.fairness.documents import language_grid as grid_configs
 
     inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
     configs = [LanguageConfig.mono(lang) for lang in langs] + [LanguageConfig.parse(m) for m in mixed]
-    if not configs:
+    grid_all = list(language_grid) == ["all"]
+    if "all" in language_grid and not grid_all:
+        raise PosfairInputError(f"--language-grid {','.join(language_grid)}: 'all' stands alone (every language of the corpus)")
+    if language_grid and not grid_all and len(language_grid) < 2:
+        raise PosfairInputError(f"--language-grid {','.join(language_grid)}: a language grid needs at least 2 languages")
+    if language_grid and not grid_all:
+        configs += list(grid_configs(language_grid))
+    if not configs and not grid_all:
         raise PosfairInputError("give at least one language configuration: --langs (e.g. en,de) and/or --mixed LEAD:LATER (e.g. de:en)")
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise PosfairInputError(f"--min-segment-tokens {min_tokens} is above --max-segment-tokens {max_tokens}")
@@ -105,12 +126,20 @@ def audit(
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
     from posfair.fairness.experiment import AuditSettings
 
-    settings = AuditSettings(
-        n_values=tuple(n), configs=tuple(configs), target_docs=docs, seed=seed, max_seq_length=max_seq_length,
+    settings_kw = dict(
+        n_values=tuple(n), target_docs=docs, seed=seed, max_seq_length=max_seq_length,
         min_segment_tokens=min_tokens, max_segment_tokens=max_tokens, batch_size=batch_size, control=not no_control,
         **inference_kw,
     )  # fmt: skip
-    data = load_corpus(corpus, sorted({lang for c in configs for lang in c.needed}))
+    if not grid_all:  # validated before the corpus is read (with 'all' the configurations come from it)
+        AuditSettings(configs=tuple(configs), **settings_kw)
+    data = load_corpus(corpus, None if grid_all else sorted({lang for c in configs for lang in c.needed}))
+    if grid_all:
+        corpus_langs = sorted(data["lang"].astype(str).unique())
+        if len(corpus_langs) < 2:
+            raise PosfairInputError(f"--language-grid all: the corpus has only {corpus_langs}; a language grid needs at least 2 languages")
+        configs += list(grid_configs(corpus_langs))
+    settings = AuditSettings(configs=tuple(configs), **settings_kw)
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     checks.check_calibrations(fm, calibration)
     name = model_id or "all-MiniLM-L6-v2 (bundled)"
@@ -138,6 +167,27 @@ def summary_table(result, title: str):
     return table
 
 
+def language_summary_tables(result):
+    """The language effects at equal position (per n) as rich tables; none without a language grid."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from posfair.fairness.language_report import language_tables
+
+    out = []
+    for t in language_tables(result):
+        if not t.name.startswith(("language_effects", "language_calibrations")):
+            continue
+        header, body = t.rows()
+        table = Table(title=escape(t.title), caption="marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report")
+        for col in header:
+            table.add_column(escape(col))
+        for row in body:
+            table.add_row(*[escape(c) for c in row])
+        out.append(table)
+    return out
+
+
 def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str):
     """Run the audit with progress bars, save its results and report in ``out``, print the summary."""
     from rich.markup import escape
@@ -160,6 +210,8 @@ def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | No
     con = console()
     con.print(summary_table(result, f"{title} ({elapsed:.0f} s)"))
     con.print(f"inference: {escape(result.inference_text())}")
+    for table in language_summary_tables(result):
+        con.print(table)
     cov = result.coverage()
     cov = cov[cov["calibrated_share"].notna()]
     for label, g in cov.groupby("calibration", sort=False):

@@ -38,6 +38,7 @@ from posfair.cli.parsers import (
     integer,
     joined,
     lang_code,
+    late_chunks,
     layer_spec,
     name_part,
     number,
@@ -366,6 +367,27 @@ QueryPrompt = Annotated[
 TopK = Annotated[int, typer.Option("--top-k", parser=integer(1), metavar="K", help="Documents retrieved per query.")]
 Faiss = Annotated[bool, typer.Option("--faiss", help="Search with faiss.IndexFlatIP (exact; needs faiss-cpu).")]
 Sea = Annotated[bool, typer.Option("--sea", help="Also run the Segment Embed Average baseline (needs chonkie).")]
+Late = Annotated[
+    list[str],
+    typer.Option(
+        "--late",
+        parser=comma_list(choice("max", "mean")),
+        callback=joined,
+        metavar="max,mean",
+        show_default="none",
+        help="Also run late chunking: each passage encoded once (stock), its token states mean-pooled over each chunk, "
+        "the document scored by the max and/or mean of the query's cosine to its chunks.",
+    ),
+]
+LateChunks = Annotated[
+    Any,
+    typer.Option(
+        "--late-chunks",
+        parser=late_chunks,
+        metavar="semantic|TOKENS",
+        help="Chunks of --late: 'semantic' (SEA's semantic chunks, needs chonkie) or windows of TOKENS content tokens.",
+    ),
+]
 
 # sweep and tune: lists of grid values
 Baskets = Annotated[

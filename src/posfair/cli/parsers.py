@@ -19,7 +19,7 @@ import typer
 
 __all__ = [
     "calibration_spec", "layer_spec", "layers_text", "calibration_text", "integer", "number", "lang_code",
-    "mixed_config", "name_part", "comma_list", "joined", "choice", "device_name",
+    "mixed_config", "name_part", "comma_list", "joined", "choice", "device_name", "late_chunks",
 ]  # fmt: skip
 
 
@@ -177,3 +177,15 @@ def device_name(value: Any) -> Any:
     if not re.match(r"^[a-z_]+[a-z0-9_]*(:\d+)?$", text):
         raise _bad(f"{value!r} is not a device name (e.g. cpu, cuda, cuda:1, mps)")
     return text
+
+
+def late_chunks(value: Any) -> Any:
+    """``semantic`` (SEA's semantic chunks) or a whole number of tokens >= 1 (fixed token windows)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower()
+    if text == "semantic":
+        return text
+    if not re.fullmatch(r"\d+", text) or int(text) < 1:
+        raise _bad(f"must be 'semantic' or a whole number of tokens >= 1; got {value!r}")
+    return int(text)

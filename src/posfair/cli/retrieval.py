@@ -21,6 +21,8 @@ from posfair.cli.options import (
     Domains,
     Faiss,
     Lang,
+    Late,
+    LateChunks,
     MaxSeqLength,
     Model,
     OutResults,
@@ -48,20 +50,24 @@ def query_prompt(text: str) -> str | None:
 
 
 def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss,
-                  max_seq_length, trust_remote_code, device, lang, corpus_lang, domains) -> None:  # fmt: skip
+                  max_seq_length, trust_remote_code, device, lang, corpus_lang, domains, late=(), late_chunks="semantic") -> None:  # fmt: skip
     """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
 
     ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
     """
     from posfair.cli.errors import PosfairInputError, naming
 
-    if not stock and not calibrations and not sea:
-        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration or --sea")
+    if not stock and not calibrations and not sea and not late:
+        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration, --sea or --late")
+    if late_chunks != "semantic" and not late:
+        raise PosfairInputError(f"--late-chunks {late_chunks}: applies only with --late max,mean")
     if out is not None:
         checks.output_folder(out)
     checks.cache_folder(cache)
     if sea:
         checks.installed("chonkie", "--sea", "pip install 'posfair[retrieval]'")
+    if late and late_chunks == "semantic":
+        checks.installed("chonkie", "--late with --late-chunks semantic", "pip install 'posfair[retrieval]'")
     if faiss:
         checks.installed("faiss", "--faiss", "pip install faiss-cpu")
     prompt = query_prompt(prompt)
@@ -73,6 +79,7 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     from posfair.calibration.coverage import NOOP_LABEL
     from posfair.cli.progress import console, progress_bars
     from posfair.retrieval.benchmarks import load_benchmark
+    from posfair.retrieval.late import LateChunking
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.retrieval.sweep import noop_settings, run_sweep
     from posfair.retrieval.tables import bucket_table, group_table, to_markdown
@@ -87,6 +94,7 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     with progress_bars() as bar:
         results = run_sweep(
             fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
+            late=LateChunking.variants(late, late_chunks, batch_size=batch_size) if late else (),
             store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
             use_faiss=faiss, progress=bar,
         )  # fmt: skip
@@ -114,6 +122,8 @@ def retrieval(
     model: Model = None,
     calibration: Calibrations = (),
     sea: Sea = False,
+    late: Late = (),
+    late_chunks: LateChunks = "semantic",
     stock: Annotated[bool, typer.Option("--stock/--no-stock", help="Include the uncalibrated model.")] = True,
     lang: Lang = None,
     corpus_lang: CorpusLang = None,
@@ -128,9 +138,10 @@ def retrieval(
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
 ) -> None:
-    """Evaluate a model on a position-aware benchmark: stock, calibrated documents, SEA. Resumable."""
+    """Evaluate a model on a position-aware benchmark: stock, calibrated documents, SEA, late chunking. Resumable."""
     run_benchmark(
-        model=model, benchmark=benchmark, calibrations=calibration, out=out, cache=cache, sea=sea, stock=stock,
+        model=model, benchmark=benchmark, calibrations=calibration, out=out, cache=cache, sea=sea, stock=stock, late=late,
+        late_chunks=late_chunks,
         prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
     )  # fmt: skip

@@ -17,6 +17,8 @@ from posfair.cli.options import (
     Faiss,
     GridFlag,
     Lang,
+    Late,
+    LateChunks,
     LayerSets,
     MaxSeqLength,
     Model,
@@ -46,6 +48,8 @@ def sweep(
         ),
     ] = 0.05,
     sea: Sea = False,
+    late: Late = (),
+    late_chunks: LateChunks = "semantic",
     lang: Lang = None,
     corpus_lang: CorpusLang = None,
     domains: Domains = (),
@@ -77,7 +81,8 @@ def sweep(
         return cals
 
     run_benchmark(
-        model=model, benchmark=benchmark, calibrations=calibrations, out=out, cache=cache, sea=sea, stock=True,
+        model=model, benchmark=benchmark, calibrations=calibrations, out=out, cache=cache, sea=sea, stock=True, late=late,
+        late_chunks=late_chunks,
         prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
     )  # fmt: skip

@@ -27,6 +27,7 @@ import pandas as pd
 
 from posfair.corpus.filters import default_length_window
 from posfair.errors import PosfairInputError
+from posfair.spans import token_segment_index
 
 __all__ = [
     "LanguageConfig",
@@ -38,6 +39,7 @@ __all__ = [
     "segment_spans",
     "token_segment_index",
     "prepare_corpus",
+    "language_grid",
 ]
 
 SEPARATOR = " "
@@ -86,6 +88,24 @@ class LanguageConfig:
     @property
     def needed(self) -> tuple[str, ...]:
         return (self.lead,) if not self.mixed else (self.lead, self.later)
+
+
+def language_grid(langs: Sequence[str]) -> tuple[LanguageConfig, ...]:
+    """Every language configuration over ``langs``: the monolingual baseline of each language,
+    then every ordered pair ``[lead, later, ..., later]`` with ``lead != later``.
+
+    ``k`` languages give ``k`` monolingual and ``k * (k - 1)`` mixed configurations (the
+    lead x later grid, its diagonal the monolingual baselines).  At least two distinct
+    languages are needed.
+    """
+    codes = list(dict.fromkeys(str(x).strip() for x in langs))
+    if any(not c for c in codes):
+        raise PosfairInputError(f"language grid: empty language code in {list(langs)!r}")
+    if len(codes) < 2:
+        raise PosfairInputError(f"a language grid needs at least 2 languages; got {codes}")
+    mono = tuple(LanguageConfig.mono(c) for c in codes)
+    pairs = tuple(LanguageConfig(a, b) for a in codes for b in codes if a != b)
+    return mono + pairs
 
 
 @dataclass(frozen=True)
@@ -160,25 +180,6 @@ def segment_spans(texts: Sequence[str], sep: str = SEPARATOR) -> tuple[str, list
         spans.append((pos, pos + len(t)))
         pos += len(t)
     return sep.join(texts), spans
-
-
-def token_segment_index(
-    offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]], special_mask: Sequence[int] | None = None
-) -> np.ndarray:
-    """For each token, the 0-based segment it belongs to, or -1 (special tokens, pure whitespace).
-
-    A token is assigned to the segment its character offsets overlap most; tokens
-    with an empty offset range (special tokens in fast tokenizers) or flagged in
-    ``special_mask`` belong to no segment.
-    """
-    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    sp = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-    overlap = np.minimum(off[:, None, 1], sp[None, :, 1]) - np.maximum(off[:, None, 0], sp[None, :, 0])
-    overlap = np.clip(overlap, 0, None)
-    idx = np.where(overlap.max(axis=1) > 0, overlap.argmax(axis=1), -1)
-    if special_mask is not None:
-        idx[np.asarray(special_mask, dtype=bool)] = -1
-    return idx
 
 
 def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:

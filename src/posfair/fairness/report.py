@@ -18,6 +18,7 @@ import pandas as pd
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
 from posfair.fairness.experiment import STOCK
+from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
 from posfair.fairness.ols import MARK_LEGEND
 from posfair.fairness.tables import coverage_table, fidelity_table
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
@@ -164,7 +165,9 @@ def report_sections(
             timings=key_value_html({k: f"{v:.1f}" for k, v in result.timings.items()}),
         ),
     )
-    return [summary, fig_section, *fidelity, tables, documents, *(extra_sections or []), params]
+    language = language_section(result, figures)
+    fig_section.figures = [f for f in fig_section.figures if f.alt != LANGUAGE_ALT]
+    return [summary, fig_section, *fidelity, *([language] if language else []), tables, documents, *(extra_sections or []), params]
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -197,6 +200,9 @@ def save_result(result: AuditResult, out_dir, *, extra_sections: list[Section] |
         figures.append(
             FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT)
         )
+    language_paths, language_figures = save_language(result, out)
+    paths.update(language_paths)
+    figures += language_figures
     hf = result.headline_frame()
     few = result.few_clusters_message()
     caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {result.inference_text()}." + (f" Few clusters: {few}" if few else "")

@@ -30,7 +30,7 @@ from posfair.io import atomic_write
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter", "save_figure", "new_figure"]
+__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter", "heatmaps", "save_figure", "new_figure"]
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
@@ -179,6 +179,46 @@ def tradeoff_scatter(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 0.94 if title else 1))
+    return fig
+
+
+def heatmaps(
+    panels: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]], *, xlabel: str, ylabel: str, colorbar: str = "", title: str = ""
+) -> Figure:
+    """Annotated heatmaps side by side on one symmetric diverging colour scale.
+
+    Each panel is ``(title, values, labels)``: ``values`` a numeric frame (rows drawn top to
+    bottom, NaN left blank), ``labels`` a frame of the same shape with each cell's text.
+    """
+    panels = list(panels)
+    if not panels:
+        raise ValueError("no heatmap panels")
+    finite = [np.abs(v.to_numpy(dtype=float))[np.isfinite(v.to_numpy(dtype=float))] for _, v, _ in panels]
+    vmax = max([float(f.max()) for f in finite if f.size] or [1.0]) or 1.0
+    rows, cols = panels[0][1].shape
+    width = max(3.0, 0.62 * cols + 1.6)
+    fig = new_figure((width * len(panels) + 0.8, max(2.6, 0.5 * rows + 1.6)))
+    fig.set_layout_engine("constrained")  # room for the labels and the shared colour bar
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    image = None
+    for ax, (name, values, labels) in zip(axes, panels, strict=True):
+        v = values.to_numpy(dtype=float)
+        image = ax.imshow(np.ma.masked_invalid(v), cmap="RdBu", vmin=-vmax, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(v.shape[1]), [str(c) for c in values.columns], fontsize=7)
+        ax.set_yticks(range(v.shape[0]), [str(r) for r in values.index], fontsize=7)
+        for i in range(v.shape[0]):
+            for j in range(v.shape[1]):
+                text = str(labels.iat[i, j])
+                if text:
+                    dark = np.isfinite(v[i, j]) and abs(v[i, j]) > 0.6 * vmax
+                    ax.text(j, i, text, ha="center", va="center", fontsize=5.5, color="white" if dark else "black")
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    if image is not None and colorbar:
+        fig.colorbar(image, ax=list(axes), shrink=0.8, label=colorbar)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig
 
 

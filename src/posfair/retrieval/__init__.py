@@ -30,6 +30,7 @@ _EXPORTS = {
     "PositionalRetrievalEvaluator": "evaluator",
     "RetrievalResult": "evaluator",
     "SegmentEmbedAverage": "sea",
+    "LateChunking": "late",
     "run_sweep": "sweep",
     "paper_grid": "grids",
     "strength_sweep": "grids",

@@ -25,7 +25,7 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
-from posfair.encoding import embed_through, encoder, l2_normalize
+from posfair.encoding import embed_through, encoder, l2_normalize, model_pooling
 from posfair.errors import PosfairInputError
 from posfair.evaluation import PosfairEvaluator, metric_name_part, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
@@ -33,6 +33,7 @@ from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
+from posfair.retrieval.late import LateChunking, late_scores
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.search import search
@@ -81,7 +82,7 @@ class RetrievalResult:
 
     benchmark: str
     setting: str
-    method: str  # "stock", "calibrated" or "sea"
+    method: str  # "stock", "calibrated", "sea" or "late"
     calibration: dict[str, Any] | None
     query_ids: list[str]
     ndcg: np.ndarray
@@ -89,8 +90,10 @@ class RetrievalResult:
     metrics: dict[str, float]
     groups: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: fraction of the corpus documents the calibration actually changed (None: stock / SEA / unknown)
+    #: fraction of the corpus documents the calibration actually changed (None: stock / SEA / late chunking / unknown)
     calibrated_share: float | None = None
+    #: late chunking: its settings (aggregate, chunks) and chunk counts (None for the other methods)
+    late: dict[str, Any] | None = None
 
     @property
     def noop(self) -> bool:
@@ -115,6 +118,7 @@ class RetrievalResult:
             "groups": self.groups,
             "buckets": {b: {**v, "bins": {str(k): x for k, x in v["bins"].items()}} for b, v in self.buckets.items()},
             "calibrated_share": self.calibrated_share,
+            "late": self.late,
         }
 
     @classmethod
@@ -131,6 +135,7 @@ class RetrievalResult:
             groups=dict(d["groups"]),
             buckets={b: {**v, "bins": {int(k): x for k, x in v["bins"].items()}} for b, v in d["buckets"].items()},
             calibrated_share=None if d.get("calibrated_share") is None else float(d["calibrated_share"]),
+            late=d.get("late"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -175,6 +180,8 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             whatever default calibration the model carries (pass ``model.calibration`` to
             evaluate the model as it encodes).
         sea: a :class:`SegmentEmbedAverage` to embed documents with instead (exclusive with calibration).
+        late: a :class:`~posfair.retrieval.late.LateChunking` strategy instead (documents scored by the max
+            or mean over their late-chunked chunk vectors; exclusive with calibration and SEA).
         query_prompt: prefix for queries; ``"auto"`` (default) = the published
             one for the model (Qwen3-Embedding's instruction, none for others);
             None or "" = no prefix.
@@ -198,6 +205,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         calibration: Calibration | None = None,
         *,
         sea: SegmentEmbedAverage | None = None,
+        late: LateChunking | None = None,
         query_prompt: str | None = "auto",
         query_prompt_name: str | None = None,
         document_prompt: str | None = None,
@@ -218,13 +226,16 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             )
         if calibration is not None and not isinstance(calibration, Calibration):
             raise PosfairInputError(f"calibration must be a posfair.Calibration or None; got {type(calibration).__name__} {calibration!r}")
-        if calibration is not None and sea is not None:
-            raise PosfairInputError("give either a calibration or a SegmentEmbedAverage, not both")
+        if sum(x is not None for x in (calibration, sea, late)) > 1:
+            raise PosfairInputError("give at most one of a calibration, a SegmentEmbedAverage and a LateChunking strategy")
+        if late is not None and document_prompt:
+            raise PosfairInputError("late chunking takes no document prompt (chunk spans are on the passage text itself)")
         if top_k < 10:
             raise PosfairInputError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
         self.benchmark = benchmark
         self.calibration = calibration
         self.sea = sea
+        self.late = late
         self.query_prompt = query_prompt
         self.query_prompt_name = query_prompt_name
         self.document_prompt = document_prompt or None
@@ -243,10 +254,14 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     # -- settings ---------------------------------------------------------------------------
     @property
     def method(self) -> str:
+        if self.late is not None:
+            return "late"
         return "sea" if self.sea is not None else ("calibrated" if self.calibration is not None else "stock")
 
     @property
     def setting(self) -> str:
+        if self.late is not None:
+            return self.late.label
         if self.sea is not None:
             return "SEA"
         return self.calibration.label() if self.calibration is not None else "stock"
@@ -284,7 +299,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         Counted from the documents' token spans as the model encodes them (document prompt,
         truncation to ``max_seq_length``), with the engine's rule; nothing is embedded.
         """
-        if self.calibration is None or self.sea is not None:
+        if self.calibration is None or self.sea is not None or self.late is not None:
             return None
         texts = self.benchmark.corpus_texts
         return float(model.calibrated_share(texts, self.calibration, prompt=self.document_prompt)) if texts else None
@@ -307,7 +322,30 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         with quiet_fallback():  # the share is reported once per setting (RetrievalResult.calibrated_share), not per chunk
             return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
 
+    def encode_chunks(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> tuple[np.ndarray, np.ndarray]:
+        """Late chunking: (chunk vectors, owner document index of each), through the store."""
+        ns = self._namespace(model_fingerprint(model), kind="late-chunk", late=self.late.config()) if self.store is not None else None
+        return self.late.embed(model, self.benchmark.corpus_texts, ns, advance, chunk=min(self.encode_chunk, 16))
+
     # -- evaluation -------------------------------------------------------------------------
+    def retrieve_late(self, q: np.ndarray, chunks: np.ndarray, owner: np.ndarray, block: int = 256) -> np.ndarray:
+        """Top-k global document indices per query, documents scored by the late-chunking aggregate (-1 = padding)."""
+        ranked = np.full((len(q), self.top_k), -1, dtype=np.int64)
+        for _, qi, di in self.benchmark.domain_slices():
+            if len(qi) == 0:
+                continue
+            local = np.full(len(self.benchmark.corpus_texts), -1, dtype=np.int64)
+            local[di] = np.arange(len(di))
+            rows = np.flatnonzero(local[owner] >= 0)
+            order = rows[np.argsort(local[owner[rows]], kind="stable")]
+            k = min(self.top_k, len(di))
+            for start in range(0, len(qi), block):
+                qb = qi[start : start + block]
+                scores = late_scores(q[qb], chunks[order], local[owner[order]], len(di), self.late.aggregate)
+                top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+                ranked[qb, :k] = di[top]
+        return ranked
+
     def retrieve(self, q: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Top-k global document indices per query (searching each domain separately; -1 = padding)."""
         ranked = np.full((len(q), self.top_k), -1, dtype=np.int64)
@@ -332,8 +370,27 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         with progress_tasks(self.show_progress_bar, logger, self.progress) as task:
             # the encoding layer reports distinct texts (each is encoded once)
             q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(set(b.query_texts))))
-            d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts))))
-        ranked = self.retrieve(l2_normalize(q), l2_normalize(d))
+            if self.late is not None:
+                chunks, owner = self.encode_chunks(model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts))))
+                dropped = self.late.dropped(model, b.corpus_texts)
+            else:
+                d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts))))
+        late_info = None
+        if self.late is not None:
+            ranked = self.retrieve_late(l2_normalize(q), l2_normalize(chunks), owner)
+            counts = np.bincount(owner, minlength=len(b.corpus_texts))
+            late_info = {"aggregate": self.late.aggregate, "chunks": self.late.config()["chunks"], "pooling": "mean over span",
+                         "model_pooling": model_pooling(model), "chunks_total": int(len(owner)),
+                         "chunks_per_document": float(counts.mean()), "chunks_dropped": int(dropped)}  # fmt: skip
+            if dropped:
+                warnings.warn(
+                    f"{b.name}, {self.setting}: {dropped} chunks lie beyond the token limit of {model.max_seq_length} tokens "
+                    "(truncated passages) or cover no token, and were dropped",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        else:
+            ranked = self.retrieve(l2_normalize(q), l2_normalize(d))
         ndcg, recall, metrics, groups, buckets = score_rankings(b, ranked, 10, self.top_k)
         return RetrievalResult(
             benchmark=b.name,
@@ -347,6 +404,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             groups=groups,
             buckets=buckets,
             calibrated_share=share,
+            late=late_info,
         )
 
     def noop_result(self, share: float = 0.0) -> RetrievalResult:

@@ -102,6 +102,16 @@ class SegmentEmbedAverage:
             out.append(chunks or [t])
         return out
 
+    def chunk_spans(self, model: Any, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """Character spans ``[start, end)`` of the semantic chunks of each text (the chunks of :meth:`chunk`;
+        a text the chunker leaves empty is one span over the whole text)."""
+        chunker = self._chunker(model)
+        out = []
+        for t in texts:
+            spans = [(int(c.start_index), int(c.end_index)) for c in chunker.chunk(t) if c.text.strip()]
+            out.append(spans or [(0, len(t))])
+        return out
+
     def embed(
         self,
         model: Any,

@@ -35,6 +35,7 @@ from posfair.report.tables import write_table
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.grids import paper_grid, strength_sweep
+from posfair.retrieval.late import LateChunking
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.store import EmbeddingStore
@@ -51,13 +52,15 @@ def _run_name(ev: PositionalRetrievalEvaluator) -> str:
     if ev.method == "sea":
         blob = json.dumps(ev.sea.config(), sort_keys=True)
         return "sea-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+    if ev.method == "late":
+        return f"late-{ev.late.aggregate}-" + hashlib.sha256(ev.late.key().encode()).hexdigest()[:12]
     return f"{ev.calibration.label()}-{ev.calibration.key()}"
 
 
 GROUPS_TITLE = "{benchmark} - nDCG@10 per positional group (x100), Harm (x100), PSI"
 BUCKETS_TITLE = "{benchmark} - PSI per length bucket and its change vs stock, aggregate nDCG@10 (x100) and its change"
 SHARE_CAPTION = (
-    "calibrated_share: fraction of the benchmark's documents the calibration changes (— for stock and SEA); "
+    "calibrated_share: fraction of the benchmark's documents the calibration changes (— for stock, SEA and late chunking); "
     f"a calibration with share 0 ({NOOP_LABEL}) is not evaluated and its cells are left empty."
 )
 
@@ -95,6 +98,7 @@ def run_sweep(
     *,
     include_stock: bool = True,
     sea: SegmentEmbedAverage | None = None,
+    late: Sequence[LateChunking] = (),
     store: EmbeddingStore | None = None,
     query_prompt: str | None = "auto",
     batch_size: int = 32,
@@ -104,7 +108,8 @@ def run_sweep(
     encode_chunk: int = 256,
     progress: ProgressCallback | None = None,
 ) -> list[RetrievalResult]:
-    """Evaluate stock (+ SEA) + every calibration on ``benchmark``; resumable; writes tables.
+    """Evaluate stock (+ SEA) (+ every late-chunking strategy in ``late``) + every calibration on ``benchmark``;
+    resumable; writes tables.
 
     ``show_progress_bar`` / ``progress``: as :class:`PositionalRetrievalEvaluator` (tqdm bars
     of each setting's encoding, shown by default when this module's logger is at INFO or
@@ -117,23 +122,26 @@ def run_sweep(
     out = Path(out_dir)
     store = store or EmbeddingStore(out / "embeddings")
     fp = model_fingerprint(model)
-    settings: list[tuple[Calibration | None, SegmentEmbedAverage | None]] = []
+    settings: list[tuple[Calibration | None, SegmentEmbedAverage | None, LateChunking | None]] = []
     if include_stock:
-        settings.append((None, None))
+        settings.append((None, None, None))
     if sea is not None:
-        settings.append((None, sea))
+        settings.append((None, sea, None))
+    for lc in {lc.key(): lc for lc in late}.values():
+        settings.append((None, None, lc))
     seen = set()
     for c in calibrations:
         if c.key() not in seen:
             seen.add(c.key())
-            settings.append((c, None))
+            settings.append((c, None, None))
     if not settings:
-        raise ValueError("nothing to run: no calibration, stock run disabled and no SEA")
+        raise ValueError("nothing to run: no calibration, stock run disabled, no SEA and no late chunking")
     evaluators = [
         PositionalRetrievalEvaluator(
             benchmark,
             cal,
             sea=s,
+            late=lc,
             query_prompt=query_prompt,
             store=store,
             batch_size=batch_size,
@@ -144,7 +152,7 @@ def run_sweep(
             report_fallback=False,
             progress=progress,
         )
-        for cal, s in settings
+        for cal, s, lc in settings
     ]
     manifest = {
         "model": fp,

@@ -1,6 +1,6 @@
 """Result tables and the strength plot, in the layouts of Michail et al. (2026).
 
-* :func:`group_table` - Table 1: rows = settings (stock, SEA, then calibrations
+* :func:`group_table` - Table 1: rows = settings (stock, SEA, late chunking, then calibrations
   by layer set, strength, basket size), columns = per-group nDCG@10 (x100),
   Harm (x100), PSI, plus aggregate nDCG@10; the best setting by Harm is marked.
 * :func:`bucket_table` - Table 2: PSI per length bucket with its change vs the
@@ -50,6 +50,7 @@ __all__ = [
 
 STOCK_LABEL = "No calibration"
 SEA_LABEL = "Segment Embed Average"
+LATE_LABEL = "Late chunking ({aggregate}, {chunks})"
 
 
 def layer_section(cal: Calibration) -> str:
@@ -68,6 +69,12 @@ def _row_label(r: RetrievalResult) -> tuple[str, str, tuple]:
         return "", STOCK_LABEL, (0,)
     if r.method == "sea":
         return "", SEA_LABEL, (1,)
+    if r.method == "late":
+        info = r.late or {}
+        chunks = info.get("chunks", "?")
+        chunks = "semantic chunks" if chunks == "semantic" else f"{chunks}-token windows"
+        label = LATE_LABEL.format(aggregate=info.get("aggregate", "?"), chunks=chunks)
+        return "", label, (1, label)
     cal = Calibration.from_dict(r.calibration)
     label = f"B={cal.basket_size}, a={cal.strength:g}"
     extra = cal.label().split("-", 3)[3:]  # non-default isolation / weights / queries

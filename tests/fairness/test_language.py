@@ -1,0 +1,156 @@
+"""The language grid: document construction, the pooled language regression, the β2 grid and the report section."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.formula.api as smf
+
+from posfair import Calibration
+from posfair import encoding as enc
+from posfair.errors import PosfairInputError
+from posfair.fairness.documents import LanguageConfig, language_grid
+from posfair.fairness.evaluator import audit
+from posfair.fairness.experiment import AuditSettings, build_instances
+from posfair.fairness.language import (
+    beta2_grid,
+    fit_language_ols,
+    grid_matrices,
+    has_language_grid,
+    language_effects,
+    segment_tokens,
+)
+from posfair.fairness.ols import FewClustersWarning
+
+LANGS = ("en", "de", "fr")
+CAL = Calibration(basket_size=8, layers=0.5, strength=1.0)
+SETTINGS = AuditSettings(n_values=(3,), configs=language_grid(LANGS), target_docs=12, min_segment_tokens=1, max_segment_tokens=60,
+                         batch_size=16, chunk_size=32, control=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return tiny_model("bert-mean")
+
+
+@pytest.fixture(scope="module")
+def corpus(make_corpus):
+    return make_corpus(topics=9, langs=LANGS)
+
+
+@pytest.fixture(scope="module")
+def result(model, corpus, tmp_path_factory):
+    with pytest.warns(FewClustersWarning, match="9 of 9 instances"):  # 2 segment sets per instance
+        return audit(model, corpus, SETTINGS, [CAL], cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def test_language_grid_has_every_pair_and_the_baselines():
+    grid = language_grid(["en", "de", "ja", "de"])
+    assert grid[:3] == (LanguageConfig("en", "en"), LanguageConfig("de", "de"), LanguageConfig("ja", "ja"))
+    pairs = {(c.lead, c.later) for c in grid[3:]}
+    assert pairs == {(a, b) for a, b in itertools.permutations(["en", "de", "ja"], 2)}
+    assert len(grid) == 3 + 3 * 2 and all(c.mixed for c in grid[3:])
+    with pytest.raises(PosfairInputError, match="at least 2 languages"):
+        language_grid(["en"])
+
+
+def test_grid_documents_put_each_language_at_its_positions(model, corpus):
+    instances = build_instances(corpus, SETTINGS, enc.model_tokenizer(model), 256)
+    assert {(i.config.lead, i.config.later) for i in instances} == {(a, b) for a in LANGS for b in LANGS}
+    text = {(r.id, r.lang): r.text for r in corpus.itertuples(index=False)}
+    for inst in instances:
+        lead, later = inst.config.lead, inst.config.later
+        assert len(inst.documents) == 6 * len(inst.sets) >= 12
+        for d in inst.documents:
+            assert d.langs == (lead, later, later)
+            for pos, (topic, lang, seg, sid, (a, b)) in enumerate(zip(d.topics, d.langs, d.texts, d.segment_ids, d.spans, strict=True)):
+                assert seg == text[(topic, lang)] == d.text[a:b]  # the segment at this position is the topic in that language
+                assert sid == f"{lang}:{topic}"
+                assert lang == (lead if pos == 0 else later)
+        # every ordering of every set, each topic once at each position per (n-1)! orderings
+        for s in inst.sets:
+            perms = sorted(d.permutation for d in inst.documents if d.set_id == s.set_id)
+            assert perms == sorted(itertools.permutations(range(3)))
+
+
+def _direct_fit(obs: pd.DataFrame, calibration: str, length: bool, measure: str = "sigma"):
+    """The pooled regression written as a statsmodels formula (independent of posfair's design matrix)."""
+    g = obs[(obs["calibration"] == calibration) & (obs["setting"] == "main") & (obs["position"] >= 2)].copy()
+    g["tok_c"] = g["seg_tokens"] - g["seg_tokens"].mean()
+    formula = f"{measure} ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))" + (" + tok_c" if length else "")
+    codes = pd.factorize(g["set_id"])[0]
+    return smf.ols(formula, data=g).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True), g
+
+
+@pytest.mark.parametrize(("calibration", "measure"), [("stock", "sigma"), (CAL.label(), "sigma"), ("stock", "margin")])
+@pytest.mark.parametrize("length", [False, True])
+def test_pooled_language_regression_matches_statsmodels_formula(result, calibration, measure, length):
+    fit = fit_language_ols(result.observations, n=3, measure=measure, calibration=calibration, control_length=length)
+    direct, g = _direct_fit(result.observations, calibration, length, measure)
+    assert fit.reference == "en" and fit.nobs == len(g) == 2 * g["doc_id"].nunique()
+    assert fit.n_clusters == g["set_id"].nunique()
+    names = {f"later:{lang}": f"C(lang, Treatment('en'))[T.{lang}]" for lang in ("de", "fr")}
+    names |= {f"lead:{lang}": f"C(lead_lang, Treatment('en'))[T.{lang}]" for lang in ("de", "fr")}
+    names |= {"position:3": "C(position)[T.3]", "intercept": "Intercept"} | ({"tokens": "tok_c"} if length else {})
+    assert sorted(fit.names) == sorted(names)
+    for k, name in enumerate(fit.names):
+        assert fit.params[k] == pytest.approx(direct.params[names[name]], abs=1e-10)
+        assert fit.bse[k] == pytest.approx(direct.bse[names[name]], rel=1e-8)
+        assert fit.pvalues[k] == pytest.approx(direct.pvalues[names[name]], rel=1e-6, abs=1e-300)
+
+
+def test_language_effects_and_tokens_table(result):
+    eff = language_effects(result.observations)
+    assert set(eff["calibration"]) == {"stock", CAL.label()}
+    ref = eff[eff["is_reference"]]
+    assert set(ref["language"]) == {"en"} and (ref["estimate"] == 0).all()
+    direct, _ = _direct_fit(result.observations, "stock", False)
+    de = eff[(eff["calibration"] == "stock") & (~eff["length_adjusted"]) & (eff["language"] == "de")].iloc[0]
+    assert de["estimate"] == pytest.approx(direct.params["C(lang, Treatment('en'))[T.de]"], abs=1e-10)
+    tok = segment_tokens(result.observations).set_index("language")
+    obs = result.observations
+    segs = obs[obs["calibration"] == "stock"].drop_duplicates("segment_id")
+    for lang in LANGS:
+        assert tok.loc[lang, "mean_tokens"] == pytest.approx(segs.loc[segs["lang"] == lang, "seg_tokens"].mean())
+
+
+def test_beta2_grid_is_the_per_instance_coefficient(result):
+    grid = beta2_grid(result.coefficients, calibration="stock", n=3)
+    assert len(grid) == 9
+    for r in grid.itertuples(index=False):
+        config = r.lead if r.lead == r.later else f"[{r.lead}, {r.later}, ..., {r.later}]"
+        direct = result.ols(n=3, config=config)  # the instance's own regression
+        assert r.estimate == pytest.approx(direct.params[1], abs=1e-12)
+        assert r.clusters == direct.n_clusters
+    values, labels = grid_matrices(grid, list(LANGS))
+    assert values.loc["de", "fr"] == grid[(grid.lead == "de") & (grid.later == "fr")]["estimate"].iloc[0]
+    assert np.isfinite(values.to_numpy()).all() and (labels != "").all().all()
+
+
+def test_report_has_the_language_section(result, tmp_path):
+    assert has_language_grid(result.observations)
+    paths = result.save(tmp_path / "out")
+    html = paths["report"].read_text()
+    assert "Languages" in html and "language effect on σ at equal position" in html
+    assert (tmp_path / "out" / "figures" / "language_beta2_n3.png").exists()
+    eff = pd.read_csv(tmp_path / "out" / "language_effects.csv")
+    assert set(eff["language"]) == set(LANGS)
+    assert set(eff["measure"]) == {"sigma", "margin"}
+    md = (tmp_path / "out" / "tables" / "language_effects_n3.md").read_text()
+    assert "mean tokens / segment" in md and "length-adj." in md
+    assert "The margin subtracts" in (tmp_path / "out" / "tables" / "language_effects_margin_n3.md").read_text()
+
+
+def test_monolingual_instances_only_leave_out_the_lead_dummies(result):
+    obs = result.observations[result.observations["lead_lang"] == result.observations["later_lang"]]
+    fit = fit_language_ols(obs, n=3)
+    assert not fit.lead_controls and not any(nm.startswith("lead:") for nm in fit.names)
+    g = obs[(obs["calibration"] == "stock") & (obs["position"] >= 2)]
+    direct = smf.ols("sigma ~ C(lang, Treatment('en')) + C(position)", data=g).fit(
+        cov_type="cluster", cov_kwds={"groups": pd.factorize(g["set_id"])[0]}, use_t=True
+    )
+    assert fit.params[fit.names.index("later:de")] == pytest.approx(direct.params["C(lang, Treatment('en'))[T.de]"], abs=1e-10)
+    assert fit.bse[fit.names.index("later:fr")] == pytest.approx(direct.bse["C(lang, Treatment('en'))[T.fr]"], rel=1e-8)
