@@ -295,4 +295,7 @@ def attend(
     rows = state.pool_rows().to(out.device)
     row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, dropout)
     B = out.shape[0]
-    return out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))
+    index = (torch.arange(B, device=out.device), rows)
+    if torch.is_grad_enabled() and (out.requires_grad or row_out.requires_grad):
+        return out.index_put(index, row_out.to(out.dtype))  # autograd: the stock kernel's backward may need its output
+    return out.index_put_(index, row_out.to(out.dtype))  # inference: written in place, no copy of the layer's output
