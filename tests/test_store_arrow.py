@@ -242,3 +242,98 @@ def test_a_long_run_merges_its_new_keys_into_the_index_as_it_goes(tmp_path, monk
         assert len(ns.shards._recent) < 25 and len(ns) == start + 10
     np.testing.assert_array_equal(ns.get(keys[::-1]), vectors_for(keys[::-1]))
     assert (ns.path / INDEX).exists()
+
+
+def test_a_trusted_shard_damaged_before_its_first_read_is_recomputed_in_the_same_call(tmp_path):
+    """The index trusts a shard (size + mtime unchanged) whose structure is broken: the call that first
+    reads it sets it aside, scans the namespace again and computes its keys, instead of failing."""
+    ns, keys = filled(tmp_path, n=96, shard=32)
+    victim = sorted(ns.path.glob("part-*.arrow"))[1]
+    held = read_shard(victim)[0]
+    st = victim.stat()
+    raw = victim.read_bytes()
+    victim.write_bytes(b"\0" * len(raw))  # same size, not an Arrow file any more
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DamagedShardWarning)
+        again = EmbeddingStore(tmp_path).namespace(model="m")  # trusted at open: not read
+    computed = []
+    with pytest.warns(DamagedShardWarning, match=f"damaged cache shard {victim} "):
+        out = again.get_or_compute(keys, keys, lambda it: computed.append(list(it)) or vectors_for(it), chunk_size=32)
+    assert computed == [held]
+    np.testing.assert_array_equal(out, vectors_for(keys))
+    assert victim.with_name(victim.name + ".damaged-1").read_bytes() == b"\0" * len(raw)
+
+
+def test_converting_an_npz_shard_never_drops_vectors_an_arrow_file_of_its_name_lacks(tmp_path):
+    """A conversion killed between writing the .arrow and removing the .npz, a damaged .arrow, and an
+    .arrow of the same name holding other vectors: the .npz's vectors always survive."""
+    from posfair.store.shards import convert_npz_shard, write_shard
+
+    ns, keys = filled(tmp_path / "ref", n=30, shard=30)
+    settings = read_shard(next(ns.path.glob("part-*.arrow")))[2]["settings"]
+    folder = EmbeddingStore(tmp_path / "old").namespace_dir(model="m")
+    a, b = keys[:10], keys[10:20]
+    # 1. the same content already converted: the .npz goes, the .arrow stays as it was
+    write_shard(folder, a, vectors_for(a), name="x", settings=settings)
+    before = (folder / "part-x.arrow").read_bytes()
+    write_npz_shard(folder, "x", a, vectors_for(a), settings)
+    assert convert_npz_shard(folder / "part-x.npz") == folder / "part-x.arrow"
+    assert not (folder / "part-x.npz").exists() and (folder / "part-x.arrow").read_bytes() == before
+    # 2. a damaged .arrow of the name: set aside, rewritten from the .npz
+    (folder / "part-y.arrow").write_bytes(b"cut")
+    write_npz_shard(folder, "y", b, vectors_for(b), settings)
+    with pytest.warns(DamagedShardWarning, match="part-y.arrow .*rewritten from the .npz"):
+        convert_npz_shard(folder / "part-y.npz")
+    assert read_shard(folder / "part-y.arrow")[0] == b and (folder / "part-y.arrow.damaged-1").read_bytes() == b"cut"
+    # 3. an .arrow of the name holding other keys: kept; the .npz is converted under a new name
+    write_shard(folder, b, vectors_for(b), name="z", settings=settings)
+    write_npz_shard(folder, "z", a, vectors_for(a), settings)
+    new = convert_npz_shard(folder / "part-z.npz")
+    assert new != folder / "part-z.arrow" and read_shard(new)[0] == a and read_shard(folder / "part-z.arrow")[0] == b
+    assert not list(folder.glob("*.npz"))
+
+
+def test_a_key_stored_twice_is_searched_once(tmp_path):
+    """Duplicate keys across shards (two writers computed the same text): search returns each key once,
+    as an in-memory search over the distinct vectors does."""
+    from posfair.retrieval.search import exact_topk, stored_topk
+
+    ns, keys = filled(tmp_path, n=120, shard=40)
+    dup = keys[5:65:3]  # 20 keys written again, in a later shard, with the same vectors
+    ns.put(dup, vectors_for(dup))
+    ns.flush()
+    assert ns.shards.rows == 140 and len(ns) == 120 and len(ns.shards.redundant_rows()) == 20
+    q = np.random.default_rng(4).standard_normal((9, 8)).astype(np.float32)
+    want_i, want_s = exact_topk(q, vectors_for(keys), k=15)
+    for faiss in (False, True) if importlib.util.find_spec("faiss") else (False,):
+        got_keys, got_s = stored_topk(q, ns, k=15, use_faiss=faiss)
+        assert all(len(set(row)) == 15 for row in got_keys.tolist())
+        assert got_keys.tolist() == [[keys[i] for i in row] for row in want_i]
+        np.testing.assert_allclose(got_s, want_s, rtol=1e-5)
+    # asking for more than the distinct keys: every distinct key once, nothing padded
+    all_keys, _ = stored_topk(q[:1], ns, k=500)
+    assert sorted(all_keys[0].tolist()) == sorted(keys)
+
+
+def test_verify_command_sets_damaged_shards_aside_and_says_so(tmp_path):
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+
+    ns, keys = filled(tmp_path / "store", n=64, shard=32)
+    runner = CliRunner()
+    good = runner.invoke(app, ["verify", str(tmp_path / "store")])
+    assert good.exit_code == 0, good.output
+    assert "all 2 shards of 1 namespace(s) verified (64 rows)" in good.output
+    victim = sorted(ns.path.glob("part-*.arrow"))[0]
+    st = victim.stat()
+    raw = bytearray(victim.read_bytes())
+    held = read_shard(victim)[0]
+    raw[bytes(raw).index(vectors_for(held[:1]).tobytes())] ^= 0x01  # size and mtime kept: only a full read sees it
+    victim.write_bytes(bytes(raw))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    bad = runner.invoke(app, ["verify", str(ns.path)])  # one namespace folder works too
+    assert bad.exit_code == 1, bad.output
+    assert f"set aside: {victim}.damaged-1" in bad.output and "1 damaged shard(s) set aside" in bad.output
+    assert not victim.exists() and EmbeddingStore(tmp_path / "store").namespace(model="m").missing(keys) == held

@@ -182,6 +182,11 @@ MISTAKES = [
     ("embed-workers-0", "embed --workers 0 -o {t}/store", "--workers 0: must be >= 1", None),
     ("embed-out-is-a-file", "embed -o {t}/afile", "--out {t}/afile: is an existing file, not a folder", None),
     ("embed-missing-corpus", "embed --corpus {t}/missing.jsonl -o {t}/store", "{t}/missing.jsonl", None),
+    # verify
+    ("verify-no-store", "verify", "missing argument 'STORE'", None),
+    ("verify-missing-store", "verify {t}/nostore", "STORE {t}/nostore: no such folder", None),
+    ("verify-store-is-a-file", "verify {t}/afile", "STORE {t}/afile: is a file", None),
+    ("verify-not-a-store", "verify {t}/nomodel", "STORE {t}/nomodel: is not a posfair embedding store", None),
     # the root
     ("unknown-command", "embedd -o {t}/store", "no such command 'embedd'", None),
 ]

@@ -13,7 +13,10 @@ row is recorded, the layer is computed explicitly in tiles of query rows
 the slow reference and the benchmark's "naive" baseline.
 
 Scores and probabilities of the explicit paths are computed in float32 whatever the model's
-dtype (the fused path runs in the model's dtype, see its module).
+dtype: for a bfloat16 / float16 model only the explicit rows' scores and probabilities are
+float32 (the keys are upcast a block of :data:`KEY_BLOCK_BYTES` at a time, never a whole
+layer's activations), and the product with the values runs in the model's dtype.  The fused
+path runs in the model's dtype, see its module.
 
 Training (a model fine-tuned with a default calibration): the explicit paths are
 differentiable (probabilities about to be calibrated in place are copied first when
@@ -37,6 +40,7 @@ from posfair.calibration.state import ForwardState
 __all__ = ["TILE_BYTES", "attend", "check_supported", "explicit_attention", "pool_row_attention"]
 
 TILE_BYTES = 32 * 2**20  # budget for one tile of explicit scores in the all-rows path
+KEY_BLOCK_BYTES = 4 * 2**20  # low precision: keys are upcast to float32 in blocks of this size
 
 
 def _mask_to_additive(mask: torch.Tensor | None, dtype=torch.float32) -> torch.Tensor | None:
@@ -77,7 +81,21 @@ def _explicit_probs(
     q: (B, Hkv, g, T, D); key: (B, Hkv, K, D); mask_rows: additive, broadcastable to (B, Hkv, g, T, K).
     """
     # masks are additive with finite minima (never -inf), so a fully masked row is uniform, never NaN
-    scores = torch.matmul(q.float() * scaling, key.float().transpose(-1, -2).unsqueeze(2))
+    qf = q.float() * scaling
+    if key.dtype == torch.float32:
+        scores = torch.matmul(qf, key.transpose(-1, -2).unsqueeze(2))
+    else:
+        # low precision: the keys are upcast a block at a time (never the whole layer's keys at once);
+        # only these rows' scores and probabilities are float32
+        B, Hkv, K, D = key.shape
+        step = max(1, KEY_BLOCK_BYTES // max(1, B * Hkv * D * 4))
+        blocks = range(0, K, step)
+        if torch.is_grad_enabled() and (q.requires_grad or key.requires_grad):  # out= is not differentiable
+            scores = torch.cat([torch.matmul(qf, key[:, :, k0 : k0 + step].float().transpose(-1, -2).unsqueeze(2)) for k0 in blocks], -1)
+        else:
+            scores = torch.empty(*qf.shape[:-1], K, dtype=torch.float32, device=q.device)
+            for k0 in blocks:
+                torch.matmul(qf, key[:, :, k0 : k0 + step].float().transpose(-1, -2).unsqueeze(2), out=scores[..., k0 : k0 + step])
     if mask_rows is not None:
         scores.add_(mask_rows)
     return torch.softmax(scores, dim=-1)
@@ -277,4 +295,7 @@ def attend(
     rows = state.pool_rows().to(out.device)
     row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, dropout)
     B = out.shape[0]
-    return out.index_put((torch.arange(B, device=out.device), rows), row_out.to(out.dtype))
+    index = (torch.arange(B, device=out.device), rows)
+    if torch.is_grad_enabled() and (out.requires_grad or row_out.requires_grad):
+        return out.index_put(index, row_out.to(out.dtype))  # autograd: the stock kernel's backward may need its output
+    return out.index_put_(index, row_out.to(out.dtype))  # inference: written in place, no copy of the layer's output

@@ -78,12 +78,19 @@ def _batches(chunks: Iterable[np.ndarray], rows: int) -> Iterator[np.ndarray]:
 
 
 def streaming_topk(
-    queries: np.ndarray, chunks: Iterable[np.ndarray], k: int = 100, query_chunk: int = 1024, doc_chunk: int = 32_768
+    queries: np.ndarray,
+    chunks: Iterable[np.ndarray],
+    k: int = 100,
+    query_chunk: int = 1024,
+    doc_chunk: int = 32_768,
+    exclude: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`exact_topk` over documents given as consecutive chunks (e.g. a store's shards); document
     indices count rows across the chunks.  Chunks are regrouped into blocks of ``doc_chunk`` rows, so
     memory is ~ ``doc_chunk x dim`` floats (one block, normalised in place) plus
-    ``query_chunk x doc_chunk`` scores, whatever the number of documents."""
+    ``query_chunk x doc_chunk`` scores, whatever the number of documents.  ``exclude``: sorted row
+    indices that are never returned (e.g. a store's second copies of a key)."""
+    exclude = np.zeros(0, dtype=np.int64) if exclude is None else np.asarray(exclude, dtype=np.int64)
     q = _unit_rows(queries)
     best_i = np.empty((len(q), 0), dtype=np.int64)
     best_s = np.empty((len(q), 0), dtype=np.float32)
@@ -97,8 +104,12 @@ def streaming_topk(
         np.divide(db, np.maximum(norms, 1e-12), out=db)
         if db.shape[1] != q.shape[1]:
             raise ValueError(f"query dimension {q.shape[1]} != document dimension {db.shape[1]}")
+        lo, hi = np.searchsorted(exclude, [offset, offset + len(db)])
+        skip = exclude[lo:hi] - offset
         for qs in range(0, len(q), query_chunk):
             s = q[qs : qs + query_chunk] @ db.T
+            if len(skip):
+                s[:, skip] = -np.inf
             kk = min(k, s.shape[1])
             part = np.argpartition(-s, kk - 1, axis=1)[:, :kk] if kk < s.shape[1] else np.tile(np.arange(s.shape[1]), (len(s), 1))
             cand_s = np.concatenate([best_s[qs : qs + query_chunk], np.take_along_axis(s, part, 1)], axis=1)
@@ -113,6 +124,11 @@ def streaming_topk(
         del block, db, s, part, cand_s, cand_i  # freed before the next block is gathered
     if offset == 0:
         raise ValueError("cannot search an empty corpus")
+    if len(exclude):  # fewer than k documents left: excluded rows may fill the tail
+        valid = np.isfinite(best_s)
+        if not valid.all():
+            width = int(valid.sum(1).min())
+            best_i, best_s = best_i[:, :width], best_s[:, :width]
     return best_i, best_s
 
 
@@ -122,19 +138,27 @@ def stored_topk(
     """Top-``k`` stored keys per query of a store namespace: ``(keys, scores)``, keys an object array.
 
     Streams the memory-mapped shards (bounded memory); ``use_faiss`` builds a FAISS flat
-    index instead when the corpus takes at most ``faiss_max_bytes`` (see the module).
+    index instead when the corpus takes at most ``faiss_max_bytes`` (see the module).  A key
+    stored in two shards is searched once (its first copy, the one lookups return).
     """
     rows = namespace.shards.rows
     dim = namespace.dim or 0
+    redundant = namespace.shards.redundant_rows()
     if use_faiss and rows * dim * 4 <= faiss_max_bytes:
-        idx, scores = faiss_topk(queries, np.concatenate(list(namespace.chunks())) if rows else np.zeros((0, dim), np.float32), k)
+        docs = np.concatenate(list(namespace.chunks())) if rows else np.zeros((0, dim), np.float32)
+        if len(redundant):
+            kept = np.delete(np.arange(rows), redundant)
+            idx, scores = faiss_topk(queries, docs[kept], k)
+            idx = kept[idx]
+        else:
+            idx, scores = faiss_topk(queries, docs, k)
     else:
         if use_faiss:
             warnings.warn(
                 f"{rows} x {dim} vectors take more than faiss_max_bytes={faiss_max_bytes}: streaming exact search instead of FAISS",
                 stacklevel=2,
             )
-        idx, scores = streaming_topk(queries, namespace.chunks(), k)
+        idx, scores = streaming_topk(queries, namespace.chunks(), k, exclude=redundant)
     return namespace.keys_at(idx), scores
 
 

@@ -23,7 +23,10 @@ lookups binary-search the memory-mapped index (:mod:`~posfair.store.keyindex`).
 Every shard carries a checksum over its keys, vectors and metadata.  The
 checksum rule (:mod:`~posfair.store.keyindex`): a shard is fully verified before it
 enters the index (new, or its size / mtime changed, or no valid index); one the
-index records unchanged is trusted at open; ``Namespace.verify()`` verifies all.
+index records unchanged is trusted at open; ``Namespace.verify()``,
+:func:`verify_store` and ``posfair verify STORE`` verify all.  A trusted shard found
+damaged when first read is set aside and the namespace scanned again, so the same
+call computes its keys again (``get_or_compute``) or reports them missing.
 A shard that cannot be read, has no checksum, fails it, or holds vectors that are
 not finite float32 rows of its dimension is *damaged*: it is renamed
 ``part-<id>.arrow.damaged-<n>`` in the same folder (never deleted), named in a
@@ -49,7 +52,7 @@ namespace folder), :mod:`~posfair.store.namespace` (namespaces and the store).
 
 from posfair.store.keyindex import INDEX, ShardSet, key_hashes
 from posfair.store.manifest import ManifestMismatch, open_namespace_dir, scan_namespace
-from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key
+from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key, verify_store
 from posfair.store.settings import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -98,6 +101,7 @@ __all__ = [
     "embedding_settings",
     "text_key",
     "embedding_namespace",
+    "verify_store",
     "calibration_tag",
     "STOCK",
 ]

@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 
 from posfair.io import atomic_path
-from posfair.store.shards import DamagedShard, ShardFile, set_aside
+from posfair.store.shards import ChangedShard, DamagedShard, ShardFile, set_aside
 
 __all__ = ["INDEX", "ShardSet", "key_hashes", "load_index"]
 
@@ -181,20 +181,44 @@ class ShardSet:
         out.index.distinct = len(h) - out._duplicates()
         return out
 
-    def _duplicates(self) -> int:
-        """Index entries whose key is held by an earlier entry too (the same key in two shards)."""
+    def _losers(self) -> np.ndarray:
+        """Index entries whose key an earlier entry holds too (the same key in two shards): lookups
+        return the first (lowest shard, then row); these are never returned."""
         h = self.index.h
         same = np.flatnonzero(h[1:] == h[:-1])
         if not len(same):
-            return 0
-        extra = 0
+            return np.zeros(0, dtype=np.int64)
         groups: dict[int, set[int]] = {}
         for i in same:
             groups.setdefault(int(h[i]), set()).update((int(i), int(i) + 1))
+        out = []
         for pos in groups.values():
-            keys = [self._key_at(p) for p in sorted(pos)]
-            extra += len(keys) - len(set(keys))
-        return extra
+            seen: set[str] = set()
+            for p in sorted(pos):  # entries of one hash are ordered by (shard, row)
+                key = self._key_at(p)
+                if key in seen:
+                    out.append(p)
+                seen.add(key)
+        return np.asarray(sorted(out), dtype=np.int64)
+
+    def _duplicates(self) -> int:
+        return len(self._losers())
+
+    def redundant_rows(self) -> np.ndarray:
+        """Global row positions (shards in order, as ``Namespace.chunks`` yields them) that no lookup
+        returns: second copies of a key stored in two shards (two writers computing the same text,
+        a converted store).  Searches exclude them so a document is never listed twice.  Empty (and
+        computed from the counts alone) when every stored row holds a distinct key."""
+        self.flush()
+        if len(self) == self.rows:
+            return np.zeros(0, dtype=np.int64)
+        starts = np.cumsum([0] + [int(rec["rows"]) for rec in self.records])
+        keep = np.zeros(self.rows, dtype=bool)
+        winner = np.ones(len(self.index.h), dtype=bool)
+        winner[self._losers()] = False
+        s = self.index.s[winner].astype(np.int64)
+        keep[starts[s] + self.index.r[winner].astype(np.int64)] = True
+        return np.flatnonzero(~keep)
 
     def _key_at(self, p: int) -> str:
         return self.file(int(self.index.s[p])).keys[int(self.index.r[p])].as_py()
@@ -219,7 +243,7 @@ class ShardSet:
             except (DamagedShard, FileNotFoundError) as exc:
                 if isinstance(exc, DamagedShard):
                     set_aside(path, str(exc))
-                raise DamagedShard(
+                raise ChangedShard(
                     f"shard {path} changed since it was verified ({exc}); open the namespace again to recompute it"
                 ) from None
             self._files[i] = f

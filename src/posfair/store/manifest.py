@@ -64,7 +64,7 @@ def _mismatch(where: str, diffs: list[str], ns_dir: Path) -> ManifestMismatch:
     )
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | None:
+def read_manifest(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
@@ -120,7 +120,7 @@ def scan_namespace(
     ns_dir = Path(ns_dir)
     settings = canonical(settings)
     mpath = ns_dir / MANIFEST
-    have = _read_manifest(mpath)
+    have = read_manifest(mpath)
     if have is not None:
         diffs = _diffs(have, settings, _ordered(settings, have), "the store", "this run")
         if diffs:

@@ -21,9 +21,9 @@ import pyarrow as pa
 
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet
-from posfair.store.manifest import scan_namespace
+from posfair.store.manifest import ManifestMismatch, read_manifest, scan_namespace
 from posfair.store.settings import MANIFEST, canonical, embedding_meta, embedding_settings, run_settings
-from posfair.store.shards import set_aside, write_shard
+from posfair.store.shards import SHARD_SUFFIX, ChangedShard, DamagedShard, ShardFile, set_aside, write_shard
 
 __all__ = ["EmbeddingStore", "Namespace", "embedding_namespace", "text_key"]
 
@@ -112,18 +112,32 @@ class Namespace:
     def __len__(self) -> int:
         return len(self._shards)
 
+    def _recovering(self, op: Callable[[], Any]) -> Any:
+        """``op()``; when it meets a shard the index trusted but that turns out damaged or gone on
+        first read (:class:`ChangedShard`: already set aside, with a warning), the namespace is
+        scanned again and ``op`` retried, so the lost keys read as missing instead of failing."""
+        for _ in range(len(self._shards.records) + 1):
+            try:
+                return op()
+            except ChangedShard:
+                self.refresh()
+        return op()
+
     def __contains__(self, key: str) -> bool:
-        return bool(self._shards.locate([key])[0][0] >= 0)
+        return bool(self._recovering(lambda: self._shards.locate([key])[0][0] >= 0))
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """Keys not stored yet, in first-seen order, without duplicates."""
         uniq = list(dict.fromkeys(keys))
-        shard, _ = self._shards.locate(uniq)
+        shard, _ = self._recovering(lambda: self._shards.locate(uniq))
         return [uniq[i] for i in np.flatnonzero(shard < 0)]
 
     def get(self, keys: Sequence[str]) -> np.ndarray:
         """Vectors for ``keys`` (all must be present), stacked in order (a copy of those rows only)."""
         keys = list(keys)
+        return self._recovering(lambda: self._get(keys))
+
+    def _get(self, keys: list[str]) -> np.ndarray:
         shard, row = self._shards.locate(keys)
         absent = np.flatnonzero(shard < 0)
         if len(absent):
@@ -132,7 +146,8 @@ class Namespace:
 
     def chunks(self) -> Iterator[np.ndarray]:
         """Every stored row, shard by shard: each shard's vectors, a memory-mapped view of the file
-        (the keys of a row: :meth:`keys_at`).  A key stored in two shards appears twice."""
+        (the keys of a row: :meth:`keys_at`).  A key stored in two shards appears twice; the second
+        copies' positions are ``shards.redundant_rows()`` (searches skip them)."""
         for _, shard in self._shards:
             yield shard.vectors
 
@@ -179,6 +194,10 @@ class Namespace:
         """
         if len(keys) != len(items):
             raise ValueError(f"{len(keys)} keys but {len(items)} items")
+        # a trusted shard found damaged on first read (set aside): scan again, compute its keys again
+        return self._recovering(lambda: self._get_or_compute(keys, items, compute, chunk_size, progress))
+
+    def _get_or_compute(self, keys, items, compute, chunk_size, progress) -> np.ndarray:
         todo = self.missing(keys)
         if todo:
             first = {}
@@ -193,7 +212,7 @@ class Namespace:
                 if progress is not None:
                     progress(len(chunk))
             self.flush()
-        return self.get(keys)
+        return self._get(list(keys))
 
 
 class EmbeddingStore:
@@ -241,3 +260,47 @@ def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration=Non
     Opening it checks the namespace's manifest (:func:`scan_namespace`).
     """
     return store.open_namespace(embedding_meta(fingerprint, calibration, prompt), embedding_settings(fingerprint, calibration, prompt))
+
+
+def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
+    """Verify every shard of every namespace under ``root`` (or of ``root`` itself when it is one
+    namespace folder) fully: checksum over every byte, finite values, structure, settings.
+
+    Damaged shards are set aside (renamed ``*.damaged-<n>``, with a :class:`DamagedShardWarning`;
+    the next run that needs their keys computes them again); nothing is deleted and no vector is
+    computed.  Returns one record per namespace: ``namespace`` (folder), ``shards``, ``rows``,
+    ``keys`` (distinct), ``duplicate_rows`` (second copies of a key, which lookups and searches
+    skip), ``damaged`` (the paths set aside) and ``error`` (why the namespace could not be
+    checked at all, e.g. a shard made with other settings; None otherwise).
+    """
+    def _shard_settings(folder: Path) -> dict[str, Any]:  # no manifest: the settings the first readable shard records
+        for f in sorted(folder.glob(f"part-*{SHARD_SUFFIX}")):
+            try:
+                return dict(ShardFile(f).info["settings"])
+            except DamagedShard:
+                continue
+        return {}
+
+    root = Path(root)
+    folders = [root] if (root / "meta.json").is_file() else sorted(p.parent for p in root.glob("*/meta.json"))
+    out = []
+    for folder in folders:
+        before = set(folder.glob("part-*.damaged-*"))
+        rec: dict[str, Any] = {
+            "namespace": str(folder),
+            "shards": 0,
+            "rows": 0,
+            "keys": 0,
+            "duplicate_rows": 0,
+            "damaged": [],
+            "error": None,
+        }
+        try:
+            settings = read_manifest(folder / MANIFEST) or _shard_settings(folder)
+            _, shards = scan_namespace(folder, settings, full=True)
+            rec.update(shards=len(shards.records), rows=shards.rows, keys=len(shards), duplicate_rows=shards.rows - len(shards))
+        except (ManifestMismatch, OSError, ValueError) as exc:
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+        rec["damaged"] = sorted(str(p) for p in set(folder.glob("part-*.damaged-*")) - before)
+        out.append(rec)
+    return out

@@ -43,6 +43,7 @@ from posfair.io import atomic_path
 from posfair.store.settings import canonical, run_settings
 
 __all__ = [
+    "ChangedShard",
     "DamagedShard",
     "DamagedShardWarning",
     "SHARD_FORMAT",
@@ -70,6 +71,11 @@ class DamagedShardWarning(UserWarning):
 
 class DamagedShard(ValueError):
     """A shard file that cannot be trusted (unreadable, no or wrong checksum, bad shape, non-finite values)."""
+
+
+class ChangedShard(DamagedShard):
+    """A shard the key index trusted was found damaged or gone when first read (already set aside):
+    the namespace must be scanned again, after which its keys are missing and get recomputed."""
 
 
 def shard_path(folder: str | os.PathLike, name: str) -> Path:
@@ -296,12 +302,37 @@ def _npz_checksum(info: dict[str, Any], keys: Sequence[str], vectors: np.ndarray
 
 def convert_npz_shard(path: str | os.PathLike) -> Path:
     """Rewrite a checked ``part-<id>.npz`` shard as ``part-<id>.arrow`` (same keys, vectors, settings), then
-    remove the ``.npz``; raises :class:`DamagedShard` (the ``.npz`` is left for :func:`set_aside`)."""
+    remove the ``.npz`` (posfair's own file of the previous format, now held by the Arrow shard); raises
+    :class:`DamagedShard` (the ``.npz`` is left for :func:`set_aside`).
+
+    When ``part-<id>.arrow`` exists already (a conversion killed before the ``.npz`` was removed,
+    or a file of the same name from elsewhere), the ``.npz`` is removed only if that file holds
+    exactly its keys, vectors and settings; a damaged one is set aside and rewritten, and one
+    holding anything else is kept and the ``.npz`` converted under a new name.
+    """
     path = Path(path)
     keys, vectors, meta = read_npz_shard(path)
     name = path.name[len("part-") : -len(LEGACY_SUFFIX)]
     target = shard_path(path.parent, name)
-    if not target.exists():
+    if target.exists():
+        try:
+            have = ShardFile(target)
+            have.verify()
+            same = (
+                have.info["settings"] == meta["settings"]
+                and have.key_list() == list(keys)
+                and np.array_equal(have.vectors, np.asarray(vectors, dtype=np.float32))
+            )
+        except DamagedShard as exc:
+            set_aside(target, str(exc), then="it is rewritten from the .npz shard of the same name")
+            same = None
+        if not same:
+            if same is False:
+                name = write_shard(path.parent, keys, vectors, settings=meta["settings"])
+                target = path.parent / name
+            else:
+                write_shard(path.parent, keys, vectors, name=name, settings=meta["settings"])
+    else:
         write_shard(path.parent, keys, vectors, name=name, settings=meta["settings"])
     os.unlink(path)
     return target
