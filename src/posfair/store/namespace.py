@@ -273,6 +273,7 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
     skip), ``damaged`` (the paths set aside) and ``error`` (why the namespace could not be
     checked at all, e.g. a shard made with other settings; None otherwise).
     """
+
     def _shard_settings(folder: Path) -> dict[str, Any]:  # no manifest: the settings the first readable shard records
         for f in sorted(folder.glob(f"part-*{SHARD_SUFFIX}")):
             try:
