@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any, Literal
 
 Share = Literal["equal", "original"] | float
@@ -440,8 +441,6 @@ class Calibration:
 def load_prior(path: str) -> PositionalPrior:
     """A positional prior from a JSON file: the file ``posfair estimate-prior`` writes (``{"prior": {...}, ...}``),
     a bare prior (``{"values": [...], "layers": [...]}``) or a calibration dict carrying one."""
-    from pathlib import Path
-
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"prior file {path!r} does not exist")
