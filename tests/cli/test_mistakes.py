@@ -136,11 +136,26 @@ MISTAKES = [
     ("build-benchmark-unknown-source", "build-benchmark --sources nope -o {t}/bench", "--sources nope: unknown source(s) ['nope']", None),
     # tune
     ("tune-space", "tune --space wide -o {t}/out", "--space wide: must be one of default, paper", None),
-    ("tune-variant", "tune --variants uniform,magic -o {t}/out", "--variants uniform,magic: must be one of uniform, prior, self, special", None),
+    (
+        "tune-variant",
+        "tune --variants uniform,magic -o {t}/out",
+        "--variants uniform,magic: must be one of uniform, prior, self, special",
+        None,
+    ),
     ("tune-self-share", "tune --variants self --self-shares 1.5 -o {t}/out", "--self-shares 1.5: must be a number in [0, 1]", None),
-    ("tune-special-share", "tune --variants special --special-shares big -o {t}/out", "--special-shares big: must be 'original', 'equal'", None),
+    (
+        "tune-special-share",
+        "tune --variants special --special-shares big -o {t}/out",
+        "--special-shares big: must be 'original', 'equal'",
+        None,
+    ),
     ("calibration-variant-unknown", "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,colour=red", "unknown variant 'colour'", None),
-    ("calibration-self-share", "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,self=2", "self_share must be a number in [0, 1]", None),
+    (
+        "calibration-self-share",
+        "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,self=2",
+        "self_share must be a number in [0, 1]",
+        None,
+    ),
     (
         "calibration-prior-missing",
         "audit --langs en -o {t}/out --calibration 16,1,1,prior={t}/missing.json",

@@ -89,14 +89,20 @@ def tune(
     self_shares: Annotated[
         list[float],
         typer.Option(
-            "--self-shares", parser=comma_list(number(0, 1)), callback=joined, metavar="RHO,...",
+            "--self-shares",
+            parser=comma_list(number(0, 1)),
+            callback=joined,
+            metavar="RHO,...",
             help="Self-attention shares tried by the self variant (default 0.5,1).",
         ),
     ] = (),  # fmt: skip
     special_shares: Annotated[
         list[str],
         typer.Option(
-            "--special-shares", parser=comma_list(special_share), callback=joined, metavar="SHARE,...",
+            "--special-shares",
+            parser=comma_list(special_share),
+            callback=joined,
+            metavar="SHARE,...",
             help="BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
         ),
     ] = (),  # fmt: skip

@@ -489,8 +489,17 @@ def run_search(
             for c in extra:
                 run(c, TEST, "test")
         result = TuneResult(
-            desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0, list(skipped),
-            fronts, variant_best,
+            desc,
+            space.to_dict(),
+            max_drop,
+            trials,
+            pick.calibration,
+            front,
+            any_feasible,
+            time.perf_counter() - t0,
+            list(skipped),
+            fronts,
+            variant_best,
         )
         save(result.to_dict())
         bar.total = bar.n  # the choice may be stock: evaluated on test once
