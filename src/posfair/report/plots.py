@@ -211,9 +211,14 @@ def front_lines(
         ax.scatter([r["x"]], [r["y"]], s=160, marker="*", color="black", label="stock", zorder=4)
         ax.annotate(str(r["label"]), (r["x"], r["y"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
     hi = points[points["highlight"].astype(bool) & ~ref] if "highlight" in points.columns else points.iloc[0:0]
+    y0, y1 = ax.get_ylim()
+    x0, x1 = ax.get_xlim()
     for r in hi.itertuples(index=False):
         ax.scatter([r.x], [r.y], s=190, facecolors="none", edgecolors="#b2182b", linewidths=1.8, zorder=5)
-        ax.annotate(f"chosen: {r.label}", (r.x, r.y), fontsize=8, xytext=(10, 12), textcoords="offset points", zorder=6,
+        dy = -26 if r.y > y0 + 0.8 * (y1 - y0) else 14  # keep the label inside the axes
+        ha = "right" if r.x > x0 + 0.6 * (x1 - x0) else "left"
+        ax.annotate(f"chosen: {r.label}", (r.x, r.y), fontsize=8, xytext=(12 if ha == "left" else -12, dy), textcoords="offset points",
+                    ha=ha, zorder=6,
                     bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
                     arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8))  # fmt: skip
     ax.set_xlabel(xlabel, fontsize=9)
