@@ -74,6 +74,8 @@ def test_joint_search_fronts_and_test_confirmation(tmp_path):
     table = (tmp_path / "out" / "tables" / "variants.md").read_text()
     for c in res.variant_best.values():
         assert c.label() in table
+    only_choice = (tmp_path / "out" / "tables" / "test.md").read_text()
+    assert res.chosen.label() in only_choice and res.variant_best["special"].label() not in only_choice
     frame = pd.read_csv(tmp_path / "out" / "trials.csv")
     assert set(frame["variant"]) == {"stock", *SPACE.variants}
 

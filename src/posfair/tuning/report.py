@@ -84,8 +84,9 @@ def front_table(result: TuneResult) -> Table:
 
 
 def test_table(result: TuneResult) -> Table:
-    """Stock and the chosen setting on the held-out test split."""
+    """Stock and the chosen setting on the held-out test split (other variants' settings: :func:`variants_table`)."""
     f = result.frame(TEST)
+    f = f[(f["label"] == "stock") | f["chosen"]]
     t = _cells(f, result, flags=False)
     prof = [c for c in f.columns if c.startswith("sigma_p")]
     if prof:
