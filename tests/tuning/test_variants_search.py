@@ -107,3 +107,28 @@ def test_fairness_objective_estimates_the_prior_on_the_dev_split(tiny_model, tmp
     prior_trials = [t for t in res.dev_trials() if t.variant == "prior"]
     assert prior_trials and all(t.calibration.prior == est.calibration.prior for t in prior_trials)
     assert prior_trials[0].metrics["spread"] != res.trial(Calibration(basket_size=4, layers=1.0, strength=1.0), DEV).metrics["spread"]
+
+
+def test_cli_tune_with_variants_on_the_retrieval_objective(tiny_model, tiny_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+    from posfair.tuning.evaluator import build_corpus_benchmark
+
+    model = tiny_model("bert-mean")
+    build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
+    path, _ = tiny_model_path("bert-mean")
+    out = tmp_path / "cli"
+    r = CliRunner().invoke(app, ["tune", "--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"),
+                                 "--baskets", "4", "--layers", "1.0", "--strengths", "1.0", "--fine-rounds", "0",
+                                 "--variants", "uniform,prior,self,special", "--self-shares", "0.5", "--special-shares", "original,0.05",
+                                 "--max-ndcg-drop", "100", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    saved = json.loads((out / "tune.json").read_text())
+    dev = [Calibration.from_dict(t["calibration"]) for t in saved["trials"] if t["split"] == DEV and t["calibration"]]
+    assert sorted(c.variant for c in dev) == ["prior", "self", "special", "special", "uniform"]
+    prior = next(c for c in dev if c.variant == "prior").prior
+    assert prior.layers == tuple(range(model.num_layers)) and prior.bins == 20
+    assert {c.self_share for c in dev} == {None, 0.5} and {c.bos_weight for c in dev if c.variant == "special"} == {"original", 0.05}
+    assert set(saved["fronts"]) == {"uniform", "prior", "self", "special"}
+    assert (out / "fronts.png").exists() and (out / "tables" / "variants.md").exists()
