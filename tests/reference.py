@@ -24,8 +24,40 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 REF_NAME = "posfair_test_reference"
 
 
-def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False, bos_w="original", eos_w="equal"):
+def reference_prior(density, x):
+    """The prior density (bin r centred at (r + 0.5) / R) at relative position x: linear between centres, flat outside."""
+    R = len(density)
+    centres = [(r + 0.5) / R for r in range(R)]
+    if x <= centres[0]:
+        return float(density[0])
+    if x >= centres[-1]:
+        return float(density[-1])
+    for r in range(R - 1):
+        if centres[r] <= x <= centres[r + 1]:
+            t = (x - centres[r]) / (centres[r + 1] - centres[r])
+            return float(density[r]) * (1 - t) + float(density[r + 1]) * t
+    raise AssertionError(x)
+
+
+def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False, bos_w="original", eos_w="equal",
+                            prior=None, self_share=None, self_key=None):  # fmt: skip
+    """One row, from the spec.  ``prior``: divide each basket's mass by the prior at the basket's
+    centre and give the content its mass back; ``self_share`` rho with ``self_key`` q: the own key keeps
+    rho * a[q], the rest is calibrated with a[q] = 0 and rescaled to 1 - rho * a[q]."""
     a = np.asarray(a, dtype=np.float64)
+    if self_share is not None and s <= self_key <= e:
+        iso_n = int(iso_bos) + int(iso_eos)
+        if (e - s + 1) - iso_n < B:
+            return a.copy()
+        rest = a.copy()
+        rest[self_key] = 0.0
+        rest = reference_calibrate_row(rest, s, e, B, 1.0, iso_bos, iso_eos, bos_w, eos_w, prior)
+        rest[self_key] = 0.0
+        keep = self_share * a[self_key]
+        cal = rest / rest.sum() * (1 - keep) if rest.sum() > 0 else np.zeros_like(a)
+        cal[self_key] = keep
+        cal = cal / cal.sum() if cal.sum() > 0 else a.copy()
+        return alpha * cal + (1 - alpha) * a
     iso = []
     if iso_bos:
         iso.append((s, bos_w))
@@ -44,6 +76,18 @@ def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False,
         shares[k] = 1.0 / n_total if w == "equal" else (a[k] if w == "original" else float(w))
     each = max(0.0, (1.0 - sum(shares.values())) / len(baskets))
     cal = np.zeros_like(a)
+    if prior is not None:  # basket mass m / p(centre), content rescaled to the mass the isolated keys leave
+        C = len(content)
+        targets = []
+        for j, b in enumerate(baskets):
+            centre = (j * B + j * B + len(b) - 1) / 2
+            targets.append(a[b].sum() / reference_prior(prior, (centre + 0.5) / C))
+        left = max(0.0, 1.0 - sum(shares.values()))
+        for b, t in zip(baskets, targets, strict=True):
+            m = a[b].sum()
+            if m > 0:
+                cal[b] = a[b] / m * t / sum(targets) * left
+        baskets = []
     for b in baskets:
         m = a[b].sum()
         if m > 0:
@@ -87,6 +131,8 @@ class Reference:
                     rows = range(s, e + 1)
                 else:
                     rows = [e if cal.pooling == "lasttoken" else s]
+                prior = cal.prior.density(layer) if getattr(cal, "prior", None) is not None else None
+                self_share = getattr(cal, "self_share", None)
                 for h in range(H):
                     for r in rows:
                         w[b, h, r] = reference_calibrate_row(
@@ -99,6 +145,9 @@ class Reference:
                             cal.isolate_eos,
                             cal.bos_weight,
                             cal.eos_weight,
+                            prior=prior,
+                            self_share=self_share,
+                            self_key=r,
                         )
         return w
 

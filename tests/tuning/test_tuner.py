@@ -53,7 +53,7 @@ def test_finds_the_known_optimum():
     assert abs(c.strength - 0.7) < 0.02
     dev = res.dev_trials()
     assert len(dev) == 1 + len(SPACE.coarse()) + len([t for t in dev if t.phase == "fine"])
-    assert all(t.line == (64, 0.5) for t in dev if t.phase == "fine")
+    assert all((t.line.basket_size, t.line.layers) == (64, 0.5) for t in dev if t.phase == "fine")
     assert res.trial(c, DEV).metrics["score"] == min(t.metrics["score"] for t in dev)
 
 

@@ -20,17 +20,71 @@ contiguous span ``[start, end]`` (padding keys carry 0), calibration
 Rows whose content is shorter than one basket (``C < B``) are returned
 unchanged, as the authors' implementation encodes such texts uncalibrated.
 
+Two variants change steps 3-4 (both off by default; a default setting runs exactly
+the formula above):
+
+* **positional prior** (``prior``: a vector of ``R`` positive densities over relative
+  content position): step 4 gives content basket ``b`` the mass
+  ``m_b / p_b``, scaled so the content baskets together get
+  ``1 - sum(isolated shares)``, where ``m_b`` is the row's mass on the basket and
+  ``p_b`` the prior at the basket's centre (:func:`prior_at`).  A flat prior leaves
+  the content as it is (up to the isolated shares); the papers' equal mass per basket
+  is the special case ``p_b = m_b``.  The row's own variation survives; the average
+  tilt the prior measures does not.
+* **self-attention share** (``self_share`` = rho in [0, 1], with ``self_key``, the
+  index of each row's own key): the own key keeps ``rho * a[self]``; the rest of the
+  row is calibrated with the own key's mass set to 0 (its basket keeps the other
+  keys' proportions; an isolated own key's share is dropped), renormalised and scaled
+  to ``1 - rho * a[self]``.  If nothing else carries mass, the row is renormalised to
+  sum 1 (rho = 0 and a row all on itself is left unchanged).  Then the strength blend
+  as in step 5.  Rows whose own key is outside the valid span (padding query rows)
+  get the plain formula.
+
 The function is vectorised over any leading dimensions (batch, heads, query
 rows) and is independent of torch's autograd state and of any model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from posfair.calibration.params import Share
 
-__all__ = ["basket_weights", "calibrate_rows", "calibrate_span_"]
+__all__ = ["basket_centres", "basket_weights", "calibrate_rows", "calibrate_span_", "prior_at"]
+
+
+def prior_at(density: torch.Tensor | Sequence[float], positions: torch.Tensor) -> torch.Tensor:
+    """The prior ``density`` (R values, bin ``r`` centred at ``(r + 0.5) / R``) at relative ``positions``.
+
+    Linear interpolation between bin centres, constant beyond the first and last centre
+    (``numpy.interp`` semantics).  Returns a tensor of the shape and dtype of ``positions``.
+    """
+    d = torch.as_tensor(density, dtype=positions.dtype, device=positions.device)
+    R = d.shape[-1]
+    if R == 1:
+        return d[0].expand(positions.shape).clone()
+    x = positions * R - 0.5  # in units of bins, 0 = the first centre
+    lo = torch.floor(x).clamp(0, R - 2)
+    frac = (x - lo).clamp(0.0, 1.0)
+    i = lo.long()
+    return d[i] * (1.0 - frac) + d[i + 1] * frac
+
+
+def basket_centres(n_content: torch.Tensor, n_slots: int, basket_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Relative position of the middle of each content basket: ``(centre key + 0.5) / C``.
+
+    ``n_content``: (..., 1) content keys per row; returns (..., n_slots) (slots beyond a
+    row's baskets get meaningless values, which callers mask).  Basket ``j`` spans content
+    keys ``j*B .. min((j+1)*B, C) - 1``; its centre key is the mean of the two.
+    """
+    B = int(basket_size)
+    j = torch.arange(n_slots, device=n_content.device, dtype=dtype)
+    C = n_content.to(dtype).clamp(min=1)
+    first = j * B
+    last = torch.minimum((j + 1) * B, C) - 1
+    return ((first + last) / 2 + 0.5) / C
 
 
 def _share(weight: Share, original: torch.Tensor, n_total: torch.Tensor) -> torch.Tensor:
@@ -52,6 +106,9 @@ def calibrate_rows(
     isolate_eos: bool = False,
     bos_weight: Share = "original",
     eos_weight: Share = "equal",
+    prior: Sequence[float] | torch.Tensor | None = None,
+    self_share: float | None = None,
+    self_key: torch.Tensor | int | None = None,
 ) -> torch.Tensor:
     """Calibrate attention rows.
 
@@ -61,6 +118,9 @@ def calibrate_rows(
             broadcastable to ``weights.shape[:-1]``.
         basket_size, strength, isolate_bos, isolate_eos, bos_weight, eos_weight:
             see the module docstring and :class:`posfair.Calibration`.
+        prior: the positional-prior variant's density vector for this layer (None: equal mass per basket).
+        self_share, self_key: the self-attention-share variant: rho and the index of each
+            row's own key (broadcastable to ``weights.shape[:-1]``; required with ``self_share``).
 
     Returns:
         A tensor of the shape of ``weights`` (float64 stays float64; lower precisions are computed in float32).
@@ -75,6 +135,12 @@ def calibrate_rows(
     start = torch.as_tensor(start, device=dev).long().expand(lead).unsqueeze(-1)
     end = torch.as_tensor(end, device=dev).long().expand(lead).unsqueeze(-1)
     B = int(basket_size)
+    if self_share is not None:
+        if self_key is None:
+            raise ValueError("self_share needs self_key (the index of each row's own key)")
+        return _self_share_rows(a, start, end, self_key, float(self_share), strength,
+                                dict(basket_size=B, isolate_bos=isolate_bos, isolate_eos=isolate_eos,
+                                     bos_weight=bos_weight, eos_weight=eos_weight, prior=prior))  # fmt: skip
 
     keys = torch.arange(K, device=dev)
     c_start = start + int(isolate_bos)
@@ -101,8 +167,19 @@ def calibrate_rows(
         eos_share = _share(eos_weight, a.gather(-1, end.clamp(0, K - 1)), n_total)
         iso_total = iso_total + eos_share
 
-    per_basket = ((1.0 - iso_total) / n_baskets).clamp(min=0.0)  # target mass of each content basket
-    factor = torch.where(mass > 0, per_basket / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev))
+    if prior is None:
+        per_basket = ((1.0 - iso_total) / n_baskets).clamp(min=0.0)  # target mass of each content basket
+        factor = torch.where(mass > 0, per_basket / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev))
+    else:  # basket b gets m_b / p_b, the content scaled to content_total: every key of b is multiplied by scale / p_b
+        content_total = (1.0 - iso_total).clamp(min=0.0)
+        p = prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype))
+        in_row = torch.arange(n_slots, device=dev) < n_baskets  # (..., n_slots)
+        tilted = torch.where(in_row, mass / p, torch.zeros((), device=dev, dtype=a.dtype))
+        denom = tilted.sum(-1, keepdim=True)
+        scale = torch.where(
+            denom > 0, content_total / denom.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev, dtype=a.dtype)
+        )
+        factor = torch.where(in_row & (mass > 0), scale / p, torch.zeros((), device=dev, dtype=a.dtype))
     factor[..., n_slots - 1] = 0.0
     cal = a * factor.gather(-1, basket)
     if bos_share is not None:
@@ -116,6 +193,31 @@ def calibrate_rows(
     return torch.where(active, out, a)
 
 
+def _self_share_rows(a, start, end, self_key, rho: float, strength: float, kw: dict) -> torch.Tensor:
+    """The self-attention-share variant of :func:`calibrate_rows` (see the module docstring)."""
+    lead, K = a.shape[:-1], a.shape[-1]
+    sk = torch.as_tensor(self_key, device=a.device).long().expand(lead).unsqueeze(-1)
+    inside = (sk >= start) & (sk <= end)  # (..., 1)
+    idx = sk.clamp(0, K - 1)
+    a_self = torch.where(inside, a.gather(-1, idx), torch.zeros((), dtype=a.dtype, device=a.device))
+    keys = torch.arange(K, device=a.device)
+    own = (keys == sk) & inside  # (..., K)
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
+    a0 = torch.where(own, zero, a)
+    core = calibrate_rows(a0, start.squeeze(-1), end.squeeze(-1), strength=1.0, **kw)  # rows too short stay a0
+    rest = torch.where(own, zero, core)
+    rest_sum = rest.sum(-1, keepdim=True)
+    tiny = torch.finfo(a.dtype).tiny
+    rest = torch.where(rest_sum > 0, rest / rest_sum.clamp(min=tiny) * (1.0 - rho * a_self), zero)
+    cal = torch.where(own, rho * a_self, rest)
+    total = cal.sum(-1, keepdim=True)
+    cal = torch.where(total > 0, cal / total.clamp(min=tiny), a)
+    B = kw["basket_size"]
+    n_content = (end - int(kw["isolate_eos"])) - (start + int(kw["isolate_bos"])) + 1
+    active = n_content >= B
+    return torch.where(active, strength * cal + (1.0 - strength) * a, a)
+
+
 def calibrate_span_(
     probs: torch.Tensor,
     start: int,
@@ -127,6 +229,9 @@ def calibrate_span_(
     isolate_eos: bool = False,
     bos_weight: Share = "original",
     eos_weight: Share = "equal",
+    prior: Sequence[float] | torch.Tensor | None = None,
+    self_share: float | None = None,
+    row_offset: int = 0,
 ) -> torch.Tensor:
     """:func:`calibrate_rows` in place, for many rows that share one valid span ``[start, end]``.
 
@@ -134,7 +239,19 @@ def calibrate_span_(
     scatter: baskets are a reshape of the content slice, and renormalisation
     and the strength blend fold into one multiplier per basket.  Used for
     ``queries="all"``, where every row of a sequence is calibrated.
+
+    With a variant (``prior`` or ``self_share``) the rows go through :func:`calibrate_rows`
+    (written back in place); the rows along dimension -2 are the query positions
+    ``row_offset, row_offset + 1, ...`` (each row's own key, for ``self_share``).
     """
+    if prior is not None or self_share is not None:
+        T = probs.shape[-2]
+        rows = torch.arange(row_offset, row_offset + T, device=probs.device)
+        cal = calibrate_rows(probs, start, end, basket_size=basket_size, strength=strength, isolate_bos=isolate_bos,
+                             isolate_eos=isolate_eos, bos_weight=bos_weight, eos_weight=eos_weight, prior=prior,
+                             self_share=self_share, self_key=rows.expand(probs.shape[:-1]) if self_share is not None else None)  # fmt: skip
+        probs.copy_(cal)
+        return probs
     B = int(basket_size)
     c_start = start + int(isolate_bos)
     c_end = end - int(isolate_eos)

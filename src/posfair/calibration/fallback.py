@@ -224,7 +224,7 @@ class LayerMode(TorchFunctionMode):
         exact = out.dtype in (torch.float32, torch.float64)
         res = out
         if self.calibrate:
-            kw = st.calibration.basket_kwargs()
+            kw = st.calibration.basket_kwargs(self.layer)
             if st.calibration.queries == "all":
                 # every row of a sequence shares its span (padding query rows too: harmless, never pooled)
                 res = (out.clone() if out.requires_grad else out) if exact else out.float()
@@ -232,6 +232,8 @@ class LayerMode(TorchFunctionMode):
                     calibrate_span_(res[i], s, e, **kw)
             else:
                 rows = st.pool_rows().to(dev)
+                if st.calibration.self_share is not None:
+                    kw["self_key"] = rows.view(B, 1)
                 cal = calibrate_rows(out[b, :, rows], start.view(B, 1), end.view(B, 1), **kw)  # float32 / float64
                 res = out.clone() if out.requires_grad else out
                 res[b, :, rows] = cal.to(out.dtype)

@@ -73,6 +73,8 @@ def applicable(
     """Whether the fused path computes this layer (else the tiled explicit path does)."""
     if not ENABLED or record or dropout or query.device.type != "cpu" or query.dtype not in _DTYPES:
         return False
+    if state.calibration.has_variants:
+        return False  # a positional prior or a self-attention share: the tiled explicit path computes them exactly
     if key.dtype != query.dtype or value.dtype != query.dtype:
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):

@@ -12,11 +12,14 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any, Literal
 
 Share = Literal["equal", "original"] | float
+#: the variant names (what ``Calibration.variant`` reports and the tuner searches)
+VARIANTS: tuple[str, ...] = ("uniform", "prior", "self", "special")
 Pooling = Literal["cls", "mean", "lasttoken"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "lasttoken")
 
@@ -32,6 +35,99 @@ def _check_share(name: str, value: Any) -> Share:
     if not (0.0 <= value < 1.0) or math.isnan(value):
         raise ValueError(f"{name} must be in [0, 1) when given as a float; got {value}")
     return value
+
+
+def _finite_positive(name: str, values: Any) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"{name} must be a sequence of positive numbers; got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(float(v)) or float(v) <= 0:
+            raise ValueError(f"{name} must hold finite numbers > 0 (the prior divides by them); got {v!r}")
+        out.append(float(v))
+    if not out:
+        raise ValueError(f"{name} must not be empty")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PositionalPrior:
+    """The model's mean attention mass over *relative* position, by which positional-prior calibration divides.
+
+    ``values``: one vector per layer, each of ``bins`` positive numbers: the mean attention
+    *density* of the calibrated query rows over ``bins`` equal bins of relative content
+    position (bin ``r`` covers ``[r / bins, (r + 1) / bins)`` of the content keys; its scale
+    does not matter, only ratios between bins).  ``layers``: the 0-based layer of each vector;
+    ``None`` with a single vector = the same prior for every calibrated layer.
+    A row's basket ``b`` is given the prior's value at the basket's centre (relative
+    position of its middle key), linearly interpolated between bin centres and held constant
+    beyond the first / last bin centre (:func:`posfair.calibration.baskets.prior_at`), so a
+    prior estimated once serves documents of any length and any basket size.
+    Estimate one with :func:`posfair.fairness.attention_prior.estimate_prior`.
+    """
+
+    values: tuple[tuple[float, ...], ...]
+    layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        vals = self.values
+        if isinstance(vals, (str, bytes)) or not isinstance(vals, Sequence) or not vals:
+            raise ValueError("prior values must be a non-empty list of vectors (one per layer)")
+        vecs = tuple(_finite_positive(f"prior vector {i}", v) for i, v in enumerate(vals))
+        if len({len(v) for v in vecs}) != 1:
+            raise ValueError(f"prior vectors must all have the same number of bins; got {[len(v) for v in vecs]}")
+        object.__setattr__(self, "values", vecs)
+        layers = self.layers
+        if layers is None:
+            if len(vecs) != 1:
+                raise ValueError(f"a prior of {len(vecs)} vectors needs their layers (one 0-based index per vector)")
+        else:
+            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+                raise ValueError(f"prior layers must be a list of 0-based layer indices; got {layers!r}")
+            idx = list(layers)
+            for i in idx:
+                if isinstance(i, bool) or not isinstance(i, Integral) or i < 0:
+                    raise ValueError(f"prior layers must be 0-based layer indices (ints >= 0); got {i!r}")
+            if len(idx) != len(vecs):
+                raise ValueError(f"prior has {len(vecs)} vectors for {len(idx)} layers")
+            if len(set(idx)) != len(idx):
+                raise ValueError(f"prior layers contain duplicates: {idx}")
+            object.__setattr__(self, "layers", tuple(int(i) for i in idx))
+
+    @property
+    def bins(self) -> int:
+        return len(self.values[0])
+
+    def density(self, layer: int | None) -> tuple[float, ...]:
+        """The vector of layer ``layer`` (the single vector when the prior is shared by all layers)."""
+        if self.layers is None:
+            return self.values[0]
+        if layer is None or layer not in self.layers:
+            raise ValueError(f"the positional prior has no vector for layer {layer} (it covers layers {list(self.layers)})")
+        return self.values[self.layers.index(layer)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": None if self.layers is None else list(self.layers), "values": [list(v) for v in self.values]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PositionalPrior:
+        if isinstance(d, PositionalPrior):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"a positional prior must be a dict with 'values' (and 'layers'); got {type(d).__name__}")
+        unknown = set(d) - {"layers", "values", "bins"}
+        if unknown:
+            raise ValueError(f"unknown positional prior fields: {sorted(unknown)}")
+        if "values" not in d:
+            raise ValueError("a positional prior needs 'values' (one vector per layer)")
+        prior = cls(values=tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in d["values"]), layers=d.get("layers"))
+        if d.get("bins") is not None and d["bins"] != prior.bins:
+            raise ValueError(f"positional prior: 'bins' = {d['bins']} but the vectors have {prior.bins} values")
+        return prior
+
+    def digest(self) -> str:
+        """6 hex digits identifying the prior (in labels)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:6]
 
 
 @dataclass(frozen=True)
@@ -52,6 +148,25 @@ class Calibration:
             left alone) or a float in [0, 1).
         queries: ``"pool"`` (the pooling token's row) or ``"all"`` (every valid
             row).  ``None``: "pool" for CLS / last-token pooling, "all" for mean.
+        prior: *positional-prior calibration* (a :class:`PositionalPrior`, or its dict):
+            instead of giving every content basket the same mass, each basket's mass is
+            divided by the prior's value at its relative position and the content is
+            renormalised, so the average positional tilt goes and the row's content-driven
+            variation stays.  ``None`` (default): the papers' equal mass per basket.
+        self_share: *self-attention share* rho in [0, 1]: each calibrated query row keeps
+            ``rho`` times the mass it originally gave its own key (the pooling token's key
+            for CLS / last-token pooling, the diagonal key for every row with
+            ``queries="all"``); the rest of the row is calibrated without that key and
+            scaled to the remaining mass.  It takes precedence over ``bos_weight`` /
+            ``eos_weight`` when the own key is an isolated key.  ``None`` (default): the
+            own key is treated like any other key.
+
+    The third variant, *special-token mass* (a target share for the BOS / EOS keys
+    distinct from the content baskets), is ``isolate_bos`` / ``isolate_eos`` with
+    ``bos_weight`` / ``eos_weight``; :meth:`with_special` sets both at once and the
+    command line's ``special=`` does the same.  New fields are written by
+    :meth:`to_dict` (hence :meth:`key`) only when set, so settings without them keep
+    their keys and labels.
     """
 
     basket_size: int = 128
@@ -62,6 +177,8 @@ class Calibration:
     bos_weight: Share = "original"
     eos_weight: Share = "equal"
     queries: Literal["pool", "all"] | None = None
+    prior: PositionalPrior | None = None
+    self_share: float | None = None
 
     def __post_init__(self) -> None:
         b = self.basket_size
@@ -110,6 +227,40 @@ class Calibration:
                 raise ValueError(f"{name} must be True, False or None; got {v!r}")
         if self.queries not in (None, "pool", "all"):
             raise ValueError(f"queries must be 'pool', 'all' or None; got {self.queries!r}")
+        if self.prior is not None:
+            object.__setattr__(self, "prior", PositionalPrior.from_dict(self.prior))
+        rho = self.self_share
+        if rho is not None:
+            if isinstance(rho, bool) or not isinstance(rho, Real) or math.isnan(float(rho)) or not 0.0 <= float(rho) <= 1.0:
+                raise ValueError(f"self_share must be a number in [0, 1] or None; got {rho!r}")
+            object.__setattr__(self, "self_share", float(rho))
+
+    # -- variants -----------------------------------------------------------------------------
+    @property
+    def variant(self) -> str:
+        """Which variant this setting is: ``"prior"``, ``"self"``, ``"special"`` or ``"uniform"`` (the papers').
+
+        A setting combining several is named by the first of prior, self, special that it uses.
+        """
+        if self.prior is not None:
+            return "prior"
+        if self.self_share is not None:
+            return "self"
+        if self.special_share is not None:
+            return "special"
+        return "uniform"
+
+    @property
+    def special_share(self) -> Share | None:
+        """The special-token share set by :meth:`with_special` (BOS and EOS isolated with one weight), else None."""
+        if self.isolate_bos and self.isolate_eos and self.bos_weight == self.eos_weight:
+            return self.bos_weight
+        return None
+
+    def with_special(self, share: Share) -> Calibration:
+        """The special-token-mass variant: BOS and EOS isolated, each given ``share``
+        (``"original"``: their own mass is kept; ``"equal"``: one basket's; a float: that share of the row)."""
+        return replace(self, isolate_bos=True, isolate_eos=True, bos_weight=share, eos_weight=share)
 
     # -- resolution against a model ---------------------------------------------------------
     def layer_indices(self, num_layers: int) -> tuple[int, ...]:
@@ -140,9 +291,16 @@ class Calibration:
     def resolve(self, pooling: str, num_layers: int) -> ResolvedCalibration:
         isolate_bos, isolate_eos = self.isolation(pooling)
         queries = self.queries or ("all" if pooling == "mean" else "pool")
+        layers = self.layer_indices(num_layers)
+        if self.prior is not None and self.prior.layers is not None:
+            missing = [i for i in layers if i not in self.prior.layers]
+            if missing:
+                raise ValueError(
+                    f"the positional prior covers layers {list(self.prior.layers)} but the calibration also calibrates layers {missing}"
+                )
         return ResolvedCalibration(
             basket_size=self.basket_size,
-            layers=self.layer_indices(num_layers),
+            layers=layers,
             strength=self.strength,
             isolate_bos=isolate_bos,
             isolate_eos=isolate_eos,
@@ -150,13 +308,21 @@ class Calibration:
             eos_weight=self.eos_weight,
             queries=queries,
             pooling=pooling,
+            prior=self.prior,
+            self_share=self.self_share,
         )
 
     # -- (de)serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values; ``prior`` and ``self_share`` only when set (so older settings keep their keys)."""
         d = asdict(self)
         if isinstance(d["layers"], tuple):
             d["layers"] = list(d["layers"])
+        for name in ("prior", "self_share"):
+            if d[name] is None:
+                del d[name]
+        if self.prior is not None:
+            d["prior"] = self.prior.to_dict()
         return d
 
     @classmethod
@@ -168,6 +334,8 @@ class Calibration:
         d = dict(d)
         if isinstance(d.get("layers"), list):
             d["layers"] = tuple(d["layers"])
+        if d.get("prior") is not None:
+            d["prior"] = PositionalPrior.from_dict(d["prior"])
         return cls(**d)
 
     def key(self) -> str:
@@ -192,23 +360,36 @@ class Calibration:
             extra.append(f"bw{self.bos_weight}")
         if self.eos_weight != "equal":
             extra.append(f"ew{self.eos_weight}")
+        if self.prior is not None:
+            extra.append(f"prior{self.prior.bins}x{len(self.prior.values)}.{self.prior.digest()}")
+        if self.self_share is not None:
+            extra.append(f"self{self.self_share:g}")
         tail = ("-" + "-".join(extra)) if extra else ""
         return f"B{self.basket_size}-{layers}-a{self.strength:g}{tail}"
 
     @classmethod
     def parse(cls, spec: str) -> Calibration:
-        """Parse the CLI form ``B,layers,alpha`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``, ``128,6+7+8,1``)
-        or ``default`` (the robust default ``Calibration()``, i.e. ``128,0.5,0.5``).
+        """Parse the CLI form ``B,layers,alpha[,VARIANT=VALUE...]`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``,
+        ``128,6+7+8,1``, ``16,1.0,1,prior=prior.json``) or ``default`` (the robust default
+        ``Calibration()``, i.e. ``128,0.5,0.5``).
 
         ``layers``: an int (last k layers), a float with a dot (fraction), or
-        ``+``-separated explicit 0-based indices.
+        ``+``-separated explicit 0-based indices.  Variants (any combination):
+        ``prior=FILE`` (a positional prior, the JSON written by ``posfair estimate-prior``),
+        ``self=RHO`` (self-attention share in [0, 1]), ``special=SHARE`` (BOS and EOS
+        isolated, each given ``original``, ``equal`` or a float share).
         """
         if spec.strip().lower() == "default":
             return cls()
         parts = [p.strip() for p in spec.split(",")]
-        if len(parts) != 3:
-            raise ValueError(f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5) or 'default'; got {spec!r}")
-        b, layers_s, a = parts
+        head = [p for p in parts if "=" not in p]
+        tail = [p for p in parts if "=" in p]
+        if len(head) != 3 or parts[:3] != head:
+            raise ValueError(
+                f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5), optionally followed by "
+                f"prior=FILE, self=RHO or special=SHARE, or 'default'; got {spec!r}"
+            )
+        b, layers_s, a = head
         try:
             basket = int(b)
         except ValueError:
@@ -218,7 +399,63 @@ class Calibration:
             strength = float(a)
         except ValueError:
             raise ValueError(f"strength in calibration spec {spec!r} must be a number; got {a!r}") from None
-        return cls(basket_size=basket, layers=layers, strength=strength)
+        kw: dict[str, Any] = {}
+        for item in tail:
+            name, _, value = (x.strip() for x in item.partition("="))
+            if name in kw or (name == "special" and "isolate_bos" in kw):
+                raise ValueError(f"calibration spec {spec!r} gives {name}= twice")
+            if name == "prior":
+                kw["prior"] = load_prior(value)
+            elif name == "self":
+                try:
+                    kw["self_share"] = float(value)
+                except ValueError:
+                    raise ValueError(f"self= in calibration spec {spec!r} must be a number in [0, 1]; got {value!r}") from None
+            elif name == "special":
+                share: Any = value
+                if value not in ("original", "equal"):
+                    try:
+                        share = float(value)
+                    except ValueError:
+                        raise ValueError(
+                            f"special= in calibration spec {spec!r} must be 'original', 'equal' or a float in [0, 1); got {value!r}"
+                        ) from None
+                kw.update(isolate_bos=True, isolate_eos=True, bos_weight=share, eos_weight=share)
+            else:
+                raise ValueError(f"unknown variant {name!r} in calibration spec {spec!r} (known: prior=FILE, self=RHO, special=SHARE)")
+        return cls(basket_size=basket, layers=layers, strength=strength, **kw)
+
+    def spec(self, prior_file: str = "PRIOR.json") -> str:
+        """The command-line form of this setting (``prior_file`` stands for the prior's file)."""
+        layers = "+".join(str(i) for i in self.layers) if isinstance(self.layers, tuple) else str(self.layers)
+        out = [str(self.basket_size), layers, f"{self.strength:g}"]
+        if self.prior is not None:
+            out.append(f"prior={prior_file}")
+        if self.self_share is not None:
+            out.append(f"self={self.self_share:g}")
+        if self.special_share is not None:
+            out.append(f"special={self.special_share}")
+        return ",".join(out)
+
+
+def load_prior(path: str) -> PositionalPrior:
+    """A positional prior from a JSON file: the file ``posfair estimate-prior`` writes (``{"prior": {...}, ...}``),
+    a bare prior (``{"values": [...], "layers": [...]}``) or a calibration dict carrying one."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"prior file {path!r} does not exist")
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"prior file {path!r} is not valid JSON: {exc}") from None
+    if isinstance(d, dict) and isinstance(d.get("calibration"), dict) and "prior" in d["calibration"]:
+        d = d["calibration"]
+    if isinstance(d, dict) and "prior" in d:
+        d = d["prior"]
+    try:
+        return PositionalPrior.from_dict(d)
+    except ValueError as exc:
+        raise ValueError(f"prior file {path!r}: {exc}") from None
 
 
 def parse_layers(text: str) -> int | float | tuple[int, ...]:
@@ -247,14 +484,23 @@ class ResolvedCalibration:
     eos_weight: Share
     queries: Literal["pool", "all"]
     pooling: str
+    prior: PositionalPrior | None = None
+    self_share: float | None = None
     layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_set", frozenset(self.layers))
 
-    def basket_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`) for this calibration."""
-        return dict(
+    @property
+    def has_variants(self) -> bool:
+        """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does neither)."""
+        return self.prior is not None or self.self_share is not None
+
+    def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
+        """The keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`) for this calibration
+        in layer ``layer`` (needed when the positional prior is per layer).  ``prior`` / ``self_share`` are
+        included only when set, so a default setting calls the basket functions exactly as before."""
+        kw: dict[str, Any] = dict(
             basket_size=self.basket_size,
             strength=self.strength,
             isolate_bos=self.isolate_bos,
@@ -262,3 +508,8 @@ class ResolvedCalibration:
             bos_weight=self.bos_weight,
             eos_weight=self.eos_weight,
         )
+        if self.prior is not None:
+            kw["prior"] = self.prior.density(layer)
+        if self.self_share is not None:
+            kw["self_share"] = self.self_share
+        return kw

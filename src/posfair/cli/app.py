@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from posfair.cli import attention, audit, build_benchmark, demo, embed, encode, retrieval, sweep, tune, verify
+from posfair.cli import attention, audit, build_benchmark, demo, embed, encode, prior, retrieval, sweep, tune, verify
 from posfair.cli.errors import PosfairGroup, one_line_warnings
 
 __all__ = ["app", "main"]
@@ -53,6 +53,7 @@ for name, function in (
     ("build-benchmark", build_benchmark.build_benchmark),
     ("tune", tune.tune),
     ("verify", verify.verify),
+    ("estimate-prior", prior.estimate_prior_command),
 ):
     app.command(name=name)(function)
 

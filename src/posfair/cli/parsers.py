@@ -19,7 +19,7 @@ import typer
 
 __all__ = [
     "calibration_spec", "layer_spec", "layers_text", "calibration_text", "integer", "number", "lang_code",
-    "mixed_config", "name_part", "comma_list", "joined", "choice", "device_name", "late_chunks",
+    "mixed_config", "name_part", "comma_list", "joined", "choice", "device_name", "late_chunks", "special_share",
 ]  # fmt: skip
 
 
@@ -59,8 +59,8 @@ def layers_text(layers: Any) -> str:
 
 
 def calibration_text(cal: Any) -> str:
-    """A calibration as it is written on the command line: ``BASKET,LAYERS,STRENGTH`` (its other fields left out)."""
-    return f"{cal.basket_size},{layers_text(cal.layers)},{cal.strength:g}"
+    """A calibration as it is written on the command line: ``BASKET,LAYERS,STRENGTH[,variants]`` (a prior as ``prior=PRIOR.json``)."""
+    return cal.spec()
 
 
 def integer(low: int | None = None, high: int | None = None) -> Callable[[Any], int]:
@@ -167,6 +167,20 @@ def choice(*allowed: str) -> Callable[[Any], str]:
         return text.lower()
 
     return parse
+
+
+def special_share(value: Any) -> Any:
+    """A special-token share: ``original``, ``equal`` or a number in [0, 1)."""
+    text = str(value).strip().lower()
+    if text in ("original", "equal"):
+        return text
+    try:
+        x = float(text)
+    except ValueError:
+        raise _bad(f"must be 'original', 'equal' or a number in [0, 1); got {value!r}") from None
+    if not 0 <= x < 1:
+        raise _bad(f"must be 'original', 'equal' or a number in [0, 1); got {value!r}")
+    return x
 
 
 def device_name(value: Any) -> Any:

@@ -28,7 +28,7 @@ from posfair.cli.options import (
     TrustRemoteCode,
     TuneDocs,
 )
-from posfair.cli.parsers import choice, integer, number
+from posfair.cli.parsers import choice, comma_list, integer, joined, number, special_share
 
 
 def tune(
@@ -75,6 +75,37 @@ def tune(
     baskets: Baskets = (),
     layers: LayerSets = (),
     strengths: Strengths = (),
+    variants: Annotated[
+        list[str],
+        typer.Option(
+            "--variants",
+            parser=comma_list(choice("uniform", "prior", "self", "special")),
+            callback=joined,
+            metavar="VARIANT,...",
+            help="Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
+            "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share).",
+        ),
+    ] = (),  # fmt: skip
+    self_shares: Annotated[
+        list[float],
+        typer.Option(
+            "--self-shares",
+            parser=comma_list(number(0, 1)),
+            callback=joined,
+            metavar="RHO,...",
+            help="Self-attention shares tried by the self variant (default 0.5,1).",
+        ),
+    ] = (),  # fmt: skip
+    special_shares: Annotated[
+        list[str],
+        typer.Option(
+            "--special-shares",
+            parser=comma_list(special_share),
+            callback=joined,
+            metavar="SHARE,...",
+            help="BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
+        ),
+    ] = (),  # fmt: skip
     fine_rounds: Annotated[
         int,
         typer.Option("--fine-rounds", parser=integer(0), metavar="N", help="Rounds of strength bisection around the best grid setting."),
@@ -125,6 +156,8 @@ def tune(
     space = SearchSpace(
         basket_sizes=tuple(baskets) or base.basket_sizes, layer_sets=tuple(layers) or base.layer_sets,
         strengths=tuple(strengths) or base.strengths, fine_rounds=fine_rounds,
+        variants=tuple(variants) or ("uniform",), self_shares=tuple(self_shares) or base.self_shares,
+        special_shares=tuple(special_shares) or base.special_shares,
     )  # fmt: skip
     df = bench = settings = None
     if objective == "retrieval" and benchmark is not None:

@@ -222,6 +222,56 @@ def heatmaps(
     return fig
 
 
+def front_lines(
+    points: pd.DataFrame,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+) -> Figure:
+    """Several Pareto fronts on one axes: columns ``series, label, x, y, on_front, reference, highlight`` (bools).
+
+    Every point of a series is a faint dot in the series' colour; its front (``on_front``)
+    is joined by a line in order of ``x``; reference points (the stock model) are one
+    black star; ``highlight`` points (the chosen setting) are ringed in red and labelled
+    in a box so the label stays legible over the lines.
+    """
+    fig = new_figure((7.2, 4.8))
+    ax = fig.subplots()
+    colours = ["#1f4e9c", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e"]
+    ref = points["reference"].astype(bool)
+    for i, series in enumerate(dict.fromkeys(points.loc[~ref, "series"])):
+        d = points[(points["series"] == series) & ~ref]
+        c = colours[i % len(colours)]
+        ax.scatter(d["x"], d["y"], s=12, color=c, alpha=0.35, zorder=2)
+        f = d[d["on_front"].astype(bool)].sort_values("x")
+        ax.plot(f["x"], f["y"], "-o", color=c, ms=4, lw=1.4, label=f"{series} front", zorder=3)
+    if ref.any():
+        r = points[ref].iloc[0]
+        ax.scatter([r["x"]], [r["y"]], s=160, marker="*", color="black", label="stock", zorder=4)
+        ax.annotate(str(r["label"]), (r["x"], r["y"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
+    hi = points[points["highlight"].astype(bool) & ~ref] if "highlight" in points.columns else points.iloc[0:0]
+    y0, y1 = ax.get_ylim()
+    x0, x1 = ax.get_xlim()
+    for r in hi.itertuples(index=False):
+        ax.scatter([r.x], [r.y], s=190, facecolors="none", edgecolors="#b2182b", linewidths=1.8, zorder=5)
+        dy = -26 if r.y > y0 + 0.8 * (y1 - y0) else 14  # keep the label inside the axes
+        ha = "right" if r.x > x0 + 0.6 * (x1 - x0) else "left"
+        ax.annotate(f"chosen: {r.label}", (r.x, r.y), fontsize=8, xytext=(12 if ha == "left" else -12, dy), textcoords="offset points",
+                    ha=ha, zorder=6,
+                    bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
+                    arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8))  # fmt: skip
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3, lw=0.5)
+    ax.legend(fontsize=8, frameon=False, loc="best")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def save_figure(fig: Figure, path_stem: str | os.PathLike, dpi: int = 130) -> bytes:
     """Write ``<stem>.png`` and ``<stem>.pdf`` atomically; return the PNG bytes (for embedding).
 

@@ -21,7 +21,9 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import calibration_coverage, quiet_fallback
+from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
+from posfair.fairness.attention_prior import PriorEstimate, estimate_prior
 from posfair.fairness.documents import Instance
 from posfair.fairness.evaluator import corpus_fingerprint
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info, run_instances
@@ -185,6 +187,14 @@ class FairnessObjective(Objective):
             )
         return obs
 
+    def estimate_prior(self, bins: int = 20) -> PositionalPrior:
+        """The positional prior of the stock model on the *dev* split's documents, one vector per layer
+        (:func:`~posfair.fairness.attention_prior.estimate_prior`; kept in :attr:`prior_estimate`)."""
+        docs = [d.text for inst in self.instances[DEV] for d in inst.documents]
+        self.prior_estimate: PriorEstimate = estimate_prior(self.model, docs, Calibration(layers=1.0), bins=bins,
+                                                             batch_size=self.settings.batch_size)  # fmt: skip
+        return self.prior_estimate.calibration.prior
+
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
         """Share of the split's documents ``calibration`` changes (their token counts are known: no encoding)."""
         resolve = getattr(getattr(self.model, "transformer_module", None), "resolve", None)
@@ -299,6 +309,13 @@ class RetrievalObjective(Objective):
             out[g] = float(v)
         out["queries"] = float(len(res.query_ids))
         return out
+
+    def estimate_prior(self, bins: int = 20) -> PositionalPrior:
+        """The positional prior of the stock model on the benchmark's documents (no queries or labels enter it),
+        one vector per layer (:func:`~posfair.fairness.attention_prior.estimate_prior`)."""
+        self.prior_estimate: PriorEstimate = estimate_prior(self.model, self.benchmark.corpus_texts, Calibration(layers=1.0), bins=bins,
+                                                             batch_size=self.batch_size)  # fmt: skip
+        return self.prior_estimate.calibration.prior
 
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
         """Share of the corpus documents ``calibration`` changes (both splits search the whole corpus)."""

@@ -9,7 +9,7 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.io import atomic_write_text
-from posfair.report.plots import save_figure, tradeoff_scatter
+from posfair.report.plots import front_lines, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.objectives import DEV, TEST
 from posfair.tuning.search import TuneResult
@@ -20,6 +20,8 @@ __all__ = [
     "front_table",
     "test_table",
     "tradeoff_figure",
+    "fronts_figure",
+    "variants_table",
     "write_outputs",
     "save_tuned_model",
     "summary_markdown",
@@ -82,8 +84,9 @@ def front_table(result: TuneResult) -> Table:
 
 
 def test_table(result: TuneResult) -> Table:
-    """Stock and the chosen setting on the held-out test split."""
+    """Stock and the chosen setting on the held-out test split (other variants' settings: :func:`variants_table`)."""
     f = result.frame(TEST)
+    f = f[(f["label"] == "stock") | f["chosen"]]
     t = _cells(f, result, flags=False)
     prof = [c for c in f.columns if c.startswith("sigma_p")]
     if prof:
@@ -100,11 +103,37 @@ def tradeoff_figure(result: TuneResult):
                             title=f"{result.objective['name']} objective: every setting tried", annotate=True)  # fmt: skip
 
 
+def fronts_figure(result: TuneResult):
+    """The dev-split Pareto front of every variant on one plot, stock starred, the chosen setting labelled."""
+    f = result.frame(DEV)
+    stock = f["label"] == "stock"
+    points = pd.DataFrame({"series": f["variant"], "label": f["label"], "x": f[result.score], "y": f[result.guard],
+                           "on_front": f.get("on_variant_front", f["on_front"]), "reference": stock,
+                           "highlight": f["chosen"]})  # fmt: skip
+    return front_lines(points, xlabel=_NAMES.get(result.score, result.score), ylabel=_NAMES.get(result.guard, result.guard),
+                       title=f"Pareto fronts per calibration variant (dev split, {result.objective['name']} objective)")  # fmt: skip
+
+
+def variants_table(result: TuneResult) -> Table:
+    """Each variant's best feasible dev setting on the held-out test split, with stock."""
+    f = result.frame(TEST)
+    keep = {"stock"} | {c.label() for c in result.variant_best.values() if c is not None} | {result.chosen_label}
+    f = f[f["label"].isin(keep)]
+    t = _cells(f, result, flags=False)
+    t.frame.insert(1, "variant", list(f["variant"]))
+    missing = [v for v, c in result.variant_best.items() if c is None]
+    note = f" No feasible dev setting: {', '.join(missing)}." if missing else ""
+    return Table("Held-out test split: each variant's best feasible dev setting", t.frame,
+                 "Chosen on the dev split per variant; the test split took no part in any choice." + note, "variants")  # fmt: skip
+
+
 def summary_markdown(result: TuneResult) -> str:
     test = result.test_metrics()
     lines = [f"# posfair tune ({result.objective['name']})", "", f"Chosen: **{result.chosen_label}**"
              + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)"), "",
              to_markdown(front_table(result)), to_markdown(test_table(result)), to_markdown(trials_table(result))]  # fmt: skip
+    if len(result.fronts) > 1:
+        lines.insert(5, to_markdown(variants_table(result)))
     s, c = test["stock"], test["chosen"]
     lines[3:3] = ["", f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
                       f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}."]  # fmt: skip
@@ -118,7 +147,10 @@ def write_outputs(result: TuneResult, out_dir: str | Path) -> dict[str, Path]:
     """Tables (md/csv/tex), ``trials.csv``, ``tradeoff.{png,pdf}`` and ``summary.md`` into ``out_dir``."""
     out = Path(out_dir)
     paths: dict[str, Path] = {}
-    for t in (trials_table(result), front_table(result), test_table(result)):
+    tables = [trials_table(result), front_table(result), test_table(result)]
+    if len(result.fronts) > 1:
+        tables.append(variants_table(result))
+    for t in tables:
         for kind, p in write_table(t, out / "tables").items():
             paths[f"table:{t.name}.{kind}"] = p
     frames = [result.frame(DEV).assign(split=DEV), result.frame(TEST).assign(split=TEST)]
@@ -128,6 +160,9 @@ def write_outputs(result: TuneResult, out_dir: str | Path) -> dict[str, Path]:
     paths["trials"] = atomic_write_text(out / "trials.csv", pd.concat(frames, ignore_index=True).to_csv(index=False))
     save_figure(tradeoff_figure(result), out / "tradeoff")
     paths["figure"] = out / "tradeoff.png"
+    if len(result.fronts) > 1:
+        save_figure(fronts_figure(result), out / "fronts")
+        paths["fronts"] = out / "fronts.png"
     paths["summary"] = atomic_write_text(out / "summary.md", summary_markdown(result))
     return paths
 

@@ -14,6 +14,18 @@ A grid or fine point whose calibration changes none of the split's texts
 :mod:`posfair.calibration.coverage`) is *skipped*: not evaluated, not a
 candidate, listed in :attr:`TuneResult.skipped` and in the report.
 
+Variants (``SearchSpace.variants``, see :class:`~posfair.Calibration`): every grid
+point (basket size, layer set, strength) is tried as each variant -- ``uniform`` (the
+papers' equal mass per basket), ``prior`` (positional-prior calibration; the prior is
+estimated once on the dev split by the objective, per layer for every layer of the model,
+and stored in each trial's calibration), ``self`` (one point per ``self_shares`` value)
+and ``special`` (one point per ``special_shares`` value).  The fine strength search
+then runs on the best line of *each* variant (a line = every field but the strength),
+the Pareto front is computed over all dev trials and per variant
+(:attr:`TuneResult.fronts`), and the chosen setting is the best feasible one over all
+variants.  On the test split, stock, the chosen setting and each variant's best feasible
+dev setting are evaluated (the per-variant confirmation; none of them influences the choice).
+
 A setting is *feasible* when its guard metric (own-segment recall@n for the
 fairness objective, aggregate nDCG@10 for retrieval) drops by at most
 ``max_drop`` below the stock model's on the dev split.  The chosen setting is the
@@ -40,7 +52,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +62,7 @@ from tqdm.auto import tqdm
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
+from posfair.calibration.params import VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.progress import progress_enabled
@@ -82,6 +95,14 @@ class SearchSpace:
     strengths: tuple[float, ...] = (0.5, 1.0)
     fine_rounds: int = 2
     min_step: float = 0.02
+    #: the calibration variants tried at every grid point (``uniform`` = the papers' formula)
+    variants: tuple[str, ...] = ("uniform",)
+    #: self-attention shares rho of the ``self`` variant
+    self_shares: tuple[float, ...] = (0.5, 1.0)
+    #: BOS / EOS shares of the ``special`` variant ("original", "equal" or floats in [0, 1))
+    special_shares: tuple[Any, ...] = ("original",)
+    #: the ``prior`` variant's prior (None: estimated by the objective on the dev split when the search starts)
+    prior: PositionalPrior | None = None
 
     def __post_init__(self) -> None:
         if not self.basket_sizes or not self.layer_sets or not self.strengths:
@@ -95,26 +116,62 @@ class SearchSpace:
         object.__setattr__(self, "strengths", tuple(sorted({_strength(s) for s in self.strengths})))
         layer_sets = [tuple(x) if isinstance(x, list) else x for x in self.layer_sets]  # 1 (last layer) != 1.0 (all layers)
         object.__setattr__(self, "layer_sets", tuple({(type(x).__name__, x): x for x in layer_sets}.values()))
-        self.coarse()  # validates every combination
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad or not self.variants:
+            raise PosfairInputError(f"variants must be among {', '.join(VARIANTS)}; got {list(self.variants)}")
+        object.__setattr__(self, "variants", tuple(dict.fromkeys(self.variants)))
+        object.__setattr__(self, "self_shares", tuple(dict.fromkeys(float(x) for x in self.self_shares)))
+        object.__setattr__(self, "special_shares", tuple(dict.fromkeys(self.special_shares)))
+        if self.prior is not None:
+            object.__setattr__(self, "prior", PositionalPrior.from_dict(self.prior))
+        try:
+            for rho in self.self_shares:
+                Calibration(self_share=rho)
+            for share in self.special_shares:
+                Calibration().with_special(share)
+        except ValueError as exc:
+            raise PosfairInputError(str(exc)) from None
+        if "prior" not in self.variants:
+            self.coarse()  # validates every combination (with a prior: once it is known)
 
     @classmethod
     def paper(cls, fine_rounds: int = 2) -> SearchSpace:
         """The papers' grid (:func:`posfair.retrieval.grids.paper_grid`): {128, 256, 512} x {last layer, last 50%} x {0.5, 1.0}."""
         return cls(basket_sizes=PAPER_BASKETS, layer_sets=PAPER_LAYERS, strengths=PAPER_STRENGTHS, fine_rounds=fine_rounds)
 
+    def expand(self, base: Calibration) -> list[Calibration]:
+        """``base`` (the papers' formula) as every variant of the space."""
+        out: list[Calibration] = []
+        for v in self.variants:
+            if v == "uniform":
+                out.append(base)
+            elif v == "prior":
+                if self.prior is None:
+                    raise PosfairInputError("the prior variant needs a positional prior (SearchSpace.prior, or estimated by the objective)")
+                out.append(replace(base, prior=self.prior))
+            elif v == "self":
+                out.extend(replace(base, self_share=rho) for rho in self.self_shares)
+            else:
+                out.extend(base.with_special(share) for share in self.special_shares)
+        return out
+
     def coarse(self) -> list[Calibration]:
         return [
-            Calibration(basket_size=b, layers=layers, strength=a)
+            cal
             for b in self.basket_sizes
             for layers in self.layer_sets
             for a in self.strengths
+            for cal in self.expand(Calibration(basket_size=b, layers=layers, strength=a))
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "basket_sizes": list(self.basket_sizes), "layer_sets": [list(x) if isinstance(x, tuple) else x for x in self.layer_sets],
             "strengths": list(self.strengths), "fine_rounds": self.fine_rounds, "min_step": self.min_step,
         }  # fmt: skip
+        if self.variants != ("uniform",):  # the default space keeps its old form
+            d.update(variants=list(self.variants), self_shares=list(self.self_shares), special_shares=list(self.special_shares))
+        return d
 
 
 @dataclass
@@ -142,10 +199,14 @@ class Trial:
         return self.calibration.strength if self.calibration is not None else 0.0
 
     @property
-    def line(self) -> tuple | None:
-        """(basket size, layers) of a calibration; None for stock."""
+    def line(self) -> Calibration | None:
+        """The calibration with strength 0 (every field but the strength: the fine search's line); None for stock."""
         c = self.calibration
-        return None if c is None else (c.basket_size, c.layers)
+        return None if c is None else replace(c, strength=0.0)
+
+    @property
+    def variant(self) -> str:
+        return self.calibration.variant if self.calibration is not None else STOCK
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -196,6 +257,10 @@ class TuneResult:
     seconds: float = 0.0
     #: grid points that calibrate nothing on the dev split (calibrated share 0): not evaluated, not candidates
     skipped: list[Trial] = field(default_factory=list)
+    #: the Pareto front of each variant's dev trials (stock included in each)
+    fronts: dict[str, list[Trial]] = field(default_factory=dict)
+    #: each variant's best feasible dev setting (None: no feasible setting of that variant), evaluated on test
+    variant_best: dict[str, Calibration | None] = field(default_factory=dict)
 
     @property
     def score(self) -> str:
@@ -249,12 +314,13 @@ class TuneResult:
             if t.split != split:
                 continue
             c = t.calibration
-            row = {"label": t.label, "phase": t.phase, "basket_size": c.basket_size if c else None,
+            row = {"label": t.label, "phase": t.phase, "variant": t.variant, "basket_size": c.basket_size if c else None,
                    "layers": (str(c.layers) if c else None), "strength": t.strength,
                    "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share, **t.metrics}  # fmt: skip
             if split == DEV:
                 row["feasible"] = bool(t.metrics[self.guard] >= stock - self.max_drop - 1e-12)
                 row["on_front"] = t.key in front
+                row["on_variant_front"] = any(t.key == o.key for o in self.fronts.get(t.variant, []))
             row["chosen"] = t.key == (self.chosen.key() if self.chosen else STOCK)
             rows.append(row)
         return pd.DataFrame(rows)
@@ -265,6 +331,8 @@ class TuneResult:
             "chosen": self.chosen.to_dict() if self.chosen else None, "chosen_label": self.chosen_label,
             "front": [t.label for t in self.front], "feasible": self.feasible, "seconds": self.seconds,
             "skipped": [t.to_dict() for t in self.skipped],
+            "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
+            "variant_best": {v: (c.label() if c is not None else None) for v, c in self.variant_best.items()},
         }  # fmt: skip
 
 
@@ -297,6 +365,11 @@ def run_search(
     module's logger is at INFO or DEBUG).
     """
     space = space or SearchSpace()
+    if "prior" in space.variants and space.prior is None:
+        estimate = getattr(objective, "estimate_prior", None)
+        if estimate is None:
+            raise PosfairInputError(f"objective {objective.name!r} cannot estimate a positional prior: give SearchSpace(prior=...)")
+        space = replace(space, prior=estimate())
     if max_drop < 0:
         raise PosfairInputError(f"max_drop must be >= 0; got {max_drop}")
     t0 = time.perf_counter()
@@ -372,25 +445,36 @@ def run_search(
         coarse = [t for t in (run(c, DEV, "coarse") for c in grid) if t is not None]
         if skipped:
             say(f"skipped {len(skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({', '.join(t.label for t in skipped)})")
-        ok = [t for t in coarse if feasible(t)]
-        line = min(ok or coarse, key=rank).line if coarse else None
-        for _ in range(space.fine_rounds if line is not None else 0):
-            on_line = [stock] + [t for t in trials if t.split == DEV and t.line == line]
-            best = min([t for t in on_line if feasible(t)], key=rank)
-            strengths = sorted({t.strength for t in on_line})
-            i = strengths.index(best.strength)
-            mids = [(strengths[j] + best.strength) / 2 for j in (i - 1, i + 1) if 0 <= j < len(strengths)]
-            new = [m for m in mids if abs(m - best.strength) >= space.min_step / 2]
-            if not new:
-                break
-            bar.total += len(new)
-            bar.refresh()
-            for m in new:
-                run(Calibration(basket_size=line[0], layers=line[1], strength=_strength(m)), DEV, "fine")  # same line: never a no-op
+        lines = []  # the fine search's line of each variant (one line when only the papers' formula is searched)
+        for v in space.variants:
+            of_v = [t for t in coarse if t.variant == v]
+            ok = [t for t in of_v if feasible(t)]
+            if of_v:
+                lines.append(min(ok or of_v, key=rank).line)
+        for line in lines:
+            for _ in range(space.fine_rounds):
+                on_line = [stock] + [t for t in trials if t.split == DEV and t.line == line]
+                best = min([t for t in on_line if feasible(t)], key=rank)
+                strengths = sorted({t.strength for t in on_line})
+                i = strengths.index(best.strength)
+                mids = [(strengths[j] + best.strength) / 2 for j in (i - 1, i + 1) if 0 <= j < len(strengths)]
+                new = [m for m in mids if abs(m - best.strength) >= space.min_step / 2]
+                if not new:
+                    break
+                bar.total += len(new)
+                bar.refresh()
+                for m in new:
+                    run(replace(line, strength=_strength(m)), DEV, "fine")  # same line: never a no-op
         dev = [t for t in trials if t.split == DEV]
         pick = min([t for t in dev if feasible(t)], key=rank)
         any_feasible = any(feasible(t) for t in dev if t.calibration is not None)
         front = pareto_front(dev, objective.score, objective.guard, objective.greater_is_better)
+        fronts, variant_best = {}, {}
+        for v in space.variants:
+            of_v = [t for t in dev if t.variant == v]
+            fronts[v] = pareto_front([stock, *of_v], objective.score, objective.guard, objective.greater_is_better)
+            ok = [t for t in of_v if feasible(t)]
+            variant_best[v] = min(ok, key=rank).calibration if ok else None
         if not any(t.calibration is not None for t in dev):
             say(f"chosen: {pick.label} (every grid point was a no-op: nothing calibrated)")
         else:
@@ -399,8 +483,23 @@ def run_search(
         run(None, TEST, "test")
         if pick.calibration is not None:
             run(pick.calibration, TEST, "test")
+        if len(space.variants) > 1:  # each variant's best feasible dev setting, confirmed on test (after the choice)
+            extra = [c for c in variant_best.values() if c is not None and c != pick.calibration]
+            bar.total += len(extra)
+            for c in extra:
+                run(c, TEST, "test")
         result = TuneResult(
-            desc, space.to_dict(), max_drop, trials, pick.calibration, front, any_feasible, time.perf_counter() - t0, list(skipped)
+            desc,
+            space.to_dict(),
+            max_drop,
+            trials,
+            pick.calibration,
+            front,
+            any_feasible,
+            time.perf_counter() - t0,
+            list(skipped),
+            fronts,
+            variant_best,
         )
         save(result.to_dict())
         bar.total = bar.n  # the choice may be stock: evaluated on test once

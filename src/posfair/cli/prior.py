@@ -1,0 +1,66 @@
+"""``posfair estimate-prior``: the stock model's positional prior, for positional-prior calibration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import BatchSize, CalibrationOption, Corpus, Device, Langs, MaxSeqLength, Model, N, Seed, TrustRemoteCode
+from posfair.cli.parsers import integer
+
+
+def estimate_prior_command(
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE.json", help="Where to write the prior (JSON).")],
+    model: Model = None,
+    corpus: Corpus = None,
+    n: N = 3,
+    langs: Langs = ("en",),
+    calibration: CalibrationOption = None,
+    bins: Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins of the prior.")] = 20,
+    max_docs: Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")] = 120,
+    batch_size: BatchSize = 8,
+    seed: Seed = 0,
+    max_seq_length: MaxSeqLength = None,
+    trust_remote_code: TrustRemoteCode = False,
+    device: Device = None,
+) -> None:
+    """Estimate the stock model's mean attention over relative position (one vector per layer) on segment-set documents.
+
+    Use the file as a calibration variant: --calibration 16,1.0,1,prior=FILE.json.  Without --calibration the prior
+    covers every layer with the model's default BOS/EOS isolation; with one, its layers and isolation."""
+    from rich.markup import escape
+
+    from posfair.calibration.params import Calibration
+    from posfair.cli.attention import build_documents
+    from posfair.cli.audit import load_corpus
+    from posfair.cli.errors import data_errors
+    from posfair.cli.progress import console
+    from posfair.io import atomic_write_text
+
+    checks.output_file(out, (".json",))
+    model_id = checks.model_source(model)
+    checks.device(device)
+    data = load_corpus(corpus, sorted(set(langs)))
+    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    base = calibration if calibration is not None else Calibration(layers=1.0)
+    checks.check_calibrations(fm, [base])
+    from posfair.fairness.attention_prior import estimate_prior
+    from posfair.model import BUNDLED_MODEL_NAME
+
+    with data_errors():
+        docs = [d.text for lang in langs for d in build_documents(fm, data, lang, n, max_docs, seed)]
+        est = estimate_prior(fm, docs, base, bins=bins, batch_size=batch_size)
+    body = est.to_dict() | {"model": model_id or BUNDLED_MODEL_NAME, "fingerprint": fm.fingerprint, "langs": list(langs), "n": n}
+    atomic_write_text(out, json.dumps(body, indent=1))
+    con = console()
+    prior = est.calibration.prior
+    for layer, v in zip(prior.layers or ("all",), prior.values, strict=True):
+        con.print(f"layer {layer}: first bin {v[0]:.3f}, last bin {v[-1]:.3f}, max/min {max(v) / min(v):.2f}", highlight=False)
+    skipped = f"; {est.skipped} shorter than {bins} content tokens left out" if est.skipped else ""
+    con.print(
+        f"{est.documents} documents{skipped}; prior in [bold]{escape(str(out))}[/bold] (use: --calibration B,LAYERS,ALPHA,prior={escape(str(out))})"
+    )

@@ -1,0 +1,134 @@
+"""The tuner with calibration variants: joint search, a Pareto front per variant, per-variant test confirmation."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posfair import Calibration
+from posfair.calibration.params import PositionalPrior
+from posfair.errors import PosfairInputError
+from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, pareto_front, run_search
+from posfair.tuning.report import write_outputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
+from conftest import tiny_corpus  # noqa: E402
+
+PRIOR = PositionalPrior(values=((2.0, 1.0),))
+SPACE = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=3, min_step=0.01,
+                    variants=("uniform", "prior", "self", "special"), self_shares=(0.5, 1.0), special_shares=("original", 0.1),
+                    prior=PRIOR)  # fmt: skip
+OFFSET = {"uniform": 0.3, "prior": 0.0, "self": 0.2, "special": 0.25}
+
+
+def synthetic(cal, split):
+    """Lower score is better; each variant has its own offset and optimum strength; the guard falls with strength."""
+    if cal is None:
+        return {"score": 1.0, "guard": 1.0}
+    optimum = {"uniform": 0.6, "prior": 0.8, "self": 0.7, "special": 0.9}[cal.variant]
+    s = (cal.strength - optimum) ** 2 + OFFSET[cal.variant] + (0 if cal.basket_size == 16 else 0.1)
+    return {"score": s + (0.5 if split == TEST else 0.0), "guard": 1.0 - 0.05 * cal.strength}
+
+
+def test_every_grid_point_is_tried_as_every_variant():
+    grid = SPACE.coarse()
+    assert len(grid) == 2 * 2 * (1 + 1 + 2 + 2)
+    assert {c.variant for c in grid} == {"uniform", "prior", "self", "special"}
+    assert {c.self_share for c in grid if c.variant == "self"} == {0.5, 1.0}
+    assert {c.bos_weight for c in grid if c.variant == "special"} == {"original", 0.1}
+    assert all(c.prior == PRIOR for c in grid if c.variant == "prior")
+
+
+def test_joint_search_fronts_and_test_confirmation(tmp_path):
+    res = run_search(FunctionObjective(synthetic), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json")
+    assert res.chosen.variant == "prior" and res.chosen.basket_size == 16 and abs(res.chosen.strength - 0.8) < 0.02
+    dev = res.dev_trials()
+    stock = res.trial(None, DEV)
+    for v in SPACE.variants:  # each variant's front = brute force over its trials (with stock)
+        mine = [t for t in dev if t.variant == v]
+        brute = [t for t in [stock, *mine] if not any(
+            (o.metrics["score"] <= t.metrics["score"] and o.metrics["guard"] >= t.metrics["guard"])
+            and (o.metrics["score"], o.metrics["guard"]) != (t.metrics["score"], t.metrics["guard"]) for o in [stock, *mine])]  # fmt: skip
+        assert {t.key for t in res.fronts[v]} == {t.key for t in brute}
+        assert res.fronts[v] == pareto_front([stock, *mine], "score", "guard", False)
+        # the fine search ran on each variant's best line
+        fine = [t for t in mine if t.phase == "fine"]
+        assert fine and len({t.line for t in fine}) == 1
+        best = res.variant_best[v]
+        assert best is not None and best.variant == v
+        assert res.trial(best, TEST).metrics["score"] == pytest.approx(synthetic(best, TEST)["score"])
+    assert abs(res.variant_best["special"].strength - 0.9) < 0.03
+    # test trials: stock, the choice and the other variants' best, evaluated only after the dev search
+    test = [t for t in res.trials if t.split == TEST]
+    assert {t.key for t in test} == {"stock"} | {c.key() for c in res.variant_best.values()}
+    first_test = next(i for i, t in enumerate(res.trials) if t.split == TEST)
+    assert all(t.split == DEV for t in res.trials[:first_test]) and all(t.split == TEST for t in res.trials[first_test:])
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert set(saved["fronts"]) == set(SPACE.variants) and saved["space"]["variants"] == list(SPACE.variants)
+    paths = write_outputs(res, tmp_path / "out")
+    assert (tmp_path / "out" / "fronts.png").stat().st_size > 10_000 and "table:variants.md" in paths
+    table = (tmp_path / "out" / "tables" / "variants.md").read_text()
+    for c in res.variant_best.values():
+        assert c.label() in table
+    only_choice = (tmp_path / "out" / "tables" / "test.md").read_text()
+    assert res.chosen.label() in only_choice and res.variant_best["special"].label() not in only_choice
+    frame = pd.read_csv(tmp_path / "out" / "trials.csv")
+    assert set(frame["variant"]) == {"stock", *SPACE.variants}
+
+
+def test_variant_space_validation():
+    with pytest.raises(PosfairInputError, match="variants must be among"):
+        SearchSpace(variants=("uniform", "magic"))
+    with pytest.raises(PosfairInputError, match="self_share"):
+        SearchSpace(variants=("self",), self_shares=(1.5,))
+    with pytest.raises(PosfairInputError, match="bos_weight"):
+        SearchSpace(variants=("special",), special_shares=(1.0,))
+    with pytest.raises(PosfairInputError, match="cannot estimate a positional prior"):
+        run_search(FunctionObjective(synthetic), SearchSpace(variants=("prior",)), max_drop=0.1)
+    assert "variants" not in SearchSpace().to_dict()  # the default space keeps its stored form (resumable runs)
+
+
+SETTINGS = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
+
+
+def test_fairness_objective_estimates_the_prior_on_the_dev_split(tiny_model, tmp_path):
+    model = tiny_model("bert-mean")
+    obj = FairnessObjective(model, tiny_corpus(topics=12), SETTINGS, store=tmp_path / "cache")
+    space = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0, variants=("uniform", "prior"))
+    res = run_search(obj, space, max_drop=0.5)
+    est = obj.prior_estimate
+    dev_docs = [d.text for inst in obj.instances[DEV] for d in inst.documents]
+    assert est.documents + est.skipped == len(dev_docs)
+    assert est.calibration.prior.layers == tuple(range(model.num_layers))
+    prior_trials = [t for t in res.dev_trials() if t.variant == "prior"]
+    assert prior_trials and all(t.calibration.prior == est.calibration.prior for t in prior_trials)
+    assert prior_trials[0].metrics["spread"] != res.trial(Calibration(basket_size=4, layers=1.0, strength=1.0), DEV).metrics["spread"]
+
+
+def test_cli_tune_with_variants_on_the_retrieval_objective(tiny_model, tiny_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+    from posfair.tuning.evaluator import build_corpus_benchmark
+
+    model = tiny_model("bert-mean")
+    build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
+    path, _ = tiny_model_path("bert-mean")
+    out = tmp_path / "cli"
+    r = CliRunner().invoke(app, ["tune", "--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"),
+                                 "--baskets", "4", "--layers", "1.0", "--strengths", "1.0", "--fine-rounds", "0",
+                                 "--variants", "uniform,prior,self,special", "--self-shares", "0.5", "--special-shares", "original,0.05",
+                                 "--max-ndcg-drop", "100", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    saved = json.loads((out / "tune.json").read_text())
+    dev = [Calibration.from_dict(t["calibration"]) for t in saved["trials"] if t["split"] == DEV and t["calibration"]]
+    assert sorted(c.variant for c in dev) == ["prior", "self", "special", "special", "uniform"]
+    prior = next(c for c in dev if c.variant == "prior").prior
+    assert prior.layers == tuple(range(model.num_layers)) and prior.bins == 20
+    assert {c.self_share for c in dev} == {None, 0.5} and {c.bos_weight for c in dev if c.variant == "special"} == {"original", 0.05}
+    assert set(saved["fronts"]) == {"uniform", "prior", "self", "special"}
+    assert (out / "fronts.png").exists() and (out / "tables" / "variants.md").exists()
