@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from posfair.cli import checks
 from posfair.cli.options import (
     BatchSize,
+    Bins,
     CalibrationOption,
     Corpus,
     Device,
     Langs,
+    MaxDocs,
     MaxSeqLength,
     Model,
     N,
@@ -24,7 +23,7 @@ from posfair.cli.options import (
     Seed,
     TrustRemoteCode,
 )
-from posfair.cli.parsers import integer, layers_text
+from posfair.cli.parsers import layers_text
 
 
 def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int = 0):
@@ -68,9 +67,9 @@ def attention(
     langs: Langs = ("en",),
     layers: ProfileLayers = None,
     basket_size: ProfileBasketSize = 128,
-    bins: Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins.")] = 20,
+    bins: Bins = 20,
     calibration: CalibrationOption = None,
-    max_docs: Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")] = 200,
+    max_docs: MaxDocs = 200,
     batch_size: BatchSize = 8,
     seed: Seed = 0,
     max_seq_length: MaxSeqLength = None,

@@ -264,6 +264,8 @@ Device = Annotated[
     ),
 ]
 MaxSeqLength = Annotated[int | None, typer.Option("--max-seq-length", parser=integer(4), metavar="TOKENS", help=MAX_SEQ_LENGTH_HELP)]
+Bins = Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins.")]
+MaxDocs = Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")]
 Seed = Annotated[int, typer.Option("--seed", parser=integer(0, 2**32 - 1), metavar="N", help="Random seed (sampling, splits).")]
 TrustRemoteCode = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow code shipped with the model to run (off: only models transformers knows).")

@@ -9,8 +9,20 @@ from typing import Annotated
 import typer
 
 from posfair.cli import checks
-from posfair.cli.options import BatchSize, CalibrationOption, Corpus, Device, Langs, MaxSeqLength, Model, N, Seed, TrustRemoteCode
-from posfair.cli.parsers import integer
+from posfair.cli.options import (
+    BatchSize,
+    Bins,
+    CalibrationOption,
+    Corpus,
+    Device,
+    Langs,
+    MaxDocs,
+    MaxSeqLength,
+    Model,
+    N,
+    Seed,
+    TrustRemoteCode,
+)
 
 
 def estimate_prior_command(
@@ -20,8 +32,8 @@ def estimate_prior_command(
     n: N = 3,
     langs: Langs = ("en",),
     calibration: CalibrationOption = None,
-    bins: Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins of the prior.")] = 20,
-    max_docs: Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")] = 120,
+    bins: Bins = 20,
+    max_docs: MaxDocs = 120,
     batch_size: BatchSize = 8,
     seed: Seed = 0,
     max_seq_length: MaxSeqLength = None,
