@@ -21,6 +21,10 @@ are throughput (documents / s) and the configurations are plain-mean / posfair-a
 tiled-all (mean pooling, as the model ships), plain / posfair-cls (CLS pooling) and
 plain-last / posfair-last (last-token pooling).
 
+Each configuration's own process also reports ``faults``: minor page faults per timed pass
+(``getrusage``), which shows the cost of large temporaries that the C allocator maps afresh
+on every call (the fused kernel's per-basket outputs).
+
 ``--dtype bfloat16``: the model cast to bfloat16 (plain is then plain bfloat16); the worker also
 reports the cosine of each calibrated embedding to the float32 calibrated one.
 
@@ -138,16 +142,18 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
     times = []
     with torch.no_grad(), model.using(cal):
         emb = model(dict(features))["sentence_embedding"]  # warm-up (allocator, kernel selection): not timed
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(repeats):
             t0 = time.perf_counter()
             model(dict(features))
             times.append(time.perf_counter() - t0)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / max(1, repeats)
     if dtype != "float32":
         cosine = float(torch.nn.functional.cosine_similarity(emb.float(), ref, dim=-1).min())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"config": config, "length": int(features["input_ids"].shape[1]), "time": statistics.median(times),
             "peak_mb": peak / 1024, "extra_mb": (peak - base_rss) / 1024, "mechanism": model.mechanism,
-            "min_cosine_to_fp32": cosine, "batch": batch}  # fmt: skip
+            "min_cosine_to_fp32": cosine, "batch": batch, "minor_faults": faults}  # fmt: skip
 
 
 def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtype: str, batch: int) -> dict:
@@ -245,7 +251,9 @@ def main() -> None:
                         print(f"{L:>6} {c + ' / ' + base:<28} {_mark(t[c] / t[base], target):>40}", flush=True)
             return
         rows = []
-        print(f"{'L':>6} {'config':<13} {'time s':>8} {'docs/s':>8} {'peak MB':>9} {'extra MB':>9} {'cos fp32':>9}  mechanism")
+        print(
+            f"{'L':>6} {'config':<13} {'time s':>8} {'docs/s':>8} {'peak MB':>9} {'extra MB':>9} {'faults':>9} {'cos fp32':>9}  mechanism"
+        )
         for L in lengths:
             res = {}
             for c in configs:
@@ -254,7 +262,7 @@ def main() -> None:
                 res[c] = r = run(folder, c, L, args.repeats, args.dtype, batch)
                 cos = "-" if r["min_cosine_to_fp32"] is None else f"{r['min_cosine_to_fp32']:.5f}"
                 print(f"{r['length']:>6} {c:<13} {r['time']:>8.3f} {batch / r['time']:>8.2f} {r['peak_mb']:>9.0f} "
-                      f"{r['extra_mb']:>9.0f} {cos:>9}  {r['mechanism']}", flush=True)  # fmt: skip
+                      f"{r['extra_mb']:>9.0f} {r['minor_faults']:>9.0f} {cos:>9}  {r['mechanism']}", flush=True)  # fmt: skip
             rows.append((L, res))
 
         print("\nratios measured in this run, each beside its target (issue 15):")
