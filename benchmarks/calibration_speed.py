@@ -23,7 +23,8 @@ plain-last / posfair-last (last-token pooling).
 
 Each configuration's own process also reports ``faults``: minor page faults per timed pass
 (``getrusage``), which shows the cost of large temporaries that the C allocator maps afresh
-on every call (the fused kernel's per-basket outputs).
+on every call (the fused kernel's per-basket outputs did, before their blocks were capped
+at ``posfair.calibration.fused.FUSED_TILE_BYTES``; ``benchmarks/fused_blocks.py`` compares the two).
 
 ``--dtype bfloat16``: the model cast to bfloat16 (plain is then plain bfloat16); the worker also
 reports the cosine of each calibrated embedding to the float32 calibrated one.
@@ -109,6 +110,7 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
 
     import posfair
     import posfair.calibration.fused
+    from posfair.compat import preprocess
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
     pooling = _pooling(config)
@@ -126,7 +128,7 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
         posfair.calibration.fused.ENABLED = False
     cal = posfair.Calibration(**CAL) if not config.startswith("plain") else None
     if real:
-        features = model.tokenize(documents(batch))
+        features = preprocess(model, documents(batch), None)
     else:
         g = torch.Generator().manual_seed(1)
         features = {
@@ -156,13 +158,14 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
             "min_cosine_to_fp32": cosine, "batch": batch, "minor_faults": faults}  # fmt: skip
 
 
-def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtype: str, batch: int) -> dict:
+def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtype: str, batch: int, min_seconds: float) -> dict:
     """Time only, in one process: the configurations' passes alternate, so every ratio is measured under
     the same machine load (the subprocess mode's peak RSS needs one process per configuration)."""
     import torch
 
     import posfair
     import posfair.calibration.fused
+    from posfair.compat import preprocess
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
     real = folder == "-"
@@ -173,15 +176,18 @@ def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtyp
             m.to(getattr(torch, dtype))
         models[pooling] = m
         if real:
-            features[pooling] = m.tokenize(documents(batch))
+            features[pooling] = preprocess(m, documents(batch), None)
         else:
             g = torch.Generator().manual_seed(1)
             features[pooling] = {"input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
                                  "attention_mask": torch.ones(batch, length, dtype=torch.long)}  # fmt: skip
     times = {c: [] for c in configs}
     with torch.no_grad():
-        for rep in range(repeats + 1):  # the first round is the warm-up
-            for c in configs:
+        rep = 0
+        # the first round is the warm-up; then at least ``repeats`` rounds and ``min_seconds`` per configuration,
+        # the order reversed every other round so no configuration always follows the same one
+        while rep <= repeats or min(sum(t) for t in times.values()) < min_seconds:
+            for c in configs if rep % 2 else configs[::-1]:
                 pooling = _pooling(c)
                 posfair.calibration.fused.ENABLED = not c.startswith("tiled")
                 cal = posfair.Calibration(**CAL) if not c.startswith("plain") else None
@@ -190,7 +196,8 @@ def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtyp
                     models[pooling](dict(features[pooling]))
                     if rep:
                         times[c].append(time.perf_counter() - t0)
-    return {c: statistics.median(t) for c, t in times.items()}
+            rep += 1
+    return {c: statistics.median(t) for c, t in times.items()}, rep - 1
 
 
 def run(folder, config: str, length: int, repeats: int, dtype: str, batch: int) -> dict:
@@ -217,6 +224,9 @@ def main() -> None:
     ap.add_argument("--real-batch", action="store_true", help="the bundled MiniLM on batches of real-length documents")
     ap.add_argument("--batch", type=int, default=None, help="batch size (default 1; 32 with --real-batch)")
     ap.add_argument("--interleaved", action="store_true", help="time only, all configurations alternating in one process")
+    ap.add_argument("--min-seconds", type=float, default=15.0,
+                    help="--interleaved: keep alternating until every configuration has run this long (short lengths "
+                         "get more rounds than --repeats; the median is kept)")  # fmt: skip
     ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -241,10 +251,12 @@ def main() -> None:
         configs = args.configs or default
         if args.interleaved:
             configs = [c for c in configs if not c.startswith("naive")]
-            print(f"{'L':>6} {'ratio':<28} {'time (interleaved, median of ' + str(args.repeats) + ')':>40}")
+            print(f"{'L':>6} {'ratio':<28} {'time (interleaved, median)':>40}")
             for L in lengths:
-                t = interleaved(str(folder), configs, L, args.repeats, args.dtype, batch)
-                print(f"{L:>6} {'plain (s)':<28} {', '.join(f'{c} {v:.3f}' for c, v in t.items() if c.startswith('plain')):>40}")
+                t, rounds = interleaved(str(folder), configs, L, args.repeats, args.dtype, batch, args.min_seconds)
+                print(
+                    f"{L:>6} {f'plain (s), {rounds} rounds':<28} {', '.join(f'{c} {v:.3f}' for c, v in t.items() if c.startswith('plain')):>40}"
+                )
                 for c, (base, t_time, _) in TARGETS.items():
                     if c in t and base in t:
                         target = REAL_TARGETS.get(c) if args.real_batch else t_time

@@ -59,6 +59,7 @@ def _reference(q, k, v, start, end, scaling, cal):
             w[h, r] = reference_calibrate_row(
                 w[h, r], s, e, cal["basket_size"], cal.get("strength", 0.5), cal.get("isolate_bos", False),
                 cal.get("isolate_eos", False), cal.get("bos_weight", "original"), cal.get("eos_weight", "equal"),
+                prior=cal["prior"]["values"][0] if "prior" in cal else None,
             )  # fmt: skip
         out[b] = torch.from_numpy(w) @ vv[b]
     return out.transpose(1, 2)  # (B, L, H, D)
@@ -78,21 +79,27 @@ VARIANTS = [
     dict(basket_size=4, isolate_eos=True, eos_weight="original", strength=1.0),
     dict(basket_size=2, isolate_bos=True, isolate_eos=True, bos_weight=0.1, eos_weight=0.05),
     dict(basket_size=6, isolate_bos=True, isolate_eos=True, bos_weight="equal", eos_weight="equal", strength=0.3),
+    dict(basket_size=4, prior={"values": [[3.0, 1.0, 0.5, 2.0, 1.5]]}),  # the positional prior
+    dict(basket_size=3, isolate_bos=True, isolate_eos=True, bos_weight=0.1, strength=0.9, prior={"values": [[0.2, 4.0]]}),
 ]
 
 
 @pytest.mark.parametrize("left", [False, True], ids=["right-padding", "left-padding"])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("cal", VARIANTS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize(
+    "cal", VARIANTS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items() if k != "prior") + ("-prior" if "prior" in c else "")
+)
 def test_fused_matches_the_float64_reference(cal, heads, left):
     H, Hkv = heads
     q, k, v, start, end = _case(3, H, Hkv, 29, 8, seed=len(str(cal)), left=left)
     state = _state(start, end, **cal)
     assert fused.applicable(Layer, q, k, v, _padding_mask(start, end, 29), state, False, {}, 0.0)
-    for tile in (None, 7):  # several query tiles, and one
-        out = fused.basket_attention(q, k, v, 0.35, state, tile_rows=tile)
-        ref = _reference(q, k, v, start, end, 0.35, cal)
-        valid = _valid_rows(start, end, 29)
+    ref = _reference(q, k, v, start, end, 0.35, cal)
+    valid = _valid_rows(start, end, 29)
+    # one call for everything; several query tiles; (sequence, head) groups that straddle sequences
+    for tile, group in ((None, None), (7, None), (None, 5), (11, 1)):
+        out = fused.basket_attention(q, k, v, 0.35, state, tile_rows=tile, heads_per_call=group)
+        assert out.shape == (3, 29, H, 8) and out.is_contiguous()
         torch.testing.assert_close(out[valid].double(), ref[valid], atol=1e-5, rtol=0)
 
 
@@ -148,6 +155,8 @@ def test_applies_only_where_it_is_exact():
     bias = additive + torch.randn(16, 16)  # an additive bias is more than padding
     assert not fused.applicable(Layer, q, k, v, bias, st, False, {}, 0.0)
     assert not fused.applicable(Layer, q.double(), k.double(), v.double(), mask, st, False, {}, 0.0)
+    assert fused.applicable(Layer, q, k, v, mask, _state(start, end, basket_size=4, prior={"values": [[1.0, 2.0]]}), False, {}, 0.0)
+    assert not fused.applicable(Layer, q, k, v, mask, _state(start, end, basket_size=4, self_share=0.5), False, {}, 0.0)
     qg = q.clone().requires_grad_()
     assert not fused.applicable(Layer, qg, k, v, mask, st, False, {}, 0.0)  # training: the differentiable path
     with torch.no_grad():
@@ -191,3 +200,35 @@ def test_embeddings_unchanged_by_switching_the_fused_path_off(tiny_model, monkey
         monkeypatch.setattr(fused, "ENABLED", False)
         tiled = model(model.tokenize(texts))["sentence_embedding"]
     np.testing.assert_allclose(fast.numpy(), tiled.numpy(), atol=1e-5, rtol=0)
+
+
+def test_flash_calls_stay_within_the_output_budget():
+    """Whole sequences grouped by head when they fit; else one head in tiles of >= MIN_TILE_ROWS rows."""
+    budget, row = fused.FUSED_TILE_BYTES, 64 * 32 * 4  # 64 baskets of a 32-wide head
+    rows, group = fused._blocks(12, 8192, row, None, None)
+    assert group == 1 and fused.MIN_TILE_ROWS <= rows < 8192 and rows * row <= max(budget, fused.MIN_TILE_ROWS * row)
+    rows, group = fused._blocks(12, 2048, 16 * 32 * 4, None, None)
+    assert rows == 2048 and group * rows * 16 * 32 * 4 <= budget and (group + 1) * rows * 16 * 32 * 4 > budget
+    assert fused._blocks(384, 512, 4 * 32 * 4, None, None) == (512, budget // (512 * 4 * 32 * 4))
+    assert fused._blocks(3, 100, 8, None, None) == (100, 3)  # never more heads than there are
+    assert fused._blocks(3, 100, 8, 7, 2) == (7, 2)  # explicit sizes are kept
+
+
+def test_per_layer_prior_takes_the_fused_path_and_matches_the_tiled_one(tiny_model, count_fused, monkeypatch):
+    """A positional prior with a different density in each calibrated layer: fused == tiled explicit path."""
+    from posfair.calibration.params import PositionalPrior
+
+    model = tiny_model("bert-mean")
+    texts = ["alpha beta gamma " * 20, "delta epsilon", "zeta eta theta iota " * 9]
+    layers = model.transformer_module.resolve(Calibration(layers=0.5)).layers
+    prior = PositionalPrior(values=tuple((4.0 - i, 1.0, 0.3 + i) for i in range(len(layers))), layers=layers)
+    cal = Calibration(basket_size=8, layers=0.5, strength=0.9, isolate_bos=True, prior=prior)
+    with torch.no_grad(), model.using(cal):
+        fast = model(model.tokenize(texts))["sentence_embedding"]
+        assert len(count_fused) == len(layers)
+        monkeypatch.setattr(fused, "ENABLED", False)
+        tiled = model(model.tokenize(texts))["sentence_embedding"]
+        with model.using(Calibration(basket_size=8, layers=0.5, strength=0.9, isolate_bos=True)):
+            uniform = model(model.tokenize(texts))["sentence_embedding"]
+    np.testing.assert_allclose(fast.numpy(), tiled.numpy(), atol=1e-5, rtol=0)
+    assert float((fast - uniform).abs().max()) > 1e-4  # the prior changed the embeddings

@@ -307,6 +307,7 @@ def basket_weights(
     strength: float = 1.0,
     bos_weight: Share = "original",
     eos_weight: Share = "equal",
+    prior: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The basket formula on masses: what each basket and isolated key weighs after calibration.
 
@@ -319,6 +320,8 @@ def basket_weights(
     eos_value * e_eos``, exactly what :func:`calibrate_span_` produces (renormalisation
     and the strength blend included; a basket of mass 0 stays 0).  The caller decides
     whether the row is calibrated at all (``C >= basket_size``); this function assumes it is.
+    ``prior``: the positional-prior variant's density at each basket's centre (broadcastable to
+    ``mass``; :func:`prior_at` of :func:`basket_centres`), None for equal mass per basket.
     """
     n_b = torch.as_tensor(n_baskets, dtype=mass.dtype, device=mass.device).expand(mass.shape[:-1])
     n_total = n_b + int(bos is not None) + int(eos is not None)
@@ -328,12 +331,21 @@ def basket_weights(
         if orig is not None:
             shares.append(_share(weight, orig, n_total))
     iso_total = sum(shares, torch.zeros_like(n_b))
-    per = ((1.0 - iso_total) / n_b.clamp(min=1)).clamp(min=0.0)  # target mass of each content basket
     nonzero = mass > 0
-    total = per * nonzero.sum(-1).to(mass.dtype) + iso_total  # the calibrated row's sum before renormalisation
+    tiny = torch.finfo(mass.dtype).tiny
+    if prior is None:
+        per = ((1.0 - iso_total) / n_b.clamp(min=1)).clamp(min=0.0)  # target mass of each content basket
+        target = per.unsqueeze(-1) * nonzero
+    else:  # basket b gets m_b / p_b, the content scaled to the mass the isolated keys leave (as calibrate_rows)
+        in_row = torch.arange(mass.shape[-1], device=mass.device) < n_b.unsqueeze(-1)
+        tilted = torch.where(in_row, mass / prior, zero)
+        denom = tilted.sum(-1)
+        scale = torch.where(denom > 0, (1.0 - iso_total).clamp(min=0.0) / denom.clamp(min=tiny), zero)
+        target = torch.where(in_row & nonzero, scale.unsqueeze(-1) * tilted, zero)
+    total = target.sum(-1) + iso_total  # the calibrated row's sum before renormalisation
     ok = total > 0
-    inv = torch.where(ok, 1.0 / total.clamp(min=torch.finfo(mass.dtype).tiny), zero)
-    w = torch.where(ok.unsqueeze(-1), strength * (per * inv).unsqueeze(-1) * nonzero + (1.0 - strength) * mass, mass)
+    inv = torch.where(ok, 1.0 / total.clamp(min=tiny), zero)
+    w = torch.where(ok.unsqueeze(-1), strength * target * inv.unsqueeze(-1) + (1.0 - strength) * mass, mass)
     values = []
     for orig, share in zip((o for o in (bos, eos) if o is not None), shares, strict=True):
         values.append(torch.where(ok, strength * share * inv + (1.0 - strength) * orig, orig))

@@ -7,19 +7,25 @@ only) and ``m_b`` the row's original mass on it, the calibrated output is
     out = sum_b w_b * O_b + bos_value * v_bos + eos_value * v_eos
 
 where ``w_b`` and the isolated keys' values come from the masses alone
-(:func:`~posfair.calibration.baskets.basket_weights`).  ``O_b`` and the per-basket
+(:func:`~posfair.calibration.baskets.basket_weights`; the positional-prior variant's
+density at each basket's centre enters there too).  ``O_b`` and the per-basket
 log-sum-exps ``lse_b`` (hence ``m_b = exp(lse_b - logsumexp_b' lse_b')``) are what CPU
 flash attention (``aten._scaled_dot_product_flash_attention_for_cpu``) returns when the
 baskets are laid out as a head dimension: keys and values are gathered so that each
-sequence's content keys start at basket 0 (any padding / BOS offset), the query tile is
-*expanded* (a view, no copy) across baskets, and one call computes every basket of every
-head.  The work is that of one stock SDPA call (same FLOPs, no L x K matrix in memory);
-the extra cost is writing ``n_baskets`` partial outputs per query tile and their weighted sum.
+sequence's content keys start at basket 0 (any padding / BOS offset), the query block is
+*expanded* (a view, no copy) across baskets, and one call computes every basket of a block
+of (sequence, head) pairs x query rows.  The work is that of one stock SDPA call (same
+FLOPs, no L x K matrix in memory); the extra cost is writing ``n_baskets`` partial outputs
+per query row and head, and their weighted sum.  Blocks are sized (:func:`_blocks`) so one
+call's partial outputs take about :data:`FUSED_TILE_BYTES`: they stay in the last-level
+cache for the weighted sum, and below glibc's mmap threshold, so they are not mapped and
+page-faulted afresh on every call (``benchmarks/fused_blocks.py`` measures both).
 
 Used by :func:`~posfair.calibration.kernels.attend` for ``queries="all"`` when
 :func:`applicable` holds (CPU, float32 / bfloat16, inference, no dropout, no recording,
-a padding-only mask, not causal); otherwise the tiled explicit path runs.  Computed in
-the model's dtype; only the per-basket masses and the weighted sum are float32.
+a padding-only mask, not causal, no self-attention share); otherwise the tiled explicit
+path runs.  Computed in the model's dtype; only the per-basket masses and the weighted sum
+are float32.
 """
 
 from __future__ import annotations
@@ -27,13 +33,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posfair.calibration.baskets import basket_weights
+from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
 from posfair.calibration.state import ForwardState
 
 __all__ = ["ENABLED", "FUSED_TILE_BYTES", "applicable", "basket_attention"]
 
 ENABLED = True  # off: queries="all" always takes the tiled explicit path (the benchmark's "tiled-all")
-FUSED_TILE_BYTES = 64 * 2**20  # budget for one query tile's per-basket outputs (float32)
+FUSED_TILE_BYTES = 8 * 2**20  # budget for one flash call's per-basket outputs (float32): fits the cache, under glibc's mmap threshold
 MIN_TILE_ROWS = 768
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -73,8 +79,8 @@ def applicable(
     """Whether the fused path computes this layer (else the tiled explicit path does)."""
     if not ENABLED or record or dropout or query.device.type != "cpu" or query.dtype not in _DTYPES:
         return False
-    if state.calibration.has_variants:
-        return False  # a positional prior or a self-attention share: the tiled explicit path computes them exactly
+    if state.calibration.self_share is not None:
+        return False  # the own key's share would be a cancelling difference of basket outputs: the tiled path is exact
     if key.dtype != query.dtype or value.dtype != query.dtype:
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
@@ -94,11 +100,15 @@ def basket_attention(
     scaling: float,
     state: ForwardState,
     tile_rows: int | None = None,
+    heads_per_call: int | None = None,
+    layer: int | None = None,
 ) -> torch.Tensor:
     """Every row calibrated (``queries="all"``), fused; returns (B, L, H, D) in the value's dtype.
 
     Padding query rows are calibrated too, which is harmless: their outputs only reach
-    padding positions, never pooled (as in the tiled explicit path).
+    padding positions, never pooled (as in the tiled explicit path).  ``layer``: the layer's
+    0-based index (a per-layer positional prior); ``tile_rows`` / ``heads_per_call``: the
+    blocking of :func:`_blocks`, chosen automatically when None.
     """
     B, H, L, D = query.shape
     K = key.shape[2]
@@ -114,8 +124,6 @@ def basket_attention(
     end = state.end.to(dev).long()
     c_start = start + int(iso_b)
     C = (end - int(iso_e) - c_start + 1).clamp(min=0)  # content keys per sequence
-    active = (C >= Bs).view(B, 1, 1)
-    n_b = torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32).view(B, 1, 1)
     nb = max(1, -(-int(C.max()) // Bs))
     S = nb * Bs
 
@@ -124,8 +132,16 @@ def basket_attention(
     valid = slot[None, :] < C[:, None]  # (B, S)
     idx = (c_start[:, None] + slot[None, :]).clamp(max=K - 1)
 
+    c0 = int(c_start[0])
+    same_start = bool((c_start == c0).all())  # batch 1, right padding: a slice, not a gather
+
     def per_head_baskets(x: torch.Tensor) -> torch.Tensor:  # (B, Hkv, K, D) -> (B*H, nb, Bs, D)
-        got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
+        if same_start:
+            got = x[:, :, c0 : c0 + S]
+            if got.shape[2] < S:  # the last basket runs past the keys: masked slots
+                got = torch.cat([got, got.new_zeros(B, kv_heads, S - got.shape[2], D)], dim=2)
+        else:
+            got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
         return got[:, :, None].expand(B, kv_heads, g, S, D).reshape(B * H, nb, Bs, D)
 
     kb, vb = per_head_baskets(key), per_head_baskets(value)
@@ -134,51 +150,86 @@ def basket_attention(
         add = torch.where(valid, torch.zeros((), dtype=dt, device=dev), torch.finfo(dt).min)
         mask = add.view(B, 1, nb, 1, Bs).expand(B, H, nb, 1, Bs).reshape(B * H, nb, 1, Bs)
 
-    def iso_key(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, H, 1, D) float32
+    def iso_key(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B*H, D) float32
         picked = x[torch.arange(B, device=dev), :, pos]  # (B, Hkv, D)
-        return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B, H, 1, D).float()
+        return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B * H, D).float()
 
-    isolated = []  # (key vector, value vector, present per sequence)
+    def per_head(x: torch.Tensor) -> torch.Tensor:  # (B,) per sequence -> (B*H,) per (sequence, head)
+        return x.view(B, 1).expand(B, H).reshape(B * H)
+
+    active = per_head(C >= Bs).view(B * H, 1, 1)  # sequences shorter than one basket stay stock
+    n_b = per_head(torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32)).view(B * H, 1)
+    isolated = []  # (key vector, value vector, present) per (sequence, head)
     if iso_b:
-        isolated.append((iso_key(start, key), iso_key(start, value), torch.ones(B, dtype=torch.bool, device=dev)))
+        isolated.append((iso_key(start, key), iso_key(start, value), torch.ones(B * H, dtype=torch.bool, device=dev)))
     if iso_e:
         present = ~(iso_b & (start == end)) if iso_b else torch.ones(B, dtype=torch.bool, device=dev)
-        isolated.append((iso_key(end, key), iso_key(end, value), present))
+        isolated.append((iso_key(end, key), iso_key(end, value), per_head(present)))
 
-    if tile_rows is None:  # at least MIN_TILE_ROWS: CPU flash attention uses its larger query blocks from 768 rows
-        tile_rows = min(L, max(MIN_TILE_ROWS, FUSED_TILE_BYTES // max(1, B * H * nb * D * 4)))
+    rows, group = _blocks(B * H, L, nb * D * 4, tile_rows, heads_per_call)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    kw = cal.basket_kwargs()
-    out = torch.empty(B, L, H, D, dtype=value.dtype, device=dev)
-    for t0 in range(0, L, tile_rows):
-        t1 = min(L, t0 + tile_rows)
-        T = t1 - t0
-        qt = query[:, :, t0:t1].reshape(B * H, 1, T, D)
-        o, lse = flash(qt.expand(B * H, nb, T, D), kb, vb, attn_mask=mask, scale=scaling)  # (BH, nb, T, D), (BH, nb, T)
-        lse = lse.view(B, H, nb, T).transpose(2, 3)  # (B, H, T, nb)
-        iso_scores = []
-        for kvec, _, present in isolated:
-            s = torch.matmul(query[:, :, t0:t1].float(), kvec.transpose(-1, -2)).squeeze(-1) * scaling  # (B, H, T)
-            iso_scores.append(torch.where(present.view(B, 1, 1), s, -torch.inf))
-        row = torch.logsumexp(torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1), dim=-1)  # (B, H, T)
-        mass = torch.exp(lse - row.unsqueeze(-1))
-        iso_mass = [torch.exp(s - row) for s in iso_scores]
-        w, bos_v, eos_v = basket_weights(
-            mass,
-            n_b,
-            iso_mass[0] if iso_b else None,
-            iso_mass[-1] if iso_e else None,
-            strength=kw["strength"],
-            bos_weight=kw["bos_weight"],
-            eos_weight=kw["eos_weight"],
-        )
-        w = torch.where(active.unsqueeze(-1), w, mass)
-        values = [v for v in (bos_v, eos_v) if v is not None]
-        wb = w.transpose(2, 3).reshape(B * H, nb, T, 1)
-        if o.dtype != torch.float32:
-            wb = wb.to(o.dtype)  # bfloat16 products, float32 accumulation (torch's sum of bfloat16)
-        acc = o.mul_(wb).sum(1, dtype=torch.float32).view(B, H, T, D)  # sum_b w_b O_b (measured faster than bmm / einsum)
-        for (_, vvec, _), val, orig in zip(isolated, values, iso_mass, strict=True):
-            acc += torch.where(active, val, orig).unsqueeze(-1) * vvec
-        out[:, t0:t1] = acc.transpose(1, 2).to(out.dtype)
-    return out
+    kw = cal.basket_kwargs(layer)
+    prior = None
+    if kw.get("prior") is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
+        p = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32))
+        prior = p.repeat_interleave(H, 0).view(B * H, 1, nb)
+    qf = query.reshape(B * H, L, D)
+    out = torch.empty(B * H, L, D, dtype=value.dtype, device=dev)
+    for g0 in range(0, B * H, group):
+        g1 = min(B * H, g0 + group)
+        G = g1 - g0
+        for t0 in range(0, L, rows):
+            t1 = min(L, t0 + rows)
+            T = t1 - t0
+            qt = qf[g0:g1, t0:t1]
+            o, lse = flash(
+                qt.unsqueeze(1).expand(G, nb, T, D), kb[g0:g1], vb[g0:g1],
+                attn_mask=None if mask is None else mask[g0:g1], scale=scaling,
+            )  # fmt: skip  # (G, nb, T, D), (G, nb, T)
+            lse = lse.transpose(1, 2)  # (G, T, nb)
+            iso_scores = []
+            for kvec, _, present in isolated:
+                s = torch.matmul(qt.float(), kvec[g0:g1].unsqueeze(-1)).squeeze(-1) * scaling  # (G, T)
+                iso_scores.append(torch.where(present[g0:g1].view(G, 1), s, -torch.inf))
+            row = torch.logsumexp(torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1), dim=-1)  # (G, T)
+            mass = torch.exp(lse - row.unsqueeze(-1))
+            iso_mass = [torch.exp(s - row) for s in iso_scores]
+            w, bos_v, eos_v = basket_weights(
+                mass,
+                n_b[g0:g1],
+                iso_mass[0] if iso_b else None,
+                iso_mass[-1] if iso_e else None,
+                strength=kw["strength"],
+                bos_weight=kw["bos_weight"],
+                eos_weight=kw["eos_weight"],
+                prior=None if prior is None else prior[g0:g1],
+            )
+            on = active[g0:g1]
+            w = torch.where(on, w, mass)
+            values = [v for v in (bos_v, eos_v) if v is not None]
+            wb = w.transpose(1, 2).unsqueeze(-1)  # (G, nb, T, 1)
+            if o.dtype != torch.float32:
+                wb = wb.to(o.dtype)  # bfloat16 products, float32 accumulation (torch's sum of bfloat16)
+            acc = o.mul_(wb).sum(1, dtype=torch.float32)  # (G, T, D): sum_b w_b O_b (measured faster than bmm / einsum)
+            for (_, vvec, _), val, orig in zip(isolated, values, iso_mass, strict=True):
+                acc += torch.where(on.view(G, 1), val, orig).unsqueeze(-1) * vvec[g0:g1].unsqueeze(1)
+            out[g0:g1, t0:t1] = acc
+    return out.view(B, H, L, D).transpose(1, 2).contiguous()
+
+
+def _blocks(n_heads: int, L: int, row_bytes: int, rows: int | None, group: int | None) -> tuple[int, int]:
+    """Query rows and (sequence, head) pairs per flash call, so one call's per-basket outputs stay near
+    :data:`FUSED_TILE_BYTES`: ``row_bytes`` is one query row's outputs over all baskets of one head.
+
+    Whole sequences when they fit, grouping (sequence, head) pairs; else one pair at a time in
+    tiles of at least :data:`MIN_TILE_ROWS` rows (CPU flash attention's larger query blocks).
+    ``rows`` / ``group`` given are kept.  One layer at 8,192 tokens (12 heads of 32, 128-key
+    baskets, 2 cores, ``benchmarks/fused_blocks.py``): 1 head x 1,024 rows per call costs about
+    1.25x a stock SDPA call, all heads x 768 rows (75 MB of outputs, mapped afresh and
+    page-faulted on every call) about 1.65x.
+    """
+    if rows is None:
+        rows = L if L * row_bytes <= FUSED_TILE_BYTES else min(L, max(MIN_TILE_ROWS, FUSED_TILE_BYTES // row_bytes))
+    if group is None:
+        group = max(1, FUSED_TILE_BYTES // max(1, rows * row_bytes))
+    return max(1, min(rows, L)), max(1, min(group, n_heads))

@@ -296,7 +296,7 @@ def attend(
     check_supported(kwargs)
     if calibrate and state.calibration.queries == "all":
         if fused.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
-            return fused.basket_attention(query, key, value, scaling, state)
+            return fused.basket_attention(query, key, value, scaling, state, layer=module.layer_idx)
         return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs, dropout=dropout)
     if record and state.record_queries == "all":
         # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding

@@ -493,7 +493,7 @@ class ResolvedCalibration:
 
     @property
     def has_variants(self) -> bool:
-        """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does neither)."""
+        """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does the prior, not the share)."""
         return self.prior is not None or self.self_share is not None
 
     def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
