@@ -57,7 +57,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CAL = dict(basket_size=128, layers=0.5, strength=0.5)
+CAL = dict(basket_size=128, layers=float(os.environ.get("POSFAIR_BENCH_LAYERS", "0.5")), strength=0.5)  # --layers sets it
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega river stone light market policy court season engine signal harbour").split()  # fmt: skip
 # (numerator, denominator, target time ratio, target memory ratio or None)
@@ -227,8 +227,15 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=15.0,
                     help="--interleaved: keep alternating until every configuration has run this long (short lengths "
                          "get more rounds than --repeats; the median is kept)")  # fmt: skip
+    ap.add_argument("--layers", type=float, default=None,
+                    help="fraction of layers calibrated (default 0.5, the targets' setting; 1.0 = every layer)")  # fmt: skip
     ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.layers is not None:
+        if not 0.0 < args.layers <= 1.0:
+            ap.error(f"--layers must be in (0, 1]; got {args.layers}")
+        os.environ["POSFAIR_BENCH_LAYERS"] = str(args.layers)  # the worker processes read it
+        CAL["layers"] = args.layers
     if args.worker:
         folder, config, length, repeats, dtype, batch = args.worker
         print(json.dumps(worker(folder, config, int(length), int(repeats), dtype, int(batch))))
@@ -239,7 +246,7 @@ def main() -> None:
     import transformers
 
     print(f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}, "
-          f"dtype {args.dtype}, batch {batch}, {'MiniLM real batch' if args.real_batch else 'XLM-R 12x384 random'}")  # fmt: skip
+          f"calibration {CAL}, dtype {args.dtype}, batch {batch}, {'MiniLM real batch' if args.real_batch else 'XLM-R 12x384 random'}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         if args.real_batch:
             folder, lengths = "-", [512]
