@@ -130,8 +130,6 @@ def basket_attention(
     # content keys / values gathered so that basket j is slots [j*Bs, (j+1)*Bs) for every sequence
     slot = torch.arange(S, device=dev)
     valid = slot[None, :] < C[:, None]  # (B, S)
-    idx = (c_start[:, None] + slot[None, :]).clamp(max=K - 1)
-
     c0 = int(c_start[0])
     same_start = bool((c_start == c0).all())  # batch 1, right padding: a slice, not a gather
 
@@ -141,6 +139,7 @@ def basket_attention(
             if got.shape[2] < S:  # the last basket runs past the keys: masked slots
                 got = torch.cat([got, got.new_zeros(B, kv_heads, S - got.shape[2], D)], dim=2)
         else:
+            idx = (c_start[:, None] + slot[None, :]).clamp(max=K - 1)
             got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
         return got[:, :, None].expand(B, kv_heads, g, S, D).reshape(B * H, nb, Bs, D)
 
@@ -154,8 +153,8 @@ def basket_attention(
         picked = x[torch.arange(B, device=dev), :, pos]  # (B, Hkv, D)
         return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B * H, D).float()
 
-    def per_head(x: torch.Tensor) -> torch.Tensor:  # (B,) per sequence -> (B*H,) per (sequence, head)
-        return x.view(B, 1).expand(B, H).reshape(B * H)
+    def per_head(x: torch.Tensor) -> torch.Tensor:  # (B, ...) per sequence -> (B*H, ...) per (sequence, head)
+        return x.unsqueeze(1).expand(B, H, *x.shape[1:]).reshape(B * H, *x.shape[1:])
 
     active = per_head(C >= Bs).view(B * H, 1, 1)  # sequences shorter than one basket stay stock
     n_b = per_head(torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32)).view(B * H, 1)
@@ -172,7 +171,7 @@ def basket_attention(
     prior = None
     if kw.get("prior") is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
         p = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32))
-        prior = p.repeat_interleave(H, 0).view(B * H, 1, nb)
+        prior = per_head(p).view(B * H, 1, nb)
     qf = query.reshape(B * H, L, D)
     out = torch.empty(B * H, L, D, dtype=value.dtype, device=dev)
     for g0 in range(0, B * H, group):
