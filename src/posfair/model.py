@@ -373,9 +373,11 @@ class FairModel(SentenceTransformer):
             )
 
     def special_token_count(self) -> int:
-        """How many special tokens the tokenizer adds to one text (2 for BERT's [CLS] ... [SEP])."""
+        """How many tokens ``encode`` adds to one text: the special tokens (2 for BERT's [CLS] ... [SEP]) and the
+        model's default prompt (none for most models; "passage: " = 3 tokens for multilingual-e5-small)."""
         tok = self.tokenizer
-        return len(tok("x")["input_ids"]) - len(tok("x", add_special_tokens=False)["input_ids"])
+        prompt = compat.resolve_prompt(self, None, None) or ""
+        return len(tok(prompt + "x")["input_ids"]) - len(tok("x", add_special_tokens=False)["input_ids"])
 
     def token_lengths(self, texts: Sequence[str], add_special_tokens: bool = True) -> np.ndarray:
         """Token counts without truncation (as the model's tokenizer sees the texts)."""

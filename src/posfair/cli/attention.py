@@ -28,11 +28,12 @@ from posfair.cli.parsers import layers_text
 
 def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int = 0):
     """Monolingual segment-set documents (the audit's builder): all orderings of random sets."""
+    from posfair.encoding import model_tokenizer
     from posfair.fairness.documents import LanguageConfig, build_instance, prepare_corpus
 
     inst = build_instance(
         prepare_corpus(corpus), n, LanguageConfig.mono(lang),
-        tokenizer=model.tokenizer, limit=int(model.max_seq_length), target_docs=max_docs, seed=seed,
+        tokenizer=model_tokenizer(model), limit=int(model.max_seq_length), target_docs=max_docs, seed=seed,
     )  # fmt: skip
     return inst.documents[:max_docs]
 
@@ -95,9 +96,8 @@ def attention(
     with naming("--layers", layers_text(layers)):
         resolve_layers(layers, fm.num_layers)
     checks.check_calibrations(fm, [calibration])
-    from posfair.model import BUNDLED_MODEL_NAME  # (loaded with the model above)
 
-    name = model_id or BUNDLED_MODEL_NAME
+    name = fm.display_name
     t0 = time.perf_counter()
     with progress_bars() as bar, data_errors():  # e.g. too few topics of a language for --n
         profiles, report = run_attention(

@@ -142,7 +142,7 @@ def audit(
     settings = AuditSettings(configs=tuple(configs), **settings_kw)
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     checks.check_calibrations(fm, calibration)
-    name = model_id or "all-MiniLM-L6-v2 (bundled)"
+    name = fm.display_name
     run_audit(fm, data, settings, list(calibration), out, cache, name, corpus or "bundled", "Positional-fairness audit")
 
 

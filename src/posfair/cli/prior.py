@@ -61,12 +61,11 @@ def estimate_prior_command(
     base = calibration if calibration is not None else Calibration(layers=1.0)
     checks.check_calibrations(fm, [base])
     from posfair.fairness.attention_prior import estimate_prior
-    from posfair.model import BUNDLED_MODEL_NAME
 
     with data_errors():
         docs = [d.text for lang in langs for d in build_documents(fm, data, lang, n, max_docs, seed)]
         est = estimate_prior(fm, docs, base, bins=bins, batch_size=batch_size)
-    body = est.to_dict() | {"model": model_id or BUNDLED_MODEL_NAME, "fingerprint": fm.fingerprint, "langs": list(langs), "n": n}
+    body = est.to_dict() | {"model": fm.display_name, "fingerprint": fm.fingerprint, "langs": list(langs), "n": n}
     atomic_write_text(out, json.dumps(body, indent=1))
     con = console()
     prior = est.calibration.prior

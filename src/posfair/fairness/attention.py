@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
+from posfair.encoding import model_tokenizer
 from posfair.errors import PosfairInputError
 from posfair.fairness.attention_record import AttentionProfile, query_label
 from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, Z95
@@ -144,9 +145,9 @@ def attention_profile(
     if queries not in ("pool", "all"):
         raise PosfairInputError(f"queries must be 'pool' or 'all'; got {queries!r}")
     texts, spans = _doc_inputs(documents, segments)
-    tok = model.tokenizer
+    tok = model_tokenizer(model)  # the model's default prompt in front, as encode has it
     limit = model.max_seq_length or model.position_limit
-    lengths = model.token_lengths(texts) if texts else np.zeros(0, dtype=np.int64)
+    lengths = np.array([len(ids) for ids in tok(texts, truncation=False)["input_ids"]], dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
     over = np.nonzero(lengths > limit)[0] if limit else np.zeros(0, dtype=np.int64)
     if over.size:
         i = int(over[0])

