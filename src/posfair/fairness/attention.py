@@ -147,7 +147,9 @@ def attention_profile(
     texts, spans = _doc_inputs(documents, segments)
     tok = model_tokenizer(model)  # the model's default prompt in front, as encode has it
     limit = model.max_seq_length or model.position_limit
-    lengths = np.array([len(ids) for ids in tok(texts, truncation=False)["input_ids"]], dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
+    lengths = (
+        np.array([len(ids) for ids in tok(texts, truncation=False)["input_ids"]], dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
+    )
     over = np.nonzero(lengths > limit)[0] if limit else np.zeros(0, dtype=np.int64)
     if over.size:
         i = int(over[0])
