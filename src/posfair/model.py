@@ -26,6 +26,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from posfair import compat
+from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibrated_transformer import (
     MODULE_CLASSES,
     CalibratedTransformer,
@@ -41,7 +42,6 @@ from posfair.calibrated_transformer import (
 )
 from posfair.calibration.attention import Recorder
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
-from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibration.params import POOLINGS, Calibration
 from posfair.compat import Transformer
 from posfair.hub import check_model_source

