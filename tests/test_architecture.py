@@ -31,7 +31,15 @@ LEVELS = [
     ),
     (
         "model / store / corpus",
-        ("posfair.model", "posfair.calibrated_transformer", "posfair.model_info", "posfair.store", "posfair.hub", "posfair.corpus"),
+        (
+            "posfair.model",
+            "posfair.bundled",
+            "posfair.calibrated_transformer",
+            "posfair.model_info",
+            "posfair.store",
+            "posfair.hub",
+            "posfair.corpus",
+        ),
     ),
     ("encoding", ("posfair.encoding", "posfair.evaluation")),
     ("pipelines", ("posfair.fairness", "posfair.retrieval", "posfair.distributed", "posfair.tuning", "posfair.mteb")),

