@@ -15,7 +15,9 @@ Configurations:
   tiled-all    the same with the fused path switched off: the tiled explicit path (the "before" of issue 15)
   naive-all    eager full matrices, every row calibrated (only at lengths <= --naive-all-max)
 
-``--real-batch``: the bundled MiniLM (``posfair.load_model(max_seq_length=512)``) encoding
+``--real-batch``: a bundled model (``--model``: ``bundled`` = MiniLM, 6 layers, or
+``bundled:multilingual-e5-small``, 12 layers, its "passage: " prompt in front of every
+document as ``encode`` puts it; ``posfair.load_model(name, max_seq_length=512)``) encoding
 batches of ``--batch`` three-section documents of mixed lengths (up to 512 tokens); figures
 are throughput (documents / s) and the configurations are plain-mean / posfair-all /
 tiled-all (mean pooling, as the model ships), plain / posfair-cls (CLS pooling) and
@@ -41,6 +43,7 @@ Every ratio is printed beside its target (issue 15): all-rows calibrated / plain
     python benchmarks/calibration_speed.py                      # 512, 2048, 8192
     python benchmarks/calibration_speed.py --lengths 2048 8192 --configs plain-mean posfair-all tiled-all
     python benchmarks/calibration_speed.py --real-batch --repeats 3
+    python benchmarks/calibration_speed.py --real-batch --model bundled:multilingual-e5-small --interleaved --configs plain-mean posfair-all
     python benchmarks/calibration_speed.py --dtype bfloat16 --lengths 2048 --configs plain-mean posfair-all
 """
 
@@ -105,6 +108,13 @@ def _pooling(config: str) -> str:
     return "lasttoken" if config.endswith("last") else "cls"
 
 
+def _prompt(model) -> str | None:
+    """The prompt ``encode`` prepends by default (multilingual-e5-small's "passage: "; None for MiniLM)."""
+    from posfair.encoding import default_prompt
+
+    return default_prompt(model) or None
+
+
 def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batch: int) -> dict:
     import torch
 
@@ -114,8 +124,8 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
     pooling = _pooling(config)
-    real = folder == "-"
-    path = None if real else folder
+    real = folder.startswith("bundled")  # a bundled model's name (--real-batch), else a folder
+    path = folder
     model = posfair.load_model(path, pooling=pooling, max_seq_length=length)
     model.eval()
     if config.startswith("naive"):
@@ -128,7 +138,7 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
         posfair.calibration.fused.ENABLED = False
     cal = posfair.Calibration(**CAL) if not config.startswith("plain") else None
     if real:
-        features = preprocess(model, documents(batch), None)
+        features = preprocess(model, documents(batch), _prompt(model))
     else:
         g = torch.Generator().manual_seed(1)
         features = {
@@ -168,15 +178,15 @@ def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtyp
     from posfair.compat import preprocess
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
-    real = folder == "-"
+    real = folder.startswith("bundled")
     models, features = {}, {}
     for pooling in {_pooling(c) for c in configs}:
-        m = posfair.load_model(None if real else folder, pooling=pooling, max_seq_length=length).eval()
+        m = posfair.load_model(folder, pooling=pooling, max_seq_length=length).eval()
         if dtype != "float32":
             m.to(getattr(torch, dtype))
         models[pooling] = m
         if real:
-            features[pooling] = preprocess(m, documents(batch), None)
+            features[pooling] = preprocess(m, documents(batch), _prompt(m))
         else:
             g = torch.Generator().manual_seed(1)
             features[pooling] = {"input_ids": torch.randint(1000, 30000, (batch, length), generator=g),
@@ -221,7 +231,8 @@ def main() -> None:
     ap.add_argument("--naive-all-max", type=int, default=2048, help="longest length for the naive all-rows run")
     ap.add_argument("--configs", nargs="+", help="only these configurations (see above)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--real-batch", action="store_true", help="the bundled MiniLM on batches of real-length documents")
+    ap.add_argument("--real-batch", action="store_true", help="a bundled model (--model) on batches of real-length documents")
+    ap.add_argument("--model", default="bundled", help="--real-batch: bundled (MiniLM) or bundled:multilingual-e5-small")
     ap.add_argument("--batch", type=int, default=None, help="batch size (default 1; 32 with --real-batch)")
     ap.add_argument("--interleaved", action="store_true", help="time only, all configurations alternating in one process")
     ap.add_argument("--min-seconds", type=float, default=15.0,
@@ -246,10 +257,12 @@ def main() -> None:
     import transformers
 
     print(f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}, "
-          f"calibration {CAL}, dtype {args.dtype}, batch {batch}, {'MiniLM real batch' if args.real_batch else 'XLM-R 12x384 random'}")  # fmt: skip
+          f"calibration {CAL}, dtype {args.dtype}, batch {batch}, {f'{args.model} real batch' if args.real_batch else 'XLM-R 12x384 random'}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         if args.real_batch:
-            folder, lengths = "-", [512]
+            if not args.model.startswith("bundled"):
+                ap.error(f"--model must be a bundled model's name (bundled, bundled:multilingual-e5-small); got {args.model!r}")
+            folder, lengths = args.model, [512]
             default = ["plain-mean", "posfair-all", "tiled-all", "plain", "posfair-cls", "plain-last", "posfair-last"]
         else:
             folder, lengths = Path(tmp) / "xlmr-12x384", args.lengths

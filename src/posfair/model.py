@@ -375,7 +375,8 @@ class FairModel(SentenceTransformer):
 
     def special_token_count(self) -> int:
         """How many tokens ``encode`` adds to one text: the special tokens (2 for BERT's [CLS] ... [SEP]) and the
-        model's default prompt (none for most models; "passage: " = 3 tokens for multilingual-e5-small)."""
+        model's default prompt (none for most models; "passage: " = 2 tokens for multilingual-e5-small, "▁passage"
+        and ":", its space becoming the metaspace of the text's first word: 4 in all)."""
         tok = self.tokenizer
         prompt = compat.resolve_prompt(self, None, None) or ""
         return len(tok(prompt + "x")["input_ids"]) - len(tok("x", add_special_tokens=False)["input_ids"])
