@@ -18,7 +18,8 @@ contiguous span ``[start, end]`` (padding keys carry 0), calibration
    ``strength * calibrated + (1 - strength) * a``.
 
 Rows whose content is shorter than one basket (``C < B``) are returned
-unchanged, as the authors' implementation encodes such texts uncalibrated.
+unchanged, as the authors' implementation encodes such texts uncalibrated
+(:mod:`posfair.calibration.rule` holds that rule and says which rows the formula changes).
 
 Two variants change steps 3-4 (both off by default; a default setting runs exactly
 the formula above):
@@ -40,6 +41,11 @@ the formula above):
   as in step 5.  Rows whose own key is outside the valid span (padding query rows)
   get the plain formula.
 
+:func:`basket_weights` is the formula on per-basket masses (what each basket and isolated key
+weighs afterwards); :func:`calibrate_rows` (whole rows), :func:`calibrate_span_` (in place, many
+rows of one span) and the fused kernel (:mod:`posfair.calibration.fused`) all call it, and all
+decide whether a row is calibrated with :func:`posfair.calibration.rule.engine_calibrates`.
+
 The function is vectorised over any leading dimensions (batch, heads, query
 rows) and is independent of torch's autograd state and of any model.
 """
@@ -51,6 +57,7 @@ from collections.abc import Sequence
 import torch
 
 from posfair.calibration.params import Share
+from posfair.calibration.rule import engine_calibrates
 
 __all__ = ["basket_centres", "basket_weights", "calibrate_rows", "calibrate_span_", "prior_at"]
 
@@ -146,50 +153,27 @@ def calibrate_rows(
     c_start = start + int(isolate_bos)
     c_end = end - int(isolate_eos)
     n_content = c_end - c_start + 1  # (..., 1)
-    active = n_content >= B  # rows to calibrate
+    active = engine_calibrates(n_content, B)  # rows to calibrate
 
     content = (keys >= c_start) & (keys <= c_end)
-    n_slots = (K + B - 1) // B + 1  # content baskets + one slot for everything else
-    basket = torch.where(content, torch.div(keys - c_start, B, rounding_mode="floor"), n_slots - 1)
-    basket = basket.clamp(0, n_slots - 1)
-    mass = torch.zeros((*lead, n_slots), device=dev, dtype=a.dtype)
+    n_slots = (K + B - 1) // B  # content baskets; one more slot below for every other key
+    basket = torch.where(content, torch.div(keys - c_start, B, rounding_mode="floor"), n_slots).clamp(0, n_slots)
+    mass = torch.zeros((*lead, n_slots + 1), device=dev, dtype=a.dtype)
     mass.scatter_add_(-1, basket, torch.where(content, a, torch.zeros((), device=dev)))
-
-    n_baskets = torch.div(n_content.clamp(min=1) + B - 1, B, rounding_mode="floor").to(a.dtype)
-    n_total = n_baskets + int(isolate_bos) + int(isolate_eos)
-
-    iso_total = torch.zeros_like(n_baskets)
-    bos_share = eos_share = None
-    if isolate_bos:
-        bos_share = _share(bos_weight, a.gather(-1, start.clamp(0, K - 1)), n_total)
-        iso_total = iso_total + bos_share
-    if isolate_eos:
-        eos_share = _share(eos_weight, a.gather(-1, end.clamp(0, K - 1)), n_total)
-        iso_total = iso_total + eos_share
-
-    if prior is None:
-        per_basket = ((1.0 - iso_total) / n_baskets).clamp(min=0.0)  # target mass of each content basket
-        factor = torch.where(mass > 0, per_basket / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev))
-    else:  # basket b gets m_b / p_b, the content scaled to content_total: every key of b is multiplied by scale / p_b
-        content_total = (1.0 - iso_total).clamp(min=0.0)
-        p = prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype))
-        in_row = torch.arange(n_slots, device=dev) < n_baskets  # (..., n_slots)
-        tilted = torch.where(in_row, mass / p, torch.zeros((), device=dev, dtype=a.dtype))
-        denom = tilted.sum(-1, keepdim=True)
-        scale = torch.where(
-            denom > 0, content_total / denom.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev, dtype=a.dtype)
-        )
-        factor = torch.where(in_row & (mass > 0), scale / p, torch.zeros((), device=dev, dtype=a.dtype))
-    factor[..., n_slots - 1] = 0.0
-    cal = a * factor.gather(-1, basket)
-    if bos_share is not None:
-        cal = torch.where(keys == start, bos_share, cal)
-    if eos_share is not None:
-        cal = torch.where(keys == end, eos_share, cal)
-
-    total = cal.sum(-1, keepdim=True)
-    cal = torch.where(total > 0, cal / total.clamp(min=torch.finfo(a.dtype).tiny), a)
-    out = strength * cal + (1.0 - strength) * a
+    mass = mass[..., :n_slots]
+    n_baskets = torch.div(n_content.clamp(min=1) + B - 1, B, rounding_mode="floor").to(a.dtype).squeeze(-1)
+    bos = a.gather(-1, start.clamp(0, K - 1)).squeeze(-1) if isolate_bos else None
+    eos = a.gather(-1, end.clamp(0, K - 1)).squeeze(-1) if isolate_eos else None
+    p = None if prior is None else prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype))
+    w, bos_v, eos_v = basket_weights(mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=p)
+    # each key of basket b is scaled by w_b / m_b (proportions inside the basket kept); other keys carry 0
+    factor = torch.where(mass > 0, w / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev, dtype=a.dtype))
+    factor = torch.cat([factor, torch.zeros((*lead, 1), device=dev, dtype=a.dtype)], dim=-1)
+    out = a * factor.gather(-1, basket)
+    if bos_v is not None:
+        out = torch.where(keys == start, bos_v.unsqueeze(-1), out)
+    if eos_v is not None:
+        out = torch.where(keys == end, eos_v.unsqueeze(-1), out)
     return torch.where(active, out, a)
 
 
@@ -212,9 +196,8 @@ def _self_share_rows(a, start, end, self_key, rho: float, strength: float, kw: d
     cal = torch.where(own, rho * a_self, rest)
     total = cal.sum(-1, keepdim=True)
     cal = torch.where(total > 0, cal / total.clamp(min=tiny), a)
-    B = kw["basket_size"]
     n_content = (end - int(kw["isolate_eos"])) - (start + int(kw["isolate_bos"])) + 1
-    active = n_content >= B
+    active = engine_calibrates(n_content, kw["basket_size"])
     return torch.where(active, strength * cal + (1.0 - strength) * a, a)
 
 
@@ -256,45 +239,27 @@ def calibrate_span_(
     c_start = start + int(isolate_bos)
     c_end = end - int(isolate_eos)
     C = c_end - c_start + 1
-    if C < B:
+    if not engine_calibrates(C, B):
         return probs
     n_full, tail = divmod(C, B)
-    n_baskets = n_full + (1 if tail else 0)
-    n_total = n_baskets + int(isolate_bos) + int(isolate_eos)
     content = probs[..., c_start : c_end + 1]
     body = content[..., : n_full * B].unflatten(-1, (n_full, B))
     mass = body.sum(-1)
     if tail:
         mass = torch.cat([mass, content[..., n_full * B :].sum(-1, keepdim=True)], dim=-1)
-
-    lead = probs.shape[:-1]
-    iso = []  # (key, share, original value)
-    for flag, key, weight in ((isolate_bos, start, bos_weight), (isolate_eos, end, eos_weight)):
-        if flag:
-            orig = probs[..., key].clone()
-            share = (
-                orig
-                if weight == "original"
-                else torch.full(lead, 1.0 / n_total if weight == "equal" else float(weight), dtype=probs.dtype, device=probs.device)
-            )
-            iso.append((key, share, orig))
-    iso_total = sum((s for _, s, _ in iso), torch.zeros(lead, dtype=probs.dtype, device=probs.device))
-    per = ((1.0 - iso_total) / n_baskets).clamp(min=0.0).unsqueeze(-1)  # target mass of each content basket
-    nonzero = mass > 0
-    factor = torch.where(
-        nonzero, per / mass.clamp(min=torch.finfo(probs.dtype).tiny), torch.zeros((), dtype=probs.dtype, device=probs.device)
-    )
-    total = (per * nonzero).sum(-1) + iso_total  # the calibrated row's sum, before renormalisation
-    ok = total > 0
-    inv = torch.where(ok, 1.0 / total.clamp(min=torch.finfo(probs.dtype).tiny), torch.zeros((), dtype=probs.dtype, device=probs.device))
-    mult = torch.where(
-        ok.unsqueeze(-1), strength * factor * inv.unsqueeze(-1) + (1.0 - strength), torch.ones((), dtype=probs.dtype, device=probs.device)
-    )
+    bos = probs[..., start].clone() if isolate_bos else None
+    eos = probs[..., end].clone() if isolate_eos else None
+    w, bos_v, eos_v = basket_weights(mass, n_full + (1 if tail else 0), bos, eos, strength=strength, bos_weight=bos_weight,
+                                     eos_weight=eos_weight)  # fmt: skip
+    one = torch.ones((), dtype=probs.dtype, device=probs.device)
+    mult = torch.where(mass > 0, w / mass.clamp(min=torch.finfo(probs.dtype).tiny), one)  # a basket of mass 0 stays 0
     body.mul_(mult[..., :n_full].unsqueeze(-1))
     if tail:
         content[..., n_full * B :].mul_(mult[..., n_full:])
-    for key, share, orig in iso:
-        probs[..., key] = torch.where(ok, strength * share * inv + (1.0 - strength) * orig, orig)
+    if bos_v is not None:
+        probs[..., start] = bos_v
+    if eos_v is not None:
+        probs[..., end] = eos_v
     return probs
 
 

@@ -1,5 +1,6 @@
 """Which texts a calibration actually changes: the one rule every count in posfair uses.
 
+The rule itself is :mod:`posfair.calibration.rule`, which the engine's kernels call too.
 The engine (:func:`posfair.calibration.baskets.calibrate_rows` /
 ``calibrate_span_``) works on a text's *valid span*: its ``n_tokens`` tokens
 after truncation, special tokens and prompt included (the attention mask's
@@ -12,8 +13,9 @@ unchanged (the authors' rule).
 Two further cases leave every row unchanged although the engine runs:
 
 * ``C == basket_size`` with no isolated key given a new share (isolated keys
-  all ``"original"``, or none isolated): one basket holds all the content mass,
-  so rescaling it to its target mass multiplies by 1 (up to float rounding);
+  all ``"original"``, or none isolated) and no self-attention share below 1: one
+  basket holds all the content mass, so rescaling it to its target mass multiplies
+  by 1 (up to float rounding);
 * ``strength == 0``: the blend returns the original row.
 
 :func:`fallback_reasons` classifies token counts into those cases;
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posfair.calibration.params import Calibration, ResolvedCalibration
+from posfair.calibration.rule import engine_calibrates, row_changes
 
 __all__ = [
     "CalibrationFallbackWarning",
@@ -63,8 +66,8 @@ class CalibrationFallbackWarning(UserWarning):
     """Some texts of an ``encode`` call were encoded stock although a calibration was given."""
 
 
-def _rule(calibration: AnyCalibration, pooling: str | None) -> tuple[int, float, bool, bool, bool]:
-    """(basket size, strength, isolate_bos, isolate_eos, an isolated key gets a new share)."""
+def _settings(calibration: AnyCalibration, pooling: str | None) -> dict:
+    """The fields of :func:`posfair.calibration.rule.row_changes` for ``calibration`` (isolation resolved)."""
     if isinstance(calibration, ResolvedCalibration):
         bos, eos = calibration.isolate_bos, calibration.isolate_eos
     elif isinstance(calibration, Calibration):
@@ -73,33 +76,32 @@ def _rule(calibration: AnyCalibration, pooling: str | None) -> tuple[int, float,
         bos, eos = calibration.isolation(pooling)
     else:
         raise TypeError(f"calibration must be a Calibration or ResolvedCalibration; got {type(calibration).__name__}")
-    reweights = (bos and calibration.bos_weight != "original") or (eos and calibration.eos_weight != "original")
-    return calibration.basket_size, calibration.strength, bool(bos), bool(eos), bool(reweights)
+    return dict(basket_size=int(calibration.basket_size), strength=float(calibration.strength), isolate_bos=bool(bos),
+                isolate_eos=bool(eos), bos_weight=calibration.bos_weight, eos_weight=calibration.eos_weight,
+                self_share=calibration.self_share)  # fmt: skip
 
 
 def content_tokens(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
     """Content keys ``C`` of texts whose valid span has ``n_tokens`` tokens (specials and prompt included)."""
-    _, _, bos, eos, _ = _rule(calibration, pooling)
-    return np.asarray(n_tokens, dtype=np.int64) - int(bos) - int(eos)
+    kw = _settings(calibration, pooling)
+    return np.asarray(n_tokens, dtype=np.int64) - int(kw["isolate_bos"]) - int(kw["isolate_eos"])
 
 
 def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
     """Per text: :data:`CALIBRATED`, :data:`SHORTER` (content shorter than one basket: the engine
-    skips it), :data:`ONE_BASKET` (content of exactly one basket and no isolated key reweighted:
-    calibration is the identity) or :data:`STRENGTH_ZERO`.
+    skips it), :data:`ONE_BASKET` (content of exactly one basket that the formula leaves as it is:
+    see :mod:`posfair.calibration.rule`) or :data:`STRENGTH_ZERO`.
 
     ``n_tokens``: the valid-span length of each text as the model sees it (after truncation to
     ``max_seq_length``, with special tokens and any prompt).  ``pooling`` is needed only for an
     unresolved :class:`~posfair.Calibration` (it decides which keys are isolated).
     """
-    B, strength, bos, eos, reweights = _rule(calibration, pooling)
-    n = np.asarray(n_tokens, dtype=np.int64)
-    C = n - int(bos) - int(eos)
-    out = np.full(n.shape, CALIBRATED, dtype=np.int8)
-    if not reweights:
-        out[C == B] = ONE_BASKET
-    out[C < B] = SHORTER
-    if strength == 0.0:
+    kw = _settings(calibration, pooling)
+    C = content_tokens(calibration, n_tokens, pooling)
+    out = np.full(C.shape, ONE_BASKET, dtype=np.int8)
+    out[row_changes(C, **kw)] = CALIBRATED
+    out[~engine_calibrates(C, kw["basket_size"])] = SHORTER
+    if kw["strength"] == 0.0:
         out[...] = STRENGTH_ZERO
     return out
 

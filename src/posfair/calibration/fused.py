@@ -35,6 +35,7 @@ from torch import nn
 
 from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
 from posfair.calibration.state import ForwardState
+from posfair.calibration.rule import engine_calibrates
 
 __all__ = ["ENABLED", "FUSED_TILE_BYTES", "applicable", "basket_attention"]
 
@@ -156,7 +157,7 @@ def basket_attention(
     def per_head(x: torch.Tensor) -> torch.Tensor:  # (B, ...) per sequence -> (B*H, ...) per (sequence, head)
         return x.unsqueeze(1).expand(B, H, *x.shape[1:]).reshape(B * H, *x.shape[1:])
 
-    active = per_head(C >= Bs).view(B * H, 1, 1)  # sequences shorter than one basket stay stock
+    active = per_head(engine_calibrates(C, Bs)).view(B * H, 1, 1)  # sequences shorter than one basket stay stock
     n_b = per_head(torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32)).view(B * H, 1)
     isolated = []  # (key vector, value vector, present) per (sequence, head)
     if iso_b:
