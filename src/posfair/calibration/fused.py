@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
-from posfair.calibration.state import ForwardState
 from posfair.calibration.rule import engine_calibrates
+from posfair.calibration.state import ForwardState
 
 __all__ = ["ENABLED", "FUSED_TILE_BYTES", "applicable", "basket_attention"]
 
