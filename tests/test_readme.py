@@ -86,9 +86,23 @@ def test_every_readme_command_runs(tmp_path):
     for block in blocks("bash")[1:]:
         cmds += commands(block)
     assert len(cmds) > 5
-    for cmd in cmds:
+    for i, cmd in enumerate(cmds):
         res = _run(cmd, tmp_path)
         assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
+        if i == 0:
+            _check_demo_index(tmp_path / "posfair-demo")
+
+
+def _check_demo_index(out: Path) -> None:
+    """The demo's index names each part's model and links each part's own report, which exists."""
+    from posfair.bundled import e5_display_name
+
+    index = (out / "report.html").read_text(encoding="utf-8")
+    for folder, model in (("english", "all-MiniLM-L6-v2"), ("mixed", e5_display_name())):
+        assert f'href="{folder}/report.html"' in index, folder
+        assert model in index, model
+        report = (out / folder / "report.html").read_text(encoding="utf-8")
+        assert model in report, (folder, model)
 
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from posfair import compat
-from posfair.model import token_limit
+from posfair.model import input_reported, token_limit
 from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 __all__ = [
@@ -276,7 +276,12 @@ def encode_cached(
     texts = _check_texts(texts)
     compute = encoder(model, calibration, prompt=prompt, batch_size=batch_size)
     ns = embedding_namespace(store, model.fingerprint, calibration, prompt) if store is not None else None
-    return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
+    if not callable(getattr(model, "warn_input", None)):
+        return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
+    # truncated texts and texts left stock are counted over the caller's input, not over each chunk of the cache's misses
+    model.warn_input(texts, calibration_kwargs(model, calibration)["calibration"], prompt=prompt, stacklevel=2)
+    with input_reported():
+        return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
 
 
 def span_key(doc_text: str, span: tuple[int, int]) -> str:

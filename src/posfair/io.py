@@ -8,6 +8,8 @@ import math
 import os
 import re
 import tempfile
+import unicodedata
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.errors import PosfairInputError
+from posfair.errors import PosfairInputError, PosfairWriteError
 
 
 @contextlib.contextmanager
@@ -23,23 +25,31 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it onto ``path``.
 
     A crash (or kill) before the rename leaves ``path`` untouched; the rename is
-    atomic on POSIX, so readers see either the old file or the complete new one.
+    atomic on POSIX, so readers see either the old file or the complete new one.  A write
+    that fails (full disk, file-size limit, read-only folder) raises
+    :class:`~posfair.errors.PosfairWriteError` naming ``path`` and the cause, the temporary
+    file removed.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; results are ordinary files
-    tmp_path = Path(tmp)
+    tmp_path = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; results are ordinary files
+        tmp_path = Path(tmp)
         yield tmp_path
         with open(tmp_path, "rb+") as fh:  # flush file contents to disk before the rename
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+    except PosfairWriteError:
+        raise
+    except OSError as exc:  # a full disk, a size limit, a read-only folder: name the file and the cause
+        raise PosfairWriteError(path, exc) from exc
     finally:
-        if tmp_path.exists():
+        if tmp_path is not None and tmp_path.exists():
             tmp_path.unlink()
 
 
@@ -84,6 +94,78 @@ def describe_value(value: Any) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({shown}), not a string"
 
 
+def has_content(text: Any) -> bool:
+    """Whether ``text`` is a string with something to embed: a character that is neither white space nor
+    invisible (control and format characters such as a zero-width space or a byte-order mark, unassigned
+    code points).  A text without one is as empty as an empty line: the tokenizers drop such characters,
+    so every such text would come out as the same vector."""
+    return isinstance(text, str) and any(not ch.isspace() and unicodedata.category(ch) not in _INVISIBLE for ch in text)
+
+
+_INVISIBLE = frozenset({"Cc", "Cf", "Cn", "Zs", "Zl", "Zp"})
+
+
+def _describe_text(value: Any) -> str:
+    if isinstance(value, str) and value.strip() and not has_content(value):
+        shown = ", ".join(sorted({f"U+{ord(c):04X}" for c in value if not c.isspace()})[:3])
+        return f"empty (only invisible characters: {shown})"
+    return describe_value(value)
+
+
+def check_ids(ids: Sequence[Any], source: str, field: str, lines: Sequence[int] | None = None) -> list:
+    """``ids`` if they are all strings or all integers (as JSON or Parquet holds them; they are copied to the
+    output as they are); else PosfairInputError naming the first id that is null, of another kind, or of
+    another type than the first one.  Ids that occur more than once are kept, with one warning counting them."""
+    ids = list(ids)
+
+    def where(i: int) -> str:
+        return f"line {lines[i]}" if lines is not None else f"row {i}"
+
+    def kind(v: Any) -> str | None:
+        if isinstance(v, str):
+            return "str"
+        if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+            return "int"
+        return None
+
+    first_kind = kind(ids[0]) if ids else None
+    for i, v in enumerate(ids):
+        k = kind(v)
+        if k is None:
+            raise PosfairInputError(
+                f"{source}: {where(i)}: {field!r} is {describe_value(v).replace(', not a string', '')}: ids must be strings or integers"
+            )
+        if k != first_kind:
+            raise PosfairInputError(
+                f"{source}: {where(i)}: {field!r} is {describe_value(v).replace(', not a string', '')} but the first id "
+                f"({where(0)}) is {'a string' if first_kind == 'str' else 'an integer'}: ids must all be strings or all integers"
+            )
+    seen: dict[Any, int] = {}
+    repeated = 0
+    first_repeat = None
+    for i, v in enumerate(ids):
+        key = int(v) if first_kind == "int" else v
+        if key in seen:
+            repeated += 1
+            if first_repeat is None:
+                first_repeat = (key, seen[key], i)
+        else:
+            seen[key] = i
+    if first_repeat is not None:
+        key, a, b = first_repeat
+        warnings.warn(
+            f"{source}: {repeated} of {len(ids)} {field!r} values repeat an earlier one (first: {key!r} at {where(a)} and {where(b)}); "
+            "they are copied to the output as they are",
+            DuplicateIdWarning,
+            stacklevel=3,
+        )
+    return [int(v) if first_kind == "int" else v for v in ids]
+
+
+class DuplicateIdWarning(UserWarning):
+    """Ids of an input repeat (kept, copied to the output as they are)."""
+
+
 def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[int] | None = None) -> list[str]:
     """``texts`` if every one is a non-empty string; else PosfairInputError (a ValueError) naming the first bad one.
 
@@ -93,12 +175,12 @@ def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[i
     """
     if len(texts) == 0:
         raise PosfairInputError(f"{source}: no texts to embed (the input is empty)")
-    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    bad = [i for i, t in enumerate(texts) if not has_content(t)]
     if bad:
         i = bad[0]
         where = f"line {lines[i]}" if lines is not None else f"row {i}"
         more = f" ({len(bad)} unusable texts in all)" if len(bad) > 1 else ""
-        raise PosfairInputError(f"{source}: {where}: {field!r} is {describe_value(texts[i])}{more}")
+        raise PosfairInputError(f"{source}: {where}: {field!r} is {_describe_text(texts[i])}{more}")
     return list(texts)
 
 
@@ -125,11 +207,15 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
         raise PosfairInputError(f"{path}: unsupported input type {suffix!r}: use .txt, .jsonl or .parquet")
     if suffix in (".txt", ".jsonl", ".json"):
         try:
-            raw = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise PosfairInputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            data = path.read_bytes()
         except OSError as exc:
             raise PosfairInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        try:
+            raw = data.decode("utf-8-sig")  # a byte-order mark at the start is not part of the first text
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+            raise PosfairInputError(f"{path}: line {line} is not UTF-8 text ({exc.reason} at byte {column} of the line)") from None
         # lines end at \n only (str.splitlines would also cut at form feeds, U+2028, ... inside a text)
         lines = [line[:-1] if line.endswith("\r") else line for line in raw.split("\n")]
     if suffix == ".txt":
@@ -147,7 +233,7 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
             numbers.append(n)
         texts = check_texts([r[text_field] for r in records], str(path), text_field, numbers)
         if id_field:
-            ids = [r[id_field] for r in records]
+            ids = check_ids([r[id_field] for r in records], str(path), id_field, numbers)
     else:
         try:
             df = pd.read_parquet(path)
@@ -158,7 +244,10 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
                 raise PosfairInputError(f"{path}: no column {field!r} (columns: {list(df.columns)})")
         texts = check_texts(df[text_field].tolist(), str(path), text_field)
         if id_field:
-            ids = df[id_field].tolist()
+            import pyarrow.parquet as pq
+
+            # read through Arrow: pandas would turn an integer column holding a null into floats
+            ids = check_ids(pq.read_table(path, columns=[id_field]).column(id_field).to_pylist(), str(path), id_field)
     return texts, ids
 
 

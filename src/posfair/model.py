@@ -13,6 +13,7 @@ model live in :mod:`posfair.model_info`; this module re-exports them, and
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import json
 import logging
@@ -274,8 +275,9 @@ class FairModel(SentenceTransformer):
                 raise ValueError(f"text {i} is {type(t).__name__} {t!r}, not a string: posfair embeds only texts")
             if not t.strip():
                 raise ValueError(f"text {i} is empty: posfair does not embed empty texts")
-        self._warn_truncation(texts, kwargs)
-        self._warn_fallback(texts, calibration, kwargs)
+        if not _INPUT_REPORTED.get():
+            self._warn_truncation(texts, kwargs)
+            self._warn_fallback(texts, calibration, kwargs)
         if calibration is None:
             return super().encode(sentences, **kwargs)
         if calibration is not False and (kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))):
@@ -295,7 +297,18 @@ class FairModel(SentenceTransformer):
             return effective_calibration(self.calibration)
         return None  # False = stock; anything else is refused by using()
 
-    def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict) -> None:
+    def warn_input(
+        self, texts: Sequence[str], calibration: Calibration | None | bool = None, *, prompt: str | None = None, stacklevel: int = 2
+    ) -> None:
+        """The warnings ``encode(texts, calibration=..., prompt=...)`` gives about its input, counted and indexed
+        over ``texts``: texts longer than the token limit (truncated) and, for a calibrated call, texts the
+        calibration leaves stock.  For callers that encode only part of an input (a cache's misses, in chunks)
+        inside :func:`input_reported`, so the user's input is what is counted, once."""
+        kwargs = {"prompt": prompt} if prompt else {}
+        self._warn_truncation(texts, kwargs, stacklevel=stacklevel + 1)
+        self._warn_fallback(texts, calibration, kwargs, stacklevel=stacklevel + 1)
+
+    def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict, stacklevel: int = 3) -> None:
         """One :class:`CalibrationFallbackWarning` per calibrated call in which some texts were encoded stock."""
         if not fallback_warnings_enabled():
             return
@@ -306,7 +319,7 @@ class FairModel(SentenceTransformer):
         cov = self.calibration_coverage(texts, cal, prompt=kwargs.get("prompt"), prompt_name=kwargs.get("prompt_name"), **extra)
         msg = cov.message()
         if msg:
-            warnings.warn(msg, CalibrationFallbackWarning, stacklevel=3)
+            warnings.warn(msg, CalibrationFallbackWarning, stacklevel=stacklevel)
 
     def encoded_lengths(self, texts: Sequence[str], *, prompt: str | None = None, prompt_name: str | None = None,
                         batch_size: int = 256, **preprocess_kwargs) -> np.ndarray:  # fmt: skip
@@ -352,7 +365,7 @@ class FairModel(SentenceTransformer):
             return []
         return np.zeros((0, dim), dtype=np.float32)
 
-    def _warn_truncation(self, texts: Sequence, kwargs: dict) -> None:
+    def _warn_truncation(self, texts: Sequence, kwargs: dict, stacklevel: int = 3) -> None:
         limit = self.max_seq_length
         strs = [t for t in texts if isinstance(t, str)]
         if not limit or not strs:
@@ -370,7 +383,7 @@ class FairModel(SentenceTransformer):
             warnings.warn(
                 f"{len(over)} of {len(strs)} texts are longer than max_seq_length={limit} tokens and are truncated "
                 f"(first: text {over[0]}, {lengths[over[0]]} tokens)",
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
 
     def special_token_count(self) -> int:
@@ -385,6 +398,20 @@ class FairModel(SentenceTransformer):
         """Token counts without truncation (as the model's tokenizer sees the texts)."""
         enc = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False)
         return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
+
+
+_INPUT_REPORTED: contextvars.ContextVar[bool] = contextvars.ContextVar("posfair_input_reported", default=False)
+
+
+@contextlib.contextmanager
+def input_reported() -> Iterator[None]:
+    """Inside it, ``encode`` gives no warnings about its input (truncation, texts left stock): the caller
+    has given them once for the whole input with :meth:`FairModel.warn_input` (this context only)."""
+    token = _INPUT_REPORTED.set(True)
+    try:
+        yield
+    finally:
+        _INPUT_REPORTED.reset(token)
 
 
 # sentence-transformers' encode parameters after the texts, in order (positional arguments map onto them)

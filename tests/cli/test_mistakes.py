@@ -19,7 +19,7 @@ MISTAKES = [
     # encode
     ("encode-no-input", "encode -o {t}/o.npy", "missing option '--input'", None),
     ("encode-missing-input", "encode -i {t}/missing.txt -o {t}/o.npy", "{t}/missing.txt does not exist", None),
-    ("encode-not-utf8", "encode -i {t}/latin1.txt -o {t}/o.npy", "{t}/latin1.txt: not UTF-8 text", None),
+    ("encode-not-utf8", "encode -i {t}/latin1.txt -o {t}/o.npy", "{t}/latin1.txt: line 1 is not UTF-8 text", None),
     ("encode-empty-input", "encode -i {t}/empty.txt -o {t}/o.npy", "{t}/empty.txt: no texts to embed", None),
     ("encode-input-missing-field", "encode -i {t}/records.jsonl -o {t}/o.npy", "line 1 has no 'text' field", None),
     ("encode-out-type", "encode -i {t}/in.txt -o {t}/o.csv", "--out {t}/o.csv: unsupported output type '.csv'", None),

@@ -85,7 +85,9 @@ def model_source(model: str | None) -> str | None:
     while the hub is offline or unreachable is refused now (posfair.hub), before
     the corpus is read or the model loaded.
     """
-    if model is None or model.strip() in ("", "bundled"):
+    if model is not None and not model.strip():
+        raise input_error("--model", model, "is empty: give a hub id, a local folder, or leave the option out for the bundled model")
+    if model is None or model.strip() == "bundled":
         return None
     if model.strip().lower().startswith("bundled"):
         from posfair.bundled import BUNDLED_NAMES, E5_SMALL

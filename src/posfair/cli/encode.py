@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -75,6 +77,20 @@ def encode(
     checks.device(device)
     texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
     # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
+    fm = checks.load_model(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
+    checks.check_calibrations(fm, [cal])
+    temporary = TemporaryCacheFolder(out) if cache is None else None
+    try:
+        _encode_into(fm, texts, ids, out, cal, cache if cache is not None else temporary.path, id_field, prompt, batch_size,
+                     chunk_size, normalize)  # fmt: skip
+        if temporary is not None:
+            temporary.remove()
+    finally:
+        if temporary is not None:
+            temporary.release()  # a failed run keeps the folder (a rerun resumes from it) and lets go of its lock
+
+
+def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_size, chunk_size, normalize) -> None:
     import numpy as np
 
     from posfair.cli.progress import progress_bars
@@ -82,9 +98,6 @@ def encode(
     from posfair.io import atomic_save_npy, atomic_write_parquet
     from posfair.store import EmbeddingStore, embedding_namespace
 
-    fm = checks.load_model(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
-    checks.check_calibrations(fm, [cal])
-    cache_dir = cache if cache is not None else _temporary_cache(out)
     store = EmbeddingStore(cache_dir)
     embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards (ManifestMismatch)
     with progress_bars() as bar:
@@ -103,8 +116,6 @@ def encode(
         if ids is not None:
             df.insert(0, id_field, ids)
         atomic_write_parquet(out, df)
-    if cache is None:
-        _remove_temporary_cache(cache_dir)
     label = cal.label() if cal else "stock"
     typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}) to {out}")
 
@@ -113,27 +124,67 @@ def encode(
 _TEMPORARY_MARK = ".posfair-temporary-cache"
 
 
-def _temporary_cache(output: Path) -> Path:
+class TemporaryCacheFolder:
     """The cache folder of ``encode`` without ``--cache``: created by posfair next to the output.
 
-    Its name is fixed (``.<output name>.posfair-cache``), so a rerun after an
-    interruption resumes from it; it holds a marker file, and only a folder with
-    that marker is ever reused or removed.  A folder of that name without the
-    marker is not posfair's: it is left alone and a fresh one is made instead.
+    Its name is fixed (``.<output name>.posfair-cache``), so a rerun after an interruption
+    resumes from it; it holds a marker file, and only a folder with that marker is ever
+    reused or removed.  A folder of that name without the marker is not posfair's (or is
+    being made by another run this instant): it is left alone and ``.<output name>.posfair-cache-<random>``
+    is used instead (an earlier one of those with the marker is resumed from).
+
+    Runs writing the same output at the same time share the folder safely (the store takes
+    concurrent writers): each holds a shared lock on the marker while it uses the folder,
+    and a finished run removes the folder only when it can take the lock exclusively, i.e.
+    when no other run uses it (the last one out removes it).  A run that finds the marker
+    gone after its lock was granted (removed by the run that just finished) starts again.
     """
-    output.parent.mkdir(parents=True, exist_ok=True)
-    folder = output.parent / f".{output.name}.posfair-cache"
-    if (folder / _TEMPORARY_MARK).is_file():
-        return folder
-    try:
-        folder.mkdir()
-    except FileExistsError:
-        folder = Path(tempfile.mkdtemp(prefix=f".{output.name}.posfair-cache-", dir=output.parent))
-    (folder / _TEMPORARY_MARK).write_text(f"temporary embedding cache of posfair encode for {output}; removed after success\n")
-    return folder
 
+    def __init__(self, output: Path):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(20):
+            folder = output.parent / f".{output.name}.posfair-cache"
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if not (folder / _TEMPORARY_MARK).is_file():  # not posfair's: an earlier fallback folder, or a new one
+                    marked = sorted(p.parent for p in output.parent.glob(f".{output.name}.posfair-cache-*/{_TEMPORARY_MARK}"))
+                    folder = marked[0] if marked else Path(tempfile.mkdtemp(prefix=f".{output.name}.posfair-cache-", dir=output.parent))
+            mark = folder / _TEMPORARY_MARK
+            try:
+                fd = os.open(mark, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:  # removed by a run that just finished: start again
+                continue
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                same = os.stat(mark).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            if os.fstat(fd).st_size == 0:
+                os.write(fd, f"temporary embedding cache of posfair encode for {output}; removed after success\n".encode())
+            self.path, self._fd = folder, fd
+            return
+        raise RuntimeError(f"could not take a temporary cache folder next to {output}")
 
-def _remove_temporary_cache(folder: Path) -> None:
-    """Remove a cache folder :func:`_temporary_cache` made (and nothing else)."""
-    if (folder / _TEMPORARY_MARK).is_file():
-        shutil.rmtree(folder, ignore_errors=True)
+    def release(self) -> None:
+        """Let go of the lock (the folder stays); done by :meth:`remove` too."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def remove(self) -> bool:
+        """Remove the folder when no other run uses it (True), else leave it to the last one (False)."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            return False
+        try:
+            if (self.path / _TEMPORARY_MARK).is_file():
+                shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            self.release()
+        return True

@@ -29,12 +29,14 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from posfair.errors import PosfairInputError
+from posfair.errors import PosfairInputError, PosfairWriteError
 
 __all__ = ["PosfairGroup", "PosfairInputError", "input_error", "naming", "data_errors", "one_line_warnings", "EXIT_USER", "EXIT_BUG"]
 
 EXIT_USER = 2
 EXIT_BUG = 1
+#: a run that failed on its environment (a file it could not write), not on its input
+EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 DEBUG_HINT = "rerun with --debug for the traceback"
 
@@ -46,8 +48,11 @@ _LIST_HINT = "a list option takes comma-separated values, e.g. --langs en,de or 
 
 
 def input_error(option: str, value: Any, message: str) -> PosfairInputError:
-    """``PosfairInputError("--option value: message")`` (the value left out when None)."""
-    shown = "" if value is None else f" {value}"
+    """``PosfairInputError("--option value: message")`` (the value left out when None; quoted when it is
+    empty or has leading or trailing white space, so the user sees it)."""
+    shown = (
+        "" if value is None else f" {value!r}" if isinstance(value, str) and (not value.strip() or value != value.strip()) else f" {value}"
+    )
     return PosfairInputError(f"{option}{shown}: {message}")
 
 
@@ -61,6 +66,8 @@ def naming(option: str, value: Any = None, *, errors: tuple[type[BaseException],
     """
     try:
         yield
+    except PosfairWriteError:  # a file posfair could not write is not the option's fault
+        raise
     except errors as exc:
         reason = getattr(exc, "reason", None)  # posfair.hub.ModelNotFound
         message = reason if isinstance(reason, str) else _message(exc)
@@ -154,6 +161,8 @@ def report(exc: BaseException, args: Sequence[str], debug: bool) -> int:
         code, message = EXIT_USER, _usage_message(exc, args)
     elif isinstance(exc, PosfairInputError):
         code, message = EXIT_USER, one_line(str(exc))
+    elif isinstance(exc, PosfairWriteError):
+        code, message = EXIT_FAILED, one_line(str(exc))
     elif isinstance(exc, _ParserException):
         code, message = getattr(exc, "exit_code", EXIT_USER), one_line(exc.format_message())
     elif isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "Abort":

@@ -48,8 +48,7 @@ from posfair.distributed.ray_engine import ray_available as ray_available
 from posfair.distributed.ray_engine import require_ray, run_ray
 from posfair.distributed.shards import Shard, plan_shards, process_shard
 from posfair.distributed.spec import EmbedSpec
-from posfair.io import atomic_write_json
-from posfair.store import MANIFEST, EmbeddingStore, embedding_meta, embedding_settings, run_settings, scan_namespace, shard_path
+from posfair.store import EmbeddingStore, embedding_meta, embedding_settings, run_settings, scan_namespace, shard_path, write_manifest
 from posfair.store import ManifestMismatch as ManifestMismatch
 
 __all__ = ["EmbedReport", "embed_texts"]
@@ -151,7 +150,7 @@ def embed_texts(
     found, _ = stored.locate(all_keys)
     present = {k for k, s in zip(all_keys, found, strict=True) if s >= 0}
     manifest = record_corpus(ns_dir, manifest, corpus, len(present) == len(all_keys), add_corpus)
-    atomic_write_json(ns_dir / MANIFEST, manifest)
+    manifest = write_manifest(ns_dir, manifest)
 
     share = None
     if cal is not None:  # counted once for the corpus (token lengths only), not per shard

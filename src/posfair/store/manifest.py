@@ -5,7 +5,10 @@ dimension, posfair's version and a hash of the code that computes embeddings;
 ``posfair embed`` adds the corpora).  :func:`open_namespace_dir` compares a run's
 settings with it and with every shard's own record, and raises
 :class:`ManifestMismatch` naming the folder and the setting; a missing manifest is
-rebuilt from the shards' own metadata.
+rebuilt from the shards' own metadata.  :func:`write_manifest` is the one writer of a
+manifest, whoever calls it (a run opening a namespace, ``posfair verify`` rebuilding a lost
+one, ``posfair embed`` recording a corpus): every manifest it writes carries the settings
+that are always compared (format, namespace, posfair version, code hash).
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import numpy as np
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet, _record, load_index, unchanged
-from posfair.store.settings import MANIFEST, canonical
+from posfair.store.settings import MANIFEST, MANIFEST_FORMAT, canonical
 from posfair.store.shards import LEGACY_SUFFIX, SHARD_SUFFIX, DamagedShard, ShardFile, convert_npz_shard, read_npz_shard, set_aside
 
-__all__ = ["ManifestMismatch", "open_namespace_dir", "scan_namespace"]
+__all__ = ["ManifestMismatch", "open_namespace_dir", "rebuilt_settings", "scan_namespace", "write_manifest"]
 
 # settings that must be recorded and equal; the others are compared when both sides know them
 _STRICT = ("format", "namespace", "posfair_version", "code_hash")
@@ -64,13 +67,42 @@ def _mismatch(where: str, diffs: list[str], ns_dir: Path) -> ManifestMismatch:
     )
 
 
+def write_manifest(ns_dir: str | os.PathLike, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write ``manifest.json`` of a namespace folder atomically: the one writer of a manifest.
+
+    The manifest is written in the current format (``format`` is set when absent); one that
+    lacks another always-compared setting (namespace, posfair version, code hash) is refused
+    with ValueError, so no caller can leave a manifest that the next run cannot match.
+    Returns what was written.
+    """
+    manifest = canonical({"format": MANIFEST_FORMAT, **manifest})
+    missing = [k for k in _STRICT if manifest.get(k) is None]
+    if missing:
+        raise ValueError(f"refusing to write {Path(ns_dir) / MANIFEST} without {', '.join(missing)}")
+    atomic_write_json(Path(ns_dir) / MANIFEST, manifest)
+    return manifest
+
+
+def rebuilt_settings(shard_settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings to check a namespace with when its manifest is lost: what a shard records
+    (namespace, fingerprint, calibration, prompt, posfair version, code hash), in the current
+    manifest format."""
+    return canonical({"format": MANIFEST_FORMAT, **shard_settings})
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The stored manifest, or None when it is missing; an unreadable one, or one without the
+    always-compared settings (as ``posfair verify`` once wrote when it rebuilt one), is set
+    aside (kept, renamed) and None returned, so it is rebuilt from the shards."""
     if not path.exists():
         return None
     try:
         have = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(have, dict):
             raise ValueError("not a JSON object")
+        missing = [k for k in _STRICT if have.get(k) is None]
+        if missing:
+            raise ValueError(f"it lacks {', '.join(missing)}")
         return have
     except (ValueError, UnicodeDecodeError) as exc:
         set_aside(path, f"not readable: {exc}", what="store manifest", then="it is rebuilt from the shards")
@@ -166,7 +198,7 @@ def scan_namespace(
         if v is not None and (manifest.get(k) is None or k not in _RECORDED):
             manifest[k] = v
     if write and manifest != have:
-        atomic_write_json(mpath, manifest)
+        manifest = write_manifest(ns_dir, manifest)
     return manifest, shards
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet
-from posfair.store.manifest import ManifestMismatch, read_manifest, scan_namespace
+from posfair.store.manifest import ManifestMismatch, read_manifest, rebuilt_settings, scan_namespace, write_manifest
 from posfair.store.settings import MANIFEST, canonical, embedding_meta, embedding_settings, run_settings
 from posfair.store.shards import SHARD_SUFFIX, ChangedShard, DamagedShard, ShardFile, set_aside, write_shard
 
@@ -172,8 +172,7 @@ class Namespace:
             return
         self._shards.add(self.path / name, [str(k) for k in keys])
         if self.dim is None:
-            self.manifest = {**self.manifest, "dim": int(vectors.shape[1])}
-            atomic_write_json(self.path / MANIFEST, self.manifest)
+            self.manifest = write_manifest(self.path, {**self.manifest, "dim": int(vectors.shape[1])})
 
     def get_or_compute(
         self,
@@ -277,7 +276,7 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
     def _shard_settings(folder: Path) -> dict[str, Any]:  # no manifest: the settings the first readable shard records
         for f in sorted(folder.glob(f"part-*{SHARD_SUFFIX}")):
             try:
-                return dict(ShardFile(f).info["settings"])
+                return rebuilt_settings(ShardFile(f).info["settings"])
             except DamagedShard:
                 continue
         return {}
@@ -298,7 +297,8 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
         }
         try:
             settings = read_manifest(folder / MANIFEST) or _shard_settings(folder)
-            _, shards = scan_namespace(folder, settings, full=True)
+            # no manifest and no readable shard: the shards are still checked (set aside), no manifest is written
+            _, shards = scan_namespace(folder, settings, full=True, write=bool(settings))
             rec.update(shards=len(shards.records), rows=shards.rows, keys=len(shards), duplicate_rows=shards.rows - len(shards))
         except (ManifestMismatch, OSError, ValueError) as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"
