@@ -20,6 +20,7 @@ LEVELS = [
         "base",
         (
             "posfair._post_import",
+            "posfair._lazy",
             "posfair.io",
             "posfair.compat",
             "posfair.errors",
@@ -193,3 +194,62 @@ def test_imports_at_module_level(module):
     only optional / heavy dependencies are imported where they are used."""
     hidden = [f"line {n}: {m}" for n, m in local_imports(MODULES[module]) if m.split(".")[0] not in LAZY_OK]
     assert hidden == []
+
+
+#: the packages whose ``__init__`` is a front door: it exports the area's public names (``__all__``)
+FRONT_DOORS = ("posfair", "posfair.fairness", "posfair.retrieval", "posfair.tuning", "posfair.calibration", "posfair.corpus")
+
+
+def test_the_front_doors_import_without_torch():
+    """``import posfair`` and the areas' packages stay light: their public names load on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys\nfor m in {FRONT_DOORS!r}: __import__(m)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'sentence_transformers', 'statsmodels', 'matplotlib') if m in sys.modules)\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+@pytest.mark.parametrize("package", FRONT_DOORS)
+def test_every_public_name_resolves(package):
+    import importlib
+
+    mod = importlib.import_module(package)
+    missing = [name for name in mod.__all__ if not hasattr(mod, name)]
+    assert missing == [] and len(mod.__all__) >= 3
+
+
+def test_the_entry_points_are_at_the_front_door():
+    import posfair
+
+    for name in ("load_model", "Calibration", "audit", "AuditSettings", "AuditResult", "PositionalFairnessEvaluator",
+                 "PositionalRetrievalEvaluator", "tune", "estimate_prior", "load_benchmark", "build_from_corpus"):  # fmt: skip
+        assert name in posfair.__all__, name
+    assert posfair.audit is __import__("posfair.fairness.evaluator", fromlist=["audit"]).audit
+
+
+def test_the_readme_imports_only_from_front_doors():
+    """Every import in the README's Python blocks names ``posfair`` or a package, and only its public names."""
+    import importlib
+    import re
+
+    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    seen = 0
+    for block in re.findall(r"^```python[^\n]*\n(.*?)^```", readme, re.M | re.S):
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("posfair"):
+                seen += 1
+                mod = importlib.import_module(node.module)
+                assert Path(mod.__file__).name == "__init__.py", f"README imports from the module {node.module}"
+                for alias in node.names:
+                    assert alias.name in mod.__all__, f"{node.module}.{alias.name} is not a public name"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("posfair"):
+                        mod = importlib.import_module(alias.name)
+                        assert Path(mod.__file__).name == "__init__.py", f"README imports the module {alias.name}"
+    assert seen >= 5

@@ -7,22 +7,40 @@ with plain ``SentenceTransformer(path)`` or ``AutoModel.from_pretrained(path)``.
 """
 
 from posfair import _post_import
+from posfair._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = ["Calibration", "FairModel", "load_model", "__version__"]
+#: the entry points, imported on first use (``from posfair import audit``); each area's package exports more
+_EXPORTS = {
+    # the model and calibration
+    "load_model": "posfair.model",
+    "FairModel": "posfair.model",
+    "Calibration": "posfair.calibration",
+    "CalibrationFallbackWarning": "posfair.calibration",
+    "estimate_prior": "posfair.fairness",
+    # the positional-fairness audit
+    "audit": "posfair.fairness",
+    "AuditSettings": "posfair.fairness",
+    "AuditResult": "posfair.fairness",
+    "LanguageConfig": "posfair.fairness",
+    "PositionalFairnessEvaluator": "posfair.fairness",
+    "attention_profile": "posfair.fairness",
+    # position-aware retrieval evaluation
+    "PositionalRetrievalEvaluator": "posfair.retrieval",
+    "RetrievalResult": "posfair.retrieval",
+    "load_benchmark": "posfair.retrieval",
+    "build_from_corpus": "posfair.retrieval",
+    "run_sweep": "posfair.retrieval",
+    # choosing a calibration
+    "tune": "posfair.tuning",
+    "CalibrationTuner": "posfair.tuning",
+    # data
+    "load_corpus": "posfair.corpus",
+}
 
-
-def __getattr__(name):  # lazy: importing posfair (e.g. for ``posfair --help``) must not import numpy, torch or transformers
-    if name == "Calibration":
-        from posfair.calibration import Calibration
-
-        return Calibration
-    if name in ("FairModel", "load_model"):
-        from posfair import model
-
-        return getattr(model, name)
-    raise AttributeError(f"module 'posfair' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports("posfair", _EXPORTS)
+__all__ = [*__all__, "__version__"]
 
 
 def _register_attention(_module) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from posfair.errors import PosfairInputError, PosfairWriteError
 
@@ -244,8 +245,6 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
                 raise PosfairInputError(f"{path}: no column {field!r} (columns: {list(df.columns)})")
         texts = check_texts(df[text_field].tolist(), str(path), text_field)
         if id_field:
-            import pyarrow.parquet as pq
-
             # read through Arrow: pandas would turn an integer column holding a null into floats
             ids = check_ids(pq.read_table(path, columns=[id_field]).column(id_field).to_pylist(), str(path), id_field)
     return texts, ids

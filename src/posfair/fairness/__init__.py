@@ -11,3 +11,24 @@ Attention: :mod:`~posfair.fairness.attention` (``attention_profile()`` runs the 
 :mod:`~posfair.fairness.attention_record` (the profile) / :mod:`~posfair.fairness.attention_views`
 (one document's views) -> :mod:`~posfair.fairness.attention_report` (figures, report section).
 """
+
+from posfair._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    "posfair.fairness",
+    {
+        "audit": ".evaluator",
+        "PositionalFairnessEvaluator": ".evaluator",
+        "AuditSettings": ".experiment",
+        "AuditResult": ".results",
+        "LanguageConfig": ".documents",
+        "language_grid": ".documents",
+        "fit_position_ols": ".ols",
+        "Inference": ".ols",
+        "FewClustersWarning": ".ols",
+        "language_effects": ".language",
+        "attention_profile": ".attention",
+        "estimate_prior": ".attention_prior",
+        "PriorEstimate": ".attention_prior",
+    },
+)

@@ -8,22 +8,26 @@ Modules: :mod:`.search` (search space, trials, Pareto front, :func:`run_search`)
 :class:`CalibrationTuner`), :mod:`.report` (tables, figure, tuned model).
 """
 
-from posfair.tuning.evaluator import CalibrationTuner, make_objective, tune
-from posfair.tuning.objectives import (
-    DEV,
-    TEST,
-    FairnessObjective,
-    FunctionObjective,
-    Objective,
-    RetrievalObjective,
-    default_fairness_settings,
-    split_ids,
-)
-from posfair.tuning.report import save_tuned_model, write_outputs
-from posfair.tuning.search import SearchSpace, Trial, TuneResult, pareto_front, run_search
+from posfair._lazy import lazy_exports
 
-__all__ = [
-    "tune", "CalibrationTuner", "make_objective", "save_tuned_model", "write_outputs", "DEV", "TEST", "FairnessObjective",
-    "FunctionObjective", "Objective", "RetrievalObjective", "SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search",
-    "default_fairness_settings", "split_ids",
-]  # fmt: skip
+__all__, __getattr__, __dir__ = lazy_exports(
+    "posfair.tuning",
+    {
+        **dict.fromkeys(["CalibrationTuner", "make_objective", "tune"], ".evaluator"),
+        **dict.fromkeys(
+            [
+                "DEV",
+                "TEST",
+                "FairnessObjective",
+                "FunctionObjective",
+                "Objective",
+                "RetrievalObjective",
+                "default_fairness_settings",
+                "split_ids",
+            ],
+            ".objectives",
+        ),  # fmt: skip
+        **dict.fromkeys(["save_tuned_model", "write_outputs"], ".report"),
+        **dict.fromkeys(["SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"], ".search"),
+    },
+)
