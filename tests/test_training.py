@@ -123,3 +123,34 @@ def test_trainer_reloads_the_best_calibrated_checkpoint(tiny_model_path, tmp_pat
     for other in (tmp_path / "run").glob("checkpoint-*"):
         if other != best_dir:  # in particular the last one, which the callback moved away from
             assert not np.allclose(in_memory, posfair.load_model(other, device="cpu").encode(texts), atol=1e-5), other.name
+
+
+def test_saving_a_calibrated_model_writes_its_usage_snippet_calibrated(tiny_model_path, tmp_path, caplog):
+    """sentence-transformers' model card encodes its usage examples inside ``save``: with posfair's module shown
+    as a stock Transformer for the save, that used to fail ('Transformer' object has no attribute 'resolve') and
+    lose the snippet; it now encodes calibrated, as the model does, and the module is posfair's again after."""
+    import logging
+
+    from posfair.calibrated_transformer import CalibratedTransformer
+
+    path, pooling = tiny_model_path("bert-mean")
+    model = posfair.load_model(path, pooling=pooling, device="cpu").set_calibration(CAL)
+    seen = []
+    real = type(model)._encode
+
+    def spy(self, inputs=None, *args, **kwargs):
+        out = real(self, inputs, *args, **kwargs)
+        seen.append((list(inputs) if not isinstance(inputs, str) else [inputs], np.asarray(out)))
+        return out
+
+    type(model)._encode = spy
+    try:
+        with caplog.at_level(logging.WARNING):
+            model.save(str(tmp_path / "saved"))
+    finally:
+        type(model)._encode = real
+    assert not [r for r in caplog.records if "usage snippet" in r.getMessage()], caplog.text
+    assert seen, "the model card encoded nothing"
+    for texts, out in seen:  # what the card encoded is the calibrated embedding
+        np.testing.assert_allclose(out, model.encode(texts, calibration=CAL), atol=1e-5)
+    assert isinstance(model.transformer_module, CalibratedTransformer)

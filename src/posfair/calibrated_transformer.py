@@ -286,10 +286,27 @@ def stock_module_type(module: Transformer, always: bool = False) -> Iterator[Non
         yield
         return
     module.__class__ = Transformer
+    module._posfair_saved_as_stock = True
     try:
         yield
     finally:
+        del module._posfair_saved_as_stock
         module.__class__ = CalibratedTransformer
+
+
+@contextlib.contextmanager
+def calibrated_while_saving(modules) -> Iterator[None]:
+    """Within the block, a module that :func:`stock_module_type` shows as a stock ``Transformer`` (a save in
+    progress) is posfair's class again: what runs inside a save (sentence-transformers' model card encodes
+    its usage examples) encodes as the model does, calibrated, not stock."""
+    saving = [m for m in modules if getattr(m, "_posfair_saved_as_stock", False)]
+    for m in saving:
+        m.__class__ = CalibratedTransformer
+    try:
+        yield
+    finally:
+        for m in saving:
+            m.__class__ = Transformer
 
 
 #: ``model_type`` s whose calibrated folders load calibrated with plain ``SentenceTransformer(path)`` on both

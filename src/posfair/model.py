@@ -32,6 +32,7 @@ from posfair.calibrated_transformer import (
     MODULE_CLASSES,
     CalibratedTransformer,
     attention_recording,
+    calibrated_while_saving,
     calibration_override,
     effective_calibration,
     flag_free,
@@ -250,6 +251,10 @@ class FairModel(SentenceTransformer):
         counts (:meth:`calibration_coverage` gives them without encoding;
         ``posfair.calibration.coverage.quiet_fallback()`` silences the warning).
         """
+        with calibrated_while_saving(self._modules.values()):  # e.g. the model card's usage snippet, inside save()
+            return self._encode(inputs, *args, calibration=calibration, sentences=sentences, **kwargs)
+
+    def _encode(self, inputs=None, *args, calibration: Calibration | None | bool = None, sentences=None, **kwargs):
         if sentences is not None:
             if inputs is not None:
                 raise TypeError("encode() got the texts twice (inputs and sentences)")
@@ -308,7 +313,7 @@ class FairModel(SentenceTransformer):
         self._warn_truncation(texts, kwargs, stacklevel=stacklevel + 1)
         self._warn_fallback(texts, calibration, kwargs, stacklevel=stacklevel + 1)
 
-    def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict, stacklevel: int = 3) -> None:
+    def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict, stacklevel: int = 4) -> None:
         """One :class:`CalibrationFallbackWarning` per calibrated call in which some texts were encoded stock."""
         if not fallback_warnings_enabled():
             return
@@ -365,7 +370,7 @@ class FairModel(SentenceTransformer):
             return []
         return np.zeros((0, dim), dtype=np.float32)
 
-    def _warn_truncation(self, texts: Sequence, kwargs: dict, stacklevel: int = 3) -> None:
+    def _warn_truncation(self, texts: Sequence, kwargs: dict, stacklevel: int = 4) -> None:
         limit = self.max_seq_length
         strs = [t for t in texts if isinstance(t, str)]
         if not limit or not strs:

@@ -3,7 +3,7 @@
 ``Calibration`` is immutable and validated on construction.  Fields left as
 ``None`` are resolved against a concrete model (its pooling and its number of
 layers) by :meth:`Calibration.resolve`, which returns a :class:`ResolvedCalibration`
-holding only concrete values.  See ``shared/specs/calibration.md``.
+holding only concrete values.  Definitions: ``docs/definitions.md``, section 1.
 """
 
 from __future__ import annotations

@@ -368,6 +368,15 @@ QueryPrompt = Annotated[
 ]
 TopK = Annotated[int, typer.Option("--top-k", parser=integer(1), metavar="K", help="Documents retrieved per query.")]
 Faiss = Annotated[bool, typer.Option("--faiss", help="Search with faiss.IndexFlatIP (exact; needs faiss-cpu).")]
+SearchScope = Annotated[
+    str,
+    typer.Option(
+        "--search-scope",
+        parser=choice("domain", "corpus"),
+        metavar="domain|corpus",
+        help="Search each query among its own domain's documents (default, each subset its own corpus) or the whole corpus.",
+    ),
+]
 Sea = Annotated[bool, typer.Option("--sea", help="Also run the Segment Embed Average baseline (needs chonkie).")]
 Late = Annotated[
     list[str],

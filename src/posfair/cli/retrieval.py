@@ -28,6 +28,7 @@ from posfair.cli.options import (
     OutResults,
     QueryPrompt,
     Sea,
+    SearchScope,
     TopK,
     TrustRemoteCode,
 )
@@ -49,7 +50,7 @@ def query_prompt(text: str) -> str | None:
         raise input_error("--query-prompt", repr(text), f"bad escape ({exc.reason})") from None
 
 
-def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss,
+def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss, search_scope="domain",
                   max_seq_length, trust_remote_code, device, lang, corpus_lang, domains, late=(), late_chunks="semantic") -> None:  # fmt: skip
     """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
 
@@ -96,7 +97,7 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
             fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
             late=LateChunking.variants(late, late_chunks, batch_size=batch_size) if late else (),
             store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
-            use_faiss=faiss, progress=bar,
+            use_faiss=faiss, progress=bar, search_scope=search_scope,
         )  # fmt: skip
     con = console()
     if any(r.groups for r in results):
@@ -134,6 +135,7 @@ def retrieval(
     batch_size: BatchSize = 32,
     top_k: TopK = 100,
     faiss: Faiss = False,
+    search_scope: SearchScope = "domain",
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
@@ -142,6 +144,6 @@ def retrieval(
     run_benchmark(
         model=model, benchmark=benchmark, calibrations=calibration, out=out, cache=cache, sea=sea, stock=stock, late=late,
         late_chunks=late_chunks,
-        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, max_seq_length=max_seq_length,
+        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, search_scope=search_scope, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
     )  # fmt: skip

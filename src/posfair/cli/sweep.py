@@ -25,6 +25,7 @@ from posfair.cli.options import (
     OutResults,
     QueryPrompt,
     Sea,
+    SearchScope,
     Strengths,
     TopK,
     TrustRemoteCode,
@@ -59,6 +60,7 @@ def sweep(
     batch_size: BatchSize = 32,
     top_k: TopK = 100,
     faiss: Faiss = False,
+    search_scope: SearchScope = "domain",
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
@@ -83,6 +85,6 @@ def sweep(
     run_benchmark(
         model=model, benchmark=benchmark, calibrations=calibrations, out=out, cache=cache, sea=sea, stock=True, late=late,
         late_chunks=late_chunks,
-        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, max_seq_length=max_seq_length,
+        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, search_scope=search_scope, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
     )  # fmt: skip

@@ -53,6 +53,10 @@ _QUERY_PROMPTS = {"qwen3-embedding": QWEN3_QUERY_PROMPT}
 logger = logging.getLogger(__name__)
 
 
+#: where a query is searched: among its own domain's documents, or the whole loaded corpus
+SEARCH_SCOPES = ("domain", "corpus")
+
+
 def _model_name(model: Any) -> str:
     for attr in ("name_or_path", "model_name_or_path"):
         v = getattr(model, attr, None)
@@ -98,6 +102,8 @@ class RetrievalResult:
     calibrated_share: float | None = None
     #: late chunking: its settings (aggregate, chunks) and chunk counts (None for the other methods)
     late: dict[str, Any] | None = None
+    #: where each query was searched: "domain" (its own domain's documents) or "corpus" (every document)
+    search_scope: str = "domain"
 
     @property
     def noop(self) -> bool:
@@ -123,6 +129,7 @@ class RetrievalResult:
             "buckets": {b: {**v, "bins": {str(k): x for k, x in v["bins"].items()}} for b, v in self.buckets.items()},
             "calibrated_share": self.calibrated_share,
             "late": self.late,
+            "search_scope": self.search_scope,
         }
 
     @classmethod
@@ -140,6 +147,7 @@ class RetrievalResult:
             buckets={b: {**v, "bins": {int(k): x for k, x in v["bins"].items()}} for b, v in d["buckets"].items()},
             calibrated_share=None if d.get("calibrated_share") is None else float(d["calibrated_share"]),
             late=d.get("late"),
+            search_scope=d.get("search_scope", "domain"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -197,6 +205,10 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             shows them when this module's logger is at INFO or DEBUG (as sentence-transformers does).
         progress: instead of tqdm, ``progress(description, total, already_done) -> advance(n)``
             (see :mod:`posfair.progress`), e.g. a command line's own bar.
+        search_scope: ``"domain"`` (default): each query is searched among its own domain's documents
+            (PosIR's languages / domains, a built benchmark's languages; SQuAD-PosQ and FineWeb-PosQ have one
+            domain), each subset its own corpus as in the benchmarks' per-subset results; ``"corpus"``: every
+            query against every document of the loaded benchmark.  Recorded in every result.
         name: the prefix of every metric; None (default) = the benchmark and the setting, e.g.
             ``"aligned_eng-Latn_B128-L0.5-a0.5"``, so that evaluators of several settings or
             benchmarks in one ``SequentialEvaluator`` never overwrite each other's keys;
@@ -222,6 +234,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         encode_chunk: int = 256,
         report_fallback: bool = True,
         progress: ProgressCallback | None = None,
+        search_scope: str = "domain",
     ):
         super().__init__()
         if not isinstance(benchmark, RetrievalBenchmark):
@@ -236,6 +249,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             raise PosfairInputError("late chunking takes no document prompt (chunk spans are on the passage text itself)")
         if top_k < 10:
             raise PosfairInputError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
+        if search_scope not in SEARCH_SCOPES:
+            raise PosfairInputError(f"search_scope must be one of {', '.join(SEARCH_SCOPES)}; got {search_scope!r}")
+        self.search_scope = search_scope
         self.benchmark = benchmark
         self.calibration = calibration
         self.sea = sea
@@ -335,7 +351,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     def retrieve_late(self, q: np.ndarray, chunks: np.ndarray, owner: np.ndarray, block: int = 256) -> np.ndarray:
         """Top-k global document indices per query, documents scored by the late-chunking aggregate (-1 = padding)."""
         ranked = np.full((len(q), self.top_k), -1, dtype=np.int64)
-        for _, qi, di in self.benchmark.domain_slices():
+        for _, qi, di in self.search_slices():
             if len(qi) == 0:
                 continue
             local = np.full(len(self.benchmark.corpus_texts), -1, dtype=np.int64)
@@ -350,10 +366,18 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
                 ranked[qb, :k] = di[top]
         return ranked
 
+    def search_slices(self) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """``(domain, query indices, document indices)`` searched together: each domain of the benchmark
+        (``search_scope="domain"``), or every query against every document (``"corpus"``)."""
+        if self.search_scope == "corpus":
+            b = self.benchmark
+            return [("", np.arange(len(b.query_ids)), np.arange(len(b.corpus_ids)))]
+        return self.benchmark.domain_slices()
+
     def retrieve(self, q: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """Top-k global document indices per query (searching each domain separately; -1 = padding)."""
+        """Top-k global document indices per query (searched as :meth:`search_slices` says; -1 = padding)."""
         ranked = np.full((len(q), self.top_k), -1, dtype=np.int64)
-        for _, qi, di in self.benchmark.domain_slices():
+        for _, qi, di in self.search_slices():
             if len(qi) == 0:
                 continue
             idx, _ = search(q[qi], d[di], k=self.top_k, use_faiss=self.use_faiss)
@@ -409,6 +433,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             buckets=buckets,
             calibrated_share=share,
             late=late_info,
+            search_scope=self.search_scope,
         )
 
     def noop_result(self, share: float = 0.0) -> RetrievalResult:
@@ -425,6 +450,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             recall=nan.copy(),
             metrics={},
             calibrated_share=share,
+            search_scope=self.search_scope,
         )
 
     def __call__(self, model: Any, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:

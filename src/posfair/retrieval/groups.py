@@ -1,7 +1,7 @@
 """Positional groups, length buckets and relative-position bins, as published.
 
 Conventions (each reproduces the public reference code; see
-``shared/specs/retrieval-benchmarks.md``):
+``docs/definitions.md``, section 4):
 
 * **SQuAD-PosQ** groups the queries by the character offset of the first answer
   (``answers.answer_start[0]``) into ``[0-100], [100-200], [200-300], [300-400],

@@ -107,6 +107,7 @@ def run_sweep(
     show_progress_bar: bool | None = None,
     encode_chunk: int = 256,
     progress: ProgressCallback | None = None,
+    search_scope: str = "domain",
 ) -> list[RetrievalResult]:
     """Evaluate stock (+ SEA) (+ every late-chunking strategy in ``late``) + every calibration on ``benchmark``;
     resumable; writes tables.
@@ -151,6 +152,7 @@ def run_sweep(
             encode_chunk=encode_chunk,
             report_fallback=False,
             progress=progress,
+            search_scope=search_scope,
         )
         for cal, s, lc in settings
     ]
@@ -160,12 +162,14 @@ def run_sweep(
         "benchmark": benchmark.summary(),
         "top_k": top_k,
         "query_prompt": evaluators[0]._query_prompt(model),
+        "search_scope": search_scope,
         "settings": [_run_name(e) for e in evaluators],
     }
     mpath = out / "sweep.json"
     if mpath.exists():
         old = json.loads(mpath.read_text())
-        for k in ("max_seq_length", "model", "benchmark", "top_k", "query_prompt"):
+        old.setdefault("search_scope", "domain")  # sweeps before the option searched per domain
+        for k in ("max_seq_length", "model", "benchmark", "top_k", "query_prompt", "search_scope"):
             if old.get(k) != json.loads(json.dumps(manifest[k])):
                 raise ValueError(f"{out} holds a sweep with a different {k} ({old.get(k)!r}); use another output directory")
         manifest["settings"] = list(dict.fromkeys(old.get("settings", []) + manifest["settings"]))

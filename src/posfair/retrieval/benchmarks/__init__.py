@@ -1,6 +1,6 @@
 """Position-aware retrieval benchmarks: the published ones and one built offline.
 
-Published benchmarks (definitions in ``shared/specs/retrieval-benchmarks.md``,
+Published benchmarks (definitions in ``docs/definitions.md``, section 4,
 reproducing the reference code of Zeng et al. 2025 / PosIR):
 
 * :func:`load_squad_posq` - SQuAD v2 (hub ``rajpurkar/squad_v2``), train +

@@ -1,4 +1,4 @@
-"""SQuAD-PosQ and FineWeb-PosQ (definitions in ``shared/specs/retrieval-benchmarks.md``,
+"""SQuAD-PosQ and FineWeb-PosQ (definitions in ``docs/definitions.md``, section 4,
 reproducing the reference code of Zeng et al. 2025).
 
 * :func:`load_squad_posq` - SQuAD v2 (hub ``rajpurkar/squad_v2``), train +
