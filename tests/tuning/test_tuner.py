@@ -248,7 +248,12 @@ def test_search_logs_and_shows_progress(caplog, capsys):
     with caplog.at_level(logging.INFO, logger="posfair.tuning.search"):
         res = run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=1), max_drop=0.1, log=lines.append)
     logged = [r.getMessage() for r in caplog.records if r.name == "posfair.tuning.search"]
-    assert logged == lines and lines[-1].startswith("test test") and any(m.startswith("chosen: ") for m in lines)
+    assert (
+        logged == lines
+        and lines[-2].startswith("test test")
+        and lines[-1].startswith("on the held-out test split ")
+        and any(m.startswith("chosen: ") for m in lines)
+    )
     assert "tuning trials" in capsys.readouterr().err  # None: shown at INFO, like sentence-transformers
     run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=0), max_drop=0.1, show_progress_bar=False)
     assert "tuning trials" not in capsys.readouterr().err

@@ -72,6 +72,14 @@ class Objective:
         """Fraction of the split's texts ``calibration`` changes (0 = a no-op the search skips); None = unknown."""
         return None
 
+    #: what :meth:`guard_units` is indexed by (named in the test check)
+    unit = "units"
+
+    def guard_units(self, calibration: Calibration | None, split: str) -> pd.Series | None:
+        """The guard metric per independent unit of ``split`` (its mean is the guard), for the paired bootstrap of
+        the test check; None: not available (no interval)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -216,6 +224,15 @@ class FairnessObjective(Objective):
         out["documents"] = float(obs["doc_id"].nunique())
         return out
 
+    unit = "segment sets"
+
+    def guard_units(self, calibration: Calibration | None, split: str) -> pd.Series:
+        """Recall per segment set (the mean over its documents)."""
+        obs = self.observations([calibration] if calibration is not None else [], split)
+        label = calibration.label() if calibration is not None else STOCK
+        obs = obs[(obs["calibration"] == label) & (obs["setting"] == "main")]
+        return obs.groupby("set_id")[self.guard].mean()
+
     def audit_result(self, calibrations: Sequence[Calibration], split: str, corpus_name: str = "") -> AuditResult:
         """An :class:`~posfair.fairness.results.AuditResult` of stock + ``calibrations`` on one split (cached)."""
         obs = self.observations(calibrations, split)
@@ -275,6 +292,7 @@ class RetrievalObjective(Objective):
         self.test_fraction, self.seed = test_fraction, seed
         self.fingerprint = model_fingerprint(model)
         self._shares: dict[str, float] = {}
+        self._per_query: dict[tuple[str, str], pd.Series] = {}
         unit = [
             f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)
         ]
@@ -304,11 +322,21 @@ class RetrievalObjective(Objective):
         ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt,
                                           report_fallback=False, show_progress_bar=self.show_progress_bar, progress=self.progress)  # fmt: skip
         res = ev.evaluate(self.model)
+        self._per_query[(calibration.key() if calibration is not None else STOCK, split)] = pd.Series(res.ndcg, index=res.query_ids)
         out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
         for g, v in res.groups.items():
             out[g] = float(v)
         out["queries"] = float(len(res.query_ids))
         return out
+
+    unit = "queries"
+
+    def guard_units(self, calibration: Calibration | None, split: str) -> pd.Series:
+        """nDCG@10 per query (evaluated again when the trial was read back from a resumed run)."""
+        key = (calibration.key() if calibration is not None else STOCK, split)
+        if key not in self._per_query:
+            self.evaluate(calibration, split)
+        return self._per_query[key]
 
     def estimate_prior(self, bins: int = 20) -> PositionalPrior:
         """The positional prior of the stock model on the benchmark's documents (no queries or labels enter it),

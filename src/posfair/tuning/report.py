@@ -135,8 +135,9 @@ def summary_markdown(result: TuneResult) -> str:
     if len(result.fronts) > 1:
         lines.insert(5, to_markdown(variants_table(result)))
     s, c = test["stock"], test["chosen"]
+    check = "" if result.test_check is None else f" Constraint: {result.test_check['verdict']}."
     lines[3:3] = ["", f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
-                      f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}."]  # fmt: skip
+                      f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}.{check}"]  # fmt: skip
     note = skipped_note(result)
     if note:
         lines[3:3] = ["", note]

@@ -51,6 +51,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -228,6 +229,66 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
+def meets_constraint(guard: float, stock_guard: float, max_drop: float) -> bool:
+    """The constraint, one rule for the dev choice and the test check: the guard metric (higher is better)
+    at most ``max_drop`` below stock's on the same split."""
+    return bool(guard >= stock_guard - max_drop - 1e-12)
+
+
+class ConstraintWarning(UserWarning):
+    """The setting chosen on the dev split breaks the constraint on the held-out test split."""
+
+
+#: paired bootstrap of the test split's guard change: draws and seed (recorded with the check)
+CHECK_DRAWS, CHECK_SEED = 2000, 0
+
+
+def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
+    """Does the chosen setting keep the constraint on the held-out test split?
+
+    The guard's change (chosen minus stock, test split) against ``-max_drop`` by :func:`meets_constraint`,
+    and a 95 % interval of that change: a paired bootstrap over the objective's units (segment sets for the
+    fairness objective, queries for retrieval; :meth:`Objective.guard_units`), seeded.  None when stock
+    was chosen (nothing to check).
+    """
+    if result.chosen is None:
+        return None
+    guard = result.guard
+    stock_t, chosen_t = result.trial(None, TEST), result.trial(result.chosen, TEST)
+    change = chosen_t.metrics[guard] - stock_t.metrics[guard]
+    out: dict[str, Any] = {
+        "guard": guard, "stock": stock_t.metrics[guard], "chosen": chosen_t.metrics[guard], "change": change,
+        "limit": -result.max_drop, "holds": meets_constraint(chosen_t.metrics[guard], stock_t.metrics[guard], result.max_drop),
+        "low": None, "high": None, "units": None, "unit": None, "draws": CHECK_DRAWS, "seed": CHECK_SEED,
+    }  # fmt: skip
+    units = objective.guard_units
+    a, b = units(None, TEST), units(result.chosen, TEST)
+    if a is not None and b is not None:
+        paired = (b - a).dropna()
+        if len(paired) >= 2:
+            rng = np.random.default_rng(CHECK_SEED)
+            idx = rng.integers(0, len(paired), size=(CHECK_DRAWS, len(paired)))
+            means = paired.to_numpy()[idx].mean(axis=1)
+            out.update(low=float(np.quantile(means, 0.025)), high=float(np.quantile(means, 0.975)), units=len(paired),
+                       unit=objective.unit)  # fmt: skip
+    out["verdict"] = constraint_verdict(out)
+    return out
+
+
+def constraint_verdict(check: dict[str, Any]) -> str:
+    """One sentence on a :func:`check_test_constraint`: holds / holds within noise / broken."""
+    limit, change = check["limit"], check["change"]
+    interval = (
+        "" if check["low"] is None else f" [95 % interval {check['low']:+.3f}, {check['high']:+.3f} over {check['units']} {check['unit']}]"
+    )
+    head = f"on the held-out test split {check['guard']} changed by {change:+.3f}{interval}, limit {limit:+.3f}: "
+    if not check["holds"]:
+        return head + "the constraint is BROKEN on the test split (the dev choice does not carry over)"
+    if check["low"] is not None and check["low"] < limit:
+        return head + "the constraint holds, but the interval reaches beyond the limit: this split is too small to confirm it"
+    return head + "the constraint holds"
+
+
 def pareto_front(trials: Sequence[Trial], score: str, guard: str, greater_is_better: bool) -> list[Trial]:
     """The trials no other trial beats on both the score and the guard (higher guard is better)."""
 
@@ -261,6 +322,8 @@ class TuneResult:
     fronts: dict[str, list[Trial]] = field(default_factory=dict)
     #: each variant's best feasible dev setting (None: no feasible setting of that variant), evaluated on test
     variant_best: dict[str, Calibration | None] = field(default_factory=dict)
+    #: the chosen setting's constraint on the test split (:func:`check_test_constraint`; None: stock chosen)
+    test_check: dict[str, Any] | None = None
 
     @property
     def score(self) -> str:
@@ -303,6 +366,11 @@ class TuneResult:
                     out[f"{split}_chosen_calibrated_share"] = float(share)
         out["feasible"] = float(self.feasible)
         out["skipped"] = float(len(self.skipped))
+        if self.test_check is not None:
+            out["test_constraint_holds"] = float(self.test_check["holds"])
+            out["test_guard_change"] = float(self.test_check["change"])
+            if self.test_check["low"] is not None:
+                out["test_guard_change_low"], out["test_guard_change_high"] = float(self.test_check["low"]), float(self.test_check["high"])
         return out
 
     def frame(self, split: str = DEV) -> pd.DataFrame:
@@ -318,7 +386,7 @@ class TuneResult:
                    "layers": (str(c.layers) if c else None), "strength": t.strength,
                    "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share, **t.metrics}  # fmt: skip
             if split == DEV:
-                row["feasible"] = bool(t.metrics[self.guard] >= stock - self.max_drop - 1e-12)
+                row["feasible"] = meets_constraint(t.metrics[self.guard], stock, self.max_drop)
                 row["on_front"] = t.key in front
                 row["on_variant_front"] = any(t.key == o.key for o in self.fronts.get(t.variant, []))
             row["chosen"] = t.key == (self.chosen.key() if self.chosen else STOCK)
@@ -333,6 +401,7 @@ class TuneResult:
             "skipped": [t.to_dict() for t in self.skipped],
             "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
             "variant_best": {v: (c.label() if c is not None else None) for v, c in self.variant_best.items()},
+            "test_check": self.test_check,
         }  # fmt: skip
 
 
@@ -434,10 +503,9 @@ def run_search(
 
     try:
         stock = run(None, DEV, STOCK)
-        floor = stock.metrics[objective.guard] - max_drop - 1e-12
 
         def feasible(t: Trial) -> bool:
-            return t.calibration is None or t.metrics[objective.guard] >= floor
+            return t.calibration is None or meets_constraint(t.metrics[objective.guard], stock.metrics[objective.guard], max_drop)
 
         def rank(t: Trial) -> tuple[float, float]:  # smaller is better; ties to the lower strength
             return (-sign * t.metrics[objective.score], t.strength)
@@ -501,6 +569,11 @@ def run_search(
             fronts,
             variant_best,
         )
+        result.test_check = check_test_constraint(objective, result)
+        if result.test_check is not None:
+            say(result.test_check["verdict"])
+            if not result.test_check["holds"]:
+                warnings.warn(f"{result.chosen_label}: {result.test_check['verdict']}", ConstraintWarning, stacklevel=2)
         save(result.to_dict())
         bar.total = bar.n  # the choice may be stock: evaluated on test once
     finally:

@@ -1,0 +1,82 @@
+"""The chosen setting's constraint, checked on the held-out test split, with a paired interval."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from posfair.tuning import DEV, TEST, FunctionObjective, SearchSpace, run_search
+from posfair.tuning.report import summary_markdown
+from posfair.tuning.search import CHECK_DRAWS, ConstraintWarning, meets_constraint
+
+SPACE = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=0)
+
+
+class UnitObjective(FunctionObjective):
+    """Score falls with strength on both splits; the guard is the mean of per-unit values: unchanged on dev,
+    and on test each unit loses ``test_drop * strength`` plus seeded noise of ``noise``."""
+
+    unit = "segment sets"
+
+    def __init__(self, test_drop: float, noise: float = 0.0, n_units: int = 40):
+        self.test_drop, self.noise, self.n = test_drop, noise, n_units
+        super().__init__(self._metrics, score="score", guard="recall")
+
+    def guard_units(self, cal, split):
+        strength = cal.strength if cal is not None else 0.0
+        base = np.linspace(0.6, 0.9, self.n)
+        if split == TEST and cal is not None:
+            base = base - self.test_drop * strength + self.noise * np.random.default_rng(7).standard_normal(self.n)
+        return pd.Series(base, index=[f"s{i}" for i in range(self.n)])
+
+    def _metrics(self, cal, split):
+        return {"score": 1.0 - (cal.strength if cal is not None else 0.0), "recall": float(self.guard_units(cal, split).mean())}
+
+
+def test_a_choice_that_breaks_the_constraint_on_test_is_said(tmp_path):
+    with pytest.warns(ConstraintWarning, match="BROKEN on the test split"):
+        res = run_search(UnitObjective(test_drop=0.10), SPACE, max_drop=0.02, results_path=tmp_path / "tune.json")
+    assert res.chosen is not None and res.chosen.strength == 1.0  # feasible on dev: recall unchanged there
+    check = res.test_check
+    stock, chosen = res.trial(None, TEST).metrics["recall"], res.trial(res.chosen, TEST).metrics["recall"]
+    assert check["change"] == pytest.approx(chosen - stock) == pytest.approx(-0.10)
+    assert check["holds"] is False and check["limit"] == -0.02
+    assert check["low"] == pytest.approx(-0.10) and check["high"] == pytest.approx(-0.10)  # every unit lost the same
+    assert check["units"] == 40 and check["unit"] == "segment sets" and check["draws"] == CHECK_DRAWS
+    assert "BROKEN" in summary_markdown(res) and "over 40 segment sets" in summary_markdown(res)
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert saved["test_check"]["holds"] is False and saved["test_check"]["change"] == pytest.approx(-0.10)
+    head = res.headline()
+    assert head["test_constraint_holds"] == 0.0 and head["test_guard_change_low"] == pytest.approx(-0.10)
+
+
+def test_the_interval_against_the_normal_approximation():
+    res = run_search(UnitObjective(test_drop=0.0, noise=0.05, n_units=400), SPACE, max_drop=0.02)
+    check = res.test_check
+    diff = UnitObjective(0.0, 0.05, 400).guard_units(res.chosen, TEST) - UnitObjective(0.0, 0.05, 400).guard_units(None, TEST)
+    m, se = diff.mean(), diff.std(ddof=1) / np.sqrt(len(diff))
+    assert check["change"] == pytest.approx(m)
+    assert check["low"] == pytest.approx(m - 1.96 * se, abs=0.25 * se) and check["high"] == pytest.approx(m + 1.96 * se, abs=0.25 * se)
+    assert check["holds"] is True  # mean change about 0
+    assert ("interval reaches beyond the limit" in check["verdict"]) == (check["low"] < -0.02)
+
+
+def test_the_dev_choice_and_the_test_check_use_one_rule():
+    assert meets_constraint(0.88, 0.90, 0.02) and not meets_constraint(0.8799, 0.90, 0.02)
+    res = run_search(UnitObjective(test_drop=0.0), SPACE, max_drop=0.02)
+    f = res.frame(DEV)
+    stock = res.trial(None, DEV).metrics["recall"]
+    assert (f["feasible"] == [meets_constraint(g, stock, 0.02) for g in f["recall"]]).all()
+    assert res.test_check["holds"] is True and "the constraint holds" in res.test_check["verdict"]
+
+
+def test_stock_chosen_needs_no_check():
+    def fn(cal, split):  # every calibration loses 0.2 * strength of the guard on both splits: none is feasible
+        strength = cal.strength if cal is not None else 0.0
+        return {"score": 1.0 - strength, "recall": 1.0 - 0.2 * strength}
+
+    res = run_search(FunctionObjective(fn, guard="recall"), SPACE, max_drop=0.05)
+    assert res.chosen is None and res.test_check is None and "test_constraint_holds" not in res.headline()
