@@ -93,6 +93,18 @@ def test_every_readme_command_runs(tmp_path):
         assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
         if i == 0:
             _check_demo_index(tmp_path / "posfair-demo")
+        if cmd.startswith("posfair build-benchmark"):
+            _check_benchmark_size(tmp_path / "bench")
+
+
+def _check_benchmark_size(path: Path) -> None:
+    """The README's example benchmark can separate methods: enough documents and queries in every position group."""
+    from posfair.retrieval.benchmarks import MIN_QUERIES_PER_GROUP, load_benchmark
+
+    size = load_benchmark(str(path), lang="en").size()
+    assert not size.too_small, size.line()
+    assert size.documents >= MIN_QUERIES_PER_GROUP and len(size.per_group) == 3
+    assert min(size.per_group.values()) >= MIN_QUERIES_PER_GROUP, size.per_group
 
 
 def _check_demo_index(out: Path) -> None:

@@ -87,3 +87,20 @@ def build_benchmark(
             budget_langs=list(budget_langs) or None, max_seq_length=m.max_seq_length,
         )  # fmt: skip
     console().print_json(json.dumps(json.loads((path / "benchmark.json").read_text())))
+    import warnings
+
+    from posfair.retrieval.benchmarks import BenchmarkSizeWarning, load_benchmark
+
+    info = json.loads((path / "benchmark.json").read_text())
+    console().print(f"{info.get('segments_dropped_too_long', 0)} of {info.get('segments_aligned', '?')} aligned segments dropped as "
+                    f"longer than {info.get('max_doc_tokens')} // {k} tokens", markup=False, highlight=False)  # fmt: skip
+    advice = (
+        "build it larger: --max-seq-length up to the model's position limit (longer documents fit), a smaller --k, "
+        "--budget-langs with only the languages whose documents must fit, or a larger --corpus"
+    )
+    for lang in langs:  # each language is its own domain, searched on its own
+        size = load_benchmark(str(path), lang=lang).size()
+        console().print(size.line(), markup=False, highlight=False)
+        message = size.warning(advice)
+        if message:
+            warnings.warn(message, BenchmarkSizeWarning, stacklevel=1)

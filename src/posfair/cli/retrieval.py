@@ -50,6 +50,20 @@ def query_prompt(text: str) -> str | None:
         raise input_error("--query-prompt", repr(text), f"bad escape ({exc.reason})") from None
 
 
+def _say_size(bench) -> None:
+    """The benchmark's size and resolution, and a warning when it is too small to separate methods."""
+    import warnings
+
+    from posfair.cli.progress import console
+    from posfair.retrieval.benchmarks import BenchmarkSizeWarning
+
+    size = bench.size()
+    console().print(size.line(), markup=False, highlight=False)
+    message = size.warning("build a larger one (posfair build-benchmark --help)")
+    if message:
+        warnings.warn(message, BenchmarkSizeWarning, stacklevel=1)
+
+
 def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss, search_scope="domain",
                   max_seq_length, trust_remote_code, device, lang, corpus_lang, domains, late=(), late_chunks="semantic") -> None:  # fmt: skip
     """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
@@ -90,6 +104,7 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     with naming("--benchmark", benchmark):
         bench = load_benchmark(benchmark, lang=lang, corpus_lang=corpus_lang, domains=list(domains) or None)
     out = out if out is not None else checks.output_folder(RESULTS_ROOT / bench.name.replace("/", "_"))
+    _say_size(bench)
     fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
     checks.check_calibrations(fm, calibrations)
     with progress_bars() as bar:

@@ -165,6 +165,9 @@ def tune(
 
         with naming("--benchmark", benchmark):
             bench = load_benchmark(benchmark)
+        from posfair.cli.retrieval import _say_size
+
+        _say_size(bench)  # the tuner halves it into dev and test
     else:
         df = load_corpus(corpus, [lang])
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)

@@ -29,14 +29,24 @@ Modules: :mod:`.benchmark` (the :class:`RetrievalBenchmark` object), :mod:`.sour
 (:func:`build_from_corpus`).
 """
 
-from posfair.retrieval.benchmarks.benchmark import RetrievalBenchmark
+from posfair.retrieval.benchmarks.benchmark import (
+    MIN_QUERIES_PER_GROUP,
+    BenchmarkSize,
+    BenchmarkSizeWarning,
+    RetrievalBenchmark,
+    resolution_points,
+)
 from posfair.retrieval.benchmarks.build import build_from_corpus
 from posfair.retrieval.benchmarks.load import BENCHMARK_NAMES, load_benchmark
 from posfair.retrieval.benchmarks.posir import POSIR_HUB_ID, POSIR_LANGS, load_posir, posir_lang
 from posfair.retrieval.benchmarks.posq import FINEWEB_HUB_ID, SQUAD_HUB_ID, load_fineweb_posq, load_squad_posq
 
 __all__ = [
+    "MIN_QUERIES_PER_GROUP",
+    "BenchmarkSize",
+    "BenchmarkSizeWarning",
     "RetrievalBenchmark",
+    "resolution_points",
     "SQUAD_HUB_ID",
     "FINEWEB_HUB_ID",
     "POSIR_HUB_ID",

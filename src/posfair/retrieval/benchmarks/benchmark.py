@@ -11,6 +11,63 @@ import pandas as pd
 __all__ = ["RetrievalBenchmark"]
 
 
+#: below this many queries in a positional group (or documents), a benchmark is too small to separate methods
+MIN_QUERIES_PER_GROUP = 30
+
+
+def resolution_points(queries: int) -> float:
+    """Half-width, in nDCG@10 points (x100), of a 95 % interval of a mean over ``queries`` per-query scores in
+    [0, 1], at the largest spread such a score can have (standard deviation 0.5): a worst-case bound on how
+    finely a group's nDCG@10 is resolved."""
+    return float("inf") if queries <= 0 else 100 * 1.96 * 0.5 / np.sqrt(queries)
+
+
+class BenchmarkSizeWarning(UserWarning):
+    """A benchmark too small to separate methods (few documents or few queries in a positional group)."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSize:
+    """The size of a benchmark and what it can resolve: one rule for ``build-benchmark``, ``retrieval``,
+    ``sweep`` and ``tune`` (:meth:`RetrievalBenchmark.size`)."""
+
+    name: str
+    documents: int
+    queries: int
+    per_group: dict[str, int]
+
+    @property
+    def smallest(self) -> int:
+        """Queries in the smallest positional group (all queries when there are no groups)."""
+        return min(self.per_group.values()) if self.per_group else self.queries
+
+    @property
+    def too_small(self) -> bool:
+        return self.documents < MIN_QUERIES_PER_GROUP or self.smallest < MIN_QUERIES_PER_GROUP
+
+    def line(self) -> str:
+        groups = "" if not self.per_group else f" ({', '.join(f'{g}: {n}' for g, n in self.per_group.items())})"
+        return (
+            f"benchmark {self.name}: {self.documents} documents, {self.queries} queries{groups}; "
+            f"a group's nDCG@10 is resolved to about ±{resolution_points(self.smallest):.0f} points (95 %, worst case)"
+        )
+
+    def warning(self, advice: str = "") -> str | None:
+        """The warning for a benchmark too small to separate methods (None when it is not)."""
+        if not self.too_small:
+            return None
+        what = "documents" if self.documents < MIN_QUERIES_PER_GROUP else "queries in its smallest positional group"
+        count = self.documents if self.documents < MIN_QUERIES_PER_GROUP else self.smallest
+        return (
+            f"benchmark {self.name} is too small to separate methods: {count} {what} (fewer than {MIN_QUERIES_PER_GROUP}); "
+            f"differences below about ±{resolution_points(self.smallest):.0f} nDCG@10 points are noise" + (f"; {advice}" if advice else "")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"documents": self.documents, "queries": self.queries, "queries_per_group": dict(self.per_group),
+                "resolution_points": round(resolution_points(self.smallest), 2), "too_small": self.too_small}  # fmt: skip
+
+
 @dataclass
 class RetrievalBenchmark:
     """Queries, a corpus, binary qrels and the positional metadata of each query.
@@ -93,6 +150,11 @@ class RetrievalBenchmark:
         q = np.asarray(self.query_domains, dtype=object)
         c = np.asarray(self.corpus_domains, dtype=object)
         return [(d, np.flatnonzero(q == d), np.flatnonzero(c == d)) for d in dict.fromkeys(self.query_domains)]
+
+    def size(self) -> BenchmarkSize:
+        """How many documents and queries (per positional group) the benchmark holds, and what that resolves."""
+        per_group = {g: int(m.sum()) for g, m in self.groups.items()}
+        return BenchmarkSize(self.name, len(self.corpus_ids), len(self.query_ids), per_group)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "queries": len(self.query_ids), "documents": len(self.corpus_ids)}
