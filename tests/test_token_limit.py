@@ -160,3 +160,17 @@ def test_tuned_model_saved_at_the_tuning_limit_reproduces_its_test_split(tiny_mo
             for r in obs.itertuples()]  # fmt: skip
     np.testing.assert_allclose(mine, obs["sigma"].to_numpy(), atol=1e-5)
     assert model.max_seq_length == 24  # the session model is left as it was
+
+
+def test_transformers_length_warning_is_not_passed_on(tiny_model_path, caplog):
+    """posfair counts tokens untruncated and reports truncation itself: transformers' own one-off warning is noise."""
+    import logging
+
+    import posfair
+
+    path, pooling = tiny_model_path("bert")
+    model = posfair.load_model(path, pooling=pooling, device="cpu", max_seq_length=32)
+    long = "word " * (model.tokenizer.model_max_length + 50)
+    with caplog.at_level(logging.WARNING):
+        assert model.token_lengths([long])[0] > model.tokenizer.model_max_length
+    assert "Token indices sequence length" not in caplog.text

@@ -506,6 +506,11 @@ def load_model(
     except OSError as exc:
         raise OSError(f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})") from exc
     model._posfair_setup(pooling, padding_side, max_seq_length)
+    # posfair counts tokens without truncation (token limits, coverage) and reports truncated texts itself, with
+    # counts: transformers' one-off "Token indices sequence length is longer than ..." would only be noise
+    warned = getattr(model.tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     source = getattr(getattr(model.transformer_module, "auto_model", None), "config", None)
     source = getattr(source, "posfair_source", None)  # a folder converted (or saved) from a bundled model keeps its honest name
     model.display_name = (

@@ -112,3 +112,13 @@ def test_report_and_headline_carry_g_and_warning(obs, tmp_path):
     assert '<p class="warning">Few clusters: 2 of 4 instances rest on fewer than 20 segment sets' in html
     assert "Student&#x27;s t with G-1 degrees of freedom" in html or "Student's t with G-1 degrees of freedom" in html
     assert "G (segment sets)" in html and "<th>SE</th>" in html
+
+
+def test_the_headline_shows_every_position(obs):
+    coefs = _fit_quiet(obs)
+    result = AuditResult(model={"name": "m"}, corpus={"name": "c"}, settings={"inference": "cluster"}, calibrations=[],
+                         observations=obs, coefficients=coefs, sampling=[])  # fmt: skip
+    hf = result.headline_frame()
+    for n in sorted(set(obs["n"])):
+        coefs_n = {c for (m, cfg, c) in hf.index if m == n}
+        assert coefs_n == {f"beta_{p}" for p in range(2, n + 1)}, (n, coefs_n)

@@ -125,7 +125,7 @@ def report_sections(
     figures = figures or []
     inference = render_string(_INFERENCE, inference=result.inference_text(), few=result.few_clusters_message())
     hf = result.headline_frame()
-    headline = to_html(Table("Headline: β2, β3 per instance", hf if len(hf) else pd.DataFrame(), name="headline"))
+    headline = to_html(Table("Headline: β_p (position p vs position 1) per instance", hf if len(hf) else pd.DataFrame(), name="headline"))
     coverage = dict(coverage_notes=[], coverage="")
     if result.calibrations:  # the calibrated-share table, with a warning line per calibration that left documents stock
         cov = result.coverage()
@@ -207,7 +207,8 @@ def save_result(result: AuditResult, out_dir, *, extra_sections: list[Section] |
     few = result.few_clusters_message()
     caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {result.inference_text()}." + (f" Few clusters: {few}" if few else "")
     paths["headline"] = atomic_write_text(
-        out / "headline.md", to_markdown(Table("β2, β3 (σ), stock vs calibrated", hf, caption, "headline")) if len(hf) else ""
+        out / "headline.md",
+        to_markdown(Table("β_p (σ, position p vs position 1), stock vs calibrated", hf, caption, "headline")) if len(hf) else "",
     )
     paths["run"] = atomic_write_json(
         out / "run.json",

@@ -181,10 +181,13 @@ class AuditResult:
                     out[f"{safe_name(cal)}_{setting}_{m}_mean"] = float(g[m].mean())
         return out
 
-    def headline_frame(self, positions=(2, 3), measure: str = "sigma") -> pd.DataFrame:
-        """beta_p with marks per instance, one column per variant (main setting)."""
+    def headline_frame(self, positions=None, measure: str = "sigma") -> pd.DataFrame:
+        """beta_p with marks per instance, one column per variant (main setting); ``positions``: which p
+        (default every position 2..n of each instance)."""
         c = self.coefficients
-        c = c[(c["measure"] == measure) & (c["setting"] == "main") & (c["position"].isin(positions))]
+        c = c[(c["measure"] == measure) & (c["setting"] == "main") & (c["position"] >= 2)]
+        if positions is not None:
+            c = c[c["position"].isin(positions)]
         c = c.assign(cell=[format_estimate(e, m, 3) for e, m in zip(c["estimate"], c["mark"], strict=True)])
         hf = c.pivot_table(index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False)
         if len(hf):  # G: the segment sets (clusters) the marks of the row rest on
