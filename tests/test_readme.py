@@ -81,20 +81,35 @@ def _run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
 
 
-def test_every_readme_command_runs(tmp_path):
-    """The demo (last set-up step) and every command of the other shell blocks, in order, exit 0."""
+def readme_commands() -> list[str]:
+    """The demo (last set-up step), then every command of the other shell blocks, in order."""
     install, _tests = setup_block()
     cmds = [install.split("&&")[-1].strip()]
     for block in blocks("bash")[1:]:
         cmds += commands(block)
-    assert len(cmds) > 5
-    for i, cmd in enumerate(cmds):
-        res = _run(cmd, tmp_path)
-        assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
-        if i == 0:
-            _check_demo_index(tmp_path / "posfair-demo")
-        if cmd.startswith("posfair build-benchmark"):
-            _check_benchmark_size(tmp_path / "bench")
+    return cmds
+
+
+@pytest.fixture(scope="module")
+def readme_dir(tmp_path_factory) -> Path:
+    """One scratch folder for the README's commands: later ones use what earlier ones made."""
+    return tmp_path_factory.mktemp("readme")
+
+
+def test_the_readme_has_commands():
+    assert len(readme_commands()) > 5
+
+
+@pytest.mark.parametrize("index", range(len(readme_commands())), ids=lambda i: readme_commands()[i].split()[1][:20])
+def test_every_readme_command_runs(index, readme_dir):
+    """Each command exits 0, run in order in one folder (one test each, so pytest's progress moves)."""
+    cmd = readme_commands()[index]
+    res = _run(cmd, readme_dir)
+    assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
+    if index == 0:
+        _check_demo_index(readme_dir / "posfair-demo")
+    if cmd.startswith("posfair build-benchmark"):
+        _check_benchmark_size(readme_dir / "bench")
 
 
 def _check_benchmark_size(path: Path) -> None:

@@ -128,7 +128,19 @@ MISTAKES = [
     ("attention-no-out", "attention", "missing option '--out'", None),
     # retrieval / sweep
     ("retrieval-no-benchmark", "retrieval", "missing option '--benchmark'", None),
-    ("retrieval-missing-benchmark", "retrieval --benchmark MISSING", "--benchmark MISSING: unknown benchmark 'MISSING'", None),
+    (
+        "retrieval-missing-benchmark",
+        "retrieval --benchmark MISSING",
+        "--benchmark MISSING: not an existing folder or file, and not a known benchmark (fineweb-posq",
+        None,
+    ),
+    ("sweep-missing-benchmark", "sweep --benchmark squad-posq-tin", "--benchmark squad-posq-tin: not an existing folder or file", None),
+    (
+        "tune-missing-benchmark",
+        "tune --objective retrieval --benchmark MISSING",
+        "--benchmark MISSING: not an existing folder or file",
+        None,
+    ),
     ("retrieval-c-is-not-calibration", "retrieval -b squad-posq-tiny -c 128,0.5,0.5", "no such option: -c", None),
     ("retrieval-nothing-to-run", "retrieval -b squad-posq-tiny --no-stock", "nothing to evaluate: --no-stock", None),
     ("retrieval-top-k-0", "retrieval -b squad-posq-tiny --top-k 0", "--top-k 0: must be >= 1", None),

@@ -105,6 +105,32 @@ def model_source(model: str | None) -> str | None:
     return model
 
 
+def benchmark_source(name: str) -> str:
+    """``--benchmark``: a local folder or file, or a benchmark the hub serves; checked before any heavy import.
+
+    An unknown name is refused at once, naming the known ones; a named benchmark that comes from the
+    Hugging Face hub, while the hub is unreachable, is looked up in the local datasets cache only
+    (``HF_DATASETS_OFFLINE`` for this run), so a benchmark that is not there fails at once instead of
+    after the datasets library's retries.
+    """
+    from posfair.io import is_local
+
+    if is_local(name):
+        return name
+    from posfair.hub import hub_offline, probe_hub
+    from posfair.retrieval.benchmarks.load import BENCHMARK_NAMES, HUB_BENCHMARKS
+
+    if name.lower() not in BENCHMARK_NAMES and name not in HUB_BENCHMARKS:
+        raise input_error(
+            "--benchmark", name,
+            f"not an existing folder or file, and not a known benchmark ({', '.join(BENCHMARK_NAMES)}, or the hub ids "
+            f"{', '.join(HUB_BENCHMARKS)}); offline, use a folder built by posfair build-benchmark or a local copy",
+        )  # fmt: skip
+    if not hub_offline() and probe_hub() is not None:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"  # this process only: the datasets cache, without the retries
+    return name
+
+
 def device(name: str | None) -> str | None:
     """``--device``: a device torch knows and this machine has (imports torch)."""
     if name is None:

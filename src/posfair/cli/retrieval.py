@@ -79,6 +79,7 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     if out is not None:
         checks.output_folder(out)
     checks.cache_folder(cache)
+    checks.benchmark_source(benchmark)
     if sea:
         checks.installed("chonkie", "--sea", "pip install 'posfair[retrieval]'")
     if late and late_chunks == "semantic":

@@ -141,6 +141,8 @@ def tune(
 
     if benchmark is not None and objective != "retrieval":
         raise PosfairInputError(f"--benchmark {benchmark} applies only to --objective retrieval")
+    if benchmark is not None:
+        checks.benchmark_source(benchmark)
     checks.output_folder(out)
     checks.cache_folder(cache)
     if save_model is not None:

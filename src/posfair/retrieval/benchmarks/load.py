@@ -10,7 +10,7 @@ from posfair.retrieval.benchmarks.posir import POSIR_DIR, POSIR_HUB_ID, load_pos
 from posfair.retrieval.benchmarks.posq import FINEWEB_HUB_ID, SQUAD_HUB_ID, load_fineweb_posq, load_squad_posq
 from posfair.retrieval.benchmarks.sources import is_local, read_splits
 
-__all__ = ["BENCHMARK_NAMES", "load_benchmark"]
+__all__ = ["BENCHMARK_NAMES", "HUB_BENCHMARKS", "load_benchmark"]
 
 _NAMED = {
     "squad-posq": lambda **kw: load_squad_posq(convention=kw.get("convention", "inclusive")),
@@ -61,3 +61,5 @@ def load_benchmark(
 
 #: the benchmark names :func:`load_benchmark` knows
 BENCHMARK_NAMES = tuple(sorted(_NAMED))
+#: the hub datasets :func:`load_benchmark` reads by id
+HUB_BENCHMARKS = (SQUAD_HUB_ID, FINEWEB_HUB_ID, POSIR_HUB_ID)
