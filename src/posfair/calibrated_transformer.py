@@ -356,7 +356,7 @@ def model_card_note(module: CalibratedTransformer, flag_free_folder: bool) -> st
         "The pooling token's attention of this model is calibrated at inference time by posfair "
         f"(pooling `{module.posfair_pooling}`, calibration `{cal}`): in the chosen layers its attention row "
         "gives every contiguous basket of tokens equal mass, which reduces the model's bias towards the "
-        "start of long texts.  Loading it needs posfair installed (`pip install posfair`).\n\n"
+        "start of long texts.  Loading it needs posfair installed (`pip install -e .` in a clone of the posfair repository; posfair is not on PyPI).\n\n"
     )
     if flag_free_folder:
         return head + (

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import errno
 
-__all__ = ["PosfairInputError", "PosfairWriteError"]
+__all__ = ["PosfairInputError", "PosfairWriteError", "install_hint"]
+
+
+def install_hint(extra: str | None = None) -> str:
+    """How to install posfair (with ``extra``): from a clone of its repository, as posfair is not on PyPI."""
+    spec = f".[{extra}]" if extra else "."
+    return f"pip install -e '{spec}' in a clone of the posfair repository (posfair is not on PyPI)"
 
 
 class PosfairInputError(ValueError):

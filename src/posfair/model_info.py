@@ -17,7 +17,7 @@ import torch
 
 from posfair import compat
 
-__all__ = ["model_fingerprint", "position_limit", "token_limit"]
+__all__ = ["display_name", "model_fingerprint", "position_limit", "token_limit"]
 
 # RoBERTa-style embeddings number positions from padding_idx + 1 (padding_idx = pad_token_id)
 _ROBERTA_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert")
@@ -27,6 +27,17 @@ def _auto_config(model):
     first = next(iter(model._modules.values()), None) if hasattr(model, "_modules") else None
     auto = getattr(first, "auto_model", None) or getattr(first, "model", None)
     return getattr(auto, "config", None)
+
+
+def display_name(model) -> str:
+    """The one name of a model in every output (tables, reports, manifests): the name ``posfair.load_model``
+    gave it (e.g. "all-MiniLM-L6-v2 (bundled)", the honest name of a bundled model, or the hub id / folder),
+    else the model card's base model, else its path, else its class."""
+    for value in (getattr(model, "display_name", None), getattr(getattr(model, "model_card_data", None), "base_model", None),
+                  getattr(model, "name_or_path", None)):  # fmt: skip
+        if isinstance(value, str) and value:
+            return value
+    return type(model).__name__
 
 
 def position_limit(model) -> int | None:

@@ -31,4 +31,6 @@ def test_cli_build_and_retrieval(tmp_path):
     table = pd.read_csv(tmp_path / "out" / "table_groups.csv")
     assert table["setting"].tolist() == ["No calibration", "B=16, a=0.5"]
     res = runner.invoke(app, ["retrieval", "--benchmark", "no-such-benchmark"])
-    assert res.exit_code == 2 and res.stderr.startswith("error: --benchmark no-such-benchmark: unknown benchmark")
+    assert res.exit_code == 2 and res.stderr.startswith(
+        "error: --benchmark no-such-benchmark: not an existing folder or file, and not a known benchmark"
+    )

@@ -32,6 +32,7 @@ from posfair.cli.options import (
     TopK,
     TrustRemoteCode,
 )
+from posfair.errors import install_hint
 
 RESULTS_ROOT = Path("posfair-results")
 
@@ -81,9 +82,9 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     checks.cache_folder(cache)
     checks.benchmark_source(benchmark)
     if sea:
-        checks.installed("chonkie", "--sea", "pip install 'posfair[retrieval]'")
+        checks.installed("chonkie", "--sea", install_hint("retrieval"))
     if late and late_chunks == "semantic":
-        checks.installed("chonkie", "--late with --late-chunks semantic", "pip install 'posfair[retrieval]'")
+        checks.installed("chonkie", "--late with --late-chunks semantic", install_hint("retrieval"))
     if faiss:
         checks.installed("faiss", "--faiss", "pip install faiss-cpu")
     prompt = query_prompt(prompt)

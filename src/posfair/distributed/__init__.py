@@ -9,7 +9,7 @@
 * :mod:`posfair.distributed.ray_engine` -- the Ray executor.
 * ``posfair embed`` (command line) is :mod:`posfair.cli.embed`.
 
-Ray is optional (``pip install 'posfair[ray]'``); without it the local executor runs.
+Ray is optional (the extra ``ray``: ``pip install -e '.[ray]'`` in a clone of posfair); without it the local executor runs.
 The texts of a corpus are read by :func:`posfair.corpus.read_corpus_texts` (also
 importable from here).
 """

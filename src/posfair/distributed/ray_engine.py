@@ -1,6 +1,6 @@
 """The Ray executor of :func:`~posfair.distributed.job.embed_texts`: a Ray Data actor pool of model replicas.
 
-Ray is optional (``pip install 'posfair[ray]'``) and heavy: it is imported only when a
+Ray is optional (the extra ``ray``: ``pip install -e '.[ray]'`` in a clone of posfair) and heavy: it is imported only when a
 job runs on it (:func:`require_ray`); this module itself imports without it.
 
 The shards go through ``ray.data.from_items(...).map_batches(ShardEncoder, ...)``
@@ -34,11 +34,12 @@ import torch
 
 from posfair.distributed.shards import Shard, process_shard
 from posfair.distributed.spec import EmbedSpec
+from posfair.errors import install_hint
 from posfair.store import ManifestMismatch
 
 __all__ = ["RAY_INSTALL_HINT", "ShardEncoder", "WorkerPlan", "plan_workers", "ray_available", "require_ray", "root_cause", "run_ray"]
 
-RAY_INSTALL_HINT = "pip install 'posfair[ray]'"
+RAY_INSTALL_HINT = install_hint("ray")
 
 # status rows two shards deep per replica: enough to keep it busy, little to lose when it dies
 _IN_FLIGHT_PER_WORKER = 2

@@ -39,6 +39,7 @@ from posfair.fairness.documents import Instance, LanguageConfig, build_instance,
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
 from posfair.model import model_fingerprint
+from posfair.model_info import display_name
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
@@ -395,8 +396,7 @@ def make_model_info(model, settings: AuditSettings, name: str | None = None) -> 
     limit = enc.model_limit(model, settings.max_seq_length)
     retention = settings.retention if settings.retention is not None else pooling == "mean"
     if name is None:
-        name = getattr(model, "model_card_data", None) and getattr(model.model_card_data, "base_model", None)
-        name = name or getattr(model, "name_or_path", None) or type(model).__name__
+        name = display_name(model)
     with enc.max_seq_length(model, limit):  # the identity the embeddings are computed under
         fingerprint = model_fingerprint(model)
     return ModelInfo(name=str(name), fingerprint=fingerprint, pooling=pooling, limit=limit, retention=retention)
