@@ -139,7 +139,7 @@ def test_cli_single_process_and_missing_ray(tmp_path, texts, tiny_spec, monkeypa
     assert len(list((tmp_path / "s").glob("*/part-*.arrow"))) == 3
     monkeypatch.setattr(ray_engine, "ray_available", lambda: False)
     res = CliRunner().invoke(app, ["embed", *args, "--workers", "2"])
-    assert res.exit_code != 0 and "pip install 'posfair[ray]'" in res.output
+    assert res.exit_code != 0 and "pip install -e '.[ray]' in a clone of the posfair repository" in res.output
     res = CliRunner().invoke(app, ["embed", *args])
     assert "Ray is not installed" in res.output and "0 shards written, 3 already present" in res.output
 
