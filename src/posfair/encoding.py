@@ -279,7 +279,7 @@ def encode_cached(
     if not callable(getattr(model, "warn_input", None)):
         return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
     # truncated texts and texts left stock are counted over the caller's input, not over each chunk of the cache's misses
-    model.warn_input(texts, calibration_kwargs(model, calibration)["calibration"], prompt=prompt, stacklevel=2)
+    model.warn_input(texts, calibration_kwargs(model, calibration)["calibration"], prompt=prompt, stacklevel=3)
     with input_reported():
         return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
 
