@@ -367,6 +367,35 @@ class Calibration:
         tail = ("-" + "-".join(extra)) if extra else ""
         return f"B{self.basket_size}-{layers}-a{self.strength:g}{tail}"
 
+    def describe(self) -> str:
+        """The calibration in words, for a person beside its :meth:`label`, e.g. "baskets of 128 tokens, the
+        last 50% of layers, strength 0.5" for ``B128-L0.5-a0.5``."""
+        if isinstance(self.layers, tuple):
+            layers = f"layers {', '.join(str(i) for i in self.layers)} (0-based)"
+        elif isinstance(self.layers, float):
+            layers = "every layer" if self.layers >= 1 else f"the last {self.layers:.0%} of layers"
+        else:
+            layers = "the last layer" if self.layers == 1 else f"the last {self.layers} layers"
+        parts = [f"baskets of {self.basket_size} tokens", layers, f"strength {self.strength:g}"]
+        if self.queries == "all":
+            parts.append("every query row")
+        elif self.queries == "pool":
+            parts.append("the pooling row only")
+        if self.isolate_bos is not None:
+            parts.append(f"BOS {'in its own basket' if self.isolate_bos else 'in the first basket'}")
+        if self.isolate_eos is not None:
+            parts.append(f"EOS {'in its own basket' if self.isolate_eos else 'in the last basket'}")
+        mass = {"original": "keeps its original mass", "equal": "gets a basket's equal share"}
+        if self.bos_weight != "original":
+            parts.append(f"BOS {mass.get(self.bos_weight, f'gets {self.bos_weight:g} of the row')}")
+        if self.eos_weight != "equal":
+            parts.append(f"EOS {mass.get(self.eos_weight, f'gets {self.eos_weight:g} of the row')}")
+        if self.prior is not None:
+            parts.append(f"each basket divided by the positional prior ({self.prior.bins} bins)")
+        if self.self_share is not None:
+            parts.append(f"keeping {self.self_share:g} of each row's self-attention")
+        return ", ".join(parts)
+
     @classmethod
     def parse(cls, spec: str) -> Calibration:
         """Parse the CLI form ``B,layers,alpha[,VARIANT=VALUE...]`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``,
