@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from posfair.calibration import STOCK
 from posfair.model import bundled_model_path
 from reference import reference_calibrate_row
 
@@ -352,7 +353,7 @@ def reference_encode(model, texts, resolved, **encode_kwargs):
     for i, mod in enumerate(mods):
         mod.forward = _reference_forward(mod, i, resolved)
     try:
-        return model.encode(texts, calibration=False, **encode_kwargs)
+        return model.encode(texts, calibration=STOCK, **encode_kwargs)
     finally:
         for mod in mods:
             del mod.forward

@@ -17,6 +17,7 @@ from tests.retrieval.conftest import aligned_corpus
 
 import posfair
 from posfair import Calibration, compat
+from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
 from posfair.fairness.evaluator import PositionalFairnessEvaluator
 from posfair.fairness.experiment import AuditSettings
@@ -38,7 +39,7 @@ KINDS = ("fairness", "retrieval", "tuner")
 
 def _synthetic(cal, split):
     """A tuner objective with a known shape (lower score is better), computed without a model."""
-    if cal is None:
+    if cal is STOCK:
         return {"score": 1.0, "guard": 1.0}
     return {"score": (cal.strength - 0.7) ** 2 + cal.basket_size / 1000, "guard": 1.0 - 0.01 * cal.strength}
 
@@ -135,7 +136,7 @@ def test_bad_input_is_refused_at_construction(bench):
         (lambda: PositionalFairnessEvaluator(corpus, {"n_values": (3,)}), "settings must be an AuditSettings"),
         (lambda: PositionalFairnessEvaluator(corpus, calibrations=[CAL, CAL]), "duplicate calibrations"),
         (lambda: PositionalRetrievalEvaluator("bench"), "benchmark must be a RetrievalBenchmark"),
-        (lambda: PositionalRetrievalEvaluator(bench, "B8"), "calibration must be a posfair.Calibration"),
+        (lambda: PositionalRetrievalEvaluator(bench, "B8"), "documents must be posfair.STOCK, a posfair.Calibration"),
         (lambda: PositionalRetrievalEvaluator(bench, top_k=5), "top_k must be >= 10"),
         (lambda: PositionalRetrievalEvaluator(bench, name=1.5), "name must be a string"),
         (lambda: CalibrationTuner(corpus, objective="speed"), "objective must be"),

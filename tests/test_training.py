@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 
 import posfair
 from posfair import Calibration, compat
+from posfair.calibration import STOCK
 from posfair.fairness.evaluator import PositionalFairnessEvaluator
 from posfair.fairness.experiment import AuditSettings
 from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
@@ -72,7 +73,7 @@ def test_trainer_reloads_the_best_calibrated_checkpoint(tiny_model_path, tmp_pat
     )
     texts = bench.corpus_texts
     assert model.calibration_coverage(texts).calibrated == len(texts)  # the calibration changes every document
-    stock_before = model.encode(texts, calibration=False)
+    stock_before = model.encode(texts, calibration=STOCK)
 
     fairness = PositionalFairnessEvaluator(tiny_corpus(topics=8), SETTINGS, [model.calibration], name="fair", write_report=False)
     retrieval = PositionalRetrievalEvaluator(bench, model.calibration)
@@ -116,9 +117,9 @@ def test_trainer_reloads_the_best_calibrated_checkpoint(tiny_model_path, tmp_pat
     assert reloaded.calibration == CAL and reloaded.pooling == "mean"
     in_memory = model.encode(texts)
     assert np.allclose(in_memory, reloaded.encode(texts), atol=1e-5)
-    assert np.allclose(model.encode(texts, calibration=False), reloaded.encode(texts, calibration=False), atol=1e-5)
-    assert not np.allclose(in_memory, model.encode(texts, calibration=False), atol=1e-4)  # calibrated, not stock
-    assert not np.allclose(model.encode(texts, calibration=False), stock_before, atol=1e-4)  # and trained
+    assert np.allclose(model.encode(texts, calibration=STOCK), reloaded.encode(texts, calibration=STOCK), atol=1e-5)
+    assert not np.allclose(in_memory, model.encode(texts, calibration=STOCK), atol=1e-4)  # calibrated, not stock
+    assert not np.allclose(model.encode(texts, calibration=STOCK), stock_before, atol=1e-4)  # and trained
     assert retrieval(model)[key] == pytest.approx(best_value)  # the figure the trainer chose it by
     for other in (tmp_path / "run").glob("checkpoint-*"):
         if other != best_dir:  # in particular the last one, which the callback moved away from

@@ -17,6 +17,8 @@ _EXPORTS = {
     "load_model": "posfair.model",
     "FairModel": "posfair.model",
     "Calibration": "posfair.calibration",
+    "STOCK": "posfair.calibration",
+    "MODEL_DEFAULT": "posfair.calibration",
     "CalibrationFallbackWarning": "posfair.calibration",
     "estimate_prior": "posfair.fairness",
     # the positional-fairness audit

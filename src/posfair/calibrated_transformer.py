@@ -39,6 +39,7 @@ import torch
 from posfair import compat
 from posfair.calibration import attention as att
 from posfair.calibration import fallback, transformers4
+from posfair.calibration.choice import STOCK, Resolved, check_choice
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 from posfair.calibration.state import CONFIG_CALIBRATION_KEY, CONFIG_POOLING_KEY
 from posfair.compat import Transformer
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 _UNSET = object()
-# per-call calibration override: _UNSET = use the module's default; None = stock
+# per-call calibration override: _UNSET = use the module's default; else a Calibration or STOCK
 _OVERRIDE: contextvars.ContextVar[Any] = contextvars.ContextVar("posfair_override", default=_UNSET)
 # attention recorder for the attention profile: (recorder, layers, queries) or None
 _RECORDING: contextvars.ContextVar[tuple[att.Recorder, frozenset[int], str] | None] = contextvars.ContextVar(
@@ -71,16 +72,17 @@ _RECORDING: contextvars.ContextVar[tuple[att.Recorder, frozenset[int], str] | No
 att.register()
 
 
-def effective_calibration(default: Calibration | None) -> Calibration | None:
-    """The calibration a forward pass runs with now: the one of an active :func:`calibration_override`
-    (None = stock), else ``default``."""
+def effective_calibration(default: Resolved) -> Resolved:
+    """The calibration a forward pass runs with now (a Calibration or STOCK): the one of an active
+    :func:`calibration_override`, else ``default``."""
     override = _OVERRIDE.get()
     return default if override is _UNSET else override
 
 
 @contextlib.contextmanager
-def calibration_override(calibration: Calibration | None) -> Iterator[None]:
-    """Within the block, every forward pass runs with ``calibration`` (None = stock) instead of its default."""
+def calibration_override(calibration: Resolved) -> Iterator[None]:
+    """Within the block, every forward pass runs with ``calibration`` (a Calibration or STOCK) instead of its default."""
+    check_choice(calibration, model_default=False)
     token = _OVERRIDE.set(calibration)
     try:
         yield
@@ -110,7 +112,7 @@ class CalibratedTransformer(Transformer):
     """A sentence-transformers ``Transformer`` whose attention can be calibrated.
 
     Extra config keys (saved in ``sentence_bert_config.json``):
-    ``posfair_calibration`` (a :class:`Calibration` as a dict, or None) and
+    ``posfair_calibration`` (a :class:`Calibration` as a dict, or None for none) and
     ``posfair_pooling`` ("cls" / "mean" / "lasttoken").
     """
 
@@ -124,14 +126,14 @@ class CalibratedTransformer(Transformer):
     def _posfair_init(self, calibration: dict | Calibration | None, pooling: str | None) -> None:
         model = self.auto_model
         # a flag-free calibrated folder (see save_flag_free) carries its calibration in config.json: from here
-        # on this module owns it (so encode(calibration=False) is stock), and save() writes it back
+        # on this module owns it (so encode(calibration=STOCK) is stock), and save() writes it back
         saved_cal = model.config.__dict__.pop(CONFIG_CALIBRATION_KEY, None)
         saved_pooling = model.config.__dict__.pop(CONFIG_POOLING_KEY, None)
         if calibration is None:
             calibration, pooling = saved_cal, pooling or saved_pooling
         if isinstance(calibration, dict):
             calibration = Calibration.from_dict(calibration)
-        self.default_calibration: Calibration | None = calibration
+        self.default_calibration: Resolved = STOCK if calibration is None else check_choice(calibration, model_default=False)
         self.posfair_pooling = pooling
         self._posfair_mode: str | None = None
         self._resolved: dict[Calibration, ResolvedCalibration] = {}
@@ -164,7 +166,7 @@ class CalibratedTransformer(Transformer):
 
     @property
     def posfair_calibration(self) -> dict | None:
-        return self.default_calibration.to_dict() if self.default_calibration is not None else None
+        return None if self.default_calibration is STOCK else self.default_calibration.to_dict()
 
     def get_config_dict(self) -> dict[str, Any]:
         d = super().get_config_dict()
@@ -232,7 +234,7 @@ class CalibratedTransformer(Transformer):
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
         cal = effective_calibration(self.default_calibration)
         recording = _RECORDING.get()
-        if cal is None and recording is None:
+        if cal is STOCK and recording is None:
             return super().forward(features, **kwargs)
         ids = features.get("input_ids")
         if ids is None:
@@ -243,7 +245,7 @@ class CalibratedTransformer(Transformer):
             self._config_ids,
             start,
             end,
-            calibration=self.resolve(cal) if cal is not None else None,
+            calibration=None if cal is STOCK else self.resolve(cal),
             pooling=self.posfair_pooling or "cls",
         )
         if recording is not None:
@@ -282,7 +284,7 @@ def make_calibrated(module: Transformer) -> CalibratedTransformer:
 def stock_module_type(module: Transformer, always: bool = False) -> Iterator[None]:
     """Within the block, a :class:`CalibratedTransformer` without a default calibration (with
     ``always``, any) is a stock ``Transformer``: what ``save`` then writes loads without posfair's class."""
-    if not isinstance(module, CalibratedTransformer) or (module.default_calibration is not None and not always):
+    if not isinstance(module, CalibratedTransformer) or (module.default_calibration is not STOCK and not always):
         yield
         return
     module.__class__ = Transformer

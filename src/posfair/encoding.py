@@ -5,11 +5,12 @@ chunks, sweeps, the tuner and ``posfair encode`` all call this module; none of
 them calls ``model.encode`` itself.  It owns four decisions that used to be
 made in several places:
 
-* **stock vs calibrated** (:func:`calibration_kwargs`): ``calibration=None``
-  always means the stock model, even when a posfair model carries a default
-  calibration (posfair's ``encode`` takes ``calibration=False`` for that); a
-  calibration asked of a model that cannot calibrate is an error, never a
-  silently stock run;
+* **stock vs calibrated** (:func:`resolved_calibration`, :func:`calibration_kwargs`): every
+  function takes ``calibration=`` a :class:`~posfair.Calibration`, ``STOCK`` or ``MODEL_DEFAULT``
+  (the default, as in ``FairModel.encode``: the model's own calibration, stock for a plain
+  sentence-transformers model), resolved against the model once, so the cache is keyed by
+  what is computed; a calibration asked of a model that cannot calibrate is an error, never
+  a silently stock run;
 * **dedupe -> chunk -> cache** (:func:`embed_through`): each distinct text is
   computed once, in chunks of ``chunk_size`` written whole and atomically to
   the store, so a killed run loses at most one chunk and a resumed run batches
@@ -33,10 +34,13 @@ import numpy as np
 import torch
 
 from posfair import compat
+from posfair.calibration import Calibration
+from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice
 from posfair.model import input_reported, token_limit
 from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 __all__ = [
+    "resolved_calibration",
     "calibration_kwargs",
     "l2_normalize",
     "model_pooling",
@@ -55,19 +59,30 @@ __all__ = [
 ]
 
 
-def calibration_kwargs(model: Any, calibration: Any = None) -> dict[str, Any]:
-    """The ``encode`` keyword that selects ``calibration`` (None: the stock model).
+def _calibrates(model: Any) -> bool:
+    """Does ``model.encode`` take a ``calibration`` (a posfair model)?"""
+    return callable(getattr(model, "set_calibration", None)) or "calibration" in inspect.signature(model.encode).parameters
 
-    A posfair model (its ``encode`` takes ``calibration``) gets ``calibration=False``
-    for None, so a default calibration it carries is not applied to a stock run.  A
-    plain sentence-transformers model is always stock; asking it for a calibration
-    raises TypeError instead of returning stock embeddings under a calibrated label.
-    """
-    if callable(getattr(model, "set_calibration", None)) or "calibration" in inspect.signature(model.encode).parameters:
-        return {"calibration": calibration if calibration is not None else False}
-    if calibration is not None:
+
+def resolved_calibration(model: Any, calibration: CalibrationChoice = MODEL_DEFAULT) -> Resolved:
+    """What ``model`` encodes with for ``calibration``: a Calibration or STOCK (``MODEL_DEFAULT`` is
+    the model's own calibration; a plain sentence-transformers model has none).  A Calibration asked
+    of a model that cannot calibrate raises TypeError instead of stock embeddings under a calibrated label."""
+    calibration = check_choice(calibration)
+    if callable(getattr(model, "resolve_calibration", None)):  # a FairModel (MODEL_DEFAULT: its own, or a using() block's)
+        return model.resolve_calibration(calibration)
+    if _calibrates(model):
+        return calibration
+    if isinstance(calibration, Calibration):
         raise TypeError(f"{type(model).__name__}.encode takes no calibration: load the model with posfair.load_model()")
-    return {}
+    return STOCK
+
+
+def calibration_kwargs(model: Any, calibration: CalibrationChoice = MODEL_DEFAULT) -> dict[str, Any]:
+    """The ``encode`` keywords that make ``model`` encode with ``calibration`` resolved (see
+    :func:`resolved_calibration`): ``{"calibration": ...}`` for a posfair model, ``{}`` for a plain one."""
+    resolved = resolved_calibration(model, calibration)
+    return {"calibration": resolved} if _calibrates(model) else {}
 
 
 def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -157,7 +172,7 @@ def model_pooling(model: Any) -> str:
 
 def encoder(
     model: Any,
-    calibration: Any = None,
+    calibration: CalibrationChoice = MODEL_DEFAULT,
     *,
     prompt: str | None = None,
     batch_size: int = 32,
@@ -176,14 +191,14 @@ def encoder(
 
 
 def encode_texts(
-    model: Any, texts: Sequence[str], calibration: Any = None, *, prompt: str | None = None, batch_size: int = 32
+    model: Any, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, prompt: str | None = None, batch_size: int = 32
 ) -> np.ndarray:
     """Pooled embeddings of ``texts`` (float32, n x dim), no cache."""
     return encoder(model, calibration, prompt=prompt, batch_size=batch_size)(list(texts))
 
 
 def encode_documents(
-    model: Any, texts: Sequence[str], calibration: Any = None, *, batch_size: int = 32, with_tokens: bool = True
+    model: Any, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, batch_size: int = 32, with_tokens: bool = True
 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Pooled embeddings plus, per text, ``(input_ids, token_states)`` with padding removed
     (``with_tokens=False``: the pooled embeddings and an empty list)."""
@@ -260,7 +275,7 @@ def encode_cached(
     texts: Sequence[str],
     store: EmbeddingStore | None = None,
     *,
-    calibration: Any = None,
+    calibration: CalibrationChoice = MODEL_DEFAULT,
     prompt: str | None = None,
     batch_size: int = 32,
     chunk_size: int = 256,
@@ -268,18 +283,19 @@ def encode_cached(
 ) -> np.ndarray:
     """Pooled embeddings of ``texts`` (float32, n x dim) through the shared embedding namespace.
 
-    ``calibration=None`` is the stock model (even when the model carries a default
-    calibration).  Without a store, duplicates are still encoded once.  Texts must be
+    ``calibration``: a Calibration, ``STOCK`` or ``MODEL_DEFAULT`` (the model's own; resolved first,
+    so the cache is keyed by what is computed).  Without a store, duplicates are still encoded once.  Texts must be
     non-empty strings (ValueError naming the index otherwise).  ``progress(n)``
     counts distinct texts, the ones already cached first.
     """
     texts = _check_texts(texts)
+    calibration = resolved_calibration(model, calibration)
     compute = encoder(model, calibration, prompt=prompt, batch_size=batch_size)
     ns = embedding_namespace(store, model.fingerprint, calibration, prompt) if store is not None else None
     if not callable(getattr(model, "warn_input", None)):
         return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
     # truncated texts and texts left stock are counted over the caller's input, not over each chunk of the cache's misses
-    model.warn_input(texts, calibration_kwargs(model, calibration)["calibration"], prompt=prompt, stacklevel=3)
+    model.warn_input(texts, calibration, prompt=prompt, stacklevel=3)
     with input_reported():
         return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
 

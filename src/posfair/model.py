@@ -43,8 +43,9 @@ from posfair.calibrated_transformer import (
     write_model_card_note,
 )
 from posfair.calibration.attention import Recorder
+from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice, resolve
 from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
-from posfair.calibration.params import POOLINGS, Calibration
+from posfair.calibration.params import POOLINGS
 from posfair.compat import Transformer
 from posfair.hub import check_model_source
 from posfair.model_info import model_fingerprint, position_limit, token_limit
@@ -72,9 +73,9 @@ class FairModel(SentenceTransformer):
     """A SentenceTransformer that can encode with attention calibration.
 
     Build it with :func:`load_model`.  ``encode(..., calibration=Calibration(...))``
-    returns calibrated embeddings; ``calibration=None`` uses the model's default
-    calibration (none unless :meth:`set_calibration` set one), ``calibration=False``
-    forces the stock model.
+    returns calibrated embeddings; ``calibration=posfair.MODEL_DEFAULT`` (the default) uses the
+    model's own calibration (stock unless :meth:`set_calibration`, ``load_model(calibration=...)``
+    or a saved calibrated folder set one), ``calibration=posfair.STOCK`` forces the stock model.
     """
 
     if not compat.ST_6:
@@ -136,8 +137,8 @@ class FairModel(SentenceTransformer):
         return position_limit(self)
 
     @property
-    def calibration(self) -> Calibration | None:
-        """The default calibration of this model (used when ``encode`` gets none)."""
+    def calibration(self) -> Resolved:
+        """The model's own calibration (what ``MODEL_DEFAULT`` means for it): a Calibration, or STOCK."""
         return self.transformer_module.default_calibration
 
     @property
@@ -158,8 +159,8 @@ class FairModel(SentenceTransformer):
             return compat.embedding_dimension(self)
 
     # -- calibration ----------------------------------------------------------------------------
-    def set_calibration(self, calibration: Calibration | None) -> FairModel:
-        """Change **this model in place**: set (or with None, clear) its default calibration.
+    def set_calibration(self, calibration: Resolved) -> FairModel:
+        """Change **this model in place**: set its default calibration (``STOCK`` clears it).
 
         Every later ``encode`` without a ``calibration`` argument, every pipeline given this
         model, and ``save()`` (which persists it) use the new default; no copy is made, so
@@ -167,21 +168,18 @@ class FairModel(SentenceTransformer):
         for chaining (``model.set_calibration(cal).save(path)``).  For a temporary change use
         ``with model.using(cal): ...`` or ``encode(..., calibration=cal)``.
         """
-        if calibration is not None and not isinstance(calibration, Calibration):
-            raise TypeError(f"calibration must be a posfair.Calibration or None; got {type(calibration).__name__}")
-        if calibration is not None:
+        calibration = check_choice(calibration, model_default=False)
+        if calibration is not STOCK:
             self.transformer_module.resolve(calibration)  # validate against this model now
         self.transformer_module.default_calibration = calibration
         return self
 
     @contextlib.contextmanager
-    def using(self, calibration: Calibration | None | bool) -> Iterator[FairModel]:
-        """Temporarily encode with ``calibration`` (None/False = stock) in any code that calls the model."""
-        if calibration is False:
-            calibration = None
-        if calibration is not None:
-            if not isinstance(calibration, Calibration):
-                raise TypeError(f"calibration must be a posfair.Calibration, None or False; got {type(calibration).__name__}")
+    def using(self, calibration: CalibrationChoice) -> Iterator[FairModel]:
+        """Temporarily encode with ``calibration`` (a Calibration, STOCK, or MODEL_DEFAULT: the model's own)
+        in any code that calls the model."""
+        calibration = self.resolve_calibration(calibration)
+        if calibration is not STOCK:
             self.transformer_module.resolve(calibration)
         with calibration_override(calibration):
             yield self
@@ -217,7 +215,7 @@ class FairModel(SentenceTransformer):
         Either way the folder's README says what loading needs.
         """
         tmod = self.transformer_module
-        calibrated = tmod.default_calibration is not None
+        calibrated = tmod.default_calibration is not STOCK
         flag_free_folder = calibrated and flag_free(tmod)
         with stock_module_type(tmod, always=flag_free_folder):
             out = super().save(path, *args, **kwargs)
@@ -234,7 +232,7 @@ class FairModel(SentenceTransformer):
         return next((e.get("path", "") for e in entries if str(e.get("name")) == name), "")
 
     # -- encode -------------------------------------------------------------------------------
-    def encode(self, inputs=None, *args, calibration: Calibration | None | bool = None, sentences=None, **kwargs):  # type: ignore[override]
+    def encode(self, inputs=None, *args, calibration: CalibrationChoice = MODEL_DEFAULT, sentences=None, **kwargs):  # type: ignore[override]
         """``SentenceTransformer.encode`` with an optional :class:`Calibration`.
 
         The texts are the first argument, by position or by either of sentence-transformers'
@@ -242,8 +240,8 @@ class FairModel(SentenceTransformer):
         sentence-transformers' own, in its order, so ``encode_query`` / ``encode_document``
         and MTEB call it unchanged.  ``calibration`` is keyword-only.
 
-        ``calibration``: a Calibration; None = the model's default (stock unless
-        :meth:`set_calibration` was called); False = stock.  Texts whose content is
+        ``calibration``: a Calibration; ``posfair.MODEL_DEFAULT`` (the default) = the model's own
+        calibration (stock unless one was set); ``posfair.STOCK`` = stock.  Texts whose content is
         shorter than one basket are encoded without calibration, as in the
         authors' implementation; a calibrated call in which that happens (or a
         text fills exactly one basket, which calibration leaves unchanged) emits one
@@ -254,7 +252,8 @@ class FairModel(SentenceTransformer):
         with calibrated_while_saving(self._modules.values()):  # e.g. the model card's usage snippet, inside save()
             return self._encode(inputs, *args, calibration=calibration, sentences=sentences, **kwargs)
 
-    def _encode(self, inputs=None, *args, calibration: Calibration | None | bool = None, sentences=None, **kwargs):
+    def _encode(self, inputs=None, *args, calibration: CalibrationChoice = MODEL_DEFAULT, sentences=None, **kwargs):
+        check_choice(calibration)
         if sentences is not None:
             if inputs is not None:
                 raise TypeError("encode() got the texts twice (inputs and sentences)")
@@ -283,9 +282,9 @@ class FairModel(SentenceTransformer):
         if not _INPUT_REPORTED.get():
             self._warn_truncation(texts, kwargs)
             self._warn_fallback(texts, calibration, kwargs)
-        if calibration is None:
+        if calibration is MODEL_DEFAULT:
             return super().encode(sentences, **kwargs)
-        if calibration is not False and (kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))):
+        if calibration is not STOCK and (kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))):
             raise ValueError(
                 "a per-call calibration does not reach multi-process workers; set it as the model's default with "
                 "model.set_calibration(cal) before starting the pool (the default travels with the model)"
@@ -294,16 +293,13 @@ class FairModel(SentenceTransformer):
             return super().encode(sentences, **kwargs)
 
     # -- calibration coverage: which texts a calibration actually changes ----------------------
-    def _effective_calibration(self, calibration: Calibration | None | bool) -> Calibration | None:
-        """The calibration an ``encode(calibration=...)`` call runs with (None = stock)."""
-        if isinstance(calibration, Calibration):
-            return calibration
-        if calibration is None:
-            return effective_calibration(self.calibration)
-        return None  # False = stock; anything else is refused by using()
+    def resolve_calibration(self, calibration: CalibrationChoice) -> Resolved:
+        """The calibration an ``encode(calibration=...)`` call runs with: a Calibration or STOCK (MODEL_DEFAULT
+        resolved against the model's own, or the one a ``using`` block around the call set)."""
+        return resolve(calibration, effective_calibration(self.calibration))
 
     def warn_input(
-        self, texts: Sequence[str], calibration: Calibration | None | bool = None, *, prompt: str | None = None, stacklevel: int = 2
+        self, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, prompt: str | None = None, stacklevel: int = 2
     ) -> None:
         """The warnings ``encode(texts, calibration=..., prompt=...)`` gives about its input, counted and indexed
         over ``texts``: texts longer than the token limit (truncated) and, for a calibrated call, texts the
@@ -313,12 +309,12 @@ class FairModel(SentenceTransformer):
         self._warn_truncation(texts, kwargs, stacklevel=stacklevel + 1)
         self._warn_fallback(texts, calibration, kwargs, stacklevel=stacklevel + 1)
 
-    def _warn_fallback(self, texts: Sequence[str], calibration: Calibration | None | bool, kwargs: dict, stacklevel: int = 4) -> None:
+    def _warn_fallback(self, texts: Sequence[str], calibration: CalibrationChoice, kwargs: dict, stacklevel: int = 4) -> None:
         """One :class:`CalibrationFallbackWarning` per calibrated call in which some texts were encoded stock."""
         if not fallback_warnings_enabled():
             return
-        cal = self._effective_calibration(calibration)
-        if cal is None:
+        cal = self.resolve_calibration(calibration)
+        if cal is STOCK:
             return
         extra = {k: kwargs[k] for k in ("task", "processing_kwargs") if k in kwargs}
         cov = self.calibration_coverage(texts, cal, prompt=kwargs.get("prompt"), prompt_name=kwargs.get("prompt_name"), **extra)
@@ -345,20 +341,21 @@ class FairModel(SentenceTransformer):
                 counts.append(np.full(ids.shape[0], ids.shape[-1], dtype=np.int64))
         return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
 
-    def calibration_coverage(self, texts: Sequence[str], calibration: Calibration | None = None, *, prompt: str | None = None,
+    def calibration_coverage(self, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, prompt: str | None = None,
                              prompt_name: str | None = None, **preprocess_kwargs) -> CalibrationCoverage:  # fmt: skip
         """How many of ``texts`` ``encode(texts, calibration=calibration, prompt=...)`` actually calibrates.
 
         Counts with :func:`posfair.calibration.coverage.fallback_reasons` over :meth:`encoded_lengths`,
-        the rule the engine applies; no text is embedded.  ``calibration=None``: the model's default.
+        the rule the engine applies; no text is embedded.  ``MODEL_DEFAULT``: the model's own calibration.
         """
-        cal = calibration if calibration is not None else self.calibration
-        if not isinstance(cal, Calibration):
-            raise ValueError("no calibration given and the model has no default calibration")
+        cal = resolve(calibration, self.calibration)
+        if cal is STOCK:
+            why = "STOCK calibrates nothing" if calibration is STOCK else "MODEL_DEFAULT, and the model has no default calibration"
+            raise ValueError(f"nothing to count: {why}")
         lengths = self.encoded_lengths(texts, prompt=prompt, prompt_name=prompt_name, **preprocess_kwargs)
         return calibration_coverage(self.transformer_module.resolve(cal), lengths)
 
-    def calibrated_share(self, texts: Sequence[str], calibration: Calibration | None = None, **kwargs) -> float:
+    def calibrated_share(self, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, **kwargs) -> float:
         """Fraction of ``texts`` that ``calibration`` changes (see :meth:`calibration_coverage`)."""
         return self.calibration_coverage(texts, calibration, **kwargs).share
 
@@ -473,7 +470,7 @@ def load_model(
     pooling: str | None = None,
     padding_side: str | None = None,
     max_seq_length: int | None = None,
-    calibration: Calibration | None = None,
+    calibration: Resolved = STOCK,
     **st_kwargs,
 ) -> FairModel:
     """Load an embedding model as a :class:`FairModel`.
@@ -491,7 +488,7 @@ def load_model(
             is read from the model's Pooling module.
         padding_side: "left"/"right"; last-token models default to "left".
         max_seq_length: token limit (<= the model's position limit).
-        calibration: a default calibration for the returned model.
+        calibration: the returned model's own calibration (what ``encode`` uses by default); STOCK = none.
         **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
     """
     bundled = bundled_model(name_or_path) if name_or_path is None or is_bundled_name(name_or_path) else None
@@ -518,6 +515,6 @@ def load_model(
     )
     if bundled is not None:
         model.model_card_data.base_model = bundled.base_model
-    if calibration is not None:
+    if check_choice(calibration, model_default=False) is not STOCK:
         model.set_calibration(calibration)
     return model

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from posfair.calibration.coverage import (
     CALIBRATED,
@@ -148,7 +149,7 @@ def test_encode_warns_once_with_the_counts_and_the_count_is_what_the_engine_did(
     assert str(msgs[0].message) == (
         "1 of 3 texts are shorter than one basket (B=128 content tokens) and were encoded stock (calibrated share 0.667)"
     )
-    stock = mean_model.encode(texts, calibration=False)
+    stock = mean_model.encode(texts, calibration=STOCK)
     assert np.allclose(got[0], stock[0], atol=1e-6)  # the fallen-back text is the stock embedding
     assert not np.allclose(got[1], stock[1], atol=1e-4) and not np.allclose(got[2], stock[2], atol=1e-4)
 
@@ -162,7 +163,7 @@ def test_exactly_one_basket_encodes_stock(mean_model):
         warnings.simplefilter("always")
         got = mean_model.encode(texts, calibration=cal)
     assert "1 fills exactly one basket" in str(fallback_warnings(caught)[0].message)
-    stock = mean_model.encode(texts, calibration=False)
+    stock = mean_model.encode(texts, calibration=STOCK)
     assert np.allclose(got[0], stock[0], atol=1e-6) and not np.allclose(got[1], stock[1], atol=1e-4)
 
 
@@ -182,10 +183,10 @@ def test_counts_follow_truncation_prompt_and_default_calibration(mean_model):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mean_model.encode([words(125)], calibration=cal, prompt="query: ")
-        mean_model.encode([words(10)], calibration=False)  # stock: nothing to report
+        mean_model.encode([words(10)], calibration=STOCK)  # stock: nothing to report
         with quiet_fallback():
             mean_model.encode([words(10)], calibration=cal)
-        with mean_model.using(cal):  # calibration=None inside using(): the override is what runs
+        with mean_model.using(cal):  # MODEL_DEFAULT inside using(): the override is what runs
             mean_model.encode([words(10)])
     msgs = fallback_warnings(caught)
     assert [str(m.message)[:9] for m in msgs] == ["1 of 1 te"]
@@ -195,6 +196,6 @@ def test_counts_follow_truncation_prompt_and_default_calibration(mean_model):
             mean_model.encode([words(10), words(200)])  # the model's default calibration
         assert mean_model.calibrated_share([words(10), words(200)]) == 0.5
     finally:
-        mean_model.set_calibration(None)
+        mean_model.set_calibration(STOCK)
     with pytest.raises(ValueError, match="no default calibration"):
         mean_model.calibrated_share([words(10)])

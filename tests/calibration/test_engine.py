@@ -10,6 +10,7 @@ import torch
 import posfair
 import posfair.model as pm
 from posfair import Calibration, compat
+from posfair.calibration import STOCK
 from reference import reference_mode
 from tiny_models import ARCHS, expected_mechanism
 
@@ -46,7 +47,7 @@ def test_fast_path_matches_independent_reference(tiny_model, arch):
     """Registry models (transformers 5.x; Qwen3 on 4.x) and fallback ones (BERT, XLM-R, ModernBERT on 4.x)."""
     model = tiny_model(arch)
     assert model.mechanism == expected_mechanism(arch)
-    stock, _ = forward(model, TEXTS, None)
+    stock, _ = forward(model, TEXTS, STOCK)
     changes = []
     for strength in STRENGTHS:
         fast = assert_matches_reference(model, TEXTS, Calibration(basket_size=8, layers=0.5, strength=strength))
@@ -117,7 +118,7 @@ def test_strength_zero_is_the_stock_model(tiny_model, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batch_invariance(tiny_model, arch):
     model = tiny_model(arch)
-    for cal in (None, CAL):
+    for cal in (STOCK, CAL):
         batch = model.encode(TEXTS, calibration=cal, batch_size=8)
         alone = np.stack([model.encode([t], calibration=cal)[0] for t in TEXTS])
         np.testing.assert_allclose(batch, alone, atol=1e-5, rtol=0)

@@ -8,6 +8,7 @@ from torch import nn
 
 import posfair
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.fairness.attention import attention_profile
 
 
@@ -111,7 +112,7 @@ def record_rows(model, texts, calibration, queries):
 
 
 @pytest.mark.parametrize("queries", ["pool", "all"])
-@pytest.mark.parametrize("calibration", [None, CAL], ids=["stock", "calibrated"])
+@pytest.mark.parametrize("calibration", [STOCK, CAL], ids=["stock", "calibrated"])
 @pytest.mark.parametrize("use_sdpa", [False, True])
 def test_fallback_records_each_layer_once_and_as_the_registry_path(tiny_model_path, use_sdpa, calibration, queries):
     path, pooling = tiny_model_path("bert")

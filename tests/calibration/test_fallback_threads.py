@@ -18,6 +18,7 @@ from torch import nn
 from torch.overrides import _get_current_function_mode
 
 from posfair import Calibration
+from posfair.calibration import STOCK
 from remote_code_models import attention_modules
 
 TEXTS = ["one two three four five six seven eight nine ten eleven twelve " * 4, "a b c d e f g h i j k l m n o p"]
@@ -51,7 +52,7 @@ def test_other_threads_are_untouched_during_a_calibrated_forward(remote_model, k
     H, D = mods[0].heads, mods[0].head_dim
     # what everything gives when nothing else runs
     alone_work = own_work(B, H, L, D)
-    alone_stock = model.encode(TEXTS, calibration=False, batch_size=8)
+    alone_stock = model.encode(TEXTS, calibration=STOCK, batch_size=8)
     alone_cal = model.encode(TEXTS, calibration=CAL, batch_size=8)
     alone_other = model.encode(TEXTS, calibration=OTHER, batch_size=8)
 
@@ -77,7 +78,7 @@ def test_other_threads_are_untouched_during_a_calibrated_forward(remote_model, k
         assert inside.wait(60), "the calibrated forward never reached the attention"
         assert worker.is_alive()
         concurrent_work = own_work(B, H, L, D)
-        concurrent_stock = model.encode(TEXTS, calibration=False, batch_size=8)
+        concurrent_stock = model.encode(TEXTS, calibration=STOCK, batch_size=8)
         concurrent_other = model.encode(TEXTS, calibration=OTHER, batch_size=8)
         assert worker.is_alive() and not release.is_set()  # all of it ran while the calibrated forward was inside
     finally:

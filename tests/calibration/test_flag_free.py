@@ -26,6 +26,7 @@ from transformers import AutoModel, AutoTokenizer
 
 import posfair
 from posfair import Calibration, compat
+from posfair.calibration import STOCK
 from tiny_models import ARCHS
 
 LONG = "Calibration gives later baskets as much attention as early ones. " * 8
@@ -36,7 +37,7 @@ CAL = Calibration(basket_size=16, layers=0.5, strength=1.0)
 def _calibrated_folder(model, path) -> tuple[np.ndarray, np.ndarray]:
     """Save ``model`` with CAL as its default; returns (calibrated, stock) embeddings of TEXTS."""
     want = model.encode(TEXTS, calibration=CAL)
-    stock = model.encode(TEXTS, calibration=False)
+    stock = model.encode(TEXTS, calibration=STOCK)
     assert np.abs(want - stock).max() > 1e-3, "CAL must change these texts for the test to mean anything"
     model.set_calibration(CAL).save(str(path))
     return want, stock
@@ -118,10 +119,10 @@ def test_every_architecture_loads_calibrated(arch, tiny_model_path, tmp_path):
     again = posfair.load_model(tmp_path / "m")
     assert again.calibration == CAL and again.pooling == pooling
     np.testing.assert_allclose(again.encode(TEXTS), want, atol=1e-5)
-    # the config's calibration belongs to the FairModel now: calibration=False is stock
-    np.testing.assert_allclose(again.encode(TEXTS, calibration=False), stock, atol=1e-5)
+    # the config's calibration belongs to the FairModel now: calibration=STOCK is stock
+    np.testing.assert_allclose(again.encode(TEXTS, calibration=STOCK), stock, atol=1e-5)
     # and a stock re-save drops it
-    again.set_calibration(None).save(str(tmp_path / "stock"))
+    again.set_calibration(STOCK).save(str(tmp_path / "stock"))
     assert "posfair" not in (tmp_path / "stock" / "config.json").read_text()
     np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "stock")).encode(TEXTS), stock, atol=1e-5)
 

@@ -12,6 +12,8 @@ from sentence_transformers import SentenceTransformer
 
 import posfair
 from posfair import Calibration
+from posfair.calibration import MODEL_DEFAULT, STOCK
+from posfair.encoding import encode_cached, encoder, resolved_calibration
 from tiny_models import build_tiny_model
 
 LONG = "Calibration gives later baskets as much attention as early ones. " * 8
@@ -48,15 +50,62 @@ def test_token_embeddings_are_calibrated_too(minilm):
     assert (stock[0] - cal[0]).abs().max() > 1e-3
 
 
-def test_none_uses_default_false_forces_stock(minilm, tmp_path):
+def test_model_default_uses_the_models_calibration_stock_forces_stock(minilm, tmp_path):
     stock = minilm.encode(TEXTS)
     try:
         minilm.set_calibration(CAL)
-        np.testing.assert_allclose(minilm.encode(TEXTS), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
-        np.testing.assert_allclose(minilm.encode(TEXTS, calibration=False), stock, atol=1e-6)
+        assert minilm.calibration == CAL
+        calibrated = minilm.encode(TEXTS, calibration=CAL)
+        np.testing.assert_allclose(minilm.encode(TEXTS), calibrated, atol=1e-6)
+        np.testing.assert_allclose(minilm.encode(TEXTS, calibration=MODEL_DEFAULT), calibrated, atol=1e-6)
+        np.testing.assert_allclose(minilm.encode(TEXTS, calibration=STOCK), stock, atol=1e-6)
+        with minilm.using(STOCK):  # a using() block changes what MODEL_DEFAULT runs with, and what the encoding layer resolves
+            np.testing.assert_allclose(minilm.encode(TEXTS), stock, atol=1e-6)
+            assert resolved_calibration(minilm, MODEL_DEFAULT) is STOCK
+        assert resolved_calibration(minilm, MODEL_DEFAULT) == CAL
     finally:
-        minilm.set_calibration(None)
+        minilm.set_calibration(STOCK)
+    assert minilm.calibration is STOCK
     np.testing.assert_allclose(minilm.encode(TEXTS), stock, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [None, False, "stock", 0])
+def test_none_false_and_other_values_are_refused_in_every_layer(minilm, value):
+    """ "No calibration given" has one spelling per meaning: None / False / a string are TypeErrors naming STOCK."""
+    calls = [
+        lambda: minilm.encode(TEXTS, calibration=value),
+        lambda: minilm.set_calibration(value),
+        lambda: minilm.calibrated_share(TEXTS, value),
+        lambda: encode_cached(minilm, TEXTS, calibration=value),
+        lambda: encoder(minilm, value),
+        lambda: resolved_calibration(minilm, value),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="posfair.STOCK"):
+            call()
+    with pytest.raises(TypeError, match="posfair.STOCK"), minilm.using(value):
+        pass
+    with pytest.raises(TypeError, match="MODEL_DEFAULT has no meaning"):
+        minilm.set_calibration(MODEL_DEFAULT)
+
+
+def test_stock_and_model_default_are_singletons_without_a_truth_value():
+    import copy
+
+    assert copy.deepcopy(STOCK) is STOCK and copy.copy(MODEL_DEFAULT) is MODEL_DEFAULT
+    assert type(STOCK)() is STOCK and repr(STOCK) == "posfair.STOCK"
+    assert STOCK.key() == STOCK.label() == "stock"
+    with pytest.raises(TypeError, match="truth value"):
+        bool(STOCK)
+    with pytest.raises(TypeError, match="truth value"):
+        bool(MODEL_DEFAULT)
+
+
+def test_a_plain_sentence_transformer_resolves_to_stock_and_refuses_a_calibration(minilm):
+    plain = SentenceTransformer(str(posfair.model.bundled_model_path()))
+    assert resolved_calibration(plain, MODEL_DEFAULT) is STOCK and resolved_calibration(plain, STOCK) is STOCK
+    with pytest.raises(TypeError, match="takes no calibration"):
+        resolved_calibration(plain, CAL)
 
 
 def test_saved_calibration_is_used_by_plain_sentence_transformers(tmp_path):
@@ -70,7 +119,7 @@ def test_saved_calibration_is_used_by_plain_sentence_transformers(tmp_path):
     again = posfair.load_model(tmp_path / "m")
     assert again.calibration == CAL
     np.testing.assert_allclose(again.encode(TEXTS), want, atol=1e-6)
-    np.testing.assert_allclose(again.encode(TEXTS, calibration=False), stock, atol=1e-6)
+    np.testing.assert_allclose(again.encode(TEXTS, calibration=STOCK), stock, atol=1e-6)
 
 
 def test_empty_list_gives_empty_result(minilm):
@@ -107,7 +156,7 @@ def test_truncation_warns_once_per_call_and_truncates_like_st(minilm):
     too_long = ["word " * 400, "word " * 300, "short"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ours = minilm.encode(too_long, calibration=False)
+        ours = minilm.encode(too_long, calibration=STOCK)
     msgs = [w for w in caught if "longer than max_seq_length" in str(w.message)]
     assert len(msgs) == 1 and "2 of 3 texts" in str(msgs[0].message)
     plain = SentenceTransformer.encode(minilm, too_long)
@@ -151,7 +200,7 @@ def test_saved_without_calibration_is_a_plain_st_folder(tmp_path, minilm):
     assert "posfair" not in (tmp_path / "plain" / "modules.json").read_text()
     np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "plain")).encode(TEXTS), minilm.encode(TEXTS), atol=1e-6)
     reloaded = posfair.load_model(tmp_path / "plain")
-    assert reloaded.calibration is None
+    assert reloaded.calibration is STOCK
     np.testing.assert_allclose(reloaded.encode(TEXTS, calibration=CAL), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
 
 
@@ -172,5 +221,5 @@ def test_encode_follows_sentence_transformers_signature(minilm):
         np.testing.assert_allclose(minilm.encode_document(TEXTS), by_name, atol=1e-6)
         np.testing.assert_allclose(minilm.encode_query(TEXTS), by_name, atol=1e-6)
     finally:
-        minilm.set_calibration(None)
+        minilm.set_calibration(STOCK)
     assert np.abs(minilm.encode_document(TEXTS) - by_name).max() > 1e-3

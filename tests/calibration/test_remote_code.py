@@ -13,7 +13,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from posfair import Calibration
-from posfair.calibration import fallback
+from posfair.calibration import STOCK, fallback
 from reference import reference_calibrate_row
 from remote_code_models import KINDS, UNPADDED_KIND, attention_modules, reference_encode
 
@@ -56,14 +56,14 @@ def test_all_kinds_are_one_model(remote_model, pooling):
     for kind in KINDS:
         model = remote_model(kind, pooling)
         assert model.mechanism == "fallback"
-        np.testing.assert_allclose(model.encode(TEXTS, calibration=False, batch_size=len(TEXTS)), ref, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS)), ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_calibrated_equals_independent_reference(remote_model, kind, pooling):
     model = remote_model(kind, pooling)
-    stock = model.encode(TEXTS, calibration=False, batch_size=len(TEXTS))
+    stock = model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS))
     for strength in STRENGTHS:
         got = model.encode(TEXTS, calibration=cal(strength), batch_size=len(TEXTS))
         np.testing.assert_allclose(got, reference(remote_model, pooling, strength), atol=ATOL, rtol=0, err_msg=f"strength {strength}")
@@ -88,7 +88,7 @@ def test_unpadded_inputs_calibrate_single_texts_and_refuse_batches(remote_model,
     assert model.mechanism == "fallback"
     # the same model as the padded kinds: stock embeddings of a padded batch agree
     np.testing.assert_allclose(
-        model.encode(TEXTS, calibration=False, batch_size=len(TEXTS)), reference(remote_model, pooling, None), atol=ATOL, rtol=0
+        model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS)), reference(remote_model, pooling, None), atol=ATOL, rtol=0
     )
     for strength in STRENGTHS:
         for t in (TEXTS[0], TEXTS[2]):
@@ -167,7 +167,7 @@ def test_a_second_attention_shaped_softmax_is_an_error_not_a_guess(remote_model)
     try:
         with pytest.raises(TypeError, match=r"cannot calibrate TinyRemoteModel.*ambiguous"):
             model.encode(TEXTS, calibration=cal(0.5))
-        model.encode(TEXTS, calibration=False)  # stock encoding does not look
+        model.encode(TEXTS, calibration=STOCK)  # stock encoding does not look
     finally:
         mods[-1].before_attention = None
     got = model.encode(TEXTS, calibration=cal(0.5), batch_size=len(TEXTS))
@@ -205,7 +205,7 @@ def test_bfloat16_calibrates_in_float32_and_keeps_the_dtype(remote_model, kind):
             out = model(dict(features))["sentence_embedding"]
         return out, rows.pop(3)
 
-    _, stock_row = run(None)
+    _, stock_row = run(STOCK)
     out, got = run(c)
     assert out.dtype == torch.bfloat16 and got.dtype == torch.float32
     for strength, close in ((0.5, True), (0.75, False)):

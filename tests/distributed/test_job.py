@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.distributed import ManifestMismatch, embed_texts, plan_shards
 from posfair.encoding import encode_cached
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
 CAL = Calibration.parse("16,0.5,0.5")
 
 
-def stored(root, model, texts, calibration=None):
+def stored(root, model, texts, calibration=STOCK):
     ns = embedding_namespace(EmbeddingStore(root), model.fingerprint, calibration)
     return ns.get([text_key(t) for t in texts])
 
@@ -309,6 +310,6 @@ def test_cli_embeds_a_benchmark_part_of_any_layout(tmp_path, tiny_spec, tiny_fai
         f"{len(set(want))} distinct texts" in res.output
         and f"benchmark fineweb-posq ({part})" in open(next((tmp_path / "s").glob("*/manifest.json"))).read()
     )
-    ns = embedding_namespace(EmbeddingStore(tmp_path / "s"), tiny_fair.fingerprint)
+    ns = embedding_namespace(EmbeddingStore(tmp_path / "s"), tiny_fair.fingerprint, STOCK)
     assert len(ns) == len(set(want))
     np.testing.assert_allclose(ns.get([text_key(t) for t in want]), encode_cached(tiny_fair, want, None, batch_size=8), atol=1e-5)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.distributed import ManifestMismatch, embed_texts
 from posfair.encoding import encode_cached
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
@@ -48,7 +49,7 @@ def _ship_this_module(ray_local):
     ray_local.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def vectors(root, model, texts, calibration=None):
+def vectors(root, model, texts, calibration=STOCK):
     return embedding_namespace(EmbeddingStore(root), model.fingerprint, calibration).get([text_key(t) for t in texts])
 
 

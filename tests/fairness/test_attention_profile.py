@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.fairness.attention import AttentionProfile, attention_profile
 from posfair.fairness.documents import segment_spans
 
@@ -184,7 +185,7 @@ def test_figures_and_report_section(tiny_model, tmp_path):
     parts = [(text(12, 20), text(20, 21)), (text(25, 22), text(9, 23))]
     docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
     cal = Calibration(basket_size=B, layers=2, strength=1.0)
-    profiles = [attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en") for c in (None, cal)]
+    profiles = [attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en") for c in (STOCK, cal)]
     section = attention_section(profiles, tmp_path)
     for name in ("attention_baskets", "attention_bins", "attention_layers", "attention_segments"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000

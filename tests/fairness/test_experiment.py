@@ -8,6 +8,7 @@ import torch
 
 from posfair import Calibration
 from posfair import encoding as enc
+from posfair.calibration import STOCK
 from posfair.fairness.evaluator import PositionalFairnessEvaluator, audit
 from posfair.fairness.experiment import AuditSettings
 
@@ -67,8 +68,8 @@ def test_sigma_tau_against_direct_computation(result, model):
     texts = [text_of(sid) for sid in doc["segment_id"]]
     doc_text = " ".join(texts)
     with enc.max_seq_length(model, 512):
-        e_doc = model.encode([doc_text], calibration=False)[0]
-        e_seg = model.encode(texts, calibration=False)
+        e_doc = model.encode([doc_text], calibration=STOCK)[0]
+        e_seg = model.encode(texts, calibration=STOCK)
     for i, row in enumerate(doc.itertuples()):
         assert row.sigma == pytest.approx(_cos(e_doc, e_seg[i]), abs=1e-5)
     # contextualised segments: mean of the final-layer states over the segment's tokens, computed directly
@@ -108,7 +109,7 @@ def test_control_uses_stock_segments(result, model):
     with enc.max_seq_length(model, 512):
         e_doc = model.encode([" ".join(texts)], calibration=CAL)[0]
         seg_cal = model.encode(texts, calibration=CAL)
-        seg_stock = model.encode(texts, calibration=False)
+        seg_stock = model.encode(texts, calibration=STOCK)
     for i in range(2):
         assert main.iloc[i]["sigma"] == pytest.approx(_cos(e_doc, seg_cal[i]), abs=1e-5)
         assert ctrl.iloc[i]["sigma"] == pytest.approx(_cos(e_doc, seg_stock[i]), abs=1e-5)

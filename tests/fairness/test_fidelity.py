@@ -6,6 +6,7 @@ import pytest
 
 from posfair import Calibration
 from posfair import encoding as enc
+from posfair.calibration import STOCK
 from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings
 from posfair.fairness.metrics import fidelity_measures, profile_spread
@@ -73,13 +74,13 @@ def _direct(model, docs: pd.DataFrame, texts: dict, calibration):
     """Per document: (other_cos, recall, drift) from fresh encodings of its text and of every pool segment."""
     pool_ids = sorted(texts)
     with enc.max_seq_length(model, 512):
-        kw = {"calibration": calibration if calibration is not None else False}
+        kw = {"calibration": calibration}
         pool = model.encode([texts[s] for s in pool_ids], **kw)
         doc_ids = list(dict.fromkeys(docs["doc_id"]))
         by_doc = {d: g.sort_values("position") for d, g in docs.groupby("doc_id")}
         doc_text = [" ".join(texts[s] for s in by_doc[d]["segment_id"]) for d in doc_ids]
         e_doc = model.encode(doc_text, **kw)
-        e_stock = model.encode(doc_text, calibration=False)
+        e_stock = model.encode(doc_text, calibration=STOCK)
     topics_of_set = docs.groupby("set_id")["topic"].agg(set).to_dict()
     out = {}
     for i, d in enumerate(doc_ids):
@@ -101,7 +102,7 @@ def test_measures_match_direct_computation(result, model, corpus, variant):
     rows = obs[(obs.calibration == label) & (obs.setting == "main")]
     texts = {f"{r.lang}:{r.id}": r.text.strip() for r in corpus.itertuples()}
     texts = {s: texts[s] for s in rows["segment_id"].unique()}  # the instance's pool
-    direct = _direct(model, rows, texts, CAL if variant == "calibrated" else None)
+    direct = _direct(model, rows, texts, CAL if variant == "calibrated" else STOCK)
     assert len(direct) == rows["doc_id"].nunique() >= 12
     for other_cos, recall, drift, g in direct.values():
         assert g["other_cos"].to_numpy() == pytest.approx(np.full(3, other_cos), abs=1e-5)
@@ -124,7 +125,7 @@ def test_control_rows_use_stock_segments(result, model, corpus):
         e_doc = model.encode([" ".join(texts[s] for s in g["segment_id"])], calibration=CAL)[0]
         set_topics = set(obs[obs.set_id == g["set_id"].iloc[0]]["topic"])
         other = [s for s in sorted(texts) if s.split(":", 1)[1] not in set_topics]
-        e_other = model.encode([texts[s] for s in other], calibration=False)
+        e_other = model.encode([texts[s] for s in other], calibration=STOCK)
     assert g["other_cos"].iloc[0] == pytest.approx(float(np.mean(_unit(e_other) @ _unit(e_doc))), abs=1e-5)
     assert np.allclose(ctrl["drift"].to_numpy(), main["drift"].to_numpy())
 

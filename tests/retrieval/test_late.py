@@ -93,7 +93,7 @@ def test_evaluator_ranks_by_the_aggregate_of_chunk_cosines(model, bench, tmp_pat
     max_late, mean_late = LateChunking.variants(["max", "mean"], chunks=16)
     assert max_late.span_cache is mean_late.span_cache
     for late in (max_late, mean_late):
-        ev = PositionalRetrievalEvaluator(bench, late=late, store=store)
+        ev = PositionalRetrievalEvaluator(bench, late, store=store)
         r = ev.evaluate(model)
         assert r.method == "late" and r.setting == f"late-{late.aggregate} (16-token windows)" and r.calibrated_share is None
         q = ev.encode_queries(model)

@@ -21,6 +21,7 @@ from tests.retrieval.conftest import TOPICS
 
 import posfair.mteb as pm
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.corpus import load_corpus
 from posfair.errors import PosfairInputError
@@ -42,7 +43,7 @@ def run(model_or_encoder, tasks, **kwargs):
         return mteb.evaluate(model_or_encoder, tasks, show_progress_bar=False, **kwargs)
 
 
-def posfair_metrics(bench, model, calibration=None, **kwargs):
+def posfair_metrics(bench, model, calibration=STOCK, **kwargs):
     """posfair's own evaluator on the same benchmark, its keys unprefixed (name="")."""
     kwargs.setdefault("name", "")
     with warnings.catch_warnings():
@@ -91,7 +92,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stock_encoder(model, store, reference):
-    return pm.encoder(model, None, store=store)
+    return pm.encoder(model, STOCK, store=store)
 
 
 def stored(store):
@@ -115,7 +116,7 @@ def mteb_runs(model, tasks, cache, store, stock_encoder):
     try:
         out["direct"] = run(model, tasks)
     finally:
-        model.set_calibration(None)
+        model.set_calibration(STOCK)
     return out
 
 
@@ -156,7 +157,7 @@ def test_mteb_ndcg_per_group_equals_posfair(model, bench, tasks, reference, mteb
 
 
 def test_result_cache_keeps_settings_apart(model, tasks, cache, mteb_runs):
-    stock_meta = pm.encoder(model, None).mteb_model_meta
+    stock_meta = pm.encoder(model, STOCK).mteb_model_meta
     cal_meta = pm.encoder(model, CAL).mteb_model_meta
     assert stock_meta.name == cal_meta.name and stock_meta.experiment_name != cal_meta.experiment_name
     (name,) = [t.metadata.name for t in tasks]
@@ -175,15 +176,15 @@ def test_calibrated_fairmodel_passed_directly_uses_its_calibration(model, tasks,
     # the direct run above is checked against posfair's calibrated evaluator in test_mteb_ndcg_per_group_equals_posfair
     model.set_calibration(CAL)
     try:
-        assert pm.encoder(model).calibration == CAL and pm.encoder(model, None).calibration is None
+        assert pm.encoder(model).calibration == CAL and pm.encoder(model, STOCK).calibration is STOCK
     finally:
-        model.set_calibration(None)
-    assert pm.encoder(model).calibration is None
+        model.set_calibration(STOCK)
+    assert pm.encoder(model).calibration is STOCK
     (direct,) = pm.position_scores(mteb_runs["direct"], tasks).values()
     (wrapped,) = pm.position_scores(mteb_runs["calibrated"], tasks).values()
     assert direct.groups == pytest.approx(wrapped.groups, abs=TOL)
     # MTEB records the directly passed model under its plain name: the reason to pass cache=None
-    assert mteb_runs["direct"].model_name == pm.encoder(model, None).mteb_model_meta.name
+    assert mteb_runs["direct"].model_name == pm.encoder(model, STOCK).mteb_model_meta.name
 
 
 def test_model_prompts_pass_through(model, bench, reference, store, monkeypatch):
@@ -199,7 +200,7 @@ def test_model_prompts_pass_through(model, bench, reference, store, monkeypatch)
     (task,) = pm.tasks(bench)
     task.hf_subsets = ["seg 3"]
     # with posfair's store the documents come from the evaluator's stock run: only the queries are encoded, with the prompt
-    result = run(pm.encoder(model, None, store=store), [task])
+    result = run(pm.encoder(model, STOCK, store=store), [task])
     assert seen == [("query: ", int(bench.groups["seg 3"].sum()))]
     (entry,) = result.task_results[0].scores["test"]
     monkeypatch.setattr(model, "encode", original)
@@ -256,7 +257,7 @@ def test_posir_layout_searches_each_domain(model, tmp_path):
     qid = split["queries"]["id"][0]
     assert all(d.startswith(qid.split("/")[0] + "/") for d in split["top_ranked"][qid])  # own domain's documents only
     task.unload_data()
-    (s,) = pm.position_scores(run(pm.encoder(model, None), [task]), [task]).values()
+    (s,) = pm.position_scores(run(pm.encoder(model, STOCK), [task]), [task]).values()
     ref = posfair_metrics(bench, model)
     assert set(s.buckets) == {"Q1", "Q2", "Q3"}
     for bucket in s.buckets:
@@ -273,7 +274,7 @@ def test_fineweb_local_copy_overlapping_groups(model, tmp_path):
     pd.DataFrame(rows).to_json(path, orient="records", lines=True)
     (task,) = pm.tasks(path)
     assert task.hf_subsets == ["begin", "middle", "end"] and task.metadata.eval_langs["end"] == ["eng-Latn"]
-    (s,) = pm.position_scores(run(pm.encoder(model, None), [task]), [task]).values()
+    (s,) = pm.position_scores(run(pm.encoder(model, STOCK), [task]), [task]).values()
     ref = posfair_metrics(load_benchmark(str(path)), model)
     assert s.queries == {"begin": 3, "middle": 6, "end": 6}  # a query in two groups counts in both
     assert s.metrics == pytest.approx({k: ref[k] for k in s.metrics}, abs=TOL)
@@ -298,7 +299,7 @@ def test_missing_groups_are_warned_and_nan(model, bench, tasks, mteb_runs):
     with pytest.warns(pm.MissingGroupWarning, match="'empty' has no queries"):
         (task,) = pm.tasks(tiny)
     assert task.hf_subsets == ["first", "last"]
-    (s,) = pm.position_scores(run(pm.encoder(model, None), [task]), [task]).values()
+    (s,) = pm.position_scores(run(pm.encoder(model, STOCK), [task]), [task]).values()
     ref = posfair_metrics(tiny, model)
     assert list(s.groups) == ["first", "empty", "last"] and math.isnan(s.groups["empty"]) and math.isnan(ref["ndcg@10[empty]"])
     assert s.harm == pytest.approx(ref["harm"], abs=TOL) and s.psi == pytest.approx(ref["psi"], abs=TOL)
@@ -350,12 +351,12 @@ def test_bad_inputs(model, bench, tasks, mteb_runs):
     with pytest.raises(PosfairInputError, match="got str"):
         pm.encoder("all-MiniLM-L6-v2")
     plain = SentenceTransformer(str(bundled_model_path()), device="cpu")
-    assert pm.encoder(plain).calibration is None
+    assert pm.encoder(plain).calibration is STOCK
     with pytest.raises(PosfairInputError, match="SentenceTransformer cannot calibrate"):
         pm.encoder(plain, CAL)
     (tiny,) = pm.tasks(tiny_benchmark(a=[1, 1, 1, 1]))
     with pytest.raises(PosfairInputError, match="precision='int8'"):
-        run(pm.encoder(model, None), [tiny], encode_kwargs={"precision": "int8"})
+        run(pm.encoder(model, STOCK), [tiny], encode_kwargs={"precision": "int8"})
     with pytest.raises(PosfairInputError, match="got dict"):
         pm.position_scores({"scores": {}})
     with pytest.raises(PosfairInputError, match="no result of a posfair task"):

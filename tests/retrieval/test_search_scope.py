@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from tests.retrieval.test_mteb import write_posir
 
+from posfair.calibration import STOCK
 from posfair.encoding import l2_normalize
 from posfair.retrieval import PositionalRetrievalEvaluator, RetrievalResult, load_benchmark, run_sweep
 
 
 def _embeddings(model, bench):
-    q = l2_normalize(model.encode(bench.query_texts, calibration=False))
-    d = l2_normalize(model.encode(bench.corpus_texts, calibration=False))
+    q = l2_normalize(model.encode(bench.query_texts, calibration=STOCK))
+    d = l2_normalize(model.encode(bench.corpus_texts, calibration=STOCK))
     return q, d
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from posfair.calibration import STOCK
 from posfair.tuning import DEV, TEST, FunctionObjective, SearchSpace, run_search
 from posfair.tuning.report import summary_markdown
 from posfair.tuning.search import CHECK_DRAWS, ConstraintWarning, meets_constraint
@@ -26,22 +27,22 @@ class UnitObjective(FunctionObjective):
         super().__init__(self._metrics, score="score", guard="recall")
 
     def guard_units(self, cal, split):
-        strength = cal.strength if cal is not None else 0.0
+        strength = cal.strength if cal is not STOCK else 0.0
         base = np.linspace(0.6, 0.9, self.n)
-        if split == TEST and cal is not None:
+        if split == TEST and cal is not STOCK:
             base = base - self.test_drop * strength + self.noise * np.random.default_rng(7).standard_normal(self.n)
         return pd.Series(base, index=[f"s{i}" for i in range(self.n)])
 
     def _metrics(self, cal, split):
-        return {"score": 1.0 - (cal.strength if cal is not None else 0.0), "recall": float(self.guard_units(cal, split).mean())}
+        return {"score": 1.0 - (cal.strength if cal is not STOCK else 0.0), "recall": float(self.guard_units(cal, split).mean())}
 
 
 def test_a_choice_that_breaks_the_constraint_on_test_is_said(tmp_path):
     with pytest.warns(ConstraintWarning, match="BROKEN on the test split"):
         res = run_search(UnitObjective(test_drop=0.10), SPACE, max_drop=0.02, results_path=tmp_path / "tune.json")
-    assert res.chosen is not None and res.chosen.strength == 1.0  # feasible on dev: recall unchanged there
+    assert res.chosen is not STOCK and res.chosen.strength == 1.0  # feasible on dev: recall unchanged there
     check = res.test_check
-    stock, chosen = res.trial(None, TEST).metrics["recall"], res.trial(res.chosen, TEST).metrics["recall"]
+    stock, chosen = res.trial(STOCK, TEST).metrics["recall"], res.trial(res.chosen, TEST).metrics["recall"]
     assert check["change"] == pytest.approx(chosen - stock) == pytest.approx(-0.10)
     assert check["holds"] is False and check["limit"] == -0.02
     assert check["low"] == pytest.approx(-0.10) and check["high"] == pytest.approx(-0.10)  # every unit lost the same
@@ -56,7 +57,7 @@ def test_a_choice_that_breaks_the_constraint_on_test_is_said(tmp_path):
 def test_the_interval_against_the_normal_approximation():
     res = run_search(UnitObjective(test_drop=0.0, noise=0.05, n_units=400), SPACE, max_drop=0.02)
     check = res.test_check
-    diff = UnitObjective(0.0, 0.05, 400).guard_units(res.chosen, TEST) - UnitObjective(0.0, 0.05, 400).guard_units(None, TEST)
+    diff = UnitObjective(0.0, 0.05, 400).guard_units(res.chosen, TEST) - UnitObjective(0.0, 0.05, 400).guard_units(STOCK, TEST)
     m, se = diff.mean(), diff.std(ddof=1) / np.sqrt(len(diff))
     assert check["change"] == pytest.approx(m)
     assert check["low"] == pytest.approx(m - 1.96 * se, abs=0.25 * se) and check["high"] == pytest.approx(m + 1.96 * se, abs=0.25 * se)
@@ -68,15 +69,15 @@ def test_the_dev_choice_and_the_test_check_use_one_rule():
     assert meets_constraint(0.88, 0.90, 0.02) and not meets_constraint(0.8799, 0.90, 0.02)
     res = run_search(UnitObjective(test_drop=0.0), SPACE, max_drop=0.02)
     f = res.frame(DEV)
-    stock = res.trial(None, DEV).metrics["recall"]
+    stock = res.trial(STOCK, DEV).metrics["recall"]
     assert (f["feasible"] == [meets_constraint(g, stock, 0.02) for g in f["recall"]]).all()
     assert res.test_check["holds"] is True and "the constraint holds" in res.test_check["verdict"]
 
 
 def test_stock_chosen_needs_no_check():
     def fn(cal, split):  # every calibration loses 0.2 * strength of the guard on both splits: none is feasible
-        strength = cal.strength if cal is not None else 0.0
+        strength = cal.strength if cal is not STOCK else 0.0
         return {"score": 1.0 - strength, "recall": 1.0 - 0.2 * strength}
 
     res = run_search(FunctionObjective(fn, guard="recall"), SPACE, max_drop=0.05)
-    assert res.chosen is None and res.test_check is None and "test_constraint_holds" not in res.headline()
+    assert res.chosen is STOCK and res.test_check is None and "test_constraint_holds" not in res.headline()

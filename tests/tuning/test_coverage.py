@@ -11,6 +11,7 @@ import pytest
 
 from posfair import Calibration
 from posfair import encoding as enc
+from posfair.calibration import STOCK
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, run_search
 from posfair.tuning.report import summary_markdown, trials_table, write_outputs
@@ -22,7 +23,7 @@ SPACE = SearchSpace(basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(
 
 
 def score(cal, split):
-    if cal is None:
+    if cal is STOCK:
         return {"score": 1.0, "guard": 1.0}
     # B=256 would "win" if it were evaluated: it must never be
     return {"score": (cal.strength - 0.7) ** 2 + (-5.0 if cal.basket_size == 256 else 0.0), "guard": 1.0 - 0.05 * cal.strength}
@@ -37,12 +38,12 @@ def test_noop_grid_points_are_skipped_and_never_candidates(tmp_path):
 
     share = lambda cal, split: 0.0 if cal.basket_size == 256 else 0.75  # noqa: E731
     res = run_search(FunctionObjective(fn, share=share), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json")
-    assert not any(c is not None and c.basket_size == 256 for c in evaluated)
+    assert not any(c is not STOCK and c.basket_size == 256 for c in evaluated)
     assert sorted(t.label for t in res.skipped) == sorted(c.label() for c in SPACE.coarse() if c.basket_size == 256)
     assert len(res.skipped) == 4 and all(t.calibrated_share == 0.0 and t.split == DEV for t in res.skipped)
-    assert res.chosen.basket_size != 256 and all(t.calibration.basket_size != 256 for t in res.front if t.calibration)
-    assert all(t.calibrated_share == 0.75 for t in res.trials if t.calibration is not None)
-    assert res.trial(None, DEV).calibrated_share is None
+    assert res.chosen.basket_size != 256 and all(t.calibration.basket_size != 256 for t in res.front if not t.stock)
+    assert all(t.calibrated_share == 0.75 for t in res.trials if t.calibration is not STOCK)
+    assert res.trial(STOCK, DEV).calibrated_share is None
     assert res.headline()["skipped"] == 4 and res.headline()["dev_chosen_calibrated_share"] == 0.75
     f = res.frame(DEV)
     assert 256 not in set(f["basket_size"].dropna()) and np.isnan(f.loc[f.label == "stock", "calibrated_share"]).all()
@@ -66,7 +67,7 @@ def test_noop_grid_points_are_skipped_and_never_candidates(tmp_path):
 
 def test_a_grid_of_noops_keeps_stock():
     res = run_search(FunctionObjective(score, share=lambda c, s: 0.0), SPACE, max_drop=0.1)
-    assert res.chosen is None and not res.feasible
+    assert res.chosen is STOCK and not res.feasible
     assert len(res.skipped) == 12 and [t.phase for t in res.trials] == ["stock", "test"]
 
 
@@ -88,7 +89,7 @@ def test_fairness_objective_counts_documents_and_skips_baskets_longer_than_every
     used = []
     real = enc.encode_documents
 
-    def spy(m, texts, calibration=None, *a, **k):
+    def spy(m, texts, calibration=STOCK, *a, **k):
         used.append(calibration)
         return real(m, texts, calibration, *a, **k)
 
@@ -96,9 +97,9 @@ def test_fairness_objective_counts_documents_and_skips_baskets_longer_than_every
     space = SearchSpace(basket_sizes=(B, too_long), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0)
     res = run_search(obj, space, max_drop=1.0)
     assert [t.label for t in res.skipped] == [Calibration(basket_size=too_long, layers=1.0, strength=1.0).label()]
-    assert all(c is None or c.basket_size == B for c in used)  # the no-op point encoded nothing
+    assert all(c is STOCK or c.basket_size == B for c in used)  # the no-op point encoded nothing
     dev = {t.label: t for t in res.dev_trials()}
     assert dev[Calibration(basket_size=B, layers=1.0, strength=1.0).label()].calibrated_share == pytest.approx(expected)
-    if res.chosen is not None:
+    if res.chosen is not STOCK:
         test_lengths = np.array([d.n_tokens for inst in obj.instances[TEST] for d in inst.documents])
         assert res.trial(res.chosen, TEST).calibrated_share == pytest.approx(float(np.mean(test_lengths >= B + 1)))

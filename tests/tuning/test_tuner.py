@@ -12,6 +12,7 @@ import pytest
 import posfair
 from posfair import Calibration
 from posfair import encoding as enc
+from posfair.calibration import STOCK
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.retrieval.metrics import harmonic_mean
 from posfair.tuning import (
@@ -40,7 +41,7 @@ SPACE = SearchSpace(basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(
 
 def synthetic(cal, split, *, optimum=0.7, slope=0.05):
     """Score (lower is better) with its minimum at basket 64, layers 0.5, strength ``optimum``; guard falls with strength."""
-    if cal is None:
+    if cal is STOCK:
         return {"score": 1.0, "guard": 1.0}
     s = (cal.strength - optimum) ** 2 + (0 if cal.basket_size == 64 else 0.1) + (0 if cal.layers == 0.5 else 0.05)
     return {"score": s, "guard": 1.0 - slope * cal.strength}
@@ -68,7 +69,7 @@ def test_constraint_limits_the_choice():
     res = run_search(
         FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)), SearchSpace(strengths=(0.8, 1.0), fine_rounds=0), max_drop=0.1
     )
-    assert res.chosen is None and not res.feasible
+    assert res.chosen is STOCK and not res.feasible
 
 
 def test_pareto_front_against_brute_force():
@@ -94,9 +95,9 @@ def test_test_split_never_influences_the_choice():
 
     def poisoned(value):
         def fn(cal, split):
-            calls.append((split, cal.key() if cal else "stock"))
+            calls.append((split, cal.key()))
             if split == TEST:  # anything on the test split: here an optimum somewhere else entirely
-                return {"score": value * (1 - (cal.strength if cal else 0)), "guard": value}
+                return {"score": value * (1 - (0 if cal is STOCK else cal.strength)), "guard": value}
             return synthetic(cal, split)
 
         return FunctionObjective(fn)
@@ -176,7 +177,7 @@ def test_real_run_on_a_tiny_model(model, tmp_path, monkeypatch):
     assert not test_docs & set(encoded[:first_test])  # no test document was even encoded before the choice
     assert test_docs <= set(encoded)
     # the metrics are those of an audit of the split
-    stock = res.trial(None, DEV).metrics
+    stock = res.trial(STOCK, DEV).metrics
     obs = obj.observations([], DEV)
     means = obs.groupby("position")["sigma"].mean()
     assert stock["spread"] == pytest.approx(means.max() - means.min())
@@ -195,12 +196,12 @@ def test_real_run_on_a_tiny_model(model, tmp_path, monkeypatch):
 def test_saved_tuned_model_reloads_with_its_calibration(model, tmp_path):
     cal = Calibration(basket_size=4, layers=1.0, strength=0.75)
     path = save_tuned_model(model, cal, tmp_path / "tuned")
-    assert model.calibration is None  # the session model's own default is untouched
+    assert model.calibration is STOCK  # the session model's own default is untouched
     reloaded = posfair.load_model(path)
     assert reloaded.calibration == cal
     texts = ["Apple river mountain code kernel package network music theory garden history science engine window."]
     np.testing.assert_allclose(reloaded.encode(texts), model.encode(texts, calibration=cal), atol=1e-6)
-    stock = model.encode(texts, calibration=False)
+    stock = model.encode(texts, calibration=STOCK)
     assert not np.allclose(reloaded.encode(texts), stock, atol=1e-7)
 
 
@@ -214,8 +215,8 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
     dev, test = obj.splits[DEV], obj.splits[TEST]
     assert len(dev.query_ids) + len(test.query_ids) == len(bench.query_ids)
     assert not {int(r[0]) for r in dev.relevant} & {int(r[0]) for r in test.relevant}  # a document's queries stay together
-    m = obj.evaluate(None, DEV)
-    direct = PositionalRetrievalEvaluator(dev, None).evaluate(model)
+    m = obj.evaluate(STOCK, DEV)
+    direct = PositionalRetrievalEvaluator(dev, STOCK).evaluate(model)
     assert m["ndcg@10"] == pytest.approx(float(direct.ndcg.mean()))
     assert m["harm"] == pytest.approx(harmonic_mean(direct.groups))
     assert m["queries"] == len(dev.query_ids)
@@ -257,4 +258,4 @@ def test_search_logs_and_shows_progress(caplog, capsys):
     assert "tuning trials" in capsys.readouterr().err  # None: shown at INFO, like sentence-transformers
     run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=0), max_drop=0.1, show_progress_bar=False)
     assert "tuning trials" not in capsys.readouterr().err
-    assert res.chosen is not None
+    assert res.chosen is not STOCK

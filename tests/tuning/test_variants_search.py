@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from posfair import Calibration
+from posfair.calibration import STOCK
 from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, pareto_front, run_search
@@ -27,7 +28,7 @@ OFFSET = {"uniform": 0.3, "prior": 0.0, "self": 0.2, "special": 0.25}
 
 def synthetic(cal, split):
     """Lower score is better; each variant has its own offset and optimum strength; the guard falls with strength."""
-    if cal is None:
+    if cal is STOCK:
         return {"score": 1.0, "guard": 1.0}
     optimum = {"uniform": 0.6, "prior": 0.8, "self": 0.7, "special": 0.9}[cal.variant]
     s = (cal.strength - optimum) ** 2 + OFFSET[cal.variant] + (0 if cal.basket_size == 16 else 0.1)
@@ -47,7 +48,7 @@ def test_joint_search_fronts_and_test_confirmation(tmp_path):
     res = run_search(FunctionObjective(synthetic), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json")
     assert res.chosen.variant == "prior" and res.chosen.basket_size == 16 and abs(res.chosen.strength - 0.8) < 0.02
     dev = res.dev_trials()
-    stock = res.trial(None, DEV)
+    stock = res.trial(STOCK, DEV)
     for v in SPACE.variants:  # each variant's front = brute force over its trials (with stock)
         mine = [t for t in dev if t.variant == v]
         brute = [t for t in [stock, *mine] if not any(

@@ -41,6 +41,7 @@ def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int =
 def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calibration, max_docs, out: Path,
                   batch_size=8, seed=0, model_name="", progress=None):  # fmt: skip
     """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
+    from posfair.calibration import STOCK
     from posfair.fairness.attention import attention_profile
     from posfair.fairness.attention_report import write_attention_report
 
@@ -48,13 +49,13 @@ def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calib
     profiles = []
     for lang in langs:
         docs = build_documents(model, corpus, lang, n, max_docs, seed)
-        for cal in [None] + ([calibration] if calibration is not None else []):
-            tick = progress(f"{lang} · {'stock' if cal is None else cal.label()}", len(docs)) if progress else None
+        for cal in [STOCK] + ([] if calibration is STOCK else [calibration]):
+            tick = progress(f"{lang} · {cal.label()}", len(docs)) if progress else None
             prof = attention_profile(
                 model, docs, layers=layers, basket_size=basket_size, n_bins=n_bins, calibration=cal,
                 batch_size=batch_size, group=lang, model_name=model_name, progress=tick,
             )  # fmt: skip
-            prof.save(out / f"attention_{lang}_{'stock' if cal is None else cal.key()}")
+            prof.save(out / f"attention_{lang}_{cal.key()}")
             profiles.append(prof)
     report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
     return profiles, report
@@ -95,6 +96,7 @@ def attention(
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     with naming("--layers", layers_text(layers)):
         resolve_layers(layers, fm.num_layers)
+    calibration = checks.calibration(calibration)  # STOCK when --calibration is not given
     checks.check_calibrations(fm, [calibration])
 
     name = fm.display_name

@@ -218,7 +218,7 @@ def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | No
         docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
         style = "yellow" if done < docs else "default"
         con.print(f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]")
-        words = next((c.describe() for c in calibrations if c is not None and c.label() == label), None)
+        words = next((c.describe() for c in calibrations if c.label() == label), None)
         if words:
             con.print(f"{escape(label)}: {escape(words)}")
     few = result.few_clusters_message()

@@ -195,15 +195,15 @@ def load_model(model: str | None, *, max_seq_length: int | None = None, pooling:
 
 
 def calibration(spec: Any = None, basket_size: int | None = None, layers: Any = None, strength: float | None = None):
-    """The Calibration of ``--calibration`` and the separate ``--basket-size`` / ``--layers`` / ``--strength`` (None if none given).
+    """The Calibration of ``--calibration`` and the separate ``--basket-size`` / ``--layers`` / ``--strength`` (STOCK if none given).
 
     The separate options override the spec's fields; alone, they change the default
     calibration (B=128, last 50% of layers, strength 0.5) in what they name.
     """
-    from posfair.calibration.params import Calibration
+    from posfair.calibration import STOCK, Calibration
 
     if spec is None and basket_size is None and layers is None and strength is None:
-        return None
+        return STOCK
     fields = (spec if spec is not None else Calibration()).to_dict()
     given = {"basket_size": basket_size, "layers": layers, "strength": strength}
     fields.update({k: v for k, v in given.items() if v is not None})
@@ -212,9 +212,11 @@ def calibration(spec: Any = None, basket_size: int | None = None, layers: Any = 
 
 
 def check_calibrations(model, calibrations) -> None:
-    """Each calibration resolved against the loaded model (its layers exist, its pooling can be calibrated)."""
+    """Each calibration resolved against the loaded model (its layers exist, its pooling can be calibrated); STOCK passes."""
+    from posfair.calibration import Calibration
+
     for cal in calibrations:
-        if cal is None:
+        if not isinstance(cal, Calibration):
             continue
         with naming("--calibration", calibration_text(cal)):
             model.transformer_module.resolve(cal)

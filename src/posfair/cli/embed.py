@@ -93,6 +93,7 @@ def embed(
 ) -> None:
     """Embed every distinct text of a corpus into the store --out, stock or calibrated. Resumable and idempotent."""
     # the job code, torch and the model are imported here, when the command runs, so that --help stays fast
+    from posfair.calibration import STOCK
     from posfair.cli.errors import PosfairInputError, naming
     from posfair.cli.progress import progress_bars
     from posfair.distributed import EmbedSpec, embed_texts, read_corpus_texts
@@ -109,7 +110,7 @@ def embed(
     model_id = checks.model_source(model)
     checks.device(device)
     spec = EmbedSpec(
-        model=model_id, calibration=cal.to_dict() if cal else None, prompt=prompt, pooling=pooling, max_seq_length=max_seq_length,
+        model=model_id, calibration=cal.to_dict() if cal is not STOCK else None, prompt=prompt, pooling=pooling, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, device=device, batching=batching, batch_size=batch_size, max_tokens=max_tokens,
     )  # fmt: skip
     with naming("--corpus", corpus or "bundled"):
@@ -136,7 +137,7 @@ def embed(
             ray_address=None if ray_address == "local" else ray_address, workers=workers, corpus_source=source,
             text_field=text_field, add_corpus=add_corpus, progress=bar("embedding", len(set(texts))),
         )  # fmt: skip
-    label = cal.label() if cal else "stock"
+    label = cal.label()
     typer.echo(
         f"{report.texts} distinct texts ({label}) in {report.namespace}: {report.written} shards written, "
         f"{report.skipped} already present; {report.encoded} texts encoded in {report.seconds:.1f}s "

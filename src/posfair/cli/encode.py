@@ -116,7 +116,7 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
         if ids is not None:
             df.insert(0, id_field, ids)
         atomic_write_parquet(out, df)
-    label = cal.label() if cal else "stock"
+    label = cal.label()
     typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}) to {out}")
 
 

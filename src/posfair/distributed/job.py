@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from posfair import compat
+from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.corpus.texts import read_corpus_texts as read_corpus_texts
 from posfair.distributed.manifest import corpus_fingerprint, record_corpus
@@ -153,7 +154,7 @@ def embed_texts(
     manifest = write_manifest(ns_dir, manifest)
 
     share = None
-    if cal is not None:  # counted once for the corpus (token lengths only), not per shard
+    if cal is not STOCK:  # counted once for the corpus (token lengths only), not per shard
         coverage = model.calibration_coverage([t for s in shards for t in s.texts], cal, prompt=spec.prompt)
         share = coverage.share
         if coverage.message() is not None:

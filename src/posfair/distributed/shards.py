@@ -11,8 +11,8 @@
 
 Encoding goes through ``model.using(cal)`` and ``SentenceTransformer.encode`` with
 the batches chosen here (``FairModel.encode`` would re-tokenise every batch for its
-checks); stock versus calibrated is decided as everywhere else, by
-:func:`posfair.encoding.calibration_kwargs`.
+checks); the spec's calibration is a Calibration or ``posfair.STOCK``
+(:attr:`~posfair.distributed.spec.EmbedSpec.calibration_obj`), never "whatever the model carries".
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from sentence_transformers import SentenceTransformer
 from posfair import compat
 from posfair.distributed.batching import length_aware_batches, padded_tokens
 from posfair.distributed.spec import EmbedSpec
-from posfair.encoding import calibration_kwargs
 from posfair.store import embedding_settings, run_settings, shard_path, text_key, write_shard
 
 __all__ = ["Shard", "encode_shard", "plan_shards", "process_shard", "shard_id"]
@@ -89,8 +88,8 @@ def _batches_for(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.
 
 
 def _encode(model, spec: EmbedSpec, texts: list[str], batch_size: int) -> np.ndarray:
-    # as FairModel.encode(calibration=cal or False), minus its per-call re-tokenising checks
-    with model.using(**calibration_kwargs(model, spec.calibration_obj)):
+    # as FairModel.encode(calibration=cal or STOCK), minus its per-call re-tokenising checks
+    with model.using(spec.calibration_obj):
         out = SentenceTransformer.encode(
             model, texts, prompt=spec.prompt, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False
         )

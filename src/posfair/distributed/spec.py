@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from posfair.calibration import Calibration
+from posfair.calibration import STOCK, Calibration
+from posfair.calibration.choice import Stock
 from posfair.model import FairModel, load_model
 
 __all__ = ["EmbedSpec"]
@@ -41,8 +42,9 @@ class EmbedSpec:
             raise ValueError(f"batch_size and max_tokens must be >= 1; got {self.batch_size}, {self.max_tokens}")
 
     @property
-    def calibration_obj(self) -> Calibration | None:
-        return Calibration.from_dict(self.calibration) if self.calibration else None
+    def calibration_obj(self) -> Calibration | Stock:
+        """The calibration the shards are encoded with: a Calibration, or STOCK (``calibration`` None)."""
+        return Calibration.from_dict(self.calibration) if self.calibration else STOCK
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -60,6 +62,6 @@ class EmbedSpec:
         )  # fmt: skip
         model.eval()
         cal = self.calibration_obj
-        if cal is not None:
+        if cal is not STOCK:
             model.transformer_module.resolve(cal)
         return model

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from posfair.calibration.choice import STOCK, Stock, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
 from posfair.encoding import model_tokenizer
@@ -103,7 +104,7 @@ def attention_profile(
     layers: LayerSpec = None,
     basket_size: int = 128,
     n_bins: int = 20,
-    calibration=None,
+    calibration: Calibration | Stock = STOCK,
     batch_size: int = 8,
     queries: str | None = None,
     label: str | None = None,
@@ -123,7 +124,7 @@ def attention_profile(
         layers: the layer set averaged in the profile: None = the last half; int k = the
             last k; float f = a fraction; a sequence = 0-based indices.
         basket_size, n_bins: absolute basket size (content keys) and relative bins.
-        calibration: a :class:`posfair.Calibration` (None = the stock model).
+        calibration: a :class:`posfair.Calibration`, or ``posfair.STOCK`` (default) for the stock model.
         queries: "pool" (the pooling token's row) or "all" (mean over valid query
             rows); default "all" for mean-pooled models, else "pool".
         progress: called with the number of documents done after each batch (e.g. to drive a
@@ -158,9 +159,10 @@ def attention_profile(
             f"{int(lengths[i])} tokens); they would be truncated. Use shorter documents or raise max_seq_length "
             f"(position limit {model.position_limit})"
         )
-    cal_dict = calibration.to_dict() if calibration is not None else None
+    calibration = check_choice(calibration, model_default=False)
+    cal_dict = None if calibration is STOCK else calibration.to_dict()
     n_calibrated = None
-    if calibration is not None:
+    if calibration is not STOCK:
         coverage = calibration_coverage(model.transformer_module.resolve(calibration), lengths)  # no truncation: lengths are the spans
         n_calibrated = coverage.calibrated
         if coverage.message():
@@ -168,7 +170,7 @@ def attention_profile(
                 f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2
             )
     if label is None:
-        label = calibration.label() if calibration is not None else "stock"
+        label = calibration.label()
     profile = AttentionProfile(
         num_layers=num_layers, layers=chosen, basket_size=int(basket_size), n_bins=n_bins, pooling=pooling, queries=queries,
         label=label, group=group, model=model_name, fingerprint=model.fingerprint, calibration=cal_dict, n_calibrated=n_calibrated,

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from posfair.calibration.choice import STOCK
 from posfair.calibration.params import Calibration, PositionalPrior
 from posfair.encoding import model_tokenizer
 from posfair.errors import PosfairInputError
@@ -64,10 +65,14 @@ class PriorEstimate:
                 "documents": self.documents, "skipped": self.skipped}  # fmt: skip
 
 
+#: the calibration a prior is estimated for when none is given (the default one)
+DEFAULT_TEMPLATE = Calibration()
+
+
 def estimate_prior(
     model,
     documents: Sequence[str],
-    calibration: Calibration | None = None,
+    calibration: Calibration = DEFAULT_TEMPLATE,
     *,
     bins: int = 20,
     batch_size: int = 8,
@@ -80,7 +85,9 @@ def estimate_prior(
     """
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
         raise PosfairInputError(f"bins must be an integer >= 1; got {bins!r}")
-    base = dataclasses.replace(calibration or Calibration(), prior=None)
+    if not isinstance(calibration, Calibration):
+        raise TypeError(f"calibration must be a posfair.Calibration (the one the prior is for); got {calibration!r}")
+    base = dataclasses.replace(calibration, prior=None)
     resolved = model.transformer_module.resolve(base)
     layers = list(resolved.layers)
     texts = [str(t) for t in documents]
@@ -96,7 +103,7 @@ def estimate_prior(
     used = skipped = 0
     device = next(model.parameters()).device
     tok = model_tokenizer(model)  # the model's default prompt in front, as encode has it
-    with torch.no_grad(), model.using(None), model.recording_attention(recorder, layers, queries=resolved.queries):
+    with torch.no_grad(), model.using(STOCK), model.recording_attention(recorder, layers, queries=resolved.queries):
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
             enc = tok(batch, padding=True, truncation=True, max_length=limit, return_tensors="pt")

@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from posfair import encoding as enc
-from posfair.calibration import Calibration
+from posfair.calibration import STOCK, Calibration
+from posfair.calibration.choice import Resolved
 from posfair.errors import PosfairInputError
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
 from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
@@ -42,11 +43,12 @@ from posfair.model import model_fingerprint
 from posfair.model_info import display_name
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
-__all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK", "MEASURES", "FIDELITY"]
+__all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK_LABEL", "MEASURES", "FIDELITY"]
 
 log = logging.getLogger(__name__)
 
-STOCK = "stock"
+#: the ``calibration`` column value of the stock model's rows (``posfair.STOCK.label()``)
+STOCK_LABEL = STOCK.label()
 MEASURES = ("sigma", "tau")
 #: per-observation fidelity columns (``recall`` and ``drift`` are per document, repeated over its positions)
 FIDELITY = ("other_cos", "margin", "recall", "drift")
@@ -195,17 +197,17 @@ class _Encoder:
         self.progress = progress
         self.tokenizer = enc.model_tokenizer(model)
 
-    def _ns(self, calibration: Calibration | None, kind: str):
+    def _ns(self, calibration: Resolved, kind: str):
         if kind == "embedding":  # pooled embeddings: the namespace shared with every other command
             return embedding_namespace(self.store, self.info.fingerprint, calibration)
-        return self.store.namespace(model=self.info.fingerprint, calibration=calibration.key() if calibration else STOCK, kind=kind)
+        return self.store.namespace(model=self.info.fingerprint, calibration=calibration.key(), kind=kind)
 
-    def cached(self, texts: Sequence[str], calibration: Calibration | None) -> tuple[int, int]:
+    def cached(self, texts: Sequence[str], calibration: Resolved) -> tuple[int, int]:
         """(distinct texts, how many of them are in the pooled-embedding cache) for ``calibration``."""
         keys = {text_key(t) for t in texts}
         return len(keys), len(keys) - len(self._ns(calibration, "embedding").missing(keys))
 
-    def segments(self, texts: Sequence[str], calibration: Calibration | None, tick=None) -> np.ndarray:
+    def segments(self, texts: Sequence[str], calibration: Resolved, tick=None) -> np.ndarray:
         s = self.settings
         return enc.embed_through(
             texts,
@@ -215,7 +217,7 @@ class _Encoder:
             progress=tick,
         )
 
-    def documents(self, inst: Instance, calibration: Calibration | None, tick=None):
+    def documents(self, inst: Instance, calibration: Resolved, tick=None):
         s = self.settings
         retention = self.info.retention
 
@@ -327,7 +329,7 @@ def run_instances(
     ``progress(description, total, already_done)`` may return a callback ``tick(k)``.
     """
     encoder = _Encoder(model, store, info, settings)
-    variants: list[Calibration | None] = [None, *calibrations]
+    variants: list[Resolved] = [STOCK, *calibrations]
     frames, timings = [], {}
     tokenizer = encoder.tokenizer
     with enc.max_seq_length(model, info.limit):
@@ -342,8 +344,7 @@ def run_instances(
             stock_segs: dict[str, np.ndarray] | None = None
             stock_docs: np.ndarray | None = None
             for cal in variants:
-                label = cal.label() if cal else STOCK
-                key = cal.key() if cal else STOCK
+                label, key = cal.label(), cal.key()
                 t0 = time.perf_counter()
                 if log.isEnabledFor(logging.INFO):
                     (n_seg, seg_hit), (n_doc, doc_hit) = (
@@ -368,7 +369,7 @@ def run_instances(
                 timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
                 log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.key}/{label}"])
                 frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs))
-                if cal is None:
+                if cal is STOCK:
                     stock_segs, stock_docs = segs, doc_vecs
                 elif settings.control:
                     frames.append(_observations(inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens, stock_docs))
@@ -376,10 +377,11 @@ def run_instances(
     return obs, timings
 
 
-def default_calibrations(calibrations) -> list[Calibration]:
-    """Normalise a calibration argument: None -> [], a Calibration or spec string -> [it], a list -> parsed list."""
-    if calibrations is None:
-        return []
+def default_calibrations(calibrations: Sequence[Calibration | str] | Calibration | str) -> list[Calibration]:
+    """The calibrations an audit compares with stock (which it always runs): a Calibration or spec string ->
+    [it], a sequence -> the parsed list (``[]`` = stock only)."""
+    if calibrations is None or calibrations is STOCK:
+        raise TypeError(f"calibrations must be a Calibration, a spec string or a list of them ([] = stock only); got {calibrations!r}")
     if isinstance(calibrations, (Calibration, str)):
         calibrations = [calibrations]
     out = []

@@ -35,7 +35,7 @@ import pandas as pd
 from statsmodels.regression.linear_model import OLS
 
 from posfair.errors import PosfairInputError
-from posfair.fairness.experiment import STOCK
+from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference, significance_mark
 from posfair.fairness.tables import format_estimate
 from posfair.report.tables import Table
@@ -138,7 +138,7 @@ def fit_language_ols(
     *,
     n: int,
     measure: str = "sigma",
-    calibration: str = STOCK,
+    calibration: str = STOCK_LABEL,
     setting: str = "main",
     reference: str | None = None,
     control_length: bool = False,
@@ -227,13 +227,13 @@ def language_effects(observations: pd.DataFrame, *, measure: str = "sigma", refe
 
 def segment_tokens(observations: pd.DataFrame) -> pd.DataFrame:
     """Mean, median and count of tokens per distinct segment, per language (model tokenizer, no special tokens)."""
-    obs = observations[(observations["calibration"] == STOCK) & (observations["setting"] == "main")]
+    obs = observations[(observations["calibration"] == STOCK_LABEL) & (observations["setting"] == "main")]
     seg = obs.drop_duplicates("segment_id")
     out = seg.groupby("lang")["seg_tokens"].agg(["mean", "median", "count"]).reset_index()
     return out.rename(columns={"lang": "language", "mean": "mean_tokens", "median": "median_tokens", "count": "segments"})
 
 
-def beta2_grid(coefficients: pd.DataFrame, *, calibration: str = STOCK, n: int, measure: str = "sigma") -> pd.DataFrame:
+def beta2_grid(coefficients: pd.DataFrame, *, calibration: str = STOCK_LABEL, n: int, measure: str = "sigma") -> pd.DataFrame:
     """β2 per (lead, later) for one calibration and n: columns ``lead, later, estimate, p, mark, clusters``.
 
     The monolingual baselines have ``lead == later``.  Read from the per-instance regressions

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from posfair.fairness.experiment import STOCK
+from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.language import (
     beta2_grid,
     beta2_table,
@@ -82,7 +82,7 @@ def _figure(result: AuditResult, n: int):
     panels = []
     for cal in dict.fromkeys(obs["calibration"]):
         values, labels = grid_matrices(beta2_grid(result.coefficients, calibration=cal, n=n), langs)
-        panels.append((cal if cal != STOCK else "stock", values, labels))
+        panels.append((cal if cal != STOCK_LABEL else "stock", values, labels))
     return heatmaps(panels, xlabel="later language", ylabel="lead language", colorbar="β2 of σ", title=f"β2 (position 2 vs 1), n = {n}")
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
-from posfair.fairness.experiment import STOCK
+from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
 from posfair.fairness.ols import MARK_LEGEND
 from posfair.fairness.tables import coverage_table, fidelity_table
@@ -45,7 +45,7 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
     obs = result.observations
     rows, cols = sorted(obs["n"].unique()), result.configs
     series = []
-    variants = [(STOCK, "main")] + [(cal, setting) for cal, s in result.variants if cal != STOCK and s == setting]
+    variants = [(STOCK_LABEL, "main")] + [(cal, setting) for cal, s in result.variants if cal != STOCK_LABEL and s == setting]
     noop = set(result.noop_calibrations())
     for k, (cal, s) in enumerate(variants):
         d = obs[(obs["calibration"] == cal) & (obs["setting"] == s)]
@@ -58,7 +58,7 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
                 series.append(
                     ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, COLORS[k % len(COLORS)], style, draw=cal not in noop)
                 )
-    base = obs[(obs["calibration"] == STOCK) & (obs["setting"] == "main")]
+    base = obs[(obs["calibration"] == STOCK_LABEL) & (obs["setting"] == "main")]
     bars = pd.DataFrame({"row": base["n"], "col": base["config"], "x": base["position"], "bar": base["seg_tokens"]})
     return profile_grid(
         series, rows=rows, cols=cols, bars=bars, row_label=lambda n: f"n = {n}", ylabel="cosine similarity",
@@ -69,10 +69,10 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
 def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
     """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
     fid = result.fidelity()
-    fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK)]
+    fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK_LABEL)]
     points = pd.DataFrame({
         "panel": [f"n = {n}, {c}" for n, c in zip(fid["n"], fid["config"], strict=True)], "label": fid["calibration"],
-        "x": fid["spread"], "y": fid["recall"], "reference": fid["calibration"] == STOCK,
+        "x": fid["spread"], "y": fid["recall"], "reference": fid["calibration"] == STOCK_LABEL,
     })  # fmt: skip
     return tradeoff_scatter(points, xlabel="σ profile spread (max - min over positions)", ylabel="own-segment recall@n", title=title)
 

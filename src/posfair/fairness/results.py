@@ -33,7 +33,7 @@ from posfair.fairness.analysis import (
     is_noop,
     safe_name,
 )
-from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK
+from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK_LABEL
 from posfair.fairness.ols import Inference, PositionOLS, describe_inference
 from posfair.fairness.report import FIDELITY_ALT
 from posfair.fairness.tables import (
@@ -99,7 +99,7 @@ class AuditResult:
         )
 
     def coefficient(
-        self, *, measure: str = "sigma", calibration: str = STOCK, setting: str = "main", n: int, config: str, position: int
+        self, *, measure: str = "sigma", calibration: str = STOCK_LABEL, setting: str = "main", n: int, config: str, position: int
     ) -> pd.Series:
         c = self.coefficients
         hit = c[
@@ -114,7 +114,7 @@ class AuditResult:
             raise KeyError(f"no coefficient for {measure}/{calibration}/{setting}/n={n}/{config}/position {position}")
         return hit.iloc[0]
 
-    def ols(self, *, measure: str = "sigma", calibration: str = STOCK, setting: str = "main", n: int, config: str) -> PositionOLS:
+    def ols(self, *, measure: str = "sigma", calibration: str = STOCK_LABEL, setting: str = "main", n: int, config: str) -> PositionOLS:
         """The regression behind one block of :attr:`coefficients`, refitted with the run's inference.
 
         ``.result`` is statsmodels' results object (``summary()``, ``conf_int()``, ...); the numbers are

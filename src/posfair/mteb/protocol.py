@@ -25,31 +25,29 @@ from sentence_transformers import SentenceTransformer
 
 from posfair import compat
 from posfair.calibration import Calibration
+from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
-from posfair.encoding import embed_through, l2_normalize
+from posfair.encoding import embed_through, l2_normalize, resolved_calibration
 from posfair.encoding import encoder as posfair_encoder
 from posfair.errors import PosfairInputError
 from posfair.model import model_fingerprint
 from posfair.store import EmbeddingStore, embedding_namespace
 
 
-def _document_calibration(model: Any, calibration: Any) -> Calibration | None:
-    if isinstance(calibration, str) and calibration == "model":
-        cal = getattr(model, "calibration", None)
-        return cal if isinstance(cal, Calibration) else None
-    if calibration is None or calibration is False:
-        return None
-    if not isinstance(calibration, Calibration):
-        raise PosfairInputError(
-            f"calibration must be a posfair.Calibration, None (stock) or 'model'; got {type(calibration).__name__} {calibration!r}"
-        )
-    if not callable(getattr(model, "using", None)):
+def _document_calibration(model: Any, calibration: CalibrationChoice) -> Resolved:
+    try:
+        check_choice(calibration)
+    except TypeError as exc:
+        raise PosfairInputError(str(exc)) from None
+    if isinstance(calibration, Calibration) and not callable(getattr(model, "using", None)):
         raise PosfairInputError(
             f"{type(model).__name__} cannot calibrate: load the model with posfair.load_model() to encode with {calibration.label()}"
         )
-    with model.using(calibration):  # refuses a calibration this model cannot take (e.g. layers out of range)
-        pass
-    return calibration
+    resolved = resolved_calibration(model, calibration)
+    if resolved is not STOCK:
+        with model.using(resolved):  # refuses a calibration this model cannot take (e.g. layers out of range)
+            pass
+    return resolved
 
 
 class PositionalEncoder(SentenceTransformerEncoderWrapper):
@@ -58,7 +56,7 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
     def __init__(
         self,
         model: SentenceTransformer,
-        calibration: Any = "model",
+        calibration: CalibrationChoice = MODEL_DEFAULT,
         *,
         store: EmbeddingStore | str | Path | None = None,
         chunk_size: int = 256,
@@ -78,18 +76,18 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
         cal = self.calibration
         experiment = {
             **(self.mteb_model_meta.experiment_kwargs or {}),
-            "posfair_documents": cal.label() if cal is not None else "stock",
-            "posfair_queries": "stock",
+            "posfair_documents": cal.label(),
+            "posfair_queries": STOCK.label(),
             "posfair_max_seq_length": int(model.max_seq_length),
         }
-        if cal is not None:
+        if cal is not STOCK:
             experiment["posfair_calibration"] = cal.key()
         self.mteb_model_meta = self.mteb_model_meta.model_copy(update={"experiment_kwargs": experiment})
 
     @property
     def calibrated_share(self) -> float | None:
         """Fraction of the distinct documents encoded so far that the calibration changed (None: stock)."""
-        if self.calibration is None or self._documents == 0:
+        if self.calibration is STOCK or self._documents == 0:
             return None
         return self._calibrated / self._documents
 
@@ -103,7 +101,7 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
             prompt = next((prompts[n] for n in names if n in prompts), None)
         return prompt or None
 
-    def _embed(self, texts: list[str], calibration: Calibration | None, prompt: str | None, batch_size: int, where: str) -> np.ndarray:
+    def _embed(self, texts: list[str], calibration: Resolved, prompt: str | None, batch_size: int, where: str) -> np.ndarray:
         compute = posfair_encoder(self.model, calibration, prompt=prompt, batch_size=batch_size)
         computed: list[str] = []
 
@@ -116,14 +114,14 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
             ns = embedding_namespace(self.store, model_fingerprint(self.model), calibration, prompt)
             vectors = embed_through(texts, ns, run, chunk_size=self.chunk_size)
         else:
-            memo = self._memo.setdefault((calibration.key() if calibration is not None else "stock", prompt or ""), {})
+            memo = self._memo.setdefault((calibration.key(), prompt or ""), {})
             missing = list(dict.fromkeys(t for t in texts if t not in memo))
             if missing:
                 memo.update(zip(missing, embed_through(missing, None, run, chunk_size=self.chunk_size), strict=True))
             vectors = (
                 np.stack([memo[t] for t in texts]) if texts else np.zeros((0, compat.embedding_dimension(self.model) or 0), np.float32)
             )
-        if calibration is not None and computed:
+        if calibration is not STOCK and computed:
             cov = self.model.calibration_coverage(computed, calibration, prompt=prompt)
             self._documents += cov.total
             self._calibrated += cov.calibrated
@@ -155,7 +153,7 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
             if "text" not in batch:
                 raise PosfairInputError(f"posfair encodes texts only; MTEB task {task_metadata.name} gives {sorted(batch)}")
             texts.extend(batch["text"])
-        calibration = self.calibration if prompt_type == PromptType.document else None
+        calibration = self.calibration if prompt_type == PromptType.document else STOCK
         prompt = self._prompt(task_metadata, prompt_type)
         vectors = self._embed(texts, calibration, prompt, int(kwargs.get("batch_size") or 32), task_metadata.name)
         return l2_normalize(np.asarray(vectors, dtype=np.float32))
@@ -169,7 +167,7 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
 
 
 def encoder(
-    model: SentenceTransformer, calibration: Calibration | None | str = "model", *, store: EmbeddingStore | str | Path | None = None
+    model: SentenceTransformer, calibration: CalibrationChoice = MODEL_DEFAULT, *, store: EmbeddingStore | str | Path | None = None
 ) -> PositionalEncoder:
     """Wrap ``model`` for ``mteb.evaluate`` with posfair's retrieval protocol.
 
@@ -189,8 +187,8 @@ def encoder(
 
     Args:
         model: a :class:`~posfair.FairModel` (any SentenceTransformer for stock runs).
-        calibration: ``"model"`` (default): the model's default calibration (stock if it
-            has none); None: stock; or a :class:`~posfair.Calibration`.
+        calibration: ``posfair.MODEL_DEFAULT`` (default): the model's own calibration (stock if it
+            has none); ``posfair.STOCK``; or a :class:`~posfair.Calibration`.
         store: an :class:`~posfair.store.EmbeddingStore` (or folder) to cache embeddings
             in, shared with posfair's evaluator; without one each distinct text is encoded
             once per wrapper (MTEB asks for the corpus once per subset).

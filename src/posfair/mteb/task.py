@@ -30,6 +30,7 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.languages import check_language_code
 from mteb.models import SentenceTransformerEncoderWrapper
 
+from posfair.calibration import MODEL_DEFAULT
 from posfair.errors import PosfairInputError
 from posfair.model import FairModel
 from posfair.mteb.protocol import PositionalEncoder
@@ -117,7 +118,7 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
         if self._direct is None or self._direct[0] is not model:
             with warnings.catch_warnings():  # MTEB's wrapper has already said what it had to say about the prompts
                 warnings.simplefilter("ignore")
-                stand_in = PositionalEncoder(inner, "model")
+                stand_in = PositionalEncoder(inner, MODEL_DEFAULT)
             stand_in.model_prompts = model.model_prompts
             stand_in.mteb_model_meta = model.mteb_model_meta
             self._direct = (model, stand_in)

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.calibration import Calibration
+from posfair.calibration import MODEL_DEFAULT, STOCK, Calibration
+from posfair.calibration.choice import Stock
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
 from posfair.encoding import embed_through, encoder, l2_normalize, model_pooling
 from posfair.errors import PosfairInputError
@@ -43,6 +44,7 @@ __all__ = [
     "QWEN3_QUERY_PROMPT",
     "PositionalRetrievalEvaluator",
     "RetrievalResult",
+    "DocumentStrategy",
     "default_query_prompt",
 ]
 
@@ -55,6 +57,34 @@ logger = logging.getLogger(__name__)
 
 #: where a query is searched: among its own domain's documents, or the whole loaded corpus
 SEARCH_SCOPES = ("domain", "corpus")
+
+#: how the documents are embedded (the setting under test; queries are always stock): the stock model,
+#: a calibration, Segment Embed Average, or late chunking
+DocumentStrategy = Calibration | Stock | SegmentEmbedAverage | LateChunking
+#: the ``RetrievalResult.method`` of each kind of strategy
+METHODS = ("stock", "calibrated", "sea", "late")
+
+
+def check_strategy(documents: Any) -> DocumentStrategy:
+    """``documents`` if it is a :data:`DocumentStrategy`; PosfairInputError naming the accepted values otherwise."""
+    if isinstance(documents, (Calibration, SegmentEmbedAverage, LateChunking)) or documents is STOCK:
+        return documents
+    hint = " (say posfair.STOCK for the stock model)" if documents is None or documents is False else ""
+    if documents is MODEL_DEFAULT:
+        hint = " (an evaluator names its setting before it sees a model: pass model.calibration to evaluate the model as it encodes)"
+    raise PosfairInputError(
+        "documents must be posfair.STOCK, a posfair.Calibration, a SegmentEmbedAverage or a LateChunking; "
+        f"got {type(documents).__name__} {documents!r}{hint}"
+    )
+
+
+def strategy_method(documents: DocumentStrategy) -> str:
+    """The method name of a strategy: one of :data:`METHODS`."""
+    if isinstance(documents, LateChunking):
+        return "late"
+    if isinstance(documents, SegmentEmbedAverage):
+        return "sea"
+    return "stock" if documents is STOCK else "calibrated"
 
 
 def _model_name(model: Any) -> str:
@@ -188,12 +218,12 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
 
     Args:
         benchmark: a :class:`RetrievalBenchmark`.
-        calibration: applied to document encodings (queries stay stock); None = stock,
-            whatever default calibration the model carries (pass ``model.calibration`` to
-            evaluate the model as it encodes).
-        sea: a :class:`SegmentEmbedAverage` to embed documents with instead (exclusive with calibration).
-        late: a :class:`~posfair.retrieval.late.LateChunking` strategy instead (documents scored by the max
-            or mean over their late-chunked chunk vectors; exclusive with calibration and SEA).
+        documents: how the documents are embedded (queries are always stock), one
+            :data:`DocumentStrategy`: ``posfair.STOCK`` (default) = the stock model, whatever
+            calibration the model carries; a :class:`~posfair.Calibration` (pass ``model.calibration``
+            to evaluate the model as it encodes); a :class:`SegmentEmbedAverage`; or a
+            :class:`~posfair.retrieval.late.LateChunking` (documents scored by the max or mean over
+            their late-chunked chunk vectors).
         query_prompt: prefix for queries; ``"auto"`` (default) = the published
             one for the model (Qwen3-Embedding's instruction, none for others);
             None or "" = no prefix.
@@ -218,10 +248,8 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     def __init__(
         self,
         benchmark: RetrievalBenchmark,
-        calibration: Calibration | None = None,
+        documents: DocumentStrategy = STOCK,
         *,
-        sea: SegmentEmbedAverage | None = None,
-        late: LateChunking | None = None,
         query_prompt: str | None = "auto",
         query_prompt_name: str | None = None,
         document_prompt: str | None = None,
@@ -241,11 +269,8 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             raise PosfairInputError(
                 f"benchmark must be a RetrievalBenchmark (posfair.retrieval.benchmarks); got {type(benchmark).__name__}"
             )
-        if calibration is not None and not isinstance(calibration, Calibration):
-            raise PosfairInputError(f"calibration must be a posfair.Calibration or None; got {type(calibration).__name__} {calibration!r}")
-        if sum(x is not None for x in (calibration, sea, late)) > 1:
-            raise PosfairInputError("give at most one of a calibration, a SegmentEmbedAverage and a LateChunking strategy")
-        if late is not None and document_prompt:
+        self.documents = check_strategy(documents)
+        if self.late is not None and document_prompt:
             raise PosfairInputError("late chunking takes no document prompt (chunk spans are on the passage text itself)")
         if top_k < 10:
             raise PosfairInputError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
@@ -253,9 +278,6 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             raise PosfairInputError(f"search_scope must be one of {', '.join(SEARCH_SCOPES)}; got {search_scope!r}")
         self.search_scope = search_scope
         self.benchmark = benchmark
-        self.calibration = calibration
-        self.sea = sea
-        self.late = late
         self.query_prompt = query_prompt
         self.query_prompt_name = query_prompt_name
         self.document_prompt = document_prompt or None
@@ -274,9 +296,21 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     # -- settings ---------------------------------------------------------------------------
     @property
     def method(self) -> str:
-        if self.late is not None:
-            return "late"
-        return "sea" if self.sea is not None else ("calibrated" if self.calibration is not None else "stock")
+        """``"stock"``, ``"calibrated"``, ``"sea"`` or ``"late"`` (:func:`strategy_method`)."""
+        return strategy_method(self.documents)
+
+    @property
+    def calibration(self) -> Calibration | Stock:
+        """What the documents' own encodings run with: the calibration, or STOCK (stock, SEA, late chunking)."""
+        return self.documents if isinstance(self.documents, Calibration) else STOCK
+
+    @property
+    def sea(self) -> SegmentEmbedAverage | None:
+        return self.documents if isinstance(self.documents, SegmentEmbedAverage) else None
+
+    @property
+    def late(self) -> LateChunking | None:
+        return self.documents if isinstance(self.documents, LateChunking) else None
 
     @property
     def setting(self) -> str:
@@ -284,7 +318,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             return self.late.label
         if self.sea is not None:
             return "SEA"
-        return self.calibration.label() if self.calibration is not None else "stock"
+        return self.calibration.label()
 
     def _query_prompt(self, model: Any) -> str | None:
         if self.query_prompt_name is not None:
@@ -296,7 +330,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             return default_query_prompt(model)
         return self.query_prompt or None
 
-    def _encoder(self, model: Any, prompt: str | None, calibration: Calibration | None) -> Callable[[list[str]], np.ndarray]:
+    def _encoder(self, model: Any, prompt: str | None, calibration: Calibration | Stock) -> Callable[[list[str]], np.ndarray]:
         # stored as the model returns them (the shared cache format); normalised in evaluate()
         return encoder(model, calibration, prompt=prompt, batch_size=self.batch_size)
 
@@ -319,7 +353,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         Counted from the documents' token spans as the model encodes them (document prompt,
         truncation to ``max_seq_length``), with the engine's rule; nothing is embedded.
         """
-        if self.calibration is None or self.sea is not None or self.late is not None:
+        if self.method != "calibrated":
             return None
         texts = self.benchmark.corpus_texts
         return float(model.calibrated_share(texts, self.calibration, prompt=self.document_prompt)) if texts else None
@@ -327,8 +361,8 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     # -- encoding ---------------------------------------------------------------------------
     def encode_queries(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
         prompt = self._query_prompt(model)
-        ns = embedding_namespace(self.store, model_fingerprint(model), None, prompt) if self.store is not None else None
-        return self._embed(self.benchmark.query_texts, ns, self._encoder(model, prompt, None), advance)
+        ns = embedding_namespace(self.store, model_fingerprint(model), STOCK, prompt) if self.store is not None else None
+        return self._embed(self.benchmark.query_texts, ns, self._encoder(model, prompt, STOCK), advance)
 
     def encode_documents(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
         fp = model_fingerprint(model)
@@ -424,7 +458,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             benchmark=b.name,
             setting=self.setting,
             method=self.method,
-            calibration=self.calibration.to_dict() if self.calibration is not None else None,
+            calibration=self._calibration_record(),
             query_ids=list(b.query_ids),
             ndcg=ndcg,
             recall=recall,
@@ -436,6 +470,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             search_scope=self.search_scope,
         )
 
+    def _calibration_record(self) -> dict[str, Any] | None:
+        return self.calibration.to_dict() if self.method == "calibrated" else None
+
     def noop_result(self, share: float = 0.0) -> RetrievalResult:
         """The record of a calibration that changes no document, without evaluating it (no metrics)."""
         b = self.benchmark
@@ -444,7 +481,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             benchmark=b.name,
             setting=self.setting,
             method=self.method,
-            calibration=self.calibration.to_dict() if self.calibration is not None else None,
+            calibration=self._calibration_record(),
             query_ids=list(b.query_ids),
             ndcg=nan,
             recall=nan.copy(),

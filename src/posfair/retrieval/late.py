@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from posfair.calibration import STOCK
 from posfair.encoding import encode_documents, l2_normalize, model_tokenizer, span_key
 from posfair.errors import PosfairInputError
 from posfair.retrieval.sea import SegmentEmbedAverage
@@ -133,7 +134,7 @@ class LateChunking:
 
     def _compute(self, model: Any, texts: list[str], spans: list[list[tuple[int, int]]]) -> list[np.ndarray]:
         """Chunk vectors (unnormalised span means of the final token states) per text, stock model."""
-        _, tokens = encode_documents(model, texts, None, batch_size=self.batch_size, with_tokens=True)
+        _, tokens = encode_documents(model, texts, STOCK, batch_size=self.batch_size, with_tokens=True)
         tok = self._tokenize(model, texts)
         out = []
         for i, (ids, states) in enumerate(tokens):

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from posfair.calibration import STOCK
 from posfair.encoding import embed_through, encoder
 from posfair.store import Namespace
 
@@ -30,7 +31,7 @@ __all__ = ["SegmentEmbedAverage"]
 
 def _stock_embeddings(base: type, model: Any) -> Any:
     """Chonkie's SentenceTransformerEmbeddings over ``model``, always encoding with the stock model."""
-    encode = encoder(model, None)
+    encode = encoder(model, STOCK)
 
     class _StockEmbeddings(base):
         def embed(self, text: str) -> np.ndarray:
@@ -127,7 +128,7 @@ class SegmentEmbedAverage:
         chunk is embedded once, with or without it).
         """
         if encode is None:
-            encode = encoder(model, None, batch_size=self.batch_size, normalize_embeddings=self.normalize_chunks)
+            encode = encoder(model, STOCK, batch_size=self.batch_size, normalize_embeddings=self.normalize_chunks)
         chunks = self.chunk(model, texts)
         flat = [c for cs in chunks for c in cs]
         vecs = embed_through(flat, chunk_store, encode, chunk_size=max(256, self.batch_size))

@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posfair.calibration import Calibration
+from posfair.calibration import STOCK, Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write_json
 from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback
 from posfair.report.tables import write_table
 from posfair.retrieval.benchmarks import RetrievalBenchmark
-from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
+from posfair.retrieval.evaluator import DocumentStrategy, PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.grids import paper_grid, strength_sweep
 from posfair.retrieval.late import LateChunking
 from posfair.retrieval.sea import SegmentEmbedAverage
@@ -123,26 +123,19 @@ def run_sweep(
     out = Path(out_dir)
     store = store or EmbeddingStore(out / "embeddings")
     fp = model_fingerprint(model)
-    settings: list[tuple[Calibration | None, SegmentEmbedAverage | None, LateChunking | None]] = []
+    settings: list[DocumentStrategy] = []
     if include_stock:
-        settings.append((None, None, None))
+        settings.append(STOCK)
     if sea is not None:
-        settings.append((None, sea, None))
-    for lc in {lc.key(): lc for lc in late}.values():
-        settings.append((None, None, lc))
-    seen = set()
-    for c in calibrations:
-        if c.key() not in seen:
-            seen.add(c.key())
-            settings.append((c, None, None))
+        settings.append(sea)
+    settings += list({lc.key(): lc for lc in late}.values())
+    settings += list({c.key(): c for c in calibrations}.values())
     if not settings:
         raise ValueError("nothing to run: no calibration, stock run disabled, no SEA and no late chunking")
     evaluators = [
         PositionalRetrievalEvaluator(
             benchmark,
-            cal,
-            sea=s,
-            late=lc,
+            documents,
             query_prompt=query_prompt,
             store=store,
             batch_size=batch_size,
@@ -154,7 +147,7 @@ def run_sweep(
             progress=progress,
             search_scope=search_scope,
         )
-        for cal, s, lc in settings
+        for documents in settings
     ]
     manifest = {
         "model": fp,

@@ -56,7 +56,6 @@ from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespa
 from posfair.store.settings import (
     MANIFEST,
     MANIFEST_FORMAT,
-    STOCK,
     calibration_tag,
     code_version,
     embedding_meta,
@@ -105,5 +104,4 @@ __all__ = [
     "embedding_namespace",
     "verify_store",
     "calibration_tag",
-    "STOCK",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from posfair.calibration.choice import Resolved
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet
 from posfair.store.manifest import ManifestMismatch, read_manifest, rebuilt_settings, scan_namespace, write_manifest
@@ -248,7 +249,7 @@ class EmbeddingStore:
         return path
 
 
-def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration=None, prompt: str | None = None) -> Namespace:
+def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration: Resolved, prompt: str | None = None) -> Namespace:
     """The one namespace of *pooled embeddings of texts* for a model, calibration and prompt.
 
     Every part of posfair (``encode``, the audit's segments and documents, the

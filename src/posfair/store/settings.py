@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from posfair import __version__
+from posfair.calibration.choice import STOCK, Resolved, check_choice
 
 __all__ = [
     "MANIFEST",
@@ -34,7 +35,6 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 2
 # the modules whose code determines an embedding (a change may change the vectors)
 _CODE_MODULES = ("posfair.model", "posfair.calibrated_transformer", "posfair.model_info", "posfair.calibration")
-STOCK = "stock"
 
 
 def canonical(obj: Any) -> Any:
@@ -62,16 +62,17 @@ def run_settings(meta: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return canonical({"format": MANIFEST_FORMAT, "namespace": meta, **code_version(), **extra})
 
 
-def calibration_tag(calibration) -> str:
-    """How a calibration is named in cache metadata: its stable key, or ``"stock"``."""
-    return calibration.key() if calibration else STOCK
+def calibration_tag(calibration: Resolved) -> str:
+    """How a calibration (a Calibration or STOCK) is named in cache metadata: its stable key (``"stock"``)."""
+    return check_choice(calibration, model_default=False).key()
 
 
-def embedding_meta(fingerprint: str, calibration=None, prompt: str | None = None) -> dict[str, Any]:
+def embedding_meta(fingerprint: str, calibration: Resolved, prompt: str | None = None) -> dict[str, Any]:
     """The metadata defining :func:`embedding_namespace` (for :meth:`EmbeddingStore.namespace_dir`)."""
     return dict(model=fingerprint, calibration=calibration_tag(calibration), kind="embedding", prompt=prompt or "")
 
 
-def embedding_settings(fingerprint: str, calibration=None, prompt: str | None = None, **extra: Any) -> dict[str, Any]:
+def embedding_settings(fingerprint: str, calibration: Resolved, prompt: str | None = None, **extra: Any) -> dict[str, Any]:
     """The manifest settings of an :func:`embedding_namespace` beyond its metadata (``extra``: e.g. dim)."""
-    return dict(fingerprint=fingerprint, calibration=calibration.to_dict() if calibration else None, prompt=prompt or "", **extra)
+    cal = None if check_choice(calibration, model_default=False) is STOCK else calibration.to_dict()
+    return dict(fingerprint=fingerprint, calibration=cal, prompt=prompt or "", **extra)

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from posfair import encoding as enc
+from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
 from posfair.evaluation import PosfairEvaluator, run_tag
 from posfair.model import token_limit
@@ -125,7 +126,7 @@ def tune(
         if out_dir is not None:
             write_outputs(result, out_dir)
             if isinstance(obj, FairnessObjective):
-                cals = [result.chosen] if result.chosen is not None else []
+                cals = [] if result.chosen is STOCK else [result.chosen]
                 obj.audit_result(cals, "test", corpus_name="tuning").save(
                     Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
                 )

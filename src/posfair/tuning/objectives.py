@@ -1,4 +1,4 @@
-"""What the tuner optimises: objectives mapping ``(calibration or None, split)`` to metrics.
+"""What the tuner optimises: objectives mapping ``(a Calibration or STOCK, split)`` to metrics.
 
 * :class:`Objective` - the interface (``evaluate``, ``score``, ``guard``, ``calibrated_share``);
 * :class:`FunctionObjective` - any function;
@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from posfair import encoding as enc
-from posfair.calibration import Calibration
+from posfair.calibration import STOCK, Calibration
+from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import calibration_coverage, quiet_fallback
 from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
@@ -37,7 +38,6 @@ from posfair.store import EmbeddingStore
 __all__ = [
     "DEV",
     "TEST",
-    "STOCK",
     "Objective",
     "FunctionObjective",
     "FairnessObjective",
@@ -47,11 +47,10 @@ __all__ = [
 ]
 
 DEV, TEST = "dev", "test"
-STOCK = "stock"
 
 
 class Objective:
-    """What the tuner optimises: ``evaluate(calibration or None, split) -> metrics``.
+    """What the tuner optimises: ``evaluate(a Calibration or STOCK, split) -> metrics``.
 
     ``score``: the metric optimised (``greater_is_better`` says which way);
     ``guard``: the metric constrained (higher is better; a setting may lose at
@@ -65,7 +64,7 @@ class Objective:
     guard = "guard"
     columns: tuple[str, ...] = ()
 
-    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+    def evaluate(self, calibration: Resolved, split: str) -> dict[str, float]:
         raise TypeError(f"{type(self).__name__} must define evaluate(calibration, split)")
 
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
@@ -75,7 +74,7 @@ class Objective:
     #: what :meth:`guard_units` is indexed by (named in the test check)
     unit = "units"
 
-    def guard_units(self, calibration: Calibration | None, split: str) -> pd.Series | None:
+    def guard_units(self, calibration: Resolved, split: str) -> pd.Series | None:
         """The guard metric per independent unit of ``split`` (its mean is the guard), for the paired bootstrap of
         the test check; None: not available (no interval)."""
         return None
@@ -91,9 +90,9 @@ class Objective:
 
 
 class FunctionObjective(Objective):
-    """An objective given as a function ``fn(calibration or None, split) -> dict of metrics``."""
+    """An objective given as a function ``fn(a Calibration or STOCK, split) -> dict of metrics``."""
 
-    def __init__(self, fn: Callable[[Calibration | None, str], dict[str, float]], *, score: str = "score", guard: str = "guard",
+    def __init__(self, fn: Callable[[Resolved, str], dict[str, float]], *, score: str = "score", guard: str = "guard",
                  greater_is_better: bool = False, name: str = "function", identity: Any = None,
                  share: Callable[[Calibration, str], float | None] | None = None):  # fmt: skip
         """``share(calibration, split)``: optional calibrated share of the split's texts (see :meth:`Objective.calibrated_share`)."""
@@ -101,7 +100,7 @@ class FunctionObjective(Objective):
         self.score, self.guard, self.greater_is_better = score, guard, greater_is_better
         self.columns = (score, guard)
 
-    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+    def evaluate(self, calibration: Resolved, split: str) -> dict[str, float]:
         return dict(self.fn(calibration, split))
 
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
@@ -211,9 +210,9 @@ class FairnessObjective(Objective):
         lengths = [d.n_tokens for inst in self.instances[split] for d in inst.documents]
         return calibration_coverage(resolve(calibration), lengths).share
 
-    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
-        obs = self.observations([calibration] if calibration is not None else [], split)
-        label = calibration.label() if calibration is not None else STOCK
+    def evaluate(self, calibration: Resolved, split: str) -> dict[str, float]:
+        obs = self.observations([] if calibration is STOCK else [calibration], split)
+        label = calibration.label()
         obs = obs[(obs["calibration"] == label) & (obs["setting"] == "main")]
         fid = fidelity_summary(obs, fit_all(obs, ["sigma"], warn=False))
         out = {m: float(fid[m].mean()) for m in self.columns}
@@ -226,10 +225,10 @@ class FairnessObjective(Objective):
 
     unit = "segment sets"
 
-    def guard_units(self, calibration: Calibration | None, split: str) -> pd.Series:
+    def guard_units(self, calibration: Resolved, split: str) -> pd.Series:
         """Recall per segment set (the mean over its documents)."""
-        obs = self.observations([calibration] if calibration is not None else [], split)
-        label = calibration.label() if calibration is not None else STOCK
+        obs = self.observations([] if calibration is STOCK else [calibration], split)
+        label = calibration.label()
         obs = obs[(obs["calibration"] == label) & (obs["setting"] == "main")]
         return obs.groupby("set_id")[self.guard].mean()
 
@@ -318,11 +317,11 @@ class RetrievalObjective(Objective):
             "model": self.fingerprint, "benchmark": self.benchmark.summary(), "test_fraction": self.test_fraction, "seed": self.seed,
         }  # fmt: skip
 
-    def evaluate(self, calibration: Calibration | None, split: str) -> dict[str, float]:
+    def evaluate(self, calibration: Resolved, split: str) -> dict[str, float]:
         ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt,
                                           report_fallback=False, show_progress_bar=self.show_progress_bar, progress=self.progress)  # fmt: skip
         res = ev.evaluate(self.model)
-        self._per_query[(calibration.key() if calibration is not None else STOCK, split)] = pd.Series(res.ndcg, index=res.query_ids)
+        self._per_query[(calibration.key(), split)] = pd.Series(res.ndcg, index=res.query_ids)
         out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
         for g, v in res.groups.items():
             out[g] = float(v)
@@ -331,9 +330,9 @@ class RetrievalObjective(Objective):
 
     unit = "queries"
 
-    def guard_units(self, calibration: Calibration | None, split: str) -> pd.Series:
+    def guard_units(self, calibration: Resolved, split: str) -> pd.Series:
         """nDCG@10 per query (evaluated again when the trial was read back from a resumed run)."""
-        key = (calibration.key() if calibration is not None else STOCK, split)
+        key = (calibration.key(), split)
         if key not in self._per_query:
             self.evaluate(calibration, split)
         return self._per_query[key]

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from posfair.calibration import Calibration
+from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.io import atomic_write_text
+from posfair.model import FairModel
 from posfair.report.plots import front_lines, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.objectives import DEV, TEST
@@ -168,8 +169,8 @@ def write_outputs(result: TuneResult, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
-def save_tuned_model(model, calibration: Calibration | None, path: str | Path) -> Path:
-    """Save ``model`` with ``calibration`` as its persisted default (None = stock); the model's own default is restored."""
+def save_tuned_model(model: FairModel, calibration: Resolved, path: str | Path) -> Path:
+    """Save ``model`` with ``calibration`` (a Calibration, or STOCK) as its own; the model's own calibration is restored."""
     before = model.calibration
     try:
         model.set_calibration(calibration)

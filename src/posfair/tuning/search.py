@@ -35,7 +35,7 @@ which therefore never influences the choice.
 
 Objectives (:mod:`posfair.tuning.objectives`: :class:`FairnessObjective`,
 :class:`RetrievalObjective`, or any :class:`Objective`, e.g. :class:`FunctionObjective`
-wrapping a function) map ``(calibration or None, split)`` to a dict of metrics.  Every trial is appended to
+wrapping a function) map ``(a Calibration or STOCK, split)`` to a dict of metrics.  Every trial is appended to
 ``tune.json`` (written atomically after each configuration) and every embedding
 goes through the :class:`~posfair.store.EmbeddingStore`, so a killed run resumes
 where it stopped and a re-run computes nothing.
@@ -61,14 +61,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from posfair.calibration import Calibration
+from posfair.calibration import STOCK, Calibration
+from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.calibration.params import VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.progress import progress_enabled
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
-from posfair.tuning.objectives import DEV, STOCK, TEST, Objective
+from posfair.tuning.objectives import DEV, TEST, Objective
 
 __all__ = ["RESULTS_FILE", "SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"]
 
@@ -179,7 +180,7 @@ class SearchSpace:
 class Trial:
     """One configuration evaluated on one split."""
 
-    calibration: Calibration | None
+    calibration: Resolved
     split: str
     phase: str  # "stock", "coarse", "fine" or "test" ("skipped" for a no-op grid point, never evaluated)
     metrics: dict[str, float]
@@ -189,36 +190,39 @@ class Trial:
 
     @property
     def label(self) -> str:
-        return self.calibration.label() if self.calibration is not None else STOCK
+        return self.calibration.label()
 
     @property
     def key(self) -> str:
-        return self.calibration.key() if self.calibration is not None else STOCK
+        return self.calibration.key()
+
+    @property
+    def stock(self) -> bool:
+        return self.calibration is STOCK
 
     @property
     def strength(self) -> float:
-        return self.calibration.strength if self.calibration is not None else 0.0
+        return 0.0 if self.stock else self.calibration.strength
 
     @property
     def line(self) -> Calibration | None:
         """The calibration with strength 0 (every field but the strength: the fine search's line); None for stock."""
-        c = self.calibration
-        return None if c is None else replace(c, strength=0.0)
+        return None if self.stock else replace(self.calibration, strength=0.0)
 
     @property
     def variant(self) -> str:
-        return self.calibration.variant if self.calibration is not None else STOCK
+        return STOCK.label() if self.stock else self.calibration.variant
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label, "key": self.key, "calibration": self.calibration.to_dict() if self.calibration else None,
+            "label": self.label, "key": self.key, "calibration": None if self.stock else self.calibration.to_dict(),
             "split": self.split, "phase": self.phase, "metrics": {k: _num(v) for k, v in self.metrics.items()}, "seconds": self.seconds,
             "calibrated_share": self.calibrated_share,
         }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trial:
-        cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else None
+        cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else STOCK
         metrics = {k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()}
         share = d.get("calibrated_share")
         return cls(cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)), None if share is None else float(share))
@@ -251,10 +255,10 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
     fairness objective, queries for retrieval; :meth:`Objective.guard_units`), seeded.  None when stock
     was chosen (nothing to check).
     """
-    if result.chosen is None:
+    if result.chosen is STOCK:
         return None
     guard = result.guard
-    stock_t, chosen_t = result.trial(None, TEST), result.trial(result.chosen, TEST)
+    stock_t, chosen_t = result.trial(STOCK, TEST), result.trial(result.chosen, TEST)
     change = chosen_t.metrics[guard] - stock_t.metrics[guard]
     out: dict[str, Any] = {
         "guard": guard, "stock": stock_t.metrics[guard], "chosen": chosen_t.metrics[guard], "change": change,
@@ -262,7 +266,7 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
         "low": None, "high": None, "units": None, "unit": None, "draws": CHECK_DRAWS, "seed": CHECK_SEED,
     }  # fmt: skip
     units = objective.guard_units
-    a, b = units(None, TEST), units(result.chosen, TEST)
+    a, b = units(STOCK, TEST), units(result.chosen, TEST)
     if a is not None and b is not None:
         paired = (b - a).dropna()
         if len(paired) >= 2:
@@ -312,7 +316,7 @@ class TuneResult:
     space: dict[str, Any]
     max_drop: float
     trials: list[Trial]
-    chosen: Calibration | None
+    chosen: Resolved
     front: list[Trial] = field(default_factory=list)
     feasible: bool = True
     seconds: float = 0.0
@@ -336,29 +340,29 @@ class TuneResult:
     def dev_trials(self) -> list[Trial]:
         return [t for t in self.trials if t.split == DEV]
 
-    def trial(self, calibration: Calibration | None, split: str) -> Trial:
-        key = calibration.key() if calibration is not None else STOCK
+    def trial(self, calibration: Resolved, split: str) -> Trial:
+        key = calibration.key()
         for t in self.trials:
             if t.key == key and t.split == split:
                 return t
-        raise KeyError(f"no {split} trial of {calibration.label() if calibration else STOCK}")
+        raise KeyError(f"no {split} trial of {calibration.label()}")
 
     @property
     def chosen_label(self) -> str:
-        return self.chosen.label() if self.chosen is not None else STOCK
+        return self.chosen.label()
 
     def test_metrics(self) -> dict[str, dict[str, float]]:
         """``{"stock": ..., "chosen": ...}`` on the test split."""
-        return {"stock": self.trial(None, TEST).metrics, "chosen": self.trial(self.chosen, TEST).metrics}
+        return {"stock": self.trial(STOCK, TEST).metrics, "chosen": self.trial(self.chosen, TEST).metrics}
 
     def headline(self) -> dict[str, float]:
         """Flat dict (evaluator style): dev and test figures of stock and the chosen setting."""
         out: dict[str, float] = {}
         for split in (DEV, TEST):
-            for who, cal in ((STOCK, None), ("chosen", self.chosen)):
+            for who, cal in (("stock", STOCK), ("chosen", self.chosen)):
                 for k, v in self.trial(cal, split).metrics.items():
                     out[f"{split}_{who}_{k}"] = float(v)
-        if self.chosen is not None:
+        if self.chosen is not STOCK:
             out.update(chosen_basket_size=float(self.chosen.basket_size), chosen_strength=self.chosen.strength)
             for split in (DEV, TEST):
                 share = self.trial(self.chosen, split).calibrated_share
@@ -375,28 +379,28 @@ class TuneResult:
 
     def frame(self, split: str = DEV) -> pd.DataFrame:
         """One row per trial of ``split``: label, phase, basket, layers, strength, metrics, feasible, on_front."""
-        stock = self.trial(None, split).metrics.get(self.guard, np.nan) if split == DEV else np.nan
+        stock = self.trial(STOCK, split).metrics.get(self.guard, np.nan) if split == DEV else np.nan
         front = {t.key for t in self.front}
         rows = []
         for t in self.trials:
             if t.split != split:
                 continue
             c = t.calibration
-            row = {"label": t.label, "phase": t.phase, "variant": t.variant, "basket_size": c.basket_size if c else None,
-                   "layers": (str(c.layers) if c else None), "strength": t.strength,
+            row = {"label": t.label, "phase": t.phase, "variant": t.variant, "basket_size": None if t.stock else c.basket_size,
+                   "layers": None if t.stock else str(c.layers), "strength": t.strength,
                    "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share, **t.metrics}  # fmt: skip
             if split == DEV:
                 row["feasible"] = meets_constraint(t.metrics[self.guard], stock, self.max_drop)
                 row["on_front"] = t.key in front
                 row["on_variant_front"] = any(t.key == o.key for o in self.fronts.get(t.variant, []))
-            row["chosen"] = t.key == (self.chosen.key() if self.chosen else STOCK)
+            row["chosen"] = t.key == self.chosen.key()
             rows.append(row)
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "objective": self.objective, "space": self.space, "max_drop": self.max_drop, "trials": [t.to_dict() for t in self.trials],
-            "chosen": self.chosen.to_dict() if self.chosen else None, "chosen_label": self.chosen_label,
+            "chosen": None if self.chosen is STOCK else self.chosen.to_dict(), "chosen_label": self.chosen_label,
             "front": [t.label for t in self.front], "feasible": self.feasible, "seconds": self.seconds,
             "skipped": [t.to_dict() for t in self.skipped],
             "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
@@ -464,16 +468,16 @@ def run_search(
                     "skipped": [t.to_dict() for t in skipped]}  # fmt: skip
             atomic_write_json(path, body | (extra or {}))
 
-    def run(cal: Calibration | None, split: str, phase: str) -> Trial | None:
+    def run(cal: Resolved, split: str, phase: str) -> Trial | None:
         """The trial of ``cal`` on ``split`` (evaluated, or read back); None for a no-op calibration (skipped)."""
-        key = (cal.key() if cal is not None else STOCK, split)
+        key = (cal.key(), split)
         for t in trials:
             if (t.key, t.split) == key:
                 return t
         for t in skipped:
             if (t.key, t.split) == key:
                 return None
-        share = objective.calibrated_share(cal, split) if cal is not None else None
+        share = None if cal is STOCK else objective.calibrated_share(cal, split)
         if share is not None and share == 0 and phase in ("coarse", "fine"):  # the test split reports the choice whatever it is
             skipped.append(Trial(cal, split, "skipped", {}, 0.0, 0.0))
             save()
@@ -502,10 +506,10 @@ def run_search(
         return t
 
     try:
-        stock = run(None, DEV, STOCK)
+        stock = run(STOCK, DEV, "stock")
 
         def feasible(t: Trial) -> bool:
-            return t.calibration is None or meets_constraint(t.metrics[objective.guard], stock.metrics[objective.guard], max_drop)
+            return t.stock or meets_constraint(t.metrics[objective.guard], stock.metrics[objective.guard], max_drop)
 
         def rank(t: Trial) -> tuple[float, float]:  # smaller is better; ties to the lower strength
             return (-sign * t.metrics[objective.score], t.strength)
@@ -535,7 +539,7 @@ def run_search(
                     run(replace(line, strength=_strength(m)), DEV, "fine")  # same line: never a no-op
         dev = [t for t in trials if t.split == DEV]
         pick = min([t for t in dev if feasible(t)], key=rank)
-        any_feasible = any(feasible(t) for t in dev if t.calibration is not None)
+        any_feasible = any(feasible(t) for t in dev if not t.stock)
         front = pareto_front(dev, objective.score, objective.guard, objective.greater_is_better)
         fronts, variant_best = {}, {}
         for v in space.variants:
@@ -543,13 +547,13 @@ def run_search(
             fronts[v] = pareto_front([stock, *of_v], objective.score, objective.guard, objective.greater_is_better)
             ok = [t for t in of_v if feasible(t)]
             variant_best[v] = min(ok, key=rank).calibration if ok else None
-        if not any(t.calibration is not None for t in dev):
+        if all(t.stock for t in dev):
             say(f"chosen: {pick.label} (every grid point was a no-op: nothing calibrated)")
         else:
             say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
         # only now does the test split enter: stock and the chosen setting
-        run(None, TEST, "test")
-        if pick.calibration is not None:
+        run(STOCK, TEST, "test")
+        if not pick.stock:
             run(pick.calibration, TEST, "test")
         if len(space.variants) > 1:  # each variant's best feasible dev setting, confirmed on test (after the choice)
             extra = [c for c in variant_best.values() if c is not None and c != pick.calibration]
