@@ -19,8 +19,8 @@ import posfair
 from posfair import Calibration, compat
 from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
-from posfair.fairness.evaluator import PositionalFairnessEvaluator
 from posfair.fairness.experiment import AuditSettings
+from posfair.fairness.pipeline import PositionalFairnessEvaluator
 from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.tuning import CalibrationTuner, FunctionObjective, SearchSpace

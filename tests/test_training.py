@@ -25,8 +25,8 @@ from transformers import TrainerCallback
 import posfair
 from posfair import Calibration, compat
 from posfair.calibration import STOCK
-from posfair.fairness.evaluator import PositionalFairnessEvaluator
 from posfair.fairness.experiment import AuditSettings
+from posfair.fairness.pipeline import PositionalFairnessEvaluator
 from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 

@@ -20,14 +20,14 @@ _EXPORTS = {
     "STOCK": "posfair.calibration",
     "MODEL_DEFAULT": "posfair.calibration",
     "CalibrationFallbackWarning": "posfair.calibration",
-    "estimate_prior": "posfair.fairness",
+    "estimate_prior": "posfair.attention",
     # the positional-fairness audit
     "audit": "posfair.fairness",
     "AuditSettings": "posfair.fairness",
     "AuditResult": "posfair.fairness",
     "LanguageConfig": "posfair.fairness",
     "PositionalFairnessEvaluator": "posfair.fairness",
-    "attention_profile": "posfair.fairness",
+    "attention_profile": "posfair.attention",
     # position-aware retrieval evaluation
     "PositionalRetrievalEvaluator": "posfair.retrieval",
     "RetrievalResult": "posfair.retrieval",

@@ -8,8 +8,8 @@ from torch import nn
 
 import posfair
 from posfair import Calibration
+from posfair.attention.profile import attention_profile
 from posfair.calibration import STOCK
-from posfair.fairness.attention import attention_profile
 
 
 class OwnSoftmaxAttention(nn.Module):

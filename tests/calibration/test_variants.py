@@ -15,9 +15,9 @@ import torch
 
 import posfair
 from posfair import Calibration
+from posfair.attention.prior import estimate_prior, row_density
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_, prior_at
 from posfair.calibration.params import PositionalPrior
-from posfair.fairness.attention_prior import estimate_prior, row_density
 from reference import reference_calibrate_row, reference_mode
 
 ROW = [0.1, 0.4, 0.2, 0.1, 0.2, 0.0]  # valid keys 0..4, key 5 padding

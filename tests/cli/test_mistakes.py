@@ -382,11 +382,11 @@ def test_a_hub_id_in_the_cache_is_not_refused_offline(tmp_path, monkeypatch):
 def test_a_pipeline_error_is_the_users_only_when_the_library_says_so(files, monkeypatch, raised, code, line):
     """Inside a run, the library's PosfairInputError (data that cannot serve the settings) exits 2;
     any other ValueError is a bug: exit 1 with the hint, not passed off as the user's mistake."""
-    import posfair.fairness.evaluator
+    import posfair.fairness.pipeline
 
     def failing(*args, **kwargs):
         raise raised
 
-    monkeypatch.setattr(posfair.fairness.evaluator, "audit", failing)
+    monkeypatch.setattr(posfair.fairness.pipeline, "audit", failing)
     res = run("audit --langs en --n 3 --docs 10 --out {t}/audit-out", files)
     assert (res.exit_code, res.stderr.splitlines()) == (code, [line])

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from posfair import Calibration
+from posfair.attention.profile import AttentionProfile, attention_profile
 from posfair.calibration import STOCK
-from posfair.fairness.attention import AttentionProfile, attention_profile
 from posfair.fairness.documents import segment_spans
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
@@ -178,7 +178,7 @@ def test_save_load_frame(tiny_model, tmp_path):
 
 
 def test_figures_and_report_section(tiny_model, tmp_path):
-    from posfair.fairness.attention_report import attention_section
+    from posfair.attention.render import attention_section
     from posfair.report.html import render_report
 
     model = tiny_model("bert")

@@ -9,10 +9,10 @@ import pytest
 
 from posfair import Calibration
 from posfair import encoding as enc
+from posfair.attention.profile import AttentionProfile, attention_profile
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning
-from posfair.fairness.attention import AttentionProfile, attention_profile
-from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info
+from posfair.fairness.pipeline import audit
 
 SETTINGS = AuditSettings(
     n_values=(3,), configs=("en",), target_docs=12, min_segment_tokens=1, max_segment_tokens=60, batch_size=4, chunk_size=4
@@ -102,7 +102,7 @@ def test_tables_report_and_figure_carry_the_share(run, lengths, partial, tmp_pat
 
 
 def test_attention_profile_counts_and_labels_a_noop(tiny_model, tmp_path):
-    from posfair.fairness.attention_report import plot_baskets, plot_view, summary_html
+    from posfair.attention.render import plot_baskets, plot_view, summary_html
 
     model = tiny_model("bert")  # CLS pooling: BOS isolated at its original mass -> calibrated iff n_tokens >= B + 2
     docs = [" ".join(["word"] * k) for k in (6, 10, 30)]  # 8, 12, 32 tokens with [CLS] and [SEP]

@@ -9,8 +9,8 @@ import torch
 from posfair import Calibration
 from posfair import encoding as enc
 from posfair.calibration import STOCK
-from posfair.fairness.evaluator import PositionalFairnessEvaluator, audit
 from posfair.fairness.experiment import AuditSettings
+from posfair.fairness.pipeline import PositionalFairnessEvaluator, audit
 
 CAL = Calibration(basket_size=8, layers=0.5, strength=1.0)
 SETTINGS = AuditSettings(n_values=(2, 3), configs=("en", "de:en"), target_docs=12, min_segment_tokens=1,

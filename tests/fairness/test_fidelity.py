@@ -7,9 +7,9 @@ import pytest
 from posfair import Calibration
 from posfair import encoding as enc
 from posfair.calibration import STOCK
-from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings
-from posfair.fairness.metrics import fidelity_measures, profile_spread
+from posfair.fairness.measures import fidelity_measures, profile_spread
+from posfair.fairness.pipeline import audit
 
 CAL = Calibration(basket_size=4, layers=1.0, strength=1.0)
 SETTINGS = AuditSettings(n_values=(3,), configs=("de:en",), target_docs=18, min_segment_tokens=1, max_segment_tokens=60,

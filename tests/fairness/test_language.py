@@ -13,7 +13,6 @@ from posfair import Calibration
 from posfair import encoding as enc
 from posfair.errors import PosfairInputError
 from posfair.fairness.documents import LanguageConfig, language_grid
-from posfair.fairness.evaluator import audit
 from posfair.fairness.experiment import AuditSettings, build_instances
 from posfair.fairness.language import (
     beta2_grid,
@@ -24,6 +23,7 @@ from posfair.fairness.language import (
     segment_tokens,
 )
 from posfair.fairness.ols import FewClustersWarning
+from posfair.fairness.pipeline import audit
 
 LANGS = ("en", "de", "fr")
 CAL = Calibration(basket_size=8, layers=0.5, strength=1.0)

@@ -10,8 +10,8 @@ import pytest
 
 from posfair.calibration import STOCK
 from posfair.tuning import DEV, TEST, FunctionObjective, SearchSpace, run_search
-from posfair.tuning.report import summary_markdown
-from posfair.tuning.search import CHECK_DRAWS, ConstraintWarning, meets_constraint
+from posfair.tuning.outputs import summary_markdown
+from posfair.tuning.trials import CHECK_DRAWS, ConstraintWarning, meets_constraint
 
 SPACE = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=0)
 

@@ -14,7 +14,7 @@ from posfair import encoding as enc
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, run_search
-from posfair.tuning.report import summary_markdown, trials_table, write_outputs
+from posfair.tuning.outputs import summary_markdown, trials_table, write_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402

@@ -31,7 +31,7 @@ from posfair.tuning import (
     split_ids,
     tune,
 )
-from posfair.tuning.evaluator import build_corpus_benchmark
+from posfair.tuning.tuner import build_corpus_benchmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
@@ -246,9 +246,9 @@ def test_evaluator_style_call(tmp_path):
 
 def test_search_logs_and_shows_progress(caplog, capsys):
     lines = []
-    with caplog.at_level(logging.INFO, logger="posfair.tuning.search"):
+    with caplog.at_level(logging.INFO, logger="posfair.tuning.trials"):
         res = run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=1), max_drop=0.1, log=lines.append)
-    logged = [r.getMessage() for r in caplog.records if r.name == "posfair.tuning.search"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "posfair.tuning.trials"]
     assert (
         logged == lines
         and lines[-2].startswith("test test")

@@ -14,7 +14,7 @@ from posfair.calibration import STOCK
 from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, pareto_front, run_search
-from posfair.tuning.report import write_outputs
+from posfair.tuning.outputs import write_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
@@ -114,7 +114,7 @@ def test_cli_tune_with_variants_on_the_retrieval_objective(tiny_model, tiny_mode
     from typer.testing import CliRunner
 
     from posfair.cli import app
-    from posfair.tuning.evaluator import build_corpus_benchmark
+    from posfair.tuning.tuner import build_corpus_benchmark
 
     model = tiny_model("bert-mean")
     build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")

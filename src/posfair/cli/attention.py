@@ -41,9 +41,9 @@ def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int =
 def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calibration, max_docs, out: Path,
                   batch_size=8, seed=0, model_name="", progress=None):  # fmt: skip
     """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
+    from posfair.attention.profile import attention_profile
+    from posfair.attention.render import write_attention_report
     from posfair.calibration import STOCK
-    from posfair.fairness.attention import attention_profile
-    from posfair.fairness.attention_report import write_attention_report
 
     out.mkdir(parents=True, exist_ok=True)
     profiles = []
@@ -83,11 +83,11 @@ def attention(
     from rich.markup import escape
     from rich.table import Table
 
+    from posfair.attention.profile import resolve_layers
     from posfair.calibration.coverage import format_share
     from posfair.cli.audit import load_corpus
     from posfair.cli.errors import data_errors, naming
     from posfair.cli.progress import console, progress_bars
-    from posfair.fairness.attention import resolve_layers
 
     checks.output_folder(out)
     model_id = checks.model_source(model)

@@ -194,8 +194,8 @@ def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | No
 
     from posfair.cli.errors import data_errors
     from posfair.cli.progress import console, progress_bars
-    from posfair.fairness.evaluator import audit as run
     from posfair.fairness.ols import FewClustersWarning
+    from posfair.fairness.pipeline import audit as run
 
     cache = cache or out / "cache"
     t0 = time.perf_counter()

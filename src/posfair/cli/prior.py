@@ -60,7 +60,7 @@ def estimate_prior_command(
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     base = calibration if calibration is not None else Calibration(layers=1.0)
     checks.check_calibrations(fm, [base])
-    from posfair.fairness.attention_prior import estimate_prior
+    from posfair.attention.prior import estimate_prior
 
     with data_errors():
         docs = [d.text for lang in langs for d in build_documents(fm, data, lang, n, max_docs, seed)]

@@ -97,9 +97,9 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     from posfair.cli.progress import console, progress_bars
     from posfair.retrieval.benchmarks import load_benchmark
     from posfair.retrieval.late import LateChunking
+    from posfair.retrieval.result_tables import bucket_table, group_table, to_markdown
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.retrieval.sweep import noop_settings, run_sweep
-    from posfair.retrieval.tables import bucket_table, group_table, to_markdown
     from posfair.store import EmbeddingStore
 
     calibrations = calibrations() if callable(calibrations) else list(calibrations)

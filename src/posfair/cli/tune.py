@@ -151,8 +151,8 @@ def tune(
     checks.device(device)
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
     from posfair.tuning import SearchSpace, default_fairness_settings
-    from posfair.tuning.evaluator import tune as run_tune
-    from posfair.tuning.report import summary_markdown
+    from posfair.tuning.outputs import summary_markdown
+    from posfair.tuning.tuner import tune as run_tune
 
     base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
     space = SearchSpace(

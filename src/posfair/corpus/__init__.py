@@ -7,9 +7,16 @@
   (length window scaled to the model limit, +-70% of the reference language).
 * :func:`read_corpus_texts` reads the texts to embed from a corpus, a plain .parquet /
   .jsonl column or (:func:`read_benchmark_texts`) a benchmark in PosIR's layout
-  (:mod:`posfair.corpus.posir`, which reads that layout's tables: :func:`read_posir`).
+  (:mod:`posfair.corpus.posir_layout`, which reads that layout's tables: :func:`read_posir`).
 """
 
+from posfair.corpus.aligned import (
+    REQUIRED_FIELDS,
+    CorpusError,
+    bundled_corpus_path,
+    load_corpus,
+    validate_corpus,
+)
 from posfair.corpus.filters import (
     default_length_window,
     filter_by_length,
@@ -17,14 +24,7 @@ from posfair.corpus.filters import (
     token_lengths,
     topics_in_all,
 )
-from posfair.corpus.load import (
-    REQUIRED_FIELDS,
-    CorpusError,
-    bundled_corpus_path,
-    load_corpus,
-    validate_corpus,
-)
-from posfair.corpus.posir import posir_lang, read_posir
+from posfair.corpus.posir_layout import posir_lang, read_posir
 from posfair.corpus.texts import read_benchmark_texts, read_corpus_texts
 
 __all__ = [

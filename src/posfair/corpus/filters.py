@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.corpus.load import CorpusError
+from posfair.corpus.aligned import CorpusError
 
 
 def token_lengths(texts: Iterable[str], tokenizer: Any, *, batch_size: int = 256) -> np.ndarray:

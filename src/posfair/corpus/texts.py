@@ -3,7 +3,7 @@
 :func:`read_corpus_texts` takes a posfair corpus (via :func:`~posfair.corpus.load_corpus`),
 a plain ``.parquet`` / ``.jsonl`` file whose ``text_field`` holds the texts (only that
 column is read), or -- with ``benchmark_part`` -- a retrieval benchmark in PosIR's layout
-(:mod:`posfair.corpus.posir`), and returns the texts with a description of their source.
+(:mod:`posfair.corpus.posir_layout`), and returns the texts with a description of their source.
 Every text must be a non-empty string (ValueError naming the file and line or row).
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from posfair.corpus.load import load_corpus
-from posfair.corpus.posir import POSIR_HUB_ID, is_posir_tree, posir_languages, read_posir
+from posfair.corpus.aligned import load_corpus
+from posfair.corpus.posir_layout import POSIR_HUB_ID, is_posir_tree, posir_languages, read_posir
 from posfair.io import check_texts, jsonl_records
 
 __all__ = ["BENCHMARK_PARTS", "read_benchmark_texts", "read_corpus_texts"]

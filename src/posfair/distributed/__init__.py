@@ -2,8 +2,8 @@
 
 * :mod:`posfair.distributed.batching` -- length-aware, token-budget batching and padding waste.
 * :mod:`posfair.distributed.spec` -- :class:`EmbedSpec`, what a worker rebuilds the encoder from.
-* :mod:`posfair.distributed.shards` -- deterministic shards and the one shard function.
-* :mod:`posfair.distributed.manifest` -- the corpora a namespace was built from.
+* :mod:`posfair.distributed.worker` -- deterministic shards and the one shard function.
+* :mod:`posfair.distributed.corpus_record` -- the corpora a namespace was built from.
 * :mod:`posfair.distributed.job` -- the job: plan, skip what is stored, run the shards
   locally or on Ray (:func:`embed_texts`).
 * :mod:`posfair.distributed.ray_engine` -- the Ray executor.
@@ -16,11 +16,11 @@ importable from here).
 
 from posfair.corpus.texts import read_corpus_texts
 from posfair.distributed.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste
+from posfair.distributed.corpus_record import corpus_fingerprint
 from posfair.distributed.job import EmbedReport, embed_texts
-from posfair.distributed.manifest import corpus_fingerprint
 from posfair.distributed.ray_engine import RAY_INSTALL_HINT, ray_available
-from posfair.distributed.shards import Shard, plan_shards, process_shard
 from posfair.distributed.spec import EmbedSpec
+from posfair.distributed.worker import Shard, plan_shards, process_shard
 from posfair.store import ManifestMismatch
 
 __all__ = [

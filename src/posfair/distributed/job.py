@@ -8,16 +8,16 @@ reads: keys are :func:`~posfair.store.text_key` of the text, vectors are the
 pooled embeddings exactly as the model returns them.  Point any of those at the
 same cache folder and they find everything already computed.
 
-* The distinct texts are cut into shards (:func:`~posfair.distributed.shards.plan_shards`);
+* The distinct texts are cut into shards (:func:`~posfair.distributed.worker.plan_shards`);
   a shard whose file exists (or whose texts are all in the store already) is
   skipped, so reruns are idempotent and a killed run -- a worker or the driver --
   loses only the shards in flight.
 * Each shard goes through the one shard function
-  (:func:`~posfair.distributed.shards.process_shard`), in this process (``engine="local"``)
+  (:func:`~posfair.distributed.worker.process_shard`), in this process (``engine="local"``)
   or on a Ray actor pool (``engine="ray"``, :mod:`posfair.distributed.ray_engine`):
   same function, same batches, bit-identical vectors.
 * ``manifest.json`` in the namespace records model, fingerprint, calibration,
-  prompt, text field, corpus fingerprints (:mod:`posfair.distributed.manifest`),
+  prompt, text field, corpus fingerprints (:mod:`posfair.distributed.corpus_record`),
   posfair version and a hash of the code that computes embeddings; a run whose
   settings disagree is refused (:class:`~posfair.store.ManifestMismatch`), and so is a namespace
   holding a shard made with other settings.  The check is
@@ -43,12 +43,12 @@ from posfair import compat
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.corpus.texts import read_corpus_texts as read_corpus_texts
-from posfair.distributed.manifest import corpus_fingerprint, record_corpus
+from posfair.distributed.corpus_record import corpus_fingerprint, record_corpus
 from posfair.distributed.ray_engine import RAY_INSTALL_HINT as RAY_INSTALL_HINT
 from posfair.distributed.ray_engine import ray_available as ray_available
 from posfair.distributed.ray_engine import require_ray, run_ray
-from posfair.distributed.shards import Shard, plan_shards, process_shard
 from posfair.distributed.spec import EmbedSpec
+from posfair.distributed.worker import Shard, plan_shards, process_shard
 from posfair.store import EmbeddingStore, embedding_meta, embedding_settings, run_settings, scan_namespace, shard_path, write_manifest
 from posfair.store import ManifestMismatch as ManifestMismatch
 

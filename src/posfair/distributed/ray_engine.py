@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from posfair.distributed.shards import Shard, process_shard
 from posfair.distributed.spec import EmbedSpec
+from posfair.distributed.worker import Shard, process_shard
 from posfair.errors import install_hint
 from posfair.store import ManifestMismatch
 

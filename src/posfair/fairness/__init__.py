@@ -1,15 +1,13 @@
-"""posfair.fairness: the permutation audit of positional fairness, and the attention diagnosis.
+"""posfair.fairness: the permutation audit of positional fairness.
 
-Audit: :mod:`~posfair.fairness.documents` (instances, segment sets, orderings) ->
+:mod:`~posfair.fairness.documents` (instances, segment sets, orderings) ->
 :mod:`~posfair.fairness.experiment` (encoding through the cache, observations) ->
 :mod:`~posfair.fairness.ols` / :mod:`~posfair.fairness.analysis` (regressions, fidelity,
 coverage) -> :mod:`~posfair.fairness.results` (:class:`AuditResult`) ->
-:mod:`~posfair.fairness.tables` / :mod:`~posfair.fairness.report` (tables, figures, HTML, files);
-:mod:`~posfair.fairness.evaluator` runs it (``audit()``, the sentence-transformers evaluator).
-
-Attention: :mod:`~posfair.fairness.attention` (``attention_profile()`` runs the model) ->
-:mod:`~posfair.fairness.attention_record` (the profile) / :mod:`~posfair.fairness.attention_views`
-(one document's views) -> :mod:`~posfair.fairness.attention_report` (figures, report section).
+:mod:`~posfair.fairness.audit_tables` / :mod:`~posfair.fairness.audit_report` (tables, figures, HTML,
+files); the language grid: :mod:`~posfair.fairness.language` / :mod:`~posfair.fairness.language_report`;
+:mod:`~posfair.fairness.pipeline` runs it all (``audit()``, the sentence-transformers evaluator).
+The attention diagnosis and the prior estimator are :mod:`posfair.attention`.
 """
 
 from posfair._lazy import lazy_exports
@@ -17,8 +15,8 @@ from posfair._lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(
     "posfair.fairness",
     {
-        "audit": ".evaluator",
-        "PositionalFairnessEvaluator": ".evaluator",
+        "audit": ".pipeline",
+        "PositionalFairnessEvaluator": ".pipeline",
         "AuditSettings": ".experiment",
         "AuditResult": ".results",
         "LanguageConfig": ".documents",
@@ -27,8 +25,5 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "Inference": ".ols",
         "FewClustersWarning": ".ols",
         "language_effects": ".language",
-        "attention_profile": ".attention",
-        "estimate_prior": ".attention_prior",
-        "PriorEstimate": ".attention_prior",
     },
 )

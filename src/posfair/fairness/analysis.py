@@ -3,7 +3,7 @@
 Pure functions of the observation table (one row per variant, document and
 position; see :mod:`posfair.fairness.experiment`), gathered by
 :class:`posfair.fairness.results.AuditResult` and formatted by
-:mod:`posfair.fairness.tables`.
+:mod:`posfair.fairness.audit_tables`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
 from posfair.fairness.experiment import FIDELITY, MEASURES
-from posfair.fairness.metrics import profile_spread
+from posfair.fairness.measures import profile_spread
 from posfair.fairness.ols import FEW_CLUSTERS, FewClustersWarning, Inference, PositionOLS, fit_position_ols
 
 __all__ = [

@@ -6,7 +6,7 @@ For each experiment instance and each variant (stock, then every calibration):
 2. the documents are embedded (for mean-pooled models in the same forward pass
    the contextualised segments are taken from the final-layer token states);
 3. sigma / tau are computed per (document, position), together with the
-   fidelity measures (:func:`posfair.fairness.metrics.fidelity_measures`): the
+   fidelity measures (:func:`posfair.fairness.measures.fidelity_measures`): the
    mean cosine of the document to the standalone segments of the *other*
    segment sets of the instance (``other_cos``), the margin ``sigma - other_cos``,
    own-segment recall@n among the instance's standalone segments (``recall``) and
@@ -37,7 +37,7 @@ from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.errors import PosfairInputError
 from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
-from posfair.fairness.metrics import contextualised_segments, fidelity_measures, rowwise_cosine
+from posfair.fairness.measures import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
 from posfair.model import model_fingerprint
 from posfair.model_info import display_name

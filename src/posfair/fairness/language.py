@@ -35,9 +35,9 @@ import pandas as pd
 from statsmodels.regression.linear_model import OLS
 
 from posfair.errors import PosfairInputError
+from posfair.fairness.audit_tables import format_estimate
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference, significance_mark
-from posfair.fairness.tables import format_estimate
 from posfair.report.tables import Table
 
 __all__ = [

@@ -7,8 +7,9 @@ the ids needed to join further measures later (``doc_id``, ``set_id``,
 further report parts are passed as ``extra_sections`` to :meth:`AuditResult.report_sections`.
 
 The numbers are computed in :mod:`posfair.fairness.analysis`, formatted as tables
-in :mod:`posfair.fairness.tables`, drawn and written in :mod:`posfair.fairness.report`;
-their public names stay importable from here.
+in :mod:`posfair.fairness.audit_tables`, drawn and written in :mod:`posfair.fairness.audit_report`.  The result does not
+import its renderer at module level (the renderer imports the result): the figure / report / save
+methods import it when called.
 """
 
 from __future__ import annotations
@@ -19,46 +20,30 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from posfair.fairness import report as _report
 from posfair.fairness.analysis import (
-    COEF_COLUMNS,
-    GROUP,
-    coverage_messages,
     coverage_summary,
-    few_clusters,
     few_clusters_message,
     fidelity_summary,
-    fit_all,
     fit_instance,
     is_noop,
     safe_name,
 )
-from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK_LABEL
-from posfair.fairness.ols import Inference, PositionOLS, describe_inference
-from posfair.fairness.report import FIDELITY_ALT
-from posfair.fairness.tables import (
-    CLUSTER_ROW,
-    COVERAGE_CAPTION,
-    FIDELITY_CAPTION,
-    MEASURE_TITLES,
-    SHARE_ROW,
+from posfair.fairness.audit_tables import (
     coefficient_detail_table,
     coefficient_table,
     coverage_table,
     fidelity_table,
     format_estimate,
 )
+from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK_LABEL
+from posfair.fairness.ols import Inference, PositionOLS, describe_inference
 from posfair.report.html import FigureRef, Section
 from posfair.report.tables import Table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = [
-    "AuditResult", "fit_all", "fit_instance", "coefficient_table", "coefficient_detail_table", "few_clusters", "few_clusters_message",
-    "fidelity_summary", "fidelity_table", "MEASURE_TITLES", "coverage_summary", "coverage_table", "coverage_messages",
-    "GROUP", "COEF_COLUMNS", "CLUSTER_ROW", "SHARE_ROW", "FIDELITY_ALT", "FIDELITY_CAPTION", "COVERAGE_CAPTION",
-]  # fmt: skip
+__all__ = ["AuditResult"]
 
 
 @dataclass
@@ -204,19 +189,27 @@ class AuditResult:
         c = self.coefficients
         return describe_inference(c["inference"]) if "inference" in c and len(c) else ""
 
-    # -- figures, report, files (posfair.fairness.report) -------------------------------------
+    # -- figures, report, files (posfair.fairness.audit_report) -------------------------------------
     def figure(self, setting: str = "main", title: str = "") -> Figure:
         """Mean sigma / tau per position with 95% intervals over segment sets; grid n x config; variants overlaid."""
-        return _report.profile_figure(self, setting, title)
+        from posfair.fairness import audit_report  # the renderer imports this module: imported on use
+
+        return audit_report.profile_figure(self, setting, title)
 
     def fidelity_figure(self, setting: str = "main", title: str = "") -> Figure:
         """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
-        return _report.fidelity_figure(self, setting, title)
+        from posfair.fairness import audit_report  # the renderer imports this module: imported on use
+
+        return audit_report.fidelity_figure(self, setting, title)
 
     def report_sections(self, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None) -> list[Section]:
         """The sections of the HTML report (``extra_sections`` go before the run parameters)."""
-        return _report.report_sections(self, figures, extra_sections)
+        from posfair.fairness import audit_report  # the renderer imports this module: imported on use
+
+        return audit_report.report_sections(self, figures, extra_sections)
 
     def save(self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None) -> dict[str, Path]:
         """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
-        return _report.save_result(self, out_dir, extra_sections=extra_sections, title=title)
+        from posfair.fairness import audit_report  # the renderer imports this module: imported on use
+
+        return audit_report.save_result(self, out_dir, extra_sections=extra_sections, title=title)

@@ -7,7 +7,7 @@ offline from an aligned corpus (saved in PosIR's layout).  Evaluation
 with Segment Embed Average, queries stock; exact search; nDCG@10 per positional
 group, Harm, PSI, PosIR per-length-bucket PSI.  Sweeps (:func:`run_sweep`) over the
 paper's grids (:mod:`~posfair.retrieval.grids`) are cached and resumable; tables in the
-layouts of the paper's Tables 1 and 2 (:mod:`~posfair.retrieval.tables`, written through
+layouts of the paper's Tables 1 and 2 (:mod:`~posfair.retrieval.result_tables`, written through
 :mod:`posfair.report.tables`).  Long calls show tqdm bars or call a ``progress`` callback
 (:mod:`~posfair.progress`).
 
@@ -34,11 +34,11 @@ _EXPORTS = {
     "run_sweep": "sweep",
     "paper_grid": "grids",
     "strength_sweep": "grids",
-    "group_table": "tables",
-    "bucket_table": "tables",
-    "results_table": "tables",
-    "strength_figure": "tables",
-    "plot_strength_curves": "tables",
+    "group_table": "result_tables",
+    "bucket_table": "result_tables",
+    "results_table": "result_tables",
+    "strength_figure": "result_tables",
+    "plot_strength_curves": "result_tables",
     "ndcg_at_k": "metrics",
     "harmonic_mean": "metrics",
     "psi": "metrics",

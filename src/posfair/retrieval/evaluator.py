@@ -28,7 +28,7 @@ from posfair.calibration.choice import Stock
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
 from posfair.encoding import embed_through, encoder, l2_normalize, model_pooling
 from posfair.errors import PosfairInputError
-from posfair.evaluation import PosfairEvaluator, metric_name_part, run_tag
+from posfair.evaluator_base import PosfairEvaluator, metric_name_part, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback, progress_tasks

@@ -36,8 +36,8 @@ from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import DocumentStrategy, PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.grids import paper_grid, strength_sweep
 from posfair.retrieval.late import LateChunking
+from posfair.retrieval.result_tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.retrieval.sea import SegmentEmbedAverage
-from posfair.retrieval.tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.store import EmbeddingStore
 
 # paper_grid and strength_sweep (defined in posfair.retrieval.grids) are importable from here too

@@ -3,9 +3,9 @@
 ``posfair.tuning.tune(model, corpus)`` (library), :class:`CalibrationTuner` (evaluator
 style), ``posfair tune`` (command line, :mod:`posfair.cli.tune`).
 
-Modules: :mod:`.search` (search space, trials, Pareto front, :func:`run_search`),
-:mod:`.objectives` (fairness, retrieval, any function), :mod:`.evaluator` (:func:`tune`,
-:class:`CalibrationTuner`), :mod:`.report` (tables, figure, tuned model).
+Modules: :mod:`.trials` (search space, trials, Pareto front, :func:`run_search`),
+:mod:`.objectives` (fairness, retrieval, any function), :mod:`.tuner` (:func:`tune`,
+:class:`CalibrationTuner`), :mod:`.outputs` (tables, figure, tuned model).
 """
 
 from posfair._lazy import lazy_exports
@@ -13,7 +13,7 @@ from posfair._lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(
     "posfair.tuning",
     {
-        **dict.fromkeys(["CalibrationTuner", "make_objective", "tune"], ".evaluator"),
+        **dict.fromkeys(["CalibrationTuner", "make_objective", "tune"], ".tuner"),
         **dict.fromkeys(
             [
                 "DEV",
@@ -27,7 +27,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
             ],
             ".objectives",
         ),  # fmt: skip
-        **dict.fromkeys(["save_tuned_model", "write_outputs"], ".report"),
-        **dict.fromkeys(["SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"], ".search"),
+        **dict.fromkeys(["save_tuned_model", "write_outputs"], ".outputs"),
+        **dict.fromkeys(["SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"], ".trials"),
     },
 )

@@ -6,7 +6,7 @@
 * :class:`RetrievalObjective` - raise Harm of nDCG@10 over position groups, keep nDCG@10.
 
 The data are split once into *dev* (:data:`DEV`, searched) and *test* (:data:`TEST`,
-reported) with :func:`split_ids`.  The search itself is :mod:`posfair.tuning.search`.
+reported) with :func:`split_ids`.  The search itself is :mod:`posfair.tuning.trials`.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ import numpy as np
 import pandas as pd
 
 from posfair import encoding as enc
+from posfair.attention.prior import PriorEstimate, estimate_prior
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import calibration_coverage, quiet_fallback
 from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
-from posfair.fairness.attention_prior import PriorEstimate, estimate_prior
+from posfair.fairness.analysis import fidelity_summary, fit_all
 from posfair.fairness.documents import Instance
-from posfair.fairness.evaluator import corpus_fingerprint
 from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info, run_instances
-from posfair.fairness.results import AuditResult, fidelity_summary, fit_all
+from posfair.fairness.pipeline import corpus_fingerprint
+from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
@@ -196,7 +197,7 @@ class FairnessObjective(Objective):
 
     def estimate_prior(self, bins: int = 20) -> PositionalPrior:
         """The positional prior of the stock model on the *dev* split's documents, one vector per layer
-        (:func:`~posfair.fairness.attention_prior.estimate_prior`; kept in :attr:`prior_estimate`)."""
+        (:func:`~posfair.attention.prior.estimate_prior`; kept in :attr:`prior_estimate`)."""
         docs = [d.text for inst in self.instances[DEV] for d in inst.documents]
         self.prior_estimate: PriorEstimate = estimate_prior(self.model, docs, Calibration(layers=1.0), bins=bins,
                                                              batch_size=self.settings.batch_size)  # fmt: skip
@@ -339,7 +340,7 @@ class RetrievalObjective(Objective):
 
     def estimate_prior(self, bins: int = 20) -> PositionalPrior:
         """The positional prior of the stock model on the benchmark's documents (no queries or labels enter it),
-        one vector per layer (:func:`~posfair.fairness.attention_prior.estimate_prior`)."""
+        one vector per layer (:func:`~posfair.attention.prior.estimate_prior`)."""
         self.prior_estimate: PriorEstimate = estimate_prior(self.model, self.benchmark.corpus_texts, Calibration(layers=1.0), bins=bins,
                                                              batch_size=self.batch_size)  # fmt: skip
         return self.prior_estimate.calibration.prior

@@ -3,7 +3,7 @@
 ``<lang-Script>/<domain>/{queries.parquet, corpus.parquet, qrels/test.parquet}``;
 retrieval is per domain (each domain has its own corpus), monolingual or
 cross-lingual (queries + qrels of one language against the corpus of another).
-The layout itself is read by :func:`posfair.corpus.posir.read_posir` (shared with
+The layout itself is read by :func:`posfair.corpus.posir_layout.read_posir` (shared with
 ``posfair embed``); this module adds PosIR's position columns: relative answer
 position, length bucket and per-segment groups.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.corpus.posir import POSIR_DIR, POSIR_HUB_ID, POSIR_LANGS, posir_lang, read_posir
+from posfair.corpus.posir_layout import POSIR_DIR, POSIR_HUB_ID, POSIR_LANGS, posir_lang, read_posir
 from posfair.retrieval.benchmarks.benchmark import RetrievalBenchmark
 from posfair.retrieval.groups import posir_length_bucket, posir_relative_position
 

@@ -17,10 +17,10 @@ import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
+from posfair.fairness.audit_tables import coverage_table, fidelity_table
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
 from posfair.fairness.ols import MARK_LEGEND
-from posfair.fairness.tables import coverage_table, fidelity_table
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import ProfileSeries, profile_grid, save_figure, tradeoff_scatter

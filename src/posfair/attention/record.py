@@ -3,8 +3,8 @@
 :class:`AttentionProfile` adds documents one at a time (:meth:`~AttentionProfile.add_document`),
 merges with other profiles of the same model and settings, reports per-cell
 statistics, and saves / loads its running sums.  How the rows are obtained from a
-model is :func:`posfair.fairness.attention.attention_profile`; how one row becomes
-view cells is :mod:`posfair.fairness.attention_views`.
+model is :func:`posfair.attention.profile.attention_profile`; how one row becomes
+view cells is :mod:`posfair.attention.views`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from posfair.attention.views import SPECIAL_NAMES, VIEWS, RunningSums, cell_names, document_views
 from posfair.errors import PosfairInputError
-from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, RunningSums, cell_names, document_views
 from posfair.io import atomic_write, atomic_write_parquet
 
 __all__ = ["AttentionProfile", "query_label"]
@@ -38,7 +38,7 @@ def query_label(pooling: str, queries: str) -> str:
 
 @dataclass
 class AttentionProfile:
-    """Streaming accumulator of pooling-token attention mass (see :mod:`posfair.fairness.attention`).
+    """Streaming accumulator of pooling-token attention mass (see :mod:`posfair.attention.profile`).
 
     ``layers`` is the chosen layer set (0-based) averaged in the headline views;
     per-layer sums cover every layer of the model (``num_layers``).

@@ -18,7 +18,7 @@ profile that calibrated only part of its documents carries its calibrated share
 in its label.
 
 This module exists to draw: matplotlib is imported with it (the profile itself,
-:mod:`posfair.fairness.attention`, does not need it).  Figures are built on
+:mod:`posfair.attention.profile`, does not need it).  Figures are built on
 :class:`matplotlib.figure.Figure`, never through pyplot.
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from posfair.attention.profile import AttentionProfile
 from posfair.calibration.coverage import NOOP_LABEL, format_share
-from posfair.fairness.attention import AttentionProfile
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import new_figure, save_figure
 

@@ -12,14 +12,14 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
-from posfair.evaluation import PosfairEvaluator, run_tag
+from posfair.evaluator_base import PosfairEvaluator, run_tag
 from posfair.model import token_limit
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
 from posfair.store import EmbeddingStore
 from posfair.tuning.objectives import FairnessObjective, Objective, RetrievalObjective, default_fairness_settings
-from posfair.tuning.report import save_tuned_model, write_outputs
-from posfair.tuning.search import RESULTS_FILE, SearchSpace, TuneResult, run_search
+from posfair.tuning.outputs import save_tuned_model, write_outputs
+from posfair.tuning.trials import RESULTS_FILE, SearchSpace, TuneResult, run_search
 
 __all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner"]
 
@@ -104,13 +104,13 @@ def tune(
     log: Callable[[str], None] | None = None,
     show_progress_bar: bool | None = None,
 ) -> TuneResult:
-    """Choose a calibration for ``model`` (see :func:`posfair.tuning.search.run_search`).
+    """Choose a calibration for ``model`` (see :func:`posfair.tuning.trials.run_search`).
 
     With ``out_dir`` the run is resumable (``tune.json``, embeddings in ``cache_dir`` or
     ``out_dir/cache``) and the tables, figure and summary are written there; with
     ``save_model`` the model is saved there with the chosen calibration persisted.  ``lang``: the
     language of a retrieval benchmark built from ``corpus`` (the fairness audit's come with ``settings``).
-    ``log`` / ``show_progress_bar``: as :func:`~posfair.tuning.search.run_search`.
+    ``log`` / ``show_progress_bar``: as :func:`~posfair.tuning.trials.run_search`.
     """
     with tempfile.TemporaryDirectory(prefix="posfair-tune-") as tmp:
         work = Path(out_dir) if out_dir is not None else Path(tmp)

@@ -30,8 +30,8 @@ the stock profile and the figures label it as a no-op instead of drawing it.  On
 layer and document of the current batch is ever held.
 
 This module runs the model (:func:`attention_profile`); the profile object is
-:mod:`posfair.fairness.attention_record`, the views :mod:`posfair.fairness.attention_views`,
-the figures and the report section :mod:`posfair.fairness.attention_report`.
+:mod:`posfair.attention.record`, the views :mod:`posfair.attention.views`,
+the figures and the report section :mod:`posfair.attention.render`.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from posfair.attention.record import AttentionProfile, query_label
+from posfair.attention.views import SPECIAL_NAMES, VIEWS, Z95
 from posfair.calibration.choice import STOCK, Stock, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
 from posfair.encoding import model_tokenizer
 from posfair.errors import PosfairInputError
-from posfair.fairness.attention_record import AttentionProfile, query_label
-from posfair.fairness.attention_views import SPECIAL_NAMES, VIEWS, Z95
-from posfair.fairness.documents import token_segment_index
 from posfair.progress import progress_enabled
+from posfair.spans import token_segment_index
 
 __all__ = ["AttentionProfile", "attention_profile", "resolve_layers", "query_label", "VIEWS", "SPECIAL_NAMES", "Z95", "LayerSpec"]
 

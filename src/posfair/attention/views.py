@@ -1,7 +1,7 @@
 """The views of one document's attention row, and the running sums they are aggregated in.
 
 A document's row (``num_layers`` x valid keys, head-averaged post-softmax mass of
-the pooling query) is summarised in four views (see :mod:`posfair.fairness.attention`):
+the pooling query) is summarised in four views (see :mod:`posfair.attention.profile`):
 ``special`` (BOS and EOS keys), ``basket`` (consecutive baskets of content keys),
 ``bin`` (relative-position bins of the content keys) and ``segment`` (the mass
 on each segment, when token-to-segment indices are given).  :func:`document_views`
@@ -101,7 +101,7 @@ class RunningSums:
     set_sumsq: np.ndarray = None  # type: ignore[assignment]
     count: np.ndarray = None  # type: ignore[assignment]
 
-    #: the arrays, in the order :meth:`posfair.fairness.attention.AttentionProfile.save` stores them
+    #: the arrays, in the order :meth:`posfair.attention.profile.AttentionProfile.save` stores them
     ARRAYS = ("sum", "sumsq", "set_sum", "set_sumsq", "count")
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from posfair.model import FairModel
 from posfair.report.plots import front_lines, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.objectives import DEV, TEST
-from posfair.tuning.search import TuneResult
+from posfair.tuning.trials import TuneResult
 
 __all__ = [
     "skipped_note",

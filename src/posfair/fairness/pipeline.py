@@ -18,7 +18,7 @@ from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.errors import PosfairInputError
-from posfair.evaluation import PosfairEvaluator, run_tag
+from posfair.evaluator_base import PosfairEvaluator, run_tag
 from posfair.fairness.analysis import coverage_messages, fit_all
 from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
 from posfair.fairness.results import AuditResult

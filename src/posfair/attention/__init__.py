@@ -1,0 +1,23 @@
+"""posfair.attention: the pooling token's attention, measured, and the positional prior estimated from it.
+
+:mod:`~posfair.attention.profile` (``attention_profile()`` runs the model and records the
+pooling token's attention rows) -> :mod:`~posfair.attention.record` (the profile: sums over
+documents, saved and loaded) / :mod:`~posfair.attention.views` (one document's views: absolute
+baskets, relative bins, segments, special tokens) -> :mod:`~posfair.attention.render` (figures,
+the report section).  :mod:`~posfair.attention.prior` estimates the positional prior that the
+``prior`` calibration variant divides by (``estimate_prior()``), from the same recorded rows.
+"""
+
+from posfair._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(
+    "posfair.attention",
+    {
+        "attention_profile": ".profile",
+        "resolve_layers": ".profile",
+        "AttentionProfile": ".record",
+        "write_attention_report": ".render",
+        "estimate_prior": ".prior",
+        "PriorEstimate": ".prior",
+    },
+)
