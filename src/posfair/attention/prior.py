@@ -28,6 +28,7 @@ from posfair.calibration.choice import STOCK
 from posfair.calibration.params import Calibration, PositionalPrior
 from posfair.encoding import model_tokenizer
 from posfair.errors import PosfairInputError
+from posfair.model import FairModel
 
 __all__ = ["PriorEstimate", "estimate_prior", "row_density"]
 
@@ -70,7 +71,7 @@ DEFAULT_TEMPLATE = Calibration()
 
 
 def estimate_prior(
-    model,
+    model: FairModel,
     documents: Sequence[str],
     calibration: Calibration = DEFAULT_TEMPLATE,
     *,

@@ -53,6 +53,7 @@ from posfair.calibration.coverage import CalibrationFallbackWarning, calibration
 from posfair.calibration.params import Calibration
 from posfair.encoding import model_tokenizer
 from posfair.errors import PosfairInputError
+from posfair.model import FairModel
 from posfair.progress import progress_enabled
 from posfair.spans import token_segment_index
 
@@ -97,7 +98,7 @@ def _doc_inputs(documents, segments):
 
 
 def attention_profile(
-    model,
+    model: FairModel,
     documents: Sequence[Any],
     *,
     segments: Sequence[Sequence[tuple[int, int]]] | None = None,

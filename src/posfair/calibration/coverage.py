@@ -46,7 +46,6 @@ __all__ = [
     "ONE_BASKET",
     "STRENGTH_ZERO",
     "NOOP_LABEL",
-    "content_tokens",
     "fallback_reasons",
     "calibrated_mask",
     "calibration_coverage",
@@ -81,7 +80,7 @@ def _settings(calibration: AnyCalibration, pooling: str | None) -> dict:
                 self_share=calibration.self_share)  # fmt: skip
 
 
-def content_tokens(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
+def _content_tokens(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
     """Content keys ``C`` of texts whose valid span has ``n_tokens`` tokens (specials and prompt included)."""
     kw = _settings(calibration, pooling)
     return np.asarray(n_tokens, dtype=np.int64) - int(kw["isolate_bos"]) - int(kw["isolate_eos"])
@@ -97,7 +96,7 @@ def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None 
     unresolved :class:`~posfair.Calibration` (it decides which keys are isolated).
     """
     kw = _settings(calibration, pooling)
-    C = content_tokens(calibration, n_tokens, pooling)
+    C = _content_tokens(calibration, n_tokens, pooling)
     out = np.full(C.shape, ONE_BASKET, dtype=np.int8)
     out[row_changes(C, **kw)] = CALIBRATED
     out[~engine_calibrates(C, kw["basket_size"])] = SHORTER

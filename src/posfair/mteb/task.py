@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import warnings
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from mteb.models import SentenceTransformerEncoderWrapper
 
 from posfair.calibration import MODEL_DEFAULT
 from posfair.errors import PosfairInputError
+from posfair.evaluator_base import metric_name_part
 from posfair.model import FairModel
 from posfair.mteb.protocol import PositionalEncoder
 from posfair.mteb.subsets import _BIN, _BUCKET, _QUERIES, _SUBSETS, MAIN_SCORE, SPLIT, _group_subsets, _relpos_subsets, _Subset
@@ -209,10 +209,6 @@ def _languages(b: RetrievalBenchmark, languages: Sequence[str] | None) -> list[s
     return out
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "benchmark"
-
-
 def tasks(
     benchmark_or_source: RetrievalBenchmark | str | Path,
     *,
@@ -290,7 +286,7 @@ def tasks(
             what = "PosIR length bucket and relative-position bin of the answer"
         if not subsets:
             raise PosfairInputError(f"benchmark {b.name!r}: no {kind} subset has any query")
-        task_name = f"{_slug(name) if name else 'Posfair-' + _slug(b.name)}-{kind}-{digest[:10]}"
+        task_name = f"{metric_name_part(name) if name else 'Posfair-' + (metric_name_part(b.name) or 'benchmark')}-{kind}-{digest[:10]}"
         metadata = TaskMetadata(
             name=task_name,
             description=(

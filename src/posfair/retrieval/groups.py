@@ -41,7 +41,6 @@ __all__ = [
     "posir_length_bucket",
     "posir_relative_position",
     "relpos_bin",
-    "relpos_bin_label",
 ]
 
 SQUAD_BOUNDS: tuple[tuple[int, int], ...] = ((0, 100), (100, 200), (200, 300), (300, 400), (400, 500), (500, 3120))
@@ -120,9 +119,3 @@ def relpos_bin(relpos: np.ndarray | Sequence[float]) -> np.ndarray:
     idx = np.searchsorted(_RELPOS_EDGES, r[ok], side="left") - 1
     out[ok] = np.clip(idx, 0, N_RELPOS_BINS - 1)
     return out
-
-
-def relpos_bin_label(i: int) -> str:
-    """Human-readable interval of bin ``i`` (e.g. ``[0.00,0.05]``, ``(0.05,0.10]``)."""
-    lo, hi = _RELPOS_EDGES[i], _RELPOS_EDGES[i + 1]
-    return f"{'[' if i == 0 else '('}{lo:.2f},{hi:.2f}]"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from posfair.calibration import STOCK
-from posfair.encoding import encode_documents, l2_normalize, model_tokenizer, span_key
+from posfair.encoding import encode_documents, model_tokenizer, span_key
 from posfair.errors import PosfairInputError
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.spans import contextualised_segments, token_segment_index
@@ -199,7 +199,3 @@ def late_scores(queries: np.ndarray, chunks: np.ndarray, owner: np.ndarray, n_do
     if aggregate == "max":
         return np.maximum.reduceat(sims, starts, axis=1)
     return np.add.reduceat(sims, starts, axis=1) / counts
-
-
-def normalized(x: np.ndarray) -> np.ndarray:
-    return l2_normalize(np.asarray(x, dtype=np.float32))
