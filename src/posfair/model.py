@@ -49,6 +49,7 @@ from posfair.calibration.params import POOLINGS
 from posfair.compat import Transformer
 from posfair.hub import check_model_source
 from posfair.model_info import model_fingerprint, position_limit, token_limit
+from posfair.spans import added_token_count
 
 __all__ = [
     "FairModel",
@@ -392,9 +393,7 @@ class FairModel(SentenceTransformer):
         """How many tokens ``encode`` adds to one text: the special tokens (2 for BERT's [CLS] ... [SEP]) and the
         model's default prompt (none for most models; "passage: " = 2 tokens for multilingual-e5-small, "▁passage"
         and ":", its space becoming the metaspace of the text's first word: 4 in all)."""
-        tok = self.tokenizer
-        prompt = compat.resolve_prompt(self, None, None) or ""
-        return len(tok(prompt + "x")["input_ids"]) - len(tok("x", add_special_tokens=False)["input_ids"])
+        return added_token_count(self.tokenizer, compat.resolve_prompt(self, None, None) or "")
 
     def token_lengths(self, texts: Sequence[str], add_special_tokens: bool = True) -> np.ndarray:
         """Token counts without truncation (as the model's tokenizer sees the texts)."""

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["token_segment_index", "contextualised_segments"]
+__all__ = ["token_segment_index", "contextualised_segments", "added_token_count"]
 
 
 def token_segment_index(
@@ -53,3 +53,11 @@ def contextualised_segments(token_states: np.ndarray, segment_index: np.ndarray,
             raise ValueError(f"segment {i} has no tokens in the document (spans and tokenisation disagree)")
         out[i] = states[mask].mean(axis=0)
     return out
+
+
+def added_token_count(tokenizer, prompt: str = "") -> int:
+    """Tokens encoding a text whole adds to it: the special tokens (2 for BERT's [CLS] ... [SEP]) and ``prompt``
+    in front (or the prompt a :class:`~posfair.encoding.PromptedTokenizer` puts there itself): what a document's
+    token budget loses.  The one count of ``FairModel.special_token_count`` and the audit's segment windows."""
+    whole = tokenizer(prompt + "x", add_special_tokens=True, verbose=False)["input_ids"]
+    return len(whole) - len(tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"])

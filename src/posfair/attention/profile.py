@@ -148,28 +148,10 @@ def attention_profile(
         raise PosfairInputError(f"queries must be 'pool' or 'all'; got {queries!r}")
     texts, spans = _doc_inputs(documents, segments)
     tok = model_tokenizer(model)  # the model's default prompt in front, as encode has it
-    limit = model.max_seq_length or model.position_limit
-    lengths = (
-        np.array([len(ids) for ids in tok(texts, truncation=False)["input_ids"]], dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
-    )
-    over = np.nonzero(lengths > limit)[0] if limit else np.zeros(0, dtype=np.int64)
-    if over.size:
-        i = int(over[0])
-        raise PosfairInputError(
-            f"{over.size} document(s) are longer than the model's limit of {limit} tokens (first: document {i}, "
-            f"{int(lengths[i])} tokens); they would be truncated. Use shorter documents or raise max_seq_length "
-            f"(position limit {model.position_limit})"
-        )
+    lengths = _lengths_within_limit(model, tok, texts)
     calibration = check_choice(calibration, model_default=False)
     cal_dict = None if calibration is STOCK else calibration.to_dict()
-    n_calibrated = None
-    if calibration is not STOCK:
-        coverage = calibration_coverage(model.transformer_module.resolve(calibration), lengths)  # no truncation: lengths are the spans
-        n_calibrated = coverage.calibrated
-        if coverage.message():
-            warnings.warn(
-                f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2
-            )
+    n_calibrated = None if calibration is STOCK else _calibrated_count(model, calibration, lengths, label)
     if label is None:
         label = calibration.label()
     profile = AttentionProfile(
@@ -208,22 +190,49 @@ def attention_profile(
             missing = [layer for layer in every if layer not in buffer]
             if missing:
                 raise RuntimeError(f"the attention recorder saw no rows for layers {missing}")
-            rows = np.stack([buffer[layer] for layer in every])  # (L, B, K)
-            mask = enc["attention_mask"].numpy().astype(bool)
-            special = enc["special_tokens_mask"].numpy().astype(bool)
-            offsets = enc["offset_mapping"].numpy()
-            for j in range(len(batch)):
-                valid = np.nonzero(mask[j])[0]
-                s, e = int(valid[0]), int(valid[-1])
-                pad = rows[:, j, ~mask[j]]
-                if pad.size:
-                    profile.max_padding_mass = max(profile.max_padding_mass, float(np.abs(pad).max()))
-                seg = None
-                if spans[b0 + j] is not None:
-                    seg = token_segment_index(offsets[j, s : e + 1], spans[b0 + j], special[j, s : e + 1])
-                profile.add_document(
-                    rows[:, j, s : e + 1], has_bos=bool(special[j, s]), has_eos=bool(special[j, e]) and e > s, token_segments=seg
-                )
+            _add_batch(profile, np.stack([buffer[layer] for layer in every]), enc, spans[b0 : b0 + len(batch)])  # rows: (L, B, K)
             if progress is not None:
                 progress(len(batch))
     return profile
+
+
+def _lengths_within_limit(model: FairModel, tok, texts: list[str]) -> np.ndarray:
+    """Each document's tokens as encode sees them (prompt and special tokens included); PosfairInputError for a
+    document longer than the model's limit (its profile would be of a truncated text)."""
+    limit = model.max_seq_length or model.position_limit
+    if not texts:
+        return np.zeros(0, dtype=np.int64)
+    lengths = np.array([len(ids) for ids in tok(texts, truncation=False)["input_ids"]], dtype=np.int64)
+    over = np.nonzero(lengths > limit)[0] if limit else np.zeros(0, dtype=np.int64)
+    if over.size:
+        i = int(over[0])
+        raise PosfairInputError(
+            f"{over.size} document(s) are longer than the model's limit of {limit} tokens (first: document {i}, "
+            f"{int(lengths[i])} tokens); they would be truncated. Use shorter documents or raise max_seq_length "
+            f"(position limit {model.position_limit})"
+        )
+    return lengths
+
+
+def _calibrated_count(model: FairModel, calibration: Calibration, lengths: np.ndarray, label: str | None) -> int:
+    """How many documents ``calibration`` changes (no truncation: the lengths are the spans); one warning if not all."""
+    coverage = calibration_coverage(model.transformer_module.resolve(calibration), lengths)
+    if coverage.message():
+        warnings.warn(f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=3)
+    return coverage.calibrated
+
+
+def _add_batch(profile: AttentionProfile, rows: np.ndarray, enc, spans: Sequence) -> None:
+    """Add one batch's recorded rows (layers x batch x keys) to ``profile``: each document's valid span, its special
+    tokens and, with character spans, the segment of each token; the largest mass on padding is kept (a check)."""
+    mask = enc["attention_mask"].numpy().astype(bool)
+    special = enc["special_tokens_mask"].numpy().astype(bool)
+    offsets = enc["offset_mapping"].numpy()
+    for j in range(rows.shape[1]):
+        valid = np.nonzero(mask[j])[0]
+        s, e = int(valid[0]), int(valid[-1])
+        pad = rows[:, j, ~mask[j]]
+        if pad.size:
+            profile.max_padding_mass = max(profile.max_padding_mass, float(np.abs(pad).max()))
+        seg = None if spans[j] is None else token_segment_index(offsets[j, s : e + 1], spans[j], special[j, s : e + 1])
+        profile.add_document(rows[:, j, s : e + 1], has_bos=bool(special[j, s]), has_eos=bool(special[j, e]) and e > s, token_segments=seg)

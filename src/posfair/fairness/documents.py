@@ -19,7 +19,7 @@ import hashlib
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import pandas as pd
 
 from posfair.corpus.filters import default_length_window
 from posfair.errors import PosfairInputError
-from posfair.spans import token_segment_index
+from posfair.spans import added_token_count, token_segment_index
 
 __all__ = [
     "LanguageConfig",
@@ -213,6 +213,51 @@ def _orderings(n: int) -> Iterator[tuple[int, ...]]:
     return itertools.permutations(range(n))
 
 
+def _segment_lengths(tokenizer, text_of: dict[tuple[str, str], str], keys: Sequence[tuple[str, str]],
+                     cache: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:  # fmt: skip
+    """Token counts (no special tokens) of the segments ``keys`` = (topic, lang), added to ``cache``."""
+    todo = [k for k in keys if k not in cache]
+    if todo:
+        enc = tokenizer([text_of[k] for k in todo], add_special_tokens=False, verbose=False)["input_ids"]
+        cache.update((k, len(ids)) for k, ids in zip(todo, enc, strict=True))
+    return cache
+
+
+def _length_window(limit: int, n: int, n_special: int, low: int | None, high: int | None, window_ratio: float) -> tuple[int, int]:
+    """The segment-length window ``[low, cap]`` (unset bounds from :func:`default_length_window`; ``cap`` also
+    keeps one segment within the limit)."""
+    if high is None or low is None:
+        dlow, dhigh = default_length_window(limit, n, special_tokens=n_special, min_ratio=window_ratio)
+        low = dlow if low is None else low
+        high = dhigh if high is None else high
+    if low > high:
+        raise PosfairInputError(f"segment-length window is empty: min {low} > max {high} tokens")
+    return low, min(high, limit - n_special)
+
+
+def _set_documents(pick: tuple[str, ...], set_id: str, lang_seq: tuple[str, ...], text_of: dict[tuple[str, str], str],
+                   tokenizer) -> list[Document]:  # fmt: skip
+    """The ``n!`` documents of one segment set (every ordering), with their token counts (special tokens included)."""
+    docs = []
+    for j, perm in enumerate(_orderings(len(pick))):
+        topics = tuple(pick[k] for k in perm)
+        texts = tuple(text_of[(t, lang)] for t, lang in zip(topics, lang_seq, strict=True))
+        text, spans = segment_spans(texts)
+        docs.append(Document(doc_id=f"{set_id}-p{j:04d}", set_id=set_id, perm_index=j, permutation=tuple(perm), topics=topics,
+                             segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(topics, lang_seq, strict=True)), langs=lang_seq,
+                             texts=texts, text=text, spans=tuple(spans), n_tokens=0))  # fmt: skip
+    counts = tokenizer([d.text for d in docs], add_special_tokens=True, verbose=False)["input_ids"]
+    return [replace(d, n_tokens=len(ids)) for d, ids in zip(docs, counts, strict=True)]
+
+
+def _shortest_ordering(pick: tuple[str, ...], lang_seq: tuple[str, ...], lengths: dict[tuple[str, str], int], n_special: int) -> int:
+    """A lower bound on the tokens of any ordering of ``pick`` (the cheap check before tokenising its documents)."""
+    n = len(pick)
+    return n_special + min(
+        lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k) for k in range(n)
+    )
+
+
 def build_instance(
     corpus: pd.DataFrame,
     n: int,
@@ -253,42 +298,18 @@ def build_instance(
     counts = sub.groupby("id")["lang"].nunique()
     topics_all = sorted(counts.index[counts == len(config.needed)].tolist())
     text_of = {(r.id, r.lang): r.text for r in sub.itertuples(index=False)}
-
-    lengths = token_lengths if token_lengths is not None else {}
-    todo = [(t, lang) for t in topics_all for lang in config.needed if (t, lang) not in lengths]
-    if todo:
-        enc = tokenizer([text_of[k] for k in todo], add_special_tokens=False, verbose=False)["input_ids"]
-        for k, ids in zip(todo, enc, strict=True):
-            lengths[k] = len(ids)
-    n_special = len(tokenizer("x", add_special_tokens=True, verbose=False)["input_ids"]) - len(
-        tokenizer("x", add_special_tokens=False, verbose=False)["input_ids"]
-    )
-    if max_segment_tokens is None or min_segment_tokens is None:
-        low, high = default_length_window(limit, n, special_tokens=n_special, min_ratio=window_ratio)
-        min_segment_tokens = low if min_segment_tokens is None else min_segment_tokens
-        max_segment_tokens = high if max_segment_tokens is None else max_segment_tokens
-    if min_segment_tokens > max_segment_tokens:
-        raise PosfairInputError(f"segment-length window is empty: min {min_segment_tokens} > max {max_segment_tokens} tokens")
-    seg_cap = min(max_segment_tokens, limit - n_special)
-
-    def in_window(t: str) -> bool:
-        return all(min_segment_tokens <= lengths[(t, lang)] <= seg_cap for lang in config.needed)
-
-    topics = [t for t in topics_all if in_window(t)]
+    keys = [(t, lang) for t in topics_all for lang in config.needed]
+    lengths = _segment_lengths(tokenizer, text_of, keys, token_lengths if token_lengths is not None else {})
+    n_special = added_token_count(tokenizer)
+    low, cap = _length_window(limit, n, n_special, min_segment_tokens, max_segment_tokens, window_ratio)
+    topics = [t for t in topics_all if all(low <= lengths[(t, lang)] <= cap for lang in config.needed)]
     sets_wanted = math.ceil(target_docs / math.factorial(n))
-    report = SamplingReport(
-        n=n,
-        config=config.name,
-        limit=limit,
-        topics_available=len(topics_all),
-        segments_outside_window=len(topics_all) - len(topics),
-        sets_wanted=sets_wanted,
-    )
+    report = SamplingReport(n=n, config=config.name, limit=limit, topics_available=len(topics_all),
+                            segments_outside_window=len(topics_all) - len(topics), sets_wanted=sets_wanted)  # fmt: skip
     if len(topics) < n:
         raise PosfairInputError(
             f"instance (n={n}, {config.name}): only {len(topics)} topics are present in {list(config.needed)} "
-            f"with segments of {min_segment_tokens}..{seg_cap} tokens (of {len(topics_all)} topics in all needed "
-            f"languages); need at least {n}"
+            f"with segments of {low}..{cap} tokens (of {len(topics_all)} topics in all needed languages); need at least {n}"
         )
 
     rng = np.random.default_rng(_seed_for(seed, n, config.key))
@@ -301,54 +322,24 @@ def build_instance(
     while len(chosen) < sets_wanted and attempts < max_attempts and len(seen) < total_sets:
         attempts += 1
         pick = tuple(topics[i] for i in sorted(rng.choice(len(topics), size=n, replace=False)))
-        fs = frozenset(pick)
-        if fs in seen:
+        if frozenset(pick) in seen:
             continue
-        seen.add(fs)
-        # cheap lower bound first: any ordering has at least the shortest lead segment
-        lower = n_special + min(
-            lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k) for k in range(n)
-        )
-        if lower > limit:
+        seen.add(frozenset(pick))
+        if _shortest_ordering(pick, lang_seq, lengths, n_special) > limit:
             report.sets_skipped_too_long += 1
             continue
-        set_id = f"n{n}-{config.key}-s{len(chosen):05d}"
-        cand = []
-        for j, perm in enumerate(_orderings(n)):
-            seg_topics = tuple(pick[k] for k in perm)
-            texts = tuple(text_of[(t, lang)] for t, lang in zip(seg_topics, lang_seq, strict=True))
-            text, spans = segment_spans(texts)
-            cand.append((j, perm, seg_topics, texts, text, spans))
-        n_tok = [len(ids) for ids in tokenizer([c[4] for c in cand], add_special_tokens=True, verbose=False)["input_ids"]]
-        if max(n_tok) > limit:
+        cand = _set_documents(pick, f"n{n}-{config.key}-s{len(chosen):05d}", lang_seq, text_of, tokenizer)
+        if max(d.n_tokens for d in cand) > limit:
             report.sets_skipped_too_long += 1
             continue
         chosen.append(pick)
-        for (j, perm, seg_topics, texts, text, spans), nt in zip(cand, n_tok, strict=True):
-            docs.append(
-                Document(
-                    doc_id=f"{set_id}-p{j:04d}",
-                    set_id=set_id,
-                    perm_index=j,
-                    permutation=tuple(perm),
-                    topics=seg_topics,
-                    segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(seg_topics, lang_seq, strict=True)),
-                    langs=lang_seq,
-                    texts=texts,
-                    text=text,
-                    spans=tuple(spans),
-                    n_tokens=nt,
-                )
-            )
-    report.sets_used = len(chosen)
-    report.documents = len(docs)
-    report.exhausted = len(chosen) < sets_wanted
+        docs += cand
+    report.sets_used, report.documents, report.exhausted = len(chosen), len(docs), len(chosen) < sets_wanted
     if not chosen:
         seg_lens = sorted(lengths[(t, lang_seq[0])] for t in topics)
-        median = seg_lens[len(seg_lens) // 2]
         raise PosfairInputError(
             f"instance (n={n}, {config.name}): no segment set fits the model limit of {limit} tokens "
-            f"({report.sets_skipped_too_long} sets tried were too long; median segment length {median} tokens). "
+            f"({report.sets_skipped_too_long} sets tried were too long; median segment length {seg_lens[len(seg_lens) // 2]} tokens). "
             "Use shorter segments (max segment tokens), a smaller n, or a model with a longer limit."
         )
     if report.exhausted:

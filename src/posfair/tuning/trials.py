@@ -419,6 +419,153 @@ def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
     return [Trial.from_dict(d) for d in saved.get("trials", [])]
 
 
+class _Search:
+    """The state of one search: the trials so far (evaluated or read back from ``tune.json``), the skipped
+    no-op grid points, the progress bar and the log; :meth:`trial` evaluates one configuration on one split."""
+
+    def __init__(self, objective: Objective, space: SearchSpace, max_drop: float, path: Path | None,
+                 log: Callable[[str], None] | None, show_progress_bar: bool | None, total: int):  # fmt: skip
+        self.objective, self.space, self.max_drop, self.path, self.log = objective, space, max_drop, path, log
+        self.desc = objective.describe()
+        self.done = {(t.key, t.split): t for t in (_load_trials(path, self.desc) if path else [])}
+        self.trials: list[Trial] = []
+        self.skipped: list[Trial] = []
+        self.sign = 1.0 if objective.greater_is_better else -1.0
+        self.bar = tqdm(total=total, desc="tuning trials", unit="trial", disable=not progress_enabled(show_progress_bar, logger))
+        self.stock: Trial | None = None
+
+    def say(self, msg: str) -> None:
+        logger.info(msg)
+        if self.log is not None:
+            self.log(msg)
+
+    def save(self, extra: dict[str, Any] | None = None) -> None:
+        """``tune.json`` rewritten atomically: every trial so far (a killed search loses no finished trial)."""
+        if self.path is not None:
+            body = {"objective": self.desc, "space": self.space.to_dict(), "max_drop": self.max_drop,
+                    "trials": [t.to_dict() for t in self.trials], "skipped": [t.to_dict() for t in self.skipped]}  # fmt: skip
+            atomic_write_json(self.path, body | (extra or {}))
+
+    def _known(self, key: tuple[str, str]) -> tuple[bool, Trial | None]:
+        for t in self.trials:
+            if (t.key, t.split) == key:
+                return True, t
+        return any((t.key, t.split) == key for t in self.skipped), None
+
+    def trial(self, cal: Resolved, split: str, phase: str) -> Trial | None:
+        """The trial of ``cal`` on ``split`` (evaluated, or read back); None for a no-op calibration (skipped)."""
+        key = (cal.key(), split)
+        known, t = self._known(key)
+        if known:
+            return t
+        share = None if cal is STOCK else self.objective.calibrated_share(cal, split)
+        if share is not None and share == 0 and phase in ("coarse", "fine"):  # the test split reports the choice whatever it is
+            self.skipped.append(Trial(cal, split, "skipped", {}, 0.0, 0.0))
+            self._record(f"{split:>4} {phase:<6} {cal.label():<22} skipped: {NOOP_LABEL} (calibrated share 0)")
+            return None
+        t = self._read_back(key, phase, share) if key in self.done else self._evaluate(cal, split, phase, share)
+        self.trials.append(t)
+        shown = "" if share is None else f" calibrated_share={share:.3f}"
+        o = self.objective
+        self._record(f"{split:>4} {phase:<6} {t.label:<22} {o.score}={t.metrics[o.score]:.4f} {o.guard}={t.metrics[o.guard]:.4f}{shown}")
+        return t
+
+    def _read_back(self, key: tuple[str, str], phase: str, share: float | None) -> Trial:
+        t = self.done[key]
+        t.phase = phase
+        if t.calibrated_share is None:
+            t.calibrated_share = share
+        return t
+
+    def _evaluate(self, cal: Resolved, split: str, phase: str, share: float | None) -> Trial:
+        o = self.objective
+        s0 = time.perf_counter()
+        metrics = o.evaluate(cal, split)
+        for name in (o.score, o.guard):
+            if name not in metrics:
+                raise PosfairInputError(f"objective {o.name!r} returned no {name!r} metric (got {sorted(metrics)})")
+        return Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0, share)
+
+    def _record(self, line: str) -> None:
+        self.save()
+        self.bar.update()
+        self.say(line)
+
+    # -- the choice rule (the test check uses the same meets_constraint) --------------------------
+    def feasible(self, t: Trial) -> bool:
+        return t.stock or meets_constraint(t.metrics[self.objective.guard], self.stock.metrics[self.objective.guard], self.max_drop)
+
+    def rank(self, t: Trial) -> tuple[float, float]:
+        """Smaller is better; ties go to the lower strength."""
+        return (-self.sign * t.metrics[self.objective.score], t.strength)
+
+    def dev(self) -> list[Trial]:
+        return [t for t in self.trials if t.split == DEV]
+
+    # -- the phases ---------------------------------------------------------------------------------
+    def coarse(self, grid: list[Calibration]) -> list[Trial]:
+        coarse = [t for t in (self.trial(c, DEV, "coarse") for c in grid) if t is not None]
+        if self.skipped:
+            labels = ", ".join(t.label for t in self.skipped)
+            self.say(f"skipped {len(self.skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({labels})")
+        return coarse
+
+    def lines(self, coarse: list[Trial]) -> list[Calibration]:
+        """The fine search's line of each variant: its best coarse setting (feasible if any) at strength 0."""
+        out = []
+        for v in self.space.variants:
+            of_v = [t for t in coarse if t.variant == v]
+            if of_v:
+                out.append(min([t for t in of_v if self.feasible(t)] or of_v, key=self.rank).line)
+        return out
+
+    def fine(self, line: Calibration) -> None:
+        """Bisect the strength along ``line`` around the best feasible point, ``fine_rounds`` times."""
+        for _ in range(self.space.fine_rounds):
+            on_line = [self.stock] + [t for t in self.dev() if t.line == line]
+            best = min([t for t in on_line if self.feasible(t)], key=self.rank)
+            strengths = sorted({t.strength for t in on_line})
+            i = strengths.index(best.strength)
+            mids = [(strengths[j] + best.strength) / 2 for j in (i - 1, i + 1) if 0 <= j < len(strengths)]
+            new = [m for m in mids if abs(m - best.strength) >= self.space.min_step / 2]
+            if not new:
+                return
+            self.bar.total += len(new)
+            self.bar.refresh()
+            for m in new:
+                self.trial(replace(line, strength=_strength(m)), DEV, "fine")  # same line: never a no-op
+
+    def choose(self) -> tuple[Trial, bool, list[Trial], dict[str, list[Trial]], dict[str, Calibration | None]]:
+        """The pick (best feasible dev trial), whether any calibration is feasible, the front, each variant's
+        front and best feasible setting."""
+        o, dev = self.objective, self.dev()
+        pick = min([t for t in dev if self.feasible(t)], key=self.rank)
+        any_feasible = any(self.feasible(t) for t in dev if not t.stock)
+        front = pareto_front(dev, o.score, o.guard, o.greater_is_better)
+        fronts, variant_best = {}, {}
+        for v in self.space.variants:
+            of_v = [t for t in dev if t.variant == v]
+            fronts[v] = pareto_front([self.stock, *of_v], o.score, o.guard, o.greater_is_better)
+            ok = [t for t in of_v if self.feasible(t)]
+            variant_best[v] = min(ok, key=self.rank).calibration if ok else None
+        if all(t.stock for t in dev):
+            self.say(f"chosen: {pick.label} (every grid point was a no-op: nothing calibrated)")
+        else:
+            self.say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
+        return pick, any_feasible, front, fronts, variant_best
+
+    def confirm_on_test(self, pick: Trial, variant_best: dict[str, Calibration | None]) -> None:
+        """Only now does the test split enter: stock, the choice, and each variant's best feasible dev setting."""
+        self.trial(STOCK, TEST, "test")
+        if not pick.stock:
+            self.trial(pick.calibration, TEST, "test")
+        if len(self.space.variants) > 1:
+            extra = [c for c in variant_best.values() if c is not None and c != pick.calibration]
+            self.bar.total += len(extra)
+            for c in extra:
+                self.trial(c, TEST, "test")
+
+
 def run_search(
     objective: Objective,
     space: SearchSpace | None = None,
@@ -446,140 +593,26 @@ def run_search(
     if max_drop < 0:
         raise PosfairInputError(f"max_drop must be >= 0; got {max_drop}")
     t0 = time.perf_counter()
-    desc = objective.describe()
     path = Path(results_path) if results_path is not None else None
-    done = {(t.key, t.split): t for t in (_load_trials(path, desc) if path else [])}
-    trials: list[Trial] = []
-    skipped: list[Trial] = []
     grid = space.coarse()
     # stock + the grid + stock and the choice on test; each fine point adds one as it comes
-    bar = tqdm(total=len(grid) + 3, desc="tuning trials", unit="trial", disable=not progress_enabled(show_progress_bar, logger))
-
-    def say(msg: str) -> None:
-        logger.info(msg)
-        if log is not None:
-            log(msg)
-
-    sign = 1.0 if objective.greater_is_better else -1.0
-
-    def save(extra: dict[str, Any] | None = None) -> None:
-        if path is not None:
-            body = {"objective": desc, "space": space.to_dict(), "max_drop": max_drop, "trials": [t.to_dict() for t in trials],
-                    "skipped": [t.to_dict() for t in skipped]}  # fmt: skip
-            atomic_write_json(path, body | (extra or {}))
-
-    def run(cal: Resolved, split: str, phase: str) -> Trial | None:
-        """The trial of ``cal`` on ``split`` (evaluated, or read back); None for a no-op calibration (skipped)."""
-        key = (cal.key(), split)
-        for t in trials:
-            if (t.key, t.split) == key:
-                return t
-        for t in skipped:
-            if (t.key, t.split) == key:
-                return None
-        share = None if cal is STOCK else objective.calibrated_share(cal, split)
-        if share is not None and share == 0 and phase in ("coarse", "fine"):  # the test split reports the choice whatever it is
-            skipped.append(Trial(cal, split, "skipped", {}, 0.0, 0.0))
-            save()
-            bar.update()
-            say(f"{split:>4} {phase:<6} {cal.label():<22} skipped: {NOOP_LABEL} (calibrated share 0)")
-            return None
-        if key in done:
-            t = done[key]
-            t.phase = phase
-            if t.calibrated_share is None:
-                t.calibrated_share = share
-        else:
-            s0 = time.perf_counter()
-            metrics = objective.evaluate(cal, split)
-            for name in (objective.score, objective.guard):
-                if name not in metrics:
-                    raise PosfairInputError(f"objective {objective.name!r} returned no {name!r} metric (got {sorted(metrics)})")
-            t = Trial(cal, split, phase, {k: float(v) for k, v in metrics.items()}, time.perf_counter() - s0, share)
-        trials.append(t)
-        save()
-        bar.update()
-        shown = "" if share is None else f" calibrated_share={share:.3f}"
-        say(
-            f"{split:>4} {phase:<6} {t.label:<22} {objective.score}={t.metrics[objective.score]:.4f} {objective.guard}={t.metrics[objective.guard]:.4f}{shown}"
-        )
-        return t
-
+    search = _Search(objective, space, max_drop, path, log, show_progress_bar, total=len(grid) + 3)
     try:
-        stock = run(STOCK, DEV, "stock")
-
-        def feasible(t: Trial) -> bool:
-            return t.stock or meets_constraint(t.metrics[objective.guard], stock.metrics[objective.guard], max_drop)
-
-        def rank(t: Trial) -> tuple[float, float]:  # smaller is better; ties to the lower strength
-            return (-sign * t.metrics[objective.score], t.strength)
-
-        coarse = [t for t in (run(c, DEV, "coarse") for c in grid) if t is not None]
-        if skipped:
-            say(f"skipped {len(skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({', '.join(t.label for t in skipped)})")
-        lines = []  # the fine search's line of each variant (one line when only the papers' formula is searched)
-        for v in space.variants:
-            of_v = [t for t in coarse if t.variant == v]
-            ok = [t for t in of_v if feasible(t)]
-            if of_v:
-                lines.append(min(ok or of_v, key=rank).line)
-        for line in lines:
-            for _ in range(space.fine_rounds):
-                on_line = [stock] + [t for t in trials if t.split == DEV and t.line == line]
-                best = min([t for t in on_line if feasible(t)], key=rank)
-                strengths = sorted({t.strength for t in on_line})
-                i = strengths.index(best.strength)
-                mids = [(strengths[j] + best.strength) / 2 for j in (i - 1, i + 1) if 0 <= j < len(strengths)]
-                new = [m for m in mids if abs(m - best.strength) >= space.min_step / 2]
-                if not new:
-                    break
-                bar.total += len(new)
-                bar.refresh()
-                for m in new:
-                    run(replace(line, strength=_strength(m)), DEV, "fine")  # same line: never a no-op
-        dev = [t for t in trials if t.split == DEV]
-        pick = min([t for t in dev if feasible(t)], key=rank)
-        any_feasible = any(feasible(t) for t in dev if not t.stock)
-        front = pareto_front(dev, objective.score, objective.guard, objective.greater_is_better)
-        fronts, variant_best = {}, {}
-        for v in space.variants:
-            of_v = [t for t in dev if t.variant == v]
-            fronts[v] = pareto_front([stock, *of_v], objective.score, objective.guard, objective.greater_is_better)
-            ok = [t for t in of_v if feasible(t)]
-            variant_best[v] = min(ok, key=rank).calibration if ok else None
-        if all(t.stock for t in dev):
-            say(f"chosen: {pick.label} (every grid point was a no-op: nothing calibrated)")
-        else:
-            say(f"chosen: {pick.label}" + ("" if any_feasible else " (no calibration satisfies the constraint)"))
-        # only now does the test split enter: stock and the chosen setting
-        run(STOCK, TEST, "test")
-        if not pick.stock:
-            run(pick.calibration, TEST, "test")
-        if len(space.variants) > 1:  # each variant's best feasible dev setting, confirmed on test (after the choice)
-            extra = [c for c in variant_best.values() if c is not None and c != pick.calibration]
-            bar.total += len(extra)
-            for c in extra:
-                run(c, TEST, "test")
-        result = TuneResult(
-            desc,
-            space.to_dict(),
-            max_drop,
-            trials,
-            pick.calibration,
-            front,
-            any_feasible,
-            time.perf_counter() - t0,
-            list(skipped),
-            fronts,
-            variant_best,
-        )
+        search.stock = search.trial(STOCK, DEV, "stock")
+        coarse = search.coarse(grid)
+        for line in search.lines(coarse):
+            search.fine(line)
+        pick, any_feasible, front, fronts, variant_best = search.choose()
+        search.confirm_on_test(pick, variant_best)
+        result = TuneResult(search.desc, space.to_dict(), max_drop, search.trials, pick.calibration, front, any_feasible,
+                            time.perf_counter() - t0, list(search.skipped), fronts, variant_best)  # fmt: skip
         result.test_check = check_test_constraint(objective, result)
         if result.test_check is not None:
-            say(result.test_check["verdict"])
+            search.say(result.test_check["verdict"])
             if not result.test_check["holds"]:
                 warnings.warn(f"{result.chosen_label}: {result.test_check['verdict']}", ConstraintWarning, stacklevel=2)
-        save(result.to_dict())
-        bar.total = bar.n  # the choice may be stock: evaluated on test once
+        search.save(result.to_dict())
+        search.bar.total = search.bar.n  # the choice may be stock: evaluated on test once
     finally:
-        bar.close()
+        search.bar.close()
     return result

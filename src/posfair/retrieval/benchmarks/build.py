@@ -59,83 +59,18 @@ def build_from_corpus(
         raise PosfairInputError(f"k must be >= 1; got {k}")
     if not langs:
         raise PosfairInputError("langs must name at least one language")
-    missing = [c for c in ("id", "lang", "text", "title") if c not in corpus.columns]
-    if missing:
-        raise PosfairInputError(f"corpus is missing column(s) {missing}; found {list(corpus.columns)}")
-    df = corpus.copy()
-    df["id"] = df["id"].astype(str)
-    df = df[df["text"].fillna("").str.strip().ne("") & df["title"].fillna("").str.strip().ne("")]
-    per_lang = {}
-    for lang in langs:
-        sub = df[df["lang"] == lang]
-        if sub.empty:
-            raise PosfairInputError(
-                f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}"
-            )
-        if sub["id"].duplicated().any():
-            raise PosfairInputError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
-        per_lang[lang] = sub.set_index("id")
-    ids = sorted(set.intersection(*(set(s.index) for s in per_lang.values())))
-    if not ids:
-        raise PosfairInputError(f"no segment id is present in every language of {list(langs)}")
+    per_lang, ids = _aligned_segments(corpus, langs)
     n_aligned = len(ids)
-    n_tokens: dict[str, pd.Series] = {}
-    for lang, sub in per_lang.items():
-        if count_tokens is not None:
-            n_tokens[lang] = pd.Series([int(n) for n in count_tokens(sub.loc[ids, "text"].tolist())], index=ids)
-        elif "n_tokens_minilm" in sub.columns:
-            n_tokens[lang] = sub.loc[ids, "n_tokens_minilm"].astype(int)
+    n_tokens = _token_counts(per_lang, ids, count_tokens)
     if max_doc_tokens is not None:
-        if not n_tokens:
-            raise PosfairInputError("max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column")
-        cap = max_doc_tokens // k
-        keep = set(ids)
-        checked = [lang for lang in (budget_langs or langs)]
-        unknown = set(checked) - set(langs)
-        if unknown:
-            raise PosfairInputError(f"budget_langs {sorted(unknown)} are not among langs {list(langs)}")
-        for lang in checked:
-            counts = n_tokens[lang]
-            keep &= set(counts.index[counts <= cap])
-        ids = [i for i in ids if i in keep]
-        if not ids:
-            raise PosfairInputError(f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language")
+        ids = _within_budget(ids, n_tokens, max_doc_tokens, k, langs, budget_langs)
     order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
     docs = [order[i : i + k] for i in range(0, len(order), k)]
     width = len(str(len(docs)))
     doc_ids = [f"d{j:0{width}d}" for j in range(len(docs))]
     out = Path(out_dir)
     for lang, sub in per_lang.items():
-        ldir = out / posir_lang(lang) / domain
-        corpus_rows, query_rows, qrel_rows = [], [], []
-        for did, segs in zip(doc_ids, docs, strict=True):
-            parts, spans, pos = [], [], 0
-            for s in segs:
-                text = sub.at[s, "text"]
-                spans.append((pos, pos + len(text)))
-                parts.append(text)
-                pos += len(text) + len(separator)
-            doc_text = separator.join(parts)
-            tok = int(sum(int(n_tokens[lang][s]) for s in segs)) if lang in n_tokens else None
-            corpus_rows.append({"_id": did, "text": doc_text})
-            for p, (s, span) in enumerate(zip(segs, spans, strict=True), start=1):
-                qid = f"q-{s}"
-                query_rows.append(
-                    {
-                        "_id": qid,
-                        "text": sub.at[s, "title"],
-                        "pos_char_span": list(span),
-                        "pos_char_length": len(doc_text),
-                        "pos_token_length": tok,
-                        "segment_id": s,
-                        "segment_position": p,
-                        "n_segments": len(segs),
-                    }
-                )
-                qrel_rows.append({"query-id": qid, "corpus-id": did, "score": 1})
-        atomic_write_parquet(ldir / "corpus.parquet", pd.DataFrame(corpus_rows))
-        atomic_write_parquet(ldir / "queries.parquet", pd.DataFrame(query_rows))
-        atomic_write_parquet(ldir / "qrels" / "test.parquet", pd.DataFrame(qrel_rows))
+        _write_language(out / posir_lang(lang) / domain, sub, doc_ids, docs, separator, n_tokens.get(lang))
     atomic_write_json(
         out / "benchmark.json",
         {
@@ -156,3 +91,83 @@ def build_from_corpus(
         },
     )
     return out
+
+
+def _aligned_segments(corpus: pd.DataFrame, langs: Sequence[str]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Per language the usable rows (non-empty title and text) indexed by id, and the ids present in every language."""
+    missing = [c for c in ("id", "lang", "text", "title") if c not in corpus.columns]
+    if missing:
+        raise PosfairInputError(f"corpus is missing column(s) {missing}; found {list(corpus.columns)}")
+    df = corpus.copy()
+    df["id"] = df["id"].astype(str)
+    df = df[df["text"].fillna("").str.strip().ne("") & df["title"].fillna("").str.strip().ne("")]
+    per_lang = {}
+    for lang in langs:
+        sub = df[df["lang"] == lang]
+        if sub.empty:
+            raise PosfairInputError(
+                f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}"
+            )
+        if sub["id"].duplicated().any():
+            raise PosfairInputError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
+        per_lang[lang] = sub.set_index("id")
+    ids = sorted(set.intersection(*(set(s.index) for s in per_lang.values())))
+    if not ids:
+        raise PosfairInputError(f"no segment id is present in every language of {list(langs)}")
+    return per_lang, ids
+
+
+def _token_counts(per_lang: dict[str, pd.DataFrame], ids: list[str], count_tokens) -> dict[str, pd.Series]:
+    """Per language the segments' token counts (no special tokens): from ``count_tokens``, else the corpus column
+    ``n_tokens_minilm``; languages without either are left out."""
+    out: dict[str, pd.Series] = {}
+    for lang, sub in per_lang.items():
+        if count_tokens is not None:
+            out[lang] = pd.Series([int(n) for n in count_tokens(sub.loc[ids, "text"].tolist())], index=ids)
+        elif "n_tokens_minilm" in sub.columns:
+            out[lang] = sub.loc[ids, "n_tokens_minilm"].astype(int)
+    return out
+
+
+def _within_budget(ids: list[str], n_tokens: dict[str, pd.Series], max_doc_tokens: int, k: int, langs: Sequence[str],
+                   budget_langs: Sequence[str] | None) -> list[str]:  # fmt: skip
+    """The ids whose segment has at most ``max_doc_tokens // k`` tokens in every budget language."""
+    if not n_tokens:
+        raise PosfairInputError("max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column")
+    cap = max_doc_tokens // k
+    checked = list(budget_langs or langs)
+    unknown = set(checked) - set(langs)
+    if unknown:
+        raise PosfairInputError(f"budget_langs {sorted(unknown)} are not among langs {list(langs)}")
+    keep = set(ids)
+    for lang in checked:
+        counts = n_tokens[lang]
+        keep &= set(counts.index[counts <= cap])
+    out = [i for i in ids if i in keep]
+    if not out:
+        raise PosfairInputError(f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language")
+    return out
+
+
+def _write_language(ldir: Path, sub: pd.DataFrame, doc_ids: list[str], docs: list[list[str]], separator: str,
+                    n_tokens: pd.Series | None) -> None:  # fmt: skip
+    """One language's ``corpus.parquet``, ``queries.parquet`` (a segment's title asks for its document) and qrels."""
+    corpus_rows, query_rows, qrel_rows = [], [], []
+    for did, segs in zip(doc_ids, docs, strict=True):
+        parts, spans, pos = [], [], 0
+        for s in segs:
+            text = sub.at[s, "text"]
+            spans.append((pos, pos + len(text)))
+            parts.append(text)
+            pos += len(text) + len(separator)
+        doc_text = separator.join(parts)
+        tok = int(sum(int(n_tokens[s]) for s in segs)) if n_tokens is not None else None
+        corpus_rows.append({"_id": did, "text": doc_text})
+        for p, (s, span) in enumerate(zip(segs, spans, strict=True), start=1):
+            qid = f"q-{s}"
+            query_rows.append({"_id": qid, "text": sub.at[s, "title"], "pos_char_span": list(span), "pos_char_length": len(doc_text),
+                               "pos_token_length": tok, "segment_id": s, "segment_position": p, "n_segments": len(segs)})  # fmt: skip
+            qrel_rows.append({"query-id": qid, "corpus-id": did, "score": 1})
+    atomic_write_parquet(ldir / "corpus.parquet", pd.DataFrame(corpus_rows))
+    atomic_write_parquet(ldir / "queries.parquet", pd.DataFrame(query_rows))
+    atomic_write_parquet(ldir / "qrels" / "test.parquet", pd.DataFrame(qrel_rows))
