@@ -60,7 +60,9 @@ import tempfile
 import time
 from pathlib import Path
 
-CAL = dict(basket_size=128, layers=float(os.environ.get("POSFAIR_BENCH_LAYERS", "0.5")), strength=0.5)  # --layers sets it
+CAL = dict(
+    basket_size=128, layers=float(os.environ.get("POSFAIR_BENCH_LAYERS", "0.5")), strength=0.5
+)  # --layers sets it
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega river stone light market policy court season engine signal harbour").split()  # fmt: skip
 # (numerator, denominator, target time ratio, target memory ratio or None)
@@ -132,7 +134,9 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
         if model.mechanism == "registry":
             model.transformer_module.set_attention_base("eager")
         else:  # transformers 4.x: XLM-R's own eager class (full matrices), calibrated through the fallback
-            model = posfair.load_model(path, pooling=pooling, max_seq_length=length, model_kwargs={"attn_implementation": "eager"})
+            model = posfair.load_model(
+                path, pooling=pooling, max_seq_length=length, model_kwargs={"attn_implementation": "eager"}
+            )
             model.eval()
     if config.startswith("tiled"):
         posfair.calibration.fused.ENABLED = False
@@ -168,7 +172,9 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
             "min_cosine_to_fp32": cosine, "batch": batch, "minor_faults": faults}  # fmt: skip
 
 
-def interleaved(folder: str, configs: list[str], length: int, repeats: int, dtype: str, batch: int, min_seconds: float) -> dict:
+def interleaved(
+    folder: str, configs: list[str], length: int, repeats: int, dtype: str, batch: int, min_seconds: float
+) -> dict:
     """Time only, in one process: the configurations' passes alternate, so every ratio is measured under
     the same machine load (the subprocess mode's peak RSS needs one process per configuration)."""
     import torch
@@ -231,10 +237,16 @@ def main() -> None:
     ap.add_argument("--naive-all-max", type=int, default=2048, help="longest length for the naive all-rows run")
     ap.add_argument("--configs", nargs="+", help="only these configurations (see above)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--real-batch", action="store_true", help="a bundled model (--model) on batches of real-length documents")
-    ap.add_argument("--model", default="bundled", help="--real-batch: bundled (MiniLM) or bundled:multilingual-e5-small")
+    ap.add_argument(
+        "--real-batch", action="store_true", help="a bundled model (--model) on batches of real-length documents"
+    )
+    ap.add_argument(
+        "--model", default="bundled", help="--real-batch: bundled (MiniLM) or bundled:multilingual-e5-small"
+    )
     ap.add_argument("--batch", type=int, default=None, help="batch size (default 1; 32 with --real-batch)")
-    ap.add_argument("--interleaved", action="store_true", help="time only, all configurations alternating in one process")
+    ap.add_argument(
+        "--interleaved", action="store_true", help="time only, all configurations alternating in one process"
+    )
     ap.add_argument("--min-seconds", type=float, default=15.0,
                     help="--interleaved: keep alternating until every configuration has run this long (short lengths "
                          "get more rounds than --repeats; the median is kept)")  # fmt: skip
@@ -261,7 +273,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.real_batch:
             if not args.model.startswith("bundled"):
-                ap.error(f"--model must be a bundled model's name (bundled, bundled:multilingual-e5-small); got {args.model!r}")
+                ap.error(
+                    f"--model must be a bundled model's name (bundled, bundled:multilingual-e5-small); got {args.model!r}"
+                )
             folder, lengths = args.model, [512]
             default = ["plain-mean", "posfair-all", "tiled-all", "plain", "posfair-cls", "plain-last", "posfair-last"]
         else:

@@ -49,7 +49,10 @@ def main() -> None:
         verdict = "ok" if median < TARGET_S else "SLOW"
         print(f"{name:<{width}}  {median:5.2f} s  {worst:5.2f} s  {verdict}")
     slow = [r[0] for r in rows if r[1] >= TARGET_S]
-    print(f"{len(rows) - len(slow)} of {len(rows)} under {TARGET_S:.1f} s" + (f"; slow: {', '.join(slow)}" if slow else ""))
+    print(
+        f"{len(rows) - len(slow)} of {len(rows)} under {TARGET_S:.1f} s"
+        + (f"; slow: {', '.join(slow)}" if slow else "")
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def sample_texts(limit: int) -> list[str]:
     return df.text.tolist()[::step][:limit]
 
 
-def padding_table(raw: np.ndarray, texts: list[str], limit: int, shard_size: int, batch_size: int, max_tokens: int) -> dict[str, float]:
+def padding_table(
+    raw: np.ndarray, texts: list[str], limit: int, shard_size: int, batch_size: int, max_tokens: int
+) -> dict[str, float]:
     from posfair.distributed import fixed_batches, length_aware_batches, padded_tokens
 
     lengths = np.minimum(raw, limit)
@@ -74,13 +76,28 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each single-process configuration (fastest kept)")
     ap.add_argument("--no-ray", action="store_true")
     # PosIR estimate assumptions
-    ap.add_argument("--posir-texts", type=float, default=310 * 2000, help="assumed texts to embed: 310 datasets x 2,000 (docs + queries)")
+    ap.add_argument(
+        "--posir-texts",
+        type=float,
+        default=310 * 2000,
+        help="assumed texts to embed: 310 datasets x 2,000 (docs + queries)",
+    )
     ap.add_argument("--posir-tokens-per-text", type=float, default=1500, help="assumed mean tokens per text")
     ap.add_argument(
-        "--posir-passes", type=float, default=10, help="assumed encodings of the corpus (stock + calibration settings x models)"
+        "--posir-passes",
+        type=float,
+        default=10,
+        help="assumed encodings of the corpus (stock + calibration settings x models)",
     )
-    ap.add_argument("--model-cost-ratio", type=float, default=25, help="assumed per-token cost of the PosIR models relative to this model")
-    ap.add_argument("--gpu-speedup", type=float, default=100, help="assumed speed-up of one GPU over this machine's CPU run")
+    ap.add_argument(
+        "--model-cost-ratio",
+        type=float,
+        default=25,
+        help="assumed per-token cost of the PosIR models relative to this model",
+    )
+    ap.add_argument(
+        "--gpu-speedup", type=float, default=100, help="assumed speed-up of one GPU over this machine's CPU run"
+    )
     args = ap.parse_args()
 
     warnings.filterwarnings("ignore", message=".*truncated.*")
@@ -103,7 +120,9 @@ def main() -> None:
     # this model's limit; and a long-context model's (tokenizer lengths only: the budget then caps batches)
     for limit in (model.max_seq_length, 8192):
         pad = padding_table(raw, texts, limit, args.shard_size, args.batch_size, args.max_tokens)
-        print(f"  {limit:6d} {pad['naive']:8.1%} {pad['st-sorted']:10.1%} {pad['length']:8.1%}  ({pad['real_tokens']}, {pad['truncated']})")
+        print(
+            f"  {limit:6d} {pad['naive']:8.1%} {pad['st-sorted']:10.1%} {pad['length']:8.1%}  ({pad['real_tokens']}, {pad['truncated']})"
+        )
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +142,14 @@ def main() -> None:
             t0 = time.perf_counter()
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
             ray_init = time.perf_counter() - t0
-            rows.append(("ray-2", embed_texts(texts, f"{tmp}/ray", spec, model=model, shard_size=args.shard_size, engine="ray", workers=2)))
+            rows.append(
+                (
+                    "ray-2",
+                    embed_texts(
+                        texts, f"{tmp}/ray", spec, model=model, shard_size=args.shard_size, engine="ray", workers=2
+                    ),
+                )
+            )
             ray.shutdown()
     print("\nthroughput:")
     for name, r in rows:
@@ -145,7 +171,9 @@ def main() -> None:
     )
     print(f"  model cost x{args.model_cost_ratio:g} of this model per token; one GPU = x{args.gpu_speedup:g} this CPU run; "
           "linear scaling over GPUs (shards are independent)")  # fmt: skip
-    print(f"  => {gpu_hours_1:,.0f} GPU-hours;", ", ".join(f"{n} GPUs: {gpu_hours_1 / n:,.1f} h" for n in (1, 8, 64, 256)))
+    print(
+        f"  => {gpu_hours_1:,.0f} GPU-hours;", ", ".join(f"{n} GPUs: {gpu_hours_1 / n:,.1f} h" for n in (1, 8, 64, 256))
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def main() -> None:
         texts = [t for t in g["text"].tolist() if len(tok("passage: " + t)["input_ids"]) <= 512][: args.per_lang]
         # a query: the section's first sentence, when it has at least 6 words (or 12 characters: CJK)
         queries = [
-            q for q in (t.split(". ")[0].split("。")[0][:300] for t in texts) if len(q.split()) >= 6 or len(q) >= 12 and len(q.split()) == 1
+            q
+            for q in (t.split(". ")[0].split("。")[0][:300] for t in texts)
+            if len(q.split()) >= 6 or len(q) >= 12 and len(q.split()) == 1
         ]
         ours_n = [len(ids) for ids in tok(["passage: " + t for t in texts])["input_ids"]]
         theirs_n = [engine.token_count(t) for t in texts]
@@ -58,7 +60,9 @@ def main() -> None:
         worst, worst_q = min(worst, float(cos.min())), min(worst_q, float(q_cos.min()))
         print(f"{lang:<5} {len(texts):>5} {f'{equal}/{len(texts)}':>13} {int(np.median(ours_n)):>14} {cos.min():>9.5f} "
               f"{np.median(cos):>11.5f} {q_cos.min():>14.5f}", flush=True)  # fmt: skip
-    print(f"lowest cosine: passages {worst:.5f} (>= 0.9999 expected on real text; lower means a bug), queries {worst_q:.5f}")
+    print(
+        f"lowest cosine: passages {worst:.5f} (>= 0.9999 expected on real text; lower means a bug), queries {worst_q:.5f}"
+    )
 
 
 if __name__ == "__main__":

@@ -73,7 +73,9 @@ def main() -> None:
         length, blocking, repeats = args.worker
         print(json.dumps(worker(int(length), blocking, int(repeats))))
         return
-    print(f"one layer, batch 1, {HEADS} heads x {DIM}, {BASKET}-key baskets, every row calibrated; each line its own process")
+    print(
+        f"one layer, batch 1, {HEADS} heads x {DIM}, {BASKET}-key baskets, every row calibrated; each line its own process"
+    )
     print(f"{'L':>6} {'blocking':<10} {'rows x heads':>13} {'time ms':>9} {'vs stock':>9} {'faults/call':>12}")
     for length in args.lengths:
         res = {}
@@ -85,7 +87,10 @@ def main() -> None:
             res[blocking] = r = json.loads(out.stdout.strip().splitlines()[-1])
             shape = "-" if blocking == "stock" else f"{r['rows']} x {r['heads']}"
             ratio = r["time"] / res["stock"]["time"]
-            print(f"{length:>6} {blocking:<10} {shape:>13} {r['time'] * 1e3:>9.1f} {ratio:>8.2f}x {r['faults']:>12.0f}", flush=True)
+            print(
+                f"{length:>6} {blocking:<10} {shape:>13} {r['time'] * 1e3:>9.1f} {ratio:>8.2f}x {r['faults']:>12.0f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -145,10 +145,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--shard-rows", type=int, default=1024, help="rows per shard (posfair embed's default --shard-size)")
+    ap.add_argument(
+        "--shard-rows", type=int, default=1024, help="rows per shard (posfair embed's default --shard-size)"
+    )
     ap.add_argument("--lookups", type=int, default=10_000)
     ap.add_argument("--queries", type=int, default=100)
-    ap.add_argument("--dir", help="store folder (default: a temporary one, removed at the end); an existing store is reused")
+    ap.add_argument(
+        "--dir", help="store folder (default: a temporary one, removed at the end); an existing store is reused"
+    )
     ap.add_argument("--phase", choices=["open", "work"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phase:

@@ -48,7 +48,11 @@ def main() -> None:
     ap.add_argument("--strengths", default="0.5,1.0")
     ap.add_argument("--self-shares", default="1.0")
     ap.add_argument("--fine-rounds", type=int, default=2)
-    ap.add_argument("--combined", action="store_true", help="only: prior + special('original') together (English n=3, dev then test)")
+    ap.add_argument(
+        "--combined",
+        action="store_true",
+        help="only: prior + special('original') together (English n=3, dev then test)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     out: Path = args.out
@@ -94,14 +98,18 @@ def main() -> None:
                 "dev spread removed %": 100 * (1 - d["spread"] / stock_dev["spread"]),
             })  # fmt: skip
     table = pd.DataFrame(rows)
-    table.to_csv(out / f"test_split-{args.configs.replace(':', '-').replace('/', '-').replace(',', '_')}.csv", index=False)
+    table.to_csv(
+        out / f"test_split-{args.configs.replace(':', '-').replace('/', '-').replace(',', '_')}.csv", index=False
+    )
     print(table.to_string())
     if "en:3" not in results:
         return
     # the held-out family and the retrieval benchmark: each variant's best of the English n=3 search
     res, _ = results["en:3"]
     cals = [("stock", None)] + [(v, c) for v, c in res.variant_best.items() if c is not None]
-    faq = FairnessObjective(model, held_out, default_fairness_settings(n_values=(3,), configs=("en",), target_docs=120), store=store)
+    faq = FairnessObjective(
+        model, held_out, default_fairness_settings(n_values=(3,), configs=("en",), target_docs=120), store=store
+    )
     budget = model.max_seq_length - model.special_token_count()
     bench_path = build_from_corpus(load_corpus(langs="en"), out / "bench", langs=["en"], k=3, max_doc_tokens=budget,
                                    count_tokens=lambda t: model.token_lengths(t, add_special_tokens=False).tolist())  # fmt: skip
@@ -127,7 +135,9 @@ def main() -> None:
 def combined(model, corpus, store, out: Path, max_drop: float) -> None:
     """Prior and special-token mass together (not a tuner variant): a few strengths of the prior variant's
     best line with BOS/EOS isolated at their original mass; chosen on dev under the same constraint, then test."""
-    obj = FairnessObjective(model, corpus, default_fairness_settings(n_values=(3,), configs=("en",), target_docs=120), store=store)
+    obj = FairnessObjective(
+        model, corpus, default_fairness_settings(n_values=(3,), configs=("en",), target_docs=120), store=store
+    )
     prior = obj.estimate_prior()
     stock = {split: obj.evaluate(None, split) for split in (DEV, TEST)}
     rows = []

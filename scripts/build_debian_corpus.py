@@ -101,8 +101,27 @@ CHAPTER_CLASSES = {"chapter", "appendix", "preface"}
 DROP_DIV_CLASSES = {"navheader", "navfooter", "toc", "footnotes", "mediaobject", "titlepage", "list-of-tables"}
 DROP_TAGS = {"pre", "table", "script", "style", "head", "img", "hr"}
 BLOCK_TAGS = {
-    "p", "div", "li", "dt", "dd", "ul", "ol", "dl", "blockquote", "br", "tr", "td", "th",
-    "h1", "h2", "h3", "h4", "h5", "h6", "body", "html",
+    "p",
+    "div",
+    "li",
+    "dt",
+    "dd",
+    "ul",
+    "ol",
+    "dl",
+    "blockquote",
+    "br",
+    "tr",
+    "td",
+    "th",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "body",
+    "html",
 }
 VOID_TAGS = {"br", "img", "hr", "meta", "link", "input", "col", "area", "base", "wbr"}
 HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
@@ -290,7 +309,7 @@ def _build_node(el: Element, prefix: str, stem: str, counter: list[int]) -> Node
     raw_title = inline_text(head) if head is not None else ""
     m = SECTION_LABEL.match(raw_title)
     label = m.group(1) if m else ""
-    title = raw_title[m.end():] if m else raw_title
+    title = raw_title[m.end() :] if m else raw_title
     counter[0] += 1
     if not anchor or re.fullmatch(r"idm?\d+", anchor):
         # generated ids differ between languages: re-key by file + section number
@@ -483,11 +502,19 @@ def build_units(source: str, trees: dict[str, dict[str, Node]], chapters_en: lis
             if share > MAX_ENGLISH_SHARE:
                 dropped["english"] += 1
                 continue
-            rows.append(dict(
-                id=uid, lang=lang, text=text, title=title_by_lang.get(lang) or None, unit=unit,
-                source=source, position=position, sections=" ".join(sections),
-                english_share=round(share, 4),
-            ))
+            rows.append(
+                dict(
+                    id=uid,
+                    lang=lang,
+                    text=text,
+                    title=title_by_lang.get(lang) or None,
+                    unit=unit,
+                    source=source,
+                    position=position,
+                    sections=" ".join(sections),
+                    english_share=round(share, 4),
+                )
+            )
 
     # section units
     position = 0
@@ -604,8 +631,13 @@ def licenses_text(root: Path, infos: dict[str, dict]) -> str:
         "GNU General Public License version 2, reproduced below.",
     ]
     if gpl2.is_file():
-        parts += ["", rule, "GNU GENERAL PUBLIC LICENSE, version 2 (/usr/share/common-licenses/GPL-2)", rule,
-                  gpl2.read_text(encoding="utf-8").rstrip()]
+        parts += [
+            "",
+            rule,
+            "GNU GENERAL PUBLIC LICENSE, version 2 (/usr/share/common-licenses/GPL-2)",
+            rule,
+            gpl2.read_text(encoding="utf-8").rstrip(),
+        ]
     return "\n".join(parts) + "\n"
 
 
@@ -634,8 +666,9 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
     df = pd.DataFrame(all_rows)
     df["n_tokens_minilm"] = count.many(df["text"].tolist())
     df = df.sort_values(["source", "unit", "position", "lang"], kind="mergesort").reset_index(drop=True)
-    df = df[["id", "lang", "text", "title", "unit", "source", "n_tokens_minilm",
-             "position", "sections", "english_share"]]
+    df = df[
+        ["id", "lang", "text", "title", "unit", "source", "n_tokens_minilm", "position", "sections", "english_share"]
+    ]
     df["n_tokens_minilm"] = df["n_tokens_minilm"].astype("int32")
     df["position"] = df["position"].astype("int32")
     if df.duplicated(["id", "lang"]).any():
@@ -649,8 +682,7 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
 
     infos = {p: deb_info(d) for p, d in sorted(debs.items())}
     counts = {
-        unit: {lang: int(n) for lang, n in sub.groupby("lang").size().items()}
-        for unit, sub in df.groupby("unit")
+        unit: {lang: int(n) for lang, n in sub.groupby("lang").size().items()} for unit, sub in df.groupby("unit")
     }
     per_source = {
         f"{source}/{unit}": {lang: int(n) for lang, n in sub.groupby("lang").size().items()}
@@ -658,15 +690,17 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
     }
     tokens = {
         unit: {
-            lang: {q: int(v) for q, v in zip(("min", "median", "max"),
-                                              (s.min(), s.median(), s.max()))}
+            lang: {q: int(v) for q, v in zip(("min", "median", "max"), (s.min(), s.median(), s.max()))}
             for lang, s in sub.groupby("lang")["n_tokens_minilm"]
         }
         for unit, sub in df[df["lang"] == "en"].groupby("unit")
     }
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    built = (_dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch
-             else _dt.datetime.now(_dt.timezone.utc)).replace(microsecond=0).isoformat()
+    built = (
+        (_dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch else _dt.datetime.now(_dt.timezone.utc))
+        .replace(microsecond=0)
+        .isoformat()
+    )
     meta = {
         "build_date": built,
         "builder": "scripts/build_debian_corpus.py",
@@ -674,8 +708,8 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
         "package_sha256": {p: i["sha256"] for p, i in infos.items()},
         "tokenizer": count.name,
         "token_count_note": "n_tokens_minilm counts all-MiniLM-L6-v2 WordPiece tokens without special tokens; "
-                            "the papers' 1,000-2,000-token window was in XLM-R tokens (not available offline). "
-                            "The WordPiece vocabulary is English: zh is largely [UNK], ko/ja/ru split into many pieces.",
+        "the papers' 1,000-2,000-token window was in XLM-R tokens (not available offline). "
+        "The WordPiece vocabulary is English: zh is largely [UNK], ko/ja/ru split into many pieces.",
         "languages": LANGS,
         "settings": {
             "section_max_tokens_en": SECTION_MAX_TOKENS,
@@ -683,7 +717,9 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
             "pack_max_tokens_en": PACK_MAX_TOKENS,
             "max_english_share": MAX_ENGLISH_SHARE,
             "min_copied_block_chars": MIN_COPIED_BLOCK_CHARS,
-            "dropped_elements": sorted(DROP_TAGS) + [f"div.{c}" for c in sorted(DROP_DIV_CLASSES)] + ["footnote markers"],
+            "dropped_elements": sorted(DROP_TAGS)
+            + [f"div.{c}" for c in sorted(DROP_DIV_CLASSES)]
+            + ["footnote markers"],
             "skipped_files": {"debian-faq": sorted(FAQ_SKIP_FILES), "installation-guide": sorted(INSTALL_SKIP_FILES)},
         },
         "counts": counts,
@@ -696,7 +732,7 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
         "parquet_bytes": parquet.stat().st_size,
         "columns": {
             "id": "topic id shared by all translations: '<faq|install>/<file>#<anchor>' (section) or "
-                  "'<faq|install>/<chapter file>#packed-<i>-of-<n>' (packed)",
+            "'<faq|install>/<chapter file>#packed-<i>-of-<n>' (packed)",
             "lang": "ISO 639-1 code",
             "text": "unit text without its own title; paragraphs separated by blank lines",
             "title": "section question/title (section units) or chapter title (packed units), number label removed",

@@ -94,7 +94,9 @@ def position_table(folders: list[tuple[str, Path]]) -> str:
         "|:--|:--|--:|:--|--:|--:|:--|--:|",
     ]
     for name, folder in folders:
-        obs = pd.read_parquet(folder / "observations.parquet", columns=["calibration", "n", "config", "set_id", "position", "sigma"])
+        obs = pd.read_parquet(
+            folder / "observations.parquet", columns=["calibration", "n", "config", "set_id", "position", "sigma"]
+        )
         cal = sorted(set(obs["calibration"]) - {"stock"})[0]
         groups = sorted(obs.groupby(["n", "config"]), key=lambda g: (g[0][0], g[0][1] != "en", g[0][1]))
         for (n, config), part in groups:
@@ -102,14 +104,18 @@ def position_table(folders: list[tuple[str, Path]]) -> str:
             calib = part[part["calibration"] == cal]
             bs, bc = _set_betas(stock, n), _set_betas(calib, n)
             fit = fit_position_ols(stock["sigma"], stock["position"], stock["set_id"], n, warn=False)
-            np.testing.assert_allclose(fit.params[1:], bs.mean().to_numpy(), atol=1e-12)  # balanced: OLS = mean over sets
+            np.testing.assert_allclose(
+                fit.params[1:], bs.mean().to_numpy(), atol=1e-12
+            )  # balanced: OLS = mean over sets
             diff = (bc - bs).dropna()
             g = len(diff)
             half = stats.t.ppf(0.975, g - 1) * diff.std(ddof=1) / np.sqrt(g)
             for p in range(2, n + 1):
                 m = diff[p].mean()
                 lo, hi = m - half[p], m + half[p]
-                what = "" if lo <= 0 <= hi else (" toward 0" if abs(bc[p].mean()) < abs(bs[p].mean()) else " away from 0")
+                what = (
+                    "" if lo <= 0 <= hi else (" toward 0" if abs(bc[p].mean()) < abs(bs[p].mean()) else " away from 0")
+                )
                 label = "English" if config == "en" else "German first, then English"
                 lines.append(
                     f"| {name} | {label} | {n} | β{p} | {bs[p].mean():+.3f} | {bc[p].mean():+.3f} | "

@@ -116,7 +116,9 @@ class Reference:
                 scores = scores.masked_fill(~attention_mask, float("-inf"))
             else:
                 scores = scores + attention_mask.double()
-        w = self.calibrate_weights(torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).numpy().copy(), module.layer_idx)
+        w = self.calibrate_weights(
+            torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).numpy().copy(), module.layer_idx
+        )
         out = torch.matmul(torch.from_numpy(w), v)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
@@ -175,7 +177,12 @@ class _LayerReference(TorchFunctionMode):
             out, _ = _REF.attention(mod, a["query"], a["key"], a["value"], a.get("attn_mask"), scaling=a.get("scale"))
             return out.transpose(1, 2)
         out = func(*args, **kwargs)
-        if any(func is f for f in _SOFTMAXES) and out.dim() == 4 and out.shape[0] == self.batch and out.shape[-1] == out.shape[-2]:
+        if (
+            any(func is f for f in _SOFTMAXES)
+            and out.dim() == 4
+            and out.shape[0] == self.batch
+            and out.shape[-1] == out.shape[-2]
+        ):
             self.calls += 1
             w = self.calibrate_weights(out)
             return w
@@ -191,7 +198,9 @@ def layer_attention_modules(auto_model, num_layers: int) -> list:
     the model's stack of ``num_layers`` layers."""
     for stack in auto_model.modules():
         if isinstance(stack, torch.nn.ModuleList) and len(stack) == num_layers:
-            mods = [next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None) for layer in stack]
+            mods = [
+                next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None) for layer in stack
+            ]
             if all(m is not None for m in mods):
                 return mods
     raise AssertionError(f"no layer stack with attention modules in {type(auto_model).__name__}")

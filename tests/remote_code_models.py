@@ -267,7 +267,9 @@ def _import_modeling(folder: Path):
     return mod
 
 
-def build_remote_model(folder: Path, attention_kind: str = "functional", seed: int = 0, initializer_range: float = 0.15, **config) -> Path:
+def build_remote_model(
+    folder: Path, attention_kind: str = "functional", seed: int = 0, initializer_range: float = 0.15, **config
+) -> Path:
     """Write a tiny remote-code model (hidden 64, 4 layers, 4 heads) to ``folder``; returns the folder.
 
     ``initializer_range`` is larger than BERT's 0.02 so attention rows are far from

@@ -43,7 +43,17 @@ LEVELS = [
         ),
     ),
     ("encoding", ("posfair.encoding", "posfair.evaluator_base")),
-    ("pipelines", ("posfair.fairness", "posfair.attention", "posfair.retrieval", "posfair.distributed", "posfair.tuning", "posfair.mteb")),
+    (
+        "pipelines",
+        (
+            "posfair.fairness",
+            "posfair.attention",
+            "posfair.retrieval",
+            "posfair.distributed",
+            "posfair.tuning",
+            "posfair.mteb",
+        ),
+    ),
     ("cli", ("posfair.cli",)),
 ]
 # the pipelines among themselves: tuning chooses a calibration with the fairness and retrieval objectives (and
@@ -200,7 +210,9 @@ def test_imports_at_module_level(module):
     """Library imports sit at the top of the module, so the graph above is the whole graph;
     only optional / heavy dependencies, and a result's renderer, are imported where they are used."""
     hidden = [
-        f"line {n}: {m}" for n, m in local_imports(MODULES[module]) if m.split(".")[0] not in LAZY_OK and (module, m) not in RENDERER_ON_USE
+        f"line {n}: {m}"
+        for n, m in local_imports(MODULES[module])
+        if m.split(".")[0] not in LAZY_OK and (module, m) not in RENDERER_ON_USE
     ]
     assert hidden == []
 

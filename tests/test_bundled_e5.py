@@ -62,7 +62,9 @@ def test_token_counts_equal_the_engine(e5, engine):
     theirs = [engine.token_count(t) for t in TEXTS]
     assert ours == theirs
     # the query prompt too
-    assert [len(tok("query: " + t)["input_ids"]) for t in TEXTS] == [engine.token_count(t, is_query=True) for t in TEXTS]
+    assert [len(tok("query: " + t)["input_ids"]) for t in TEXTS] == [
+        engine.token_count(t, is_query=True) for t in TEXTS
+    ]
 
 
 def test_token_counts_on_the_corpus_languages(e5, engine):
@@ -162,14 +164,21 @@ def test_charsmap_holds_every_entry_of_the_normalisation_table(parsed):
     assert all(norm.normalize_str(chr(cp)) == out for cp, out in folded.items())
     # characters outside the table pass unchanged (no aliasing between trie nodes)
     rng = np.random.default_rng(0)
-    others = [cp for cp in rng.integers(0x20, 0x2FFFF, 20000) if cp not in parsed.normalization and not 0xD800 <= cp <= 0xDFFF]
+    others = [
+        cp for cp in rng.integers(0x20, 0x2FFFF, 20000) if cp not in parsed.normalization and not 0xD800 <= cp <= 0xDFFF
+    ]
     assert all(norm.normalize_str(chr(cp)) == chr(cp) for cp in others)
 
 
 def test_model_shape_prompts_and_name(e5):
     cfg = e5.transformer_module.auto_model.config
     assert type(e5.transformer_module.auto_model).__name__ == "BertModel"
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.max_position_embeddings) == (12, 384, 12, 512)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.max_position_embeddings) == (
+        12,
+        384,
+        12,
+        512,
+    )
     assert e5.pooling == "mean" and e5.max_seq_length == 512
     assert e5.prompts["query"] == "query: " and e5.prompts["passage"] == e5.prompts["document"] == "passage: "
     assert e5.default_prompt_name == "passage"
@@ -254,7 +263,10 @@ def test_prompted_tokenizer_counts_the_prompt_and_keeps_offsets_on_the_text(e5):
     assert [t for t, i in zip(tokens, idx, strict=True) if i == 0] == ["▁Er", "ster", "▁Abschnitt", "▁hier", "."]
     assert [t for t, i in zip(tokens, idx, strict=True) if i == -1] == ["<s>", "▁passage", ":", "</s>"]
     # segment lengths (no special tokens) carry no prompt; the per-text overhead counts it
-    assert tok([text], add_special_tokens=False)["input_ids"] == e5.tokenizer([text], add_special_tokens=False)["input_ids"]
+    assert (
+        tok([text], add_special_tokens=False)["input_ids"]
+        == e5.tokenizer([text], add_special_tokens=False)["input_ids"]
+    )
     assert e5.special_token_count() == 4  # <s> </s> and "▁passage", ":"
 
 
@@ -272,9 +284,24 @@ def test_command_line_names_and_refusals(tmp_path, e5):
     texts = ["Ein kurzer deutscher Satz.", "一个简短的中文句子。"]
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     r = CliRunner().invoke(
-        app, ["encode", "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "o.npy"), "-m", "bundled:multilingual-e5-small"]
+        app,
+        [
+            "encode",
+            "-i",
+            str(tmp_path / "in.txt"),
+            "-o",
+            str(tmp_path / "o.npy"),
+            "-m",
+            "bundled:multilingual-e5-small",
+        ],
     )
     assert r.exit_code == 0, r.output
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), e5.encode(texts, prompt_name="passage"), atol=1e-5)
-    r = CliRunner().invoke(app, ["encode", "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "p.npy"), "-m", "bundled:e5-large"])
-    assert r.exit_code == 2 and "error: --model bundled:e5-large" in r.output and "bundled:multilingual-e5-small" in r.output
+    r = CliRunner().invoke(
+        app, ["encode", "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "p.npy"), "-m", "bundled:e5-large"]
+    )
+    assert (
+        r.exit_code == 2
+        and "error: --model bundled:e5-large" in r.output
+        and "bundled:multilingual-e5-small" in r.output
+    )

@@ -12,7 +12,11 @@ from typer.testing import CliRunner
 from posfair import Calibration
 from posfair.cli import app
 
-TEXTS = ["Debian is a free operating system. " * 6, "How do I install a package?", "The installer runs in many languages."]
+TEXTS = [
+    "Debian is a free operating system. " * 6,
+    "How do I install a package?",
+    "The installer runs in many languages.",
+]
 
 
 def run(*args):
@@ -70,7 +74,12 @@ def no_model(monkeypatch):
             (),
             "{path}: line 2 is not valid JSON (Expecting property name enclosed in double quotes)",
         ),
-        ("in.jsonl", '{"text": "ok"}\n["a list"]\n', (), "{path}: line 2 is a JSON list, not an object with a 'text' field"),
+        (
+            "in.jsonl",
+            '{"text": "ok"}\n["a list"]\n',
+            (),
+            "{path}: line 2 is a JSON list, not an object with a 'text' field",
+        ),
         ("in.csv", "a,b\n", (), "{path}: unsupported input type '.csv': use .txt, .jsonl or .parquet"),
         ("in.jsonl", '{"text": "ok"}\n{"text": "  "}\n', (), "{path}: line 2: 'text' is empty"),
         ("in.jsonl", '{"text": "ok"}\n{"text": null}\n', (), "{path}: line 2: 'text' is null"),
@@ -102,7 +111,9 @@ def test_bad_input_is_refused_by_name_before_any_work(tmp_path, no_model, name, 
     r = run("encode", "-i", path, "-o", tmp_path / "o.npy", *(e.format(tmp=tmp_path) for e in extra))  # a later -o wins
     assert r.exit_code == 2
     assert r.stderr == f"error: {message.format(path=path)}\n"
-    assert not (tmp_path / "o.npy").exists() and [f.name for f in tmp_path.iterdir()] == ([name] if content is not None else [])
+    assert not (tmp_path / "o.npy").exists() and [f.name for f in tmp_path.iterdir()] == (
+        [name] if content is not None else []
+    )
 
 
 @pytest.mark.parametrize(
@@ -129,7 +140,10 @@ def test_an_output_that_is_a_folder_is_refused(tmp_path, no_model):
     assert r.exit_code == 2 and r.stderr == f"error: --out {tmp_path / 'dir.npy'}: is an existing folder, not a file\n"
     assert [f.name for f in (tmp_path / "dir.npy").iterdir()] == ["keep"]
     r = run("encode", "-i", tmp_path / "in.txt", "-o", tmp_path / "in.txt" / "o.npy")
-    assert r.exit_code == 2 and r.stderr == f"error: --out {tmp_path / 'in.txt' / 'o.npy'}: {tmp_path / 'in.txt'} is a file, not a folder\n"
+    assert (
+        r.exit_code == 2
+        and r.stderr == f"error: --out {tmp_path / 'in.txt' / 'o.npy'}: {tmp_path / 'in.txt'} is a file, not a folder\n"
+    )
 
 
 @pytest.fixture
@@ -145,7 +159,12 @@ def test_a_folder_posfair_did_not_create_is_never_deleted(tmp_path, tiny):
         (tmp_path / name / "sentinel").write_text("user data")
     r = run("encode", "-i", tmp_path / "in.txt", "-o", tmp_path / "out.npy", *tiny)
     assert r.exit_code == 0, r.output
-    assert sorted(f.name for f in tmp_path.iterdir()) == [".out.npy.posfair-cache", "in.txt", "out.npy", "out.npy.cache"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        ".out.npy.posfair-cache",
+        "in.txt",
+        "out.npy",
+        "out.npy.cache",
+    ]
     for name in ("out.npy.cache", ".out.npy.posfair-cache"):
         assert [f.name for f in (tmp_path / name).iterdir()] == ["sentinel"]
         assert (tmp_path / name / "sentinel").read_text() == "user data"
@@ -204,7 +223,11 @@ def test_a_cache_of_other_settings_is_refused(tmp_path, tiny):
     assert run(*args).exit_code == 0
     manifest_file = next((tmp_path / "cache").glob("*/manifest.json"))
     manifest = json.loads(manifest_file.read_text())
-    assert manifest["dim"] == 64 and manifest["calibration"] is None and manifest["code_hash"] == code_version()["code_hash"]
+    assert (
+        manifest["dim"] == 64
+        and manifest["calibration"] is None
+        and manifest["code_hash"] == code_version()["code_hash"]
+    )
     manifest_file.write_text(json.dumps({**manifest, "posfair_version": "0.0.1"}))
     r = run(*args)
     ns = manifest_file.parent

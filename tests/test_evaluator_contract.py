@@ -52,7 +52,9 @@ def model(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en"], k=3, seed=3, max_doc_tokens=None)
+    out = build_from_corpus(
+        aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en"], k=3, seed=3, max_doc_tokens=None
+    )
     return load_benchmark(str(out), lang="en")
 
 
@@ -125,7 +127,9 @@ def test_in_a_sequential_evaluator(model, bench):
     assert all(ev.primary_metric in out for ev in evaluators)
     assert out["sequential_score"] == out[evaluators[-1].primary_metric]
     for ev in evaluators:
-        assert model.model_card_data.eval_results_dict[ev] == {k: v for k, v in out.items() if k.startswith(f"{ev.name}_")}
+        assert model.model_card_data.eval_results_dict[ev] == {
+            k: v for k, v in out.items() if k.startswith(f"{ev.name}_")
+        }
 
 
 def test_bad_input_is_refused_at_construction(bench):

@@ -10,7 +10,11 @@ from typer.testing import CliRunner
 
 from posfair.cli import app
 
-TEXTS = ["Debian is a free operating system. " * 6, "How do I install a package?", "The installer runs in many languages."]
+TEXTS = [
+    "Debian is a free operating system. " * 6,
+    "How do I install a package?",
+    "The installer runs in many languages.",
+]
 
 
 def run(*args):
@@ -85,7 +89,9 @@ def test_the_truncation_warning_counts_the_input_not_the_cache_misses(tmp_path, 
         r = run(*base, "-i", tmp_path / "in.txt", "-o", tmp_path / "out.npy")
         assert r.exit_code == 0, r.output
         warned = [line for line in r.stderr.splitlines() if "truncated" in line]
-        assert len(warned) == 1 and "1 of 11 texts are longer than" in warned[0] and "(first: text 5," in warned[0], warned
+        assert len(warned) == 1 and "1 of 11 texts are longer than" in warned[0] and "(first: text 5," in warned[0], (
+            warned
+        )
 
 
 @pytest.fixture
@@ -104,8 +110,14 @@ def _jsonl(path, rows):
 @pytest.mark.parametrize(
     "ids,message",
     [
-        ([1, "a", None], "line 2: 'doc' is 'a' but the first id (line 1) is an integer: ids must all be strings or all integers"),
-        (["a", 2], "line 2: 'doc' is an int (2) but the first id (line 1) is a string: ids must all be strings or all integers"),
+        (
+            [1, "a", None],
+            "line 2: 'doc' is 'a' but the first id (line 1) is an integer: ids must all be strings or all integers",
+        ),
+        (
+            ["a", 2],
+            "line 2: 'doc' is an int (2) but the first id (line 1) is a string: ids must all be strings or all integers",
+        ),
         (["a", None], "line 2: 'doc' is null: ids must be strings or integers"),
         ([1.5, 2], "line 1: 'doc' is a float (1.5): ids must be strings or integers"),
         ([1, [2]], "line 2: 'doc' is a list ([2]): ids must be strings or integers"),
@@ -131,7 +143,10 @@ def test_parquet_ids_with_a_null_are_refused_by_row(tmp_path, no_model):
 def test_repeated_ids_are_kept_and_counted(tmp_path, tiny):
     import pandas as pd
 
-    path = _jsonl(tmp_path / "in.jsonl", [{"text": t, "doc": d} for t, d in zip(TEXTS + ["more", "again"], [3, 1, 3, 2, 3], strict=True)])
+    path = _jsonl(
+        tmp_path / "in.jsonl",
+        [{"text": t, "doc": d} for t, d in zip(TEXTS + ["more", "again"], [3, 1, 3, 2, 3], strict=True)],
+    )
     r = run("encode", "-i", path, "-o", tmp_path / "o.parquet", "--id-field", "doc", *tiny)
     assert r.exit_code == 0, r.output
     assert f"warning: {path}: 2 of 5 'doc' values repeat an earlier one (first: 3 at line 1 and line 3)" in r.stderr
@@ -170,7 +185,10 @@ def test_invalid_utf8_is_named_by_line(tmp_path, no_model):
     path = tmp_path / "in.txt"
     path.write_bytes(b"fine\nalso fine\nbad \xff here\n")
     r = run("encode", "-i", path, "-o", tmp_path / "o.npy")
-    assert r.exit_code == 2 and r.stderr == f"error: {path}: line 3 is not UTF-8 text (invalid start byte at byte 5 of the line)\n"
+    assert (
+        r.exit_code == 2
+        and r.stderr == f"error: {path}: line 3 is not UTF-8 text (invalid start byte at byte 5 of the line)\n"
+    )
 
 
 def test_an_empty_model_name_is_refused(tmp_path, no_model):
@@ -260,7 +278,9 @@ def test_concurrent_encode_runs_on_one_output_leave_no_cache(tmp_path, tiny):
     cmd = [sys.executable, "-m", "posfair.cli", "encode", "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy"),
            "--chunk-size", "5", *map(str, tiny)]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err

@@ -73,7 +73,9 @@ def test_no_pickle_in_shards(tmp_path):
     ns.put(["k1", "k2"], np.eye(2))
     shard = next(ns.path.glob("part-*.arrow"))
     table = pa.ipc.open_file(pa.memory_map(str(shard))).read_all()  # plain Arrow: a key string column, float32 vectors
-    assert table.schema.field("key").type == pa.string() and table.schema.field("vector").type == pa.list_(pa.float32(), 2)
+    assert table.schema.field("key").type == pa.string() and table.schema.field("vector").type == pa.list_(
+        pa.float32(), 2
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,8 +112,14 @@ def rewrite(path, keys, vectors, meta=None):
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     metadata = {b"posfair": json.dumps(meta).encode()} if meta is not None else None
     batch = pa.record_batch(
-        [pa.array(list(keys), pa.string()), pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])],
-        schema=pa.schema([pa.field("key", pa.string()), pa.field("vector", pa.list_(pa.float32(), vectors.shape[1]))], metadata=metadata),
+        [
+            pa.array(list(keys), pa.string()),
+            pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1]),
+        ],
+        schema=pa.schema(
+            [pa.field("key", pa.string()), pa.field("vector", pa.list_(pa.float32(), vectors.shape[1]))],
+            metadata=metadata,
+        ),
     )
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as w:
         w.write_batch(batch)
@@ -231,7 +239,10 @@ def test_nan_vectors_are_never_cached(tmp_path):
     ns = EmbeddingStore(tmp_path).namespace(model="m")
     bad = np.ones((3, 2), dtype=np.float32)
     bad[2, 1] = np.inf
-    with pytest.raises(ValueError, match="^1 of 3 vectors hold NaN or infinite values \\(first: row 2, key c\\); refusing to cache them$"):
+    with pytest.raises(
+        ValueError,
+        match="^1 of 3 vectors hold NaN or infinite values \\(first: row 2, key c\\); refusing to cache them$",
+    ):
         ns.put(["a", "b", "c"], bad)
     assert not list(ns.path.glob("part-*")) and len(ns) == 0
     ns.put(["a"], np.ones((1, 2)))
@@ -245,7 +256,10 @@ def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path):
     original = json.loads(manifest_file.read_text())
     assert original == {"format": 2, "namespace": {"calibration": "stock", "model": "m"}, "dim": 3, **code_version()}
     manifest_file.unlink()
-    with pytest.warns(UserWarning, match=f"^store {ns.path} had no readable manifest.json: rebuilt it from the metadata of its 3 shards$"):
+    with pytest.warns(
+        UserWarning,
+        match=f"^store {ns.path} had no readable manifest.json: rebuilt it from the metadata of its 3 shards$",
+    ):
         again = EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
     assert json.loads(manifest_file.read_text()) == original and len(again) == 9
     # a garbage manifest is set aside (kept) and rebuilt the same way
@@ -278,7 +292,13 @@ def test_a_manifest_of_other_settings_is_refused_by_name(tmp_path):
     # with the manifest gone, the shards' own metadata gives the same answer
     manifest_file.unlink()
     keys, vectors, _ = read_shard(shards[0])
-    write_shard(ns.path, keys, vectors, name="older", settings={"namespace": ns.meta, "posfair_version": "0.0.1", "code_hash": "0" * 16})
+    write_shard(
+        ns.path,
+        keys,
+        vectors,
+        name="older",
+        settings={"namespace": ns.meta, "posfair_version": "0.0.1", "code_hash": "0" * 16},
+    )
     older = ns.path / "part-older.arrow"
     with pytest.raises(ManifestMismatch) as err:
         EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
@@ -294,7 +314,9 @@ def test_a_shard_of_another_namespace_is_refused_by_name(tmp_path):
     other = EmbeddingStore(tmp_path).namespace(model="other")
     other.put(["x"], np.ones((1, 3)), name="foreign")
     (other.path / "part-foreign.arrow").rename(ns.path / "part-foreign.arrow")
-    with pytest.raises(ManifestMismatch, match=f"^shard {ns.path / 'part-foreign.arrow'} was made with other settings \\(namespace: "):
+    with pytest.raises(
+        ManifestMismatch, match=f"^shard {ns.path / 'part-foreign.arrow'} was made with other settings \\(namespace: "
+    ):
         EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
 
 
@@ -321,7 +343,8 @@ def test_unreadable_namespace_metadata_is_set_aside_and_written_again(tmp_path):
     meta_file = ns.path / "meta.json"
     meta_file.write_bytes(b"\xff\xfe garbage")
     with pytest.warns(
-        DamagedShardWarning, match=f"^damaged namespace metadata {meta_file} .*: moved to {meta_file}.damaged-1; it is written again$"
+        DamagedShardWarning,
+        match=f"^damaged namespace metadata {meta_file} .*: moved to {meta_file}.damaged-1; it is written again$",
     ):
         again = EmbeddingStore(tmp_path).namespace(model="m", calibration="stock")
     assert json.loads(meta_file.read_text()) == {"calibration": "stock", "model": "m"} and len(again) == 9

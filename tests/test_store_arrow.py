@@ -23,9 +23,9 @@ from posfair.store.shards import _npz_checksum
 
 def vectors_for(keys, dim=8):
     """Deterministic vectors of keys (any key gives the same vector in any run)."""
-    return np.stack([np.random.default_rng(int(k[:8], 16) if len(k) >= 8 else len(k)).standard_normal(dim) for k in keys]).astype(
-        np.float32
-    )
+    return np.stack(
+        [np.random.default_rng(int(k[:8], 16) if len(k) >= 8 else len(k)).standard_normal(dim) for k in keys]
+    ).astype(np.float32)
 
 
 def filled(root, n=200, shard=32, meta=None):
@@ -186,7 +186,9 @@ def test_a_killed_writer_loses_no_finished_shard(tmp_path):
     ns = EmbeddingStore(tmp_path).namespace(model="m")  # verifies and indexes the unindexed shards
     assert len(ns) == 10 * len(written) and (ns_dir / INDEX).exists()
     computed = []
-    out = ns.get_or_compute(keys, keys, lambda it: computed.append(len(it)) or np.full((len(it), 4), 2.0, np.float32), chunk_size=10)
+    out = ns.get_or_compute(
+        keys, keys, lambda it: computed.append(len(it)) or np.full((len(it), 4), 2.0, np.float32), chunk_size=10
+    )
     assert sum(computed) == 400 - 10 * len(written) and out.shape == (400, 4)
 
 
@@ -195,7 +197,9 @@ def write_npz_shard(folder, name, keys, vectors, settings):
     info = {"format": 2, "rows": len(keys), "dim": int(vectors.shape[1]), "settings": settings}
     meta = {**info, "sha256": _npz_checksum(info, keys, vectors)}
     with open(folder / f"part-{name}.npz", "wb") as fh:
-        np.savez(fh, keys=np.asarray(keys, dtype=str), vectors=vectors, meta=np.asarray(json.dumps(meta, sort_keys=True)))
+        np.savez(
+            fh, keys=np.asarray(keys, dtype=str), vectors=vectors, meta=np.asarray(json.dumps(meta, sort_keys=True))
+        )
 
 
 @pytest.mark.filterwarnings("ignore:store .* had no readable manifest.json")

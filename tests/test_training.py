@@ -69,13 +69,16 @@ def test_trainer_reloads_the_best_calibrated_checkpoint(tiny_model_path, tmp_pat
     path, pooling = tiny_model_path("bert-mean")
     model = posfair.load_model(path, pooling=pooling, device="cpu").set_calibration(CAL)
     bench = load_benchmark(
-        str(build_from_corpus(aligned_corpus(), tmp_path / "bench", langs=["en"], k=3, seed=3, max_doc_tokens=None)), lang="en"
+        str(build_from_corpus(aligned_corpus(), tmp_path / "bench", langs=["en"], k=3, seed=3, max_doc_tokens=None)),
+        lang="en",
     )
     texts = bench.corpus_texts
     assert model.calibration_coverage(texts).calibrated == len(texts)  # the calibration changes every document
     stock_before = model.encode(texts, calibration=STOCK)
 
-    fairness = PositionalFairnessEvaluator(tiny_corpus(topics=8), SETTINGS, [model.calibration], name="fair", write_report=False)
+    fairness = PositionalFairnessEvaluator(
+        tiny_corpus(topics=8), SETTINGS, [model.calibration], name="fair", write_report=False
+    )
     retrieval = PositionalRetrievalEvaluator(bench, model.calibration)
     key, greater = retrieval.primary_metric, retrieval.greater_is_better
     pairs = aligned_corpus().query("lang == 'en'")
@@ -123,7 +126,9 @@ def test_trainer_reloads_the_best_calibrated_checkpoint(tiny_model_path, tmp_pat
     assert retrieval(model)[key] == pytest.approx(best_value)  # the figure the trainer chose it by
     for other in (tmp_path / "run").glob("checkpoint-*"):
         if other != best_dir:  # in particular the last one, which the callback moved away from
-            assert not np.allclose(in_memory, posfair.load_model(other, device="cpu").encode(texts), atol=1e-5), other.name
+            assert not np.allclose(in_memory, posfair.load_model(other, device="cpu").encode(texts), atol=1e-5), (
+                other.name
+            )
 
 
 def test_saving_a_calibrated_model_writes_its_usage_snippet_calibrated(tiny_model_path, tmp_path, caplog):

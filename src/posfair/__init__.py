@@ -60,6 +60,11 @@ def _extend_attention_table(module) -> None:  # transformers 4.x only (posfair.c
 _post_import.when_imported("transformers.modeling_utils", _register_attention)
 # hooked here, before anything imports them: a modelling module imports transformers.modeling_utils while it
 # is itself being imported, so a hook added from _register_attention would come too late for it
-for _name in ("bert.modeling_bert", "roberta.modeling_roberta", "xlm_roberta.modeling_xlm_roberta", "modernbert.modeling_modernbert"):
+for _name in (
+    "bert.modeling_bert",
+    "roberta.modeling_roberta",
+    "xlm_roberta.modeling_xlm_roberta",
+    "modernbert.modeling_modernbert",
+):
     _post_import.when_imported(f"transformers.models.{_name}", _extend_attention_table)
 del _name

@@ -133,7 +133,9 @@ class CalibratedTransformer(Transformer):
             calibration, pooling = saved_cal, pooling or saved_pooling
         if isinstance(calibration, dict):
             calibration = Calibration.from_dict(calibration)
-        self.default_calibration: Resolved = STOCK if calibration is None else check_choice(calibration, model_default=False)
+        self.default_calibration: Resolved = (
+            STOCK if calibration is None else check_choice(calibration, model_default=False)
+        )
         self.posfair_pooling = pooling
         self._posfair_mode: str | None = None
         self._resolved: dict[Calibration, ResolvedCalibration] = {}
@@ -155,7 +157,9 @@ class CalibratedTransformer(Transformer):
     def _refresh_identity(self) -> None:
         """The config objects of this model's modules: the attention function acts only on these."""
         model = self.auto_model
-        self._config_ids = frozenset({id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")})
+        self._config_ids = frozenset(
+            {id(model.config)} | {id(m.config) for m in model.modules() if hasattr(m, "config")}
+        )
 
     def __setstate__(self, state: dict) -> None:  # unpickled / deep-copied: new config objects
         super().__setstate__(state)
@@ -215,9 +219,15 @@ class CalibratedTransformer(Transformer):
         modules = fallback.find_layer_attention_modules(model, self.num_layers)
         fallback.install(modules)
         state = att.ForwardState(
-            self._config_ids, start, end, recorder=lambda _l, _r: None, record_layers=every, pooling=self.posfair_pooling or "cls",
-            length=L, fallback_layers=fallback.layer_map(modules),
-        )  # fmt: skip
+            self._config_ids,
+            start,
+            end,
+            recorder=lambda _l, _r: None,
+            record_layers=every,
+            pooling=self.posfair_pooling or "cls",
+            length=L,
+            fallback_layers=fallback.layer_map(modules),
+        )
         with torch.no_grad(), att.forward_state(state), fallback.active(state):
             model(**inputs)
         fallback.verify(state, type(model).__name__, probe=True)
@@ -268,7 +278,9 @@ class CalibratedTransformer(Transformer):
 CalibratedTransformer.__module__ = "posfair.model"
 
 #: the modules.json type of a posfair folder -> the class that loads it
-MODULE_CLASSES: dict[str, type] = {f"{CalibratedTransformer.__module__}.{CalibratedTransformer.__name__}": CalibratedTransformer}
+MODULE_CLASSES: dict[str, type] = {
+    f"{CalibratedTransformer.__module__}.{CalibratedTransformer.__name__}": CalibratedTransformer
+}
 
 
 def make_calibrated(module: Transformer) -> CalibratedTransformer:
@@ -314,7 +326,16 @@ def calibrated_while_saving(modules) -> Iterator[None]:
 #: ``model_type`` s whose calibrated folders load calibrated with plain ``SentenceTransformer(path)`` on both
 #: stacks: architectures that dispatch through transformers' attention registry on 4.x and 5.x alike, and
 #: the BERT family, whose 4.x attention tables posfair extends (posfair.calibration.transformers4)
-FLAG_FREE_MODEL_TYPES = transformers4.MODEL_TYPES | {"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text", "phi3"}
+FLAG_FREE_MODEL_TYPES = transformers4.MODEL_TYPES | {
+    "qwen2",
+    "qwen3",
+    "llama",
+    "mistral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+}
 
 
 def flag_free(module: CalibratedTransformer) -> bool:

@@ -61,7 +61,9 @@ __all__ = [
 
 def _calibrates(model: Any) -> bool:
     """Does ``model.encode`` take a ``calibration`` (a posfair model)?"""
-    return callable(getattr(model, "set_calibration", None)) or "calibration" in inspect.signature(model.encode).parameters
+    return (
+        callable(getattr(model, "set_calibration", None)) or "calibration" in inspect.signature(model.encode).parameters
+    )
 
 
 def resolved_calibration(model: Any, calibration: CalibrationChoice = MODEL_DEFAULT) -> Resolved:
@@ -69,7 +71,9 @@ def resolved_calibration(model: Any, calibration: CalibrationChoice = MODEL_DEFA
     the model's own calibration; a plain sentence-transformers model has none).  A Calibration asked
     of a model that cannot calibrate raises TypeError instead of stock embeddings under a calibrated label."""
     calibration = check_choice(calibration)
-    if callable(getattr(model, "resolve_calibration", None)):  # a FairModel (MODEL_DEFAULT: its own, or a using() block's)
+    if callable(
+        getattr(model, "resolve_calibration", None)
+    ):  # a FairModel (MODEL_DEFAULT: its own, or a using() block's)
         return model.resolve_calibration(calibration)
     if _calibrates(model):
         return calibration
@@ -179,7 +183,9 @@ def encoder(
     **encode_kwargs: Any,
 ) -> Callable[[list[str]], np.ndarray]:
     """A function embedding a list of texts (float32, n x dim) with ``model`` as configured here."""
-    kwargs: dict[str, Any] = dict(batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False, **encode_kwargs)
+    kwargs: dict[str, Any] = dict(
+        batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False, **encode_kwargs
+    )
     if prompt:
         kwargs["prompt"] = prompt
     kwargs.update(calibration_kwargs(model, calibration))
@@ -191,14 +197,24 @@ def encoder(
 
 
 def encode_texts(
-    model: Any, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, prompt: str | None = None, batch_size: int = 32
+    model: Any,
+    texts: Sequence[str],
+    calibration: CalibrationChoice = MODEL_DEFAULT,
+    *,
+    prompt: str | None = None,
+    batch_size: int = 32,
 ) -> np.ndarray:
     """Pooled embeddings of ``texts`` (float32, n x dim), no cache."""
     return encoder(model, calibration, prompt=prompt, batch_size=batch_size)(list(texts))
 
 
 def encode_documents(
-    model: Any, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, batch_size: int = 32, with_tokens: bool = True
+    model: Any,
+    texts: Sequence[str],
+    calibration: CalibrationChoice = MODEL_DEFAULT,
+    *,
+    batch_size: int = 32,
+    with_tokens: bool = True,
 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """Pooled embeddings plus, per text, ``(input_ids, token_states)`` with padding removed
     (``with_tokens=False``: the pooled embeddings and an empty list)."""
@@ -293,11 +309,15 @@ def encode_cached(
     compute = encoder(model, calibration, prompt=prompt, batch_size=batch_size)
     ns = embedding_namespace(store, model.fingerprint, calibration, prompt) if store is not None else None
     if not callable(getattr(model, "warn_input", None)):
-        return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
+        return embed_through(
+            texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model)
+        )
     # truncated texts and texts left stock are counted over the caller's input, not over each chunk of the cache's misses
     model.warn_input(texts, calibration, prompt=prompt, stacklevel=3)
     with input_reported():
-        return embed_through(texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model))
+        return embed_through(
+            texts, ns, compute, chunk_size=chunk_size, progress=progress, dim=compat.embedding_dimension(model)
+        )
 
 
 def span_key(doc_text: str, span: tuple[int, int]) -> str:

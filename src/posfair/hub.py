@@ -108,7 +108,11 @@ def _in_cache(repo_id: str, cache_dir: str | None, revision: str | None) -> bool
 
 
 def check_model_source(
-    name_or_path: str | os.PathLike, *, cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False
+    name_or_path: str | os.PathLike,
+    *,
+    cache_folder: str | None = None,
+    revision: str | None = None,
+    local_files_only: bool = False,
 ) -> str:
     """Where ``name_or_path`` would be loaded from: ``"local"``, ``"cache"`` or ``"hub"``.
 
@@ -138,5 +142,7 @@ def check_model_source(
         raise ModelNotFound(name, f"not a local folder, not in the Hugging Face cache, and {offline} is set")
     why = probe_hub()
     if why is not None:
-        raise ModelNotFound(name, f"not a local folder, not in the Hugging Face cache, and the hub is unreachable ({why})")
+        raise ModelNotFound(
+            name, f"not a local folder, not in the Hugging Face cache, and the hub is unreachable ({why})"
+        )
     return "hub"

@@ -189,7 +189,9 @@ def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[i
 TEXT_FILE_TYPES = (".txt", ".jsonl", ".json", ".parquet")
 
 
-def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str | None = None) -> tuple[list[str], list | None]:
+def read_texts(
+    path: str | os.PathLike, text_field: str = "text", id_field: str | None = None
+) -> tuple[list[str], list | None]:
     """Texts (and ids) from .txt (one text a line), .jsonl/.json (one record a line) or .parquet.
 
     Raises :class:`~posfair.errors.PosfairInputError` (a ValueError) naming the file and
@@ -216,7 +218,9 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", id_field: str 
         except UnicodeDecodeError as exc:
             line = data.count(b"\n", 0, exc.start) + 1
             column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-            raise PosfairInputError(f"{path}: line {line} is not UTF-8 text ({exc.reason} at byte {column} of the line)") from None
+            raise PosfairInputError(
+                f"{path}: line {line} is not UTF-8 text ({exc.reason} at byte {column} of the line)"
+            ) from None
         # lines end at \n only (str.splitlines would also cut at form feeds, U+2028, ... inside a text)
         lines = [line[:-1] if line.endswith("\r") else line for line in raw.split("\n")]
     if suffix == ".txt":
@@ -264,7 +268,10 @@ def looks_like_hub_id(source: str) -> bool:
 
 
 def jsonl_records(
-    lines: Iterable[str], path: str | os.PathLike, error: type[Exception] = PosfairInputError, expected: str = "an object"
+    lines: Iterable[str],
+    path: str | os.PathLike,
+    error: type[Exception] = PosfairInputError,
+    expected: str = "an object",
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, record)`` of each non-blank line of a JSON-lines file (1-based numbers).
 

@@ -44,7 +44,12 @@ from posfair.calibrated_transformer import (
 )
 from posfair.calibration.attention import Recorder
 from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice, resolve
-from posfair.calibration.coverage import CalibrationCoverage, CalibrationFallbackWarning, calibration_coverage, fallback_warnings_enabled
+from posfair.calibration.coverage import (
+    CalibrationCoverage,
+    CalibrationFallbackWarning,
+    calibration_coverage,
+    fallback_warnings_enabled,
+)
 from posfair.calibration.params import POOLINGS
 from posfair.compat import Transformer
 from posfair.hub import check_model_source
@@ -116,7 +121,9 @@ class FairModel(SentenceTransformer):
         for mod in self._modules.values():
             if isinstance(mod, Transformer):
                 return mod
-        raise TypeError(f"no transformers-backed module in this model (modules: {[type(m).__name__ for m in self._modules.values()]})")
+        raise TypeError(
+            f"no transformers-backed module in this model (modules: {[type(m).__name__ for m in self._modules.values()]})"
+        )
 
     @property
     def pooling_module(self):
@@ -186,7 +193,9 @@ class FairModel(SentenceTransformer):
             yield self
 
     @contextlib.contextmanager
-    def recording_attention(self, recorder: Recorder, layers: Sequence[int], queries: str = "pool") -> Iterator[FairModel]:
+    def recording_attention(
+        self, recorder: Recorder, layers: Sequence[int], queries: str = "pool"
+    ) -> Iterator[FairModel]:
         """Call ``recorder(layer, rows)`` with the pooling token's post-softmax attention rows.
 
         ``rows`` has shape (batch, heads, keys); with ``queries="all"`` it is the
@@ -195,7 +204,9 @@ class FairModel(SentenceTransformer):
         """
         bad = [layer for layer in layers if not 0 <= layer < self.num_layers]
         if bad:
-            raise ValueError(f"layers {bad} out of range: the model has {self.num_layers} layers (0..{self.num_layers - 1})")
+            raise ValueError(
+                f"layers {bad} out of range: the model has {self.num_layers} layers (0..{self.num_layers - 1})"
+            )
         if queries not in ("pool", "all"):
             raise ValueError(f"queries must be 'pool' or 'all'; got {queries!r}")
         with attention_recording(recorder, layers, queries):
@@ -285,7 +296,9 @@ class FairModel(SentenceTransformer):
             self._warn_fallback(texts, calibration, kwargs)
         if calibration is MODEL_DEFAULT:
             return super().encode(sentences, **kwargs)
-        if calibration is not STOCK and (kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))):
+        if calibration is not STOCK and (
+            kwargs.get("pool") is not None or isinstance(kwargs.get("device"), (list, tuple))
+        ):
             raise ValueError(
                 "a per-call calibration does not reach multi-process workers; set it as the model's default with "
                 "model.set_calibration(cal) before starting the pool (the default travels with the model)"
@@ -300,7 +313,12 @@ class FairModel(SentenceTransformer):
         return resolve(calibration, effective_calibration(self.calibration))
 
     def warn_input(
-        self, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, prompt: str | None = None, stacklevel: int = 2
+        self,
+        texts: Sequence[str],
+        calibration: CalibrationChoice = MODEL_DEFAULT,
+        *,
+        prompt: str | None = None,
+        stacklevel: int = 2,
     ) -> None:
         """The warnings ``encode(texts, calibration=..., prompt=...)`` gives about its input, counted and indexed
         over ``texts``: texts longer than the token limit (truncated) and, for a calibrated call, texts the
@@ -310,7 +328,9 @@ class FairModel(SentenceTransformer):
         self._warn_truncation(texts, kwargs, stacklevel=stacklevel + 1)
         self._warn_fallback(texts, calibration, kwargs, stacklevel=stacklevel + 1)
 
-    def _warn_fallback(self, texts: Sequence[str], calibration: CalibrationChoice, kwargs: dict, stacklevel: int = 4) -> None:
+    def _warn_fallback(
+        self, texts: Sequence[str], calibration: CalibrationChoice, kwargs: dict, stacklevel: int = 4
+    ) -> None:
         """One :class:`CalibrationFallbackWarning` per calibrated call in which some texts were encoded stock."""
         if not fallback_warnings_enabled():
             return
@@ -318,13 +338,22 @@ class FairModel(SentenceTransformer):
         if cal is STOCK:
             return
         extra = {k: kwargs[k] for k in ("task", "processing_kwargs") if k in kwargs}
-        cov = self.calibration_coverage(texts, cal, prompt=kwargs.get("prompt"), prompt_name=kwargs.get("prompt_name"), **extra)
+        cov = self.calibration_coverage(
+            texts, cal, prompt=kwargs.get("prompt"), prompt_name=kwargs.get("prompt_name"), **extra
+        )
         msg = cov.message()
         if msg:
             warnings.warn(msg, CalibrationFallbackWarning, stacklevel=stacklevel)
 
-    def encoded_lengths(self, texts: Sequence[str], *, prompt: str | None = None, prompt_name: str | None = None,
-                        batch_size: int = 256, **preprocess_kwargs) -> np.ndarray:  # fmt: skip
+    def encoded_lengths(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        batch_size: int = 256,
+        **preprocess_kwargs,
+    ) -> np.ndarray:
         """Tokens each text occupies in the forward pass: the ones of its attention mask, i.e. after the
         prompt is prepended (``prompt`` / ``prompt_name`` / the default prompt, as ``encode`` resolves
         them) and truncation to ``max_seq_length``, special tokens included.  This is the valid span
@@ -342,8 +371,15 @@ class FairModel(SentenceTransformer):
                 counts.append(np.full(ids.shape[0], ids.shape[-1], dtype=np.int64))
         return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
 
-    def calibration_coverage(self, texts: Sequence[str], calibration: CalibrationChoice = MODEL_DEFAULT, *, prompt: str | None = None,
-                             prompt_name: str | None = None, **preprocess_kwargs) -> CalibrationCoverage:  # fmt: skip
+    def calibration_coverage(
+        self,
+        texts: Sequence[str],
+        calibration: CalibrationChoice = MODEL_DEFAULT,
+        *,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        **preprocess_kwargs,
+    ) -> CalibrationCoverage:
         """How many of ``texts`` ``encode(texts, calibration=calibration, prompt=...)`` actually calibrates.
 
         Counts with :func:`posfair.calibration.coverage.fallback_reasons` over :meth:`encoded_lengths`,
@@ -351,7 +387,11 @@ class FairModel(SentenceTransformer):
         """
         cal = resolve(calibration, self.calibration)
         if cal is STOCK:
-            why = "STOCK calibrates nothing" if calibration is STOCK else "MODEL_DEFAULT, and the model has no default calibration"
+            why = (
+                "STOCK calibrates nothing"
+                if calibration is STOCK
+                else "MODEL_DEFAULT, and the model has no default calibration"
+            )
             raise ValueError(f"nothing to count: {why}")
         lengths = self.encoded_lengths(texts, prompt=prompt, prompt_name=prompt_name, **preprocess_kwargs)
         return calibration_coverage(self.transformer_module.resolve(cal), lengths)
@@ -417,9 +457,10 @@ def input_reported() -> Iterator[None]:
 
 # sentence-transformers' encode parameters after the texts, in order (positional arguments map onto them)
 _ENCODE_PARAMETERS = tuple(
-    p.name for p in list(inspect.signature(SentenceTransformer.encode).parameters.values())[2:]
+    p.name
+    for p in list(inspect.signature(SentenceTransformer.encode).parameters.values())[2:]
     if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
-)  # fmt: skip
+)
 
 
 def _as_text_list(sentences) -> list:
@@ -428,7 +469,9 @@ def _as_text_list(sentences) -> list:
         return sentences
     if isinstance(sentences, np.ndarray):
         if sentences.ndim != 1:
-            raise ValueError(f"texts must be a string or a 1-d sequence of strings; got an array of shape {sentences.shape}")
+            raise ValueError(
+                f"texts must be a string or a 1-d sequence of strings; got an array of shape {sentences.shape}"
+            )
         return sentences.tolist()  # numpy str_ -> str, object items as they are
     if isinstance(sentences, (bytes, dict)) or not hasattr(sentences, "__iter__"):
         raise ValueError(f"texts must be a string or a sequence of strings; got {type(sentences).__name__}")
@@ -500,7 +543,9 @@ def load_model(
         with _quiet_default_prompt(bundled is not None):  # posfair set the bundled model's default prompt itself
             model = _load(path, kwargs)
     except OSError as exc:
-        raise OSError(f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})") from exc
+        raise OSError(
+            f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})"
+        ) from exc
     model._posfair_setup(pooling, padding_side, max_seq_length)
     # posfair counts tokens without truncation (token limits, coverage) and reports truncated texts itself, with
     # counts: transformers' one-off "Token indices sequence length is longer than ..." would only be noise
@@ -508,9 +553,13 @@ def load_model(
     if isinstance(warned, dict):
         warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     source = getattr(getattr(model.transformer_module, "auto_model", None), "config", None)
-    source = getattr(source, "posfair_source", None)  # a folder converted (or saved) from a bundled model keeps its honest name
+    source = getattr(
+        source, "posfair_source", None
+    )  # a folder converted (or saved) from a bundled model keeps its honest name
     model.display_name = (
-        bundled.display_name if bundled is not None else (f"{source}: {name_or_path}" if source else os.fspath(name_or_path))
+        bundled.display_name
+        if bundled is not None
+        else (f"{source}: {name_or_path}" if source else os.fspath(name_or_path))
     )
     if bundled is not None:
         model.model_card_data.base_model = bundled.base_model

@@ -33,8 +33,11 @@ def display_name(model) -> str:
     """The one name of a model in every output (tables, reports, manifests): the name ``posfair.load_model``
     gave it (e.g. "all-MiniLM-L6-v2 (bundled)", the honest name of a bundled model, or the hub id / folder),
     else the model card's base model, else its path, else its class."""
-    for value in (getattr(model, "display_name", None), getattr(getattr(model, "model_card_data", None), "base_model", None),
-                  getattr(model, "name_or_path", None)):  # fmt: skip
+    for value in (
+        getattr(model, "display_name", None),
+        getattr(getattr(model, "model_card_data", None), "base_model", None),
+        getattr(model, "name_or_path", None),
+    ):
         if isinstance(value, str) and value:
             return value
     return type(model).__name__
@@ -83,7 +86,9 @@ def token_limit(model, max_seq_length: int | None = None) -> int:
     if isinstance(configured, int) and configured > 0:
         return configured if limit is None else min(configured, limit)
     if limit is None:
-        raise ValueError("cannot tell the model's token limit (no max_seq_length, no position table): pass max_seq_length")
+        raise ValueError(
+            "cannot tell the model's token limit (no max_seq_length, no position table): pass max_seq_length"
+        )
     return limit
 
 
@@ -111,8 +116,18 @@ def model_fingerprint(model) -> str:
     pooling = getattr(model, "pooling", None)
     if pooling is None:
         pooling = [compat.pooling_mode(m) for m in model._modules.values()]
-    h.update(json.dumps([str(pooling), model.max_seq_length, getattr(tok, "padding_side", None), type(tok).__name__, len(tok) if tok is not None else 0,
-                         [type(m).__name__ for m in model._modules.values()]]).encode())  # fmt: skip
+    h.update(
+        json.dumps(
+            [
+                str(pooling),
+                model.max_seq_length,
+                getattr(tok, "padding_side", None),
+                type(tok).__name__,
+                len(tok) if tok is not None else 0,
+                [type(m).__name__ for m in model._modules.values()],
+            ]
+        ).encode()
+    )
     # what encode prepends when no prompt is given changes every embedding stored under this fingerprint
     # (explicit prompts are part of each store namespace; models without a default prompt keep their old identity)
     default = compat.resolve_prompt(model, None, None) if hasattr(model, "prompts") else None

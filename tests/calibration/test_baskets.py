@@ -106,7 +106,9 @@ def test_padding_never_gets_mass_and_rows_sum_to_one():
         dict(basket_size=3),
         dict(basket_size=4, isolate_bos=True, bos_weight="original"),
         dict(basket_size=4, isolate_bos=True, bos_weight="equal"),
-        dict(basket_size=5, isolate_bos=True, isolate_eos=True, bos_weight="original", eos_weight="equal", strength=0.5),
+        dict(
+            basket_size=5, isolate_bos=True, isolate_eos=True, bos_weight="original", eos_weight="equal", strength=0.5
+        ),
         dict(basket_size=2, isolate_eos=True, eos_weight=0.3, strength=0.25),
         dict(basket_size=64),
     ],
@@ -215,7 +217,14 @@ def test_basket_weights_sum_calibrate_span(iso, shares, strength):
     a[:, s : e + 1] = torch.softmax(torch.randn(5, e - s + 1, generator=g, dtype=torch.float64) * 3, -1)
     a[0, s + 3 : s + 9] = 0.0  # a row with empty baskets
     a[0] /= a[0].sum()
-    kw = dict(basket_size=B, strength=strength, isolate_bos=iso[0], isolate_eos=iso[1], bos_weight=shares[0], eos_weight=shares[1])
+    kw = dict(
+        basket_size=B,
+        strength=strength,
+        isolate_bos=iso[0],
+        isolate_eos=iso[1],
+        bos_weight=shares[0],
+        eos_weight=shares[1],
+    )
     out = calibrate_span_(a.clone(), s, e, **kw)
     cs, ce = s + int(iso[0]), e - int(iso[1])
     n_b = -(-(ce - cs + 1) // B)

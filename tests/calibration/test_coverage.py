@@ -54,16 +54,30 @@ def test_share_of_50_130_300_content_tokens_with_b128_is_two_thirds():
 def test_exactly_one_basket_is_the_identity_unless_an_isolated_key_is_reweighted():
     B = 128
     # mean pooling: C = n; C == B is one basket holding all the mass
-    assert fallback_reasons(resolved("mean", basket_size=B), [127, 128, 129]).tolist() == [SHORTER, ONE_BASKET, CALIBRATED]
+    assert fallback_reasons(resolved("mean", basket_size=B), [127, 128, 129]).tolist() == [
+        SHORTER,
+        ONE_BASKET,
+        CALIBRATED,
+    ]
     # CLS, BOS kept at its original mass: C = n - 1
-    assert fallback_reasons(resolved("cls", basket_size=B), [128, 129, 130]).tolist() == [SHORTER, ONE_BASKET, CALIBRATED]
+    assert fallback_reasons(resolved("cls", basket_size=B), [128, 129, 130]).tolist() == [
+        SHORTER,
+        ONE_BASKET,
+        CALIBRATED,
+    ]
     # CLS, BOS given 1 / n_total = 1/2: one basket is changed too
-    assert fallback_reasons(resolved("cls", basket_size=B, bos_weight="equal"), [128, 129]).tolist() == [SHORTER, CALIBRATED]
+    assert fallback_reasons(resolved("cls", basket_size=B, bos_weight="equal"), [128, 129]).tolist() == [
+        SHORTER,
+        CALIBRATED,
+    ]
     # last token: EOS gets "equal" by default, so C == B is calibrated; with EOS "original" it is not
     assert fallback_reasons(resolved("lasttoken", basket_size=B), [130]).tolist() == [CALIBRATED]
     assert fallback_reasons(resolved("lasttoken", basket_size=B, eos_weight="original"), [130]).tolist() == [ONE_BASKET]
     # strength 0 changes nothing whatever the length
-    assert fallback_reasons(resolved("mean", basket_size=4, strength=0.0), [3, 400]).tolist() == [STRENGTH_ZERO, STRENGTH_ZERO]
+    assert fallback_reasons(resolved("mean", basket_size=4, strength=0.0), [3, 400]).tolist() == [
+        STRENGTH_ZERO,
+        STRENGTH_ZERO,
+    ]
 
 
 def test_messages_carry_the_counts():

@@ -23,7 +23,9 @@ class OwnSoftmaxAttention(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         B, L, _ = hidden_states.shape
-        q, k, v = (m(hidden_states).view(B, L, -1, self.head).transpose(1, 2) for m in (self.query, self.key, self.value))
+        q, k, v = (
+            m(hidden_states).view(B, L, -1, self.head).transpose(1, 2) for m in (self.query, self.key, self.value)
+        )
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             attention_mask = torch.where(attention_mask, 0.0, torch.finfo(torch.float32).min)
         if self.use_sdpa:
@@ -41,7 +43,9 @@ class NoSoftmaxAttention(OwnSoftmaxAttention):
 
     def forward(self, hidden_states, attention_mask=None, **kwargs):
         B, L, _ = hidden_states.shape
-        q, k, v = (m(hidden_states).view(B, L, -1, self.head).transpose(1, 2) for m in (self.query, self.key, self.value))
+        q, k, v = (
+            m(hidden_states).view(B, L, -1, self.head).transpose(1, 2) for m in (self.query, self.key, self.value)
+        )
         w = torch.exp(q @ k.transpose(-1, -2) / self.head**0.5)
         return ((w / w.sum(-1, keepdim=True)) @ v).transpose(1, 2).reshape(B, L, -1), None
 
@@ -66,7 +70,9 @@ def test_fallback_matches_registry_path(tiny_model_path, use_sdpa):
     custom = load_with(tiny_model_path, OwnSoftmaxAttention, use_sdpa=use_sdpa)
     stock_custom = custom.encode(TEXTS)
     assert custom.mechanism == "fallback"
-    torch.testing.assert_close(torch.from_numpy(stock_custom), torch.from_numpy(registry.encode(TEXTS)), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.from_numpy(stock_custom), torch.from_numpy(registry.encode(TEXTS)), atol=1e-5, rtol=0
+    )
     got = custom.encode(TEXTS, calibration=CAL)
     want = registry.encode(TEXTS, calibration=CAL)
     torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), atol=1e-5, rtol=0)
@@ -104,7 +110,9 @@ def record_rows(model, texts, calibration, queries):
         torch.no_grad(),
         model.using(calibration),
         model.recording_attention(
-            lambda layer, rows: calls.setdefault(layer, []).append(rows.clone()), range(model.num_layers), queries=queries
+            lambda layer, rows: calls.setdefault(layer, []).append(rows.clone()),
+            range(model.num_layers),
+            queries=queries,
         ),
     ):
         model(features)

@@ -100,10 +100,15 @@ def test_no_torch_global_is_patched_during_a_calibrated_forward(remote_model):
     model = remote_model("functional", "cls")
     seen = {}
     names = ("softmax", "scaled_dot_product_attention")
-    before = {n: getattr(F, n) for n in names} | {"torch.softmax": torch.softmax, "Tensor.softmax": torch.Tensor.softmax}
+    before = {n: getattr(F, n) for n in names} | {
+        "torch.softmax": torch.softmax,
+        "Tensor.softmax": torch.Tensor.softmax,
+    }
 
     def look(module, query):
-        seen.update({n: getattr(F, n) for n in names} | {"torch.softmax": torch.softmax, "Tensor.softmax": torch.Tensor.softmax})
+        seen.update(
+            {n: getattr(F, n) for n in names} | {"torch.softmax": torch.softmax, "Tensor.softmax": torch.Tensor.softmax}
+        )
 
     mods = attention_modules(model)
     mods[-1].before_attention = look

@@ -80,14 +80,18 @@ VARIANTS = [
     dict(basket_size=2, isolate_bos=True, isolate_eos=True, bos_weight=0.1, eos_weight=0.05),
     dict(basket_size=6, isolate_bos=True, isolate_eos=True, bos_weight="equal", eos_weight="equal", strength=0.3),
     dict(basket_size=4, prior={"values": [[3.0, 1.0, 0.5, 2.0, 1.5]]}),  # the positional prior
-    dict(basket_size=3, isolate_bos=True, isolate_eos=True, bos_weight=0.1, strength=0.9, prior={"values": [[0.2, 4.0]]}),
+    dict(
+        basket_size=3, isolate_bos=True, isolate_eos=True, bos_weight=0.1, strength=0.9, prior={"values": [[0.2, 4.0]]}
+    ),
 ]
 
 
 @pytest.mark.parametrize("left", [False, True], ids=["right-padding", "left-padding"])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize(
-    "cal", VARIANTS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items() if k != "prior") + ("-prior" if "prior" in c else "")
+    "cal",
+    VARIANTS,
+    ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items() if k != "prior") + ("-prior" if "prior" in c else ""),
 )
 def test_fused_matches_the_float64_reference(cal, heads, left):
     H, Hkv = heads
@@ -120,7 +124,9 @@ def test_strength_zero_is_stock_sdpa():
     q, k, v, start, end = _case(4, 4, 2, 40, 8, seed=1)
     out = fused.basket_attention(q, k, v, 0.3, _state(start, end, basket_size=8, strength=0.0, isolate_bos=True))
     mask = _padding_mask(start, end, 40)
-    stock = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=0.3)
+    stock = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=0.3
+    )
     valid = _valid_rows(start, end, 40)
     torch.testing.assert_close(out[valid], stock.transpose(1, 2)[valid], atol=1e-5, rtol=0)
 
@@ -155,7 +161,9 @@ def test_applies_only_where_it_is_exact():
     bias = additive + torch.randn(16, 16)  # an additive bias is more than padding
     assert not fused.applicable(Layer, q, k, v, bias, st, False, {}, 0.0)
     assert not fused.applicable(Layer, q.double(), k.double(), v.double(), mask, st, False, {}, 0.0)
-    assert fused.applicable(Layer, q, k, v, mask, _state(start, end, basket_size=4, prior={"values": [[1.0, 2.0]]}), False, {}, 0.0)
+    assert fused.applicable(
+        Layer, q, k, v, mask, _state(start, end, basket_size=4, prior={"values": [[1.0, 2.0]]}), False, {}, 0.0
+    )
     assert not fused.applicable(Layer, q, k, v, mask, _state(start, end, basket_size=4, self_share=0.5), False, {}, 0.0)
     qg = q.clone().requires_grad_()
     assert not fused.applicable(Layer, qg, k, v, mask, st, False, {}, 0.0)  # training: the differentiable path

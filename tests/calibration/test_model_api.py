@@ -59,7 +59,9 @@ def test_model_default_uses_the_models_calibration_stock_forces_stock(minilm, tm
         np.testing.assert_allclose(minilm.encode(TEXTS), calibrated, atol=1e-6)
         np.testing.assert_allclose(minilm.encode(TEXTS, calibration=MODEL_DEFAULT), calibrated, atol=1e-6)
         np.testing.assert_allclose(minilm.encode(TEXTS, calibration=STOCK), stock, atol=1e-6)
-        with minilm.using(STOCK):  # a using() block changes what MODEL_DEFAULT runs with, and what the encoding layer resolves
+        with minilm.using(
+            STOCK
+        ):  # a using() block changes what MODEL_DEFAULT runs with, and what the encoding layer resolves
             np.testing.assert_allclose(minilm.encode(TEXTS), stock, atol=1e-6)
             assert resolved_calibration(minilm, MODEL_DEFAULT) is STOCK
         assert resolved_calibration(minilm, MODEL_DEFAULT) == CAL
@@ -198,10 +200,14 @@ def test_fingerprint_follows_the_token_limit(minilm):
 def test_saved_without_calibration_is_a_plain_st_folder(tmp_path, minilm):
     minilm.save(str(tmp_path / "plain"))
     assert "posfair" not in (tmp_path / "plain" / "modules.json").read_text()
-    np.testing.assert_allclose(SentenceTransformer(str(tmp_path / "plain")).encode(TEXTS), minilm.encode(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(
+        SentenceTransformer(str(tmp_path / "plain")).encode(TEXTS), minilm.encode(TEXTS), atol=1e-6
+    )
     reloaded = posfair.load_model(tmp_path / "plain")
     assert reloaded.calibration is STOCK
-    np.testing.assert_allclose(reloaded.encode(TEXTS, calibration=CAL), minilm.encode(TEXTS, calibration=CAL), atol=1e-6)
+    np.testing.assert_allclose(
+        reloaded.encode(TEXTS, calibration=CAL), minilm.encode(TEXTS, calibration=CAL), atol=1e-6
+    )
 
 
 def test_encode_follows_sentence_transformers_signature(minilm):
@@ -211,7 +217,9 @@ def test_encode_follows_sentence_transformers_signature(minilm):
     np.testing.assert_allclose(minilm.encode(sentences=TEXTS, calibration=CAL), by_name, atol=1e-6)
     np.testing.assert_allclose(minilm.encode(TEXTS, calibration=CAL), by_name, atol=1e-6)
     # prompt_name, prompt, batch_size by position, as in SentenceTransformer.encode
-    np.testing.assert_allclose(minilm.encode(TEXTS, None, "query: ", 2), minilm.encode(TEXTS, prompt="query: "), atol=1e-6)
+    np.testing.assert_allclose(
+        minilm.encode(TEXTS, None, "query: ", 2), minilm.encode(TEXTS, prompt="query: "), atol=1e-6
+    )
     with pytest.raises(TypeError, match="twice"):
         minilm.encode(TEXTS, sentences=TEXTS)
     with pytest.raises(TypeError, match="multiple values"):

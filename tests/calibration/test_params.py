@@ -103,10 +103,18 @@ def test_parse_default_is_the_robust_default_everywhere():
     from posfair.cli.checks import calibration
     from posfair.cli.parsers import calibration_spec
 
-    assert Calibration.parse("default") == Calibration.parse(" Default ") == Calibration() == Calibration.parse("128,0.5,0.5")
+    assert (
+        Calibration.parse("default")
+        == Calibration.parse(" Default ")
+        == Calibration()
+        == Calibration.parse("128,0.5,0.5")
+    )
     assert calibration(calibration_spec("default")) == Calibration()
     assert calibration(calibration_spec("default"), strength=1.0) == Calibration(strength=1.0)
-    assert [calibration_spec(s) for s in ("default", "64,1,1")] == [Calibration(), Calibration(basket_size=64, layers=1, strength=1.0)]
+    assert [calibration_spec(s) for s in ("default", "64,1,1")] == [
+        Calibration(),
+        Calibration(basket_size=64, layers=1, strength=1.0),
+    ]
     with pytest.raises(ValueError, match="or 'default'; got 'defaults'"):
         Calibration.parse("defaults")
 
@@ -115,7 +123,10 @@ def test_a_calibration_in_words():
     from posfair.calibration import Calibration
 
     assert Calibration().describe() == "baskets of 128 tokens, the last 50% of layers, strength 0.5"
-    assert Calibration(basket_size=64, layers=1, strength=1.0).describe() == "baskets of 64 tokens, the last layer, strength 1"
+    assert (
+        Calibration(basket_size=64, layers=1, strength=1.0).describe()
+        == "baskets of 64 tokens, the last layer, strength 1"
+    )
     assert Calibration(layers=3).describe() == "baskets of 128 tokens, the last 3 layers, strength 0.5"
     assert Calibration(layers=1.0).describe().startswith("baskets of 128 tokens, every layer")
     assert "layers 3, 4, 5 (0-based)" in Calibration(layers=(3, 4, 5)).describe()

@@ -56,7 +56,9 @@ def test_all_kinds_are_one_model(remote_model, pooling):
     for kind in KINDS:
         model = remote_model(kind, pooling)
         assert model.mechanism == "fallback"
-        np.testing.assert_allclose(model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS)), ref, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(
+            model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS)), ref, atol=ATOL, rtol=0
+        )
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -66,7 +68,9 @@ def test_calibrated_equals_independent_reference(remote_model, kind, pooling):
     stock = model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS))
     for strength in STRENGTHS:
         got = model.encode(TEXTS, calibration=cal(strength), batch_size=len(TEXTS))
-        np.testing.assert_allclose(got, reference(remote_model, pooling, strength), atol=ATOL, rtol=0, err_msg=f"strength {strength}")
+        np.testing.assert_allclose(
+            got, reference(remote_model, pooling, strength), atol=ATOL, rtol=0, err_msg=f"strength {strength}"
+        )
         assert np.abs(got - stock).max() > 1e-3  # calibration really changed the embeddings
 
 
@@ -88,7 +92,10 @@ def test_unpadded_inputs_calibrate_single_texts_and_refuse_batches(remote_model,
     assert model.mechanism == "fallback"
     # the same model as the padded kinds: stock embeddings of a padded batch agree
     np.testing.assert_allclose(
-        model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS)), reference(remote_model, pooling, None), atol=ATOL, rtol=0
+        model.encode(TEXTS, calibration=STOCK, batch_size=len(TEXTS)),
+        reference(remote_model, pooling, None),
+        atol=ATOL,
+        rtol=0,
     )
     for strength in STRENGTHS:
         for t in (TEXTS[0], TEXTS[2]):
@@ -201,7 +208,11 @@ def test_bfloat16_calibrates_in_float32_and_keeps_the_dtype(remote_model, kind):
     rows = {}
 
     def run(calibration):
-        with torch.no_grad(), model.using(calibration), model.recording_attention(lambda layer, r: rows.__setitem__(layer, r), [3]):
+        with (
+            torch.no_grad(),
+            model.using(calibration),
+            model.recording_attention(lambda layer, r: rows.__setitem__(layer, r), [3]),
+        ):
             out = model(dict(features))["sentence_embedding"]
         return out, rows.pop(3)
 
@@ -225,7 +236,9 @@ def test_copies_keep_one_set_of_hooks_and_calibrate_alike(remote_model):
     model = remote_model("functional", "cls")
     want = model.encode(TEXTS, calibration=cal(0.5), batch_size=len(TEXTS))
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        np.testing.assert_allclose(clone.encode(TEXTS, calibration=cal(0.5), batch_size=len(TEXTS)), want, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(
+            clone.encode(TEXTS, calibration=cal(0.5), batch_size=len(TEXTS)), want, atol=1e-6, rtol=0
+        )
         for mod in attention_modules(clone):
             assert list(mod._forward_pre_hooks.values()).count(fallback._pre_hook) == 1
             assert list(mod._forward_hooks.values()).count(fallback._post_hook) == 1
@@ -247,7 +260,9 @@ class _Spy(TorchFunctionMode):
         return out
 
 
-@pytest.mark.parametrize(("pooling", "fused_path", "square"), [("cls", True, False), ("mean", True, False), ("mean", False, True)])
+@pytest.mark.parametrize(
+    ("pooling", "fused_path", "square"), [("cls", True, False), ("mean", True, False), ("mean", False, True)]
+)
 def test_intercepted_sdpa_runs_the_stock_kernel_plus_one_row(remote_model, monkeypatch, pooling, fused_path, square):
     """CLS pooling: the stock SDPA kernel runs for all rows in every layer and the pooling row is the only
     explicit work (no tokens x tokens matrix); mean pooling (every row calibrated) computes the calibrated

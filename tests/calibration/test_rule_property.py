@@ -35,10 +35,16 @@ def variants(B: int, strength: float) -> dict[str, Calibration]:
         "special-original": base.with_special("original"),
         "special-equal": base.with_special("equal"),
         "special-0.1": base.with_special(0.1),
-        "self0.5+special-original": Calibration(basket_size=B, layers=1.0, strength=strength, self_share=0.5).with_special("original"),
-        "prior+special-equal": Calibration(basket_size=B, layers=1.0, strength=strength, prior=PRIOR).with_special("equal"),
+        "self0.5+special-original": Calibration(
+            basket_size=B, layers=1.0, strength=strength, self_share=0.5
+        ).with_special("original"),
+        "prior+special-equal": Calibration(basket_size=B, layers=1.0, strength=strength, prior=PRIOR).with_special(
+            "equal"
+        ),
         "bos-equal": Calibration(basket_size=B, layers=1.0, strength=strength, bos_weight="equal"),
-        "eos-original": Calibration(basket_size=B, layers=1.0, strength=strength, isolate_eos=True, eos_weight="original"),
+        "eos-original": Calibration(
+            basket_size=B, layers=1.0, strength=strength, isolate_eos=True, eos_weight="original"
+        ),
     }
 
 
@@ -91,7 +97,9 @@ def test_predicate_matches_every_basket_function_on_random_rows(pooling):
                         else torch.tensor([start if pooling == "cls" else start + n - 1])
                     )
                     a = a[: len(qrows)]
-                    out = calibrate_rows(a, start, start + n - 1, self_key=qrows if r.self_share is not None else None, **kw)
+                    out = calibrate_rows(
+                        a, start, start + n - 1, self_key=qrows if r.self_share is not None else None, **kw
+                    )
                     changed = not torch.allclose(out, a, atol=1e-12, rtol=0)
                     span = calibrate_span_(a.clone(), start, start + n - 1, row_offset=int(qrows[0]), **kw)
                     span_changed = not torch.allclose(span, a, atol=1e-12, rtol=0)

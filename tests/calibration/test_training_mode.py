@@ -76,8 +76,12 @@ def test_calibrated_gradients_are_the_true_gradients(tiny_model_path, arch):
 def test_attention_dropout_reaches_calibrated_layers(tmp_path):
     # every layer calibrated, mean pooling: every attention row is computed by posfair, so any
     # randomness in training mode comes from the attention dropout posfair applies (hidden dropout is 0)
-    path, pooling = build_tiny_model("bert-mean", tmp_path / "m", attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0)
-    model = posfair.load_model(path, pooling=pooling, device="cpu", calibration=Calibration(basket_size=4, layers=1.0, strength=1.0))
+    path, pooling = build_tiny_model(
+        "bert-mean", tmp_path / "m", attention_probs_dropout_prob=0.5, hidden_dropout_prob=0.0
+    )
+    model = posfair.load_model(
+        path, pooling=pooling, device="cpu", calibration=Calibration(basket_size=4, layers=1.0, strength=1.0)
+    )
     with torch.no_grad():
         model.eval()
         evaluated = _embeddings(model)

@@ -62,7 +62,17 @@ def test_prior_with_left_padding_isolated_bos_and_a_zero_mass_basket():
     assert p == pytest.approx([2.0, 1.0, 1.0])
     targets = np.array([0.0, 0.3 / 1.0, 0.4 / 1.0])
     targets = targets / targets.sum() * 0.7
-    want = [0, 0, 0.3, 0, 0, 0.2 / 0.3 * targets[1], 0.1 / 0.3 * targets[1], 0.25 / 0.4 * targets[2], 0.15 / 0.4 * targets[2]]
+    want = [
+        0,
+        0,
+        0.3,
+        0,
+        0,
+        0.2 / 0.3 * targets[1],
+        0.1 / 0.3 * targets[1],
+        0.25 / 0.4 * targets[2],
+        0.15 / 0.4 * targets[2],
+    ]
     assert got.tolist() == pytest.approx(want, abs=1e-12)
     assert got.sum() == pytest.approx(1.0)
 
@@ -87,15 +97,21 @@ def test_self_share_row_by_hand():
 
 def test_self_share_of_an_isolated_pooling_key_overrides_its_weight():
     # CLS pooling: the own key is the isolated BOS key 0 (weight "equal" would give it 1/4); rho=0.5 keeps 0.05
-    got = calibrate_rows(t(ROW), 0, 4, basket_size=2, isolate_bos=True, bos_weight="equal", self_share=0.5, self_key=0)[0]
+    got = calibrate_rows(t(ROW), 0, 4, basket_size=2, isolate_bos=True, bos_weight="equal", self_share=0.5, self_key=0)[
+        0
+    ]
     # content 1..4: baskets {1,2} 0.6, {3,4} 0.3 -> each (1 - 0.05)/2
     each = 0.95 / 2
-    assert got.tolist() == pytest.approx([0.05, 0.4 / 0.6 * each, 0.2 / 0.6 * each, 0.1 / 0.3 * each, 0.2 / 0.3 * each, 0.0], abs=1e-12)
+    assert got.tolist() == pytest.approx(
+        [0.05, 0.4 / 0.6 * each, 0.2 / 0.6 * each, 0.1 / 0.3 * each, 0.2 / 0.3 * each, 0.0], abs=1e-12
+    )
 
 
 def test_self_share_row_all_on_itself_and_padding_query_rows():
     a = t([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    assert calibrate_rows(a, 0, 4, basket_size=2, self_share=0.0, self_key=1).tolist() == a.tolist()  # nothing else to carry mass
+    assert (
+        calibrate_rows(a, 0, 4, basket_size=2, self_share=0.0, self_key=1).tolist() == a.tolist()
+    )  # nothing else to carry mass
     # a padding query row (own key 5 outside the span) gets the plain formula
     plain = calibrate_rows(t(ROW), 0, 4, basket_size=2)
     assert torch.equal(calibrate_rows(t(ROW), 0, 4, basket_size=2, self_share=0.3, self_key=5), plain)
@@ -157,7 +173,11 @@ def test_variants_strength_zero_span_and_reference(kw):
 
 
 # -- the encoder against the independent slow reference (tiny models) -------------------------------
-TEXTS = [("alpha beta gamma delta epsilon zeta eta theta " * 9).strip(), "iota kappa lambda mu " * 3, "nu xi omicron pi rho " * 7]
+TEXTS = [
+    ("alpha beta gamma delta epsilon zeta eta theta " * 9).strip(),
+    "iota kappa lambda mu " * 3,
+    "nu xi omicron pi rho " * 7,
+]
 
 
 def _assert_reference(model, cal):
@@ -188,7 +208,9 @@ def test_variants_match_the_slow_reference(tiny_model, arch):
 
 @pytest.mark.filterwarnings("ignore::posfair.calibration.coverage.CalibrationFallbackWarning")
 def test_variants_strength_zero_is_the_stock_model(tiny_model):
-    model = tiny_model("bert-mean")  # every row calibrated: the explicit path (stock up to float rounding, as in test_engine)
+    model = tiny_model(
+        "bert-mean"
+    )  # every row calibrated: the explicit path (stock up to float rounding, as in test_engine)
     stock = model.encode(TEXTS, convert_to_tensor=True)
     for cal in (Calibration(basket_size=8, layers=0.5, strength=0.0, prior={"values": [[2.0, 1.0]]}),
                 Calibration(basket_size=8, layers=0.5, strength=0.0, self_share=0.3)):  # fmt: skip
@@ -197,7 +219,10 @@ def test_variants_strength_zero_is_the_stock_model(tiny_model):
 
 # -- parameters: validation, keys, the command-line form, persistence ----------------------------------
 def test_defaults_keep_their_dict_and_label():
-    for cal in (Calibration(), Calibration(basket_size=16, layers=(1, 2), strength=1.0, isolate_bos=True, bos_weight=0.1)):
+    for cal in (
+        Calibration(),
+        Calibration(basket_size=16, layers=(1, 2), strength=1.0, isolate_bos=True, bos_weight=0.1),
+    ):
         assert "prior" not in cal.to_dict() and "self_share" not in cal.to_dict()
         assert "prior" not in cal.label() and "self" not in cal.label()
         assert cal.variant == "uniform"
@@ -236,7 +261,9 @@ def test_command_line_form(tmp_path):
     path = tmp_path / "prior.json"
     path.write_text(json.dumps({"prior": {"layers": None, "values": [[2.0, 1.0]]}, "documents": 3}))
     cal = Calibration.parse(f"16,1,1,prior={path},self=0.5,special=original")
-    assert cal.prior.values == ((2.0, 1.0),) and cal.self_share == 0.5 and cal.isolate_bos and cal.eos_weight == "original"
+    assert (
+        cal.prior.values == ((2.0, 1.0),) and cal.self_share == 0.5 and cal.isolate_bos and cal.eos_weight == "original"
+    )
     assert Calibration.parse(cal.spec(str(path))) == cal
     assert Calibration.parse("16,1,1,special=0.1").variant == "special"
     for spec, match in [
@@ -260,7 +287,10 @@ def test_saved_model_round_trips_the_variants(tiny_model_path, tmp_path):
     want = model.encode(TEXTS, calibration=cal, convert_to_tensor=True)
     model.set_calibration(cal).save(str(tmp_path / "saved"))
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
-    assert config["posfair_calibration"]["prior"] == {"layers": list(layers), "values": prior["values"]}  # plain JSON numbers
+    assert config["posfair_calibration"]["prior"] == {
+        "layers": list(layers),
+        "values": prior["values"],
+    }  # plain JSON numbers
     again = posfair.load_model(str(tmp_path / "saved"))
     assert again.calibration == cal
     torch.testing.assert_close(again.encode(TEXTS, convert_to_tensor=True), want, atol=1e-6, rtol=0)
@@ -280,7 +310,10 @@ def test_estimate_prior_matches_a_manual_average(tiny_model):
     est = estimate_prior(model, docs, Calibration(basket_size=8, layers=2), bins=4)
     assert est.documents == 2 and est.skipped == 0 and est.calibration.prior.layers == (2, 3)
     rows = {}
-    with torch.no_grad(), model.recording_attention(lambda layer, r: rows.setdefault(layer, []).append(r.mean(1)), [2, 3]):
+    with (
+        torch.no_grad(),
+        model.recording_attention(lambda layer, r: rows.setdefault(layer, []).append(r.mean(1)), [2, 3]),
+    ):
         for d in docs:
             model(model.tokenize([d]))
     for li, layer in enumerate((2, 3)):

@@ -24,15 +24,30 @@ MISTAKES = [
     ("encode-input-missing-field", "encode -i {t}/records.jsonl -o {t}/o.npy", "line 1 has no 'text' field", None),
     ("encode-out-type", "encode -i {t}/in.txt -o {t}/o.csv", "--out {t}/o.csv: unsupported output type '.csv'", None),
     ("encode-out-under-a-file", "encode -i {t}/in.txt -o {t}/afile/o.npy", "{t}/afile is a file, not a folder", None),
-    ("encode-cache-is-a-file", "encode -i {t}/in.txt -o {t}/o.npy --cache {t}/afile", "--cache {t}/afile: is an existing file", None),
-    ("encode-calibration-foo", "encode -i {t}/in.txt -o {t}/o.npy --calibration foo", "--calibration foo: calibration spec must be", None),
+    (
+        "encode-cache-is-a-file",
+        "encode -i {t}/in.txt -o {t}/o.npy --cache {t}/afile",
+        "--cache {t}/afile: is an existing file",
+        None,
+    ),
+    (
+        "encode-calibration-foo",
+        "encode -i {t}/in.txt -o {t}/o.npy --calibration foo",
+        "--calibration foo: calibration spec must be",
+        None,
+    ),
     (
         "encode-calibration-strength",
         "encode -i {t}/in.txt -o {t}/o.npy --calibration 128,0.5,1.5",
         "--calibration 128,0.5,1.5: strength",
         None,
     ),
-    ("encode-strength-1.5", "encode -i {t}/in.txt -o {t}/o.npy --strength 1.5", "--strength 1.5: must be a number in [0, 1]", None),
+    (
+        "encode-strength-1.5",
+        "encode -i {t}/in.txt -o {t}/o.npy --strength 1.5",
+        "--strength 1.5: must be a number in [0, 1]",
+        None,
+    ),
     ("encode-basket-0", "encode -i {t}/in.txt -o {t}/o.npy --basket-size 0", "--basket-size 0: must be >= 1", None),
     (
         "encode-calibration-basket-0",
@@ -40,16 +55,56 @@ MISTAKES = [
         "--calibration 0,0.5,0.5: basket_size",
         None,
     ),
-    ("encode-layers-word", "encode -i {t}/in.txt -o {t}/o.npy --layers abc", "--layers abc: layers must be an int", None),
+    (
+        "encode-layers-word",
+        "encode -i {t}/in.txt -o {t}/o.npy --layers abc",
+        "--layers abc: layers must be an int",
+        None,
+    ),
     ("encode-chunk-size-0", "encode -i {t}/in.txt -o {t}/o.npy --chunk-size 0", "--chunk-size 0: must be >= 1", None),
     ("encode-batch-size-0", "encode -i {t}/in.txt -o {t}/o.npy --batch-size 0", "--batch-size 0: must be >= 1", None),
-    ("encode-batch-size-word", "encode -i {t}/in.txt -o {t}/o.npy --batch-size many", "--batch-size many: must be a whole number", None),
-    ("encode-max-seq-length-0", "encode -i {t}/in.txt -o {t}/o.npy --max-seq-length 0", "--max-seq-length 0: must be >= 4", None),
-    ("encode-pooling", "encode -i {t}/in.txt -o {t}/o.npy --pooling max", "--pooling max: must be one of cls, mean, lasttoken", None),
-    ("encode-id-field-npy", "encode -i {t}/in.txt -o {t}/o.npy --id-field doc", "--id-field doc: ids go into a .parquet output", None),
-    ("encode-device-warp9", "encode -i {t}/in.txt -o {t}/o.npy --device warp9", "--device warp9: not a torch device", None),
-    ("encode-model-missing-path", "encode -i {t}/in.txt -o {t}/o.npy --model /missing/path", "--model /missing/path: no such folder", None),
-    ("encode-model-a-file", "encode -i {t}/in.txt -o {t}/o.npy --model {t}/afile", "--model {t}/afile: a file, not a model folder", None),
+    (
+        "encode-batch-size-word",
+        "encode -i {t}/in.txt -o {t}/o.npy --batch-size many",
+        "--batch-size many: must be a whole number",
+        None,
+    ),
+    (
+        "encode-max-seq-length-0",
+        "encode -i {t}/in.txt -o {t}/o.npy --max-seq-length 0",
+        "--max-seq-length 0: must be >= 4",
+        None,
+    ),
+    (
+        "encode-pooling",
+        "encode -i {t}/in.txt -o {t}/o.npy --pooling max",
+        "--pooling max: must be one of cls, mean, lasttoken",
+        None,
+    ),
+    (
+        "encode-id-field-npy",
+        "encode -i {t}/in.txt -o {t}/o.npy --id-field doc",
+        "--id-field doc: ids go into a .parquet output",
+        None,
+    ),
+    (
+        "encode-device-warp9",
+        "encode -i {t}/in.txt -o {t}/o.npy --device warp9",
+        "--device warp9: not a torch device",
+        None,
+    ),
+    (
+        "encode-model-missing-path",
+        "encode -i {t}/in.txt -o {t}/o.npy --model /missing/path",
+        "--model /missing/path: no such folder",
+        None,
+    ),
+    (
+        "encode-model-a-file",
+        "encode -i {t}/in.txt -o {t}/o.npy --model {t}/afile",
+        "--model {t}/afile: a file, not a model folder",
+        None,
+    ),
     (
         "encode-model-empty-folder",
         "encode -i {t}/in.txt -o {t}/o.npy --model {t}/nomodel",
@@ -88,8 +143,18 @@ MISTAKES = [
         "--language-grid en: a language grid needs at least 2 languages",
         None,
     ),
-    ("audit-language-grid-all-and-more", "audit --language-grid all,de -o {t}/out", "--language-grid all,de: 'all' stands alone", None),
-    ("audit-language-grid-unknown", "audit --language-grid en,xx -o {t}/out", "language(s) ['xx'] not in the corpus", None),
+    (
+        "audit-language-grid-all-and-more",
+        "audit --language-grid all,de -o {t}/out",
+        "--language-grid all,de: 'all' stands alone",
+        None,
+    ),
+    (
+        "audit-language-grid-unknown",
+        "audit --language-grid en,xx -o {t}/out",
+        "language(s) ['xx'] not in the corpus",
+        None,
+    ),
     (
         "audit-language-grid-not-a-code",
         "audit --language-grid en,e1 -o {t}/out",
@@ -105,7 +170,12 @@ MISTAKES = [
         "--min-segment-tokens 50 is above --max-segment-tokens 10",
         None,
     ),
-    ("audit-out-is-a-file", "audit --langs en -o {t}/afile", "--out {t}/afile: is an existing file, not a folder", None),
+    (
+        "audit-out-is-a-file",
+        "audit --langs en -o {t}/afile",
+        "--out {t}/afile: is an existing file, not a folder",
+        None,
+    ),
     ("audit-missing-corpus", "audit --langs en --corpus {t}/missing.jsonl -o {t}/out", "{t}/missing.jsonl", None),
     (
         "audit-corpus-missing-field",
@@ -113,7 +183,12 @@ MISTAKES = [
         "{t}/records.jsonl: missing required field(s) 'text'",
         None,
     ),
-    ("audit-inference", "audit --langs en --inference bayes -o {t}/out", "--inference bayes: must be one of cluster, wild", None),
+    (
+        "audit-inference",
+        "audit --langs en --inference bayes -o {t}/out",
+        "--inference bayes: must be one of cluster, wild",
+        None,
+    ),
     (
         "audit-bootstrap-without-wild",
         "audit --langs en --bootstrap-draws 999 -o {t}/out",
@@ -134,7 +209,12 @@ MISTAKES = [
         "--benchmark MISSING: not an existing folder or file, and not a known benchmark (fineweb-posq",
         None,
     ),
-    ("sweep-missing-benchmark", "sweep --benchmark squad-posq-tin", "--benchmark squad-posq-tin: not an existing folder or file", None),
+    (
+        "sweep-missing-benchmark",
+        "sweep --benchmark squad-posq-tin",
+        "--benchmark squad-posq-tin: not an existing folder or file",
+        None,
+    ),
     (
         "tune-missing-benchmark",
         "tune --objective retrieval --benchmark MISSING",
@@ -144,8 +224,18 @@ MISTAKES = [
     ("retrieval-c-is-not-calibration", "retrieval -b squad-posq-tiny -c 128,0.5,0.5", "no such option: -c", None),
     ("retrieval-nothing-to-run", "retrieval -b squad-posq-tiny --no-stock", "nothing to evaluate: --no-stock", None),
     ("retrieval-top-k-0", "retrieval -b squad-posq-tiny --top-k 0", "--top-k 0: must be >= 1", None),
-    ("retrieval-out-is-a-file", "retrieval -b squad-posq-tiny -o {t}/afile", "--out {t}/afile: is an existing file, not a folder", None),
-    ("retrieval-late-median", "retrieval -b squad-posq-tiny --late median", "--late median: must be one of max, mean", None),
+    (
+        "retrieval-out-is-a-file",
+        "retrieval -b squad-posq-tiny -o {t}/afile",
+        "--out {t}/afile: is an existing file, not a folder",
+        None,
+    ),
+    (
+        "retrieval-late-median",
+        "retrieval -b squad-posq-tiny --late median",
+        "--late median: must be one of max, mean",
+        None,
+    ),
     (
         "retrieval-late-chunks-0",
         "retrieval -b squad-posq-tiny --late max --late-chunks 0",
@@ -161,19 +251,39 @@ MISTAKES = [
     ("sweep-late-word", "sweep -b squad-posq-tiny --late maximum", "--late maximum: must be one of max, mean", None),
     ("sweep-step-0", "sweep -b squad-posq-tiny --fine --step 0", "--step 0: must be a number in (0, 1]", None),
     ("sweep-step-not-dividing-1", "sweep -b squad-posq-tiny --fine --step 0.3", "--step 0.3: step must divide 1", None),
-    ("sweep-strength-0", "sweep -b squad-posq-tiny --strengths 0.5,0", "--strengths 0.5,0: must be a number in (0, 1]", None),
+    (
+        "sweep-strength-0",
+        "sweep -b squad-posq-tiny --strengths 0.5,0",
+        "--strengths 0.5,0: must be a number in (0, 1]",
+        None,
+    ),
     ("sweep-nothing", "sweep -b squad-posq-tiny --no-grid", "nothing to sweep: --no-grid without --fine", None),
     # build-benchmark
     ("build-benchmark-k-0", "build-benchmark --k 0 -o {t}/bench", "--k 0: must be >= 1", None),
-    ("build-benchmark-name-path", "build-benchmark --name ../up -o {t}/bench", "--name ../up: must be a plain name", None),
+    (
+        "build-benchmark-name-path",
+        "build-benchmark --name ../up -o {t}/bench",
+        "--name ../up: must be a plain name",
+        None,
+    ),
     (
         "build-benchmark-budget-langs",
         "build-benchmark --langs en --budget-langs de -o {t}/bench",
         "--budget-langs de: de not among --langs en",
         None,
     ),
-    ("build-benchmark-unknown-unit", "build-benchmark --unit chapter -o {t}/bench", "no rows with unit='chapter'", None),
-    ("build-benchmark-unknown-source", "build-benchmark --sources nope -o {t}/bench", "--sources nope: unknown source(s) ['nope']", None),
+    (
+        "build-benchmark-unknown-unit",
+        "build-benchmark --unit chapter -o {t}/bench",
+        "no rows with unit='chapter'",
+        None,
+    ),
+    (
+        "build-benchmark-unknown-source",
+        "build-benchmark --sources nope -o {t}/bench",
+        "--sources nope: unknown source(s) ['nope']",
+        None,
+    ),
     # tune
     ("tune-space", "tune --space wide -o {t}/out", "--space wide: must be one of default, paper", None),
     (
@@ -182,14 +292,24 @@ MISTAKES = [
         "--variants uniform,magic: must be one of uniform, prior, self, special",
         None,
     ),
-    ("tune-self-share", "tune --variants self --self-shares 1.5 -o {t}/out", "--self-shares 1.5: must be a number in [0, 1]", None),
+    (
+        "tune-self-share",
+        "tune --variants self --self-shares 1.5 -o {t}/out",
+        "--self-shares 1.5: must be a number in [0, 1]",
+        None,
+    ),
     (
         "tune-special-share",
         "tune --variants special --special-shares big -o {t}/out",
         "--special-shares big: must be 'original', 'equal'",
         None,
     ),
-    ("calibration-variant-unknown", "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,colour=red", "unknown variant 'colour'", None),
+    (
+        "calibration-variant-unknown",
+        "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,colour=red",
+        "unknown variant 'colour'",
+        None,
+    ),
     (
         "calibration-self-share",
         "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,self=2",
@@ -202,13 +322,43 @@ MISTAKES = [
         "prior file '{t}/missing.json' does not exist",
         None,
     ),
-    ("calibration-prior-not-json", "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,prior={t}/in.txt", "is not valid JSON", None),
-    ("estimate-prior-out-type", "estimate-prior -o {t}/prior.txt", "--out {t}/prior.txt: unsupported output type '.txt'", None),
+    (
+        "calibration-prior-not-json",
+        "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,prior={t}/in.txt",
+        "is not valid JSON",
+        None,
+    ),
+    (
+        "estimate-prior-out-type",
+        "estimate-prior -o {t}/prior.txt",
+        "--out {t}/prior.txt: unsupported output type '.txt'",
+        None,
+    ),
     ("estimate-prior-bins-0", "estimate-prior -o {t}/prior.json --bins 0", "--bins 0: must be >= 1", None),
-    ("tune-objective", "tune --objective speed -o {t}/out", "--objective speed: must be one of fairness, retrieval", None),
-    ("tune-test-fraction-1", "tune --test-fraction 1 -o {t}/out", "--test-fraction 1: must be a number in (0, 1)", None),
-    ("tune-negative-drop", "tune --max-recall-drop -1 -o {t}/out", "--max-recall-drop -1: must be a number in [0, 100]", None),
-    ("tune-drop-above-100", "tune --max-ndcg-drop 150 -o {t}/out", "--max-ndcg-drop 150: must be a number in [0, 100]", None),
+    (
+        "tune-objective",
+        "tune --objective speed -o {t}/out",
+        "--objective speed: must be one of fairness, retrieval",
+        None,
+    ),
+    (
+        "tune-test-fraction-1",
+        "tune --test-fraction 1 -o {t}/out",
+        "--test-fraction 1: must be a number in (0, 1)",
+        None,
+    ),
+    (
+        "tune-negative-drop",
+        "tune --max-recall-drop -1 -o {t}/out",
+        "--max-recall-drop -1: must be a number in [0, 100]",
+        None,
+    ),
+    (
+        "tune-drop-above-100",
+        "tune --max-ndcg-drop 150 -o {t}/out",
+        "--max-ndcg-drop 150: must be a number in [0, 100]",
+        None,
+    ),
     ("tune-docs-negative", "tune --docs -3 -o {t}/out", "--docs -3: must be >= 1", None),
     (
         "tune-benchmark-with-fairness",
@@ -216,9 +366,19 @@ MISTAKES = [
         "--benchmark squad-posq-tiny applies only to --objective retrieval",
         None,
     ),
-    ("tune-save-model-is-a-file", "tune --save-model {t}/afile -o {t}/out", "--save-model {t}/afile: is an existing file", None),
+    (
+        "tune-save-model-is-a-file",
+        "tune --save-model {t}/afile -o {t}/out",
+        "--save-model {t}/afile: is an existing file",
+        None,
+    ),
     # embed
-    ("embed-unknown-part", "embed --part passages -o {t}/store", "--part passages: must be one of documents, queries", None),
+    (
+        "embed-unknown-part",
+        "embed --part passages -o {t}/store",
+        "--part passages: must be one of documents, queries",
+        None,
+    ),
     ("embed-part-without-corpus", "embed --part documents -o {t}/store", "--part documents needs --corpus", None),
     ("embed-workers-0", "embed --workers 0 -o {t}/store", "--workers 0: must be >= 1", None),
     ("embed-out-is-a-file", "embed -o {t}/afile", "--out {t}/afile: is an existing file, not a folder", None),
@@ -310,7 +470,11 @@ def test_the_hub_is_probed_once_and_fast(files, monkeypatch):
 
     monkeypatch.setattr(hub, "probe_hub", timed)
     env = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"}
-    check_one_error_line(run("encode -i {t}/in.txt -o {t}/o.npy --model some-org/some-model", files, env), "the hub is unreachable", files)
+    check_one_error_line(
+        run("encode -i {t}/in.txt -o {t}/o.npy --model some-org/some-model", files, env),
+        "the hub is unreachable",
+        files,
+    )
     assert len(calls) == 1 and calls[0] <= hub.PROBE_TIMEOUT + 0.5  # one probe, no retries
 
 
@@ -321,7 +485,8 @@ def test_the_library_refuses_an_unreachable_hub_id_by_name(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
-        ModelNotFound, match="cannot load model 'some-org/some-model': not a local folder, not in the Hugging Face cache"
+        ModelNotFound,
+        match="cannot load model 'some-org/some-model': not a local folder, not in the Hugging Face cache",
     ) as err:
         posfair.load_model("some-org/some-model")
     assert isinstance(err.value, PosfairInputError) and isinstance(err.value, OSError)
@@ -337,7 +502,9 @@ def test_an_unexpected_error_is_one_line_with_a_hint_and_debug_shows_the_traceba
     args = "encode -i {t}/in.txt -o {t}/o.npy"
     res = run(args, files)
     assert res.exit_code == 1
-    assert res.stderr.splitlines() == ["error: unexpected RuntimeError: boom second line (rerun with --debug for the traceback)"]
+    assert res.stderr.splitlines() == [
+        "error: unexpected RuntimeError: boom second line (rerun with --debug for the traceback)"
+    ]
     res = run("--debug " + args, files)
     assert res.exit_code == 1
     assert res.stderr.startswith("Traceback (most recent call last):") and "RuntimeError: boom" in res.stderr

@@ -17,7 +17,15 @@ from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.distributed import ManifestMismatch, embed_texts, plan_shards
 from posfair.encoding import encode_cached
-from posfair.store import MANIFEST, DamagedShardWarning, EmbeddingStore, embedding_namespace, read_shard, text_key, write_shard
+from posfair.store import (
+    MANIFEST,
+    DamagedShardWarning,
+    EmbeddingStore,
+    embedding_namespace,
+    read_shard,
+    text_key,
+    write_shard,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*truncated")
 CAL = Calibration.parse("16,0.5,0.5")
@@ -52,7 +60,9 @@ def test_consumers_find_everything_computed(tmp_path, texts, tiny_spec, tiny_fai
     rep = embed_texts(texts, tmp_path, tiny_spec(calibration=CAL.to_dict()), model=tiny_fair, shard_size=16)
     assert rep.tokens > 0 and rep.padded >= rep.tokens
     reference = encode_cached(tiny_fair, texts, None, calibration=CAL, batch_size=8)
-    assert not np.allclose(reference, encode_cached(tiny_fair, texts, None, batch_size=8), atol=1e-3)  # calibrated != stock
+    assert not np.allclose(
+        reference, encode_cached(tiny_fair, texts, None, batch_size=8), atol=1e-3
+    )  # calibrated != stock
     calls = []
     monkeypatch.setattr(type(tiny_fair), "encode", lambda self, *a, **k: calls.append(a) or np.zeros((0, 64)))
     got = encode_cached(tiny_fair, texts, EmbeddingStore(tmp_path), calibration=CAL)
@@ -117,7 +127,8 @@ def test_refuses_to_mix_settings(tmp_path, texts, tiny_spec, tiny_fair):
     foreign = manifest_path.parent / "part-foreign.arrow"
     write_shard(manifest_path.parent, ["k"], np.zeros((1, 8), np.float32), name="foreign")
     with pytest.raises(
-        ManifestMismatch, match=f"^shard {foreign} was made with other settings \\(dim: the store has 64, the shard has 8\\)"
+        ManifestMismatch,
+        match=f"^shard {foreign} was made with other settings \\(dim: the store has 64, the shard has 8\\)",
     ):
         embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
     assert rep.written == 2
@@ -188,12 +199,19 @@ def test_a_damaged_shard_is_set_aside_and_recomputed_bit_identically(tmp_path, t
         rep = embed_texts(texts, tmp_path / "s", spec, model=tiny_fair, shard_size=16)
     moved = [f.with_name(f.name + ".damaged-1") for f in (shards[0], shards[2])]
     messages = [str(w.message) for w in caught if w.category is DamagedShardWarning]
-    assert [m.split(" (")[0] for m in messages] == [f"damaged cache shard {shards[0]}", f"damaged cache shard {shards[2]}"]
+    assert [m.split(" (")[0] for m in messages] == [
+        f"damaged cache shard {shards[0]}",
+        f"damaged cache shard {shards[2]}",
+    ]
     assert [m.split("): ")[-1] for m in messages] == [f"moved to {m}; its vectors are recomputed" for m in moved]
     assert all(m.exists() for m in moved) and moved[1].read_bytes() == b""  # set aside, never deleted
     assert (rep.written, rep.skipped, rep.encoded) == (2, 2, 32)
-    assert {f.name for f in (tmp_path / "s").glob("*/part-*.arrow")} == {f.name for f in (tmp_path / "clean").glob("*/part-*.arrow")}
-    np.testing.assert_array_equal(stored(tmp_path / "s", tiny_fair, texts), stored(tmp_path / "clean", tiny_fair, texts))
+    assert {f.name for f in (tmp_path / "s").glob("*/part-*.arrow")} == {
+        f.name for f in (tmp_path / "clean").glob("*/part-*.arrow")
+    }
+    np.testing.assert_array_equal(
+        stored(tmp_path / "s", tiny_fair, texts), stored(tmp_path / "clean", tiny_fair, texts)
+    )
 
 
 def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path, texts, tiny_spec, tiny_fair):
@@ -203,7 +221,8 @@ def test_a_missing_manifest_is_rebuilt_from_the_shards(tmp_path, texts, tiny_spe
     original = json.loads(manifest_path.read_text())
     manifest_path.unlink()
     with pytest.warns(
-        UserWarning, match=f"^store {manifest_path.parent} had no readable manifest.json: rebuilt it from the metadata of its 2 shards$"
+        UserWarning,
+        match=f"^store {manifest_path.parent} had no readable manifest.json: rebuilt it from the metadata of its 2 shards$",
     ):
         rep = embed_texts(texts[:30], tmp_path, spec, model=tiny_fair, shard_size=16)
     assert rep.encoded == 0
@@ -235,7 +254,9 @@ def test_cli_refuses_unusable_texts_by_line(tmp_path, lines, message, monkeypatc
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(line + "\n" for line in lines))
     monkeypatch.setattr(checks, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    res = CliRunner().invoke(app, ["embed", "--out", str(tmp_path / "s"), "--corpus", str(corpus), "--text-field", "body"])
+    res = CliRunner().invoke(
+        app, ["embed", "--out", str(tmp_path / "s"), "--corpus", str(corpus), "--text-field", "body"]
+    )
     assert res.exit_code == 2 and res.stderr == f"error: {corpus}: {message}\n"
     assert not (tmp_path / "s").exists()
 
@@ -294,8 +315,16 @@ def test_cli_embeds_a_benchmark_part_of_any_layout(tmp_path, tiny_spec, tiny_fai
     from posfair.retrieval import load_benchmark
 
     rows = [
-        {"question": "where is the fox", "content": "the quick brown fox jumps over the lazy dog", "span_class": ["beginning"]},
-        {"question": "what does the cat do", "content": "a cat sleeps on the warm mat all afternoon", "span_class": ["end"]},
+        {
+            "question": "where is the fox",
+            "content": "the quick brown fox jumps over the lazy dog",
+            "span_class": ["beginning"],
+        },
+        {
+            "question": "what does the cat do",
+            "content": "a cat sleeps on the warm mat all afternoon",
+            "span_class": ["end"],
+        },
         {"question": "who sleeps", "content": "the quick brown fox jumps over the lazy dog", "span_class": ["middle"]},
     ]
     path = tmp_path / "fineweb.jsonl"
@@ -312,4 +341,6 @@ def test_cli_embeds_a_benchmark_part_of_any_layout(tmp_path, tiny_spec, tiny_fai
     )
     ns = embedding_namespace(EmbeddingStore(tmp_path / "s"), tiny_fair.fingerprint, STOCK)
     assert len(ns) == len(set(want))
-    np.testing.assert_allclose(ns.get([text_key(t) for t in want]), encode_cached(tiny_fair, want, None, batch_size=8), atol=1e-5)
+    np.testing.assert_allclose(
+        ns.get([text_key(t) for t in want]), encode_cached(tiny_fair, want, None, batch_size=8), atol=1e-5
+    )

@@ -173,12 +173,18 @@ def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_sp
     left = ray_processes_settle_to(before)
     assert not left, f"the CLI's Ray instance outlived it: {left}"
     assert "engine: a local Ray instance, 2 workers" in res.stdout
-    assert "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
+    assert (
+        "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
+    )
     embed_texts(texts[:20], tmp_path / "local", spec, model=tiny_fair, shard_size=4)
-    np.testing.assert_array_equal(vectors(tmp_path / "ray", tiny_fair, texts[:20]), vectors(tmp_path / "local", tiny_fair, texts[:20]))
+    np.testing.assert_array_equal(
+        vectors(tmp_path / "ray", tiny_fair, texts[:20]), vectors(tmp_path / "local", tiny_fair, texts[:20])
+    )
 
 
-def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_path, texts, tiny_spec, tiny_fair, ray_local):
+def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(
+    tmp_path, texts, tiny_spec, tiny_fair, ray_local
+):
     spec = tiny_spec()
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     root = tmp_path / "store"
@@ -199,6 +205,8 @@ def test_killed_driver_takes_its_ray_instance_along_and_the_rerun_resumes(tmp_pa
     assert 2 <= len(files) < 15 and not list(root.glob("*/.part-*"))
     rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2)
     assert (rep.skipped, rep.written) == (len(files), 15 - len(files))
-    assert {k: v for k, v in ((f.name, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")) if k in files} == files
+    assert {
+        k: v for k, v in ((f.name, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")) if k in files
+    } == files
     embed_texts(texts, tmp_path / "ref", spec, model=tiny_fair, shard_size=4)
     np.testing.assert_array_equal(vectors(root, tiny_fair, texts), vectors(tmp_path / "ref", tiny_fair, texts))

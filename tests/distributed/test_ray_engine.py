@@ -9,9 +9,13 @@ from posfair.distributed.ray_engine import WorkerPlan, plan_workers, root_cause
 
 def test_one_replica_per_gpu_by_default():
     # 4 GPUs, 32 CPUs: 4 replicas, each one GPU + one CPU, on cuda (torch picks its threads)
-    assert plan_workers({"GPU": 4.0, "CPU": 32.0}, None, None) == WorkerPlan(4, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+    assert plan_workers({"GPU": 4.0, "CPU": 32.0}, None, None) == WorkerPlan(
+        4, {"num_gpus": 1, "num_cpus": 1}, None, "cuda"
+    )
     # fewer replicas than GPUs on request; an explicit cuda device is accepted
-    assert plan_workers({"GPU": 4.0, "CPU": 32.0}, 2, "cuda:0") == WorkerPlan(2, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+    assert plan_workers({"GPU": 4.0, "CPU": 32.0}, 2, "cuda:0") == WorkerPlan(
+        2, {"num_gpus": 1, "num_cpus": 1}, None, "cuda"
+    )
 
 
 def test_cpu_replicas_split_the_cpus():
@@ -40,7 +44,10 @@ def test_root_cause_of_a_wrapped_worker_error():
         '  File "job.py", line 268, in __init__\n    raise ManifestMismatch(\n'
         "posfair.distributed.job.ManifestMismatch: worker model fingerprint ab differs from the driver's cd: install\n"
     )
-    assert root_cause(wrapped) == ("ManifestMismatch", "worker model fingerprint ab differs from the driver's cd: install")
+    assert root_cause(wrapped) == (
+        "ManifestMismatch",
+        "worker model fingerprint ab differs from the driver's cd: install",
+    )
     assert root_cause(ValueError("plain message")) == ("ValueError", "plain message")
     assert root_cause(KeyError()) == ("KeyError", "")
 

@@ -13,7 +13,9 @@ DE = ("apfel fluss berg quelle kern paket netz musik theorie garten geschichte w
       "rechner speicher bildschirm tastatur kabel bruecke wald meer planet").split()  # fmt: skip
 
 
-def tiny_corpus(topics: int = 10, seed: int = 0, min_words: int = 8, max_words: int = 20, langs=("en", "de")) -> pd.DataFrame:
+def tiny_corpus(
+    topics: int = 10, seed: int = 0, min_words: int = 8, max_words: int = 20, langs=("en", "de")
+) -> pd.DataFrame:
     rnd = random.Random(seed)
     rows = []
     for t in range(topics):

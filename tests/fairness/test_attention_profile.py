@@ -185,7 +185,10 @@ def test_figures_and_report_section(tiny_model, tmp_path):
     parts = [(text(12, 20), text(20, 21)), (text(25, 22), text(9, 23))]
     docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
     cal = Calibration(basket_size=B, layers=2, strength=1.0)
-    profiles = [attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en") for c in (STOCK, cal)]
+    profiles = [
+        attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en")
+        for c in (STOCK, cal)
+    ]
     section = attention_section(profiles, tmp_path)
     for name in ("attention_baskets", "attention_bins", "attention_layers", "attention_segments"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
@@ -244,7 +247,8 @@ def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
     res = CliRunner().invoke(
-        app, ["attention", "--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)]
+        app,
+        ["attention", "--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)],
     )
     assert res.exit_code == 0, res.output
     (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]

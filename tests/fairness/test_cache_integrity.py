@@ -31,7 +31,9 @@ def test_audit_sets_a_damaged_shard_aside_and_refuses_other_settings(tmp_path, t
         f"warning: damaged cache shard {victim} (empty file: 0 bytes): moved to {victim}.damaged-1; its vectors are recomputed"
     ]
     assert victim.with_name(victim.name + ".damaged-1").exists()
-    pd.testing.assert_frame_equal(pd.read_parquet(out / "observations.parquet"), clean, check_exact=False, atol=1e-6, rtol=0)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "observations.parquet"), clean, check_exact=False, atol=1e-6, rtol=0
+    )
     # a manifest of another code version: refused by name, before anything is computed
     manifest_file = victim.parent / "manifest.json"
     manifest = json.loads(manifest_file.read_text())

@@ -24,8 +24,9 @@ def test_audit_cli_end_to_end(tmp_path, tiny_model_path, make_corpus):
     # calibrated when longer than one basket of 8)
     docs = obs[(obs.calibration == "B8-L0.5-a1") & (obs.setting == "main")].drop_duplicates("doc_id")
     done = int((docs["doc_tokens"] > 8).sum())
-    assert f"calibrated share of B8-L0.5-a1: {done / len(docs):.3f} ({done} of {len(docs)} documents calibrated)" in " ".join(
-        res.output.split()
+    assert (
+        f"calibrated share of B8-L0.5-a1: {done / len(docs):.3f} ({done} of {len(docs)} documents calibrated)"
+        in " ".join(res.output.split())
     )
     # a re-run is answered from the cache (OUT/cache) and gives the same observations
     res2 = CliRunner().invoke(
@@ -40,7 +41,9 @@ def test_audit_cli_end_to_end(tmp_path, tiny_model_path, make_corpus):
 def test_audit_cli_bad_input(tmp_path, make_corpus):
     corpus = tmp_path / "corpus.parquet"
     make_corpus(topics=8).to_parquet(corpus)
-    res = CliRunner().invoke(app, ["audit", "--corpus", str(corpus), "--langs", "en", "--mixed", "de", "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(
+        app, ["audit", "--corpus", str(corpus), "--langs", "en", "--mixed", "de", "--out", str(tmp_path / "o")]
+    )
     assert res.exit_code == 2 and "LEAD:LATER" in res.output
     res = CliRunner().invoke(app, ["audit", "--corpus", str(corpus), "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "language configuration" in res.output
@@ -62,10 +65,14 @@ def test_inference_option_errors_before_any_work(tmp_path):
         res = CliRunner().invoke(app, ["audit", "--corpus", missing, "--langs", "en", "--out", str(out), *extra])
         assert res.exit_code == 2, res.output
         lines = res.output.strip().splitlines()
-        assert lines == [f"error: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {message}")), res.output
+        assert lines == [f"error: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {message}")), (
+            res.output
+        )
         assert not out.exists()
     res = CliRunner().invoke(app, ["demo", "--out", str(out), "--inference", "bogus"])
-    assert res.exit_code == 2 and res.output.strip().splitlines() == ["error: --inference bogus: must be one of cluster, wild; got 'bogus'"]
+    assert res.exit_code == 2 and res.output.strip().splitlines() == [
+        "error: --inference bogus: must be one of cluster, wild; got 'bogus'"
+    ]
     assert not out.exists()
 
 
@@ -84,7 +91,12 @@ def test_audit_cli_wild_inference_recorded(tmp_path, tiny_model_path, make_corpu
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     settings = json.loads((out / "run.json").read_text())["settings"]
-    assert (settings["inference"], settings["bootstrap_draws"], settings["bootstrap_weights"], settings["bootstrap_seed"]) == (
+    assert (
+        settings["inference"],
+        settings["bootstrap_draws"],
+        settings["bootstrap_weights"],
+        settings["bootstrap_seed"],
+    ) == (
         "wild",
         199,
         "rademacher",
@@ -96,7 +108,9 @@ def test_audit_cli_wild_inference_recorded(tmp_path, tiny_model_path, make_corpu
     assert set(coefs["inference"]) == {f"wild WCR11 rademacher all 2^{G}"}  # 2^G < 199: every sign vector
     assert (coefs["p"] >= 2 / 2**G - 1e-12).all()
     # the few-clusters warning is a line of the CLI output and of the report
-    assert f"warning: 1 of 1 instances rest on fewer than 20 segment sets (clusters G) -- n=2 en: G={G}" in " ".join(res.output.split())
+    assert f"warning: 1 of 1 instances rest on fewer than 20 segment sets (clusters G) -- n=2 en: G={G}" in " ".join(
+        res.output.split()
+    )
     assert "Few clusters:" in (out / "report.html").read_text()
     detail = (out / "tables" / "sigma_stock_main_detail.csv").read_text()
     assert detail.splitlines()[0] == "n,configuration,coefficient,estimate,SE,t,p,mark,G,inference"

@@ -15,7 +15,13 @@ from posfair.fairness.experiment import AuditSettings, build_instances, make_mod
 from posfair.fairness.pipeline import audit
 
 SETTINGS = AuditSettings(
-    n_values=(3,), configs=("en",), target_docs=12, min_segment_tokens=1, max_segment_tokens=60, batch_size=4, chunk_size=4
+    n_values=(3,),
+    configs=("en",),
+    target_docs=12,
+    min_segment_tokens=1,
+    max_segment_tokens=60,
+    batch_size=4,
+    chunk_size=4,
 )
 FULL = Calibration(basket_size=4, layers=0.5, strength=1.0)
 NOOP = Calibration(basket_size=4096, layers=1, strength=1.0)
@@ -35,7 +41,9 @@ def corpus(make_corpus):
 def lengths(model, corpus):
     """Token counts of the audit's documents as the model encodes them (mean pooling: all of them are content)."""
     info = make_model_info(model, SETTINGS)
-    docs = [d for inst in build_instances(corpus, SETTINGS, enc.model_tokenizer(model), info.limit) for d in inst.documents]
+    docs = [
+        d for inst in build_instances(corpus, SETTINGS, enc.model_tokenizer(model), info.limit) for d in inst.documents
+    ]
     counted = np.array([d.n_tokens for d in docs])
     assert model.encoded_lengths([d.text for d in docs]).tolist() == counted.tolist()  # what the engine sees
     return counted
@@ -57,7 +65,9 @@ def run(model, corpus, partial, tmp_path_factory):
 def test_audit_reports_the_share_once_per_calibration(run, lengths, partial):
     result, messages = run
     n = len(lengths)
-    k = int((lengths >= partial.basket_size + 1).sum())  # calibrated iff n_tokens >= B + 1 (mean pooling, one basket = identity)
+    k = int(
+        (lengths >= partial.basket_size + 1).sum()
+    )  # calibrated iff n_tokens >= B + 1 (mean pooling, one basket = identity)
     assert 0 < k < n
     assert messages == [  # no per-encode-call warning: one line per calibration that left documents stock
         f"calibration {partial.label()}: calibrated share {k / n:.3f} ({k} of {n} documents; {n - k} encoded stock)",
@@ -113,7 +123,9 @@ def test_attention_profile_counts_and_labels_a_noop(tiny_model, tmp_path):
     assert partial.n_calibrated == 2 and partial.calibrated_share == pytest.approx(2 / 3)
     stock = attention_profile(model, docs, basket_size=4)
     assert stock.n_calibrated is None and np.isnan(stock.calibrated_share)
-    noop = attention_profile(model, docs, basket_size=4, calibration=Calibration(basket_size=31, layers=2, strength=1.0))
+    noop = attention_profile(
+        model, docs, basket_size=4, calibration=Calibration(basket_size=31, layers=2, strength=1.0)
+    )
     assert noop.n_calibrated == 0 and noop.noop  # 32 tokens = BOS + exactly one basket of 31: the identity
     np.testing.assert_allclose(noop.mean("basket"), stock.mean("basket"), atol=1e-6)
     noop.save(tmp_path / "p")
@@ -121,8 +133,18 @@ def test_attention_profile_counts_and_labels_a_noop(tiny_model, tmp_path):
     # plot_baskets: axes[0] = BOS/EOS bars, axes[1] = baskets; plot_view: axes[0] = bins
     for fig, ax_index in ((plot_baskets([stock, noop, partial]), 1), (plot_view([stock, noop, partial], "bin"), 0)):
         legend = [t.get_text() for t in fig.legends[0].get_texts()]
-        assert f"{noop.label} — {NOOP_LABEL} (= stock, not drawn)" in legend and f"{cal.label()} (calibrated share 0.667)" in legend
+        assert (
+            f"{noop.label} — {NOOP_LABEL} (= stock, not drawn)" in legend
+            and f"{cal.label()} (calibrated share 0.667)" in legend
+        )
         ax = fig.axes[ax_index]
-        assert len([line for line in ax.lines if len(line.get_xdata())]) == 2  # stock and the partial one; the no-op is not drawn
+        assert (
+            len([line for line in ax.lines if len(line.get_xdata())]) == 2
+        )  # stock and the partial one; the no-op is not drawn
     html = summary_html([stock, noop, partial])
-    assert "<th>calibrated_share</th>" in html and "<td>0.000</td>" in html and "<td>0.667</td>" in html and "<td>—</td>" in html
+    assert (
+        "<th>calibrated_share</th>" in html
+        and "<td>0.000</td>" in html
+        and "<td>0.667</td>" in html
+        and "<td>—</td>" in html
+    )

@@ -32,7 +32,13 @@ def _build(tokenizer, n=3, cfg="en", target=12, limit=512, **kw):
     kw.setdefault("min_segment_tokens", 1)
     kw.setdefault("max_segment_tokens", 200)
     return build_instance(
-        prepare_corpus(tiny_corpus()), n, LanguageConfig.parse(cfg), tokenizer=tokenizer, limit=limit, target_docs=target, **kw
+        prepare_corpus(tiny_corpus()),
+        n,
+        LanguageConfig.parse(cfg),
+        tokenizer=tokenizer,
+        limit=limit,
+        target_docs=target,
+        **kw,
     )
 
 
@@ -76,7 +82,10 @@ def test_seeded_and_reproducible(tokenizer):
 
 def test_sets_that_do_not_fit_are_skipped_and_reported(tokenizer):
     corpus = prepare_corpus(tiny_corpus(topics=9))
-    lens = {r.id: len(tokenizer(r.text, add_special_tokens=False)["input_ids"]) for r in corpus[corpus.lang == "en"].itertuples()}
+    lens = {
+        r.id: len(tokenizer(r.text, add_special_tokens=False)["input_ids"])
+        for r in corpus[corpus.lang == "en"].itertuples()
+    }
     limit = sorted(lens.values())[5] * 3  # only some triples fit
     inst = build_instance(corpus, 3, LanguageConfig.mono("en"), tokenizer=tokenizer, limit=limit, target_docs=600,
                           min_segment_tokens=1, max_segment_tokens=limit)  # fmt: skip
@@ -85,7 +94,9 @@ def test_sets_that_do_not_fit_are_skipped_and_reported(tokenizer):
     assert inst.report.exhausted and inst.report.notes
     # every fitting triple is eventually found, none that does not fit
     fitting = [
-        t for t in _triples(sorted(lens)) if all(len(tokenizer(" ".join(_texts(corpus, p)))["input_ids"]) <= limit for p in _perms(t))
+        t
+        for t in _triples(sorted(lens))
+        if all(len(tokenizer(" ".join(_texts(corpus, p)))["input_ids"]) <= limit for p in _perms(t))
     ]
     assert {frozenset(s.topics) for s in inst.sets} <= {frozenset(t) for t in fitting}
 

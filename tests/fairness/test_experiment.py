@@ -156,7 +156,9 @@ def test_coefficients_match_observations(result):
     obs, coefs = result.observations, result.coefficients
     g = obs[(obs.calibration == "stock") & (obs.n == 3) & (obs.config == "en")]
     b2 = result.coefficient(n=3, config="en", position=2)
-    assert b2["estimate"] == pytest.approx(g[g.position == 2]["sigma"].mean() - g[g.position == 1]["sigma"].mean(), abs=1e-12)
+    assert b2["estimate"] == pytest.approx(
+        g[g.position == 2]["sigma"].mean() - g[g.position == 1]["sigma"].mean(), abs=1e-12
+    )
     assert b2["clusters"] == g["set_id"].nunique()
     assert set(coefs["measure"]) == {"sigma", "tau"}
     # default inference: CR1 + t(G-1), as statsmodels computes it from the same observations
@@ -186,7 +188,18 @@ def test_save_writes_everything(result, tmp_path):
         assert (tmp_path / "out" / "figures" / f"{stem}.pdf").exists()
     assert (tmp_path / "out" / "tables" / "sigma_stock_main.tex").read_text().startswith("\\begin{table}")
     detail = pd.read_csv(tmp_path / "out" / "tables" / "sigma_stock_main_detail.csv")
-    assert list(detail.columns) == ["n", "configuration", "coefficient", "estimate", "SE", "t", "p", "mark", "G", "inference"]
+    assert list(detail.columns) == [
+        "n",
+        "configuration",
+        "coefficient",
+        "estimate",
+        "SE",
+        "t",
+        "p",
+        "mark",
+        "G",
+        "inference",
+    ]
     assert "Few clusters:" in html  # the tiny audit rests on a handful of segment sets
     assert not list((tmp_path / "out").rglob("*.tmp"))
 
@@ -210,7 +223,11 @@ def test_settings_errors(model, corpus):
     with pytest.raises(ValueError, match="unknown language 'xx'"):
         audit(model, corpus, AuditSettings(n_values=(2,), configs=("xx",), target_docs=4))
     with pytest.raises(ValueError, match="at least 2"):
-        audit(model, corpus, AuditSettings(n_values=(3,), configs=("en",), target_docs=6, min_segment_tokens=1, max_segment_tokens=60))
+        audit(
+            model,
+            corpus,
+            AuditSettings(n_values=(3,), configs=("en",), target_docs=6, min_segment_tokens=1, max_segment_tokens=60),
+        )
     with pytest.raises(ValueError, match="position limit"):
         audit(model, corpus, AuditSettings(n_values=(2,), max_seq_length=4096))
 
@@ -218,9 +235,15 @@ def test_settings_errors(model, corpus):
 def test_ols_keeps_statsmodels_results(result):
     """The regression behind a block of coefficients, with statsmodels' results object: same numbers as the table."""
     coefs = result.coefficients
-    for measure, cal, setting in (("sigma", "stock", "main"), ("tau", CAL.label(), "main"), ("sigma", CAL.label(), "control")):
+    for measure, cal, setting in (
+        ("sigma", "stock", "main"),
+        ("tau", CAL.label(), "main"),
+        ("sigma", CAL.label(), "control"),
+    ):
         fit = result.ols(measure=measure, calibration=cal, setting=setting, n=3, config="[de, en, ..., en]")
-        rows = coefs[(coefs.measure == measure) & (coefs.calibration == cal) & (coefs.setting == setting) & (coefs.n == 3)]
+        rows = coefs[
+            (coefs.measure == measure) & (coefs.calibration == cal) & (coefs.setting == setting) & (coefs.n == 3)
+        ]
         rows = rows[rows.config == "[de, en, ..., en]"].sort_values("position")
         np.testing.assert_array_equal(fit.params, rows["estimate"].to_numpy())
         np.testing.assert_array_equal(fit.pvalues, rows["p"].to_numpy())
@@ -257,7 +280,9 @@ def test_progress_callback_bars_and_logging(model, corpus, tmp_path, capsys, cap
     assert len(first) == 1 and first[0][0] > 0 and first[0][2] > 0 and first[0][1] == first[0][3] == 0
     caplog.clear()
     capsys.readouterr()
-    with caplog.at_level(logging.INFO, logger="posfair.fairness"):  # INFO: bars shown by default, as in sentence-transformers
+    with caplog.at_level(
+        logging.INFO, logger="posfair.fairness"
+    ):  # INFO: bars shown by default, as in sentence-transformers
         audit(model, corpus, SMALL, cache_dir=tmp_path)
     again = [_cached_counts(r.getMessage()) for r in caplog.records if "cached" in r.getMessage()]
     assert again == [(first[0][0], first[0][0], first[0][2], first[0][2])]  # everything came from the cache

@@ -67,7 +67,9 @@ def test_fidelity_measures_on_hand_made_vectors():
 
 
 def test_profile_spread():
-    assert profile_spread(np.array([0.6, 0.5, 0.4, 0.8, 0.5, 0.2]), np.array([1, 2, 3, 1, 2, 3])) == pytest.approx(0.7 - 0.3)
+    assert profile_spread(np.array([0.6, 0.5, 0.4, 0.8, 0.5, 0.2]), np.array([1, 2, 3, 1, 2, 3])) == pytest.approx(
+        0.7 - 0.3
+    )
 
 
 def _direct(model, docs: pd.DataFrame, texts: dict, calibration):
@@ -155,4 +157,6 @@ def test_summary_tables_figure_and_report(result, tmp_path):
     assert "Fidelity" in html and "own-segment recall" in html
     saved = pd.read_parquet(paths["observations"])
     assert {"margin", "recall", "drift", "other_cos"} <= set(saved.columns)
-    pd.testing.assert_frame_equal(pd.read_csv(paths["fidelity"])[["spread", "recall"]], fid[["spread", "recall"]], check_exact=False)
+    pd.testing.assert_frame_equal(
+        pd.read_csv(paths["fidelity"])[["spread", "recall"]], fid[["spread", "recall"]], check_exact=False
+    )

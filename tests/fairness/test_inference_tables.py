@@ -49,7 +49,9 @@ def _fit_quiet(obs, inference=None):
 def test_fit_all_matches_statsmodels_and_reports_g(obs):
     coefs = _fit_quiet(obs)
     for (n, config), g in obs.groupby(["n", "config"]):
-        X = pd.DataFrame({"const": 1.0, **{f"p{p}": (g["position"] == p).astype(float).to_numpy() for p in range(2, n + 1)}})
+        X = pd.DataFrame(
+            {"const": 1.0, **{f"p{p}": (g["position"] == p).astype(float).to_numpy() for p in range(2, n + 1)}}
+        )
         codes = g["set_id"].astype("category").cat.codes.to_numpy()
         ref = sm.OLS(g["sigma"].to_numpy(), X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
         c = coefs[(coefs["n"] == n) & (coefs["config"] == config)].sort_values("position")
@@ -84,7 +86,9 @@ def test_tables_show_g_inference_se_p(obs):
     assert "n=4 en (G=6)" in t.caption and "p-values approximate" in t.caption
     # marks in the paper layout follow the t(G-1) p-values
     hit = coefs[(coefs["n"] == 4) & (coefs["config"] == "en") & (coefs["position"] == 2)].iloc[0]
-    assert t.frame.loc[(4, "β2 (2 vs. 1)"), "en"] == f"{hit['estimate']:.3f}" + (f" {hit['mark']}" if hit["mark"] else "")
+    assert t.frame.loc[(4, "β2 (2 vs. 1)"), "en"] == f"{hit['estimate']:.3f}" + (
+        f" {hit['mark']}" if hit["mark"] else ""
+    )
     d = coefficient_detail_table(coefs, **kw)
     assert list(d.frame.columns) == ["estimate", "SE", "t", "p", "mark", "G", "inference"]
     row = d.frame.loc[(4, "en", "β2 (2 vs. 1)")]

@@ -66,8 +66,12 @@ def test_grid_documents_put_each_language_at_its_positions(model, corpus):
         assert len(inst.documents) == 6 * len(inst.sets) >= 12
         for d in inst.documents:
             assert d.langs == (lead, later, later)
-            for pos, (topic, lang, seg, sid, (a, b)) in enumerate(zip(d.topics, d.langs, d.texts, d.segment_ids, d.spans, strict=True)):
-                assert seg == text[(topic, lang)] == d.text[a:b]  # the segment at this position is the topic in that language
+            for pos, (topic, lang, seg, sid, (a, b)) in enumerate(
+                zip(d.topics, d.langs, d.texts, d.segment_ids, d.spans, strict=True)
+            ):
+                assert (
+                    seg == text[(topic, lang)] == d.text[a:b]
+                )  # the segment at this position is the topic in that language
                 assert sid == f"{lang}:{topic}"
                 assert lang == (lead if pos == 0 else later)
         # every ordering of every set, each topic once at each position per (n-1)! orderings
@@ -80,7 +84,9 @@ def _direct_fit(obs: pd.DataFrame, calibration: str, length: bool, measure: str 
     """The pooled regression written as a statsmodels formula (independent of posfair's design matrix)."""
     g = obs[(obs["calibration"] == calibration) & (obs["setting"] == "main") & (obs["position"] >= 2)].copy()
     g["tok_c"] = g["seg_tokens"] - g["seg_tokens"].mean()
-    formula = f"{measure} ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))" + (" + tok_c" if length else "")
+    formula = f"{measure} ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))" + (
+        " + tok_c" if length else ""
+    )
     codes = pd.factorize(g["set_id"])[0]
     return smf.ols(formula, data=g).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True), g
 
@@ -152,5 +158,7 @@ def test_monolingual_instances_only_leave_out_the_lead_dummies(result):
     direct = smf.ols("sigma ~ C(lang, Treatment('en')) + C(position)", data=g).fit(
         cov_type="cluster", cov_kwds={"groups": pd.factorize(g["set_id"])[0]}, use_t=True
     )
-    assert fit.params[fit.names.index("later:de")] == pytest.approx(direct.params["C(lang, Treatment('en'))[T.de]"], abs=1e-10)
+    assert fit.params[fit.names.index("later:de")] == pytest.approx(
+        direct.params["C(lang, Treatment('en'))[T.de]"], abs=1e-10
+    )
     assert fit.bse[fit.names.index("later:fr")] == pytest.approx(direct.bse["C(lang, Treatment('en'))[T.fr]"], rel=1e-8)

@@ -83,7 +83,9 @@ def test_cluster_inference_equals_statsmodels(sets):
     np.testing.assert_allclose(fit.params, ref.params.to_numpy(), rtol=1e-10)
     np.testing.assert_allclose(fit.bse, ref.bse.to_numpy(), rtol=1e-10)
     np.testing.assert_allclose(fit.pvalues, ref.pvalues.to_numpy(), rtol=1e-8, atol=1e-300)
-    np.testing.assert_allclose(fit.pvalues, 2 * stats.t.sf(np.abs(ref.tvalues.to_numpy()), df=sets - 1), rtol=1e-8, atol=1e-300)
+    np.testing.assert_allclose(
+        fit.pvalues, 2 * stats.t.sf(np.abs(ref.tvalues.to_numpy()), df=sets - 1), rtol=1e-8, atol=1e-300
+    )
     np.testing.assert_allclose(fit.conf_int(), ref.conf_int().to_numpy(), rtol=1e-10)
     assert fit.n_clusters == sets and fit.inference == "CR1 t(G-1)"
     frame = fit.to_frame()
@@ -176,7 +178,13 @@ def _reference_pvalues(y, pos, cl, n, weights, draws, seed):
 
 @pytest.mark.parametrize(
     "sets,weights,draws,seed",
-    [(6, "webb", 999, 0), (6, "rademacher", 999, 0), (12, "webb", 499, 7), (12, "rademacher", 999, 3), (3, "webb", 999, 5)],
+    [
+        (6, "webb", 999, 0),
+        (6, "rademacher", 999, 0),
+        (12, "webb", 499, 7),
+        (12, "rademacher", 999, 3),
+        (3, "webb", 999, 5),
+    ],
 )
 def test_wild_bootstrap_against_hand_written(sets, weights, draws, seed):
     y, pos, cl = _data(seed=sets, sets=sets, perms=6, slope=0.004)
@@ -206,7 +214,9 @@ def test_wild_bootstrap_against_wildboottest_api():
     X = pd.DataFrame({"const": 1.0, **{f"pos{p}": (pos == p).astype(float) for p in range(2, 5)}})
     codes = pd.Series(cl).astype("category").cat.codes.to_numpy()
     for j, name in enumerate(X.columns):
-        res = wildboottest(sm.OLS(y, X), B=B, cluster=codes, param=name, weights_type="webb", seed=seed, show=False, parallel=False)
+        res = wildboottest(
+            sm.OLS(y, X), B=B, cluster=codes, param=name, weights_type="webb", seed=seed, show=False, parallel=False
+        )
         theirs = float(res["p-value"].iloc[0])
         np.testing.assert_allclose(float(np.ravel(res["statistic"].iloc[0])[0]), fit.tvalues[j], rtol=1e-8)
         # no ties with 25 clusters and Webb weights: (1 + #{|t*| >= |t|}) / (B + 1) == (1 + B * p_theirs) / (B + 1)
@@ -246,7 +256,17 @@ def test_design_matrix():
 
 @pytest.mark.parametrize(
     "p,mark",
-    [(0.0, ""), (0.000999, ""), (0.001, "◊"), (0.0099, "◊"), (0.01, "□"), (0.0499, "□"), (0.05, "•"), (0.9, "•"), (float("nan"), "•")],
+    [
+        (0.0, ""),
+        (0.000999, ""),
+        (0.001, "◊"),
+        (0.0099, "◊"),
+        (0.01, "□"),
+        (0.0499, "□"),
+        (0.05, "•"),
+        (0.9, "•"),
+        (float("nan"), "•"),
+    ],
 )
 def test_significance_marks(p, mark):
     assert significance_mark(p) == mark

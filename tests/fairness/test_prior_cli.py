@@ -25,7 +25,16 @@ def test_estimate_prior_then_calibrate_with_it(tmp_path, minilm):
     calibrated = minilm.encode(text, calibration=cal)
     assert np.abs(stock - calibrated).max() > 1e-3
     res = CliRunner().invoke(
-        app, ["encode", "-i", str(_write(tmp_path, text)), "-o", str(tmp_path / "e.npy"), "--calibration", f"16,0.5,1,prior={out}"]
+        app,
+        [
+            "encode",
+            "-i",
+            str(_write(tmp_path, text)),
+            "-o",
+            str(tmp_path / "e.npy"),
+            "--calibration",
+            f"16,0.5,1,prior={out}",
+        ],
     )
     assert res.exit_code == 0, res.output
     np.testing.assert_allclose(np.load(tmp_path / "e.npy"), calibrated, atol=1e-5)

@@ -13,7 +13,12 @@ from posfair.report.tables import Table, to_csv, to_html, to_latex, to_markdown,
 def _table():
     idx = pd.MultiIndex.from_tuples([(3, "β0"), (3, "β2"), (4, "β0")], names=["n", "coef"])
     return Table(
-        "T", pd.DataFrame([["0.75", "0.81"], ["-0.05 ◊", "-0.13 •"], ["0.71", "a|b_c"]], index=idx, columns=["en", "[de, en]"]), "cap", "t1"
+        "T",
+        pd.DataFrame(
+            [["0.75", "0.81"], ["-0.05 ◊", "-0.13 •"], ["0.71", "a|b_c"]], index=idx, columns=["en", "[de, en]"]
+        ),
+        "cap",
+        "t1",
     )
 
 
@@ -87,7 +92,13 @@ def test_html_table_escapes():
 def test_cluster_mean_ci_against_direct():
     rng = np.random.default_rng(0)
     d = pd.DataFrame(
-        {"row": 3, "col": "en", "x": np.tile([1, 2], 40), "cluster": np.repeat(np.arange(10), 8), "value": rng.normal(size=80)}
+        {
+            "row": 3,
+            "col": "en",
+            "x": np.tile([1, 2], 40),
+            "cluster": np.repeat(np.arange(10), 8),
+            "value": rng.normal(size=80),
+        }
     )
     st = cluster_mean_ci(d)
     for x in (1, 2):
@@ -106,7 +117,9 @@ def test_profile_grid_and_report(tmp_path):
         for cfg in ("en", "de"):
             for p in range(1, n + 1):
                 for c in range(5):
-                    rows.append({"row": n, "col": cfg, "x": p, "cluster": c, "value": 0.8 - 0.1 * p + rng.normal(0, 0.01)})
+                    rows.append(
+                        {"row": n, "col": cfg, "x": p, "cluster": c, "value": 0.8 - 0.1 * p + rng.normal(0, 0.01)}
+                    )
     data = pd.DataFrame(rows)
     bars = data.rename(columns={"value": "bar"}).assign(bar=lambda d: 100 + d["x"])
     fig = profile_grid([ProfileSeries("stock", data), ProfileSeries("cal", data.assign(value=data.value + 0.05), linestyle="--")],
@@ -131,7 +144,10 @@ def test_profile_grid_and_report(tmp_path):
 
 def test_fragments_escape_once_and_nest():
     kv = key_value_html({"a<b": "it's & <i>", "n": 3})
-    assert kv == '<table class="kv"><tr><th>a&lt;b</th><td>it&#x27;s &amp; &lt;i&gt;</td></tr><tr><th>n</th><td>3</td></tr></table>'
+    assert (
+        kv
+        == '<table class="kv"><tr><th>a&lt;b</th><td>it&#x27;s &amp; &lt;i&gt;</td></tr><tr><th>n</th><td>3</td></tr></table>'
+    )
     assert ("<h3>x</h3>" + kv).startswith("<h3>x</h3><table")  # a plain str: concatenating does not escape
     nested = render_string("<div>{{ frag | safe }}{{ text }}</div>", frag=kv, text="<kv>")
     assert nested == f"<div>{kv}&lt;kv&gt;</div>"

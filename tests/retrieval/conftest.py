@@ -37,9 +37,18 @@ def aligned_corpus() -> pd.DataFrame:
     """A tiny aligned en/de corpus: one segment per topic, titles are questions."""
     rows = []
     for key, body in TOPICS:
-        text = f"{body.capitalize()}. " + f"This paragraph explains more about {key} and how it is used on a typical system. " * 2
+        text = (
+            f"{body.capitalize()}. "
+            + f"This paragraph explains more about {key} and how it is used on a typical system. " * 2
+        )
         rows.append(
-            {"id": f"faq/{key}", "lang": "en", "title": f"How do I use {key}?", "text": text, "n_tokens_minilm": len(text.split()) + 10}
+            {
+                "id": f"faq/{key}",
+                "lang": "en",
+                "title": f"How do I use {key}?",
+                "text": text,
+                "n_tokens_minilm": len(text.split()) + 10,
+            }
         )
         rows.append(
             {

@@ -48,5 +48,7 @@ def test_build_benchmark_warns_when_the_benchmark_cannot_separate_methods(tmp_pa
     docs = json.loads((tmp_path / "bench" / "benchmark.json").read_text())["documents"]
     assert 0 < docs < MIN_QUERIES_PER_GROUP  # at the bundled model's 256 tokens few documents of 3 sections fit
     assert f"benchmark aligned[eng-Latn]: {docs} documents" in r.stdout.replace("\n", " ")
-    warned = [line for line in r.stderr.splitlines() if line.startswith("warning: benchmark aligned[eng-Latn] is too small")]
+    warned = [
+        line for line in r.stderr.splitlines() if line.startswith("warning: benchmark aligned[eng-Latn] is too small")
+    ]
     assert len(warned) == 1 and f"{docs} documents (fewer than 30)" in warned[0] and "--max-seq-length" in warned[0]

@@ -46,7 +46,10 @@ def test_squad_posq_saved_dataset_layout(tmp_path):
     train = _squad_rows("train", 8)
     train.append({**train[0], "id": "dup", "context": "Context replaced " + "y" * 50})  # same question text again
     dd = datasets.DatasetDict(
-        {"train": datasets.Dataset.from_list(train), "validation": datasets.Dataset.from_list(_squad_rows("validation", 3, 8))}
+        {
+            "train": datasets.Dataset.from_list(train),
+            "validation": datasets.Dataset.from_list(_squad_rows("validation", 3, 8)),
+        }
     )
     dd.save_to_disk(tmp_path / "squad")
     b = load_squad_posq(str(tmp_path / "squad"))
@@ -97,9 +100,9 @@ def test_fineweb_posq_jsonl_layout(tmp_path):
 def _write_posir(root, lang, domain, n_docs=4, corpus_only=False):
     d = root / lang / domain
     (d / "qrels").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"_id": [f"c{i}" for i in range(n_docs)], "text": [f"{lang} {domain} doc {i}" for i in range(n_docs)]}).to_parquet(
-        d / "corpus.parquet"
-    )
+    pd.DataFrame(
+        {"_id": [f"c{i}" for i in range(n_docs)], "text": [f"{lang} {domain} doc {i}" for i in range(n_docs)]}
+    ).to_parquet(d / "corpus.parquet")
     if corpus_only:
         return
     pd.DataFrame(
@@ -177,8 +180,12 @@ def test_build_from_corpus_layout(tmp_path, corpus_df):
     q_de = pd.read_parquet(out / "deu-Latn" / "all" / "queries.parquet")
     r_de = pd.read_parquet(out / "deu-Latn" / "all" / "qrels" / "test.parquet")
     assert (
-        r_de.merge(q_de, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]].sort_values("segment_id").values.tolist()
-        == r.merge(q, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]].sort_values("segment_id").values.tolist()
+        r_de.merge(q_de, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]]
+        .sort_values("segment_id")
+        .values.tolist()
+        == r.merge(q, left_on="query-id", right_on="_id")[["segment_id", "corpus-id"]]
+        .sort_values("segment_id")
+        .values.tolist()
     )
     again = build_from_corpus(corpus_df, tmp_path / "b2", langs=["en", "de"], k=3, seed=7, max_doc_tokens=None)
     assert pd.read_parquet(again / "eng-Latn" / "all" / "corpus.parquet").equals(c)

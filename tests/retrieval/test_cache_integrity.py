@@ -21,7 +21,9 @@ def test_retrieval_refuses_a_store_of_other_settings(tmp_path):
     assert manifests
     first = json.loads(manifests[0].read_text())
     manifests[0].write_text(json.dumps({**first, "posfair_version": "0.0.1"}))
-    res = runner.invoke(app, [a if a != str(tmp_path / "out") else str(tmp_path / "out2") for a in args])  # results not yet in OUT
+    res = runner.invoke(
+        app, [a if a != str(tmp_path / "out") else str(tmp_path / "out2") for a in args]
+    )  # results not yet in OUT
     assert res.exit_code == 2
     assert res.stderr.splitlines()[-1] == (
         f"error: store {manifests[0].parent} was made with other settings (posfair_version: the store has '0.0.1', this run has "

@@ -25,7 +25,9 @@ FULL = Calibration(basket_size=16, layers=0.5, strength=0.5)
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None)
+    out = build_from_corpus(
+        aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None
+    )
     return load_posir(out, lang="en")
 
 

@@ -18,7 +18,9 @@ CAL = Calibration(basket_size=16, layers=0.5, strength=0.5)
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None)
+    out = build_from_corpus(
+        aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en", "de"], k=3, seed=3, max_doc_tokens=None
+    )
     return load_posir(out, lang="en")
 
 
@@ -61,7 +63,9 @@ def test_query_prompts(model, bench):
     model_name = type("M", (), {"name_or_path": "Qwen/Qwen3-Embedding-0.6B"})()
     assert default_query_prompt(model_name) == QWEN3_QUERY_PROMPT
     ev = PositionalRetrievalEvaluator(bench, query_prompt="query: ")
-    expected = model.encode(["query: " + t for t in bench.query_texts[:3]], normalize_embeddings=True, convert_to_numpy=True)
+    expected = model.encode(
+        ["query: " + t for t in bench.query_texts[:3]], normalize_embeddings=True, convert_to_numpy=True
+    )
     assert np.allclose(ev.encode_queries(model)[:3], expected, atol=1e-5)
     with pytest.raises(ValueError, match="no prompt named"):
         PositionalRetrievalEvaluator(bench, query_prompt_name="nope").encode_queries(model)
@@ -84,7 +88,18 @@ def test_sea_is_mean_of_semantic_chunks(model):
 def test_tables_layout(model, bench, tmp_path):
     results = run_sweep(model, bench, [CAL, Calibration(basket_size=16, layers=1, strength=1.0)], tmp_path)
     t1 = group_table(results)
-    assert list(t1.columns) == ["section", "setting", "seg 1", "seg 2", "seg 3", "Harm", "PSI", "nDCG@10", "calibrated_share", "best"]
+    assert list(t1.columns) == [
+        "section",
+        "setting",
+        "seg 1",
+        "seg 2",
+        "seg 3",
+        "Harm",
+        "PSI",
+        "nDCG@10",
+        "calibrated_share",
+        "best",
+    ]
     assert t1["setting"].tolist() == ["No calibration", "B=16, a=1", "B=16, a=0.5"]
     assert t1["section"].tolist() == ["", "Last layer", "50% of layers"]
     assert t1["best"].sum() >= 1 and t1.loc[t1["best"], "Harm"].max() == t1["Harm"].max()
@@ -105,7 +120,9 @@ def test_grids():
 
 
 def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
-    cals = strength_sweep(basket_size=16, layer_sets=[0.5], step=0.5)  # strengths 0.5, 1.0 -> with stock a Figure 3 series
+    cals = strength_sweep(
+        basket_size=16, layer_sets=[0.5], step=0.5
+    )  # strengths 0.5, 1.0 -> with stock a Figure 3 series
     run_sweep(model, bench, cals, tmp_path / "ref", encode_chunk=2)
     expected = {p.name: p.read_text() for p in (tmp_path / "ref").glob("table_*")}
     assert (tmp_path / "ref" / "strength.png").exists()
@@ -146,7 +163,9 @@ def test_progress_callback_counts_every_distinct_text(model, bench, tmp_path):
         done[desc] = [total]
         return done[desc].append
 
-    PositionalRetrievalEvaluator(bench, CAL, store=tmp_path / "cache", progress=progress, encode_chunk=2).evaluate(model)
+    PositionalRetrievalEvaluator(bench, CAL, store=tmp_path / "cache", progress=progress, encode_chunk=2).evaluate(
+        model
+    )
     assert {d: (t[0], sum(t[1:])) for d, t in done.items()} == {
         f"{bench.name}: queries (stock)": (len(set(bench.query_texts)), len(set(bench.query_texts))),
         f"{bench.name}: documents ({CAL.label()})": (len(set(bench.corpus_texts)), len(set(bench.corpus_texts))),

@@ -84,7 +84,9 @@ def test_options_are_validated():
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    out = build_from_corpus(aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en"], k=2, seed=3, max_doc_tokens=None)
+    out = build_from_corpus(
+        aligned_corpus(), tmp_path_factory.mktemp("bench"), langs=["en"], k=2, seed=3, max_doc_tokens=None
+    )
     return load_posir(out, lang="en")
 
 
@@ -95,7 +97,11 @@ def test_evaluator_ranks_by_the_aggregate_of_chunk_cosines(model, bench, tmp_pat
     for late in (max_late, mean_late):
         ev = PositionalRetrievalEvaluator(bench, late, store=store)
         r = ev.evaluate(model)
-        assert r.method == "late" and r.setting == f"late-{late.aggregate} (16-token windows)" and r.calibrated_share is None
+        assert (
+            r.method == "late"
+            and r.setting == f"late-{late.aggregate} (16-token windows)"
+            and r.calibrated_share is None
+        )
         q = ev.encode_queries(model)
         q = q / np.linalg.norm(q, axis=1, keepdims=True)
         vecs, owner = late.embed(model, bench.corpus_texts)

@@ -89,7 +89,16 @@ def test_fineweb_groups_multi_membership():
 
 
 def test_posir_buckets_bins_relpos():
-    assert [posir_length_bucket(x) for x in (0, 1, 512, 513, 1024, 1536, 1537, None)] == [None, "Q1", "Q1", "Q2", "Q2", "Q3", "Q4", None]
+    assert [posir_length_bucket(x) for x in (0, 1, 512, 513, 1024, 1536, 1537, None)] == [
+        None,
+        "Q1",
+        "Q1",
+        "Q2",
+        "Q2",
+        "Q3",
+        "Q4",
+        None,
+    ]
     assert posir_relative_position([10, 30], 100) == pytest.approx(0.2)
     assert posir_relative_position([90, 130], 100) == 1.0  # midpoint capped at the length
     assert math.isnan(posir_relative_position([0, 10], 0))

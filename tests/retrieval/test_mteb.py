@@ -77,7 +77,10 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(model, bench, store):
     """posfair's own evaluator, stock and calibrated (its embeddings kept in ``store``)."""
-    return {"stock": posfair_metrics(bench, model, store=store), "calibrated": posfair_metrics(bench, model, CAL, store=store)}
+    return {
+        "stock": posfair_metrics(bench, model, store=store),
+        "calibrated": posfair_metrics(bench, model, CAL, store=store),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +113,10 @@ def mteb_runs(model, tasks, cache, store, stock_encoder):
     (cache=None: MTEB knows it only by its name), every text encoded anew through MTEB's data loaders.
     """
     before = stored(store)
-    out = {"stock": run(stock_encoder, tasks, cache=cache), "calibrated": run(pm.encoder(model, CAL, store=store), tasks, cache=cache)}
+    out = {
+        "stock": run(stock_encoder, tasks, cache=cache),
+        "calibrated": run(pm.encoder(model, CAL, store=store), tasks, cache=cache),
+    }
     out["stored_anew"] = sorted(set(stored(store)) - set(before))
     model.set_calibration(CAL)
     try:
@@ -130,7 +136,9 @@ def test_tasks_have_one_subset_per_group(bench, tasks):
     for label, mask in bench.groups.items():
         split = task.dataset[label]["test"]
         assert sorted(split["queries"]["id"]) == sorted(np.asarray(bench.query_ids)[mask].tolist())
-        assert split["corpus"]["text"] == bench.corpus_texts and split["top_ranked"] is None  # one domain: the whole corpus
+        assert (
+            split["corpus"]["text"] == bench.corpus_texts and split["top_ranked"] is None
+        )  # one domain: the whole corpus
     task.unload_data()
 
 
@@ -148,7 +156,9 @@ def test_mteb_ndcg_per_group_equals_posfair(model, bench, tasks, reference, mteb
         # Harm and PSI from MTEB's scores, with posfair's definitions, equal the evaluator's
         assert s.harm == pytest.approx(ref["harm"], abs=TOL) and s.psi == pytest.approx(ref["psi"], abs=TOL)
         assert s.harm == harmonic_mean(s.groups) and s.psi == psi(s.groups)
-        assert {k: s.metrics[k] for k in group_keys(ref)} == pytest.approx({k: ref[k] for k in group_keys(ref)}, abs=TOL)
+        assert {k: s.metrics[k] for k in group_keys(ref)} == pytest.approx(
+            {k: ref[k] for k in group_keys(ref)}, abs=TOL
+        )
         scores[run_name] = s
     # calibration moves the per-group scores (MTEB measured the calibrated documents, not stock ones)
     for run_name in ("calibrated", "direct"):
@@ -241,9 +251,9 @@ def write_posir(root, domains=("a", "b")):
             }
         )
         queries.to_parquet(d / "queries.parquet")
-        pd.DataFrame({"query-id": queries["_id"], "corpus-id": [f"c{j}" for j in range(len(texts))], "score": 1}).to_parquet(
-            d / "qrels" / "test.parquet"
-        )
+        pd.DataFrame(
+            {"query-id": queries["_id"], "corpus-id": [f"c{j}" for j in range(len(texts))], "score": 1}
+        ).to_parquet(d / "qrels" / "test.parquet")
     return root
 
 
@@ -301,7 +311,11 @@ def test_missing_groups_are_warned_and_nan(model, bench, tasks, mteb_runs):
     assert task.hf_subsets == ["first", "last"]
     (s,) = pm.position_scores(run(pm.encoder(model, STOCK), [task]), [task]).values()
     ref = posfair_metrics(tiny, model)
-    assert list(s.groups) == ["first", "empty", "last"] and math.isnan(s.groups["empty"]) and math.isnan(ref["ndcg@10[empty]"])
+    assert (
+        list(s.groups) == ["first", "empty", "last"]
+        and math.isnan(s.groups["empty"])
+        and math.isnan(ref["ndcg@10[empty]"])
+    )
     assert s.harm == pytest.approx(ref["harm"], abs=TOL) and s.psi == pytest.approx(ref["psi"], abs=TOL)
 
     # results that lack a group: named with the tasks, counted without them
@@ -313,7 +327,11 @@ def test_missing_groups_are_warned_and_nan(model, bench, tasks, mteb_runs):
     with pytest.warns(pm.MissingGroupWarning, match="2 of its 3 subsets"):
         pm.position_scores([partial])
     fewer = tr.model_copy(
-        update={"scores": {"test": [{**e, "posfair_queries": 5.0} if e["hf_subset"] == "seg 3" else e for e in tr.scores["test"]]}}
+        update={
+            "scores": {
+                "test": [{**e, "posfair_queries": 5.0} if e["hf_subset"] == "seg 3" else e for e in tr.scores["test"]]
+            }
+        }
     )
     with pytest.warns(pm.MissingGroupWarning, match=rf"seg 3 \(5 of {int(bench.groups['seg 3'].sum())}\)"):
         pm.position_scores(fewer, tasks)
@@ -324,7 +342,9 @@ def test_missing_groups_are_warned_and_nan(model, bench, tasks, mteb_runs):
 def test_calibration_that_changes_nothing_is_reported(model):
     (task,) = pm.tasks(tiny_benchmark(a=[1, 1, 1, 1]))
     enc = pm.encoder(model, CAL)  # every tiny document is shorter than one basket of 128 tokens
-    with pytest.warns(CalibrationFallbackWarning, match=r"MTEB task .*, documents: 4 of 4 texts are shorter than one basket"):
+    with pytest.warns(
+        CalibrationFallbackWarning, match=r"MTEB task .*, documents: 4 of 4 texts are shorter than one basket"
+    ):
         mteb.evaluate(enc, [task], cache=None, show_progress_bar=False)
     assert enc.calibrated_share == 0.0
 
@@ -361,7 +381,9 @@ def test_bad_inputs(model, bench, tasks, mteb_runs):
         pm.position_scores({"scores": {}})
     with pytest.raises(PosfairInputError, match="no result of a posfair task"):
         pm.position_scores(
-            mteb_runs["stock"].task_results[0].model_copy(update={"task_name": "x", "scores": {"test": [{"hf_subset": "a"}]}})
+            mteb_runs["stock"]
+            .task_results[0]
+            .model_copy(update={"task_name": "x", "scores": {"test": [{"hf_subset": "a"}]}})
         )
     with pytest.raises(PosfairInputError, match="tasks must be"):
         pm.position_scores(mteb_runs["stock"], [object()])
@@ -377,7 +399,9 @@ def test_only_posfair_mteb_imports_mteb():
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
-                hit = any(a.name.split(".")[0] == "mteb" or f"{a.name}.".startswith("posfair.mteb.") for a in node.names)
+                hit = any(
+                    a.name.split(".")[0] == "mteb" or f"{a.name}.".startswith("posfair.mteb.") for a in node.names
+                )
             elif isinstance(node, ast.ImportFrom):
                 module = node.module or ""
                 names = {a.name for a in node.names}

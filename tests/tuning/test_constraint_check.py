@@ -34,7 +34,10 @@ class UnitObjective(FunctionObjective):
         return pd.Series(base, index=[f"s{i}" for i in range(self.n)])
 
     def _metrics(self, cal, split):
-        return {"score": 1.0 - (cal.strength if cal is not STOCK else 0.0), "recall": float(self.guard_units(cal, split).mean())}
+        return {
+            "score": 1.0 - (cal.strength if cal is not STOCK else 0.0),
+            "recall": float(self.guard_units(cal, split).mean()),
+        }
 
 
 def test_a_choice_that_breaks_the_constraint_on_test_is_said(tmp_path):
@@ -57,10 +60,14 @@ def test_a_choice_that_breaks_the_constraint_on_test_is_said(tmp_path):
 def test_the_interval_against_the_normal_approximation():
     res = run_search(UnitObjective(test_drop=0.0, noise=0.05, n_units=400), SPACE, max_drop=0.02)
     check = res.test_check
-    diff = UnitObjective(0.0, 0.05, 400).guard_units(res.chosen, TEST) - UnitObjective(0.0, 0.05, 400).guard_units(STOCK, TEST)
+    diff = UnitObjective(0.0, 0.05, 400).guard_units(res.chosen, TEST) - UnitObjective(0.0, 0.05, 400).guard_units(
+        STOCK, TEST
+    )
     m, se = diff.mean(), diff.std(ddof=1) / np.sqrt(len(diff))
     assert check["change"] == pytest.approx(m)
-    assert check["low"] == pytest.approx(m - 1.96 * se, abs=0.25 * se) and check["high"] == pytest.approx(m + 1.96 * se, abs=0.25 * se)
+    assert check["low"] == pytest.approx(m - 1.96 * se, abs=0.25 * se) and check["high"] == pytest.approx(
+        m + 1.96 * se, abs=0.25 * se
+    )
     assert check["holds"] is True  # mean change about 0
     assert ("interval reaches beyond the limit" in check["verdict"]) == (check["low"] < -0.02)
 

@@ -13,20 +13,33 @@ from posfair import Calibration
 from posfair import encoding as enc
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import NOOP_LABEL
-from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, run_search
+from posfair.tuning import (
+    DEV,
+    TEST,
+    FairnessObjective,
+    FunctionObjective,
+    SearchSpace,
+    default_fairness_settings,
+    run_search,
+)
 from posfair.tuning.outputs import summary_markdown, trials_table, write_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
 
-SPACE = SearchSpace(basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=2, min_step=0.005)
+SPACE = SearchSpace(
+    basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=2, min_step=0.005
+)
 
 
 def score(cal, split):
     if cal is STOCK:
         return {"score": 1.0, "guard": 1.0}
     # B=256 would "win" if it were evaluated: it must never be
-    return {"score": (cal.strength - 0.7) ** 2 + (-5.0 if cal.basket_size == 256 else 0.0), "guard": 1.0 - 0.05 * cal.strength}
+    return {
+        "score": (cal.strength - 0.7) ** 2 + (-5.0 if cal.basket_size == 256 else 0.0),
+        "guard": 1.0 - 0.05 * cal.strength,
+    }
 
 
 def test_noop_grid_points_are_skipped_and_never_candidates(tmp_path):
@@ -60,7 +73,10 @@ def test_noop_grid_points_are_skipped_and_never_candidates(tmp_path):
     assert trials.count("skipped") == 4
     # a re-run reads every evaluated trial back and skips the same points again
     again = run_search(
-        FunctionObjective(lambda c, s: pytest.fail("re-evaluated"), share=share), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json"
+        FunctionObjective(lambda c, s: pytest.fail("re-evaluated"), share=share),
+        SPACE,
+        max_drop=0.1,
+        results_path=tmp_path / "tune.json",
     )
     assert again.chosen == res.chosen and len(again.skipped) == 4
 
@@ -77,7 +93,9 @@ def model(tiny_model):
 
 
 def test_fairness_objective_counts_documents_and_skips_baskets_longer_than_every_document(model, tmp_path, monkeypatch):
-    settings = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
+    settings = default_fairness_settings(
+        target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8
+    )
     obj = FairnessObjective(model, tiny_corpus(topics=12), settings, store=tmp_path / "cache")
     lengths = np.array([d.n_tokens for inst in obj.instances[DEV] for d in inst.documents])
     B = int(np.median(lengths))

@@ -36,7 +36,9 @@ from posfair.tuning.tuner import build_corpus_benchmark
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
 
-SPACE = SearchSpace(basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=6, min_step=0.005)
+SPACE = SearchSpace(
+    basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=6, min_step=0.005
+)
 
 
 def synthetic(cal, split, *, optimum=0.7, slope=0.05):
@@ -67,7 +69,9 @@ def test_constraint_limits_the_choice():
     assert not f[f.strength > 0.5 + 1e-9]["feasible"].any() and f[f.strength <= 0.5]["feasible"].all()
     # nothing feasible at all: stock is kept
     res = run_search(
-        FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)), SearchSpace(strengths=(0.8, 1.0), fine_rounds=0), max_drop=0.1
+        FunctionObjective(lambda c, s: synthetic(c, s, slope=0.2)),
+        SearchSpace(strengths=(0.8, 1.0), fine_rounds=0),
+        max_drop=0.1,
     )
     assert res.chosen is STOCK and not res.feasible
 
@@ -130,7 +134,10 @@ def test_resume_reads_finished_trials(tmp_path):
     path.write_text(json.dumps(saved))
     seen = []
     resumed = run_search(
-        FunctionObjective(lambda c, s: seen.append(1) or synthetic(c, s), identity="v1"), SPACE, max_drop=0.1, results_path=path
+        FunctionObjective(lambda c, s: seen.append(1) or synthetic(c, s), identity="v1"),
+        SPACE,
+        max_drop=0.1,
+        results_path=path,
     )
     assert len(seen) == len(first.trials) - 4 and resumed.chosen == first.chosen
     with pytest.raises(ValueError, match="different objective"):
@@ -151,7 +158,9 @@ def model(tiny_model):
     return tiny_model("bert-mean")
 
 
-SETTINGS = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
+SETTINGS = default_fairness_settings(
+    target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8
+)
 SMALL = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=1)
 
 
@@ -172,7 +181,9 @@ def test_real_run_on_a_tiny_model(model, tmp_path, monkeypatch):
     order = []
     evaluate = obj.evaluate
     obj.evaluate = lambda cal, split: order.append((split, len(encoded))) or evaluate(cal, split)
-    res = tune(model, objective=obj, space=SMALL, max_drop=0.05, out_dir=tmp_path / "out", save_model=tmp_path / "saved")
+    res = tune(
+        model, objective=obj, space=SMALL, max_drop=0.05, out_dir=tmp_path / "out", save_model=tmp_path / "saved"
+    )
     first_test = next(n for split, n in order if split == TEST)
     assert not test_docs & set(encoded[:first_test])  # no test document was even encoded before the choice
     assert test_docs <= set(encoded)
@@ -184,7 +195,15 @@ def test_real_run_on_a_tiny_model(model, tmp_path, monkeypatch):
     assert stock["recall"] == pytest.approx(obs.drop_duplicates("doc_id")["recall"].mean())
     assert stock["documents"] == 12
     out = tmp_path / "out"
-    for f in ("tune.json", "summary.md", "trials.csv", "tradeoff.png", "tables/pareto.md", "tables/test.tex", "test_audit/report.html"):
+    for f in (
+        "tune.json",
+        "summary.md",
+        "trials.csv",
+        "tradeoff.png",
+        "tables/pareto.md",
+        "tables/test.tex",
+        "test_audit/report.html",
+    ):
         assert (out / f).exists(), f
     assert "Pareto front" in (out / "summary.md").read_text()
     trials = pd.read_csv(out / "trials.csv")
@@ -214,7 +233,9 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
     obj = RetrievalObjective(model, bench, store=tmp_path / "cache")
     dev, test = obj.splits[DEV], obj.splits[TEST]
     assert len(dev.query_ids) + len(test.query_ids) == len(bench.query_ids)
-    assert not {int(r[0]) for r in dev.relevant} & {int(r[0]) for r in test.relevant}  # a document's queries stay together
+    assert not {int(r[0]) for r in dev.relevant} & {
+        int(r[0]) for r in test.relevant
+    }  # a document's queries stay together
     m = obj.evaluate(STOCK, DEV)
     direct = PositionalRetrievalEvaluator(dev, STOCK).evaluate(model)
     assert m["ndcg@10"] == pytest.approx(float(direct.ndcg.mean()))

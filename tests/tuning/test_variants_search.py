@@ -13,7 +13,16 @@ from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
-from posfair.tuning import DEV, TEST, FairnessObjective, FunctionObjective, SearchSpace, default_fairness_settings, pareto_front, run_search
+from posfair.tuning import (
+    DEV,
+    TEST,
+    FairnessObjective,
+    FunctionObjective,
+    SearchSpace,
+    default_fairness_settings,
+    pareto_front,
+    run_search,
+)
 from posfair.tuning.outputs import write_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
@@ -67,7 +76,9 @@ def test_joint_search_fronts_and_test_confirmation(tmp_path):
     test = [t for t in res.trials if t.split == TEST]
     assert {t.key for t in test} == {"stock"} | {c.key() for c in res.variant_best.values()}
     first_test = next(i for i, t in enumerate(res.trials) if t.split == TEST)
-    assert all(t.split == DEV for t in res.trials[:first_test]) and all(t.split == TEST for t in res.trials[first_test:])
+    assert all(t.split == DEV for t in res.trials[:first_test]) and all(
+        t.split == TEST for t in res.trials[first_test:]
+    )
     saved = json.loads((tmp_path / "tune.json").read_text())
     assert set(saved["fronts"]) == set(SPACE.variants) and saved["space"]["variants"] == list(SPACE.variants)
     paths = write_outputs(res, tmp_path / "out")
@@ -93,13 +104,17 @@ def test_variant_space_validation():
     assert "variants" not in SearchSpace().to_dict()  # the default space keeps its stored form (resumable runs)
 
 
-SETTINGS = default_fairness_settings(target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8)
+SETTINGS = default_fairness_settings(
+    target_docs=24, min_segment_tokens=1, max_segment_tokens=60, batch_size=8, chunk_size=8
+)
 
 
 def test_fairness_objective_estimates_the_prior_on_the_dev_split(tiny_model, tmp_path):
     model = tiny_model("bert-mean")
     obj = FairnessObjective(model, tiny_corpus(topics=12), SETTINGS, store=tmp_path / "cache")
-    space = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0, variants=("uniform", "prior"))
+    space = SearchSpace(
+        basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0, variants=("uniform", "prior")
+    )
     res = run_search(obj, space, max_drop=0.5)
     est = obj.prior_estimate
     dev_docs = [d.text for inst in obj.instances[DEV] for d in inst.documents]
@@ -107,7 +122,10 @@ def test_fairness_objective_estimates_the_prior_on_the_dev_split(tiny_model, tmp
     assert est.calibration.prior.layers == tuple(range(model.num_layers))
     prior_trials = [t for t in res.dev_trials() if t.variant == "prior"]
     assert prior_trials and all(t.calibration.prior == est.calibration.prior for t in prior_trials)
-    assert prior_trials[0].metrics["spread"] != res.trial(Calibration(basket_size=4, layers=1.0, strength=1.0), DEV).metrics["spread"]
+    assert (
+        prior_trials[0].metrics["spread"]
+        != res.trial(Calibration(basket_size=4, layers=1.0, strength=1.0), DEV).metrics["spread"]
+    )
 
 
 def test_cli_tune_with_variants_on_the_retrieval_objective(tiny_model, tiny_model_path, tmp_path):
@@ -130,6 +148,9 @@ def test_cli_tune_with_variants_on_the_retrieval_objective(tiny_model, tiny_mode
     assert sorted(c.variant for c in dev) == ["prior", "self", "special", "special", "uniform"]
     prior = next(c for c in dev if c.variant == "prior").prior
     assert prior.layers == tuple(range(model.num_layers)) and prior.bins == 20
-    assert {c.self_share for c in dev} == {None, 0.5} and {c.bos_weight for c in dev if c.variant == "special"} == {"original", 0.05}
+    assert {c.self_share for c in dev} == {None, 0.5} and {c.bos_weight for c in dev if c.variant == "special"} == {
+        "original",
+        0.05,
+    }
     assert set(saved["fronts"]) == {"uniform", "prior", "self", "special"}
     assert (out / "fronts.png").exists() and (out / "tables" / "variants.md").exists()

@@ -62,8 +62,12 @@ class PriorEstimate:
     skipped: int  # documents with fewer content keys than bins
 
     def to_dict(self) -> dict:
-        return {"calibration": self.calibration.to_dict(), "prior": self.calibration.prior.to_dict(),
-                "documents": self.documents, "skipped": self.skipped}  # fmt: skip
+        return {
+            "calibration": self.calibration.to_dict(),
+            "prior": self.calibration.prior.to_dict(),
+            "documents": self.documents,
+            "skipped": self.skipped,
+        }
 
 
 #: the calibration a prior is estimated for when none is given (the default one)
@@ -108,7 +112,9 @@ def estimate_prior(
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
             enc = tok(batch, padding=True, truncation=True, max_length=limit, return_tensors="pt")
-            features = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            features = {
+                k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
+            }
             features["modality"] = "text"
             buffer.clear()
             model(features)
@@ -123,9 +129,16 @@ def estimate_prior(
                     sums[li] += row_density(buffer[layer][j, s : e + 1], bins)
                 used += 1
     if used == 0:
-        raise PosfairInputError(f"no document has {bins} content keys: the prior cannot be estimated (use fewer bins or longer documents)")
+        raise PosfairInputError(
+            f"no document has {bins} content keys: the prior cannot be estimated (use fewer bins or longer documents)"
+        )
     if skipped:
-        log.warning("positional prior: %d of %d documents have fewer than %d content keys and were left out", skipped, len(texts), bins)
+        log.warning(
+            "positional prior: %d of %d documents have fewer than %d content keys and were left out",
+            skipped,
+            len(texts),
+            bins,
+        )
     mean = sums / used
     mean = np.maximum(mean, 1e-6)  # a bin no row attends to would divide by 0
     prior = PositionalPrior(values=tuple(tuple(float(x) for x in v) for v in mean), layers=tuple(layers))

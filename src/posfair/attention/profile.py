@@ -57,7 +57,16 @@ from posfair.model import FairModel
 from posfair.progress import progress_enabled
 from posfair.spans import token_segment_index
 
-__all__ = ["AttentionProfile", "attention_profile", "resolve_layers", "query_label", "VIEWS", "SPECIAL_NAMES", "Z95", "LayerSpec"]
+__all__ = [
+    "AttentionProfile",
+    "attention_profile",
+    "resolve_layers",
+    "query_label",
+    "VIEWS",
+    "SPECIAL_NAMES",
+    "Z95",
+    "LayerSpec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +78,15 @@ def resolve_layers(layers: LayerSpec, num_layers: int) -> tuple[int, ...]:
     ``max(1, floor(f * N))``; a sequence = explicit indices (ValueError if outside the model)."""
     spec = 0.5 if layers is None else layers
     if isinstance(spec, (list, tuple)):
-        bad = [i for i in spec if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= int(i) < num_layers]
+        bad = [
+            i
+            for i in spec
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= int(i) < num_layers
+        ]
         if bad:
-            raise PosfairInputError(f"layers {bad} out of range: the model has {num_layers} layers (valid indices 0..{num_layers - 1})")
+            raise PosfairInputError(
+                f"layers {bad} out of range: the model has {num_layers} layers (valid indices 0..{num_layers - 1})"
+            )
         spec = tuple(int(i) for i in spec)
     return Calibration(layers=spec).layer_indices(num_layers)
 
@@ -155,11 +170,26 @@ def attention_profile(
     if label is None:
         label = calibration.label()
     profile = AttentionProfile(
-        num_layers=num_layers, layers=chosen, basket_size=int(basket_size), n_bins=n_bins, pooling=pooling, queries=queries,
-        label=label, group=group, model=model_name, fingerprint=model.fingerprint, calibration=cal_dict, n_calibrated=n_calibrated,
-    )  # fmt: skip
+        num_layers=num_layers,
+        layers=chosen,
+        basket_size=int(basket_size),
+        n_bins=n_bins,
+        pooling=pooling,
+        queries=queries,
+        label=label,
+        group=group,
+        model=model_name,
+        fingerprint=model.fingerprint,
+        calibration=cal_dict,
+        n_calibrated=n_calibrated,
+    )
     log.info(
-        "attention profile %s%s: %d documents, layers %s of %d", label, f" ({group})" if group else "", len(texts), list(chosen), num_layers
+        "attention profile %s%s: %d documents, layers %s of %d",
+        label,
+        f" ({group})" if group else "",
+        len(texts),
+        list(chosen),
+        num_layers,
     )
     device = next(model.parameters()).device
     buffer: dict[int, np.ndarray] = {}
@@ -181,16 +211,25 @@ def attention_profile(
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
             enc = tok(
-                batch, padding=True, truncation=False, return_tensors="pt", return_offsets_mapping=True, return_special_tokens_mask=True
+                batch,
+                padding=True,
+                truncation=False,
+                return_tensors="pt",
+                return_offsets_mapping=True,
+                return_special_tokens_mask=True,
             )
-            features = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            features = {
+                k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
+            }
             features["modality"] = "text"
             buffer.clear()
             model(features)
             missing = [layer for layer in every if layer not in buffer]
             if missing:
                 raise RuntimeError(f"the attention recorder saw no rows for layers {missing}")
-            _add_batch(profile, np.stack([buffer[layer] for layer in every]), enc, spans[b0 : b0 + len(batch)])  # rows: (L, B, K)
+            _add_batch(
+                profile, np.stack([buffer[layer] for layer in every]), enc, spans[b0 : b0 + len(batch)]
+            )  # rows: (L, B, K)
             if progress is not None:
                 progress(len(batch))
     return profile
@@ -218,7 +257,11 @@ def _calibrated_count(model: FairModel, calibration: Calibration, lengths: np.nd
     """How many documents ``calibration`` changes (no truncation: the lengths are the spans); one warning if not all."""
     coverage = calibration_coverage(model.transformer_module.resolve(calibration), lengths)
     if coverage.message():
-        warnings.warn(f"attention profile {label or calibration.label()}: {coverage.message()}", CalibrationFallbackWarning, stacklevel=3)
+        warnings.warn(
+            f"attention profile {label or calibration.label()}: {coverage.message()}",
+            CalibrationFallbackWarning,
+            stacklevel=3,
+        )
     return coverage.calibrated
 
 
@@ -235,4 +278,9 @@ def _add_batch(profile: AttentionProfile, rows: np.ndarray, enc, spans: Sequence
         if pad.size:
             profile.max_padding_mass = max(profile.max_padding_mass, float(np.abs(pad).max()))
         seg = None if spans[j] is None else token_segment_index(offsets[j, s : e + 1], spans[j], special[j, s : e + 1])
-        profile.add_document(rows[:, j, s : e + 1], has_bos=bool(special[j, s]), has_eos=bool(special[j, e]) and e > s, token_segments=seg)
+        profile.add_document(
+            rows[:, j, s : e + 1],
+            has_bos=bool(special[j, s]),
+            has_eos=bool(special[j, e]) and e > s,
+            token_segments=seg,
+        )

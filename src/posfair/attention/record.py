@@ -63,7 +63,11 @@ class AttentionProfile:
     segment_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
-        if isinstance(self.basket_size, bool) or not isinstance(self.basket_size, (int, np.integer)) or self.basket_size < 1:
+        if (
+            isinstance(self.basket_size, bool)
+            or not isinstance(self.basket_size, (int, np.integer))
+            or self.basket_size < 1
+        ):
             raise PosfairInputError(f"basket_size must be an integer >= 1; got {self.basket_size!r}")
         if isinstance(self.n_bins, bool) or not isinstance(self.n_bins, (int, np.integer)) or self.n_bins < 1:
             raise PosfairInputError(f"n_bins must be an integer >= 1; got {self.n_bins!r}")
@@ -98,7 +102,12 @@ class AttentionProfile:
             raise ValueError(f"row must have shape (num_layers={self.num_layers}, keys); got {row.shape}")
         sel = list(self.layers)
         cells = document_views(
-            row, has_bos=has_bos, has_eos=has_eos, basket_size=self.basket_size, n_bins=self.n_bins, token_segments=token_segments
+            row,
+            has_bos=has_bos,
+            has_eos=has_eos,
+            basket_size=self.basket_size,
+            n_bins=self.n_bins,
+            token_segments=token_segments,
         )
         self.max_total_error = max(self.max_total_error, float(np.abs(row[sel].sum(1) - 1.0).max()))
         for view, per_layer, present in cells:
@@ -122,7 +131,9 @@ class AttentionProfile:
         for v in VIEWS:
             self.views[v].merge(other.views[v])
         if self.segment_tokens.shape[0] < other.segment_tokens.shape[0]:
-            self.segment_tokens = np.pad(self.segment_tokens, (0, other.segment_tokens.shape[0] - self.segment_tokens.shape[0]))
+            self.segment_tokens = np.pad(
+                self.segment_tokens, (0, other.segment_tokens.shape[0] - self.segment_tokens.shape[0])
+            )
         self.segment_tokens[: other.segment_tokens.shape[0]] += other.segment_tokens
         self.n_docs += other.n_docs
         if self.n_calibrated is not None or other.n_calibrated is not None:
@@ -181,7 +192,11 @@ class AttentionProfile:
             for layer in [None, *range(self.num_layers)]:
                 st = self.stats(view, layer)
                 df = pd.DataFrame(
-                    {"cell": np.arange(run.width), "name": names, **{k: st[k] for k in ("mean", "std", "sem", "lo", "hi", "count")}}
+                    {
+                        "cell": np.arange(run.width),
+                        "name": names,
+                        **{k: st[k] for k in ("mean", "std", "sem", "lo", "hi", "count")},
+                    }
                 )
                 df.insert(0, "layer", -1 if layer is None else layer)
                 df.insert(0, "view", view)
@@ -212,7 +227,12 @@ class AttentionProfile:
     def summary(self) -> dict[str, float]:
         """Headline numbers of the layer-set profile (``calibrated_share`` NaN for stock)."""
         sp, bk = self.mean("special"), self.mean("basket")
-        out = {"documents": float(self.n_docs), "calibrated_share": self.calibrated_share, "BOS": float(sp[0]), "EOS": float(sp[1])}
+        out = {
+            "documents": float(self.n_docs),
+            "calibrated_share": self.calibrated_share,
+            "BOS": float(sp[0]),
+            "EOS": float(sp[1]),
+        }
         if bk.size:
             out["first basket"] = float(bk[0])
             out["last basket"] = float(bk[-1])
@@ -229,7 +249,10 @@ class AttentionProfile:
         stem = Path(path)
         if stem.suffix in (".parquet", ".npz"):
             stem = stem.with_suffix("")
-        arrays: dict[str, np.ndarray] = {"meta": np.array(json.dumps(self.meta(), sort_keys=True)), "segment_tokens": self.segment_tokens}
+        arrays: dict[str, np.ndarray] = {
+            "meta": np.array(json.dumps(self.meta(), sort_keys=True)),
+            "segment_tokens": self.segment_tokens,
+        }
         for v in VIEWS:
             run = self.views[v]
             for name in RunningSums.ARRAYS:
@@ -250,7 +273,10 @@ class AttentionProfile:
             p = p.with_name(p.name + ".npz") if p.suffix != ".parquet" else p.with_suffix(".npz")
         with np.load(p, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
-            views = {v: RunningSums(meta["num_layers"], *(np.array(data[f"{v}.{n}"]) for n in RunningSums.ARRAYS)) for v in VIEWS}
+            views = {
+                v: RunningSums(meta["num_layers"], *(np.array(data[f"{v}.{n}"]) for n in RunningSums.ARRAYS))
+                for v in VIEWS
+            }
             seg_tokens = np.array(data["segment_tokens"])
         meta.pop("query_label")
         meta["layers"] = tuple(meta["layers"])

@@ -38,9 +38,15 @@ from posfair.report.html import FigureRef, Section, key_value_html, render_strin
 from posfair.report.plots import new_figure, save_figure
 
 __all__ = [
-    "plot_baskets", "plot_view", "plot_layer_heatmap", "save_attention_figures", "attention_section", "summary_html",
-    "write_attention_report", "CAPTIONS",
-]  # fmt: skip
+    "plot_baskets",
+    "plot_view",
+    "plot_layer_heatmap",
+    "save_attention_figures",
+    "attention_section",
+    "summary_html",
+    "write_attention_report",
+    "CAPTIONS",
+]
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 _XLABEL = {"basket": "content basket", "bin": "relative position in the document (bin)", "segment": "segment position"}
@@ -96,7 +102,9 @@ def _title(p: AttentionProfile) -> str:
     return f"{p.group} · " if p.group else ""
 
 
-def plot_view(profiles: Sequence[AttentionProfile], view: str, *, max_cells: int | None = None, title: str = "") -> Figure:
+def plot_view(
+    profiles: Sequence[AttentionProfile], view: str, *, max_cells: int | None = None, title: str = ""
+) -> Figure:
     """Mean mass per cell of ``view`` ("basket", "bin" or "segment") with 95% bands; one panel per group."""
     groups, colors = _groups(profiles), _colors(profiles)
     fig = new_figure((4.2 * len(groups) + 0.6, 3.2))
@@ -187,8 +195,15 @@ def plot_layer_heatmap(
     vmax = max(float(np.nanmax(m)) if m.size and np.isfinite(m).any() else 0.0 for m in maps) or 1.0
     im = None
     for ax, p, m in zip(axes[0], profiles, maps, strict=True):
-        im = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, origin="lower",
-                       extent=(0.5, m.shape[1] + 0.5, -0.5, p.num_layers - 0.5))  # fmt: skip
+        im = ax.imshow(
+            m,
+            aspect="auto",
+            cmap="viridis",
+            vmin=0,
+            vmax=vmax,
+            origin="lower",
+            extent=(0.5, m.shape[1] + 0.5, -0.5, p.num_layers - 0.5),
+        )
         ax.set_xticks(range(1, m.shape[1] + 1))
         ax.set_yticks(range(p.num_layers))
         ax.set_yticklabels([f"{layer}{' *' if layer in p.layers else ''}" for layer in range(p.num_layers)], fontsize=7)
@@ -213,12 +228,18 @@ def save_attention_figures(
     p0 = profiles[0]
     what = f"{p0.query_label}, layers {list(p0.layers)}"
     figs = {
-        "attention_baskets": plot_baskets(profiles, max_baskets=max_baskets, title=f"Pooling attention per basket ({what})"),
+        "attention_baskets": plot_baskets(
+            profiles, max_baskets=max_baskets, title=f"Pooling attention per basket ({what})"
+        ),
         "attention_bins": plot_view(profiles, "bin", title=f"Pooling attention by relative position ({what})"),
-        "attention_layers": plot_layer_heatmap(profiles, max_cells=max_baskets, title="Mean mass per layer and content basket"),
+        "attention_layers": plot_layer_heatmap(
+            profiles, max_cells=max_baskets, title="Mean mass per layer and content basket"
+        ),
     }
     if any(p.views["segment"].width for p in profiles):
-        figs["attention_segments"] = plot_view(profiles, "segment", title=f"Pooling attention per segment position ({what})")
+        figs["attention_segments"] = plot_view(
+            profiles, "segment", title=f"Pooling attention per segment position ({what})"
+        )
     return {name: save_figure(fig, out / name) for name, fig in figs.items()}
 
 
@@ -260,7 +281,9 @@ relative-position bins.</p>
 {{ params | safe }}{{ summary | safe }}"""
 
 
-def attention_section(profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None) -> Section:
+def attention_section(
+    profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, max_baskets: int | None = None
+) -> Section:
     """Write the figures to ``out_dir`` and return the report :class:`~posfair.report.html.Section`."""
     pngs = save_attention_figures(profiles, out_dir, max_baskets=max_baskets)
     p0 = profiles[0]
@@ -271,9 +294,15 @@ def attention_section(profiles: Sequence[AttentionProfile], out_dir: str | os.Pa
 
 
 def write_attention_report(
-    profiles: Sequence[AttentionProfile], out_dir: str | os.PathLike, *, title: str | None = None, max_baskets: int | None = None
+    profiles: Sequence[AttentionProfile],
+    out_dir: str | os.PathLike,
+    *,
+    title: str | None = None,
+    max_baskets: int | None = None,
 ) -> Path:
     """The figures and ``<out_dir>/attention.html``, a page with the :func:`attention_section`; returns the page's path."""
     out = Path(out_dir)
     section = attention_section(profiles, out, max_baskets=max_baskets)
-    return write_report(out / "attention.html", title or f"Attention profile — {profiles[0].model or 'model'}", [section])
+    return write_report(
+        out / "attention.html", title or f"Attention profile — {profiles[0].model or 'model'}", [section]
+    )

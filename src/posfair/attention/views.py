@@ -42,7 +42,13 @@ def _grouped(view: str, values: np.ndarray, group: np.ndarray, n: int) -> ViewCe
 
 
 def document_views(
-    row: np.ndarray, *, has_bos: bool, has_eos: bool, basket_size: int, n_bins: int, token_segments: np.ndarray | None = None
+    row: np.ndarray,
+    *,
+    has_bos: bool,
+    has_eos: bool,
+    basket_size: int,
+    n_bins: int,
+    token_segments: np.ndarray | None = None,
 ) -> list[ViewCells]:
     """The cells of every view of one document.
 

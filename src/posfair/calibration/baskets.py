@@ -79,7 +79,9 @@ def prior_at(density: torch.Tensor | Sequence[float], positions: torch.Tensor) -
     return d[i] * (1.0 - frac) + d[i + 1] * frac
 
 
-def basket_centres(n_content: torch.Tensor, n_slots: int, basket_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def basket_centres(
+    n_content: torch.Tensor, n_slots: int, basket_size: int, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """Relative position of the middle of each content basket: ``(centre key + 0.5) / C``.
 
     ``n_content``: (..., 1) content keys per row; returns (..., n_slots) (slots beyond a
@@ -145,9 +147,22 @@ def calibrate_rows(
     if self_share is not None:
         if self_key is None:
             raise ValueError("self_share needs self_key (the index of each row's own key)")
-        return _self_share_rows(a, start, end, self_key, float(self_share), strength,
-                                dict(basket_size=B, isolate_bos=isolate_bos, isolate_eos=isolate_eos,
-                                     bos_weight=bos_weight, eos_weight=eos_weight, prior=prior))  # fmt: skip
+        return _self_share_rows(
+            a,
+            start,
+            end,
+            self_key,
+            float(self_share),
+            strength,
+            dict(
+                basket_size=B,
+                isolate_bos=isolate_bos,
+                isolate_eos=isolate_eos,
+                bos_weight=bos_weight,
+                eos_weight=eos_weight,
+                prior=prior,
+            ),
+        )
 
     keys = torch.arange(K, device=dev)
     c_start = start + int(isolate_bos)
@@ -165,9 +180,13 @@ def calibrate_rows(
     bos = a.gather(-1, start.clamp(0, K - 1)).squeeze(-1) if isolate_bos else None
     eos = a.gather(-1, end.clamp(0, K - 1)).squeeze(-1) if isolate_eos else None
     p = None if prior is None else prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype))
-    w, bos_v, eos_v = basket_weights(mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=p)
+    w, bos_v, eos_v = basket_weights(
+        mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=p
+    )
     # each key of basket b is scaled by w_b / m_b (proportions inside the basket kept); other keys carry 0
-    factor = torch.where(mass > 0, w / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev, dtype=a.dtype))
+    factor = torch.where(
+        mass > 0, w / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev, dtype=a.dtype)
+    )
     factor = torch.cat([factor, torch.zeros((*lead, 1), device=dev, dtype=a.dtype)], dim=-1)
     out = a * factor.gather(-1, basket)
     if bos_v is not None:
@@ -230,9 +249,20 @@ def calibrate_span_(
     if prior is not None or self_share is not None:
         T = probs.shape[-2]
         rows = torch.arange(row_offset, row_offset + T, device=probs.device)
-        cal = calibrate_rows(probs, start, end, basket_size=basket_size, strength=strength, isolate_bos=isolate_bos,
-                             isolate_eos=isolate_eos, bos_weight=bos_weight, eos_weight=eos_weight, prior=prior,
-                             self_share=self_share, self_key=rows.expand(probs.shape[:-1]) if self_share is not None else None)  # fmt: skip
+        cal = calibrate_rows(
+            probs,
+            start,
+            end,
+            basket_size=basket_size,
+            strength=strength,
+            isolate_bos=isolate_bos,
+            isolate_eos=isolate_eos,
+            bos_weight=bos_weight,
+            eos_weight=eos_weight,
+            prior=prior,
+            self_share=self_share,
+            self_key=rows.expand(probs.shape[:-1]) if self_share is not None else None,
+        )
         probs.copy_(cal)
         return probs
     B = int(basket_size)
@@ -249,8 +279,9 @@ def calibrate_span_(
         mass = torch.cat([mass, content[..., n_full * B :].sum(-1, keepdim=True)], dim=-1)
     bos = probs[..., start].clone() if isolate_bos else None
     eos = probs[..., end].clone() if isolate_eos else None
-    w, bos_v, eos_v = basket_weights(mass, n_full + (1 if tail else 0), bos, eos, strength=strength, bos_weight=bos_weight,
-                                     eos_weight=eos_weight)  # fmt: skip
+    w, bos_v, eos_v = basket_weights(
+        mass, n_full + (1 if tail else 0), bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight
+    )
     one = torch.ones((), dtype=probs.dtype, device=probs.device)
     mult = torch.where(mass > 0, w / mass.clamp(min=torch.finfo(probs.dtype).tiny), one)  # a basket of mass 0 stays 0
     body.mul_(mult[..., :n_full].unsqueeze(-1))

@@ -22,7 +22,17 @@ from typing import Any, Final
 
 from posfair.calibration.params import Calibration
 
-__all__ = ["STOCK", "MODEL_DEFAULT", "Stock", "ModelDefault", "CalibrationChoice", "Resolved", "check_choice", "resolve", "is_stock"]
+__all__ = [
+    "STOCK",
+    "MODEL_DEFAULT",
+    "Stock",
+    "ModelDefault",
+    "CalibrationChoice",
+    "Resolved",
+    "check_choice",
+    "resolve",
+    "is_stock",
+]
 
 
 class _Named:
@@ -42,7 +52,9 @@ class _Named:
         return f"posfair.{self._name}"
 
     def __bool__(self) -> bool:
-        raise TypeError(f"the truth value of posfair.{self._name} is not defined: compare with `is posfair.{self._name}`")
+        raise TypeError(
+            f"the truth value of posfair.{self._name} is not defined: compare with `is posfair.{self._name}`"
+        )
 
     def __copy__(self):
         return self
@@ -96,11 +108,15 @@ def check_choice(value: Any, *, what: str = "calibration", model_default: bool =
     if isinstance(value, Calibration) or value is STOCK or (model_default and value is MODEL_DEFAULT):
         return value
     accepted = (
-        "a posfair.Calibration, posfair.STOCK or posfair.MODEL_DEFAULT" if model_default else "a posfair.Calibration or posfair.STOCK"
+        "a posfair.Calibration, posfair.STOCK or posfair.MODEL_DEFAULT"
+        if model_default
+        else "a posfair.Calibration or posfair.STOCK"
     )
     hint = ""
     if value is None or value is False:
-        hint = " (say posfair.STOCK for the stock model" + (", posfair.MODEL_DEFAULT for the model's default)" if model_default else ")")
+        hint = " (say posfair.STOCK for the stock model" + (
+            ", posfair.MODEL_DEFAULT for the model's default)" if model_default else ")"
+        )
     elif value is MODEL_DEFAULT:
         hint = " (MODEL_DEFAULT has no meaning here: there is no model to take a default from)"
     raise TypeError(f"{what} must be {accepted}; got {value!r}{hint}")

@@ -71,13 +71,21 @@ def _settings(calibration: AnyCalibration, pooling: str | None) -> dict:
         bos, eos = calibration.isolate_bos, calibration.isolate_eos
     elif isinstance(calibration, Calibration):
         if pooling is None:
-            raise ValueError("a Calibration needs the model's pooling to tell which keys it isolates (or pass a ResolvedCalibration)")
+            raise ValueError(
+                "a Calibration needs the model's pooling to tell which keys it isolates (or pass a ResolvedCalibration)"
+            )
         bos, eos = calibration.isolation(pooling)
     else:
         raise TypeError(f"calibration must be a Calibration or ResolvedCalibration; got {type(calibration).__name__}")
-    return dict(basket_size=int(calibration.basket_size), strength=float(calibration.strength), isolate_bos=bool(bos),
-                isolate_eos=bool(eos), bos_weight=calibration.bos_weight, eos_weight=calibration.eos_weight,
-                self_share=calibration.self_share)  # fmt: skip
+    return dict(
+        basket_size=int(calibration.basket_size),
+        strength=float(calibration.strength),
+        isolate_bos=bool(bos),
+        isolate_eos=bool(eos),
+        bos_weight=calibration.bos_weight,
+        eos_weight=calibration.eos_weight,
+        self_share=calibration.self_share,
+    )
 
 
 def _content_tokens(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
@@ -154,8 +162,14 @@ class CalibrationCoverage:
         return f"{k} of {n} texts were encoded stock (B={B} content tokens): " + " and ".join(parts) + share
 
     def to_dict(self) -> dict[str, float]:
-        return {"total": self.total, "calibrated": self.calibrated, "shorter": self.shorter, "one_basket": self.one_basket,
-                "strength_zero": self.strength_zero, "calibrated_share": self.share}  # fmt: skip
+        return {
+            "total": self.total,
+            "calibrated": self.calibrated,
+            "shorter": self.shorter,
+            "one_basket": self.one_basket,
+            "strength_zero": self.strength_zero,
+            "calibrated_share": self.share,
+        }
 
 
 def calibration_coverage(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> CalibrationCoverage:

@@ -264,5 +264,7 @@ class LayerMode(TorchFunctionMode):
             return func(*args, **kwargs).transpose(1, 2)  # (B, L, H, D)
 
         dropout = float(a.get("dropout_p") or 0.0)  # > 0 only in training mode
-        out = attend(layer, query, key, value, mask, scaling, self.state, self.calibrate, self.record, extra, stock, dropout)
+        out = attend(
+            layer, query, key, value, mask, scaling, self.state, self.calibrate, self.record, extra, stock, dropout
+        )
         return out.transpose(1, 2).contiguous()  # SDPA's (B, H, L, D)

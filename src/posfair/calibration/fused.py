@@ -40,7 +40,9 @@ from posfair.calibration.state import ForwardState
 __all__ = ["ENABLED", "FUSED_TILE_BYTES", "applicable", "basket_attention"]
 
 ENABLED = True  # off: queries="all" always takes the tiled explicit path (the benchmark's "tiled-all")
-FUSED_TILE_BYTES = 8 * 2**20  # budget for one flash call's per-basket outputs (float32): fits the cache, under glibc's mmap threshold
+FUSED_TILE_BYTES = (
+    8 * 2**20
+)  # budget for one flash call's per-basket outputs (float32): fits the cache, under glibc's mmap threshold
 MIN_TILE_ROWS = 768
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -183,9 +185,12 @@ def basket_attention(
             T = t1 - t0
             qt = qf[g0:g1, t0:t1]
             o, lse = flash(
-                qt.unsqueeze(1).expand(G, nb, T, D), kb[g0:g1], vb[g0:g1],
-                attn_mask=None if mask is None else mask[g0:g1], scale=scaling,
-            )  # fmt: skip  # (G, nb, T, D), (G, nb, T)
+                qt.unsqueeze(1).expand(G, nb, T, D),
+                kb[g0:g1],
+                vb[g0:g1],
+                attn_mask=None if mask is None else mask[g0:g1],
+                scale=scaling,
+            )  # (G, nb, T, D), (G, nb, T)
             lse = lse.transpose(1, 2)  # (G, T, nb)
             iso_scores = []
             for kvec, _, present in isolated:

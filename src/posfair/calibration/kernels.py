@@ -91,17 +91,26 @@ def _explicit_probs(
         step = max(1, KEY_BLOCK_BYTES // max(1, B * Hkv * D * 4))
         blocks = range(0, K, step)
         if torch.is_grad_enabled() and (q.requires_grad or key.requires_grad):  # out= is not differentiable
-            scores = torch.cat([torch.matmul(qf, key[:, :, k0 : k0 + step].float().transpose(-1, -2).unsqueeze(2)) for k0 in blocks], -1)
+            scores = torch.cat(
+                [torch.matmul(qf, key[:, :, k0 : k0 + step].float().transpose(-1, -2).unsqueeze(2)) for k0 in blocks],
+                -1,
+            )
         else:
             scores = torch.empty(*qf.shape[:-1], K, dtype=torch.float32, device=q.device)
             for k0 in blocks:
-                torch.matmul(qf, key[:, :, k0 : k0 + step].float().transpose(-1, -2).unsqueeze(2), out=scores[..., k0 : k0 + step])
+                torch.matmul(
+                    qf,
+                    key[:, :, k0 : k0 + step].float().transpose(-1, -2).unsqueeze(2),
+                    out=scores[..., k0 : k0 + step],
+                )
     if mask_rows is not None:
         scores.add_(mask_rows)
     return torch.softmax(scores, dim=-1)
 
 
-def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor | None:
+def _mask_for_rows(
+    attention_mask: torch.Tensor | None, rows: torch.Tensor, heads: int, kv_heads: int
+) -> torch.Tensor | None:
     """Additive mask for one query row per sequence: (B, Hkv|1, g|1, 1, K).
 
     ``attention_mask``: (B|1, Hm, L|1, K) with Hm = 1 or heads; the rows are picked before
@@ -118,7 +127,9 @@ def _mask_for_rows(attention_mask: torch.Tensor | None, rows: torch.Tensor, head
     return picked.view(B, kv_heads, heads // kv_heads, 1, -1)
 
 
-def _mask_for_tile(attention_mask: torch.Tensor | None, t0: int, t1: int, heads: int, kv_heads: int, B: int) -> torch.Tensor | None:
+def _mask_for_tile(
+    attention_mask: torch.Tensor | None, t0: int, t1: int, heads: int, kv_heads: int, B: int
+) -> torch.Tensor | None:
     if attention_mask is None:
         return None
     rows = attention_mask[:, :, t0:t1] if attention_mask.shape[2] > 1 else attention_mask
@@ -155,7 +166,9 @@ def pool_row_attention(
     mask = _mask_for_rows(attention_mask, rows, H, kv_heads)
     if mask is None and _is_causal(module, kwargs) and L > 1:
         K = key.shape[2]
-        causal = torch.where(torch.arange(K, device=query.device)[None, :] <= rows[:, None], 0.0, torch.finfo(torch.float32).min)
+        causal = torch.where(
+            torch.arange(K, device=query.device)[None, :] <= rows[:, None], 0.0, torch.finfo(torch.float32).min
+        )
         mask = causal[:, None, None, None, :]
     probs = _explicit_probs(q, key, mask, scaling)  # (B, Hkv, g, 1, K)
     if calibrate:
@@ -297,14 +310,20 @@ def attend(
     if calibrate and state.calibration.queries == "all":
         if fused.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
             return fused.basket_attention(query, key, value, scaling, state, layer=module.layer_idx)
-        return explicit_attention(module, query, key, value, attention_mask, scaling, state, "all", record, kwargs, dropout=dropout)
+        return explicit_attention(
+            module, query, key, value, attention_mask, scaling, state, "all", record, kwargs, dropout=dropout
+        )
     if record and state.record_queries == "all":
         # profile of a mean-pooled model: tiled explicit pass, output identical up to float rounding
         mode = "pool" if calibrate else None
-        return explicit_attention(module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, dropout=dropout)
+        return explicit_attention(
+            module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, dropout=dropout
+        )
     out = stock()
     rows = state.pool_rows().to(out.device)
-    row_out = pool_row_attention(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, dropout)
+    row_out = pool_row_attention(
+        module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, dropout
+    )
     B = out.shape[0]
     index = (torch.arange(B, device=out.device), rows)
     if torch.is_grad_enabled() and (out.requires_grad or row_out.requires_grad):

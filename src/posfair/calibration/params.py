@@ -103,7 +103,9 @@ class PositionalPrior:
         if self.layers is None:
             return self.values[0]
         if layer is None or layer not in self.layers:
-            raise ValueError(f"the positional prior has no vector for layer {layer} (it covers layers {list(self.layers)})")
+            raise ValueError(
+                f"the positional prior has no vector for layer {layer} (it covers layers {list(self.layers)})"
+            )
         return self.values[self.layers.index(layer)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,7 +122,9 @@ class PositionalPrior:
             raise ValueError(f"unknown positional prior fields: {sorted(unknown)}")
         if "values" not in d:
             raise ValueError("a positional prior needs 'values' (one vector per layer)")
-        prior = cls(values=tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in d["values"]), layers=d.get("layers"))
+        prior = cls(
+            values=tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in d["values"]), layers=d.get("layers")
+        )
         if d.get("bins") is not None and d["bins"] != prior.bins:
             raise ValueError(f"positional prior: 'bins' = {d['bins']} but the vectors have {prior.bins} values")
         return prior
@@ -193,7 +197,9 @@ class Calibration:
 
         layers = self.layers
         if isinstance(layers, bool):
-            raise ValueError(f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}")
+            raise ValueError(
+                f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}"
+            )
         if isinstance(layers, Integral):
             if layers < 1:
                 raise ValueError(f"layers as an int is the number of last layers and must be >= 1; got {layers}")
@@ -213,14 +219,18 @@ class Calibration:
                 raise ValueError(f"layers contains duplicate indices: {idx}")
             layers = tuple(sorted(int(i) for i in idx))
         else:
-            raise ValueError(f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}")
+            raise ValueError(
+                f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}"
+            )
         object.__setattr__(self, "layers", layers)
 
         object.__setattr__(self, "bos_weight", _check_share("bos_weight", self.bos_weight))
         object.__setattr__(self, "eos_weight", _check_share("eos_weight", self.eos_weight))
         fixed = sum(w for w in (self.bos_weight, self.eos_weight) if isinstance(w, float))
         if fixed >= 1.0:
-            raise ValueError(f"bos_weight + eos_weight = {fixed} leaves no attention mass for the content baskets; their sum must be < 1")
+            raise ValueError(
+                f"bos_weight + eos_weight = {fixed} leaves no attention mass for the content baskets; their sum must be < 1"
+            )
         for name in ("isolate_bos", "isolate_eos"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
@@ -231,7 +241,12 @@ class Calibration:
             object.__setattr__(self, "prior", PositionalPrior.from_dict(self.prior))
         rho = self.self_share
         if rho is not None:
-            if isinstance(rho, bool) or not isinstance(rho, Real) or math.isnan(float(rho)) or not 0.0 <= float(rho) <= 1.0:
+            if (
+                isinstance(rho, bool)
+                or not isinstance(rho, Real)
+                or math.isnan(float(rho))
+                or not 0.0 <= float(rho) <= 1.0
+            ):
                 raise ValueError(f"self_share must be a number in [0, 1] or None; got {rho!r}")
             object.__setattr__(self, "self_share", float(rho))
 
@@ -270,11 +285,15 @@ class Calibration:
         if isinstance(self.layers, tuple):
             bad = [i for i in self.layers if i >= num_layers]
             if bad:
-                raise ValueError(f"layers {bad} out of range: the model has {num_layers} layers (valid indices 0..{num_layers - 1})")
+                raise ValueError(
+                    f"layers {bad} out of range: the model has {num_layers} layers (valid indices 0..{num_layers - 1})"
+                )
             return self.layers
         if isinstance(self.layers, int):
             if self.layers > num_layers:
-                raise ValueError(f"layers={self.layers} asks for the last {self.layers} layers, but the model has only {num_layers}")
+                raise ValueError(
+                    f"layers={self.layers} asks for the last {self.layers} layers, but the model has only {num_layers}"
+                )
             k = self.layers
         else:
             k = max(1, math.floor(self.layers * num_layers))
@@ -439,7 +458,9 @@ class Calibration:
                 try:
                     kw["self_share"] = float(value)
                 except ValueError:
-                    raise ValueError(f"self= in calibration spec {spec!r} must be a number in [0, 1]; got {value!r}") from None
+                    raise ValueError(
+                        f"self= in calibration spec {spec!r} must be a number in [0, 1]; got {value!r}"
+                    ) from None
             elif name == "special":
                 share: Any = value
                 if value not in ("original", "equal"):
@@ -451,7 +472,9 @@ class Calibration:
                         ) from None
                 kw.update(isolate_bos=True, isolate_eos=True, bos_weight=share, eos_weight=share)
             else:
-                raise ValueError(f"unknown variant {name!r} in calibration spec {spec!r} (known: prior=FILE, self=RHO, special=SHARE)")
+                raise ValueError(
+                    f"unknown variant {name!r} in calibration spec {spec!r} (known: prior=FILE, self=RHO, special=SHARE)"
+                )
         return cls(basket_size=basket, layers=layers, strength=strength, **kw)
 
     def spec(self, prior_file: str = "PRIOR.json") -> str:
@@ -497,7 +520,9 @@ def parse_layers(text: str) -> int | float | tuple[int, ...]:
             return float(text)
         return int(text)
     except ValueError:
-        raise ValueError(f"layers must be an int (last k layers), a fraction like 0.5, or indices like 3+4+5; got {text!r}") from None
+        raise ValueError(
+            f"layers must be an int (last k layers), a fraction like 0.5, or indices like 3+4+5; got {text!r}"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ ATTN_EAGER = "posfair_eager"  # explicit full-matrix path: the slow reference an
 def _make_attention_function(base: str) -> Callable:
     def posfair_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         state = active_state()
-        if state is None:  # a calibrated folder loaded without posfair's model class: the calibration is in module.config
+        if (
+            state is None
+        ):  # a calibrated folder loaded without posfair's model class: the calibration is in module.config
             state = config_state(module, attention_mask, query.shape[0], key.shape[-2], query.device)
         calibrate, record = state.wants(module) if state is not None else (False, False)
         if scaling is None:
@@ -54,16 +56,33 @@ def _make_attention_function(base: str) -> Callable:
                 check_supported(kwargs)
             mode = state.calibration.queries if calibrate else None
             out = explicit_attention(
-                module, query, key, value, attention_mask, scaling, state, mode, record, kwargs, naive=True, dropout=dropout
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                scaling,
+                state,
+                mode,
+                record,
+                kwargs,
+                naive=True,
+                dropout=dropout,
             )
             return out, None
         if not (calibrate or record):
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
 
         def stock() -> torch.Tensor:
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)[0]
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )[0]
 
-        return attend(module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, stock, dropout), None
+        return attend(
+            module, query, key, value, attention_mask, scaling, state, calibrate, record, kwargs, stock, dropout
+        ), None
 
     posfair_attention.__name__ = f"posfair_attention_{base}"
     return posfair_attention
@@ -87,6 +106,8 @@ def register() -> None:
     # attention_mask=None and padding would be silently ignored.
     AttentionMaskInterface.register(ATTN_SDPA, sdpa_mask)
     AttentionMaskInterface.register(ATTN_EAGER, eager_mask)
-    if int(transformers.__version__.split(".")[0]) < 5:  # BERT-family tables of transformers 4.x (posfair.calibration.transformers4)
+    if (
+        int(transformers.__version__.split(".")[0]) < 5
+    ):  # BERT-family tables of transformers 4.x (posfair.calibration.transformers4)
         transformers4.install()
     _REGISTERED = True

@@ -29,7 +29,9 @@ def engine_calibrates(n_content: Any, basket_size: int) -> Any:
     return n_content >= int(basket_size)
 
 
-def one_basket_changes(*, isolate_bos: bool, isolate_eos: bool, bos_weight: Any, eos_weight: Any, self_share: float | None) -> bool:
+def one_basket_changes(
+    *, isolate_bos: bool, isolate_eos: bool, bos_weight: Any, eos_weight: Any, self_share: float | None
+) -> bool:
     """Whether the formula changes a row whose content is exactly one basket: an isolated key is
     given a new share, or a self-attention share below 1 takes mass from the row's own key."""
     reweights = (isolate_bos and bos_weight != "original") or (isolate_eos and eos_weight != "original")
@@ -52,6 +54,11 @@ def row_changes(
     runs = engine_calibrates(n_content, B)
     if float(strength) == 0.0:
         return runs & False
-    one = one_basket_changes(isolate_bos=isolate_bos, isolate_eos=isolate_eos, bos_weight=bos_weight, eos_weight=eos_weight,
-                             self_share=self_share)  # fmt: skip
+    one = one_basket_changes(
+        isolate_bos=isolate_bos,
+        isolate_eos=isolate_eos,
+        bos_weight=bos_weight,
+        eos_weight=eos_weight,
+        self_share=self_share,
+    )
     return (n_content > B) | (runs & one)

@@ -103,10 +103,15 @@ def forward_state(state: ForwardState) -> Iterator[ForwardState]:
         _STATE.reset(token)
 
 
-def spans_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def spans_from_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """First and last valid position per sequence from a 2D (B, L) padding mask."""
     if attention_mask is None:
-        return (torch.zeros(batch, dtype=torch.long, device=device), torch.full((batch,), length - 1, dtype=torch.long, device=device))
+        return (
+            torch.zeros(batch, dtype=torch.long, device=device),
+            torch.full((batch,), length - 1, dtype=torch.long, device=device),
+        )
     m = attention_mask.bool()
     pos = torch.arange(m.shape[1], device=m.device)
     big = m.shape[1]
@@ -120,7 +125,9 @@ def spans_from_mask(attention_mask: torch.Tensor | None, batch: int, length: int
     return start, end
 
 
-def spans_from_attention_mask(attention_mask: torch.Tensor | None, batch: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def spans_from_attention_mask(
+    attention_mask: torch.Tensor | None, batch: int, length: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """First and last valid position per sequence from the mask an attention layer receives.
 
     ``attention_mask``: None (no padding), or 2-4 dimensional, boolean (True = attend) or additive
@@ -137,7 +144,9 @@ def spans_from_attention_mask(attention_mask: torch.Tensor | None, batch: int, l
     if m.dtype != torch.bool:
         m = m > torch.finfo(m.dtype).min / 2
     if m.shape[-1] != length:
-        raise ValueError(f"posfair: an attention mask over {m.shape[-1]} keys for {length} tokens (key/value caches are not supported)")
+        raise ValueError(
+            f"posfair: an attention mask over {m.shape[-1]} keys for {length} tokens (key/value caches are not supported)"
+        )
     valid = m[:, 0, :] if m.shape[1] == 1 else torch.diagonal(m, dim1=-2, dim2=-1)
     return spans_from_mask(valid.expand(batch, length), batch, length, device)
 
@@ -176,7 +185,9 @@ def config_calibration(config) -> ResolvedCalibration | None:
     return _resolved(json.dumps(cal, sort_keys=True), pooling, layers)
 
 
-def config_state(module: nn.Module, attention_mask: torch.Tensor | None, batch: int, length: int, device) -> ForwardState | None:
+def config_state(
+    module: nn.Module, attention_mask: torch.Tensor | None, batch: int, length: int, device
+) -> ForwardState | None:
     """The forward state of a model loaded from a calibrated folder *without* posfair's model class
     (plain ``SentenceTransformer(path)`` or ``AutoModel.from_pretrained(path)`` after ``import posfair``):
     the calibration comes from ``module.config``, the spans from the layer's attention mask.
@@ -186,4 +197,6 @@ def config_state(module: nn.Module, attention_mask: torch.Tensor | None, batch: 
     if resolved is None:
         return None
     start, end = spans_from_attention_mask(attention_mask, batch, length, device)
-    return ForwardState(frozenset({id(config)}), start, end, calibration=resolved, pooling=resolved.pooling, length=length)
+    return ForwardState(
+        frozenset({id(config)}), start, end, calibration=resolved, pooling=resolved.pooling, length=length
+    )

@@ -46,8 +46,15 @@ _TABLES = {
 MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "modernbert"})
 
 
-def calibrated_call(module: nn.Module, layer: int, attention_mask: torch.Tensor | None, batch: int, length: int,
-                    device, call: Callable[[], tuple]) -> tuple:  # fmt: skip
+def calibrated_call(
+    module: nn.Module,
+    layer: int,
+    attention_mask: torch.Tensor | None,
+    batch: int,
+    length: int,
+    device,
+    call: Callable[[], tuple],
+) -> tuple:
     """Run ``call()`` (the stock attention of ``module``, layer ``layer``) calibrated / recorded as the
     running posfair forward pass asks, else as ``module.config`` asks, else stock."""
     state = active_state()
@@ -64,7 +71,9 @@ def calibrated_call(module: nn.Module, layer: int, attention_mask: torch.Tensor 
     with scope, mode:
         out = call()
     if mode.calls != 1:
-        raise TypeError(f"posfair cannot calibrate {type(module).__name__} (layer {layer}): expected one attention call, saw {mode.calls}")
+        raise TypeError(
+            f"posfair cannot calibrate {type(module).__name__} (layer {layer}): expected one attention call, saw {mode.calls}"
+        )
     return out
 
 
@@ -78,9 +87,14 @@ def _calibrating_class(base: type) -> type:
     def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
         B, L = hidden_states.shape[:2]
         return calibrated_call(
-            self, self.layer_idx, attention_mask, B, L, hidden_states.device,
+            self,
+            self.layer_idx,
+            attention_mask,
+            B,
+            L,
+            hidden_states.device,
             lambda: base.forward(self, hidden_states, attention_mask, *args, **kwargs),
-        )  # fmt: skip
+        )
 
     name = f"Posfair{base.__name__}"
     cls = type(name, (base,), {"__init__": __init__, "forward": forward, "__module__": __name__, "__qualname__": name})
@@ -94,9 +108,14 @@ def _calibrating_function(stock: Callable) -> Callable:
     def posfair_sdpa_attention_forward(module, qkv, attention_mask, *args, **kwargs):
         B, L = qkv.shape[:2]
         return calibrated_call(
-            module, module.layer_id, attention_mask, B, L, qkv.device,
+            module,
+            module.layer_id,
+            attention_mask,
+            B,
+            L,
+            qkv.device,
             lambda: stock(module, qkv, attention_mask, *args, **kwargs),
-        )  # fmt: skip
+        )
 
     return posfair_sdpa_attention_forward
 

@@ -29,7 +29,9 @@ app = typer.Typer(
 def root(
     ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="On an unexpected error, print the traceback (also: POSFAIR_DEBUG=1).")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="On an unexpected error, print the traceback (also: POSFAIR_DEBUG=1).")
+    ] = False,
 ) -> None:
     """Measure and repair positional bias in text-embedding models."""
     # every command prints library warnings (e.g. a damaged cache shard set aside) as one "warning: ..." line;

@@ -32,14 +32,34 @@ def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int =
     from posfair.fairness.documents import LanguageConfig, build_instance, prepare_corpus
 
     inst = build_instance(
-        prepare_corpus(corpus), n, LanguageConfig.mono(lang),
-        tokenizer=model_tokenizer(model), limit=int(model.max_seq_length), target_docs=max_docs, seed=seed,
-    )  # fmt: skip
+        prepare_corpus(corpus),
+        n,
+        LanguageConfig.mono(lang),
+        tokenizer=model_tokenizer(model),
+        limit=int(model.max_seq_length),
+        target_docs=max_docs,
+        seed=seed,
+    )
     return inst.documents[:max_docs]
 
 
-def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calibration, max_docs, out: Path,
-                  batch_size=8, seed=0, model_name="", progress=None):  # fmt: skip
+def run_attention(
+    model,
+    corpus,
+    *,
+    langs,
+    n,
+    layers,
+    basket_size,
+    n_bins,
+    calibration,
+    max_docs,
+    out: Path,
+    batch_size=8,
+    seed=0,
+    model_name="",
+    progress=None,
+):
     """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
     from posfair.attention.profile import attention_profile
     from posfair.attention.render import write_attention_report
@@ -52,9 +72,17 @@ def run_attention(model, corpus, *, langs, n, layers, basket_size, n_bins, calib
         for cal in [STOCK] + ([] if calibration is STOCK else [calibration]):
             tick = progress(f"{lang} · {cal.label()}", len(docs)) if progress else None
             prof = attention_profile(
-                model, docs, layers=layers, basket_size=basket_size, n_bins=n_bins, calibration=cal,
-                batch_size=batch_size, group=lang, model_name=model_name, progress=tick,
-            )  # fmt: skip
+                model,
+                docs,
+                layers=layers,
+                basket_size=basket_size,
+                n_bins=n_bins,
+                calibration=cal,
+                batch_size=batch_size,
+                group=lang,
+                model_name=model_name,
+                progress=tick,
+            )
             prof.save(out / f"attention_{lang}_{cal.key()}")
             profiles.append(prof)
     report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
@@ -103,11 +131,27 @@ def attention(
     t0 = time.perf_counter()
     with progress_bars() as bar, data_errors():  # e.g. too few topics of a language for --n
         profiles, report = run_attention(
-            fm, data, langs=langs, n=n, layers=layers, basket_size=basket_size, n_bins=bins, calibration=calibration,
-            max_docs=max_docs, out=out, batch_size=batch_size, seed=seed, model_name=name, progress=bar,
-        )  # fmt: skip
+            fm,
+            data,
+            langs=langs,
+            n=n,
+            layers=layers,
+            basket_size=basket_size,
+            n_bins=bins,
+            calibration=calibration,
+            max_docs=max_docs,
+            out=out,
+            batch_size=batch_size,
+            seed=seed,
+            model_name=name,
+            progress=bar,
+        )
     first = profiles[0]
-    table = Table(title=escape(f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"))
+    table = Table(
+        title=escape(
+            f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"
+        )
+    )
     keys = list(first.summary())
     for col in ["lang", "profile", *keys]:
         table.add_column(col, justify="left" if col in ("lang", "profile") else "right")

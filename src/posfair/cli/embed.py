@@ -48,7 +48,7 @@ def embed(
             metavar="documents|queries",
             help="Treat --corpus as a retrieval benchmark (a name such as posir or squad-posq, a hub id or a folder) and embed its documents or queries.",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     lang: Lang = None,
     prompt: Prompt = None,
     pooling: Pooling = None,
@@ -72,21 +72,35 @@ def embed(
             metavar="length|fixed",
             help="'length': sort by tokens, token-budget batches; 'fixed': sentence-transformers' batching.",
         ),
-    ] = "length",  # fmt: skip
+    ] = "length",
     batch_size: BatchSize = 32,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", parser=integer(1), metavar="TOKENS", help="Padded-token budget of a batch (length batching).")
+        int,
+        typer.Option(
+            "--max-tokens",
+            parser=integer(1),
+            metavar="TOKENS",
+            help="Padded-token budget of a batch (length batching).",
+        ),
     ] = 16384,
     ray_address: Annotated[
         str | None,
-        typer.Option("--ray-address", metavar="ADDRESS", help="Run on Ray: 'auto' (the running cluster), 'ray://host:port' or 'local'."),
+        typer.Option(
+            "--ray-address",
+            metavar="ADDRESS",
+            help="Run on Ray: 'auto' (the running cluster), 'ray://host:port' or 'local'.",
+        ),
     ] = None,
     workers: Annotated[
         int | None,
         typer.Option(
-            "--workers", parser=integer(1), metavar="N", show_default="one per GPU, else per CPU", help="Run on Ray with N model replicas."
+            "--workers",
+            parser=integer(1),
+            metavar="N",
+            show_default="one per GPU, else per CPU",
+            help="Run on Ray with N model replicas.",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     add_corpus: Annotated[
         bool, typer.Option("--add-corpus", help="Allow adding another corpus to a store built from a different one.")
     ] = False,
@@ -110,19 +124,34 @@ def embed(
     model_id = checks.model_source(model)
     checks.device(device)
     spec = EmbedSpec(
-        model=model_id, calibration=cal.to_dict() if cal is not STOCK else None, prompt=prompt, pooling=pooling, max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code, device=device, batching=batching, batch_size=batch_size, max_tokens=max_tokens,
-    )  # fmt: skip
+        model=model_id,
+        calibration=cal.to_dict() if cal is not STOCK else None,
+        prompt=prompt,
+        pooling=pooling,
+        max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code,
+        device=device,
+        batching=batching,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+    )
     with naming("--corpus", corpus or "bundled"):
-        if part is not None:  # any benchmark retrieval reads (PosIR layout, SQuAD-PosQ, FineWeb-PosQ), as the retrieval command sees it
+        if (
+            part is not None
+        ):  # any benchmark retrieval reads (PosIR layout, SQuAD-PosQ, FineWeb-PosQ), as the retrieval command sees it
             bench = load_benchmark(corpus, lang=lang)
             texts = bench.corpus_texts if part == "documents" else bench.query_texts
             source = f"benchmark {bench.name} ({part})"
         else:
             texts, source = read_corpus_texts(corpus, text_field=text_field, unit=unit, langs=list(langs) or None)
     # the driver's model (on Ray it only gives the fingerprint and dimension: kept off the GPUs); checks the calibration's layers
-    fm = checks.load_model(model_id, device="cpu" if use_ray else device, trust_remote_code=trust_remote_code, pooling=pooling,
-                           max_seq_length=max_seq_length)  # fmt: skip
+    fm = checks.load_model(
+        model_id,
+        device="cpu" if use_ray else device,
+        trust_remote_code=trust_remote_code,
+        pooling=pooling,
+        max_seq_length=max_seq_length,
+    )
     fm.eval()
     checks.check_calibrations(fm, [cal])
     if use_ray:
@@ -133,10 +162,19 @@ def embed(
         typer.echo(f"engine: single process{extra}")
     with progress_bars() as bar:
         report = embed_texts(
-            texts, out, spec, model=fm, shard_size=shard_size, engine="ray" if use_ray else "local",
-            ray_address=None if ray_address == "local" else ray_address, workers=workers, corpus_source=source,
-            text_field=text_field, add_corpus=add_corpus, progress=bar("embedding", len(set(texts))),
-        )  # fmt: skip
+            texts,
+            out,
+            spec,
+            model=fm,
+            shard_size=shard_size,
+            engine="ray" if use_ray else "local",
+            ray_address=None if ray_address == "local" else ray_address,
+            workers=workers,
+            corpus_source=source,
+            text_field=text_field,
+            add_corpus=add_corpus,
+            progress=bar("embedding", len(set(texts))),
+        )
     label = cal.label()
     typer.echo(
         f"{report.texts} distinct texts ({label}) in {report.namespace}: {report.written} shards written, "

@@ -35,7 +35,10 @@ OUTPUT_TYPES = (".npy", ".parquet")
 
 def encode(
     input: Annotated[
-        Path, typer.Option("--input", "-i", metavar="FILE", help=".txt (one text a line), .jsonl (one record a line) or .parquet.")
+        Path,
+        typer.Option(
+            "--input", "-i", metavar="FILE", help=".txt (one text a line), .jsonl (one record a line) or .parquet."
+        ),
     ],
     out: OutFile,
     model: Model = None,
@@ -46,7 +49,11 @@ def encode(
     text_field: TextField = "text",
     id_field: Annotated[
         str | None,
-        typer.Option("--id-field", metavar="FIELD", help="Field / column to carry into a .parquet output (.jsonl / .parquet input)."),
+        typer.Option(
+            "--id-field",
+            metavar="FIELD",
+            help="Field / column to carry into a .parquet output (.jsonl / .parquet input).",
+        ),
     ] = None,
     batch_size: BatchSize = 32,
     normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="L2-normalise the embeddings.")] = False,
@@ -58,7 +65,12 @@ def encode(
     cache: TemporaryCache = None,
     chunk_size: Annotated[
         int,
-        typer.Option("--chunk-size", parser=integer(1), metavar="N", help="Texts per cached chunk (a killed run loses at most one chunk)."),
+        typer.Option(
+            "--chunk-size",
+            parser=integer(1),
+            metavar="N",
+            help="Texts per cached chunk (a killed run loses at most one chunk).",
+        ),
     ] = 512,
 ) -> None:
     """Embed texts, stock or calibrated. Resumable: rerun the same command after an interruption."""
@@ -77,12 +89,25 @@ def encode(
     checks.device(device)
     texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
     # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
-    fm = checks.load_model(model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length)
+    fm = checks.load_model(
+        model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
+    )
     checks.check_calibrations(fm, [cal])
     temporary = TemporaryCacheFolder(out) if cache is None else None
     try:
-        _encode_into(fm, texts, ids, out, cal, cache if cache is not None else temporary.path, id_field, prompt, batch_size,
-                     chunk_size, normalize)  # fmt: skip
+        _encode_into(
+            fm,
+            texts,
+            ids,
+            out,
+            cal,
+            cache if cache is not None else temporary.path,
+            id_field,
+            prompt,
+            batch_size,
+            chunk_size,
+            normalize,
+        )
         if temporary is not None:
             temporary.remove()
     finally:
@@ -103,7 +128,14 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
     with progress_bars() as bar:
         tick = bar("encoding", len(set(texts)))  # encode_cached counts the cached texts first
         vectors = encode_cached(
-            fm, texts, store, calibration=cal, prompt=prompt, batch_size=batch_size, chunk_size=chunk_size, progress=tick
+            fm,
+            texts,
+            store,
+            calibration=cal,
+            prompt=prompt,
+            batch_size=batch_size,
+            chunk_size=chunk_size,
+            progress=tick,
         )
     if normalize:
         vectors = l2_normalize(vectors)
@@ -148,8 +180,14 @@ class TemporaryCacheFolder:
                 folder.mkdir()
             except FileExistsError:
                 if not (folder / _TEMPORARY_MARK).is_file():  # not posfair's: an earlier fallback folder, or a new one
-                    marked = sorted(p.parent for p in output.parent.glob(f".{output.name}.posfair-cache-*/{_TEMPORARY_MARK}"))
-                    folder = marked[0] if marked else Path(tempfile.mkdtemp(prefix=f".{output.name}.posfair-cache-", dir=output.parent))
+                    marked = sorted(
+                        p.parent for p in output.parent.glob(f".{output.name}.posfair-cache-*/{_TEMPORARY_MARK}")
+                    )
+                    folder = (
+                        marked[0]
+                        if marked
+                        else Path(tempfile.mkdtemp(prefix=f".{output.name}.posfair-cache-", dir=output.parent))
+                    )
             mark = folder / _TEMPORARY_MARK
             try:
                 fd = os.open(mark, os.O_RDWR | os.O_CREAT, 0o666)
@@ -164,7 +202,9 @@ class TemporaryCacheFolder:
                 os.close(fd)
                 continue
             if os.fstat(fd).st_size == 0:
-                os.write(fd, f"temporary embedding cache of posfair encode for {output}; removed after success\n".encode())
+                os.write(
+                    fd, f"temporary embedding cache of posfair encode for {output}; removed after success\n".encode()
+                )
             self.path, self._fd = folder, fd
             return
         raise RuntimeError(f"could not take a temporary cache folder next to {output}")

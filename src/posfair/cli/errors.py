@@ -31,7 +31,16 @@ from typer.core import TyperGroup
 
 from posfair.errors import PosfairInputError, PosfairWriteError
 
-__all__ = ["PosfairGroup", "PosfairInputError", "input_error", "naming", "data_errors", "one_line_warnings", "EXIT_USER", "EXIT_BUG"]
+__all__ = [
+    "PosfairGroup",
+    "PosfairInputError",
+    "input_error",
+    "naming",
+    "data_errors",
+    "one_line_warnings",
+    "EXIT_USER",
+    "EXIT_BUG",
+]
 
 EXIT_USER = 2
 EXIT_BUG = 1
@@ -51,13 +60,19 @@ def input_error(option: str, value: Any, message: str) -> PosfairInputError:
     """``PosfairInputError("--option value: message")`` (the value left out when None; quoted when it is
     empty or has leading or trailing white space, so the user sees it)."""
     shown = (
-        "" if value is None else f" {value!r}" if isinstance(value, str) and (not value.strip() or value != value.strip()) else f" {value}"
+        ""
+        if value is None
+        else f" {value!r}"
+        if isinstance(value, str) and (not value.strip() or value != value.strip())
+        else f" {value}"
     )
     return PosfairInputError(f"{option}{shown}: {message}")
 
 
 @contextlib.contextmanager
-def naming(option: str, value: Any = None, *, errors: tuple[type[BaseException], ...] = (ValueError, OSError)) -> Iterator[None]:
+def naming(
+    option: str, value: Any = None, *, errors: tuple[type[BaseException], ...] = (ValueError, OSError)
+) -> Iterator[None]:
     """Run a library call on an option's value; its ValueError / OSError becomes one line naming the option.
 
     A message that already starts with the value (a file name: ``corpus.jsonl: line 3 ...``)
@@ -181,8 +196,14 @@ def report(exc: BaseException, args: Sequence[str], debug: bool) -> int:
 class PosfairGroup(TyperGroup):
     """The ``posfair`` command group; its :meth:`main` is the error boundary."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         debug = _debug_requested(argv)
         try:

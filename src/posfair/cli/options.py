@@ -201,7 +201,9 @@ Cache = Annotated[
 # the variants of --out, --cache and --corpus some commands need (a file, a store, a default under ./)
 OutFile = Annotated[
     Path,
-    typer.Option("--out", "-o", metavar="FILE", help=".npy (float32 matrix, one row per text) or .parquet (one row per text)."),
+    typer.Option(
+        "--out", "-o", metavar="FILE", help=".npy (float32 matrix, one row per text) or .parquet (one row per text)."
+    ),
 ]
 OutStore = Annotated[
     Path,
@@ -223,7 +225,10 @@ OutResults = Annotated[
     ),
 ]
 OutTune = Annotated[
-    Path, typer.Option("--out", "-o", metavar="FOLDER", help="Output folder (created if missing); rerunning resumes the search.")
+    Path,
+    typer.Option(
+        "--out", "-o", metavar="FOLDER", help="Output folder (created if missing); rerunning resumes the search."
+    ),
 ]
 TemporaryCache = Annotated[
     Path | None,
@@ -248,11 +253,17 @@ N = Annotated[int, typer.Option("--n", parser=integer(2), metavar="N", help="Seg
 Ns = Annotated[
     list[int],
     typer.Option(
-        "--n", parser=comma_list(integer(2)), callback=joined, metavar="N,...", help="Segments per document, comma-separated (each >= 2)."
+        "--n",
+        parser=comma_list(integer(2)),
+        callback=joined,
+        metavar="N,...",
+        help="Segments per document, comma-separated (each >= 2).",
     ),
 ]
 
-BatchSize = Annotated[int, typer.Option("--batch-size", parser=integer(1), metavar="N", help="Texts per encoder batch.")]
+BatchSize = Annotated[
+    int, typer.Option("--batch-size", parser=integer(1), metavar="N", help="Texts per encoder batch.")
+]
 Device = Annotated[
     str | None,
     typer.Option(
@@ -263,15 +274,24 @@ Device = Annotated[
         help="Torch device: cpu, cuda, cuda:1, mps, ...",
     ),
 ]
-MaxSeqLength = Annotated[int | None, typer.Option("--max-seq-length", parser=integer(4), metavar="TOKENS", help=MAX_SEQ_LENGTH_HELP)]
+MaxSeqLength = Annotated[
+    int | None, typer.Option("--max-seq-length", parser=integer(4), metavar="TOKENS", help=MAX_SEQ_LENGTH_HELP)
+]
 Bins = Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins.")]
 MaxDocs = Annotated[int, typer.Option("--max-docs", parser=integer(1), metavar="N", help="Documents per language.")]
-Seed = Annotated[int, typer.Option("--seed", parser=integer(0, 2**32 - 1), metavar="N", help="Random seed (sampling, splits).")]
+Seed = Annotated[
+    int, typer.Option("--seed", parser=integer(0, 2**32 - 1), metavar="N", help="Random seed (sampling, splits).")
+]
 TrustRemoteCode = Annotated[
-    bool, typer.Option("--trust-remote-code", help="Allow code shipped with the model to run (off: only models transformers knows).")
+    bool,
+    typer.Option(
+        "--trust-remote-code", help="Allow code shipped with the model to run (off: only models transformers knows)."
+    ),
 ]
 TextField = Annotated[str, typer.Option("--text-field", metavar="FIELD", help="Field / column holding the texts.")]
-Prompt = Annotated[str | None, typer.Option("--prompt", metavar="TEXT", help="Text prefix for every text (e.g. a query instruction).")]
+Prompt = Annotated[
+    str | None, typer.Option("--prompt", metavar="TEXT", help="Text prefix for every text (e.g. a query instruction).")
+]
 Pooling = Annotated[
     str | None,
     typer.Option(
@@ -293,8 +313,12 @@ Unit = Annotated[
 ]
 
 # flags whose meaning depends on the command: each meaning is one alias
-Docs = Annotated[int, typer.Option("--docs", parser=integer(1), metavar="N", help="Target documents per instance (paper: ~1,000).")]
-TuneDocs = Annotated[int, typer.Option("--docs", parser=integer(1), metavar="N", help="Fairness: documents in dev + test together.")]
+Docs = Annotated[
+    int, typer.Option("--docs", parser=integer(1), metavar="N", help="Target documents per instance (paper: ~1,000).")
+]
+TuneDocs = Annotated[
+    int, typer.Option("--docs", parser=integer(1), metavar="N", help="Fairness: documents in dev + test together.")
+]
 ProfileLayers = Annotated[
     Any,
     typer.Option(
@@ -306,9 +330,14 @@ ProfileLayers = Annotated[
     ),
 ]
 ProfileBasketSize = Annotated[
-    int, typer.Option("--basket-size", parser=integer(1), metavar="B", help="Content keys per basket of the attention profile.")
+    int,
+    typer.Option(
+        "--basket-size", parser=integer(1), metavar="B", help="Content keys per basket of the attention profile."
+    ),
 ]
-GridFlag = Annotated[bool, typer.Option("--grid/--no-grid", help="The papers' grid: --baskets x --layers x --strengths.")]
+GridFlag = Annotated[
+    bool, typer.Option("--grid/--no-grid", help="The papers' grid: --baskets x --layers x --strengths.")
+]
 # tune's starting grid (named --space: --grid is the sweep's on/off flag, one flag one meaning)
 SpaceChoice = Annotated[
     str,
@@ -344,7 +373,11 @@ OptionalBenchmark = Annotated[
 CorpusLang = Annotated[
     str | None,
     typer.Option(
-        "--corpus-lang", parser=lang_code, metavar="LANG", show_default="--lang", help="Document language for cross-lingual retrieval."
+        "--corpus-lang",
+        parser=lang_code,
+        metavar="LANG",
+        show_default="--lang",
+        help="Document language for cross-lingual retrieval.",
     ),
 ]
 Domains = Annotated[
@@ -403,7 +436,13 @@ LateChunks = Annotated[
 # sweep and tune: lists of grid values
 Baskets = Annotated[
     list[int],
-    typer.Option("--baskets", parser=comma_list(integer(1)), callback=joined, metavar="B,...", help="Basket sizes, comma-separated."),
+    typer.Option(
+        "--baskets",
+        parser=comma_list(integer(1)),
+        callback=joined,
+        metavar="B,...",
+        help="Basket sizes, comma-separated.",
+    ),
 ]
 LayerSets = Annotated[
     list[Any],
@@ -439,7 +478,13 @@ Inference = Annotated[
 ]
 BootstrapDraws = Annotated[
     int | None,
-    typer.Option("--bootstrap-draws", parser=integer(99), metavar="B", show_default="9999", help="--inference wild: bootstrap draws."),
+    typer.Option(
+        "--bootstrap-draws",
+        parser=integer(99),
+        metavar="B",
+        show_default="9999",
+        help="--inference wild: bootstrap draws.",
+    ),
 ]
 BootstrapWeights = Annotated[
     str | None,

@@ -18,9 +18,22 @@ from typing import Any
 import typer
 
 __all__ = [
-    "calibration_spec", "layer_spec", "layers_text", "calibration_text", "integer", "number", "lang_code",
-    "mixed_config", "name_part", "comma_list", "joined", "choice", "device_name", "late_chunks", "special_share",
-]  # fmt: skip
+    "calibration_spec",
+    "layer_spec",
+    "layers_text",
+    "calibration_text",
+    "integer",
+    "number",
+    "lang_code",
+    "mixed_config",
+    "name_part",
+    "comma_list",
+    "joined",
+    "choice",
+    "device_name",
+    "late_chunks",
+    "special_share",
+]
 
 
 def _bad(message: str) -> typer.BadParameter:
@@ -47,7 +60,9 @@ def layer_spec(value: Any):
         return value
     try:
         layers = parse_layers(value)
-        Calibration(layers=layers)  # the same rules as a calibration's layers (>= 1, a fraction in (0, 1], distinct indices)
+        Calibration(
+            layers=layers
+        )  # the same rules as a calibration's layers (>= 1, a fraction in (0, 1], distinct indices)
     except ValueError as exc:
         raise _bad(str(exc).replace("layers as", "as")) from None
     return layers

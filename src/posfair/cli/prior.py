@@ -70,7 +70,9 @@ def estimate_prior_command(
     con = console()
     prior = est.calibration.prior
     for layer, v in zip(prior.layers or ("all",), prior.values, strict=True):
-        con.print(f"layer {layer}: first bin {v[0]:.3f}, last bin {v[-1]:.3f}, max/min {max(v) / min(v):.2f}", highlight=False)
+        con.print(
+            f"layer {layer}: first bin {v[0]:.3f}, last bin {v[-1]:.3f}, max/min {max(v) / min(v):.2f}", highlight=False
+        )
     skipped = f"; {est.skipped} shorter than {bins} content tokens left out" if est.skipped else ""
     con.print(
         f"{est.documents} documents{skipped}; prior in [bold]{escape(str(out))}[/bold] (use: --calibration B,LAYERS,ALPHA,prior={escape(str(out))})"

@@ -22,9 +22,22 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
     """
     from rich.console import Console  # rich is imported only when a command runs
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     # the display starts with its first bar: a command that fails before any work prints nothing but its error line
     started: list[Progress] = []
     with contextlib.ExitStack() as stack:

@@ -65,8 +65,29 @@ def _say_size(bench) -> None:
         warnings.warn(message, BenchmarkSizeWarning, stacklevel=1)
 
 
-def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, prompt, batch_size, top_k, faiss, search_scope="domain",
-                  max_seq_length, trust_remote_code, device, lang, corpus_lang, domains, late=(), late_chunks="semantic") -> None:  # fmt: skip
+def run_benchmark(
+    *,
+    model,
+    benchmark,
+    calibrations,
+    out,
+    cache,
+    sea,
+    stock,
+    prompt,
+    batch_size,
+    top_k,
+    faiss,
+    search_scope="domain",
+    max_seq_length,
+    trust_remote_code,
+    device,
+    lang,
+    corpus_lang,
+    domains,
+    late=(),
+    late_chunks="semantic",
+) -> None:
     """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
 
     ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
@@ -111,17 +132,31 @@ def run_benchmark(*, model, benchmark, calibrations, out, cache, sea, stock, pro
     checks.check_calibrations(fm, calibrations)
     with progress_bars() as bar:
         results = run_sweep(
-            fm, bench, calibrations, out, include_stock=stock, sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
+            fm,
+            bench,
+            calibrations,
+            out,
+            include_stock=stock,
+            sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
             late=LateChunking.variants(late, late_chunks, batch_size=batch_size) if late else (),
-            store=EmbeddingStore(cache) if cache else None, query_prompt=prompt, batch_size=batch_size, top_k=top_k,
-            use_faiss=faiss, progress=bar, search_scope=search_scope,
-        )  # fmt: skip
+            store=EmbeddingStore(cache) if cache else None,
+            query_prompt=prompt,
+            batch_size=batch_size,
+            top_k=top_k,
+            use_faiss=faiss,
+            progress=bar,
+            search_scope=search_scope,
+        )
     con = console()
     if any(r.groups for r in results):
-        text = f"**{results[0].benchmark}** - nDCG@10 per positional group (x100), Harm, PSI\n\n" + to_markdown(group_table(results))
+        text = f"**{results[0].benchmark}** - nDCG@10 per positional group (x100), Harm, PSI\n\n" + to_markdown(
+            group_table(results)
+        )
         con.print(Markdown(text))
     if any(r.buckets for r in results):
-        text = f"**{results[0].benchmark}** - PSI per length bucket and aggregate nDCG@10\n\n" + to_markdown(bucket_table(results))
+        text = f"**{results[0].benchmark}** - PSI per length bucket and aggregate nDCG@10\n\n" + to_markdown(
+            bucket_table(results)
+        )
         con.print(Markdown(text))
     noop = noop_settings(results)
     if noop:
@@ -159,8 +194,24 @@ def retrieval(
 ) -> None:
     """Evaluate a model on a position-aware benchmark: stock, calibrated documents, SEA, late chunking. Resumable."""
     run_benchmark(
-        model=model, benchmark=benchmark, calibrations=calibration, out=out, cache=cache, sea=sea, stock=stock, late=late,
+        model=model,
+        benchmark=benchmark,
+        calibrations=calibration,
+        out=out,
+        cache=cache,
+        sea=sea,
+        stock=stock,
+        late=late,
         late_chunks=late_chunks,
-        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, search_scope=search_scope, max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
-    )  # fmt: skip
+        prompt=query_prompt,
+        batch_size=batch_size,
+        top_k=top_k,
+        faiss=faiss,
+        search_scope=search_scope,
+        max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code,
+        device=device,
+        lang=lang,
+        corpus_lang=corpus_lang,
+        domains=domains,
+    )

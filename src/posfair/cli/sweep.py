@@ -41,11 +41,16 @@ def sweep(
     baskets: Baskets = (128, 256, 512),
     layers: LayerSets = (1, 0.5),
     strengths: Strengths = (0.5, 1.0),
-    fine_basket: Annotated[int, typer.Option("--fine-basket", parser=integer(1), metavar="B", help="Basket size of the fine sweep.")] = 128,
+    fine_basket: Annotated[
+        int, typer.Option("--fine-basket", parser=integer(1), metavar="B", help="Basket size of the fine sweep.")
+    ] = 128,
     step: Annotated[
         float,
         typer.Option(
-            "--step", parser=number(0, 1, low_open=True), metavar="ALPHA", help="Strength step of the fine sweep (must divide 1)."
+            "--step",
+            parser=number(0, 1, low_open=True),
+            metavar="ALPHA",
+            help="Strength step of the fine sweep (must divide 1).",
         ),
     ] = 0.05,
     sea: Sea = False,
@@ -83,8 +88,24 @@ def sweep(
         return cals
 
     run_benchmark(
-        model=model, benchmark=benchmark, calibrations=calibrations, out=out, cache=cache, sea=sea, stock=True, late=late,
+        model=model,
+        benchmark=benchmark,
+        calibrations=calibrations,
+        out=out,
+        cache=cache,
+        sea=sea,
+        stock=True,
+        late=late,
         late_chunks=late_chunks,
-        prompt=query_prompt, batch_size=batch_size, top_k=top_k, faiss=faiss, search_scope=search_scope, max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code, device=device, lang=lang, corpus_lang=corpus_lang, domains=domains,
-    )  # fmt: skip
+        prompt=query_prompt,
+        batch_size=batch_size,
+        top_k=top_k,
+        faiss=faiss,
+        search_scope=search_scope,
+        max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code,
+        device=device,
+        lang=lang,
+        corpus_lang=corpus_lang,
+        domains=domains,
+    )

@@ -42,7 +42,7 @@ def tune(
             metavar="fairness|retrieval",
             help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10).",
         ),
-    ] = "fairness",  # fmt: skip
+    ] = "fairness",
     benchmark: OptionalBenchmark = None,
     max_recall_drop: Annotated[
         float,
@@ -52,7 +52,7 @@ def tune(
             metavar="POINTS",
             help="Fairness: most own-segment recall@n may fall below stock (points, 0..100).",
         ),
-    ] = 2.0,  # fmt: skip
+    ] = 2.0,
     max_ndcg_drop: Annotated[
         float,
         typer.Option(
@@ -61,7 +61,7 @@ def tune(
             metavar="POINTS",
             help="Retrieval: most aggregate nDCG@10 may fall below stock (points, 0..100).",
         ),
-    ] = 2.0,  # fmt: skip
+    ] = 2.0,
     score: Annotated[
         str,
         typer.Option(
@@ -70,7 +70,7 @@ def tune(
             metavar="spread|max-beta",
             help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|).",
         ),
-    ] = "spread",  # fmt: skip
+    ] = "spread",
     space: SpaceChoice = "default",
     baskets: Baskets = (),
     layers: LayerSets = (),
@@ -85,7 +85,7 @@ def tune(
             help="Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
             "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share).",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     self_shares: Annotated[
         list[float],
         typer.Option(
@@ -95,7 +95,7 @@ def tune(
             metavar="RHO,...",
             help="Self-attention shares tried by the self variant (default 0.5,1).",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     special_shares: Annotated[
         list[str],
         typer.Option(
@@ -105,10 +105,15 @@ def tune(
             metavar="SHARE,...",
             help="BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
         ),
-    ] = (),  # fmt: skip
+    ] = (),
     fine_rounds: Annotated[
         int,
-        typer.Option("--fine-rounds", parser=integer(0), metavar="N", help="Rounds of strength bisection around the best grid setting."),
+        typer.Option(
+            "--fine-rounds",
+            parser=integer(0),
+            metavar="N",
+            help="Rounds of strength bisection around the best grid setting.",
+        ),
     ] = 2,
     n: N = 3,
     lang: Lang = "en",
@@ -121,14 +126,18 @@ def tune(
             metavar="F",
             help="Share of segment sets (fairness) or documents' queries (retrieval) held out, in (0, 1).",
         ),
-    ] = 0.5,  # fmt: skip
+    ] = 0.5,
     seed: Seed = 0,
     batch_size: BatchSize = 16,
     out: OutTune = Path("posfair-tune"),
     cache: Cache = None,
     save_model: Annotated[
         Path | None,
-        typer.Option("--save-model", metavar="FOLDER", help="Save the model with the chosen calibration persisted into this folder."),
+        typer.Option(
+            "--save-model",
+            metavar="FOLDER",
+            help="Save the model with the chosen calibration persisted into this folder.",
+        ),
     ] = None,
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
@@ -156,11 +165,14 @@ def tune(
 
     base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
     space = SearchSpace(
-        basket_sizes=tuple(baskets) or base.basket_sizes, layer_sets=tuple(layers) or base.layer_sets,
-        strengths=tuple(strengths) or base.strengths, fine_rounds=fine_rounds,
-        variants=tuple(variants) or ("uniform",), self_shares=tuple(self_shares) or base.self_shares,
+        basket_sizes=tuple(baskets) or base.basket_sizes,
+        layer_sets=tuple(layers) or base.layer_sets,
+        strengths=tuple(strengths) or base.strengths,
+        fine_rounds=fine_rounds,
+        variants=tuple(variants) or ("uniform",),
+        self_shares=tuple(self_shares) or base.self_shares,
         special_shares=tuple(special_shares) or base.special_shares,
-    )  # fmt: skip
+    )
     df = bench = settings = None
     if objective == "retrieval" and benchmark is not None:
         from posfair.retrieval.benchmarks import load_benchmark
@@ -174,17 +186,29 @@ def tune(
         df = load_corpus(corpus, [lang])
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     if objective == "fairness":
-        settings = default_fairness_settings(n_values=(n,), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size)
+        settings = default_fairness_settings(
+            n_values=(n,), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
+        )
     con = console()
     t0 = time.perf_counter()
     with data_errors():  # e.g. too few segment sets to split into dev and test
         result = run_tune(
-            fm, df, objective=objective, benchmark=bench, settings=settings, space=space,
+            fm,
+            df,
+            objective=objective,
+            benchmark=bench,
+            settings=settings,
+            space=space,
             max_drop=(max_recall_drop if objective == "fairness" else max_ndcg_drop) / 100,
             score={"spread": "spread", "max-beta": "max_abs_beta"}[score] if objective == "fairness" else None,
-            test_fraction=test_fraction, seed=seed, out_dir=out, cache_dir=cache, save_model=save_model, lang=lang,
+            test_fraction=test_fraction,
+            seed=seed,
+            out_dir=out,
+            cache_dir=cache,
+            save_model=save_model,
+            lang=lang,
             log=lambda msg: con.print(msg, highlight=False, markup=False, soft_wrap=True),
-        )  # fmt: skip
+        )
     con.print(summary_markdown(result), markup=False, highlight=False, soft_wrap=True)
     con.print(
         f"{time.perf_counter() - t0:.0f} s; results in [bold]{out}[/bold]"

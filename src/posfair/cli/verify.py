@@ -17,7 +17,9 @@ def store_folder(path: Path) -> Path:
     if not path.is_dir():
         raise input_error("STORE", path, "is a file, not an embedding store folder")
     if not (path / "meta.json").is_file() and not any(path.glob("*/meta.json")):
-        raise input_error("STORE", path, "is not a posfair embedding store (no namespace folder with a meta.json in it)")
+        raise input_error(
+            "STORE", path, "is not a posfair embedding store (no namespace folder with a meta.json in it)"
+        )
     return path
 
 
@@ -45,7 +47,9 @@ def verify(
     typer.echo(f"{'namespace':<26}{'shards':>8}{'rows':>12}{'keys':>12}{'dup rows':>10}{'damaged':>9}")
     for rec in results:
         name = Path(rec["namespace"]).name
-        typer.echo(f"{name:<26}{rec['shards']:>8}{rec['rows']:>12,}{rec['keys']:>12,}{rec['duplicate_rows']:>10,}{len(rec['damaged']):>9}")
+        typer.echo(
+            f"{name:<26}{rec['shards']:>8}{rec['rows']:>12,}{rec['keys']:>12,}{rec['duplicate_rows']:>10,}{len(rec['damaged']):>9}"
+        )
         for path in rec["damaged"]:
             typer.echo(f"  set aside: {path}")
         if rec["error"]:

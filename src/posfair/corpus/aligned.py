@@ -65,7 +65,9 @@ def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame
     missing = [f for f in REQUIRED_FIELDS if f not in df.columns]
     if missing:
         names = ", ".join(repr(f) for f in missing)
-        raise CorpusError(f"{origin}: missing required field(s) {names}; columns present: {sorted(map(str, df.columns))}")
+        raise CorpusError(
+            f"{origin}: missing required field(s) {names}; columns present: {sorted(map(str, df.columns))}"
+        )
     df = df.reset_index(drop=True)
     for f in REQUIRED_FIELDS:
         bad = df.index[df[f].isna()].tolist()
@@ -134,7 +136,10 @@ def _from_hf(obj: Any, origin: str, split: str | None) -> pd.DataFrame:
 
 def _looks_like_path(s: str) -> bool:
     return (
-        s.startswith(("/", "./", "../", "~", "\\")) or os.sep + os.sep in s or Path(s).suffix.lower() in _PATH_SUFFIXES or s.count("/") > 1
+        s.startswith(("/", "./", "../", "~", "\\"))
+        or os.sep + os.sep in s
+        or Path(s).suffix.lower() in _PATH_SUFFIXES
+        or s.count("/") > 1
     )
 
 
@@ -150,7 +155,11 @@ def _read_source(source: Any, split: str | None) -> tuple[pd.DataFrame, str]:
 
     path = Path(source).expanduser()
     if path.is_dir():
-        if not ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        if not (
+            (path / "dataset_info.json").exists()
+            or (path / "dataset_dict.json").exists()
+            or (path / "state.json").exists()
+        ):
             raise CorpusError(
                 f"{path}: folder is not a dataset saved with datasets.Dataset.save_to_disk "
                 "(no dataset_info.json / dataset_dict.json / state.json)"
@@ -174,7 +183,9 @@ def _read_source(source: Any, split: str | None) -> tuple[pd.DataFrame, str]:
     try:
         ds = datasets.load_dataset(name, split=split or "train")
     except Exception as e:  # hub/network/config errors come in many types
-        raise CorpusError(f"{name!r} is neither an existing local path nor a loadable Hugging Face dataset: {type(e).__name__}: {e}") from e
+        raise CorpusError(
+            f"{name!r} is neither an existing local path nor a loadable Hugging Face dataset: {type(e).__name__}: {e}"
+        ) from e
     return _from_hf(ds, name, split), f"hf:{name}"
 
 

@@ -97,7 +97,9 @@ def default_length_window(
         raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
     budget = (int(max_seq_length) - int(special_tokens)) // int(n_segments)
     if budget < 1:
-        raise ValueError(f"{n_segments} segments cannot fit a {max_seq_length}-token model with {special_tokens} special tokens")
+        raise ValueError(
+            f"{n_segments} segments cannot fit a {max_seq_length}-token model with {special_tokens} special tokens"
+        )
     low = max(1, int(np.ceil(min_ratio * budget - 1e-9)))
     return low, budget
 

@@ -44,7 +44,18 @@ __all__ = [
 ]
 
 POSIR_HUB_ID = "infgrad/PosIR-Benchmark-v1"
-POSIR_LANGS = ("ara-Arab", "cmn-Hans", "deu-Latn", "eng-Latn", "fra-Latn", "ita-Latn", "kor-Kore", "por-Latn", "rus-Cyrl", "spa-Latn")
+POSIR_LANGS = (
+    "ara-Arab",
+    "cmn-Hans",
+    "deu-Latn",
+    "eng-Latn",
+    "fra-Latn",
+    "ita-Latn",
+    "kor-Kore",
+    "por-Latn",
+    "rus-Cyrl",
+    "spa-Latn",
+)
 _ISO1_TO_POSIR = {
     "ar": "ara-Arab",
     "zh": "cmn-Hans",
@@ -102,7 +113,9 @@ def posir_root(source: Any, langs: Sequence[str]) -> Path:
             raise ValueError(f"{root}: a PosIR source must be a directory <root>/<lang-Script>/<domain>/...")
         return root
     if isinstance(source, str) and looks_like_hub_id(source):
-        return Path(snapshot_download(repo_id=source, repo_type="dataset", allow_patterns=[f"{lang}/**" for lang in langs]))
+        return Path(
+            snapshot_download(repo_id=source, repo_type="dataset", allow_patterns=[f"{lang}/**" for lang in langs])
+        )
     raise FileNotFoundError(f"{source!r} is neither an existing local directory nor a hub dataset id")
 
 
@@ -131,7 +144,11 @@ class PosirTables:
 
 
 def read_posir(
-    source: Any = POSIR_HUB_ID, *, lang: str = "eng-Latn", corpus_lang: str | None = None, domains: Sequence[str] | None = None
+    source: Any = POSIR_HUB_ID,
+    *,
+    lang: str = "eng-Latn",
+    corpus_lang: str | None = None,
+    domains: Sequence[str] | None = None,
 ) -> PosirTables:
     """The queries and qrels of ``lang`` and the corpus of ``corpus_lang`` (default: ``lang``) of
     a PosIR-layout source (a folder or a hub id), domain by domain.

@@ -50,7 +50,11 @@ def read_corpus_texts(
     df = load_corpus(source, unit=unit, langs=langs)
     if text_field not in df.columns:
         raise ValueError(f"corpus {source or 'bundled'} has no field {text_field!r} (fields: {list(df.columns)})")
-    desc = f"{source or 'bundled'} [{text_field}]" + (f" unit={unit}" if unit else "") + (f" langs={','.join(langs)}" if langs else "")
+    desc = (
+        f"{source or 'bundled'} [{text_field}]"
+        + (f" unit={unit}" if unit else "")
+        + (f" langs={','.join(langs)}" if langs else "")
+    )
     return check_texts(df[text_field].tolist(), f"corpus {source or 'bundled'}", text_field), desc
 
 

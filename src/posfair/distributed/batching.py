@@ -26,7 +26,9 @@ def fixed_batches(n: int, batch_size: int) -> list[np.ndarray]:
     return [np.arange(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
 
 
-def length_aware_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int | None = None) -> list[np.ndarray]:
+def length_aware_batches(
+    lengths: Sequence[int], max_tokens: int, max_batch_size: int | None = None
+) -> list[np.ndarray]:
     """Index batches of texts sorted by length (longest first), each within a padded-token budget.
 
     A batch holds at most ``max_batch_size`` texts, and its padded size -- number of

@@ -25,7 +25,9 @@ def corpus_fingerprint(keys: Iterable[str]) -> str:
     return h.hexdigest()[:24]
 
 
-def record_corpus(ns_dir: Path, manifest: dict[str, Any], corpus: dict[str, Any], covered: bool, add_corpus: bool) -> dict[str, Any]:
+def record_corpus(
+    ns_dir: Path, manifest: dict[str, Any], corpus: dict[str, Any], covered: bool, add_corpus: bool
+) -> dict[str, Any]:
     """The manifest with this run's corpus recorded; raises ManifestMismatch for another corpus.
 
     ``corpus``: ``{"fingerprint", "source", "texts"}``.  ``covered``: every text of this

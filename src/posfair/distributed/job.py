@@ -49,7 +49,15 @@ from posfair.distributed.ray_engine import ray_available as ray_available
 from posfair.distributed.ray_engine import require_ray, run_ray
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, plan_shards, process_shard
-from posfair.store import EmbeddingStore, embedding_meta, embedding_settings, run_settings, scan_namespace, shard_path, write_manifest
+from posfair.store import (
+    EmbeddingStore,
+    embedding_meta,
+    embedding_settings,
+    run_settings,
+    scan_namespace,
+    shard_path,
+    write_manifest,
+)
 from posfair.store import ManifestMismatch as ManifestMismatch
 
 __all__ = ["EmbedReport", "embed_texts"]
@@ -143,7 +151,9 @@ def embed_texts(
     meta = embedding_meta(model.fingerprint, cal, spec.prompt)
     ns_dir = EmbeddingStore(store_root).namespace_dir(**meta)
     settings = run_settings(
-        meta, **embedding_settings(model.fingerprint, cal, spec.prompt, dim=dim, text_field=text_field), model=spec.model or "bundled"
+        meta,
+        **embedding_settings(model.fingerprint, cal, spec.prompt, dim=dim, text_field=text_field),
+        model=spec.model or "bundled",
     )
     corpus = {"fingerprint": corpus_fingerprint(all_keys), "source": corpus_source, "texts": len(all_keys)}
     # settings check, shards checked (damaged ones set aside: their keys are missing below), key index loaded
@@ -171,8 +181,15 @@ def embed_texts(
             skipped += 1
             continue
         todo.append(Shard(s.id, tuple(s.keys[i] for i in missing), tuple(s.texts[i] for i in missing)))
-    logger.info("%d distinct texts in %d shards: %d to encode (%s engine), %d already in %s", len(all_keys), len(shards),
-                len(todo), engine, skipped, ns_dir)  # fmt: skip
+    logger.info(
+        "%d distinct texts in %d shards: %d to encode (%s engine), %d already in %s",
+        len(all_keys),
+        len(shards),
+        len(todo),
+        engine,
+        skipped,
+        ns_dir,
+    )
     if progress is not None:
         progress(len(all_keys) - sum(len(s.keys) for s in todo))
     totals = {"written": 0, "skipped": skipped, "texts": 0, "tokens": 0, "padded": 0}
@@ -192,7 +209,16 @@ def embed_texts(
         else:
             n = run_ray(spec, ns_dir, todo, on_result, after_shard, model.fingerprint, ray_address, workers)
     return EmbedReport(
-        namespace=str(ns_dir), engine=engine, workers=n, shards=len(shards), written=totals["written"],
-        skipped=totals["skipped"], texts=len(all_keys), encoded=totals["texts"], tokens=totals["tokens"],
-        padded=totals["padded"], seconds=time.perf_counter() - t0, calibrated_share=share,
-    )  # fmt: skip
+        namespace=str(ns_dir),
+        engine=engine,
+        workers=n,
+        shards=len(shards),
+        written=totals["written"],
+        skipped=totals["skipped"],
+        texts=len(all_keys),
+        encoded=totals["texts"],
+        tokens=totals["tokens"],
+        padded=totals["padded"],
+        seconds=time.perf_counter() - t0,
+        calibrated_share=share,
+    )

@@ -37,7 +37,16 @@ from posfair.distributed.worker import Shard, process_shard
 from posfair.errors import install_hint
 from posfair.store import ManifestMismatch
 
-__all__ = ["RAY_INSTALL_HINT", "ShardEncoder", "WorkerPlan", "plan_workers", "ray_available", "require_ray", "root_cause", "run_ray"]
+__all__ = [
+    "RAY_INSTALL_HINT",
+    "ShardEncoder",
+    "WorkerPlan",
+    "plan_workers",
+    "ray_available",
+    "require_ray",
+    "root_cause",
+    "run_ray",
+]
 
 RAY_INSTALL_HINT = install_hint("ray")
 
@@ -126,9 +135,16 @@ class ShardEncoder:
     (optional) runs after each shard in the worker (monitoring, fault injection in tests).
     """
 
-    def __init__(self, spec: dict, ns_dir: str, fingerprint: str, threads: int | None = None,
-                 device: str | None = None, after_shard: Callable[[dict], None] | None = None,
-                 registry=None):  # fmt: skip
+    def __init__(
+        self,
+        spec: dict,
+        ns_dir: str,
+        fingerprint: str,
+        threads: int | None = None,
+        device: str | None = None,
+        after_shard: Callable[[dict], None] | None = None,
+        registry=None,
+    ):
         import ray
 
         if registry is not None:
@@ -149,7 +165,9 @@ class ShardEncoder:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = []
         for sid, keys, texts in zip(batch["shard"], batch["keys"], batch["texts"], strict=True):
-            res = process_shard(self.model, self.spec, self.ns_dir, str(sid), [str(k) for k in keys], [str(t) for t in texts])
+            res = process_shard(
+                self.model, self.spec, self.ns_dir, str(sid), [str(k) for k in keys], [str(t) for t in texts]
+            )
             if self.after_shard is not None:
                 self.after_shard(res)
             rows.append(res)
@@ -206,9 +224,16 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
     return type(deepest).__name__, text.splitlines()[0] if text else ""
 
 
-def run_ray(spec: EmbedSpec, ns_dir: Path, shards: list[Shard], on_result: Callable[[dict], None],
-            after_shard: Callable[[dict], None] | None, fingerprint: str, address: str | None,
-            workers: int | None) -> int:  # fmt: skip
+def run_ray(
+    spec: EmbedSpec,
+    ns_dir: Path,
+    shards: list[Shard],
+    on_result: Callable[[dict], None],
+    after_shard: Callable[[dict], None] | None,
+    fingerprint: str,
+    address: str | None,
+    workers: int | None,
+) -> int:
     """Run ``shards`` on a Ray Data actor pool; ``on_result`` gets each shard's status row. Returns the replicas used."""
     ray = require_ray()
     started_here = not ray.is_initialized()
@@ -227,24 +252,37 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     plan = plan_workers(ray.cluster_resources(), workers, spec.device)
     free = ray.available_resources()
-    short = {r: q * plan.workers for r, q in plan.resources.items()
-             if free.get({"num_cpus": "CPU", "num_gpus": "GPU"}[r], 0) < q * plan.workers}  # fmt: skip
+    short = {
+        r: q * plan.workers
+        for r, q in plan.resources.items()
+        if free.get({"num_cpus": "CPU", "num_gpus": "GPU"}[r], 0) < q * plan.workers
+    }
     if short:
-        warnings.warn(f"Ray has {free.get('CPU', 0):g} CPUs / {free.get('GPU', 0):g} GPUs free for {plan.workers} workers "
-                      f"needing {short}: the job waits until they are free (another job may hold them)", stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"Ray has {free.get('CPU', 0):g} CPUs / {free.get('GPU', 0):g} GPUs free for {plan.workers} workers "
+            f"needing {short}: the job waits until they are free (another job may hold them)",
+            stacklevel=4,
+        )
     registry = _registry_class(ray).remote()
     items = [{"shard": s.id, "keys": list(s.keys), "texts": list(s.texts)} for s in shards]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     out = ds.map_batches(
         ShardEncoder,
-        fn_constructor_kwargs=dict(spec=spec.to_dict(), ns_dir=str(ns_dir), fingerprint=fingerprint, threads=plan.threads,
-                                   device=plan.device, after_shard=after_shard, registry=registry),
+        fn_constructor_kwargs=dict(
+            spec=spec.to_dict(),
+            ns_dir=str(ns_dir),
+            fingerprint=fingerprint,
+            threads=plan.threads,
+            device=plan.device,
+            after_shard=after_shard,
+            registry=registry,
+        ),
         batch_size=1,
         batch_format="numpy",
         # Ray restarts a replica whose process dies and retries its shards
         compute=ray.data.ActorPoolStrategy(size=plan.workers, max_tasks_in_flight_per_actor=_IN_FLIGHT_PER_WORKER),
         **plan.resources,
-    )  # fmt: skip
+    )
     failure = None
     try:
         for row in out.iter_rows():
@@ -257,5 +295,7 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
         kind, message = failure
         if kind == ManifestMismatch.__name__:  # a replica refused to write here: a settings error, not a crash
             raise ManifestMismatch(message)
-        raise RuntimeError(f"the Ray embedding job failed; finished shards are kept, rerun to resume: {kind}: {message}")
+        raise RuntimeError(
+            f"the Ray embedding job failed; finished shards are kept, rerun to resume: {kind}: {message}"
+        )
     return plan.workers

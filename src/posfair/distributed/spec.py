@@ -56,10 +56,13 @@ class EmbedSpec:
     def load_model(self, device: str | None = None) -> FairModel:
         """Load the encoder (on ``device``, default ``self.device``) and validate the calibration on it."""
         model = load_model(
-            None if self.model in (None, "", "bundled") else self.model, device=device or self.device,
-            trust_remote_code=self.trust_remote_code, pooling=self.pooling, padding_side=self.padding_side,
+            None if self.model in (None, "", "bundled") else self.model,
+            device=device or self.device,
+            trust_remote_code=self.trust_remote_code,
+            pooling=self.pooling,
+            padding_side=self.padding_side,
             max_seq_length=self.max_seq_length,
-        )  # fmt: skip
+        )
         model.eval()
         cal = self.calibration_obj
         if cal is not STOCK:

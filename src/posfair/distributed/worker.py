@@ -79,7 +79,10 @@ def _batches_for(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.
     lengths = np.minimum(raw, limit) if limit else raw
     over = int((raw > lengths).sum())
     if over:
-        warnings.warn(f"{over} of {len(texts)} texts are longer than max_seq_length={limit} tokens and are truncated", stacklevel=3)
+        warnings.warn(
+            f"{over} of {len(texts)} texts are longer than max_seq_length={limit} tokens and are truncated",
+            stacklevel=3,
+        )
     if spec.batching == "length":
         return length_aware_batches(lengths, spec.max_tokens, spec.batch_size), lengths
     # sentence-transformers' own batching: sorted by character length, fixed size
@@ -110,7 +113,9 @@ def encode_shard(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[np.ndarr
     return vectors, {"tokens": real, "padded": padded}
 
 
-def process_shard(model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, keys: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+def process_shard(
+    model, spec: EmbedSpec, ns_dir: str | os.PathLike, sid: str, keys: Sequence[str], texts: Sequence[str]
+) -> dict[str, Any]:
     """Encode one shard and write ``part-<sid>.arrow`` atomically, unless that file exists already."""
     t0 = time.perf_counter()
     target = shard_path(ns_dir, sid)

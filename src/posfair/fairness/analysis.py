@@ -22,23 +22,52 @@ from posfair.fairness.measures import profile_spread
 from posfair.fairness.ols import FEW_CLUSTERS, FewClustersWarning, Inference, PositionOLS, fit_position_ols
 
 __all__ = [
-    "fit_all", "fit_instance", "few_clusters", "few_clusters_message", "fidelity_summary", "coverage_summary",
-    "coverage_messages", "GROUP", "COEF_COLUMNS", "INSTANCE_KEYS", "safe_name",
-]  # fmt: skip
+    "fit_all",
+    "fit_instance",
+    "few_clusters",
+    "few_clusters_message",
+    "fidelity_summary",
+    "coverage_summary",
+    "coverage_messages",
+    "GROUP",
+    "COEF_COLUMNS",
+    "INSTANCE_KEYS",
+    "safe_name",
+]
 
 GROUP = ["calibration", "setting", "measure", "n", "config"]
-COEF_COLUMNS = ["config_key", "coef", "position", "estimate", "se", "t", "p", "mark", "nobs", "clusters", "inference", "ci_low", "ci_high"]
+COEF_COLUMNS = [
+    "config_key",
+    "coef",
+    "position",
+    "estimate",
+    "se",
+    "t",
+    "p",
+    "mark",
+    "nobs",
+    "clusters",
+    "inference",
+    "ci_low",
+    "ci_high",
+]
 #: one regression per (variant, instance) and measure
 INSTANCE_KEYS = ["calibration", "setting", "n", "config"]
 
 
 def _fit_group(g: pd.DataFrame, measure: str, n: int, inference: Inference) -> PositionOLS:
     y = g[measure].to_numpy(dtype=float)
-    return fit_position_ols(y, g["position"].to_numpy(), g["set_id"].to_numpy(), n=int(n), inference=inference, warn=False)
+    return fit_position_ols(
+        y, g["position"].to_numpy(), g["set_id"].to_numpy(), n=int(n), inference=inference, warn=False
+    )
 
 
 def fit_all(
-    observations: pd.DataFrame, measures: Sequence[str] = MEASURES, inference: Inference | str | None = None, *, warn: bool = True
+    observations: pd.DataFrame,
+    measures: Sequence[str] = MEASURES,
+    inference: Inference | str | None = None,
+    *,
+    warn: bool = True,
 ) -> pd.DataFrame:
     """OLS per (calibration, setting, measure, n, config): long table of coefficients.
 
@@ -135,7 +164,9 @@ def fidelity_summary(
         by_pos = g.groupby("position")
         per_doc = g.drop_duplicates("doc_id")
         row: dict[str, Any] = dict(zip(keys, key, strict=True))
-        row.update(config_key=g["config_key"].iloc[0], documents=int(g["doc_id"].nunique()), sets=int(g["set_id"].nunique()))
+        row.update(
+            config_key=g["config_key"].iloc[0], documents=int(g["doc_id"].nunique()), sets=int(g["set_id"].nunique())
+        )
         row["spread"] = profile_spread(g["sigma"].to_numpy(), g["position"].to_numpy())
         row["max_abs_beta"] = np.nan
         if coefficients is not None and len(coefficients):
@@ -209,7 +240,9 @@ def coverage_messages(coverage: pd.DataFrame) -> list[str]:
 
 def share_of(coverage: pd.DataFrame, calibration: str, n, config: str) -> float:
     """The calibrated share of one (calibration, n, config) in a :func:`coverage_summary` (NaN if absent or stock)."""
-    hit = coverage[(coverage["calibration"] == calibration) & (coverage["n"] == int(n)) & (coverage["config"] == config)]
+    hit = coverage[
+        (coverage["calibration"] == calibration) & (coverage["n"] == int(n)) & (coverage["config"] == config)
+    ]
     return float(hit["calibrated_share"].iloc[0]) if len(hit) else np.nan
 
 

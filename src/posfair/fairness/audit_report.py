@@ -45,7 +45,9 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
     obs = result.observations
     rows, cols = sorted(obs["n"].unique()), result.configs
     series = []
-    variants = [(STOCK_LABEL, "main")] + [(cal, setting) for cal, s in result.variants if cal != STOCK_LABEL and s == setting]
+    variants = [(STOCK_LABEL, "main")] + [
+        (cal, setting) for cal, s in result.variants if cal != STOCK_LABEL and s == setting
+    ]
     noop = set(result.noop_calibrations())
     for k, (cal, s) in enumerate(variants):
         d = obs[(obs["calibration"] == cal) & (obs["setting"] == s)]
@@ -54,27 +56,48 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
             label += f" — {NOOP_LABEL}, = stock"
         for m, style in (("sigma", "-"), ("tau", "--")):
             if m in result.measures:
-                data = pd.DataFrame({"row": d["n"], "col": d["config"], "x": d["position"], "value": d[m], "cluster": d["set_id"]})
+                data = pd.DataFrame(
+                    {"row": d["n"], "col": d["config"], "x": d["position"], "value": d[m], "cluster": d["set_id"]}
+                )
                 series.append(
-                    ProfileSeries(f"{'σ' if m == 'sigma' else 'τ'} {label}", data, COLORS[k % len(COLORS)], style, draw=cal not in noop)
+                    ProfileSeries(
+                        f"{'σ' if m == 'sigma' else 'τ'} {label}",
+                        data,
+                        COLORS[k % len(COLORS)],
+                        style,
+                        draw=cal not in noop,
+                    )
                 )
     base = obs[(obs["calibration"] == STOCK_LABEL) & (obs["setting"] == "main")]
     bars = pd.DataFrame({"row": base["n"], "col": base["config"], "x": base["position"], "bar": base["seg_tokens"]})
     return profile_grid(
-        series, rows=rows, cols=cols, bars=bars, row_label=lambda n: f"n = {n}", ylabel="cosine similarity",
-        bar_label="mean tokens", title=title,
-    )  # fmt: skip
+        series,
+        rows=rows,
+        cols=cols,
+        bars=bars,
+        row_label=lambda n: f"n = {n}",
+        ylabel="cosine similarity",
+        bar_label="mean tokens",
+        title=title,
+    )
 
 
 def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
     """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
     fid = result.fidelity()
     fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK_LABEL)]
-    points = pd.DataFrame({
-        "panel": [f"n = {n}, {c}" for n, c in zip(fid["n"], fid["config"], strict=True)], "label": fid["calibration"],
-        "x": fid["spread"], "y": fid["recall"], "reference": fid["calibration"] == STOCK_LABEL,
-    })  # fmt: skip
-    return tradeoff_scatter(points, xlabel="σ profile spread (max - min over positions)", ylabel="own-segment recall@n", title=title)
+    points = pd.DataFrame(
+        {
+            "panel": [f"n = {n}, {c}" for n, c in zip(fid["n"], fid["config"], strict=True)],
+            "label": fid["calibration"],
+            "x": fid["spread"],
+            "y": fid["recall"],
+            "reference": fid["calibration"] == STOCK_LABEL,
+        }
+    )
+    return tradeoff_scatter(
+        points, xlabel="σ profile spread (max - min over positions)", ylabel="own-segment recall@n", title=title
+    )
 
 
 # -- HTML sections ---------------------------------------------------------------------------------
@@ -125,12 +148,20 @@ def report_sections(
     figures = figures or []
     inference = render_string(_INFERENCE, inference=result.inference_text(), few=result.few_clusters_message())
     hf = result.headline_frame()
-    headline = to_html(Table("Headline: β_p (position p vs position 1) per instance", hf if len(hf) else pd.DataFrame(), name="headline"))
+    headline = to_html(
+        Table(
+            "Headline: β_p (position p vs position 1) per instance", hf if len(hf) else pd.DataFrame(), name="headline"
+        )
+    )
     coverage = dict(coverage_notes=[], coverage="")
     if result.calibrations:  # the calibrated-share table, with a warning line per calibration that left documents stock
         cov = result.coverage()
-        coverage = dict(coverage_notes=coverage_messages(cov), coverage=to_html(coverage_table(cov, result.model["name"])))
-    summary = Section("Summary", render_string(_SUMMARY, legend=MARK_LEGEND, inference=inference, headline=headline, **coverage))
+        coverage = dict(
+            coverage_notes=coverage_messages(cov), coverage=to_html(coverage_table(cov, result.model["name"]))
+        )
+    summary = Section(
+        "Summary", render_string(_SUMMARY, legend=MARK_LEGEND, inference=inference, headline=headline, **coverage)
+    )
     fig_section = Section("Profiles", render_string(_PROFILES), figures=[f for f in figures if f.alt != FIDELITY_ALT])
     coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
     tables = Section(
@@ -144,7 +175,11 @@ def report_sections(
     fidelity = []
     if result.has_fidelity:
         table = to_html(fidelity_table(result.fidelity(), result.model["name"]))
-        fidelity = [Section("Fidelity", render_string(_FIDELITY, table=table), figures=[f for f in figures if f.alt == FIDELITY_ALT])]
+        fidelity = [
+            Section(
+                "Fidelity", render_string(_FIDELITY, table=table), figures=[f for f in figures if f.alt == FIDELITY_ALT]
+            )
+        ]
     sampling = pd.DataFrame(result.sampling).drop(columns=["notes"], errors="ignore")
     documents = Section(
         "Documents",
@@ -167,11 +202,22 @@ def report_sections(
     )
     language = language_section(result, figures)
     fig_section.figures = [f for f in fig_section.figures if f.alt != LANGUAGE_ALT]
-    return [summary, fig_section, *fidelity, *([language] if language else []), tables, documents, *(extra_sections or []), params]
+    return [
+        summary,
+        fig_section,
+        *fidelity,
+        *([language] if language else []),
+        tables,
+        documents,
+        *(extra_sections or []),
+        params,
+    ]
 
 
 # -- files -----------------------------------------------------------------------------------------
-def save_result(result: AuditResult, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None) -> dict[str, Path]:
+def save_result(
+    result: AuditResult, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None
+) -> dict[str, Path]:
     """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
     out = Path(out_dir)
     log.info("writing the audit to %s", out)
@@ -198,23 +244,38 @@ def save_result(result: AuditResult, out_dir, *, extra_sections: list[Section] |
         paths["figure:fidelity"] = out / "figures" / "fidelity.png"
         paths["fidelity"] = atomic_write_text(out / "fidelity.csv", result.fidelity().to_csv(index=False))
         figures.append(
-            FigureRef(png, "σ profile spread against own-segment recall@n: one point per calibration, stock marked.", alt=FIDELITY_ALT)
+            FigureRef(
+                png,
+                "σ profile spread against own-segment recall@n: one point per calibration, stock marked.",
+                alt=FIDELITY_ALT,
+            )
         )
     language_paths, language_figures = save_language(result, out)
     paths.update(language_paths)
     figures += language_figures
     hf = result.headline_frame()
     few = result.few_clusters_message()
-    caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {result.inference_text()}." + (f" Few clusters: {few}" if few else "")
+    caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {result.inference_text()}." + (
+        f" Few clusters: {few}" if few else ""
+    )
     paths["headline"] = atomic_write_text(
         out / "headline.md",
-        to_markdown(Table("β_p (σ, position p vs position 1), stock vs calibrated", hf, caption, "headline")) if len(hf) else "",
+        to_markdown(Table("β_p (σ, position p vs position 1), stock vs calibrated", hf, caption, "headline"))
+        if len(hf)
+        else "",
     )
     paths["run"] = atomic_write_json(
         out / "run.json",
-        {"model": result.model, "corpus": result.corpus, "settings": result.settings, "calibrations": result.calibrations,
-         "sampling": result.sampling, "timings": result.timings, "headline": result.headline()},
-    )  # fmt: skip
+        {
+            "model": result.model,
+            "corpus": result.corpus,
+            "settings": result.settings,
+            "calibrations": result.calibrations,
+            "sampling": result.sampling,
+            "timings": result.timings,
+            "headline": result.headline(),
+        },
+    )
     paths["report"] = write_report(
         out / "report.html",
         title or f"Positional-fairness audit: {result.model['name']}",

@@ -17,9 +17,17 @@ from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference
 from posfair.report.tables import Table
 
 __all__ = [
-    "coefficient_table", "coefficient_detail_table", "fidelity_table", "coverage_table", "MEASURE_TITLES",
-    "CLUSTER_ROW", "SHARE_ROW", "FIDELITY_CAPTION", "COVERAGE_CAPTION", "format_estimate",
-]  # fmt: skip
+    "coefficient_table",
+    "coefficient_detail_table",
+    "fidelity_table",
+    "coverage_table",
+    "MEASURE_TITLES",
+    "CLUSTER_ROW",
+    "SHARE_ROW",
+    "FIDELITY_CAPTION",
+    "COVERAGE_CAPTION",
+    "format_estimate",
+]
 
 MEASURE_TITLES = {
     "sigma": "positional fairness (sigma = cos(document, standalone segment))",
@@ -64,8 +72,17 @@ def _index(index: list[tuple], names: list[str]) -> pd.MultiIndex | None:
     return pd.MultiIndex.from_tuples(index, names=names) if index else None
 
 
-def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 3,
-                      coverage: pd.DataFrame | None = None) -> Table:  # fmt: skip
+def coefficient_table(
+    coefs: pd.DataFrame,
+    *,
+    model: str,
+    measure: str,
+    calibration: str,
+    setting: str,
+    configs: list[str],
+    digits: int = 3,
+    coverage: pd.DataFrame | None = None,
+) -> Table:
     """The paper's Table 1 layout: rows (n, beta_k), columns language configurations.
 
     Each n block ends with a row ``G (segment sets)``: the clusters every p-value (mark) of the
@@ -83,7 +100,11 @@ def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibrat
             row = []
             for c in configs:
                 hit = sub[(sub["n"] == n) & (sub["config"] == c) & (sub["position"] == pos)]
-                row.append(format_estimate(hit["estimate"].iloc[0], "" if pos == 1 else hit["mark"].iloc[0], digits) if len(hit) else "")
+                row.append(
+                    format_estimate(hit["estimate"].iloc[0], "" if pos == 1 else hit["mark"].iloc[0], digits)
+                    if len(hit)
+                    else ""
+                )
             cells.append(row)
         index.append((int(n), CLUSTER_ROW))
         g_row = []
@@ -111,7 +132,14 @@ def coefficient_table(coefs: pd.DataFrame, *, model: str, measure: str, calibrat
 
 
 def coefficient_detail_table(
-    coefs: pd.DataFrame, *, model: str, measure: str, calibration: str, setting: str, configs: list[str], digits: int = 4
+    coefs: pd.DataFrame,
+    *,
+    model: str,
+    measure: str,
+    calibration: str,
+    setting: str,
+    configs: list[str],
+    digits: int = 4,
 ) -> Table:
     """Every coefficient with its SE, t, p-value, mark, G and inference: rows (n, configuration, coefficient)."""
     sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
@@ -120,10 +148,17 @@ def coefficient_detail_table(
         for c in configs:
             for r in sub[(sub["n"] == n) & (sub["config"] == c)].sort_values("position").itertuples(index=False):
                 index.append((int(n), c, _coef_label(r.position)))
-                cells.append([
-                    format_estimate(r.estimate, "", digits), f"{r.se:.{digits}f}", f"{r.t:.2f}" if np.isfinite(r.t) else "",
-                    _fmt_p(r.p), "" if r.position == 1 else r.mark, str(int(r.clusters)), r.inference,
-                ])  # fmt: skip
+                cells.append(
+                    [
+                        format_estimate(r.estimate, "", digits),
+                        f"{r.se:.{digits}f}",
+                        f"{r.t:.2f}" if np.isfinite(r.t) else "",
+                        _fmt_p(r.p),
+                        "" if r.position == 1 else r.mark,
+                        str(int(r.clusters)),
+                        r.inference,
+                    ]
+                )
     columns = ["estimate", "SE", "t", "p", "mark", "G", "inference"]
     frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "configuration", "coefficient"]))
     variant = calibration if setting == "main" else f"{calibration}, control"
@@ -160,14 +195,34 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
         s = pd.Series(r._asdict())
         variant = r.calibration if r.setting == "main" else f"{r.calibration} (control)"
         index.append((int(r.n), r.config, variant))
-        cells.append([
-            _profile(s, "sigma"), f"{r.spread:.3f}", "" if pd.isna(r.max_abs_beta) else f"{r.max_abs_beta:.3f}",
-            f"{r.other_cos:.3f}", _profile(s, "margin"), f"{r.margin:.3f}", f"{r.recall:.3f}", f"{r.drift:.3f}",
-        ] + ([format_share(s["calibrated_share"])] if shares else []))  # fmt: skip
-    columns = ["σ by position", "spread", "max |β|", "other-set cos", "margin by position", "margin", "recall@n", "drift"]
+        cells.append(
+            [
+                _profile(s, "sigma"),
+                f"{r.spread:.3f}",
+                "" if pd.isna(r.max_abs_beta) else f"{r.max_abs_beta:.3f}",
+                f"{r.other_cos:.3f}",
+                _profile(s, "margin"),
+                f"{r.margin:.3f}",
+                f"{r.recall:.3f}",
+                f"{r.drift:.3f}",
+            ]
+            + ([format_share(s["calibrated_share"])] if shares else [])
+        )
+    columns = [
+        "σ by position",
+        "spread",
+        "max |β|",
+        "other-set cos",
+        "margin by position",
+        "margin",
+        "recall@n",
+        "drift",
+    ]
     columns += ["calibrated_share"] if shares else []
     frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "configuration", "variant"]))
-    return Table(title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity")
+    return Table(
+        title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity"
+    )
 
 
 COVERAGE_CAPTION = (
@@ -182,8 +237,15 @@ def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
     """:func:`~posfair.fairness.analysis.coverage_summary` formatted: rows (calibration, n, configuration)."""
     cov = coverage[coverage["calibrated_share"].notna()]
     index = [(r.calibration, int(r.n), r.config) for r in cov.itertuples(index=False)]
-    cells = [[str(int(r.documents)), str(int(r.calibrated)), format_share(r.calibrated_share)] for r in cov.itertuples(index=False)]
+    cells = [
+        [str(int(r.documents)), str(int(r.calibrated)), format_share(r.calibrated_share)]
+        for r in cov.itertuples(index=False)
+    ]
     frame = pd.DataFrame(
-        cells, columns=["documents", "calibrated", "calibrated_share"], index=_index(index, ["calibration", "n", "configuration"])
+        cells,
+        columns=["documents", "calibrated", "calibrated_share"],
+        index=_index(index, ["calibration", "n", "configuration"]),
     )
-    return Table(title=f"Calibrated share per configuration ({model})", frame=frame, caption=COVERAGE_CAPTION, name="coverage")
+    return Table(
+        title=f"Calibrated share per configuration ({model})", frame=frame, caption=COVERAGE_CAPTION, name="coverage"
+    )

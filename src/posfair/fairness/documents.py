@@ -200,7 +200,9 @@ def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:
     dup = df.duplicated(["id", "lang"])
     if dup.any():
         first = df.loc[dup, ["id", "lang"]].iloc[0].tolist()
-        raise PosfairInputError(f"corpus has {int(dup.sum())} duplicate (id, lang) rows (first: {first}); ids must identify topics")
+        raise PosfairInputError(
+            f"corpus has {int(dup.sum())} duplicate (id, lang) rows (first: {first}); ids must identify topics"
+        )
     return df.reset_index(drop=True)
 
 
@@ -213,8 +215,9 @@ def _orderings(n: int) -> Iterator[tuple[int, ...]]:
     return itertools.permutations(range(n))
 
 
-def _segment_lengths(tokenizer, text_of: dict[tuple[str, str], str], keys: Sequence[tuple[str, str]],
-                     cache: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:  # fmt: skip
+def _segment_lengths(
+    tokenizer, text_of: dict[tuple[str, str], str], keys: Sequence[tuple[str, str]], cache: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
     """Token counts (no special tokens) of the segments ``keys`` = (topic, lang), added to ``cache``."""
     todo = [k for k in keys if k not in cache]
     if todo:
@@ -223,7 +226,9 @@ def _segment_lengths(tokenizer, text_of: dict[tuple[str, str], str], keys: Seque
     return cache
 
 
-def _length_window(limit: int, n: int, n_special: int, low: int | None, high: int | None, window_ratio: float) -> tuple[int, int]:
+def _length_window(
+    limit: int, n: int, n_special: int, low: int | None, high: int | None, window_ratio: float
+) -> tuple[int, int]:
     """The segment-length window ``[low, cap]`` (unset bounds from :func:`default_length_window`; ``cap`` also
     keeps one segment within the limit)."""
     if high is None or low is None:
@@ -235,26 +240,42 @@ def _length_window(limit: int, n: int, n_special: int, low: int | None, high: in
     return low, min(high, limit - n_special)
 
 
-def _set_documents(pick: tuple[str, ...], set_id: str, lang_seq: tuple[str, ...], text_of: dict[tuple[str, str], str],
-                   tokenizer) -> list[Document]:  # fmt: skip
+def _set_documents(
+    pick: tuple[str, ...], set_id: str, lang_seq: tuple[str, ...], text_of: dict[tuple[str, str], str], tokenizer
+) -> list[Document]:
     """The ``n!`` documents of one segment set (every ordering), with their token counts (special tokens included)."""
     docs = []
     for j, perm in enumerate(_orderings(len(pick))):
         topics = tuple(pick[k] for k in perm)
         texts = tuple(text_of[(t, lang)] for t, lang in zip(topics, lang_seq, strict=True))
         text, spans = segment_spans(texts)
-        docs.append(Document(doc_id=f"{set_id}-p{j:04d}", set_id=set_id, perm_index=j, permutation=tuple(perm), topics=topics,
-                             segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(topics, lang_seq, strict=True)), langs=lang_seq,
-                             texts=texts, text=text, spans=tuple(spans), n_tokens=0))  # fmt: skip
+        docs.append(
+            Document(
+                doc_id=f"{set_id}-p{j:04d}",
+                set_id=set_id,
+                perm_index=j,
+                permutation=tuple(perm),
+                topics=topics,
+                segment_ids=tuple(f"{lang}:{t}" for t, lang in zip(topics, lang_seq, strict=True)),
+                langs=lang_seq,
+                texts=texts,
+                text=text,
+                spans=tuple(spans),
+                n_tokens=0,
+            )
+        )
     counts = tokenizer([d.text for d in docs], add_special_tokens=True, verbose=False)["input_ids"]
     return [replace(d, n_tokens=len(ids)) for d, ids in zip(docs, counts, strict=True)]
 
 
-def _shortest_ordering(pick: tuple[str, ...], lang_seq: tuple[str, ...], lengths: dict[tuple[str, str], int], n_special: int) -> int:
+def _shortest_ordering(
+    pick: tuple[str, ...], lang_seq: tuple[str, ...], lengths: dict[tuple[str, str], int], n_special: int
+) -> int:
     """A lower bound on the tokens of any ordering of ``pick`` (the cheap check before tokenising its documents)."""
     n = len(pick)
     return n_special + min(
-        lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k) for k in range(n)
+        lengths[(pick[k], lang_seq[0])] + sum(lengths[(pick[m], lang_seq[1])] for m in range(n) if m != k)
+        for k in range(n)
     )
 
 
@@ -293,7 +314,9 @@ def build_instance(
     langs_present = set(corpus["lang"].unique())
     for lang in config.needed:
         if lang not in langs_present:
-            raise PosfairInputError(f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}")
+            raise PosfairInputError(
+                f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}"
+            )
     sub = corpus[corpus["lang"].isin(config.needed)]
     counts = sub.groupby("id")["lang"].nunique()
     topics_all = sorted(counts.index[counts == len(config.needed)].tolist())
@@ -304,8 +327,14 @@ def build_instance(
     low, cap = _length_window(limit, n, n_special, min_segment_tokens, max_segment_tokens, window_ratio)
     topics = [t for t in topics_all if all(low <= lengths[(t, lang)] <= cap for lang in config.needed)]
     sets_wanted = math.ceil(target_docs / math.factorial(n))
-    report = SamplingReport(n=n, config=config.name, limit=limit, topics_available=len(topics_all),
-                            segments_outside_window=len(topics_all) - len(topics), sets_wanted=sets_wanted)  # fmt: skip
+    report = SamplingReport(
+        n=n,
+        config=config.name,
+        limit=limit,
+        topics_available=len(topics_all),
+        segments_outside_window=len(topics_all) - len(topics),
+        sets_wanted=sets_wanted,
+    )
     if len(topics) < n:
         raise PosfairInputError(
             f"instance (n={n}, {config.name}): only {len(topics)} topics are present in {list(config.needed)} "

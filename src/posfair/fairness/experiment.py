@@ -53,10 +53,29 @@ MEASURES = ("sigma", "tau")
 #: per-observation fidelity columns (``recall`` and ``drift`` are per document, repeated over its positions)
 FIDELITY = ("other_cos", "margin", "recall", "drift")
 OBSERVATION_COLUMNS = [
-    "model", "calibration", "calibration_key", "setting", "n", "config", "config_key", "lead_lang", "later_lang",
-    "doc_id", "set_id", "perm_index", "permutation", "position", "segment_id", "topic", "lang",
-    "seg_tokens", "doc_tokens", "sigma", "tau", *FIDELITY,
-]  # fmt: skip
+    "model",
+    "calibration",
+    "calibration_key",
+    "setting",
+    "n",
+    "config",
+    "config_key",
+    "lead_lang",
+    "later_lang",
+    "doc_id",
+    "set_id",
+    "perm_index",
+    "permutation",
+    "position",
+    "segment_id",
+    "topic",
+    "lang",
+    "seg_tokens",
+    "doc_tokens",
+    "sigma",
+    "tau",
+    *FIDELITY,
+]
 
 
 @dataclass(frozen=True)
@@ -129,7 +148,9 @@ class AuditSettings:
     @property
     def inference_spec(self) -> Inference:
         """The :class:`~posfair.fairness.ols.Inference` of these settings."""
-        return Inference(method=self.inference, draws=self.bootstrap_draws, weights=self.bootstrap_weights, seed=self.bootstrap_seed)
+        return Inference(
+            method=self.inference, draws=self.bootstrap_draws, weights=self.bootstrap_weights, seed=self.bootstrap_seed
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -157,7 +178,9 @@ def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, li
     for cfg in settings.configs:
         for lang in cfg.needed:
             if lang not in langs:
-                raise PosfairInputError(f"unknown language {lang!r} in configuration {cfg.name}: the corpus has {langs}")
+                raise PosfairInputError(
+                    f"unknown language {lang!r} in configuration {cfg.name}: the corpus has {langs}"
+                )
     lengths: dict[tuple[str, str], int] = {}
     out = []
     for n in settings.n_values:
@@ -222,11 +245,17 @@ class _Encoder:
         retention = self.info.retention
 
         def compute(texts, spans):
-            pooled, tokens = enc.encode_documents(self.model, texts, calibration, batch_size=s.batch_size, with_tokens=retention)
+            pooled, tokens = enc.encode_documents(
+                self.model, texts, calibration, batch_size=s.batch_size, with_tokens=retention
+            )
             if not retention:
                 return pooled, None
             tok = self.tokenizer(
-                list(texts), add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False
+                list(texts),
+                add_special_tokens=True,
+                return_offsets_mapping=True,
+                return_special_tokens_mask=True,
+                verbose=False,
             )
             ctx = []
             for i, (ids, states) in enumerate(tokens):
@@ -351,7 +380,15 @@ def run_instances(
                         encoder.cached(seg_texts, cal),
                         encoder.cached([d.text for d in inst.documents], cal),
                     )
-                    log.info("%s, %s: %d segments (%d cached), %d documents (%d cached)", inst.key, label, n_seg, seg_hit, n_doc, doc_hit)
+                    log.info(
+                        "%s, %s: %d segments (%d cached), %d documents (%d cached)",
+                        inst.key,
+                        label,
+                        n_seg,
+                        seg_hit,
+                        n_doc,
+                        doc_hit,
+                    )
                 total = len(seg_texts) + len(inst.documents)
                 raw = progress(f"{inst.key} {label}", total, 0) if progress else None
                 ticked = [0]
@@ -368,11 +405,17 @@ def run_instances(
                     raw(total - ticked[0])
                 timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
                 log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.key}/{label}"])
-                frames.append(_observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs))
+                frames.append(
+                    _observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs)
+                )
                 if cal is STOCK:
                     stock_segs, stock_docs = segs, doc_vecs
                 elif settings.control:
-                    frames.append(_observations(inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens, stock_docs))
+                    frames.append(
+                        _observations(
+                            inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens, stock_docs
+                        )
+                    )
     obs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OBSERVATION_COLUMNS)
     return obs, timings
 
@@ -381,7 +424,9 @@ def default_calibrations(calibrations: Sequence[Calibration | str] | Calibration
     """The calibrations an audit compares with stock (which it always runs): a Calibration or spec string ->
     [it], a sequence -> the parsed list (``[]`` = stock only)."""
     if calibrations is None or calibrations is STOCK:
-        raise TypeError(f"calibrations must be a Calibration, a spec string or a list of them ([] = stock only); got {calibrations!r}")
+        raise TypeError(
+            f"calibrations must be a Calibration, a spec string or a list of them ([] = stock only); got {calibrations!r}"
+        )
     if isinstance(calibrations, (Calibration, str)):
         calibrations = [calibrations]
     out = []

@@ -151,7 +151,9 @@ def fit_language_ols(
         raise KeyError(f"no {measure} observations at positions >= 2 for {calibration}/{setting}/n={n}")
     langs = sorted(set(g["lang"].astype(str)))
     if len(langs) < 2:
-        raise PosfairInputError(f"the pooled language regression needs later segments in at least 2 languages; n={n} has {langs}")
+        raise PosfairInputError(
+            f"the pooled language regression needs later segments in at least 2 languages; n={n} has {langs}"
+        )
     reference = reference or default_reference(langs)
     if reference not in langs:
         raise PosfairInputError(f"reference language {reference!r} has no later segments (n={n}); languages: {langs}")
@@ -197,7 +199,9 @@ def has_language_grid(observations: pd.DataFrame) -> bool:
     return later.nunique() >= 2
 
 
-def language_effects(observations: pd.DataFrame, *, measure: str = "sigma", reference: str | None = None) -> pd.DataFrame:
+def language_effects(
+    observations: pd.DataFrame, *, measure: str = "sigma", reference: str | None = None
+) -> pd.DataFrame:
     """The later-language terms of the pooled regression per (calibration, n), plain and length-adjusted.
 
     One row per (calibration, n, length_adjusted, language), the reference language with
@@ -208,13 +212,24 @@ def language_effects(observations: pd.DataFrame, *, measure: str = "sigma", refe
     obs = observations[observations["setting"] == "main"]
     for (cal, n), _g in obs.groupby(["calibration", "n"], sort=False):
         for adjusted in (False, True):
-            fit = fit_language_ols(obs, n=int(n), measure=measure, calibration=cal, reference=reference, control_length=adjusted)
+            fit = fit_language_ols(
+                obs, n=int(n), measure=measure, calibration=cal, reference=reference, control_length=adjusted
+            )
             f = fit.to_frame()
             f = f[f["kind"] == "later"].assign(language=lambda d: d["level"], is_reference=False)
             ref = f.iloc[:1].copy() if len(f) else None
             if ref is not None:
-                ref = ref.assign(term=f"later:{fit.reference}", level=fit.reference, language=fit.reference, estimate=0.0, se=np.nan,
-                                 t=np.nan, p=np.nan, mark="", is_reference=True)  # fmt: skip
+                ref = ref.assign(
+                    term=f"later:{fit.reference}",
+                    level=fit.reference,
+                    language=fit.reference,
+                    estimate=0.0,
+                    se=np.nan,
+                    t=np.nan,
+                    p=np.nan,
+                    mark="",
+                    is_reference=True,
+                )
                 f = pd.concat([ref, f], ignore_index=True)
             f["calibration"] = cal
             f["n"] = int(n)
@@ -230,17 +245,27 @@ def segment_tokens(observations: pd.DataFrame) -> pd.DataFrame:
     obs = observations[(observations["calibration"] == STOCK_LABEL) & (observations["setting"] == "main")]
     seg = obs.drop_duplicates("segment_id")
     out = seg.groupby("lang")["seg_tokens"].agg(["mean", "median", "count"]).reset_index()
-    return out.rename(columns={"lang": "language", "mean": "mean_tokens", "median": "median_tokens", "count": "segments"})
+    return out.rename(
+        columns={"lang": "language", "mean": "mean_tokens", "median": "median_tokens", "count": "segments"}
+    )
 
 
-def beta2_grid(coefficients: pd.DataFrame, *, calibration: str = STOCK_LABEL, n: int, measure: str = "sigma") -> pd.DataFrame:
+def beta2_grid(
+    coefficients: pd.DataFrame, *, calibration: str = STOCK_LABEL, n: int, measure: str = "sigma"
+) -> pd.DataFrame:
     """β2 per (lead, later) for one calibration and n: columns ``lead, later, estimate, p, mark, clusters``.
 
     The monolingual baselines have ``lead == later``.  Read from the per-instance regressions
     (``coefficients`` of an audit, main setting).
     """
     c = coefficients
-    c = c[(c["measure"] == measure) & (c["calibration"] == calibration) & (c["setting"] == "main") & (c["n"] == n) & (c["position"] == 2)]
+    c = c[
+        (c["measure"] == measure)
+        & (c["calibration"] == calibration)
+        & (c["setting"] == "main")
+        & (c["n"] == n)
+        & (c["position"] == 2)
+    ]
     keys = c["config_key"].astype(str)
     lead = [k.split("-", 1)[0] for k in keys]
     later = [k.split("-", 1)[1] if "-" in k else k for k in keys]
@@ -252,7 +277,7 @@ def beta2_grid(coefficients: pd.DataFrame, *, calibration: str = STOCK_LABEL, n:
             "p": c["p"].to_numpy(),
             "mark": c["mark"].to_numpy(),
             "clusters": c["clusters"].to_numpy(),
-        }  # fmt: skip
+        }
     )
 
 
@@ -281,13 +306,23 @@ GRID_CAPTION = (
 )
 
 
-def beta2_table(coefficients: pd.DataFrame, observations: pd.DataFrame, *, calibration: str, n: int, model: str) -> Table:
+def beta2_table(
+    coefficients: pd.DataFrame, observations: pd.DataFrame, *, calibration: str, n: int, model: str
+) -> Table:
     """The lead x later grid of β2 (with marks) as a table, G in the caption."""
     grid = beta2_grid(coefficients, calibration=calibration, n=n)
     _, labels = grid_matrices(grid, grid_languages(observations))
     g = grid["clusters"]
-    gtext = f"G = {int(g.min())}" if len(g) and g.min() == g.max() else (f"G = {int(g.min())}..{int(g.max())}" if len(g) else "no instance")
-    few = f"; fewer than {FEW_CLUSTERS} segment sets per instance: marks approximate" if len(g) and g.min() < FEW_CLUSTERS else ""
+    gtext = (
+        f"G = {int(g.min())}"
+        if len(g) and g.min() == g.max()
+        else (f"G = {int(g.min())}..{int(g.max())}" if len(g) else "no instance")
+    )
+    few = (
+        f"; fewer than {FEW_CLUSTERS} segment sets per instance: marks approximate"
+        if len(g) and g.min() < FEW_CLUSTERS
+        else ""
+    )
     return Table(
         f"{model}, {calibration}: β2 of σ, lead x later language (n = {n})",
         labels,
@@ -311,7 +346,11 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
         for adjusted, suffix in ((False, ""), (True, " (length-adj.)")):
             sub = e[(e["calibration"] == cal) & (e["length_adjusted"] == adjusted)].set_index("language")
             frame[f"{cal}{suffix}"] = [
-                ("0 (ref.)" if sub.loc[lg, "is_reference"] else format_estimate(sub.loc[lg, "estimate"], sub.loc[lg, "mark"], 3))
+                (
+                    "0 (ref.)"
+                    if sub.loc[lg, "is_reference"]
+                    else format_estimate(sub.loc[lg, "estimate"], sub.loc[lg, "mark"], 3)
+                )
                 if lg in sub.index
                 else ""
                 for lg in langs
@@ -337,18 +376,29 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
             "all lie close together in the embedding space raises σ without being represented better, not the margin."
         )
     suffix = "" if measure == "sigma" else f"_{measure}"
-    return Table(f"{model}: language effect on {what} at equal position (n = {n})", frame, caption, f"language_effects{suffix}_n{n}")
+    return Table(
+        f"{model}: language effect on {what} at equal position (n = {n})",
+        frame,
+        caption,
+        f"language_effects{suffix}_n{n}",
+    )
 
 
 def calibration_effect_table(coefficients: pd.DataFrame, effects: pd.DataFrame, *, model: str) -> Table:
     """Per calibration and n: mean β2 over the mixed and the monolingual cells, mean |β2|, and the spread of the language effects."""
-    c = coefficients[(coefficients["measure"] == "sigma") & (coefficients["setting"] == "main") & (coefficients["position"] == 2)]
+    c = coefficients[
+        (coefficients["measure"] == "sigma") & (coefficients["setting"] == "main") & (coefficients["position"] == 2)
+    ]
     rows = []
     for (cal, n), g in c.groupby(["calibration", "n"], sort=False):
         keys = g["config_key"].astype(str)
         mixed = g[keys.str.contains("-")]
         mono = g[~keys.str.contains("-")]
-        e = effects[(effects["calibration"] == cal) & (effects["n"] == n) & (~effects["length_adjusted"])] if len(effects) else effects
+        e = (
+            effects[(effects["calibration"] == cal) & (effects["n"] == n) & (~effects["length_adjusted"])]
+            if len(effects)
+            else effects
+        )
         spread = float(e["estimate"].max() - e["estimate"].min()) if len(e) else np.nan
         rows.append(
             {
@@ -359,7 +409,7 @@ def calibration_effect_table(coefficients: pd.DataFrame, effects: pd.DataFrame, 
                 "mean |β2| (all cells)": f"{g['estimate'].abs().mean():.3f}",
                 "significant cells": f"{int((g['p'] < 0.05).sum())} of {len(g)}",
                 "language-effect spread (max - min)": f"{spread:.3f}" if np.isfinite(spread) else "",
-            }  # fmt: skip
+            }
         )
     frame = pd.DataFrame(rows).set_index(["calibration", "n"]) if rows else pd.DataFrame()
     caption = (

@@ -83,7 +83,13 @@ def _figure(result: AuditResult, n: int):
     for cal in dict.fromkeys(obs["calibration"]):
         values, labels = grid_matrices(beta2_grid(result.coefficients, calibration=cal, n=n), langs)
         panels.append((cal if cal != STOCK_LABEL else "stock", values, labels))
-    return heatmaps(panels, xlabel="later language", ylabel="lead language", colorbar="β2 of σ", title=f"β2 (position 2 vs 1), n = {n}")
+    return heatmaps(
+        panels,
+        xlabel="later language",
+        ylabel="lead language",
+        colorbar="β2 of σ",
+        title=f"β2 (position 2 vs 1), n = {n}",
+    )
 
 
 def language_section(result: AuditResult, figures: list[FigureRef] | None = None) -> Section | None:
@@ -107,10 +113,16 @@ def save_language(result: AuditResult, out: Path) -> tuple[dict[str, Path], list
     frames = [language_effects(result.observations)]
     if _has(result.observations, "margin"):
         frames.append(language_effects(result.observations, measure="margin"))
-    paths["language_effects"] = atomic_write_text(out / "language_effects.csv", pd.concat(frames, ignore_index=True).to_csv(index=False))
+    paths["language_effects"] = atomic_write_text(
+        out / "language_effects.csv", pd.concat(frames, ignore_index=True).to_csv(index=False)
+    )
     for n in sorted(result.observations["n"].unique()):
         stem = out / "figures" / f"language_beta2_n{int(n)}"
         png = save_figure(_figure(result, int(n)), stem)
         paths[f"figure:language_n{int(n)}"] = stem.with_suffix(".png")
-        figures.append(FigureRef(png, f"β2 of σ per lead x later language, n = {int(n)}, one panel per calibration.", alt=LANGUAGE_ALT))
+        figures.append(
+            FigureRef(
+                png, f"β2 of σ per lead x later language, n = {int(n)}, one panel per calibration.", alt=LANGUAGE_ALT
+            )
+        )
     return paths, figures

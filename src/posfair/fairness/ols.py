@@ -49,9 +49,20 @@ from wildboottest.wildboottest import WildboottestCL
 from posfair.errors import PosfairInputError
 
 __all__ = [
-    "PositionOLS", "fit_position_ols", "significance_mark", "MARKS", "MARK_LEGEND", "position_design",
-    "Inference", "describe_inference", "INFERENCE_METHODS", "BOOTSTRAP_WEIGHTS", "FEW_CLUSTERS", "FewClustersWarning", "wild_pvalue",
-]  # fmt: skip
+    "PositionOLS",
+    "fit_position_ols",
+    "significance_mark",
+    "MARKS",
+    "MARK_LEGEND",
+    "position_design",
+    "Inference",
+    "describe_inference",
+    "INFERENCE_METHODS",
+    "BOOTSTRAP_WEIGHTS",
+    "FEW_CLUSTERS",
+    "FewClustersWarning",
+    "wild_pvalue",
+]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +117,9 @@ class Inference:
         object.__setattr__(self, "method", method)
         weights = str(self.weights).strip().lower()
         if weights not in BOOTSTRAP_WEIGHTS:
-            raise PosfairInputError(f"bootstrap weights must be one of {', '.join(BOOTSTRAP_WEIGHTS)}; got {self.weights!r}")
+            raise PosfairInputError(
+                f"bootstrap weights must be one of {', '.join(BOOTSTRAP_WEIGHTS)}; got {self.weights!r}"
+            )
         object.__setattr__(self, "weights", weights)
         if isinstance(self.draws, bool) or int(self.draws) != self.draws or self.draws < 99:
             raise PosfairInputError(f"bootstrap draws must be an integer >= 99; got {self.draws!r}")
@@ -144,7 +157,11 @@ class Inference:
                 "CR1 cluster-robust standard errors (clusters = segment sets, correction G/(G-1) * (N-1)/(N-K)), "
                 "p-values from Student's t with G-1 degrees of freedom"
             )
-        w = "Webb six-point weights" if self.weights == "webb" else "Rademacher weights (all 2^G sign vectors enumerated when 2^G < B)"
+        w = (
+            "Webb six-point weights"
+            if self.weights == "webb"
+            else "Rademacher weights (all 2^G sign vectors enumerated when 2^G < B)"
+        )
         return (
             f"CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, "
             f"clusters = segment sets, {w}, B = {self.draws} draws, seed {self.seed}; p = share of |t*| ≥ |t|, "
@@ -268,7 +285,9 @@ def wild_pvalue(t_stat: float, t_boot: np.ndarray, *, enumerated: bool) -> float
     return (1 + exceed) / (len(t_boot) + 1)
 
 
-def _wild_tests(X: np.ndarray, y: np.ndarray, groups: np.ndarray, inference: Inference) -> tuple[np.ndarray, np.ndarray]:
+def _wild_tests(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, inference: Inference
+) -> tuple[np.ndarray, np.ndarray]:
     """(t statistics, bootstrap p-values) per coefficient via wildboottest's WCR11 bootstrap."""
     k = X.shape[1]
     G = int(len(np.unique(groups)))

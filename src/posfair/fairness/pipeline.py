@@ -20,7 +20,13 @@ from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallb
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, run_tag
 from posfair.fairness.analysis import coverage_messages, fit_all
-from posfair.fairness.experiment import AuditSettings, build_instances, default_calibrations, make_model_info, run_instances
+from posfair.fairness.experiment import (
+    AuditSettings,
+    build_instances,
+    default_calibrations,
+    make_model_info,
+    run_instances,
+)
 from posfair.fairness.results import AuditResult
 from posfair.progress import TqdmTasks, progress_enabled
 from posfair.store import EmbeddingStore
@@ -66,13 +72,19 @@ def audit(
     cals = default_calibrations(calibrations)
     info = make_model_info(model, settings, model_name)
     if cals and info.pooling not in ("cls", "mean", "lasttoken"):
-        raise PosfairInputError(f"calibration needs cls, mean or last-token pooling; the model pools with {info.pooling!r}")
+        raise PosfairInputError(
+            f"calibration needs cls, mean or last-token pooling; the model pools with {info.pooling!r}"
+        )
     t0 = time.perf_counter()
     instances = build_instances(corpus, settings, enc.model_tokenizer(model), info.limit)
     log.info(
         "audit of %s: %d instances (%s documents) x %d variants (stock + %s)",
-        info.name, len(instances), sum(len(i.documents) for i in instances), 1 + len(cals), [c.label() for c in cals] or "no calibration",
-    )  # fmt: skip
+        info.name,
+        len(instances),
+        sum(len(i.documents) for i in instances),
+        1 + len(cals),
+        [c.label() for c in cals] or "no calibration",
+    )
     with (
         _cache_root(cache_dir) as root,
         _progress_callback(progress, show_progress_bar) as progress_cb,
@@ -84,7 +96,12 @@ def audit(
     langs = sorted(corpus["lang"].astype(str).unique()) if "lang" in corpus else []
     result = AuditResult(
         model=info.to_dict(),
-        corpus={"name": corpus_name, "fingerprint": corpus_fingerprint(corpus), "rows": int(len(corpus)), "languages": ", ".join(langs)},
+        corpus={
+            "name": corpus_name,
+            "fingerprint": corpus_fingerprint(corpus),
+            "rows": int(len(corpus)),
+            "languages": ", ".join(langs),
+        },
         settings=settings.to_dict(),
         calibrations=[{"label": c.label(), "key": c.key(), **c.to_dict()} for c in cals],
         observations=obs,
@@ -151,7 +168,9 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
     ):
         super().__init__()
         if not isinstance(corpus, pd.DataFrame):
-            raise PosfairInputError(f"the corpus must be a pandas DataFrame (posfair.corpus.load_corpus); got {type(corpus).__name__}")
+            raise PosfairInputError(
+                f"the corpus must be a pandas DataFrame (posfair.corpus.load_corpus); got {type(corpus).__name__}"
+            )
         if settings is not None and not isinstance(settings, AuditSettings):
             raise PosfairInputError(f"settings must be an AuditSettings; got {type(settings).__name__}")
         self.corpus = corpus
@@ -167,7 +186,12 @@ class PositionalFairnessEvaluator(PosfairEvaluator):
 
     def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:
         result = audit(
-            model, self.corpus, self.settings, self.calibrations, cache_dir=self.cache_dir, show_progress_bar=self.show_progress_bar
+            model,
+            self.corpus,
+            self.settings,
+            self.calibrations,
+            cache_dir=self.cache_dir,
+            show_progress_bar=self.show_progress_bar,
         )
         self.last_result = result
         if output_path is not None and self.write_report:

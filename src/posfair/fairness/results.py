@@ -84,7 +84,14 @@ class AuditResult:
         )
 
     def coefficient(
-        self, *, measure: str = "sigma", calibration: str = STOCK_LABEL, setting: str = "main", n: int, config: str, position: int
+        self,
+        *,
+        measure: str = "sigma",
+        calibration: str = STOCK_LABEL,
+        setting: str = "main",
+        n: int,
+        config: str,
+        position: int,
     ) -> pd.Series:
         c = self.coefficients
         hit = c[
@@ -99,14 +106,22 @@ class AuditResult:
             raise KeyError(f"no coefficient for {measure}/{calibration}/{setting}/n={n}/{config}/position {position}")
         return hit.iloc[0]
 
-    def ols(self, *, measure: str = "sigma", calibration: str = STOCK_LABEL, setting: str = "main", n: int, config: str) -> PositionOLS:
+    def ols(
+        self, *, measure: str = "sigma", calibration: str = STOCK_LABEL, setting: str = "main", n: int, config: str
+    ) -> PositionOLS:
         """The regression behind one block of :attr:`coefficients`, refitted with the run's inference.
 
         ``.result`` is statsmodels' results object (``summary()``, ``conf_int()``, ...); the numbers are
         those of the coefficient rows (``conf_int()`` = ``ci_low`` / ``ci_high``).
         """
         return fit_instance(
-            self.observations, measure=measure, calibration=calibration, setting=setting, n=n, config=config, inference=self.inference
+            self.observations,
+            measure=measure,
+            calibration=calibration,
+            setting=setting,
+            n=n,
+            config=config,
+            inference=self.inference,
         )
 
     def tables(self) -> list[Table]:
@@ -174,7 +189,9 @@ class AuditResult:
         if positions is not None:
             c = c[c["position"].isin(positions)]
         c = c.assign(cell=[format_estimate(e, m, 3) for e, m in zip(c["estimate"], c["mark"], strict=True)])
-        hf = c.pivot_table(index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False)
+        hf = c.pivot_table(
+            index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False
+        )
         if len(hf):  # G: the segment sets (clusters) the marks of the row rest on
             g = c.groupby(["n", "config"])["clusters"].max()
             hf["G"] = [int(g.loc[(n, cfg)]) for n, cfg, _ in hf.index]
@@ -202,13 +219,17 @@ class AuditResult:
 
         return audit_report.fidelity_figure(self, setting, title)
 
-    def report_sections(self, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None) -> list[Section]:
+    def report_sections(
+        self, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None
+    ) -> list[Section]:
         """The sections of the HTML report (``extra_sections`` go before the run parameters)."""
         from posfair.fairness import audit_report  # the renderer imports this module: imported on use
 
         return audit_report.report_sections(self, figures, extra_sections)
 
-    def save(self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None) -> dict[str, Path]:
+    def save(
+        self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None
+    ) -> dict[str, Path]:
         """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
         from posfair.fairness import audit_report  # the renderer imports this module: imported on use
 

@@ -62,7 +62,9 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
         chunk_size: int = 256,
     ):
         if not isinstance(model, SentenceTransformer):
-            raise PosfairInputError(f"model must be a sentence-transformers model (posfair.load_model()); got {type(model).__name__}")
+            raise PosfairInputError(
+                f"model must be a sentence-transformers model (posfair.load_model()); got {type(model).__name__}"
+            )
         if chunk_size < 1:
             raise PosfairInputError(f"chunk_size must be at least 1; got {chunk_size}")
         self.calibration = _document_calibration(model, calibration)
@@ -101,7 +103,9 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
             prompt = next((prompts[n] for n in names if n in prompts), None)
         return prompt or None
 
-    def _embed(self, texts: list[str], calibration: Resolved, prompt: str | None, batch_size: int, where: str) -> np.ndarray:
+    def _embed(
+        self, texts: list[str], calibration: Resolved, prompt: str | None, batch_size: int, where: str
+    ) -> np.ndarray:
         compute = posfair_encoder(self.model, calibration, prompt=prompt, batch_size=batch_size)
         computed: list[str] = []
 
@@ -119,7 +123,9 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
             if missing:
                 memo.update(zip(missing, embed_through(missing, None, run, chunk_size=self.chunk_size), strict=True))
             vectors = (
-                np.stack([memo[t] for t in texts]) if texts else np.zeros((0, compat.embedding_dimension(self.model) or 0), np.float32)
+                np.stack([memo[t] for t in texts])
+                if texts
+                else np.zeros((0, compat.embedding_dimension(self.model) or 0), np.float32)
             )
         if calibration is not STOCK and computed:
             cov = self.model.calibration_coverage(computed, calibration, prompt=prompt)
@@ -151,7 +157,9 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
         texts: list[str] = []
         for batch in inputs:
             if "text" not in batch:
-                raise PosfairInputError(f"posfair encodes texts only; MTEB task {task_metadata.name} gives {sorted(batch)}")
+                raise PosfairInputError(
+                    f"posfair encodes texts only; MTEB task {task_metadata.name} gives {sorted(batch)}"
+                )
             texts.extend(batch["text"])
         calibration = self.calibration if prompt_type == PromptType.document else STOCK
         prompt = self._prompt(task_metadata, prompt_type)
@@ -161,13 +169,20 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
     def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
         """Cosine similarity (inner product of L2-normalised vectors), posfair's search score, whatever
         similarity function the model declares."""
-        a = torch.nn.functional.normalize(torch.atleast_2d(torch.as_tensor(np.asarray(embeddings1), dtype=torch.float32)), dim=-1)
-        b = torch.nn.functional.normalize(torch.atleast_2d(torch.as_tensor(np.asarray(embeddings2), dtype=torch.float32)), dim=-1)
+        a = torch.nn.functional.normalize(
+            torch.atleast_2d(torch.as_tensor(np.asarray(embeddings1), dtype=torch.float32)), dim=-1
+        )
+        b = torch.nn.functional.normalize(
+            torch.atleast_2d(torch.as_tensor(np.asarray(embeddings2), dtype=torch.float32)), dim=-1
+        )
         return a @ b.T
 
 
 def encoder(
-    model: SentenceTransformer, calibration: CalibrationChoice = MODEL_DEFAULT, *, store: EmbeddingStore | str | Path | None = None
+    model: SentenceTransformer,
+    calibration: CalibrationChoice = MODEL_DEFAULT,
+    *,
+    store: EmbeddingStore | str | Path | None = None,
 ) -> PositionalEncoder:
     """Wrap ``model`` for ``mteb.evaluate`` with posfair's retrieval protocol.
 

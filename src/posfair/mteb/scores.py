@@ -92,7 +92,9 @@ def _warn_missing(task: str, missing: list[str], present: int, declared: int, er
     )
 
 
-def _scores_of(name: str, entries: list[dict[str, Any]], task: PositionalRetrievalTask | None, error: str | None) -> PositionScores:
+def _scores_of(
+    name: str, entries: list[dict[str, Any]], task: PositionalRetrievalTask | None, error: str | None
+) -> PositionScores:
     by_subset = {e["hf_subset"]: e for e in entries}
     declared = int(entries[0][_SUBSETS])
     missing = [s for s in task.subsets if s not in by_subset] if task is not None else []
@@ -124,7 +126,12 @@ def _scores_of(name: str, entries: list[dict[str, Any]], task: PositionalRetriev
         n = np.array([e[_QUERIES] for e in mine], dtype=np.float64)
         ndcg = np.array([e[MAIN_SCORE] for e in mine], dtype=np.float64)
         bins = {int(e[_BIN]): float(e[MAIN_SCORE]) for e in sorted(mine, key=lambda e: e[_BIN]) if int(e[_BIN]) >= 0}
-        buckets[label] = {"n": int(n.sum()), "ndcg@10": float((n * ndcg).sum() / n.sum()), "bins": bins, "psi": psi(bins)}
+        buckets[label] = {
+            "n": int(n.sum()),
+            "ndcg@10": float((n * ndcg).sum() / n.sum()),
+            "bins": bins,
+            "psi": psi(bins),
+        }
     return PositionScores(name, "relpos", buckets=buckets)
 
 

@@ -34,7 +34,17 @@ from posfair.errors import PosfairInputError
 from posfair.evaluator_base import metric_name_part
 from posfair.model import FairModel
 from posfair.mteb.protocol import PositionalEncoder
-from posfair.mteb.subsets import _BIN, _BUCKET, _QUERIES, _SUBSETS, MAIN_SCORE, SPLIT, _group_subsets, _relpos_subsets, _Subset
+from posfair.mteb.subsets import (
+    _BIN,
+    _BUCKET,
+    _QUERIES,
+    _SUBSETS,
+    MAIN_SCORE,
+    SPLIT,
+    _group_subsets,
+    _relpos_subsets,
+    _Subset,
+)
 from posfair.retrieval.benchmarks import RetrievalBenchmark, load_benchmark, posir_lang
 from posfair.retrieval.groups import relpos_bin
 
@@ -64,7 +74,12 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
     """
 
     def __init__(
-        self, benchmark: RetrievalBenchmark, grouping: str, subsets: Sequence[_Subset], group_labels: Sequence[str] = (), **kwargs: Any
+        self,
+        benchmark: RetrievalBenchmark,
+        grouping: str,
+        subsets: Sequence[_Subset],
+        group_labels: Sequence[str] = (),
+        **kwargs: Any,
     ):
         self.benchmark = benchmark
         self.grouping = grouping
@@ -79,7 +94,9 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
         b = self.benchmark
         domains = b.corpus_domains if b.corpus_domains is not None and len(set(b.corpus_domains)) > 1 else None
         # document ids are unique within a domain: prefix them with it when the corpus has several
-        doc_ids = list(b.corpus_ids) if domains is None else [f"{d}/{i}" for d, i in zip(domains, b.corpus_ids, strict=True)]
+        doc_ids = (
+            list(b.corpus_ids) if domains is None else [f"{d}/{i}" for d, i in zip(domains, b.corpus_ids, strict=True)]
+        )
         corpus = Dataset.from_dict({"id": doc_ids, "text": list(b.corpus_texts)})
         candidates: dict[str, list[str]] = {}
         if domains is not None:
@@ -93,7 +110,9 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
             top_ranked = None
             if domains is not None:  # each query is ranked against its own domain's documents only
                 top_ranked = {qid: candidates[b.query_domains[i]] for qid, i in zip(qids, s.queries, strict=True)}
-            self.dataset[s.name] = {SPLIT: {"corpus": corpus, "queries": queries, "relevant_docs": relevant, "top_ranked": top_ranked}}
+            self.dataset[s.name] = {
+                SPLIT: {"corpus": corpus, "queries": queries, "relevant_docs": relevant, "top_ranked": top_ranked}
+            }
         self.data_loaded = True
 
     _direct: tuple[Any, Any] | None = None  # (MTEB's wrapper of a FairModel, the posfair encoder standing in for it)
@@ -203,7 +222,9 @@ def _languages(b: RetrievalBenchmark, languages: Sequence[str] | None) -> list[s
         try:
             check_language_code(code)
         except ValueError as exc:
-            raise PosfairInputError(f"language {code!r} is not an ISO 639-3 code with a script such as 'eng-Latn': {exc}") from exc
+            raise PosfairInputError(
+                f"language {code!r} is not an ISO 639-3 code with a script such as 'eng-Latn': {exc}"
+            ) from exc
         if code not in out:
             out.append(code)
     return out
@@ -263,7 +284,9 @@ def tasks(
             + (": use grouping='relpos' (PosIR length bucket x relative position)" if b.is_posir else "")
         )
     if "relpos" in wanted and not b.is_posir:
-        raise PosfairInputError(f"benchmark {b.name!r} has no PosIR length buckets and relative positions: grouping='relpos' needs them")
+        raise PosfairInputError(
+            f"benchmark {b.name!r} has no PosIR length buckets and relative positions: grouping='relpos' needs them"
+        )
     langs = _languages(b, languages)
     padded = sum(1 for t in b.corpus_texts if t != t.strip())
     if padded:

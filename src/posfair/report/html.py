@@ -31,7 +31,16 @@ from markupsafe import Markup
 
 from posfair.io import atomic_write_text
 
-__all__ = ["FigureRef", "Section", "render_report", "write_report", "key_value_html", "render_fragment", "render_string", "environment"]
+__all__ = [
+    "FigureRef",
+    "Section",
+    "render_report",
+    "write_report",
+    "key_value_html",
+    "render_fragment",
+    "render_string",
+    "environment",
+]
 
 
 @dataclass
@@ -54,7 +63,9 @@ class Section:
     anchor: str = ""
 
     def slug(self, i: int) -> str:
-        return self.anchor or f"s{i}-" + "".join(ch if ch.isalnum() else "-" for ch in self.title.lower()).strip("-")[:40]
+        return (
+            self.anchor or f"s{i}-" + "".join(ch if ch.isalnum() else "-" for ch in self.title.lower()).strip("-")[:40]
+        )
 
 
 def _escape_once(value: Any) -> Any:
@@ -100,7 +111,11 @@ def key_value_html(items: Mapping[str, Any]) -> str:
 def render_report(title: str, sections: Sequence[Section], *, subtitle: str = "", generated: str | None = None) -> str:
     generated = generated or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     numbered = [(s.slug(i), s) for i, s in enumerate(sections)]
-    return environment().get_template("report.html.j2").render(title=title, subtitle=subtitle, sections=numbered, generated=generated)
+    return (
+        environment()
+        .get_template("report.html.j2")
+        .render(title=title, subtitle=subtitle, sections=numbered, generated=generated)
+    )
 
 
 def write_report(path: str | os.PathLike, title: str, sections: Sequence[Section], **kwargs) -> Path:

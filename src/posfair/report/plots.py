@@ -30,7 +30,15 @@ from posfair.io import atomic_write
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["ProfileSeries", "cluster_mean_ci", "profile_grid", "tradeoff_scatter", "heatmaps", "save_figure", "new_figure"]
+__all__ = [
+    "ProfileSeries",
+    "cluster_mean_ci",
+    "profile_grid",
+    "tradeoff_scatter",
+    "heatmaps",
+    "save_figure",
+    "new_figure",
+]
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
@@ -88,10 +96,14 @@ def profile_grid(
     fig = new_figure((3.2 * nc + 0.6, 2.5 * nr + 0.8))
     axes = fig.subplots(nr, nc, squeeze=False, sharey=True)
 
-    hidden = {s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x") for s in series if not s.draw}
+    hidden = {
+        s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x") for s in series if not s.draw
+    }
     series = [s for s in series if s.draw]
     stats = [(s, cluster_mean_ci(s.data)) for s in series]
-    bar_stats = bars.groupby(["row", "col", "x"])["bar"].mean().reset_index() if bars is not None and len(bars) else None
+    bar_stats = (
+        bars.groupby(["row", "col", "x"])["bar"].mean().reset_index() if bars is not None and len(bars) else None
+    )
     bar_max = float(bar_stats["bar"].max()) if bar_stats is not None else 0.0
     handles = {}
     for i, r in enumerate(rows):
@@ -112,7 +124,14 @@ def profile_grid(
                 if not len(cell):
                     continue
                 (line,) = ax.plot(
-                    cell["x"], cell["mean"], color=s.color, linestyle=s.linestyle, marker=s.marker, ms=3, lw=1.4, label=s.label
+                    cell["x"],
+                    cell["mean"],
+                    color=s.color,
+                    linestyle=s.linestyle,
+                    marker=s.marker,
+                    ms=3,
+                    lw=1.4,
+                    label=s.label,
                 )
                 ax.fill_between(cell["x"], cell["lo"], cell["hi"], color=line.get_color(), alpha=0.2, lw=0)
                 handles.setdefault(s.label, line)
@@ -129,7 +148,14 @@ def profile_grid(
                 ax.set_xlabel(xlabel, fontsize=8)
     handles.update(hidden)
     if handles:
-        fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+        fig.legend(
+            list(handles.values()),
+            list(handles.keys()),
+            loc="lower center",
+            ncol=min(4, len(handles)),
+            fontsize=8,
+            frameon=False,
+        )
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 0.97 if title else 1))
@@ -163,11 +189,24 @@ def tradeoff_scatter(
         if "highlight" in d.columns and d["highlight"].astype(bool).any():
             hi = d["highlight"].astype(bool)
             ax.scatter(
-                d.loc[hi, "x"], d.loc[hi, "y"], s=160, facecolors="none", edgecolors="#b2182b", linewidths=1.6, label="chosen", zorder=4
+                d.loc[hi, "x"],
+                d.loc[hi, "y"],
+                s=160,
+                facecolors="none",
+                edgecolors="#b2182b",
+                linewidths=1.6,
+                label="chosen",
+                zorder=4,
             )
         for r in d.itertuples(index=False):
             if r.reference or annotate:
-                ax.annotate(str(r.label), (r.x, r.y), fontsize=6 if not r.reference else 8, xytext=(3, 3), textcoords="offset points")
+                ax.annotate(
+                    str(r.label),
+                    (r.x, r.y),
+                    fontsize=6 if not r.reference else 8,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
         ax.set_title(panel_label(panel), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
@@ -183,7 +222,12 @@ def tradeoff_scatter(
 
 
 def heatmaps(
-    panels: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]], *, xlabel: str, ylabel: str, colorbar: str = "", title: str = ""
+    panels: Sequence[tuple[str, pd.DataFrame, pd.DataFrame]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    colorbar: str = "",
+    title: str = "",
 ) -> Figure:
     """Annotated heatmaps side by side on one symmetric diverging colour scale.
 
@@ -257,10 +301,17 @@ def front_lines(
         ax.scatter([r.x], [r.y], s=190, facecolors="none", edgecolors="#b2182b", linewidths=1.8, zorder=5)
         dy = -26 if r.y > y0 + 0.8 * (y1 - y0) else 14  # keep the label inside the axes
         ha = "right" if r.x > x0 + 0.6 * (x1 - x0) else "left"
-        ax.annotate(f"chosen: {r.label}", (r.x, r.y), fontsize=8, xytext=(12 if ha == "left" else -12, dy), textcoords="offset points",
-                    ha=ha, zorder=6,
-                    bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
-                    arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8))  # fmt: skip
+        ax.annotate(
+            f"chosen: {r.label}",
+            (r.x, r.y),
+            fontsize=8,
+            xytext=(12 if ha == "left" else -12, dy),
+            textcoords="offset points",
+            ha=ha,
+            zorder=6,
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
+            arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8),
+        )
     ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=9)
     ax.tick_params(labelsize=8)

@@ -105,11 +105,26 @@ def to_csv(table: Table) -> str:
 
 
 _LATEX_SPECIAL = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "◊": r"$^{\diamond}$", "□": r"$^{\square}$", "•": r"$^{\bullet}$", "…": r"\ldots{}",
-    "β": r"$\beta$", "σ": r"$\sigma$", "τ": r"$\tau$", "−": "-", "≥": r"$\geq$",
-}  # fmt: skip
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "◊": r"$^{\diamond}$",
+    "□": r"$^{\square}$",
+    "•": r"$^{\bullet}$",
+    "…": r"\ldots{}",
+    "β": r"$\beta$",
+    "σ": r"$\sigma$",
+    "τ": r"$\tau$",
+    "−": "-",
+    "≥": r"$\geq$",
+}
 
 
 def latex_escape(s: str) -> str:
@@ -156,7 +171,9 @@ def to_latex(table: Table, label: str | None = None) -> str:
 def to_html(table: Table) -> str:
     """An HTML ``<table>`` fragment (escaped); the first row of each group is marked for a rule."""
     header, body = table.rows()
-    return render_fragment("table.html.j2", title=table.title, caption=table.caption, header=header, body=body, n_lead=table.n_lead)
+    return render_fragment(
+        "table.html.j2", title=table.title, caption=table.caption, header=header, body=body, n_lead=table.n_lead
+    )
 
 
 def write_table(table: Table, directory: str | os.PathLike, stem: str | None = None) -> dict[str, Path]:

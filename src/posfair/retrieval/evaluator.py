@@ -271,7 +271,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             )
         self.documents = check_strategy(documents)
         if self.late is not None and document_prompt:
-            raise PosfairInputError("late chunking takes no document prompt (chunk spans are on the passage text itself)")
+            raise PosfairInputError(
+                "late chunking takes no document prompt (chunk spans are on the passage text itself)"
+            )
         if top_k < 10:
             raise PosfairInputError(f"top_k must be >= 10 for nDCG@10; got {top_k}")
         if search_scope not in SEARCH_SCOPES:
@@ -285,7 +287,11 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         self.batch_size = batch_size
         self.top_k = top_k
         self.use_faiss = use_faiss
-        self.name = self._check_name(name) if name is not None else f"{metric_name_part(benchmark.name)}_{metric_name_part(self.setting)}"
+        self.name = (
+            self._check_name(name)
+            if name is not None
+            else f"{metric_name_part(benchmark.name)}_{metric_name_part(self.setting)}"
+        )
         self.show_progress_bar = show_progress_bar
         self.progress = progress
         self.encode_chunk = encode_chunk
@@ -330,7 +336,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             return default_query_prompt(model)
         return self.query_prompt or None
 
-    def _encoder(self, model: Any, prompt: str | None, calibration: Calibration | Stock) -> Callable[[list[str]], np.ndarray]:
+    def _encoder(
+        self, model: Any, prompt: str | None, calibration: Calibration | Stock
+    ) -> Callable[[list[str]], np.ndarray]:
         # stored as the model returns them (the shared cache format); normalised in evaluate()
         return encoder(model, calibration, prompt=prompt, batch_size=self.batch_size)
 
@@ -361,7 +369,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     # -- encoding ---------------------------------------------------------------------------
     def encode_queries(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
         prompt = self._query_prompt(model)
-        ns = embedding_namespace(self.store, model_fingerprint(model), STOCK, prompt) if self.store is not None else None
+        ns = (
+            embedding_namespace(self.store, model_fingerprint(model), STOCK, prompt) if self.store is not None else None
+        )
         return self._embed(self.benchmark.query_texts, ns, self._encoder(model, prompt, STOCK), advance)
 
     def encode_documents(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> np.ndarray:
@@ -371,14 +381,32 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             chunk_ns = self._namespace(fp, kind="sea-chunk", calibration="none", normalize=self.sea.normalize_chunks)
             ns = self._namespace(fp, kind="sea-document", sea=self.sea.config())
             # SEA chunks each passage separately (slow): store every few passages
-            return self._embed(texts, ns, lambda batch: self.sea.embed(model, batch, chunk_ns), advance, chunk=min(self.encode_chunk, 16))
-        ns = embedding_namespace(self.store, fp, self.calibration, self.document_prompt) if self.store is not None else None
-        with quiet_fallback():  # the share is reported once per setting (RetrievalResult.calibrated_share), not per chunk
+            return self._embed(
+                texts,
+                ns,
+                lambda batch: self.sea.embed(model, batch, chunk_ns),
+                advance,
+                chunk=min(self.encode_chunk, 16),
+            )
+        ns = (
+            embedding_namespace(self.store, fp, self.calibration, self.document_prompt)
+            if self.store is not None
+            else None
+        )
+        with (
+            quiet_fallback()
+        ):  # the share is reported once per setting (RetrievalResult.calibrated_share), not per chunk
             return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
 
-    def encode_chunks(self, model: Any, advance: Callable[[int], None] = lambda n: None) -> tuple[np.ndarray, np.ndarray]:
+    def encode_chunks(
+        self, model: Any, advance: Callable[[int], None] = lambda n: None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Late chunking: (chunk vectors, owner document index of each), through the store."""
-        ns = self._namespace(model_fingerprint(model), kind="late-chunk", late=self.late.config()) if self.store is not None else None
+        ns = (
+            self._namespace(model_fingerprint(model), kind="late-chunk", late=self.late.config())
+            if self.store is not None
+            else None
+        )
         return self.late.embed(model, self.benchmark.corpus_texts, ns, advance, chunk=min(self.encode_chunk, 16))
 
     # -- evaluation -------------------------------------------------------------------------
@@ -422,7 +450,11 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         b = self.benchmark
         share = self.calibrated_share(model)
         if self.report_fallback and share is not None and share < 1:
-            what = NOOP_LABEL + ", the figures are the stock model's" if share == 0 else f"the other {1 - share:.1%} were encoded stock"
+            what = (
+                NOOP_LABEL + ", the figures are the stock model's"
+                if share == 0
+                else f"the other {1 - share:.1%} were encoded stock"
+            )
             warnings.warn(
                 f"{b.name}, {self.setting}: calibrated share {share:.3f} of {len(b.corpus_texts)} documents ({what}; "
                 f"documents shorter than one basket of {self.calibration.basket_size} content tokens are encoded stock)",
@@ -433,17 +465,27 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             # the encoding layer reports distinct texts (each is encoded once)
             q = self.encode_queries(model, task(f"{b.name}: queries (stock)", len(set(b.query_texts))))
             if self.late is not None:
-                chunks, owner = self.encode_chunks(model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts))))
+                chunks, owner = self.encode_chunks(
+                    model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts)))
+                )
                 dropped = self.late.dropped(model, b.corpus_texts)
             else:
-                d = self.encode_documents(model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts))))
+                d = self.encode_documents(
+                    model, task(f"{b.name}: documents ({self.setting})", len(set(b.corpus_texts)))
+                )
         late_info = None
         if self.late is not None:
             ranked = self.retrieve_late(l2_normalize(q), l2_normalize(chunks), owner)
             counts = np.bincount(owner, minlength=len(b.corpus_texts))
-            late_info = {"aggregate": self.late.aggregate, "chunks": self.late.config()["chunks"], "pooling": "mean over span",
-                         "model_pooling": model_pooling(model), "chunks_total": int(len(owner)),
-                         "chunks_per_document": float(counts.mean()), "chunks_dropped": int(dropped)}  # fmt: skip
+            late_info = {
+                "aggregate": self.late.aggregate,
+                "chunks": self.late.config()["chunks"],
+                "pooling": "mean over span",
+                "model_pooling": model_pooling(model),
+                "chunks_total": int(len(owner)),
+                "chunks_per_document": float(counts.mean()),
+                "chunks_dropped": int(dropped),
+            }
             if dropped:
                 warnings.warn(
                     f"{b.name}, {self.setting}: {dropped} chunks lie beyond the token limit of {model.max_seq_length} tokens "
@@ -490,7 +532,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             search_scope=self.search_scope,
         )
 
-    def __call__(self, model: Any, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:
+    def __call__(
+        self, model: Any, output_path: str | None = None, epoch: float = -1, steps: int = -1
+    ) -> dict[str, float]:
         result = self.evaluate(model)
         metrics = dict(result.metrics)
         if result.calibrated_share is not None:
@@ -502,7 +546,9 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             atomic_write_json(out / f"{stem}{suffix}.json", metrics)
             atomic_write_parquet(
                 out / f"{stem}{suffix}_per_query.parquet",
-                pd.DataFrame({"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}),
+                pd.DataFrame(
+                    {"query_id": result.query_ids, "ndcg@10": result.ndcg, f"recall@{self.top_k}": result.recall}
+                ),
             )
         return self.finish(model, metrics, epoch, steps)
 

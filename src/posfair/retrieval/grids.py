@@ -23,13 +23,22 @@ PAPER_STRENGTHS: tuple[float, ...] = (0.5, 1.0)
 
 
 def paper_grid(
-    basket_sizes: Sequence[int] = PAPER_BASKETS, layer_sets: Sequence[Any] = PAPER_LAYERS, strengths: Sequence[float] = PAPER_STRENGTHS
+    basket_sizes: Sequence[int] = PAPER_BASKETS,
+    layer_sets: Sequence[Any] = PAPER_LAYERS,
+    strengths: Sequence[float] = PAPER_STRENGTHS,
 ) -> list[Calibration]:
     """Basket size x layer set x strength (paper: {128, 256, 512} x {last, last 50%} x {0.5, 1.0})."""
-    return [Calibration(basket_size=b, layers=layers, strength=a) for layers in layer_sets for a in strengths for b in basket_sizes]
+    return [
+        Calibration(basket_size=b, layers=layers, strength=a)
+        for layers in layer_sets
+        for a in strengths
+        for b in basket_sizes
+    ]
 
 
-def strength_sweep(basket_size: int = 128, layer_sets: Sequence[Any] = PAPER_LAYERS, step: float = 0.05) -> list[Calibration]:
+def strength_sweep(
+    basket_size: int = 128, layer_sets: Sequence[Any] = PAPER_LAYERS, step: float = 0.05
+) -> list[Calibration]:
     """Strengths step, 2 step, ..., 1 for each layer set (strength 0 is the stock run)."""
     if not 0 < step <= 1:
         raise ValueError(f"step must be in (0, 1]; got {step}")
@@ -37,5 +46,7 @@ def strength_sweep(basket_size: int = 128, layer_sets: Sequence[Any] = PAPER_LAY
     if not np.isclose(n * step, 1.0):
         raise ValueError(f"step must divide 1 (e.g. 0.05, 0.1, 0.25); got {step}")
     return [
-        Calibration(basket_size=basket_size, layers=layers, strength=round(i * step, 10)) for layers in layer_sets for i in range(1, n + 1)
+        Calibration(basket_size=basket_size, layers=layers, strength=round(i * step, 10))
+        for layers in layer_sets
+        for i in range(1, n + 1)
     ]

@@ -85,9 +85,14 @@ def fineweb_group_masks(span_classes: Sequence[Iterable[str]]) -> dict[str, np.n
         spans = set(spans if spans is not None else ())
         unknown = spans - set(FINEWEB_CLASSES)
         if unknown:
-            raise ValueError(f"FineWeb-PosQ row {i}: unknown span_class values {sorted(unknown)}; expected {FINEWEB_CLASSES}")
+            raise ValueError(
+                f"FineWeb-PosQ row {i}: unknown span_class values {sorted(unknown)}; expected {FINEWEB_CLASSES}"
+            )
         sets.append(spans)
-    return {label: np.array([c in s for s in sets], dtype=bool) for c, label in zip(FINEWEB_CLASSES, FINEWEB_LABELS, strict=True)}
+    return {
+        label: np.array([c in s for s in sets], dtype=bool)
+        for c, label in zip(FINEWEB_CLASSES, FINEWEB_LABELS, strict=True)
+    }
 
 
 def posir_length_bucket(token_length: float | None) -> str | None:

@@ -40,10 +40,14 @@ __all__ = ["LateChunking", "AGGREGATES", "late_scores", "token_windows"]
 AGGREGATES = ("max", "mean")
 
 
-def token_windows(offsets: Sequence[tuple[int, int]], special_mask: Sequence[int], window: int) -> list[tuple[int, int]]:
+def token_windows(
+    offsets: Sequence[tuple[int, int]], special_mask: Sequence[int], window: int
+) -> list[tuple[int, int]]:
     """Character spans of consecutive windows of ``window`` content tokens (special tokens skipped)."""
     content = [tuple(o) for o, s in zip(offsets, special_mask, strict=True) if not s and o[1] > o[0]]
-    return [(int(content[i][0]), int(content[min(i + window, len(content)) - 1][1])) for i in range(0, len(content), window)]
+    return [
+        (int(content[i][0]), int(content[min(i + window, len(content)) - 1][1])) for i in range(0, len(content), window)
+    ]
 
 
 @dataclass
@@ -67,10 +71,14 @@ class LateChunking:
 
     def __post_init__(self) -> None:
         if self.aggregate not in AGGREGATES:
-            raise PosfairInputError(f"late chunking aggregate must be one of {', '.join(AGGREGATES)}; got {self.aggregate!r}")
+            raise PosfairInputError(
+                f"late chunking aggregate must be one of {', '.join(AGGREGATES)}; got {self.aggregate!r}"
+            )
         if isinstance(self.chunks, str) and self.chunks != "semantic":
             raise PosfairInputError(f"late chunks must be 'semantic' or a number of tokens; got {self.chunks!r}")
-        if not isinstance(self.chunks, str) and (isinstance(self.chunks, bool) or int(self.chunks) != self.chunks or self.chunks < 1):
+        if not isinstance(self.chunks, str) and (
+            isinstance(self.chunks, bool) or int(self.chunks) != self.chunks or self.chunks < 1
+        ):
             raise PosfairInputError(f"late chunk window must be a whole number of tokens >= 1; got {self.chunks!r}")
         if self.chunks == "semantic" and self.sea is None:
             self.sea = SegmentEmbedAverage(batch_size=self.batch_size)
@@ -96,7 +104,10 @@ class LateChunking:
 
     def config(self) -> dict[str, Any]:
         """What changes the chunk vectors (the cache key; the aggregate is not part of it)."""
-        return {"chunks": self.chunks if self.chunks == "semantic" else int(self.chunks), "sea": self.sea.config() if self.sea else None}
+        return {
+            "chunks": self.chunks if self.chunks == "semantic" else int(self.chunks),
+            "sea": self.sea.config() if self.sea else None,
+        }
 
     def key(self) -> str:
         return json.dumps({**self.config(), "aggregate": self.aggregate}, sort_keys=True)
@@ -105,9 +116,14 @@ class LateChunking:
     def _tokenize(self, model: Any, texts: list[str]) -> dict:
         tok = model_tokenizer(model)
         return tok(
-            texts, add_special_tokens=True, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
-            max_length=int(model.max_seq_length), verbose=False,
-        )  # fmt: skip
+            texts,
+            add_special_tokens=True,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            truncation=True,
+            max_length=int(model.max_seq_length),
+            verbose=False,
+        )
 
     def spans(self, model: Any, texts: list[str]) -> list[list[tuple[int, int]]]:
         """The chunk spans of each text that hold at least one token within the model's limit."""
@@ -148,7 +164,12 @@ class LateChunking:
         return out
 
     def embed(
-        self, model: Any, texts: list[str], store: Namespace | None = None, progress: Callable[[int], None] | None = None, chunk: int = 16
+        self,
+        model: Any,
+        texts: list[str],
+        store: Namespace | None = None,
+        progress: Callable[[int], None] | None = None,
+        chunk: int = 16,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(chunk vectors (C x dim, float32, unnormalised), owner (C,): the index into ``texts`` of each chunk).
 

@@ -119,7 +119,9 @@ def psi(values) -> float:
     return float(1.0 - v.min() / v.max())
 
 
-def posir_bucket_scores(per_query: np.ndarray, bucket: Sequence[str | None], bins: np.ndarray) -> dict[str, dict[str, object]]:
+def posir_bucket_scores(
+    per_query: np.ndarray, bucket: Sequence[str | None], bins: np.ndarray
+) -> dict[str, dict[str, object]]:
     """PosIR per-length-bucket statistics.
 
     Returns ``{bucket: {"n": queries, "ndcg@10": mean, "bins": {bin: mean}, "psi": PSI}}``

@@ -180,7 +180,9 @@ def _value_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c not in ("section", "setting", "best")]
 
 
-def results_table(df: pd.DataFrame, *, title: str = "", caption: str = "", name: str = "table", bold_best: bool = False) -> Table:
+def results_table(
+    df: pd.DataFrame, *, title: str = "", caption: str = "", name: str = "table", bold_best: bool = False
+) -> Table:
     """A :func:`group_table` / :func:`bucket_table` frame as a report :class:`~posfair.report.tables.Table`.
 
     Rows are indexed by (section, setting); cells are formatted (x100 figures and deltas with
@@ -211,7 +213,12 @@ def to_markdown(df: pd.DataFrame, title: str = "") -> str:
 def _tex(s: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
         s = s.replace(a, b)
-    return s.replace("a=", r"$\alpha$=").replace("dPSI", r"$\Delta$PSI").replace("dnDCG", r"$\Delta$nDCG").replace("—", "---")
+    return (
+        s.replace("a=", r"$\alpha$=")
+        .replace("dPSI", r"$\Delta$PSI")
+        .replace("dnDCG", r"$\Delta$nDCG")
+        .replace("—", "---")
+    )
 
 
 def to_latex(df: pd.DataFrame) -> str:
@@ -223,7 +230,12 @@ def to_latex(df: pd.DataFrame) -> str:
     frame = results_table(df).frame.drop(columns="best", errors="ignore")
     best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
     cols = ["setting", *frame.columns]
-    lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule", " & ".join(_tex(c) for c in cols) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}",
+        r"\toprule",
+        " & ".join(_tex(c) for c in cols) + r" \\",
+        r"\midrule",
+    ]
     current = None
     for (section, label), row, is_best in zip(frame.index, frame.itertuples(index=False), best, strict=True):
         if section and section != current:

@@ -65,7 +65,9 @@ class SegmentEmbedAverage:
         """Everything that changes the output (used in cache keys)."""
         cm = self.chunker_model
         return {
-            "chunker_model": "self" if cm is None else (cm if isinstance(cm, str) else type(cm).__name__ + ":" + repr(cm)),
+            "chunker_model": "self"
+            if cm is None
+            else (cm if isinstance(cm, str) else type(cm).__name__ + ":" + repr(cm)),
             "threshold": self.threshold,
             "chunk_size": self.chunk_size,
             "similarity_window": self.similarity_window,
@@ -82,7 +84,11 @@ class SegmentEmbedAverage:
                 from chonkie.embeddings import SentenceTransformerEmbeddings
             except ImportError as e:
                 raise ImportError("Segment Embed Average needs chonkie: `pip install chonkie`") from e
-            emb = self.chunker_model if self.chunker_model is not None else _stock_embeddings(SentenceTransformerEmbeddings, model)
+            emb = (
+                self.chunker_model
+                if self.chunker_model is not None
+                else _stock_embeddings(SentenceTransformerEmbeddings, model)
+            )
             size = self.chunk_size or int(getattr(model, "max_seq_length", None) or 512)
             self._chunkers[key] = SemanticChunker(
                 embedding_model=emb,

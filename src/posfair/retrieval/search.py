@@ -99,7 +99,11 @@ def streaming_topk(
         if block.ndim != 2:
             raise ValueError(f"embeddings must be a 2-D array; got shape {block.shape}")
         # normalised in place in a block of our own (a copy when it views the caller's or a file's memory)
-        db = block if block.flags.owndata and block.flags.writeable and block.dtype == np.float32 else np.array(block, np.float32)
+        db = (
+            block
+            if block.flags.owndata and block.flags.writeable and block.dtype == np.float32
+            else np.array(block, np.float32)
+        )
         norms = np.sqrt(np.einsum("ij,ij->i", db, db, dtype=np.float32))[:, None]  # no x*x temporary
         np.divide(db, np.maximum(norms, 1e-12), out=db)
         if db.shape[1] != q.shape[1]:
@@ -111,7 +115,11 @@ def streaming_topk(
             if len(skip):
                 s[:, skip] = -np.inf
             kk = min(k, s.shape[1])
-            part = np.argpartition(-s, kk - 1, axis=1)[:, :kk] if kk < s.shape[1] else np.tile(np.arange(s.shape[1]), (len(s), 1))
+            part = (
+                np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+                if kk < s.shape[1]
+                else np.tile(np.arange(s.shape[1]), (len(s), 1))
+            )
             cand_s = np.concatenate([best_s[qs : qs + query_chunk], np.take_along_axis(s, part, 1)], axis=1)
             cand_i = np.concatenate([best_i[qs : qs + query_chunk], part + offset], axis=1)
             top_i, top_s = _sorted_topk(cand_s, cand_i, k)
@@ -176,5 +184,7 @@ def faiss_topk(queries: np.ndarray, docs: np.ndarray, k: int = 100) -> tuple[np.
     return idx.astype(np.int64), scores
 
 
-def search(queries: np.ndarray, docs: np.ndarray, k: int = 100, use_faiss: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def search(
+    queries: np.ndarray, docs: np.ndarray, k: int = 100, use_faiss: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     return faiss_topk(queries, docs, k) if use_faiss else exact_topk(queries, docs, k)

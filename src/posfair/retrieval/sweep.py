@@ -65,7 +65,9 @@ SHARE_CAPTION = (
 )
 
 
-def write_results(results: Sequence[RetrievalResult], out_dir: str | Path, plot_basket: int | None = None) -> list[Path]:
+def write_results(
+    results: Sequence[RetrievalResult], out_dir: str | Path, plot_basket: int | None = None
+) -> list[Path]:
     """Tables (``table_groups`` / ``table_buckets``: Markdown, CSV, LaTeX through
     :func:`posfair.report.tables.write_table`), and the strength plot when some basket
     size has >= 2 strengths (default: the one with most)."""
@@ -85,7 +87,11 @@ def write_results(results: Sequence[RetrievalResult], out_dir: str | Path, plot_
             series.setdefault(r.calibration["basket_size"], set()).add(r.calibration["strength"])
     if plot_basket is None and series:
         plot_basket = max(sorted(series), key=lambda b: len(series[b]))
-    if any(r.groups for r in results) and any(r.method == "stock" for r in results) and len(series.get(plot_basket, ())) >= 2:
+    if (
+        any(r.groups for r in results)
+        and any(r.method == "stock" for r in results)
+        and len(series.get(plot_basket, ())) >= 2
+    ):
         written.append(plot_strength_curves(results, out / "strength.png", basket_size=plot_basket))
     return written
 
@@ -164,7 +170,9 @@ def run_sweep(
         old.setdefault("search_scope", "domain")  # sweeps before the option searched per domain
         for k in ("max_seq_length", "model", "benchmark", "top_k", "query_prompt", "search_scope"):
             if old.get(k) != json.loads(json.dumps(manifest[k])):
-                raise ValueError(f"{out} holds a sweep with a different {k} ({old.get(k)!r}); use another output directory")
+                raise ValueError(
+                    f"{out} holds a sweep with a different {k} ({old.get(k)!r}); use another output directory"
+                )
         manifest["settings"] = list(dict.fromkeys(old.get("settings", []) + manifest["settings"]))
     atomic_write_json(mpath, manifest)
     results = []
@@ -183,11 +191,25 @@ def run_sweep(
         results.append(result)
     noop = noop_settings(results)
     if noop:
-        logger.warning("%d of %d calibrations change no document of %s (%s), not evaluated: %s",
-                    len(noop), sum(r.method == "calibrated" for r in results), benchmark.name, NOOP_LABEL, ", ".join(noop))  # fmt: skip
-    partial = [f"{r.setting} ({r.calibrated_share:.3f})" for r in results if r.calibrated_share is not None and 0 < r.calibrated_share < 1]
+        logger.warning(
+            "%d of %d calibrations change no document of %s (%s), not evaluated: %s",
+            len(noop),
+            sum(r.method == "calibrated" for r in results),
+            benchmark.name,
+            NOOP_LABEL,
+            ", ".join(noop),
+        )
+    partial = [
+        f"{r.setting} ({r.calibrated_share:.3f})"
+        for r in results
+        if r.calibrated_share is not None and 0 < r.calibrated_share < 1
+    ]
     if partial:
-        logger.info("calibrations that change only part of the documents of %s (calibrated share): %s", benchmark.name, ", ".join(partial))
+        logger.info(
+            "calibrations that change only part of the documents of %s (calibrated share): %s",
+            benchmark.name,
+            ", ".join(partial),
+        )
     write_results(results, out)
     return results
 

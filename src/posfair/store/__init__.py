@@ -51,7 +51,13 @@ namespace folder), :mod:`~posfair.store.namespace` (namespaces and the store).
 """
 
 from posfair.store.keyindex import INDEX, ShardSet, key_hashes
-from posfair.store.manifest import ManifestMismatch, open_namespace_dir, rebuilt_settings, scan_namespace, write_manifest
+from posfair.store.manifest import (
+    ManifestMismatch,
+    open_namespace_dir,
+    rebuilt_settings,
+    scan_namespace,
+    write_manifest,
+)
 from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key, verify_store
 from posfair.store.settings import (
     MANIFEST,

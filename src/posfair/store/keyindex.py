@@ -67,18 +67,28 @@ def _arrays_sha(h: np.ndarray, s: np.ndarray, r: np.ndarray) -> str:
 class _Index:
     """A loaded (memory-mapped) or freshly built index."""
 
-    def __init__(self, records: list[dict[str, Any]], h: np.ndarray, s: np.ndarray, r: np.ndarray, distinct: int, keep=None):
+    def __init__(
+        self, records: list[dict[str, Any]], h: np.ndarray, s: np.ndarray, r: np.ndarray, distinct: int, keep=None
+    ):
         self.records, self.h, self.s, self.r, self.distinct = records, h, s, r, distinct
         self._keep = keep  # the memory map the arrays view
 
     def save(self, folder: Path) -> None:
-        meta = {"format": INDEX_FORMAT, "hash": _HASH, "distinct": self.distinct, "shards": self.records,
-                "sha256": _arrays_sha(self.h, self.s, self.r)}  # fmt: skip
+        meta = {
+            "format": INDEX_FORMAT,
+            "hash": _HASH,
+            "distinct": self.distinct,
+            "shards": self.records,
+            "sha256": _arrays_sha(self.h, self.s, self.r),
+        }
         schema = pa.schema(
-            [pa.field("hash", pa.uint64(), nullable=False), pa.field("shard", pa.uint32(), nullable=False),
-             pa.field("row", pa.uint32(), nullable=False)],
+            [
+                pa.field("hash", pa.uint64(), nullable=False),
+                pa.field("shard", pa.uint32(), nullable=False),
+                pa.field("row", pa.uint32(), nullable=False),
+            ],
             metadata={b"posfair": json.dumps(meta, sort_keys=True).encode()},
-        )  # fmt: skip
+        )
         batch = pa.record_batch([pa.array(self.h), pa.array(self.s), pa.array(self.r)], schema=schema)
         with atomic_path(folder / INDEX) as tmp:
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
@@ -112,8 +122,16 @@ def load_index(folder: str | os.PathLike) -> _Index | None:
 
 def _record(path: Path, shard: ShardFile) -> dict[str, Any]:
     st = path.stat()
-    return {"name": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "rows": shard.rows, "dim": shard.dim,
-            "sha256": shard.sha256, "settings": shard.info["settings"]}  # fmt: skip
+    return {
+        "name": path.name,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "inode": st.st_ino,
+        "rows": shard.rows,
+        "dim": shard.dim,
+        "sha256": shard.sha256,
+        "settings": shard.info["settings"],
+    }
 
 
 def unchanged(record: dict[str, Any], path: Path) -> bool:
@@ -146,7 +164,9 @@ class ShardSet:
 
     # ---------------------------------------------------------------- building
     @classmethod
-    def build(cls, folder: Path, records: list[dict[str, Any]], old: _Index | None, fresh: dict[str, ShardFile]) -> ShardSet:
+    def build(
+        cls, folder: Path, records: list[dict[str, Any]], old: _Index | None, fresh: dict[str, ShardFile]
+    ) -> ShardSet:
         """The set of ``records`` (in order): index entries of ``old`` reused for shards it recorded
         unchanged, the keys of the ``fresh`` (just verified) shards hashed."""
         hs, ss, rs = [], [], []

@@ -26,7 +26,15 @@ from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet, _record, load_index, unchanged
 from posfair.store.settings import MANIFEST, MANIFEST_FORMAT, canonical
-from posfair.store.shards import LEGACY_SUFFIX, SHARD_SUFFIX, DamagedShard, ShardFile, convert_npz_shard, read_npz_shard, set_aside
+from posfair.store.shards import (
+    LEGACY_SUFFIX,
+    SHARD_SUFFIX,
+    DamagedShard,
+    ShardFile,
+    convert_npz_shard,
+    read_npz_shard,
+    set_aside,
+)
 
 __all__ = ["ManifestMismatch", "open_namespace_dir", "rebuilt_settings", "scan_namespace", "write_manifest"]
 
@@ -40,7 +48,9 @@ class ManifestMismatch(PosfairInputError):
     """A run's settings disagree with the vectors already in a store namespace; nothing was written."""
 
 
-def _diffs(have: dict[str, Any], want: dict[str, Any], keys: Iterable[str], have_name: str, want_name: str) -> list[str]:
+def _diffs(
+    have: dict[str, Any], want: dict[str, Any], keys: Iterable[str], have_name: str, want_name: str
+) -> list[str]:
     out = []
     for k in keys:
         if k in _RECORDED:
@@ -110,7 +120,12 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 
 def _check_shard(
-    path: Path, own_settings: dict[str, Any], dim: int, manifest: dict[str, Any] | None, settings: dict[str, Any], ns_dir: Path
+    path: Path,
+    own_settings: dict[str, Any],
+    dim: int,
+    manifest: dict[str, Any] | None,
+    settings: dict[str, Any],
+    ns_dir: Path,
 ) -> dict[str, Any]:
     """The shard's settings against the manifest (or this run's settings); returns the manifest, rebuilt from
     the shard when there was none."""
@@ -186,7 +201,10 @@ def scan_namespace(
         manifest = _check_shard(f, rec["settings"], rec["dim"], manifest, settings, ns_dir)
         records.append(rec)
     if have is None and records:
-        warnings.warn(f"store {ns_dir} had no readable {MANIFEST}: rebuilt it from the metadata of its {len(records)} shards", stacklevel=3)
+        warnings.warn(
+            f"store {ns_dir} had no readable {MANIFEST}: rebuilt it from the metadata of its {len(records)} shards",
+            stacklevel=3,
+        )
     if old is not None and not fresh and [r["name"] for r in records] == [r["name"] for r in old.records]:
         shards = ShardSet(ns_dir, old)
     else:

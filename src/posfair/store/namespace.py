@@ -167,7 +167,9 @@ class Namespace:
         """Write one shard atomically (temporary file + rename); ``name``: see :func:`write_shard`."""
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim == 2 and len(vectors) and self.dim is not None and vectors.shape[1] != self.dim:
-            raise ValueError(f"{self.path} holds vectors of {self.dim} dimensions; refusing to add vectors of {vectors.shape[1]}")
+            raise ValueError(
+                f"{self.path} holds vectors of {self.dim} dimensions; refusing to add vectors of {vectors.shape[1]}"
+            )
         name = write_shard(self.path, keys, vectors, name, settings=self.settings)
         if name is None:
             return
@@ -249,7 +251,9 @@ class EmbeddingStore:
         return path
 
 
-def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration: Resolved, prompt: str | None = None) -> Namespace:
+def embedding_namespace(
+    store: EmbeddingStore, fingerprint: str, calibration: Resolved, prompt: str | None = None
+) -> Namespace:
     """The one namespace of *pooled embeddings of texts* for a model, calibration and prompt.
 
     Every part of posfair (``encode``, the audit's segments and documents, the
@@ -259,7 +263,9 @@ def embedding_namespace(store: EmbeddingStore, fingerprint: str, calibration: Re
     So an embedding computed once, by any command, is never computed again.
     Opening it checks the namespace's manifest (:func:`scan_namespace`).
     """
-    return store.open_namespace(embedding_meta(fingerprint, calibration, prompt), embedding_settings(fingerprint, calibration, prompt))
+    return store.open_namespace(
+        embedding_meta(fingerprint, calibration, prompt), embedding_settings(fingerprint, calibration, prompt)
+    )
 
 
 def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
@@ -300,7 +306,9 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
             settings = read_manifest(folder / MANIFEST) or _shard_settings(folder)
             # no manifest and no readable shard: the shards are still checked (set aside), no manifest is written
             _, shards = scan_namespace(folder, settings, full=True, write=bool(settings))
-            rec.update(shards=len(shards.records), rows=shards.rows, keys=len(shards), duplicate_rows=shards.rows - len(shards))
+            rec.update(
+                shards=len(shards.records), rows=shards.rows, keys=len(shards), duplicate_rows=shards.rows - len(shards)
+            )
         except (ManifestMismatch, OSError, ValueError) as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"
         rec["damaged"] = sorted(str(p) for p in set(folder.glob("part-*.damaged-*")) - before)

@@ -72,7 +72,9 @@ def embedding_meta(fingerprint: str, calibration: Resolved, prompt: str | None =
     return dict(model=fingerprint, calibration=calibration_tag(calibration), kind="embedding", prompt=prompt or "")
 
 
-def embedding_settings(fingerprint: str, calibration: Resolved, prompt: str | None = None, **extra: Any) -> dict[str, Any]:
+def embedding_settings(
+    fingerprint: str, calibration: Resolved, prompt: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """The manifest settings of an :func:`embedding_namespace` beyond its metadata (``extra``: e.g. dim)."""
     cal = None if check_choice(calibration, model_default=False) is STOCK else calibration.to_dict()
     return dict(fingerprint=fingerprint, calibration=cal, prompt=prompt or "", **extra)

@@ -169,7 +169,9 @@ def write_shard(
     key_arr = _key_array(keys)
     meta = {**info, "sha256": _checksum(info, key_arr, vectors)}
     vectors = np.ascontiguousarray(vectors)
-    batch = pa.record_batch([key_arr, pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)], schema=_schema(dim, meta))
+    batch = pa.record_batch(
+        [key_arr, pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)], schema=_schema(dim, meta)
+    )
     fname = shard_path(folder, name or uuid.uuid4().hex).name
     with atomic_path(folder / fname) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
@@ -221,7 +223,9 @@ class ShardFile:
         keys, vec = batch.column(0), batch.column(1)
         n = batch.num_rows
         if n != rows:
-            raise DamagedShard(f"it holds {n} keys and vectors of shape ({n}, {dim}), but its metadata says {rows} x {dim}")
+            raise DamagedShard(
+                f"it holds {n} keys and vectors of shape ({n}, {dim}), but its metadata says {rows} x {dim}"
+            )
         if keys.null_count or vec.null_count or vec.values.null_count:
             raise DamagedShard("it holds missing (null) keys or vectors")
         flat = vec.values.to_numpy(zero_copy_only=True)[vec.offset * dim : (vec.offset + n) * dim]
@@ -349,7 +353,9 @@ def read_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, dict[str
     return shard.key_list(), shard.vectors, shard.meta
 
 
-def set_aside(path: str | os.PathLike, reason: str, what: str = "cache shard", then: str = "its vectors are recomputed") -> Path | None:
+def set_aside(
+    path: str | os.PathLike, reason: str, what: str = "cache shard", then: str = "its vectors are recomputed"
+) -> Path | None:
     """Rename a damaged file to ``<name>.damaged-<n>`` next to it (never delete) and warn naming both.
 
     Returns the new path, or None when the file had gone already (another process set it aside).

@@ -26,7 +26,7 @@ __all__, __getattr__, __dir__ = lazy_exports(
                 "split_ids",
             ],
             ".objectives",
-        ),  # fmt: skip
+        ),
         **dict.fromkeys(["save_tuned_model", "write_outputs"], ".outputs"),
         **dict.fromkeys(["SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"], ".trials"),
     },

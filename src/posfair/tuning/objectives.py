@@ -93,9 +93,17 @@ class Objective:
 class FunctionObjective(Objective):
     """An objective given as a function ``fn(a Calibration or STOCK, split) -> dict of metrics``."""
 
-    def __init__(self, fn: Callable[[Resolved, str], dict[str, float]], *, score: str = "score", guard: str = "guard",
-                 greater_is_better: bool = False, name: str = "function", identity: Any = None,
-                 share: Callable[[Calibration, str], float | None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable[[Resolved, str], dict[str, float]],
+        *,
+        score: str = "score",
+        guard: str = "guard",
+        greater_is_better: bool = False,
+        name: str = "function",
+        identity: Any = None,
+        share: Callable[[Calibration, str], float | None] | None = None,
+    ):
         """``share(calibration, split)``: optional calibrated share of the split's texts (see :meth:`Objective.calibrated_share`)."""
         self.fn, self.name, self.identity, self.share = fn, name, identity, share
         self.score, self.guard, self.greater_is_better = score, guard, greater_is_better
@@ -140,8 +148,18 @@ class FairnessObjective(Objective):
     greater_is_better = False
     columns = ("spread", "max_abs_beta", "recall", "margin", "other_cos", "drift")
 
-    def __init__(self, model, corpus: pd.DataFrame, settings=None, *, store=None, score: str = "spread", test_fraction: float = 0.5,
-                 seed: int = 0, progress: ProgressCallback | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        corpus: pd.DataFrame,
+        settings=None,
+        *,
+        store=None,
+        score: str = "spread",
+        test_fraction: float = 0.5,
+        seed: int = 0,
+        progress: ProgressCallback | None = None,
+    ):
         """``progress(description, total, already_done)``: the audit's encoding progress (see
         :func:`posfair.fairness.experiment.run_instances`)."""
         if score not in ("spread", "max_abs_beta"):
@@ -177,9 +195,12 @@ class FairnessObjective(Objective):
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
-            "model": self.info.fingerprint, "corpus": self.corpus_fingerprint, "settings": self.settings.to_dict(),
-            "test_fraction": self.test_fraction, "seed": self.seed,
-        }  # fmt: skip
+            "model": self.info.fingerprint,
+            "corpus": self.corpus_fingerprint,
+            "settings": self.settings.to_dict(),
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+        }
 
     def split_sets(self, split: str) -> list[str]:
         return [s.set_id for inst in self.instances[split] for s in inst.sets]
@@ -191,7 +212,13 @@ class FairnessObjective(Objective):
             self.store = EmbeddingStore(self._tmp.name)
         with quiet_fallback():  # the share is reported per trial (Trial.calibrated_share), not per encode call
             obs, _ = run_instances(
-                self.model, self.instances[split], list(calibrations), self.store, self.info, self.settings, self.progress
+                self.model,
+                self.instances[split],
+                list(calibrations),
+                self.store,
+                self.info,
+                self.settings,
+                self.progress,
             )
         return obs
 
@@ -199,8 +226,9 @@ class FairnessObjective(Objective):
         """The positional prior of the stock model on the *dev* split's documents, one vector per layer
         (:func:`~posfair.attention.prior.estimate_prior`; kept in :attr:`prior_estimate`)."""
         docs = [d.text for inst in self.instances[DEV] for d in inst.documents]
-        self.prior_estimate: PriorEstimate = estimate_prior(self.model, docs, Calibration(layers=1.0), bins=bins,
-                                                             batch_size=self.settings.batch_size)  # fmt: skip
+        self.prior_estimate: PriorEstimate = estimate_prior(
+            self.model, docs, Calibration(layers=1.0), bins=bins, batch_size=self.settings.batch_size
+        )
         return self.prior_estimate.calibration.prior
 
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:
@@ -237,16 +265,24 @@ class FairnessObjective(Objective):
         """An :class:`~posfair.fairness.results.AuditResult` of stock + ``calibrations`` on one split (cached)."""
         obs = self.observations(calibrations, split)
         return AuditResult(
-            model=self.info.to_dict(), corpus={"name": f"{corpus_name} ({split} split)", "fingerprint": self.corpus_fingerprint},
-            settings=self.settings.to_dict(), calibrations=[{"label": c.label(), "key": c.key(), **c.to_dict()} for c in calibrations],
-            observations=obs, coefficients=fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()]),
-            sampling=[i.report.to_dict() | {"instance": i.key, "split": split, "sets_in_split": len(i.sets)} for i in self.instances[split]],
-        )  # fmt: skip
+            model=self.info.to_dict(),
+            corpus={"name": f"{corpus_name} ({split} split)", "fingerprint": self.corpus_fingerprint},
+            settings=self.settings.to_dict(),
+            calibrations=[{"label": c.label(), "key": c.key(), **c.to_dict()} for c in calibrations],
+            observations=obs,
+            coefficients=fit_all(obs, [m for m in ("sigma", "tau") if obs[m].notna().any()]),
+            sampling=[
+                i.report.to_dict() | {"instance": i.key, "split": split, "sets_in_split": len(i.sets)}
+                for i in self.instances[split]
+            ],
+        )
 
 
 def default_fairness_settings(**overrides: Any) -> AuditSettings:
     """The tuner's audit: English, n = 3, 120 documents (20 segment sets: 10 dev, 10 test), no τ, no control."""
-    kw: dict[str, Any] = dict(n_values=(3,), configs=("en",), target_docs=120, seed=0, batch_size=16, retention=False, control=False)
+    kw: dict[str, Any] = dict(
+        n_values=(3,), configs=("en",), target_docs=120, seed=0, batch_size=16, retention=False, control=False
+    )
     kw.update(overrides)
     return AuditSettings(**kw)
 
@@ -294,7 +330,8 @@ class RetrievalObjective(Objective):
         self._shares: dict[str, float] = {}
         self._per_query: dict[tuple[str, str], pd.Series] = {}
         unit = [
-            f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}" for i, rel in enumerate(benchmark.relevant)
+            f"{(benchmark.query_domains or [''] * len(benchmark.query_ids))[i]}/{int(rel[0])}"
+            for i, rel in enumerate(benchmark.relevant)
         ]
         dev, test = split_ids(unit, test_fraction, seed)
         self.splits = {}
@@ -307,20 +344,39 @@ class RetrievalObjective(Objective):
         idx = np.flatnonzero(mask)
         pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
         return RetrievalBenchmark(
-            name=f"{b.name}[{split}]", corpus_ids=b.corpus_ids, corpus_texts=b.corpus_texts, query_ids=pick(b.query_ids),
-            query_texts=pick(b.query_texts), qrels={b.query_ids[i]: b.qrels[b.query_ids[i]] for i in idx},
-            groups={g: m[idx] for g, m in b.groups.items() if m[idx].any()}, length_bucket=pick(b.length_bucket),
-            relpos=None if b.relpos is None else b.relpos[idx], query_domains=pick(b.query_domains), corpus_domains=b.corpus_domains, meta=b.meta,
-        )  # fmt: skip
+            name=f"{b.name}[{split}]",
+            corpus_ids=b.corpus_ids,
+            corpus_texts=b.corpus_texts,
+            query_ids=pick(b.query_ids),
+            query_texts=pick(b.query_texts),
+            qrels={b.query_ids[i]: b.qrels[b.query_ids[i]] for i in idx},
+            groups={g: m[idx] for g, m in b.groups.items() if m[idx].any()},
+            length_bucket=pick(b.length_bucket),
+            relpos=None if b.relpos is None else b.relpos[idx],
+            query_domains=pick(b.query_domains),
+            corpus_domains=b.corpus_domains,
+            meta=b.meta,
+        )
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
-            "model": self.fingerprint, "benchmark": self.benchmark.summary(), "test_fraction": self.test_fraction, "seed": self.seed,
-        }  # fmt: skip
+            "model": self.fingerprint,
+            "benchmark": self.benchmark.summary(),
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+        }
 
     def evaluate(self, calibration: Resolved, split: str) -> dict[str, float]:
-        ev = PositionalRetrievalEvaluator(self.splits[split], calibration, store=self.store, batch_size=self.batch_size, query_prompt=self.query_prompt,
-                                          report_fallback=False, show_progress_bar=self.show_progress_bar, progress=self.progress)  # fmt: skip
+        ev = PositionalRetrievalEvaluator(
+            self.splits[split],
+            calibration,
+            store=self.store,
+            batch_size=self.batch_size,
+            query_prompt=self.query_prompt,
+            report_fallback=False,
+            show_progress_bar=self.show_progress_bar,
+            progress=self.progress,
+        )
         res = ev.evaluate(self.model)
         self._per_query[(calibration.key(), split)] = pd.Series(res.ndcg, index=res.query_ids)
         out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
@@ -341,8 +397,9 @@ class RetrievalObjective(Objective):
     def estimate_prior(self, bins: int = 20) -> PositionalPrior:
         """The positional prior of the stock model on the benchmark's documents (no queries or labels enter it),
         one vector per layer (:func:`~posfair.attention.prior.estimate_prior`)."""
-        self.prior_estimate: PriorEstimate = estimate_prior(self.model, self.benchmark.corpus_texts, Calibration(layers=1.0), bins=bins,
-                                                             batch_size=self.batch_size)  # fmt: skip
+        self.prior_estimate: PriorEstimate = estimate_prior(
+            self.model, self.benchmark.corpus_texts, Calibration(layers=1.0), bins=bins, batch_size=self.batch_size
+        )
         return self.prior_estimate.calibration.prior
 
     def calibrated_share(self, calibration: Calibration, split: str) -> float | None:

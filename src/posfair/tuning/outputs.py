@@ -28,8 +28,17 @@ __all__ = [
     "summary_markdown",
 ]
 
-_NAMES = {"spread": "σ spread", "max_abs_beta": "max |β|", "recall": "recall@n", "margin": "margin", "other_cos": "other-set cos",
-          "drift": "drift", "harm": "Harm", "psi": "PSI", "ndcg@10": "nDCG@10"}  # fmt: skip
+_NAMES = {
+    "spread": "σ spread",
+    "max_abs_beta": "max |β|",
+    "recall": "recall@n",
+    "margin": "margin",
+    "other_cos": "other-set cos",
+    "drift": "drift",
+    "harm": "Harm",
+    "psi": "PSI",
+    "ndcg@10": "nDCG@10",
+}
 
 
 def _columns(result: TuneResult, frame: pd.DataFrame) -> list[str]:
@@ -40,7 +49,9 @@ def _columns(result: TuneResult, frame: pd.DataFrame) -> list[str]:
 
 def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
     cols = _columns(result, frame)
-    out = pd.DataFrame({"setting": frame["label"], "phase": frame["phase"], "strength": [f"{s:g}" for s in frame["strength"]]})
+    out = pd.DataFrame(
+        {"setting": frame["label"], "phase": frame["phase"], "strength": [f"{s:g}" for s in frame["strength"]]}
+    )
     if "calibrated_share" in frame.columns:
         out["calibrated_share"] = [format_share(v) for v in frame["calibrated_share"]]
     for c in cols:
@@ -62,26 +73,39 @@ def skipped_note(result: TuneResult) -> str:
         return ""
     n_grid = len(result.skipped) + sum(1 for t in result.dev_trials() if t.phase == "coarse")
     labels = ", ".join(t.label for t in result.skipped)
-    return (f"Skipped {len(result.skipped)} of {n_grid} grid points ({NOOP_LABEL}: every document of the dev split is shorter "
-            f"than one basket or exactly one basket, so they would equal stock): {labels}.")  # fmt: skip
+    return (
+        f"Skipped {len(result.skipped)} of {n_grid} grid points ({NOOP_LABEL}: every document of the dev split is shorter "
+        f"than one basket or exactly one basket, so they would equal stock): {labels}."
+    )
 
 
 def trials_table(result: TuneResult) -> Table:
     """Every dev trial (grid points that calibrate nothing were skipped and are named in the caption)."""
     t = _cells(result.frame(DEV), result, flags=True)
     direction = "higher" if result.objective["greater_is_better"] else "lower"
-    caption = (f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}. "
-               "calibrated_share: fraction of the split's documents the calibration changes (— for stock).")  # fmt: skip
+    caption = (
+        f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}. "
+        "calibrated_share: fraction of the split's documents the calibration changes (— for stock)."
+    )
     note = skipped_note(result)
-    return Table(f"Tuning trials on the dev split ({result.objective['name']})", t.frame, caption + (" " + note if note else ""), "trials")
+    return Table(
+        f"Tuning trials on the dev split ({result.objective['name']})",
+        t.frame,
+        caption + (" " + note if note else ""),
+        "trials",
+    )
 
 
 def front_table(result: TuneResult) -> Table:
     """The Pareto front (score vs guard) of the dev trials."""
     f = result.frame(DEV)
     t = _cells(f[f["on_front"]].sort_values(result.guard, ascending=False), result, flags=True)
-    return Table(f"Pareto front on the dev split ({_NAMES.get(result.score, result.score)} vs {_NAMES.get(result.guard, result.guard)})",
-                 t.frame, f"Settings no other setting beats on both. Constraint: {_constraint(result)}.", "pareto")  # fmt: skip
+    return Table(
+        f"Pareto front on the dev split ({_NAMES.get(result.score, result.score)} vs {_NAMES.get(result.guard, result.guard)})",
+        t.frame,
+        f"Settings no other setting beats on both. Constraint: {_constraint(result)}.",
+        "pareto",
+    )
 
 
 def test_table(result: TuneResult) -> Table:
@@ -92,27 +116,56 @@ def test_table(result: TuneResult) -> Table:
     prof = [c for c in f.columns if c.startswith("sigma_p")]
     if prof:
         t.frame.insert(3, "σ by position", ["/".join(f"{r[c]:.3f}" for c in prof) for _, r in f.iterrows()])
-    return Table(f"Held-out test split: stock vs the chosen setting ({result.chosen_label})", t.frame,
-                 "The test split took no part in the choice.", "test")  # fmt: skip
+    return Table(
+        f"Held-out test split: stock vs the chosen setting ({result.chosen_label})",
+        t.frame,
+        "The test split took no part in the choice.",
+        "test",
+    )
 
 
 def tradeoff_figure(result: TuneResult):
     f = result.frame(DEV)
-    points = pd.DataFrame({"panel": "dev split", "label": f["label"], "x": f[result.score], "y": f[result.guard],
-                           "reference": f["label"] == "stock", "highlight": f["chosen"]})  # fmt: skip
-    return tradeoff_scatter(points, xlabel=_NAMES.get(result.score, result.score), ylabel=_NAMES.get(result.guard, result.guard),
-                            title=f"{result.objective['name']} objective: every setting tried", annotate=True)  # fmt: skip
+    points = pd.DataFrame(
+        {
+            "panel": "dev split",
+            "label": f["label"],
+            "x": f[result.score],
+            "y": f[result.guard],
+            "reference": f["label"] == "stock",
+            "highlight": f["chosen"],
+        }
+    )
+    return tradeoff_scatter(
+        points,
+        xlabel=_NAMES.get(result.score, result.score),
+        ylabel=_NAMES.get(result.guard, result.guard),
+        title=f"{result.objective['name']} objective: every setting tried",
+        annotate=True,
+    )
 
 
 def fronts_figure(result: TuneResult):
     """The dev-split Pareto front of every variant on one plot, stock starred, the chosen setting labelled."""
     f = result.frame(DEV)
     stock = f["label"] == "stock"
-    points = pd.DataFrame({"series": f["variant"], "label": f["label"], "x": f[result.score], "y": f[result.guard],
-                           "on_front": f.get("on_variant_front", f["on_front"]), "reference": stock,
-                           "highlight": f["chosen"]})  # fmt: skip
-    return front_lines(points, xlabel=_NAMES.get(result.score, result.score), ylabel=_NAMES.get(result.guard, result.guard),
-                       title=f"Pareto fronts per calibration variant (dev split, {result.objective['name']} objective)")  # fmt: skip
+    points = pd.DataFrame(
+        {
+            "series": f["variant"],
+            "label": f["label"],
+            "x": f[result.score],
+            "y": f[result.guard],
+            "on_front": f.get("on_variant_front", f["on_front"]),
+            "reference": stock,
+            "highlight": f["chosen"],
+        }
+    )
+    return front_lines(
+        points,
+        xlabel=_NAMES.get(result.score, result.score),
+        ylabel=_NAMES.get(result.guard, result.guard),
+        title=f"Pareto fronts per calibration variant (dev split, {result.objective['name']} objective)",
+    )
 
 
 def variants_table(result: TuneResult) -> Table:
@@ -124,21 +177,35 @@ def variants_table(result: TuneResult) -> Table:
     t.frame.insert(1, "variant", list(f["variant"]))
     missing = [v for v, c in result.variant_best.items() if c is None]
     note = f" No feasible dev setting: {', '.join(missing)}." if missing else ""
-    return Table("Held-out test split: each variant's best feasible dev setting", t.frame,
-                 "Chosen on the dev split per variant; the test split took no part in any choice." + note, "variants")  # fmt: skip
+    return Table(
+        "Held-out test split: each variant's best feasible dev setting",
+        t.frame,
+        "Chosen on the dev split per variant; the test split took no part in any choice." + note,
+        "variants",
+    )
 
 
 def summary_markdown(result: TuneResult) -> str:
     test = result.test_metrics()
-    lines = [f"# posfair tune ({result.objective['name']})", "", f"Chosen: **{result.chosen_label}**"
-             + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)"), "",
-             to_markdown(front_table(result)), to_markdown(test_table(result)), to_markdown(trials_table(result))]  # fmt: skip
+    lines = [
+        f"# posfair tune ({result.objective['name']})",
+        "",
+        f"Chosen: **{result.chosen_label}**"
+        + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)"),
+        "",
+        to_markdown(front_table(result)),
+        to_markdown(test_table(result)),
+        to_markdown(trials_table(result)),
+    ]
     if len(result.fronts) > 1:
         lines.insert(5, to_markdown(variants_table(result)))
     s, c = test["stock"], test["chosen"]
     check = "" if result.test_check is None else f" Constraint: {result.test_check['verdict']}."
-    lines[3:3] = ["", f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
-                      f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}.{check}"]  # fmt: skip
+    lines[3:3] = [
+        "",
+        f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
+        f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}.{check}",
+    ]
     note = skipped_note(result)
     if note:
         lines[3:3] = ["", note]
@@ -157,8 +224,22 @@ def write_outputs(result: TuneResult, out_dir: str | Path) -> dict[str, Path]:
             paths[f"table:{t.name}.{kind}"] = p
     frames = [result.frame(DEV).assign(split=DEV), result.frame(TEST).assign(split=TEST)]
     if result.skipped:
-        frames.append(pd.DataFrame([{"label": t.label, "phase": t.phase, "basket_size": t.calibration.basket_size, "layers": str(t.calibration.layers),
-                                     "strength": t.strength, "calibrated_share": 0.0, "split": t.split} for t in result.skipped]))  # fmt: skip
+        frames.append(
+            pd.DataFrame(
+                [
+                    {
+                        "label": t.label,
+                        "phase": t.phase,
+                        "basket_size": t.calibration.basket_size,
+                        "layers": str(t.calibration.layers),
+                        "strength": t.strength,
+                        "calibrated_share": 0.0,
+                        "split": t.split,
+                    }
+                    for t in result.skipped
+                ]
+            )
+        )
     paths["trials"] = atomic_write_text(out / "trials.csv", pd.concat(frames, ignore_index=True).to_csv(index=False))
     save_figure(tradeoff_figure(result), out / "tradeoff")
     paths["figure"] = out / "tradeoff.png"

@@ -111,12 +111,16 @@ class SearchSpace:
             raise PosfairInputError("the search space needs at least one basket size, layer set and strength")
         bad = [s for s in self.strengths if not 0 < float(s) <= 1]
         if bad:
-            raise PosfairInputError(f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}")
+            raise PosfairInputError(
+                f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}"
+            )
         if self.fine_rounds < 0:
             raise PosfairInputError(f"fine_rounds must be >= 0; got {self.fine_rounds}")
         object.__setattr__(self, "basket_sizes", tuple(dict.fromkeys(int(b) for b in self.basket_sizes)))
         object.__setattr__(self, "strengths", tuple(sorted({_strength(s) for s in self.strengths})))
-        layer_sets = [tuple(x) if isinstance(x, list) else x for x in self.layer_sets]  # 1 (last layer) != 1.0 (all layers)
+        layer_sets = [
+            tuple(x) if isinstance(x, list) else x for x in self.layer_sets
+        ]  # 1 (last layer) != 1.0 (all layers)
         object.__setattr__(self, "layer_sets", tuple({(type(x).__name__, x): x for x in layer_sets}.values()))
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad or not self.variants:
@@ -139,7 +143,9 @@ class SearchSpace:
     @classmethod
     def paper(cls, fine_rounds: int = 2) -> SearchSpace:
         """The papers' grid (:func:`posfair.retrieval.grids.paper_grid`): {128, 256, 512} x {last layer, last 50%} x {0.5, 1.0}."""
-        return cls(basket_sizes=PAPER_BASKETS, layer_sets=PAPER_LAYERS, strengths=PAPER_STRENGTHS, fine_rounds=fine_rounds)
+        return cls(
+            basket_sizes=PAPER_BASKETS, layer_sets=PAPER_LAYERS, strengths=PAPER_STRENGTHS, fine_rounds=fine_rounds
+        )
 
     def expand(self, base: Calibration) -> list[Calibration]:
         """``base`` (the papers' formula) as every variant of the space."""
@@ -149,7 +155,9 @@ class SearchSpace:
                 out.append(base)
             elif v == "prior":
                 if self.prior is None:
-                    raise PosfairInputError("the prior variant needs a positional prior (SearchSpace.prior, or estimated by the objective)")
+                    raise PosfairInputError(
+                        "the prior variant needs a positional prior (SearchSpace.prior, or estimated by the objective)"
+                    )
                 out.append(replace(base, prior=self.prior))
             elif v == "self":
                 out.extend(replace(base, self_share=rho) for rho in self.self_shares)
@@ -168,11 +176,18 @@ class SearchSpace:
 
     def to_dict(self) -> dict[str, Any]:
         d = {
-            "basket_sizes": list(self.basket_sizes), "layer_sets": [list(x) if isinstance(x, tuple) else x for x in self.layer_sets],
-            "strengths": list(self.strengths), "fine_rounds": self.fine_rounds, "min_step": self.min_step,
-        }  # fmt: skip
+            "basket_sizes": list(self.basket_sizes),
+            "layer_sets": [list(x) if isinstance(x, tuple) else x for x in self.layer_sets],
+            "strengths": list(self.strengths),
+            "fine_rounds": self.fine_rounds,
+            "min_step": self.min_step,
+        }
         if self.variants != ("uniform",):  # the default space keeps its old form
-            d.update(variants=list(self.variants), self_shares=list(self.self_shares), special_shares=list(self.special_shares))
+            d.update(
+                variants=list(self.variants),
+                self_shares=list(self.self_shares),
+                special_shares=list(self.special_shares),
+            )
         return d
 
 
@@ -215,17 +230,24 @@ class Trial:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label, "key": self.key, "calibration": None if self.stock else self.calibration.to_dict(),
-            "split": self.split, "phase": self.phase, "metrics": {k: _num(v) for k, v in self.metrics.items()}, "seconds": self.seconds,
+            "label": self.label,
+            "key": self.key,
+            "calibration": None if self.stock else self.calibration.to_dict(),
+            "split": self.split,
+            "phase": self.phase,
+            "metrics": {k: _num(v) for k, v in self.metrics.items()},
+            "seconds": self.seconds,
             "calibrated_share": self.calibrated_share,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trial:
         cal = Calibration.from_dict(d["calibration"]) if d.get("calibration") else STOCK
         metrics = {k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()}
         share = d.get("calibrated_share")
-        return cls(cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)), None if share is None else float(share))
+        return cls(
+            cal, d["split"], d["phase"], metrics, float(d.get("seconds", 0.0)), None if share is None else float(share)
+        )
 
 
 def _num(v: Any) -> float | None:
@@ -261,10 +283,19 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
     stock_t, chosen_t = result.trial(STOCK, TEST), result.trial(result.chosen, TEST)
     change = chosen_t.metrics[guard] - stock_t.metrics[guard]
     out: dict[str, Any] = {
-        "guard": guard, "stock": stock_t.metrics[guard], "chosen": chosen_t.metrics[guard], "change": change,
-        "limit": -result.max_drop, "holds": meets_constraint(chosen_t.metrics[guard], stock_t.metrics[guard], result.max_drop),
-        "low": None, "high": None, "units": None, "unit": None, "draws": CHECK_DRAWS, "seed": CHECK_SEED,
-    }  # fmt: skip
+        "guard": guard,
+        "stock": stock_t.metrics[guard],
+        "chosen": chosen_t.metrics[guard],
+        "change": change,
+        "limit": -result.max_drop,
+        "holds": meets_constraint(chosen_t.metrics[guard], stock_t.metrics[guard], result.max_drop),
+        "low": None,
+        "high": None,
+        "units": None,
+        "unit": None,
+        "draws": CHECK_DRAWS,
+        "seed": CHECK_SEED,
+    }
     units = objective.guard_units
     a, b = units(STOCK, TEST), units(result.chosen, TEST)
     if a is not None and b is not None:
@@ -273,8 +304,12 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
             rng = np.random.default_rng(CHECK_SEED)
             idx = rng.integers(0, len(paired), size=(CHECK_DRAWS, len(paired)))
             means = paired.to_numpy()[idx].mean(axis=1)
-            out.update(low=float(np.quantile(means, 0.025)), high=float(np.quantile(means, 0.975)), units=len(paired),
-                       unit=objective.unit)  # fmt: skip
+            out.update(
+                low=float(np.quantile(means, 0.025)),
+                high=float(np.quantile(means, 0.975)),
+                units=len(paired),
+                unit=objective.unit,
+            )
     out["verdict"] = constraint_verdict(out)
     return out
 
@@ -283,13 +318,18 @@ def constraint_verdict(check: dict[str, Any]) -> str:
     """One sentence on a :func:`check_test_constraint`: holds / holds within noise / broken."""
     limit, change = check["limit"], check["change"]
     interval = (
-        "" if check["low"] is None else f" [95 % interval {check['low']:+.3f}, {check['high']:+.3f} over {check['units']} {check['unit']}]"
+        ""
+        if check["low"] is None
+        else f" [95 % interval {check['low']:+.3f}, {check['high']:+.3f} over {check['units']} {check['unit']}]"
     )
     head = f"on the held-out test split {check['guard']} changed by {change:+.3f}{interval}, limit {limit:+.3f}: "
     if not check["holds"]:
         return head + "the constraint is BROKEN on the test split (the dev choice does not carry over)"
     if check["low"] is not None and check["low"] < limit:
-        return head + "the constraint holds, but the interval reaches beyond the limit: this split is too small to confirm it"
+        return (
+            head
+            + "the constraint holds, but the interval reaches beyond the limit: this split is too small to confirm it"
+        )
     return head + "the constraint holds"
 
 
@@ -374,7 +414,10 @@ class TuneResult:
             out["test_constraint_holds"] = float(self.test_check["holds"])
             out["test_guard_change"] = float(self.test_check["change"])
             if self.test_check["low"] is not None:
-                out["test_guard_change_low"], out["test_guard_change_high"] = float(self.test_check["low"]), float(self.test_check["high"])
+                out["test_guard_change_low"], out["test_guard_change_high"] = (
+                    float(self.test_check["low"]),
+                    float(self.test_check["high"]),
+                )
         return out
 
     def frame(self, split: str = DEV) -> pd.DataFrame:
@@ -386,9 +429,16 @@ class TuneResult:
             if t.split != split:
                 continue
             c = t.calibration
-            row = {"label": t.label, "phase": t.phase, "variant": t.variant, "basket_size": None if t.stock else c.basket_size,
-                   "layers": None if t.stock else str(c.layers), "strength": t.strength,
-                   "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share, **t.metrics}  # fmt: skip
+            row = {
+                "label": t.label,
+                "phase": t.phase,
+                "variant": t.variant,
+                "basket_size": None if t.stock else c.basket_size,
+                "layers": None if t.stock else str(c.layers),
+                "strength": t.strength,
+                "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share,
+                **t.metrics,
+            }
             if split == DEV:
                 row["feasible"] = meets_constraint(t.metrics[self.guard], stock, self.max_drop)
                 row["on_front"] = t.key in front
@@ -399,14 +449,20 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "objective": self.objective, "space": self.space, "max_drop": self.max_drop, "trials": [t.to_dict() for t in self.trials],
-            "chosen": None if self.chosen is STOCK else self.chosen.to_dict(), "chosen_label": self.chosen_label,
-            "front": [t.label for t in self.front], "feasible": self.feasible, "seconds": self.seconds,
+            "objective": self.objective,
+            "space": self.space,
+            "max_drop": self.max_drop,
+            "trials": [t.to_dict() for t in self.trials],
+            "chosen": None if self.chosen is STOCK else self.chosen.to_dict(),
+            "chosen_label": self.chosen_label,
+            "front": [t.label for t in self.front],
+            "feasible": self.feasible,
+            "seconds": self.seconds,
             "skipped": [t.to_dict() for t in self.skipped],
             "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
             "variant_best": {v: (c.label() if c is not None else None) for v, c in self.variant_best.items()},
             "test_check": self.test_check,
-        }  # fmt: skip
+        }
 
 
 def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
@@ -415,7 +471,9 @@ def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
     saved = json.loads(path.read_text())
     old = json.loads(json.dumps(saved.get("objective"), default=str))
     if old != json.loads(json.dumps(objective, default=str)):
-        raise PosfairInputError(f"{path} holds a search of a different objective, model or data ({old}); use another output directory")
+        raise PosfairInputError(
+            f"{path} holds a search of a different objective, model or data ({old}); use another output directory"
+        )
     return [Trial.from_dict(d) for d in saved.get("trials", [])]
 
 
@@ -423,15 +481,25 @@ class _Search:
     """The state of one search: the trials so far (evaluated or read back from ``tune.json``), the skipped
     no-op grid points, the progress bar and the log; :meth:`trial` evaluates one configuration on one split."""
 
-    def __init__(self, objective: Objective, space: SearchSpace, max_drop: float, path: Path | None,
-                 log: Callable[[str], None] | None, show_progress_bar: bool | None, total: int):  # fmt: skip
+    def __init__(
+        self,
+        objective: Objective,
+        space: SearchSpace,
+        max_drop: float,
+        path: Path | None,
+        log: Callable[[str], None] | None,
+        show_progress_bar: bool | None,
+        total: int,
+    ):
         self.objective, self.space, self.max_drop, self.path, self.log = objective, space, max_drop, path, log
         self.desc = objective.describe()
         self.done = {(t.key, t.split): t for t in (_load_trials(path, self.desc) if path else [])}
         self.trials: list[Trial] = []
         self.skipped: list[Trial] = []
         self.sign = 1.0 if objective.greater_is_better else -1.0
-        self.bar = tqdm(total=total, desc="tuning trials", unit="trial", disable=not progress_enabled(show_progress_bar, logger))
+        self.bar = tqdm(
+            total=total, desc="tuning trials", unit="trial", disable=not progress_enabled(show_progress_bar, logger)
+        )
         self.stock: Trial | None = None
 
     def say(self, msg: str) -> None:
@@ -442,8 +510,13 @@ class _Search:
     def save(self, extra: dict[str, Any] | None = None) -> None:
         """``tune.json`` rewritten atomically: every trial so far (a killed search loses no finished trial)."""
         if self.path is not None:
-            body = {"objective": self.desc, "space": self.space.to_dict(), "max_drop": self.max_drop,
-                    "trials": [t.to_dict() for t in self.trials], "skipped": [t.to_dict() for t in self.skipped]}  # fmt: skip
+            body = {
+                "objective": self.desc,
+                "space": self.space.to_dict(),
+                "max_drop": self.max_drop,
+                "trials": [t.to_dict() for t in self.trials],
+                "skipped": [t.to_dict() for t in self.skipped],
+            }
             atomic_write_json(self.path, body | (extra or {}))
 
     def _known(self, key: tuple[str, str]) -> tuple[bool, Trial | None]:
@@ -459,7 +532,9 @@ class _Search:
         if known:
             return t
         share = None if cal is STOCK else self.objective.calibrated_share(cal, split)
-        if share is not None and share == 0 and phase in ("coarse", "fine"):  # the test split reports the choice whatever it is
+        if (
+            share is not None and share == 0 and phase in ("coarse", "fine")
+        ):  # the test split reports the choice whatever it is
             self.skipped.append(Trial(cal, split, "skipped", {}, 0.0, 0.0))
             self._record(f"{split:>4} {phase:<6} {cal.label():<22} skipped: {NOOP_LABEL} (calibrated share 0)")
             return None
@@ -467,7 +542,9 @@ class _Search:
         self.trials.append(t)
         shown = "" if share is None else f" calibrated_share={share:.3f}"
         o = self.objective
-        self._record(f"{split:>4} {phase:<6} {t.label:<22} {o.score}={t.metrics[o.score]:.4f} {o.guard}={t.metrics[o.guard]:.4f}{shown}")
+        self._record(
+            f"{split:>4} {phase:<6} {t.label:<22} {o.score}={t.metrics[o.score]:.4f} {o.guard}={t.metrics[o.guard]:.4f}{shown}"
+        )
         return t
 
     def _read_back(self, key: tuple[str, str], phase: str, share: float | None) -> Trial:
@@ -493,7 +570,9 @@ class _Search:
 
     # -- the choice rule (the test check uses the same meets_constraint) --------------------------
     def feasible(self, t: Trial) -> bool:
-        return t.stock or meets_constraint(t.metrics[self.objective.guard], self.stock.metrics[self.objective.guard], self.max_drop)
+        return t.stock or meets_constraint(
+            t.metrics[self.objective.guard], self.stock.metrics[self.objective.guard], self.max_drop
+        )
 
     def rank(self, t: Trial) -> tuple[float, float]:
         """Smaller is better; ties go to the lower strength."""
@@ -507,7 +586,9 @@ class _Search:
         coarse = [t for t in (self.trial(c, DEV, "coarse") for c in grid) if t is not None]
         if self.skipped:
             labels = ", ".join(t.label for t in self.skipped)
-            self.say(f"skipped {len(self.skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({labels})")
+            self.say(
+                f"skipped {len(self.skipped)} of {len(grid)} grid points: {NOOP_LABEL} on the dev split ({labels})"
+            )
         return coarse
 
     def lines(self, coarse: list[Trial]) -> list[Calibration]:
@@ -588,7 +669,9 @@ def run_search(
     if "prior" in space.variants and space.prior is None:
         estimate = getattr(objective, "estimate_prior", None)
         if estimate is None:
-            raise PosfairInputError(f"objective {objective.name!r} cannot estimate a positional prior: give SearchSpace(prior=...)")
+            raise PosfairInputError(
+                f"objective {objective.name!r} cannot estimate a positional prior: give SearchSpace(prior=...)"
+            )
         space = replace(space, prior=estimate())
     if max_drop < 0:
         raise PosfairInputError(f"max_drop must be >= 0; got {max_drop}")
@@ -604,8 +687,19 @@ def run_search(
             search.fine(line)
         pick, any_feasible, front, fronts, variant_best = search.choose()
         search.confirm_on_test(pick, variant_best)
-        result = TuneResult(search.desc, space.to_dict(), max_drop, search.trials, pick.calibration, front, any_feasible,
-                            time.perf_counter() - t0, list(search.skipped), fronts, variant_best)  # fmt: skip
+        result = TuneResult(
+            search.desc,
+            space.to_dict(),
+            max_drop,
+            search.trials,
+            pick.calibration,
+            front,
+            any_feasible,
+            time.perf_counter() - t0,
+            list(search.skipped),
+            fronts,
+            variant_best,
+        )
         result.test_check = check_test_constraint(objective, result)
         if result.test_check is not None:
             search.say(result.test_check["verdict"])

@@ -30,9 +30,15 @@ def build_corpus_benchmark(
     """A position-aware benchmark built from an aligned corpus (titles as queries), saved in ``out_dir`` and loaded."""
     limit = token_limit(model)
     path = build_from_corpus(
-        corpus, out_dir, langs=[lang], k=k, seed=seed, max_doc_tokens=limit - model.special_token_count(), max_seq_length=limit,
+        corpus,
+        out_dir,
+        langs=[lang],
+        k=k,
+        seed=seed,
+        max_doc_tokens=limit - model.special_token_count(),
+        max_seq_length=limit,
         count_tokens=lambda texts: model.token_lengths(texts, add_special_tokens=False).tolist(),
-    )  # fmt: skip
+    )
     return load_benchmark(str(path), lang=lang)
 
 
@@ -76,7 +82,14 @@ def make_objective(
     check_objective(objective, corpus, benchmark, score)
     if objective == "fairness":
         return FairnessObjective(
-            model, corpus, settings, store=store, score=score or "spread", test_fraction=test_fraction, seed=seed, progress=progress
+            model,
+            corpus,
+            settings,
+            store=store,
+            score=score or "spread",
+            test_fraction=test_fraction,
+            seed=seed,
+            progress=progress,
         )
     if benchmark is None:
         if work_dir is None:
@@ -115,14 +128,31 @@ def tune(
     with tempfile.TemporaryDirectory(prefix="posfair-tune-") as tmp:
         work = Path(out_dir) if out_dir is not None else Path(tmp)
         store = EmbeddingStore(cache_dir or work / "cache")
-        obj = objective if isinstance(objective, Objective) else make_objective(
-            model, objective, corpus=corpus, benchmark=benchmark, settings=settings, score=score, store=store,
-            test_fraction=test_fraction, seed=seed, work_dir=work, lang=lang,
-        )  # fmt: skip
+        obj = (
+            objective
+            if isinstance(objective, Objective)
+            else make_objective(
+                model,
+                objective,
+                corpus=corpus,
+                benchmark=benchmark,
+                settings=settings,
+                score=score,
+                store=store,
+                test_fraction=test_fraction,
+                seed=seed,
+                work_dir=work,
+                lang=lang,
+            )
+        )
         result = run_search(
-            obj, space, max_drop=max_drop, results_path=work / RESULTS_FILE if out_dir is not None else None, log=log,
+            obj,
+            space,
+            max_drop=max_drop,
+            results_path=work / RESULTS_FILE if out_dir is not None else None,
+            log=log,
             show_progress_bar=show_progress_bar,
-        )  # fmt: skip
+        )
         if out_dir is not None:
             write_outputs(result, out_dir)
             if isinstance(obj, FairnessObjective):
@@ -148,32 +178,61 @@ class CalibrationTuner(PosfairEvaluator):
     scores, spread and max |beta|: lower is better; the retrieval score, Harm: higher is better).
     """
 
-    def __init__(self, corpus: pd.DataFrame | None = None, *, objective: str | Objective = "fairness", benchmark=None, settings=None,
-                 space: SearchSpace | None = None, max_drop: float = 0.02, score: str | None = None, test_fraction: float = 0.5,
-                 seed: int = 0, cache_dir: str | Path | None = None, name: str = "tune",
-                 show_progress_bar: bool | None = None):  # fmt: skip
+    def __init__(
+        self,
+        corpus: pd.DataFrame | None = None,
+        *,
+        objective: str | Objective = "fairness",
+        benchmark=None,
+        settings=None,
+        space: SearchSpace | None = None,
+        max_drop: float = 0.02,
+        score: str | None = None,
+        test_fraction: float = 0.5,
+        seed: int = 0,
+        cache_dir: str | Path | None = None,
+        name: str = "tune",
+        show_progress_bar: bool | None = None,
+    ):
         super().__init__()
         check_objective(objective, corpus, benchmark, score)
         self.show_progress_bar = show_progress_bar
         self.corpus, self.objective, self.benchmark = corpus, objective, benchmark
         self.settings = settings if settings is not None or objective != "fairness" else default_fairness_settings()
         self.space, self.max_drop, self.score_name = space or SearchSpace(), max_drop, score
-        self.test_fraction, self.seed, self.cache_dir, self.name = test_fraction, seed, cache_dir, self._check_name(name)
+        self.test_fraction, self.seed, self.cache_dir, self.name = (
+            test_fraction,
+            seed,
+            cache_dir,
+            self._check_name(name),
+        )
         if isinstance(objective, Objective):
             score, self.greater_is_better = objective.score, bool(objective.greater_is_better)
         else:
-            score, self.greater_is_better = score or ("harm" if objective == "retrieval" else "spread"), objective == "retrieval"
+            score, self.greater_is_better = (
+                score or ("harm" if objective == "retrieval" else "spread"),
+                objective == "retrieval",
+            )
         self.base_metric = f"test_chosen_{score}"
         self.last_result: TuneResult | None = None
 
     def __call__(self, model, output_path: str | None = None, epoch: float = -1, steps: int = -1) -> dict[str, float]:
         tag = run_tag(epoch, steps)
         result = tune(
-            model, self.corpus, objective=self.objective, benchmark=self.benchmark, settings=self.settings, space=self.space,
-            max_drop=self.max_drop, score=self.score_name, test_fraction=self.test_fraction, seed=self.seed,
+            model,
+            self.corpus,
+            objective=self.objective,
+            benchmark=self.benchmark,
+            settings=self.settings,
+            space=self.space,
+            max_drop=self.max_drop,
+            score=self.score_name,
+            test_fraction=self.test_fraction,
+            seed=self.seed,
             out_dir=None if output_path is None else Path(output_path) / f"{self.name}{tag}",
-            cache_dir=self.cache_dir, show_progress_bar=self.show_progress_bar,
-        )  # fmt: skip
+            cache_dir=self.cache_dir,
+            show_progress_bar=self.show_progress_bar,
+        )
         self.last_result = result
         return self.finish(model, result.headline(), epoch, steps)
 

@@ -60,12 +60,18 @@ class BenchmarkSize:
         count = self.documents if self.documents < MIN_QUERIES_PER_GROUP else self.smallest
         return (
             f"benchmark {self.name} is too small to separate methods: {count} {what} (fewer than {MIN_QUERIES_PER_GROUP}); "
-            f"differences below about ±{resolution_points(self.smallest):.0f} nDCG@10 points are noise" + (f"; {advice}" if advice else "")
+            f"differences below about ±{resolution_points(self.smallest):.0f} nDCG@10 points are noise"
+            + (f"; {advice}" if advice else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"documents": self.documents, "queries": self.queries, "queries_per_group": dict(self.per_group),
-                "resolution_points": round(resolution_points(self.smallest), 2), "too_small": self.too_small}  # fmt: skip
+        return {
+            "documents": self.documents,
+            "queries": self.queries,
+            "queries_per_group": dict(self.per_group),
+            "resolution_points": round(resolution_points(self.smallest), 2),
+            "too_small": self.too_small,
+        }
 
 
 @dataclass
@@ -110,7 +116,9 @@ class RetrievalBenchmark:
         self._doc_index: dict[tuple[str, str], int] = {}
         for i, (d, did) in enumerate(zip(cdom, self.corpus_ids, strict=True)):
             if (d, did) in self._doc_index:
-                raise ValueError(f"benchmark {self.name!r}: duplicate document id {did!r}" + (f" in domain {d!r}" if d else ""))
+                raise ValueError(
+                    f"benchmark {self.name!r}: duplicate document id {did!r}" + (f" in domain {d!r}" if d else "")
+                )
             self._doc_index[(d, did)] = i
         rel: list[np.ndarray] = []
         for qid, d in zip(self.query_ids, qdom, strict=True):

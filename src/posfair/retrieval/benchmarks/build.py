@@ -109,7 +109,9 @@ def _aligned_segments(corpus: pd.DataFrame, langs: Sequence[str]) -> tuple[dict[
                 f"corpus has no usable rows (non-empty title and text) in language {lang!r}; languages: {sorted(corpus['lang'].unique())}"
             )
         if sub["id"].duplicated().any():
-            raise PosfairInputError(f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}")
+            raise PosfairInputError(
+                f"corpus has duplicate ids in language {lang!r}: {sub['id'][sub['id'].duplicated()].tolist()[:5]}"
+            )
         per_lang[lang] = sub.set_index("id")
     ids = sorted(set.intersection(*(set(s.index) for s in per_lang.values())))
     if not ids:
@@ -129,11 +131,19 @@ def _token_counts(per_lang: dict[str, pd.DataFrame], ids: list[str], count_token
     return out
 
 
-def _within_budget(ids: list[str], n_tokens: dict[str, pd.Series], max_doc_tokens: int, k: int, langs: Sequence[str],
-                   budget_langs: Sequence[str] | None) -> list[str]:  # fmt: skip
+def _within_budget(
+    ids: list[str],
+    n_tokens: dict[str, pd.Series],
+    max_doc_tokens: int,
+    k: int,
+    langs: Sequence[str],
+    budget_langs: Sequence[str] | None,
+) -> list[str]:
     """The ids whose segment has at most ``max_doc_tokens // k`` tokens in every budget language."""
     if not n_tokens:
-        raise PosfairInputError("max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column")
+        raise PosfairInputError(
+            "max_doc_tokens needs token counts: pass count_tokens or a corpus with an 'n_tokens_minilm' column"
+        )
     cap = max_doc_tokens // k
     checked = list(budget_langs or langs)
     unknown = set(checked) - set(langs)
@@ -145,12 +155,15 @@ def _within_budget(ids: list[str], n_tokens: dict[str, pd.Series], max_doc_token
         keep &= set(counts.index[counts <= cap])
     out = [i for i in ids if i in keep]
     if not out:
-        raise PosfairInputError(f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language")
+        raise PosfairInputError(
+            f"no segment has at most {cap} tokens (max_doc_tokens={max_doc_tokens}, k={k}) in every language"
+        )
     return out
 
 
-def _write_language(ldir: Path, sub: pd.DataFrame, doc_ids: list[str], docs: list[list[str]], separator: str,
-                    n_tokens: pd.Series | None) -> None:  # fmt: skip
+def _write_language(
+    ldir: Path, sub: pd.DataFrame, doc_ids: list[str], docs: list[list[str]], separator: str, n_tokens: pd.Series | None
+) -> None:
     """One language's ``corpus.parquet``, ``queries.parquet`` (a segment's title asks for its document) and qrels."""
     corpus_rows, query_rows, qrel_rows = [], [], []
     for did, segs in zip(doc_ids, docs, strict=True):
@@ -165,8 +178,18 @@ def _write_language(ldir: Path, sub: pd.DataFrame, doc_ids: list[str], docs: lis
         corpus_rows.append({"_id": did, "text": doc_text})
         for p, (s, span) in enumerate(zip(segs, spans, strict=True), start=1):
             qid = f"q-{s}"
-            query_rows.append({"_id": qid, "text": sub.at[s, "title"], "pos_char_span": list(span), "pos_char_length": len(doc_text),
-                               "pos_token_length": tok, "segment_id": s, "segment_position": p, "n_segments": len(segs)})  # fmt: skip
+            query_rows.append(
+                {
+                    "_id": qid,
+                    "text": sub.at[s, "title"],
+                    "pos_char_span": list(span),
+                    "pos_char_length": len(doc_text),
+                    "pos_token_length": tok,
+                    "segment_id": s,
+                    "segment_position": p,
+                    "n_segments": len(segs),
+                }
+            )
             qrel_rows.append({"query-id": qid, "corpus-id": did, "score": 1})
     atomic_write_parquet(ldir / "corpus.parquet", pd.DataFrame(corpus_rows))
     atomic_write_parquet(ldir / "queries.parquet", pd.DataFrame(query_rows))

@@ -16,7 +16,9 @@ _NAMED = {
     "squad-posq": lambda **kw: load_squad_posq(convention=kw.get("convention", "inclusive")),
     "squad-posq-tiny": lambda **kw: load_squad_posq(sample=10_000, convention=kw.get("convention", "inclusive")),
     "fineweb-posq": lambda **kw: load_fineweb_posq(),
-    "posir": lambda **kw: load_posir(lang=kw.get("lang") or "eng-Latn", corpus_lang=kw.get("corpus_lang"), domains=kw.get("domains")),
+    "posir": lambda **kw: load_posir(
+        lang=kw.get("lang") or "eng-Latn", corpus_lang=kw.get("corpus_lang"), domains=kw.get("domains")
+    ),
 }
 
 
@@ -52,7 +54,9 @@ def load_benchmark(
             return load_fineweb_posq(rows)
         if rows and "answers" in rows[0]:
             return load_squad_posq(rows, convention=convention)
-        raise ValueError(f"{path}: not a PosIR tree and its rows have neither SQuAD ('answers') nor FineWeb-PosQ ('span_class') fields")
+        raise ValueError(
+            f"{path}: not a PosIR tree and its rows have neither SQuAD ('answers') nor FineWeb-PosQ ('span_class') fields"
+        )
     raise ValueError(
         f"unknown benchmark {name_or_path!r}: use one of {sorted(_NAMED)}, a hub id "
         f"({SQUAD_HUB_ID}, {FINEWEB_HUB_ID}, {POSIR_HUB_ID}) or an existing path"

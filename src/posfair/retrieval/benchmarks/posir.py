@@ -27,7 +27,11 @@ _POSITION_COLUMNS = ("pos_char_span", "pos_char_length", "pos_token_length")
 
 
 def load_posir(
-    source: Any = POSIR_HUB_ID, *, lang: str = "eng-Latn", corpus_lang: str | None = None, domains: Sequence[str] | None = None
+    source: Any = POSIR_HUB_ID,
+    *,
+    lang: str = "eng-Latn",
+    corpus_lang: str | None = None,
+    domains: Sequence[str] | None = None,
 ) -> RetrievalBenchmark:
     """PosIR (or any benchmark saved in its layout, e.g. by :func:`build_from_corpus`).
 
@@ -45,11 +49,17 @@ def load_posir(
         missing = [col for col in _POSITION_COLUMNS if col not in rows.columns or rows[col].isna().all()]
         if missing:
             path = tables.root / tables.lang / str(domain) / "queries.parquet"
-            raise ValueError(f"{path}: missing column(s) {missing} (PosIR's answer positions); found {list(rows.columns.drop('domain'))}")
+            raise ValueError(
+                f"{path}: missing column(s) {missing} (PosIR's answer positions); found {list(rows.columns.drop('domain'))}"
+            )
     qrels: dict[str, dict[str, int]] = {}
-    for dom, qid, did, score in zip(r["domain"], r["query-id"].astype(str), r["corpus-id"].astype(str), r["score"], strict=True):
+    for dom, qid, did, score in zip(
+        r["domain"], r["query-id"].astype(str), r["corpus-id"].astype(str), r["score"], strict=True
+    ):
         qrels.setdefault(f"{dom}/{qid}", {})[did] = int(score)
-    relpos = np.array([posir_relative_position(s, n) for s, n in zip(q["pos_char_span"], q["pos_char_length"], strict=True)])
+    relpos = np.array(
+        [posir_relative_position(s, n) for s, n in zip(q["pos_char_span"], q["pos_char_length"], strict=True)]
+    )
     buckets = [posir_length_bucket(float(t)) if pd.notna(t) else None for t in q["pos_token_length"]]
     groups: dict[str, np.ndarray] = {}
     if "segment_position" in q.columns:

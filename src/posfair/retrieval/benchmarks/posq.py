@@ -27,7 +27,13 @@ FINEWEB_HUB_ID = "NovaSearch/FineWeb-PosQ"
 
 
 def _posq_benchmark(
-    name: str, passages: list[str], qids: list[str], questions: list[str], q2p: dict[str, str], groups: dict[str, np.ndarray], meta: dict
+    name: str,
+    passages: list[str],
+    qids: list[str],
+    questions: list[str],
+    q2p: dict[str, str],
+    groups: dict[str, np.ndarray],
+    meta: dict,
 ) -> RetrievalBenchmark:
     """The PosQ construction: corpus = ``sorted(set(passages))`` (exact-string dedup, ids = rank
     in that order, as the reference's ``passage2id``); one positive per query, ``q2p[question]``."""
@@ -99,7 +105,9 @@ def _unique_ids(ids: list[str]) -> list[str]:
     return out
 
 
-def load_fineweb_posq(source: Any = FINEWEB_HUB_ID, *, sample_per_group: int | None = None, seed: int = 42) -> RetrievalBenchmark:
+def load_fineweb_posq(
+    source: Any = FINEWEB_HUB_ID, *, sample_per_group: int | None = None, seed: int = 42
+) -> RetrievalBenchmark:
     """FineWeb-PosQ.
 
     Reproduces the reference: rows with a question are queries (positive = the
@@ -120,7 +128,9 @@ def load_fineweb_posq(source: Any = FINEWEB_HUB_ID, *, sample_per_group: int | N
         raise ValueError("FineWeb-PosQ: no row has a question")
     if sample_per_group is not None:
         random.Random(seed).shuffle(queries)
-        picked = [q for c in ("beginning", "middle", "end") for q in [q for q in queries if c in q[1]][:sample_per_group]]
+        picked = [
+            q for c in ("beginning", "middle", "end") for q in [q for q in queries if c in q[1]][:sample_per_group]
+        ]
         seen, queries = set(), []
         for q in picked:
             if q[0] not in seen:
