@@ -1,5 +1,5 @@
 """The Arrow store: shards other tools read, memory-mapped vectors, the key index, the checksum rule,
-resume after a kill, stores of the previous (.npz) format, streaming search."""
+resume after a kill, streaming search."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import pyarrow as pa
 import pytest
 
 from posfair.store import INDEX, DamagedShardWarning, EmbeddingStore, read_shard, text_key
-from posfair.store.shards import _npz_checksum
 
 
 def vectors_for(keys, dim=8):
@@ -192,31 +191,6 @@ def test_a_killed_writer_loses_no_finished_shard(tmp_path):
     assert sum(computed) == 400 - 10 * len(written) and out.shape == (400, 4)
 
 
-def write_npz_shard(folder, name, keys, vectors, settings):
-    """A shard exactly as the previous posfair wrote it (.npz, checksum over keys + vectors + info)."""
-    info = {"format": 2, "rows": len(keys), "dim": int(vectors.shape[1]), "settings": settings}
-    meta = {**info, "sha256": _npz_checksum(info, keys, vectors)}
-    with open(folder / f"part-{name}.npz", "wb") as fh:
-        np.savez(
-            fh, keys=np.asarray(keys, dtype=str), vectors=vectors, meta=np.asarray(json.dumps(meta, sort_keys=True))
-        )
-
-
-@pytest.mark.filterwarnings("ignore:store .* had no readable manifest.json")
-def test_a_store_of_the_previous_npz_format_is_read_and_converted(tmp_path):
-    ns, keys = filled(tmp_path / "ref", n=30, shard=30)
-    settings = read_shard(next(ns.path.glob("part-*.arrow")))[2]["settings"]
-    old = EmbeddingStore(tmp_path / "old").namespace_dir(model="m")
-    write_npz_shard(old, "a", keys[:20], vectors_for(keys[:20]), settings)
-    write_npz_shard(old, "b", keys[20:], vectors_for(keys[20:]), settings)
-    (old / "part-c.npz").write_bytes(b"cut")  # a damaged old shard is still named and set aside
-    with pytest.warns(DamagedShardWarning, match="part-c.npz \\(not a complete .npz archive: 3 bytes"):
-        opened = EmbeddingStore(tmp_path / "old").namespace(model="m")
-    np.testing.assert_array_equal(opened.get(keys), vectors_for(keys))
-    assert sorted(p.name for p in old.glob("part-*")) == ["part-a.arrow", "part-b.arrow", "part-c.npz.damaged-1"]
-    assert read_shard(old / "part-a.arrow")[0] == keys[:20]
-
-
 def test_streaming_search_equals_the_in_memory_search(tmp_path):
     from posfair.retrieval.search import exact_topk, stored_topk
 
@@ -267,35 +241,6 @@ def test_a_trusted_shard_damaged_before_its_first_read_is_recomputed_in_the_same
     assert computed == [held]
     np.testing.assert_array_equal(out, vectors_for(keys))
     assert victim.with_name(victim.name + ".damaged-1").read_bytes() == b"\0" * len(raw)
-
-
-def test_converting_an_npz_shard_never_drops_vectors_an_arrow_file_of_its_name_lacks(tmp_path):
-    """A conversion killed between writing the .arrow and removing the .npz, a damaged .arrow, and an
-    .arrow of the same name holding other vectors: the .npz's vectors always survive."""
-    from posfair.store.shards import convert_npz_shard, write_shard
-
-    ns, keys = filled(tmp_path / "ref", n=30, shard=30)
-    settings = read_shard(next(ns.path.glob("part-*.arrow")))[2]["settings"]
-    folder = EmbeddingStore(tmp_path / "old").namespace_dir(model="m")
-    a, b = keys[:10], keys[10:20]
-    # 1. the same content already converted: the .npz goes, the .arrow stays as it was
-    write_shard(folder, a, vectors_for(a), name="x", settings=settings)
-    before = (folder / "part-x.arrow").read_bytes()
-    write_npz_shard(folder, "x", a, vectors_for(a), settings)
-    assert convert_npz_shard(folder / "part-x.npz") == folder / "part-x.arrow"
-    assert not (folder / "part-x.npz").exists() and (folder / "part-x.arrow").read_bytes() == before
-    # 2. a damaged .arrow of the name: set aside, rewritten from the .npz
-    (folder / "part-y.arrow").write_bytes(b"cut")
-    write_npz_shard(folder, "y", b, vectors_for(b), settings)
-    with pytest.warns(DamagedShardWarning, match="part-y.arrow .*rewritten from the .npz"):
-        convert_npz_shard(folder / "part-y.npz")
-    assert read_shard(folder / "part-y.arrow")[0] == b and (folder / "part-y.arrow.damaged-1").read_bytes() == b"cut"
-    # 3. an .arrow of the name holding other keys: kept; the .npz is converted under a new name
-    write_shard(folder, b, vectors_for(b), name="z", settings=settings)
-    write_npz_shard(folder, "z", a, vectors_for(a), settings)
-    new = convert_npz_shard(folder / "part-z.npz")
-    assert new != folder / "part-z.arrow" and read_shard(new)[0] == a and read_shard(folder / "part-z.arrow")[0] == b
-    assert not list(folder.glob("*.npz"))
 
 
 def test_a_key_stored_twice_is_searched_once(tmp_path):

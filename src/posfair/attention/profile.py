@@ -46,8 +46,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from posfair.attention.record import AttentionProfile, query_label
-from posfair.attention.views import SPECIAL_NAMES, VIEWS, Z95
+from posfair.attention.record import AttentionProfile
 from posfair.calibration.choice import STOCK, Stock, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
@@ -61,10 +60,6 @@ __all__ = [
     "AttentionProfile",
     "attention_profile",
     "resolve_layers",
-    "query_label",
-    "VIEWS",
-    "SPECIAL_NAMES",
-    "Z95",
     "LayerSpec",
 ]
 

@@ -32,7 +32,6 @@ __all__ = [
     "GROUP",
     "COEF_COLUMNS",
     "INSTANCE_KEYS",
-    "safe_name",
 ]
 
 GROUP = ["calibration", "setting", "measure", "n", "config"]
@@ -250,8 +249,3 @@ def is_noop(coverage: pd.DataFrame, calibration: str) -> bool:
     """Whether ``calibration`` changed no document in any instance of a :func:`coverage_summary`."""
     g = coverage[coverage["calibration"] == calibration]
     return bool(len(g)) and bool(g["calibrated_share"].notna().all()) and int(g["calibrated"].sum()) == 0
-
-
-def safe_name(s: str) -> str:
-    """``s`` usable in file names and headline keys (anything but alphanumerics, ``-`` and ``.`` becomes ``_``)."""
-    return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in s)

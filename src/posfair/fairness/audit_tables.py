@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL, format_share
-from posfair.fairness.analysis import few_clusters, is_noop, safe_name, share_of
+from posfair.evaluator_base import metric_name_part
+from posfair.fairness.analysis import few_clusters, is_noop, share_of
 from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference
 from posfair.report.tables import Table
 
@@ -127,7 +128,7 @@ def coefficient_table(
             f"by segment set; G = number of segment sets (clusters). {_inference_caption(sub)} "
             f"Statistical significance: {MARK_LEGEND}.{_few_note(sub)}"
         ),
-        name=f"{measure}_{safe_name(calibration)}_{setting}",
+        name=f"{measure}_{metric_name_part(calibration)}_{setting}",
     )
 
 
@@ -169,7 +170,7 @@ def coefficient_detail_table(
             f"{MEASURE_TITLES[measure]}. SE: CR1 cluster-robust (clusters = segment sets); G: number of segment sets. "
             f"{_inference_caption(sub)} Marks: {MARK_LEGEND}.{_few_note(sub)}"
         ),
-        name=f"{measure}_{safe_name(calibration)}_{setting}_detail",
+        name=f"{measure}_{metric_name_part(calibration)}_{setting}_detail",
     )
 
 

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import (
     coverage_summary,
     few_clusters_message,
     fidelity_summary,
     fit_instance,
     is_noop,
-    safe_name,
 )
 from posfair.fairness.audit_tables import (
     coefficient_detail_table,
@@ -160,25 +160,29 @@ class AuditResult:
         out: dict[str, float] = {}
         c = self.coefficients
         for r in c.itertuples(index=False):
-            base = f"{safe_name(r.calibration)}_{r.setting}_{r.measure}_n{r.n}_{r.config_key}_{r.coef}"
+            base = f"{metric_name_part(r.calibration)}_{r.setting}_{r.measure}_n{r.n}_{r.config_key}_{r.coef}"
             out[base] = float(r.estimate)
             if r.position > 1:
                 out[base + "_p"] = float(r.p)
         for (cal, setting, m), g in c[c["position"] > 1].groupby(["calibration", "setting", "measure"], sort=False):
-            out[f"{safe_name(cal)}_{setting}_{m}_mean_later_beta"] = float(g["estimate"].mean())
+            out[f"{metric_name_part(cal)}_{setting}_{m}_mean_later_beta"] = float(g["estimate"].mean())
         for (cal, setting), g in self.observations.groupby(["calibration", "setting"], sort=False):
-            out[f"{safe_name(cal)}_{setting}_sigma_mean"] = float(g["sigma"].mean())
+            out[f"{metric_name_part(cal)}_{setting}_sigma_mean"] = float(g["sigma"].mean())
         cov = self.coverage()
         for label, g in cov[cov["calibrated_share"].notna()].groupby("calibration", sort=False):
-            out[f"{safe_name(label)}_calibrated_share"] = float(g["calibrated"].sum() / max(1, g["documents"].sum()))
+            out[f"{metric_name_part(label)}_calibrated_share"] = float(
+                g["calibrated"].sum() / max(1, g["documents"].sum())
+            )
         if self.has_fidelity:
             fid = self.fidelity()
             for r in fid.itertuples(index=False):
                 for m in ("spread", "max_abs_beta", "margin", "other_cos", "recall", "drift"):
-                    out[f"{safe_name(r.calibration)}_{r.setting}_{m}_n{r.n}_{r.config_key}"] = float(getattr(r, m))
+                    out[f"{metric_name_part(r.calibration)}_{r.setting}_{m}_n{r.n}_{r.config_key}"] = float(
+                        getattr(r, m)
+                    )
             for (cal, setting), g in fid.groupby(["calibration", "setting"], sort=False):
                 for m in ("spread", "margin", "recall", "drift"):
-                    out[f"{safe_name(cal)}_{setting}_{m}_mean"] = float(g[m].mean())
+                    out[f"{metric_name_part(cal)}_{setting}_{m}_mean"] = float(g[m].mean())
         return out
 
     def headline_frame(self, positions=None, measure: str = "sigma") -> pd.DataFrame:

@@ -179,10 +179,7 @@ def run_sweep(
     for ev in evaluators:
         run_path = out / "runs" / f"{_run_name(ev)}.json"
         if run_path.exists():
-            result = RetrievalResult.load(run_path)
-            if result.calibrated_share is None and ev.method == "calibrated":  # a run saved before shares were recorded
-                result.calibrated_share = ev.calibrated_share(model)
-            results.append(result)
+            results.append(RetrievalResult.load(run_path))
             continue
         share = ev.calibrated_share(model)
         logger.info("%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else "")

@@ -30,8 +30,7 @@ call computes its keys again (``get_or_compute``) or reports them missing.
 A shard that cannot be read, has no checksum, fails it, or holds vectors that are
 not finite float32 rows of its dimension is *damaged*: it is renamed
 ``part-<id>.arrow.damaged-<n>`` in the same folder (never deleted), named in a
-:class:`DamagedShardWarning`, and its keys are computed again.  Shards of the
-previous format (``part-<id>.npz``) are checked and converted to Arrow on open.
+:class:`DamagedShardWarning`, and its keys are computed again.
 
 ``manifest.json`` records the settings of the namespace (its metadata, the
 vector dimension, posfair's version and a hash of the code that computes

@@ -27,12 +27,9 @@ from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet, _record, load_index, unchanged
 from posfair.store.settings import MANIFEST, MANIFEST_FORMAT, canonical
 from posfair.store.shards import (
-    LEGACY_SUFFIX,
     SHARD_SUFFIX,
     DamagedShard,
     ShardFile,
-    convert_npz_shard,
-    read_npz_shard,
     set_aside,
 )
 
@@ -152,8 +149,6 @@ def scan_namespace(
     * ``manifest.json`` must agree with ``settings`` (:func:`run_settings`), else
       :class:`ManifestMismatch` naming the folder and the setting, before any shard
       is touched;
-    * shards of the previous format (``part-*.npz``) are checked and converted to
-      Arrow (``part-*.arrow``);
     * every shard ``part-*.arrow`` is checked by the rule of :mod:`posfair.store.keyindex`
       (fully verified when the index does not record it unchanged, or with ``full``);
       a damaged one is set aside (:func:`set_aside`) and skipped, so its keys count as
@@ -175,14 +170,6 @@ def scan_namespace(
         manifest = dict(have)
     else:
         manifest = None
-    for f in sorted(ns_dir.glob(f"part-*{LEGACY_SUFFIX}")):  # the previous format: check, then convert
-        try:
-            _, _, meta = read_npz_shard(f)
-        except DamagedShard as exc:
-            set_aside(f, str(exc))
-            continue
-        manifest = _check_shard(f, meta["settings"], meta["dim"], manifest, settings, ns_dir)
-        convert_npz_shard(f)
     old = load_index(ns_dir)
     known = {rec["name"]: rec for rec in old.records} if old is not None else {}
     records: list[dict[str, Any]] = []

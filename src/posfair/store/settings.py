@@ -22,7 +22,6 @@ from posfair.calibration.choice import STOCK, Resolved, check_choice
 
 __all__ = [
     "MANIFEST",
-    "STOCK",
     "calibration_tag",
     "canonical",
     "code_version",

@@ -18,10 +18,6 @@ is finite.  When each check runs is the namespace's rule (see
 :mod:`posfair.store.keyindex`).  A shard failing either raises :class:`DamagedShard`;
 :func:`set_aside` renames such a file ``<name>.damaged-<n>`` (never deleting it)
 with a :class:`DamagedShardWarning`.
-
-Shards of the previous format (``part-<id>.npz``: ``keys``, ``vectors``, ``meta``)
-are still read (:func:`read_npz_shard`) and converted to Arrow when a namespace is
-opened (:func:`convert_npz_shard`).
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ import json
 import os
 import uuid
 import warnings
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,8 +44,6 @@ __all__ = [
     "SHARD_FORMAT",
     "SHARD_SUFFIX",
     "ShardFile",
-    "convert_npz_shard",
-    "read_npz_shard",
     "read_shard",
     "set_aside",
     "shard_path",
@@ -59,7 +52,6 @@ __all__ = [
 
 SHARD_FORMAT = 3
 SHARD_SUFFIX = ".arrow"
-LEGACY_SUFFIX = ".npz"
 _META_KEY = b"posfair"
 # settings a shard records about itself (enough to rebuild the manifest from the shards)
 _SHARD_SETTINGS = ("namespace", "fingerprint", "calibration", "prompt", "posfair_version", "code_hash")
@@ -247,108 +239,10 @@ class ShardFile:
         return self.keys.to_pylist()
 
 
-def read_npz_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, dict[str, Any]]:
-    """``(keys, vectors, meta)`` of a shard of the previous format (``.npz``), after checking it."""
-    path = Path(path)
-    size = path.stat().st_size
-    if size == 0:
-        raise DamagedShard("empty file: 0 bytes")
-    if not zipfile.is_zipfile(path):  # numpy would say "pickled data" for any non-archive bytes
-        raise DamagedShard(f"not a complete .npz archive: {size} bytes, cut short or overwritten")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if not isinstance(z, np.lib.npyio.NpzFile):
-                raise DamagedShard("not an .npz archive")
-            names = set(z.files)
-            if not {"keys", "vectors"} <= names:
-                raise DamagedShard(f"it lacks the keys/vectors arrays (has {sorted(names)})")
-            if "meta" not in names:
-                raise DamagedShard("it has no checksum (written by an older posfair or another program)")
-            keys, vectors, raw = z["keys"], z["vectors"], z["meta"]
-    except (DamagedShard, PermissionError, MemoryError):
-        raise
-    except Exception as exc:  # a damaged archive raises any of several errors (bad CRC, short member, ...)
-        detail = f": {exc}" if str(exc) and "pickle" not in str(exc) else ""
-        raise DamagedShard(f"unreadable .npz archive: {type(exc).__name__}{detail}") from None
-    try:
-        meta = json.loads(str(raw[()]))
-        info = {k: meta[k] for k in ("format", "rows", "dim", "settings")}
-        expected = meta["sha256"]
-    except Exception:
-        raise DamagedShard("its metadata is not readable JSON with a checksum") from None
-    if keys.ndim != 1 or keys.dtype.kind != "U":
-        raise DamagedShard(f"its keys are a {keys.dtype} array of shape {keys.shape}, not a list of strings")
-    if vectors.dtype != np.float32 or vectors.ndim != 2:
-        raise DamagedShard(f"its vectors are {vectors.dtype} of shape {vectors.shape}, not float32 rows")
-    if vectors.shape != (info["rows"], info["dim"]) or len(keys) != info["rows"]:
-        raise DamagedShard(
-            f"it holds {len(keys)} keys and vectors of shape {vectors.shape}, but its metadata says {info['rows']} x {info['dim']}"
-        )
-    key_list = keys.tolist()
-    if _npz_checksum(info, key_list, vectors) != expected:
-        raise DamagedShard("checksum mismatch")
-    if not np.isfinite(vectors).all():
-        raise DamagedShard(f"{int((~np.isfinite(vectors)).sum())} NaN or infinite values")
-    return key_list, vectors, meta
-
-
-def _npz_checksum(info: dict[str, Any], keys: Sequence[str], vectors: np.ndarray) -> str:
-    """The checksum of the previous (``.npz``) format."""
-    h = hashlib.sha256()
-    h.update(json.dumps(info, sort_keys=True, separators=(",", ":")).encode())
-    h.update(b"\x00")
-    for k in keys:
-        h.update(str(k).encode("utf-8"))
-        h.update(b"\x00")
-    h.update(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
-    return h.hexdigest()
-
-
-def convert_npz_shard(path: str | os.PathLike) -> Path:
-    """Rewrite a checked ``part-<id>.npz`` shard as ``part-<id>.arrow`` (same keys, vectors, settings), then
-    remove the ``.npz`` (posfair's own file of the previous format, now held by the Arrow shard); raises
-    :class:`DamagedShard` (the ``.npz`` is left for :func:`set_aside`).
-
-    When ``part-<id>.arrow`` exists already (a conversion killed before the ``.npz`` was removed,
-    or a file of the same name from elsewhere), the ``.npz`` is removed only if that file holds
-    exactly its keys, vectors and settings; a damaged one is set aside and rewritten, and one
-    holding anything else is kept and the ``.npz`` converted under a new name.
-    """
-    path = Path(path)
-    keys, vectors, meta = read_npz_shard(path)
-    name = path.name[len("part-") : -len(LEGACY_SUFFIX)]
-    target = shard_path(path.parent, name)
-    if target.exists():
-        try:
-            have = ShardFile(target)
-            have.verify()
-            same = (
-                have.info["settings"] == meta["settings"]
-                and have.key_list() == list(keys)
-                and np.array_equal(have.vectors, np.asarray(vectors, dtype=np.float32))
-            )
-        except DamagedShard as exc:
-            set_aside(target, str(exc), then="it is rewritten from the .npz shard of the same name")
-            same = None
-        if not same:
-            if same is False:
-                name = write_shard(path.parent, keys, vectors, settings=meta["settings"])
-                target = path.parent / name
-            else:
-                write_shard(path.parent, keys, vectors, name=name, settings=meta["settings"])
-    else:
-        write_shard(path.parent, keys, vectors, name=name, settings=meta["settings"])
-    os.unlink(path)
-    return target
-
-
 def read_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, dict[str, Any]]:
     """``(keys, vectors, meta)`` of a shard file after a full check (structure, checksum, finite values);
     raises :class:`DamagedShard`.  Vectors of an Arrow shard are a memory-mapped view of the file."""
-    path = Path(path)
-    if path.suffix == LEGACY_SUFFIX:
-        return read_npz_shard(path)
-    shard = ShardFile(path)
+    shard = ShardFile(Path(path))
     shard.verify()
     return shard.key_list(), shard.vectors, shard.meta
 

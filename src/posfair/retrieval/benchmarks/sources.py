@@ -14,7 +14,7 @@ import pandas as pd
 
 from posfair.io import is_local, looks_like_hub_id
 
-__all__ = ["is_local", "looks_like_hub_id", "read_splits", "check_fields", "source_name"]
+__all__ = ["is_local", "read_splits", "check_fields", "source_name"]
 
 
 def read_splits(source: Any, splits: Sequence[str]) -> list[dict]:
