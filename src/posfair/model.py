@@ -413,11 +413,7 @@ class FairModel(SentenceTransformer):
         strs = [t for t in texts if isinstance(t, str)]
         if not limit or not strs:
             return
-        prompt = kwargs.get("prompt")
-        if prompt is None and kwargs.get("prompt_name"):
-            prompt = self.prompts.get(kwargs["prompt_name"])
-        if prompt is None and self.default_prompt_name:
-            prompt = self.prompts.get(self.default_prompt_name)
+        prompt = compat.resolve_prompt(self, kwargs.get("prompt"), kwargs.get("prompt_name"))  # as encode resolves it
         if prompt:
             strs = [prompt + t for t in strs]
         lengths = [len(ids) for ids in self.tokenizer(strs, add_special_tokens=True, truncation=False)["input_ids"]]
