@@ -109,13 +109,13 @@ def attention(
     """Profile the pooling token's attention over segment-set documents (stock vs calibrated)."""
     # the model and the plots are imported only when they are needed, after the checks (--help and mistakes stay fast)
     from rich.markup import escape
-    from rich.table import Table
 
     from posfair.attention.profile import resolve_layers
     from posfair.calibration.coverage import format_share
     from posfair.cli.audit import load_corpus
     from posfair.cli.errors import data_errors, naming
     from posfair.cli.progress import console, progress_bars
+    from posfair.cli.tables import print_table
 
     checks.output_folder(out)
     model_id = checks.model_source(model)
@@ -147,18 +147,13 @@ def attention(
             progress=bar,
         )
     first = profiles[0]
-    table = Table(
-        title=escape(
-            f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"
-        )
-    )
     keys = list(first.summary())
-    for col in ["lang", "profile", *keys]:
-        table.add_column(col, justify="left" if col in ("lang", "profile") else "right")
+    rows = []
     for p in profiles:
         s = p.summary()
         values = [format_share(s.get(k)) if k == "calibrated_share" else f"{s.get(k, float('nan')):.4g}" for k in keys]
-        table.add_row(p.group, escape(p.label), *values)
+        rows.append([p.group, p.label, *values])
+    title = f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"
     con = console()
-    con.print(table)
+    print_table(con, title, ["lang", "profile", *keys], rows, keys=2)
     con.print(f"report: [bold]{escape(str(report))}[/bold]")

@@ -169,41 +169,22 @@ def load_corpus(corpus: str | None, langs: list[str] | None = None, **kwargs: An
     return load(None if corpus in (None, "bundled") else corpus, langs=langs or None, **kwargs)
 
 
-def summary_table(result, title: str):
-    """The headline coefficients of an audit as a rich table."""
-    from rich.markup import escape
-    from rich.table import Table
-
+def summary_table(result) -> tuple[list[str], list[list[str]]]:
+    """The headline coefficients of an audit: header and rows (n, configuration, coef, each variant, G)."""
     hf = result.headline_frame()
-    table = Table(title=title, caption=SUMMARY_CAPTION)
-    for col in ("n", "configuration", "coef", *hf.columns):
-        table.add_column(str(col), justify="right" if col not in ("configuration", "coef") else "left")
-    for (n, cfg, coef), row in hf.iterrows():
-        table.add_row(str(n), escape(cfg), coef, *[escape(str(v)) for v in row.tolist()])
-    return table
+    header = ["n", "configuration", "coef", *[str(c) for c in hf.columns]]
+    rows = [[str(n), cfg, coef, *[str(v) for v in row.tolist()]] for (n, cfg, coef), row in hf.iterrows()]
+    return header, rows
 
 
-def language_summary_tables(result):
-    """The language effects at equal position (per n) as rich tables; none without a language grid."""
-    from rich.markup import escape
-    from rich.table import Table
+LANGUAGE_CAPTION = "marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report"
 
+
+def language_summary_tables(result) -> list:
+    """The language effects at equal position (per n) as report tables; none without a language grid."""
     from posfair.fairness.language_report import language_tables
 
-    out = []
-    for t in language_tables(result):
-        if not t.name.startswith(("language_effects", "language_calibrations")):
-            continue
-        header, body = t.rows()
-        table = Table(
-            title=escape(t.title), caption="marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report"
-        )
-        for col in header:
-            table.add_column(escape(col))
-        for row in body:
-            table.add_row(*[escape(c) for c in row])
-        out.append(table)
-    return out
+    return [t for t in language_tables(result) if t.name.startswith(("language_effects", "language_calibrations"))]
 
 
 def run_audit(
@@ -214,6 +195,7 @@ def run_audit(
 
     from posfair.cli.errors import data_errors
     from posfair.cli.progress import console, progress_bars
+    from posfair.cli.tables import print_table
     from posfair.fairness.ols import FewClustersWarning
     from posfair.fairness.pipeline import audit as run
 
@@ -235,10 +217,12 @@ def run_audit(
     paths = result.save(out, title=title)
     elapsed = time.perf_counter() - t0
     con = console()
-    con.print(summary_table(result, f"{title} ({elapsed:.0f} s)"))
+    header, rows = summary_table(result)
+    print_table(con, f"{title} ({elapsed:.0f} s)", header, rows, caption=SUMMARY_CAPTION, keys=3)
     con.print(f"inference: {escape(result.inference_text())}")
-    for table in language_summary_tables(result):
-        con.print(table)
+    for t in language_summary_tables(result):
+        header, body = t.rows()
+        print_table(con, t.title, header, body, caption=LANGUAGE_CAPTION)
     cov = result.coverage()
     cov = cov[cov["calibrated_share"].notna()]
     for label, g in cov.groupby("calibration", sort=False):

@@ -56,7 +56,9 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
 
 
 def console():
-    """The rich console results are printed on (stdout)."""
+    """The rich console results are printed on (stdout): on a terminal with its width and styles; piped or
+    redirected as plain text, lines never wrapped (a log or ``grep`` sees whole lines, no escape codes)."""
     from rich.console import Console
 
-    return Console()
+    con = Console()
+    return con if con.is_terminal else Console(soft_wrap=True, no_color=True, highlight=False, emoji=False)

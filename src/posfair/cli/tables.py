@@ -1,0 +1,66 @@
+"""The one way a command prints a table: plain text that reads at 80 columns and pipes cleanly.
+
+A table that fits the width is printed as aligned columns under an underlined header (no
+box drawing, so a log file or ``grep`` sees plain text); one that does not fit is printed as
+one block per row, ``header: value`` per line, so no cell is cut or wrapped mid-word.  On a
+terminal the width is the terminal's; piped or redirected there is no limit (a file keeps
+one row per line).  The same rows are written as CSV / Markdown in the output folder by the
+library (:func:`posfair.report.tables.write_table`): this is only the terminal's view.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+__all__ = ["table_text", "print_table"]
+
+_NUMBER = re.compile(r"^[-+−]?(\d[\d,]*\.?\d*|\.\d+|nan|—)(\s?\S{0,2})?$")
+
+
+def _is_numeric(column: Sequence[str]) -> bool:
+    cells = [c for c in column if c.strip()]
+    return bool(cells) and all(_NUMBER.match(c.strip()) for c in cells)
+
+
+def table_text(
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    caption: str | None = None,
+    width: int | None = None,
+    keys: int = 1,
+) -> str:
+    """The table as text: aligned columns when they fit ``width`` (None: no limit), else one block per row
+    whose title is the first ``keys`` cells and whose lines are ``header: value`` for the others."""
+    header = [str(h) for h in header]
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    numeric = [_is_numeric([r[i] for r in rows]) for i in range(len(header))]
+    total = sum(widths) + 2 * (len(widths) - 1)
+    out = [title] if title else []
+    if width is None or total <= width:
+
+        def line(cells: Sequence[str]) -> str:
+            parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)]
+            return "  ".join(parts).rstrip()
+
+        out += [line(header), "  ".join("-" * w for w in widths)]
+        out += [line(r) for r in rows]
+    else:
+        label_width = max(len(h) for h in header[keys:]) if len(header) > keys else 0
+        for r in rows:
+            out.append("- " + "  ".join(f"{h}={c}" for h, c in zip(header[:keys], r[:keys], strict=True)))
+            out += [f"    {h.ljust(label_width)}  {c}" for h, c in zip(header[keys:], r[keys:], strict=True)]
+    if caption:
+        out.append(caption)
+    return "\n".join(out)
+
+
+def print_table(
+    con, title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, keys: int = 1
+) -> None:
+    """Print :func:`table_text` on the rich console ``con`` (no markup is read in the cells)."""
+    width = con.width if con.is_terminal else None
+    con.print(table_text(title, header, rows, caption=caption, width=width, keys=keys), markup=False, highlight=False)

@@ -1,0 +1,55 @@
+"""What a command prints as a table: aligned plain columns that fit the width, else one block per row;
+plain text when piped (no box drawing, no wrapping, no cut cells)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from posfair.cli.progress import console
+from posfair.cli.tables import print_table, table_text
+
+BOX = set("─│┃━┏┓┗┛┡┩╇╋┳┻┼├┤╭╮╰╯")
+HEADER = ["n", "configuration", "coef", "stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.abc123", "G"]
+ROWS = [
+    ["3", "en", "beta_2", "-0.153 •", "-0.106 •", "-0.050 □", "2"],
+    ["4", "de:en", "beta_4", "-0.087", "0.027", "0.001", "16"],
+]
+
+
+def test_a_table_that_fits_is_aligned_columns_with_numbers_right_aligned():
+    text = table_text("T", ["name", "value"], [["a", "1.5"], ["bbb", "-12.25"]], caption="c")
+    assert text.split("\n") == ["T", "name   value", "----  ------", "a        1.5", "bbb   -12.25", "c"]
+
+
+def test_a_table_too_wide_for_80_columns_becomes_one_block_per_row():
+    wide = sum(max(len(h), *(len(r[i]) for r in ROWS)) for i, h in enumerate(HEADER)) + 2 * (len(HEADER) - 1)
+    assert wide > 80
+    text = table_text("Audit", HEADER, ROWS, width=80, keys=3)
+    lines = text.split("\n")
+    assert all(len(line) <= 80 for line in lines)
+    assert lines[1] == "- n=3  configuration=en  coef=beta_2"
+    assert "    B64-L1-a1-prior20x3.abc123  -0.050 □" in lines
+    for row in ROWS:  # every cell printed whole
+        for h, cell in zip(HEADER[3:], row[3:], strict=True):
+            assert any(line.split() == [h, *cell.split()] for line in lines), (h, cell)
+    # the same table with room enough: one line per row
+    assert len(table_text("Audit", HEADER, ROWS, width=200).split("\n")) == 1 + 2 + len(ROWS)
+
+
+def test_piped_output_is_plain_and_unwrapped(monkeypatch):
+    buf = io.StringIO()
+    con = Console(file=buf, soft_wrap=True, no_color=True, highlight=False)  # what console() gives when piped
+    assert not con.is_terminal
+    print_table(
+        con, "Audit [bold]x[/bold]", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3
+    )
+    out = buf.getvalue()
+    assert not BOX & set(out)
+    assert "[bold]" in out  # cells and titles are printed as they are, never read as markup
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) > 80  # no wrapping when piped: a file keeps whole lines
+    assert lines[1].split() == HEADER
+    piped = console()  # pytest's captured stdout is not a terminal
+    assert not piped.is_terminal and piped.soft_wrap and piped.no_color
