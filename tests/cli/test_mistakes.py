@@ -199,8 +199,8 @@ MISTAKES = [
     ("demo-out-is-a-file", "demo -o {t}/afile", "--out {t}/afile: is an existing file, not a folder", None),
     # attention
     ("attention-bins-0", "attention --bins 0 -o {t}/out", "--bins 0: must be >= 1", None),
-    ("attention-max-docs-0", "attention --max-docs 0 -o {t}/out", "--max-docs 0: must be >= 1", None),
-    ("attention-no-out", "attention", "missing option '--out'", None),
+    ("attention-docs-0", "attention --docs 0 -o {t}/out", "--docs 0: must be >= 1", None),
+    ("attention-out-is-a-file", "attention -o {t}/afile", "--out {t}/afile: is an existing file, not a folder", None),
     # retrieval / sweep
     ("retrieval-no-benchmark", "retrieval", "missing option '--benchmark'", None),
     (
@@ -252,9 +252,9 @@ MISTAKES = [
     ("sweep-step-0", "sweep -b squad-posq-tiny --fine --step 0", "--step 0: must be a number in (0, 1]", None),
     ("sweep-step-not-dividing-1", "sweep -b squad-posq-tiny --fine --step 0.3", "--step 0.3: step must divide 1", None),
     (
-        "sweep-strength-0",
-        "sweep -b squad-posq-tiny --strengths 0.5,0",
-        "--strengths 0.5,0: must be a number in (0, 1]",
+        "sweep-strength-1.5",
+        "sweep -b squad-posq-tiny --strengths 0.5,1.5",
+        "--strengths 0.5,1.5: must be a number in [0, 1]",
         None,
     ),
     ("sweep-nothing", "sweep -b squad-posq-tiny --no-grid", "nothing to sweep: --no-grid without --fine", None),
@@ -397,7 +397,7 @@ MODEL_MISTAKES = [
      "range: the model has 6 layers", None),
     ("encode-max-seq-length-above-limit", "encode -i {t}/in.txt -o {t}/o.npy --max-seq-length 513", "--max-seq-length 513: max_seq_length "
      "must be in [4, 512]", None),
-    ("attention-layers-beyond-the-model", "attention --layers 0+99 -o {t}/out", "--layers 0+99: layers [99] out of range", None),
+    ("attention-layers-beyond-the-model", "attention --profile-layers 0+99 -o {t}/out", "--profile-layers 0+99: layers [99] out of range", None),
 ]  # fmt: skip
 
 

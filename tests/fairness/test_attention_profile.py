@@ -208,8 +208,8 @@ def test_cli_on_tiny_model(tiny_model_path, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "out"
-    args = ["attention", "--model", str(folder), "--corpus", str(corpus), "--n", "2", "--max-docs", "4", "--basket-size", "8",
-            "--layers", "2+3", "--calibration", "8,2,1.0", "--max-seq-length", "128", "--out", str(out)]  # fmt: skip
+    args = ["attention", "--model", str(folder), "--corpus", str(corpus), "--n", "2", "--docs", "4", "--profile-basket-size", "8",
+            "--profile-layers", "2+3", "--calibration", "8,2,1.0", "--max-seq-length", "128", "--out", str(out)]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert (out / "attention.html").is_file() and (out / "attention_baskets.png").is_file()
@@ -217,8 +217,8 @@ def test_cli_on_tiny_model(tiny_model_path, tmp_path):
     assert len(stored) == 2
     profs = [AttentionProfile.load(p) for p in stored]
     assert {p.layers for p in profs} == {(2, 3)} and all(p.n_docs == 4 for p in profs)
-    bad = CliRunner().invoke(app, [*args[:-2], "--layers", "9", "--out", str(out)])
-    assert bad.exit_code == 2 and bad.stderr.startswith("error: --layers 9: ") and "only 4" in bad.stderr
+    bad = CliRunner().invoke(app, [*args[:-2], "--profile-layers", "9", "--out", str(out)])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --profile-layers 9: ") and "only 4" in bad.stderr
 
 
 def test_bad_input(tiny_model):
@@ -248,7 +248,7 @@ def test_cli_model_bundled_is_the_bundled_model_not_a_hub_id(tmp_path, minilm):
     out = tmp_path / "out"
     res = CliRunner().invoke(
         app,
-        ["attention", "--model", "bundled", "--corpus", str(corpus), "--n", "2", "--max-docs", "2", "--out", str(out)],
+        ["attention", "--model", "bundled", "--corpus", str(corpus), "--n", "2", "--docs", "2", "--out", str(out)],
     )
     assert res.exit_code == 0, res.output
     (prof,) = [AttentionProfile.load(p) for p in out.glob("attention_en_*.npz")]

@@ -11,7 +11,7 @@ from posfair.cli import app
 
 def test_estimate_prior_then_calibrate_with_it(tmp_path, minilm):
     out = tmp_path / "prior.json"
-    res = CliRunner().invoke(app, ["estimate-prior", "--out", str(out), "--max-docs", "6", "--bins", "5"])
+    res = CliRunner().invoke(app, ["estimate-prior", "--out", str(out), "--docs", "6", "--bins", "5"])
     assert res.exit_code == 0, res.output
     body = json.loads(out.read_text())
     assert body["documents"] + body["skipped"] == 6 and body["prior"]["layers"] == list(range(6))

@@ -241,12 +241,12 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
     assert m["ndcg@10"] == pytest.approx(float(direct.ndcg.mean()))
     assert m["harm"] == pytest.approx(harmonic_mean(direct.groups))
     assert m["queries"] == len(dev.query_ids)
-    # the command line end to end (retrieval objective on the saved benchmark; --baskets / --layers / --strengths
+    # the command line end to end (retrieval objective on the saved benchmark; --baskets / --layer-sets / --strengths
     # override the grid's values: one setting, layers 1.0 = all layers, not 1 = the last one)
     path, _ = tiny_model_path("bert-mean")
     out = tmp_path / "cli"
     r = CliRunner().invoke(app, ["tune", "--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"), "--baskets", "4",
-                                 "--layers", "1.0", "--strengths", "1.0", "--fine-rounds", "0", "--out", str(out)])  # fmt: skip
+                                 "--layer-sets", "1.0", "--strengths", "1.0", "--fine-rounds", "0", "--out", str(out)])  # fmt: skip
     assert r.exit_code == 0, r.output
     saved = json.loads((out / "tune.json").read_text())
     assert saved["objective"]["score"] == "harm" and {t["split"] for t in saved["trials"]} == {DEV, TEST}

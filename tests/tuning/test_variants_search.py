@@ -139,7 +139,7 @@ def test_cli_tune_with_variants_on_the_retrieval_objective(tiny_model, tiny_mode
     path, _ = tiny_model_path("bert-mean")
     out = tmp_path / "cli"
     r = CliRunner().invoke(app, ["tune", "--model", str(path), "--objective", "retrieval", "--benchmark", str(tmp_path / "bench"),
-                                 "--baskets", "4", "--layers", "1.0", "--strengths", "1.0", "--fine-rounds", "0",
+                                 "--baskets", "4", "--layer-sets", "1.0", "--strengths", "1.0", "--fine-rounds", "0",
                                  "--variants", "uniform,prior,self,special", "--self-shares", "0.5", "--special-shares", "original,0.05",
                                  "--max-ndcg-drop", "100", "--out", str(out)])  # fmt: skip
     assert r.exit_code == 0, r.output

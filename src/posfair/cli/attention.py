@@ -7,13 +7,14 @@ from pathlib import Path
 
 from posfair.cli import checks
 from posfair.cli.options import (
+    DOCS_DEFAULT,
     BatchSize,
     Bins,
     CalibrationOption,
     Corpus,
     Device,
+    Docs,
     Langs,
-    MaxDocs,
     MaxSeqLength,
     Model,
     N,
@@ -90,7 +91,7 @@ def run_attention(
 
 
 def attention(
-    out: OutFolder,
+    out: OutFolder = Path("posfair-attention"),
     model: Model = None,
     corpus: Corpus = None,
     n: N = 3,
@@ -99,8 +100,8 @@ def attention(
     basket_size: ProfileBasketSize = 128,
     bins: Bins = 20,
     calibration: CalibrationOption = None,
-    max_docs: MaxDocs = 200,
-    batch_size: BatchSize = 8,
+    max_docs: Docs = DOCS_DEFAULT,
+    batch_size: BatchSize = 32,
     seed: Seed = 0,
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
@@ -122,7 +123,7 @@ def attention(
     checks.device(device)
     data = load_corpus(corpus, sorted(set(langs)))
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
-    with naming("--layers", layers_text(layers)):
+    with naming("--profile-layers", layers_text(layers)):
         resolve_layers(layers, fm.num_layers)
     calibration = checks.calibration(calibration)  # STOCK when --calibration is not given
     checks.check_calibrations(fm, [calibration])

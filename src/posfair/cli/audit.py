@@ -14,6 +14,7 @@ import typer
 
 from posfair.cli import checks
 from posfair.cli.options import (
+    DOCS_DEFAULT,
     BatchSize,
     BootstrapDraws,
     BootstrapSeed,
@@ -40,7 +41,7 @@ SUMMARY_CAPTION = (
 
 
 def audit(
-    out: OutFolder,
+    out: OutFolder = Path("posfair-audit"),
     model: Model = None,
     corpus: Corpus = None,
     n: Ns = (3, 4),
@@ -70,9 +71,9 @@ def audit(
         ),
     ] = (),
     calibration: Calibrations = (),
-    docs: Docs = 1000,
+    docs: Docs = DOCS_DEFAULT,
     seed: Seed = 0,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = 32,
     max_seq_length: MaxSeqLength = None,
     min_tokens: Annotated[
         int | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,7 +13,7 @@ from posfair.cli.parsers import comma_list, integer, joined, lang_code, name_par
 
 
 def build_benchmark(
-    out: OutFolder,
+    out: OutFolder = Path("posfair-benchmark"),
     corpus: Corpus = None,
     unit: Unit = None,
     sources: Annotated[

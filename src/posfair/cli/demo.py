@@ -17,13 +17,22 @@ import importlib.util
 from pathlib import Path
 
 from posfair.cli import checks
-from posfair.cli.options import BootstrapDraws, BootstrapSeed, BootstrapWeights, Cache, Docs, Inference, OutFolder
+from posfair.cli.options import (
+    DOCS_DEFAULT,
+    BootstrapDraws,
+    BootstrapSeed,
+    BootstrapWeights,
+    Cache,
+    Docs,
+    Inference,
+    OutFolder,
+)
 
 #: What every part shares.  144 documents per instance (n=3: 24 segment sets x 6 orderings;
 #: n=4: 6 sets x 24); documents up to 512 tokens, both models' position limit (MiniLM is
 #: configured at 256, the default of every other command; at 256 the bundled corpus has too
 #: few segment sets short enough for n=4), recorded in run.json.
-DEMO_SETTINGS = dict(target_docs=144, seed=0, batch_size=16, max_seq_length=512)
+DEMO_SETTINGS = dict(target_docs=DOCS_DEFAULT, seed=0, batch_size=16, max_seq_length=512)
 DEMO_MIXED_CANDIDATES = ("de", "fr", "it", "nl", "pt", "es")
 #: (folder, model, n values, mixed?) of each part
 DEMO_PARTS = (

@@ -10,13 +10,14 @@ import typer
 
 from posfair.cli import checks
 from posfair.cli.options import (
+    DOCS_DEFAULT,
     BatchSize,
     Bins,
     CalibrationOption,
     Corpus,
     Device,
+    Docs,
     Langs,
-    MaxDocs,
     MaxSeqLength,
     Model,
     N,
@@ -33,8 +34,8 @@ def estimate_prior_command(
     langs: Langs = ("en",),
     calibration: CalibrationOption = None,
     bins: Bins = 20,
-    max_docs: MaxDocs = 120,
-    batch_size: BatchSize = 8,
+    max_docs: Docs = DOCS_DEFAULT,
+    batch_size: BatchSize = 32,
     seed: Seed = 0,
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,

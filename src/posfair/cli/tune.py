@@ -10,11 +10,13 @@ import typer
 
 from posfair.cli import checks
 from posfair.cli.options import (
+    DOCS_DEFAULT,
     Baskets,
     BatchSize,
     Cache,
     Corpus,
     Device,
+    Docs,
     Lang,
     LayerSets,
     MaxSeqLength,
@@ -26,7 +28,6 @@ from posfair.cli.options import (
     SpaceChoice,
     Strengths,
     TrustRemoteCode,
-    TuneDocs,
 )
 from posfair.cli.parsers import choice, comma_list, integer, joined, number, special_share
 
@@ -117,7 +118,7 @@ def tune(
     ] = 2,
     n: N = 3,
     lang: Lang = "en",
-    docs: TuneDocs = 120,
+    docs: Docs = DOCS_DEFAULT,
     test_fraction: Annotated[
         float,
         typer.Option(
@@ -128,7 +129,7 @@ def tune(
         ),
     ] = 0.5,
     seed: Seed = 0,
-    batch_size: BatchSize = 16,
+    batch_size: BatchSize = 32,
     out: OutTune = Path("posfair-tune"),
     cache: Cache = None,
     save_model: Annotated[
