@@ -109,11 +109,15 @@ class SearchSpace:
     def __post_init__(self) -> None:
         if not self.basket_sizes or not self.layer_sets or not self.strengths:
             raise PosfairInputError("the search space needs at least one basket size, layer set and strength")
-        bad = [s for s in self.strengths if not 0 < float(s) <= 1]
+        bad = [s for s in self.strengths if not 0 <= float(s) <= 1]
         if bad:
+            raise PosfairInputError(f"grid strengths must be in [0, 1]; got {bad}")
+        if all(float(s) == 0 for s in self.strengths):
             raise PosfairInputError(
-                f"grid strengths must be in (0, 1] (strength 0 is the stock model, always evaluated); got {bad}"
+                "grid strengths must include one above 0 (strength 0 is the stock model, always evaluated)"
             )
+        # strength 0 is the stock model, which every search evaluates: not a grid point of its own
+        object.__setattr__(self, "strengths", tuple(s for s in self.strengths if float(s) > 0))
         if self.fine_rounds < 0:
             raise PosfairInputError(f"fine_rounds must be >= 0; got {self.fine_rounds}")
         object.__setattr__(self, "basket_sizes", tuple(dict.fromkeys(int(b) for b in self.basket_sizes)))
