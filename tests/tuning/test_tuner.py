@@ -149,8 +149,11 @@ def test_split_ids_and_space_validation():
     assert len(test) == 3 and len(dev) == 7 and not set(dev) & set(test)
     assert split_ids([f"s{i}" for i in range(10)], 0.3, seed=1) == (dev, test)
     assert len(SearchSpace(layer_sets=(1, 1.0)).layer_sets) == 2  # last layer and all layers are different sets
+    assert SearchSpace(strengths=(0.0, 1.0)).strengths == (1.0,)  # 0 is the stock model, evaluated anyway
     with pytest.raises(ValueError, match="strength"):
-        SearchSpace(strengths=(0.0, 1.0))
+        SearchSpace(strengths=(0.0,))
+    with pytest.raises(ValueError, match="strength"):
+        SearchSpace(strengths=(1.5,))
 
 
 @pytest.fixture(scope="module")
