@@ -220,15 +220,33 @@ class PosfairGroup(TyperGroup):
         return code
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _posfairs(category: type, filename: str) -> bool:
+    """Is a warning posfair's own: a posfair warning class, or issued (at its stack level) from posfair's code."""
+    if getattr(category, "__module__", "").startswith("posfair"):
+        return True
+    try:
+        return os.path.commonpath([os.path.abspath(filename), _PACKAGE_DIR]) == _PACKAGE_DIR
+    except ValueError:  # another drive, or no file
+        return False
+
+
 @contextlib.contextmanager
 def one_line_warnings() -> Iterator[None]:
     """Within: every Python warning prints as one line ``warning: <message>`` on stderr.
 
     Library code warns with :mod:`warnings` (e.g. a damaged cache shard set aside,
-    :class:`posfair.store.DamagedShardWarning`); a command shows each as one line.
+    :class:`posfair.store.DamagedShardWarning`); a command shows each as one line.  Only posfair's own
+    warnings are shown (a posfair warning class, or issued from posfair's code); another library's notices
+    (deprecations inside sentence-transformers or transformers, which the user cannot act on) are shown
+    only with ``--debug``.
     """
 
     def show(message, category, filename, lineno, file=None, line=None):
+        if not _posfairs(category, filename) and not _debug_requested(sys.argv[1:]):
+            return  # another library's notice (e.g. a deprecation inside sentence-transformers): not the user's to act on
         print(f"warning: {one_line(str(message))}", file=sys.stderr, flush=True)
 
     with warnings.catch_warnings():
