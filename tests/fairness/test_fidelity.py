@@ -160,3 +160,19 @@ def test_summary_tables_figure_and_report(result, tmp_path):
     pd.testing.assert_frame_equal(
         pd.read_csv(paths["fidelity"])[["spread", "recall"]], fid[["spread", "recall"]], check_exact=False
     )
+
+
+def test_the_audit_figures_are_laid_out_and_say_what_they_show(result):
+    """Drawn at their real size: no text off the canvas, no labels on each other; the subtitle names the model,
+    the token limit and every calibration in words."""
+    from posfair.calibration import Calibration
+    from posfair.fairness.audit_report import fidelity_figure, profile_figure
+    from posfair.report.plots import layout_problems
+
+    for fig in (profile_figure(result), fidelity_figure(result)):
+        assert layout_problems(fig) == []
+        heading = " ".join(fig._suptitle.get_text().split())
+        assert result.model["name"] in heading and f"token limit {result.model['limit']}" in heading
+        for c in result.calibrations:
+            words = Calibration.from_dict({k: v for k, v in c.items() if k not in ("label", "key")}).describe()
+            assert " ".join(words.split()) in heading

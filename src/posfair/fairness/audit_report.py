@@ -79,6 +79,7 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
         ylabel="cosine similarity",
         bar_label="mean tokens",
         title=title,
+        subtitle=result.figure_subtitle(),
     )
 
 
@@ -96,7 +97,11 @@ def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "")
         }
     )
     return tradeoff_scatter(
-        points, xlabel="σ profile spread (max - min over positions)", ylabel="own-segment recall@n", title=title
+        points,
+        xlabel="σ profile spread (max - min over positions)",
+        ylabel="own-segment recall@n",
+        title=title,
+        subtitle=result.figure_subtitle(),
     )
 
 

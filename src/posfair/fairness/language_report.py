@@ -89,6 +89,7 @@ def _figure(result: AuditResult, n: int):
         ylabel="lead language",
         colorbar="β2 of σ",
         title=f"β2 (position 2 vs 1), n = {n}",
+        subtitle=result.figure_subtitle(),
     )
 
 

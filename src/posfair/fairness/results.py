@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from posfair.calibration import Calibration
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import (
     coverage_summary,
@@ -204,6 +205,17 @@ class AuditResult:
     def few_clusters_message(self) -> str | None:
         """The G < 20 line (None if every instance has at least 20 segment sets)."""
         return few_clusters_message(self.coefficients)
+
+    def figure_subtitle(self) -> str:
+        """What every figure of this audit is of: the model, its token limit, the corpus, each calibration in words."""
+        keys = {"label", "key"}
+        words = [
+            f"{c['label']}: {Calibration.from_dict({k: v for k, v in c.items() if k not in keys}).describe()}"
+            for c in self.calibrations
+        ]
+        corpus = self.corpus.get("name") or ""
+        head = f"{self.model['name']} · token limit {self.model['limit']}" + (f" · corpus {corpus}" if corpus else "")
+        return head + ("\n" + "; ".join(words) if words else " · stock only")
 
     def inference_text(self) -> str:
         """What the p-values rest on (from the coefficients' inference labels)."""

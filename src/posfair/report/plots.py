@@ -38,6 +38,8 @@ __all__ = [
     "heatmaps",
     "save_figure",
     "new_figure",
+    "finish",
+    "layout_problems",
 ]
 
 
@@ -46,6 +48,119 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
     from matplotlib.figure import Figure  # heavy: imported when a figure is made
 
     return Figure(figsize=figsize)
+
+
+def _wrap(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` (measured conservatively: 0.62 em a glyph)."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72 / (fontsize * 0.62)))
+    return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
+
+
+def finish(fig: Figure, *, title: str = "", subtitle: str = "", handles=None, labels=None, fontsize: float = 8) -> None:
+    """The one layout of every figure: constrained layout, the legend below the panels in as many columns as
+    fit the figure's width, the title and a subtitle (the model, the token limit, the calibrations in words)
+    wrapped to the width above; the figure grows by the room these take, so every text lies inside the canvas
+    and the panels keep their size (:func:`layout_problems` checks)."""
+    fig.set_layout_engine("constrained")
+    width = fig.get_figwidth()
+    extra = 0.0
+    if handles:
+        longest = max(len(str(label)) for label in labels)
+        col_in = (longest * fontsize * 0.62 + 4 * fontsize) / 72  # text + the line handle and spacing
+        ncol = max(1, min(len(handles), int((width - 0.3) // col_in)))
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+        extra += -(-len(handles) // ncol) * fontsize * 1.5 / 72
+    size = 9 if subtitle else 10
+    heading = "\n".join(
+        x for x in (_wrap(title, width, size) if title else "", _wrap(subtitle, width, size) if subtitle else "") if x
+    )
+    if heading:
+        fig.suptitle(heading, fontsize=size)
+        extra += (heading.count("\n") + 1) * size * 1.35 / 72
+    fig.set_figheight(fig.get_figheight() + extra)
+
+
+def spread_labels(fig: Figure, tries: int = 12) -> None:
+    """Move point annotations off each other and off the canvas edge (in steps around the point); a label that
+    finds no free place is hidden (its point is still drawn)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Annotation
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    offsets = [
+        (4, 4),
+        (4, -12),
+        (-4, 4),
+        (-4, -12),
+        (10, 12),
+        (10, -20),
+        (-10, 12),
+        (-10, -20),
+        (18, 0),
+        (-18, 0),
+        (4, 20),
+        (4, -28),
+    ][:tries]
+    for ax in fig.axes:
+        for t in [t for t in ax.texts if isinstance(t, Annotation)]:
+            ok = False
+            for dx, dy in offsets:
+                t.set_position((dx, dy))
+                t.set_horizontalalignment("left" if dx >= 0 else "right")
+                bb = t.get_window_extent(renderer)
+                inside = ax.bbox.x0 <= bb.x0 and bb.x1 <= ax.bbox.x1 and ax.bbox.y0 <= bb.y0 and bb.y1 <= ax.bbox.y1
+                if inside and not any(bb.overlaps(o) for o in placed):
+                    ok = True
+                    break
+            if ok:
+                placed.append(bb)
+            else:
+                t.set_visible(False)
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """What would make the figure hard to read, drawn at its real size: texts outside the canvas, and overlapping
+    titles, axis labels, legend entries and annotations (tick labels are matplotlib's own business)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Annotation, Text
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    canvas = fig.bbox
+    ticks, undrawn = set(), set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            drawn = {id(t.label1) for t in axis._update_ticks()} | {id(t.label2) for t in axis._update_ticks()}
+            for t in axis.get_ticklabels(which="both") + axis.get_ticklabels(which="both", minor=True):
+                ticks.add(id(t))
+                if id(t) not in drawn:  # a tick outside the view: matplotlib keeps its text but does not draw it
+                    undrawn.add(id(t))
+    texts = [
+        t
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.figure is fig and id(t) not in undrawn
+    ]
+    problems, boxes = [], []
+    for t in texts:
+        bb = t.get_window_extent(renderer)
+        if bb.x0 < canvas.x0 - 1 or bb.y0 < canvas.y0 - 1 or bb.x1 > canvas.x1 + 1 or bb.y1 > canvas.y1 + 1:
+            problems.append(f"outside the canvas: {t.get_text()!r}")
+        if id(t) not in ticks and (isinstance(t, Annotation) or t.get_text() != ""):
+            boxes.append((t, bb))
+    cells = {id(t) for ax in fig.axes for t in ax.texts if not isinstance(t, Annotation)}  # heatmap cell values
+    for i, (a, ba) in enumerate(boxes):
+        for b, bb in boxes[i + 1 :]:
+            if id(a) in cells and id(b) in cells:
+                continue
+            if ba.overlaps(bb) and ba.intersection(ba, bb).width > 1 and ba.intersection(ba, bb).height > 1:
+                problems.append(f"overlap: {a.get_text()!r} / {b.get_text()!r}")
+    return problems
 
 
 @dataclass
@@ -88,8 +203,10 @@ def profile_grid(
     bar_label: str = "",
     xlabel: str = "position",
     title: str = "",
+    subtitle: str = "",
 ) -> Figure:
-    """Build the figure (``bars``: columns ``row, col, x, bar``)."""
+    """Build the figure (``bars``: columns ``row, col, x, bar``); ``subtitle``: what the figure is of (the
+    model, the token limit, the calibrations in words), under the title."""
     from matplotlib.lines import Line2D
 
     nr, nc = len(rows), len(cols)
@@ -147,18 +264,7 @@ def profile_grid(
             if i == nr - 1:
                 ax.set_xlabel(xlabel, fontsize=8)
     handles.update(hidden)
-    if handles:
-        fig.legend(
-            list(handles.values()),
-            list(handles.keys()),
-            loc="lower center",
-            ncol=min(4, len(handles)),
-            fontsize=8,
-            frameon=False,
-        )
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 0.97 if title else 1))
+    finish(fig, title=title, subtitle=subtitle, handles=list(handles.values()), labels=list(handles.keys()))
     return fig
 
 
@@ -168,19 +274,24 @@ def tradeoff_scatter(
     xlabel: str,
     ylabel: str,
     title: str = "",
+    subtitle: str = "",
     panel_label: Callable[[object], str] = str,
     annotate: bool = True,
+    threshold: tuple[float, str] | None = None,
 ) -> Figure:
     """One panel per ``panel``, one point per row: columns ``panel, label, x, y, reference`` (bool).
 
     Reference points (e.g. the stock model) are drawn as a large black star and
     labelled; the others as circles, labelled when ``annotate`` (what a trade-off
     plot such as profile spread against own-segment recall needs).  An optional
-    bool column ``highlight`` rings points (e.g. a chosen setting) in red.
+    bool column ``highlight`` rings points (e.g. a chosen setting) in red.  Panels share their y axis (a
+    1-point difference looks like one), point labels are moved off each other (a label that finds no free
+    place is left out, its point still drawn), and ``threshold = (y, label)`` draws a dashed line (e.g. the
+    constraint's feasibility limit).
     """
     panels = list(dict.fromkeys(points["panel"]))
-    fig = new_figure((4.2 * max(1, len(panels)) + 0.4, 3.8))
-    axes = fig.subplots(1, max(1, len(panels)), squeeze=False)
+    fig = new_figure((min(4.2 * max(1, len(panels)) + 0.4, 12.0), 3.8 if len(panels) <= 3 else 4.2))
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels, strict=False):  # no points: one empty panel
         d = points[points["panel"] == panel]
         ref = d["reference"].astype(bool)
@@ -198,26 +309,25 @@ def tradeoff_scatter(
                 label="chosen",
                 zorder=4,
             )
-        for r in d.itertuples(index=False):
-            if r.reference or annotate:
-                ax.annotate(
-                    str(r.label),
-                    (r.x, r.y),
-                    fontsize=6 if not r.reference else 8,
-                    xytext=(3, 3),
-                    textcoords="offset points",
-                )
+        if threshold is not None:
+            ax.axhline(threshold[0], color="#b2182b", lw=1.0, ls="--", label=threshold[1], zorder=1)
+        labelled = [r for r in d.itertuples(index=False) if r.reference or annotate]
+        for r in labelled:
+            ax.annotate(
+                str(r.label),
+                (r.x, r.y),
+                fontsize=7 if not r.reference else 8,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
         ax.set_title(panel_label(panel), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, lw=0.5)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 0.94 if title else 1))
+    finish(fig, title=title, subtitle=subtitle, handles=handles, labels=labels)
+    spread_labels(fig)
     return fig
 
 
@@ -228,6 +338,7 @@ def heatmaps(
     ylabel: str,
     colorbar: str = "",
     title: str = "",
+    subtitle: str = "",
 ) -> Figure:
     """Annotated heatmaps side by side on one symmetric diverging colour scale.
 
@@ -255,14 +366,13 @@ def heatmaps(
                 text = str(labels.iat[i, j])
                 if text:
                     dark = np.isfinite(v[i, j]) and abs(v[i, j]) > 0.6 * vmax
-                    ax.text(j, i, text, ha="center", va="center", fontsize=5.5, color="white" if dark else "black")
+                    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
         ax.set_title(name, fontsize=8)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
     if image is not None and colorbar:
         fig.colorbar(image, ax=list(axes), shrink=0.8, label=colorbar)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    finish(fig, title=title, subtitle=subtitle)
     return fig
 
 
@@ -272,6 +382,8 @@ def front_lines(
     xlabel: str,
     ylabel: str,
     title: str = "",
+    subtitle: str = "",
+    threshold: tuple[float, str] | None = None,
 ) -> Figure:
     """Several Pareto fronts on one axes: columns ``series, label, x, y, on_front, reference, highlight`` (bools).
 
@@ -312,14 +424,14 @@ def front_lines(
             bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
             arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8),
         )
+    if threshold is not None:
+        ax.axhline(threshold[0], color="#b2182b", lw=1.0, ls="--", label=threshold[1], zorder=1)
     ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel(ylabel, fontsize=9)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3, lw=0.5)
-    ax.legend(fontsize=8, frameon=False, loc="best")
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    finish(fig, title=title, subtitle=subtitle, handles=handles, labels=labels)
     return fig
 
 

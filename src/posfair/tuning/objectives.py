@@ -31,6 +31,7 @@ from posfair.fairness.experiment import AuditSettings, build_instances, make_mod
 from posfair.fairness.pipeline import corpus_fingerprint
 from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
+from posfair.model_info import display_name
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
@@ -196,6 +197,8 @@ class FairnessObjective(Objective):
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
             "model": self.info.fingerprint,
+            "model_name": self.info.name,
+            "token_limit": self.info.limit,
             "corpus": self.corpus_fingerprint,
             "settings": self.settings.to_dict(),
             "test_fraction": self.test_fraction,
@@ -327,6 +330,7 @@ class RetrievalObjective(Objective):
         self.show_progress_bar, self.progress = show_progress_bar, progress
         self.test_fraction, self.seed = test_fraction, seed
         self.fingerprint = model_fingerprint(model)
+        self.model_name, self.token_limit = display_name(model), int(model.max_seq_length)
         self._shares: dict[str, float] = {}
         self._per_query: dict[tuple[str, str], pd.Series] = {}
         unit = [
@@ -361,6 +365,8 @@ class RetrievalObjective(Objective):
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
             "model": self.fingerprint,
+            "model_name": self.model_name,
+            "token_limit": self.token_limit,
             "benchmark": self.benchmark.summary(),
             "test_fraction": self.test_fraction,
             "seed": self.seed,

