@@ -196,6 +196,14 @@ def test_figures_and_report_section(tiny_model, tmp_path):
     assert len(section.figures) == 4 and section.figures[0].png.startswith(b"\x89PNG")
     html = render_report("t", [section])
     assert "Attention profile" in html and cal.label() in html and "stock" in html
+    # drawn at their real size: every text inside the canvas, no labels on each other, the calibration in words
+    from posfair.attention.render import plot_baskets, plot_layer_heatmap, plot_view
+    from posfair.report.plots import layout_problems
+
+    for fig in (plot_baskets(profiles, title="t"), plot_view(profiles, "bin", title="t"),
+                plot_view(profiles, "segment", title="t"), plot_layer_heatmap(profiles, title="t")):  # fmt: skip
+        assert layout_problems(fig) == []
+        assert cal.describe() in " ".join(fig._suptitle.get_text().split())
 
 
 def test_cli_on_tiny_model(tiny_model_path, tmp_path):

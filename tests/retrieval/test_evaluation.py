@@ -123,9 +123,14 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     cals = strength_sweep(
         basket_size=16, layer_sets=[0.5], step=0.5
     )  # strengths 0.5, 1.0 -> with stock a Figure 3 series
-    run_sweep(model, bench, cals, tmp_path / "ref", encode_chunk=2)
+    results = run_sweep(model, bench, cals, tmp_path / "ref", encode_chunk=2)
     expected = {p.name: p.read_text() for p in (tmp_path / "ref").glob("table_*")}
     assert (tmp_path / "ref" / "strength.png").exists()
+    from posfair.report.plots import layout_problems
+    from posfair.retrieval.result_tables import strength_figure
+
+    fig = strength_figure(results, 16)
+    assert layout_problems(fig) == [] and "baskets of 16 tokens" in fig._suptitle.get_text()
 
     calls = {"n": 0}
     original = model.encode

@@ -35,7 +35,7 @@ from matplotlib.ticker import MaxNLocator
 from posfair.attention.profile import AttentionProfile
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
-from posfair.report.plots import new_figure, save_figure
+from posfair.report.plots import finish, new_figure, save_figure
 
 __all__ = [
     "plot_baskets",
@@ -129,17 +129,23 @@ def plot_view(
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, lw=0.5)
         ax.set_ylim(bottom=0)
-    _legend_and_title(fig, axes[0][0], title)
+    _legend_and_title(fig, axes[0][0], title, profiles)
     return fig
 
 
-def _legend_and_title(fig, ax, title: str) -> None:
+def profiles_subtitle(profiles: Sequence[AttentionProfile]) -> str:
+    """What an attention figure is of: the model, and each calibration in words."""
+    from posfair.calibration import Calibration
+
+    model = next((p.model for p in profiles if p.model), "")
+    words = {p.label: Calibration.from_dict(p.calibration).describe() for p in profiles if p.calibration}
+    text = "; ".join(f"{label}: {w}" for label, w in words.items()) or "stock only"
+    return f"{model} · {text}" if model else text
+
+
+def _legend_and_title(fig, ax, title: str, profiles: Sequence[AttentionProfile] = ()) -> None:
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.93 if title else 1))
+    finish(fig, title=title, subtitle=profiles_subtitle(profiles) if profiles else "", handles=handles, labels=labels)
 
 
 def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | None = None, title: str = "") -> Figure:
@@ -181,7 +187,7 @@ def plot_baskets(profiles: Sequence[AttentionProfile], *, max_baskets: int | Non
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, lw=0.5)
         ax.set_ylim(bottom=0)
-    _legend_and_title(fig, axes[0][1], title)
+    _legend_and_title(fig, axes[0][1], title, profiles)
     return fig
 
 
@@ -213,8 +219,7 @@ def plot_layer_heatmap(
     axes[0][0].set_ylabel("layer (* = averaged layer set)", fontsize=8)
     if im is not None:
         fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label="mean attention mass")
-    if title:
-        fig.suptitle(title, fontsize=9)
+    finish(fig, title=title, subtitle=profiles_subtitle(profiles))
     return fig
 
 

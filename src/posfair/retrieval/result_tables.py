@@ -33,6 +33,7 @@ from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.io import atomic_write
 from posfair.report import tables as report_tables
+from posfair.report.plots import finish
 from posfair.report.tables import Table
 from posfair.retrieval.evaluator import RetrievalResult
 from posfair.retrieval.groups import POSIR_BUCKETS
@@ -285,9 +286,11 @@ def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
         ax.set_title(f"{section}, B={basket_size}")
         ax.set_xlabel("strength")
     axes[0][0].set_ylabel("nDCG@10 change vs stock")
-    axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle(stock.benchmark)
-    fig.tight_layout()
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    words = f"baskets of {basket_size} tokens, strength 0 = the stock model"
+    finish(
+        fig, title=stock.benchmark, subtitle=f"{len(stock.query_ids)} queries · {words}", handles=handles, labels=labels
+    )
     return fig
 
 
