@@ -176,3 +176,9 @@ def test_the_audit_figures_are_laid_out_and_say_what_they_show(result):
         for c in result.calibrations:
             words = Calibration.from_dict({k: v for k, v in c.items() if k not in ("label", "key")}).describe()
             assert " ".join(words.split()) in heading
+    from posfair.report.html import render_report
+
+    html = render_report("t", result.report_sections())  # the report says each calibration in words too
+    for c in result.calibrations:
+        words = Calibration.from_dict({k: v for k, v in c.items() if k not in ("label", "key")}).describe()
+        assert html.count(words) >= 2  # the summary and the run parameters

@@ -114,6 +114,7 @@ _INFERENCE = """\
 _SUMMARY = """\
 <p>Coefficients β<sub>p</sub> of the positional-fairness regression (σ, difference of position p to position 1; \
 negative = later segments under-represented); G: segment sets (clusters) per instance. {{ legend }}.</p>
+<p>{{ model }} · token limit {{ limit }}.{% for label, words in words %} <b>{{ label }}</b>: {{ words }}.{% endfor %}</p>
 {{ inference | safe }}{{ headline | safe }}
 {% for note in coverage_notes %}<p class="warning">{{ note }}</p>
 {% endfor %}
@@ -142,8 +143,16 @@ _DOCUMENTS = """\
 
 _PARAMETERS = """\
 <h3>Model</h3>{{ model | safe }}<h3>Corpus</h3>{{ corpus | safe }}<h3>Settings</h3>{{ settings | safe }}
-<h3>Calibrations</h3>{% for c in calibrations %}<pre>{{ c }}</pre>{% endfor %}
+<h3>Calibrations</h3>{% for label, words, spec in calibrations %}<p><b>{{ label }}</b>: {{ words }}</p><pre>{{ spec }}</pre>\
+{% else %}<p>none: the stock model only</p>{% endfor %}
 <h3>Timings (s)</h3>{{ timings | safe }}"""
+
+
+def _words(calibration: dict) -> str:
+    """A calibration of ``AuditResult.calibrations`` in words (e.g. "baskets of 128 tokens, the last 50% of layers, strength 0.5")."""
+    from posfair.calibration import Calibration
+
+    return Calibration.from_dict({k: v for k, v in calibration.items() if k not in ("label", "key")}).describe()
 
 
 def report_sections(
@@ -165,7 +174,17 @@ def report_sections(
             coverage_notes=coverage_messages(cov), coverage=to_html(coverage_table(cov, result.model["name"]))
         )
     summary = Section(
-        "Summary", render_string(_SUMMARY, legend=MARK_LEGEND, inference=inference, headline=headline, **coverage)
+        "Summary",
+        render_string(
+            _SUMMARY,
+            legend=MARK_LEGEND,
+            inference=inference,
+            headline=headline,
+            model=result.model["name"],
+            limit=result.model["limit"],
+            words=[(c["label"], _words(c)) for c in result.calibrations],
+            **coverage,
+        ),
     )
     fig_section = Section("Profiles", render_string(_PROFILES), figures=[f for f in figures if f.alt != FIDELITY_ALT])
     coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
@@ -201,7 +220,7 @@ def report_sections(
             model=key_value_html(result.model),
             corpus=key_value_html(result.corpus),
             settings=key_value_html(result.settings),
-            calibrations=[json.dumps(c, sort_keys=True) for c in result.calibrations],
+            calibrations=[(c["label"], _words(c), json.dumps(c, sort_keys=True)) for c in result.calibrations],
             timings=key_value_html({k: f"{v:.1f}" for k, v in result.timings.items()}),
         ),
     )

@@ -215,7 +215,7 @@ def summary_markdown(result: TuneResult) -> str:
     lines = [
         f"# posfair tune ({result.objective['name']})",
         "",
-        f"Chosen: **{result.chosen_label}**"
+        f"Chosen: **{result.chosen_label}** ({result.chosen.describe()})"
         + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)"),
         "",
         to_markdown(front_table(result)),
