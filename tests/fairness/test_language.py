@@ -142,6 +142,13 @@ def test_report_has_the_language_section(result, tmp_path):
     html = paths["report"].read_text()
     assert "Languages" in html and "language effect on σ at equal position" in html
     assert (tmp_path / "out" / "figures" / "language_beta2_n3.png").exists()
+    from posfair.fairness.language_report import _figure
+    from posfair.report.plots import layout_problems
+
+    fig = _figure(result, 3)  # drawn at its real size: cell values with their G, nothing off the canvas
+    assert layout_problems(fig) == []
+    cells = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert cells and all("\nG=" in c for c in cells)
     eff = pd.read_csv(tmp_path / "out" / "language_effects.csv")
     assert set(eff["language"]) == set(LANGS)
     assert set(eff["measure"]) == {"sigma", "margin"}

@@ -281,14 +281,18 @@ def beta2_grid(
     )
 
 
-def grid_matrices(grid: pd.DataFrame, langs: Sequence[str], digits: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(values, cell labels) of a :func:`beta2_grid` as lead x later matrices (NaN / "" where absent)."""
+def grid_matrices(
+    grid: pd.DataFrame, langs: Sequence[str], digits: int = 3, clusters: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(values, cell labels) of a :func:`beta2_grid` as lead x later matrices (NaN / "" where absent); with
+    ``clusters`` each label carries its instance's G (segment sets) on a second line."""
     values = pd.DataFrame(np.nan, index=list(langs), columns=list(langs))
     labels = pd.DataFrame("", index=list(langs), columns=list(langs))
     for r in grid.itertuples(index=False):
         if r.lead in values.index and r.later in values.columns:
             values.loc[r.lead, r.later] = r.estimate
-            labels.loc[r.lead, r.later] = format_estimate(r.estimate, r.mark, digits)
+            label = format_estimate(r.estimate, r.mark, digits)
+            labels.loc[r.lead, r.later] = f"{label}\nG={int(r.clusters)}" if clusters else label
     values.index.name, values.columns.name = "lead", "later"
     labels.index.name, labels.columns.name = "lead", "later"
     return values, labels

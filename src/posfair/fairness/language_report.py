@@ -81,7 +81,7 @@ def _figure(result: AuditResult, n: int):
     langs = grid_languages(obs)
     panels = []
     for cal in dict.fromkeys(obs["calibration"]):
-        values, labels = grid_matrices(beta2_grid(result.coefficients, calibration=cal, n=n), langs)
+        values, labels = grid_matrices(beta2_grid(result.coefficients, calibration=cal, n=n), langs, clusters=True)
         panels.append((cal if cal != STOCK_LABEL else "stock", values, labels))
     return heatmaps(
         panels,
