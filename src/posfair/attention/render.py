@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from posfair.attention.profile import AttentionProfile
+from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import finish, new_figure, save_figure
@@ -135,8 +136,6 @@ def plot_view(
 
 def profiles_subtitle(profiles: Sequence[AttentionProfile]) -> str:
     """What an attention figure is of: the model, and each calibration in words."""
-    from posfair.calibration import Calibration
-
     model = next((p.model for p in profiles if p.model), "")
     words = {p.label: Calibration.from_dict(p.calibration).describe() for p in profiles if p.calibration}
     text = "; ".join(f"{label}: {w}" for label, w in words.items()) or "stock only"

@@ -49,6 +49,7 @@ from posfair.distributed.ray_engine import ray_available as ray_available
 from posfair.distributed.ray_engine import require_ray, run_ray
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, plan_shards, process_shard
+from posfair.model import FairModel
 from posfair.store import (
     EmbeddingStore,
     embedding_meta,
@@ -111,7 +112,7 @@ def embed_texts(
     store_root: str | os.PathLike,
     spec: EmbedSpec,
     *,
-    model=None,
+    model: FairModel | None = None,
     shard_size: int = 1024,
     engine: str = "local",
     ray_address: str | None = None,

@@ -33,6 +33,7 @@ from sentence_transformers import SentenceTransformer
 from posfair import compat
 from posfair.distributed.batching import length_aware_batches, padded_tokens
 from posfair.distributed.spec import EmbedSpec
+from posfair.model import FairModel
 from posfair.store import embedding_settings, run_settings, shard_path, text_key, write_shard
 
 __all__ = ["Shard", "encode_shard", "plan_shards", "process_shard", "shard_id"]
@@ -71,7 +72,7 @@ def plan_shards(texts: Sequence[str], shard_size: int) -> list[Shard]:
     ]
 
 
-def _batches_for(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.ndarray], np.ndarray]:
+def _batches_for(model: FairModel, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.ndarray], np.ndarray]:
     """The batches a shard is encoded in, and the (truncated) token length of each text."""
     full = [(spec.prompt or "") + t for t in texts]
     raw = model.token_lengths(full)
@@ -90,7 +91,7 @@ def _batches_for(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.
     return [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)], lengths
 
 
-def _encode(model, spec: EmbedSpec, texts: list[str], batch_size: int) -> np.ndarray:
+def _encode(model: FairModel, spec: EmbedSpec, texts: list[str], batch_size: int) -> np.ndarray:
     # as FairModel.encode(calibration=cal or STOCK), minus its per-call re-tokenising checks
     with model.using(spec.calibration_obj):
         out = SentenceTransformer.encode(

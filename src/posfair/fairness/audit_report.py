@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
 from posfair.fairness.audit_tables import coverage_table, fidelity_table
@@ -150,8 +151,6 @@ _PARAMETERS = """\
 
 def _words(calibration: dict) -> str:
     """A calibration of ``AuditResult.calibrations`` in words (e.g. "baskets of 128 tokens, the last 50% of layers, strength 0.5")."""
-    from posfair.calibration import Calibration
-
     return Calibration.from_dict({k: v for k, v in calibration.items() if k not in ("label", "key")}).describe()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,6 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
 
 def _wrap(text: str, width_in: float, fontsize: float) -> str:
     """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` (measured conservatively: 0.62 em a glyph)."""
-    import textwrap
-
     chars = max(20, int(width_in * 72 / (fontsize * 0.62)))
     return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
 

@@ -13,7 +13,7 @@ from posfair import encoding as enc
 from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, run_tag
-from posfair.model import token_limit
+from posfair.model import FairModel, token_limit
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
 from posfair.store import EmbeddingStore
@@ -25,7 +25,7 @@ __all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner
 
 
 def build_corpus_benchmark(
-    model, corpus: pd.DataFrame, out_dir: str | Path, *, lang: str = "en", k: int = 3, seed: int = 0
+    model: FairModel, corpus: pd.DataFrame, out_dir: str | Path, *, lang: str = "en", k: int = 3, seed: int = 0
 ) -> RetrievalBenchmark:
     """A position-aware benchmark built from an aligned corpus (titles as queries), saved in ``out_dir`` and loaded."""
     limit = token_limit(model)
