@@ -318,6 +318,9 @@ def tradeoff_scatter(
                 fontsize=7 if not r.reference else 8,
                 xytext=(4, 4),
                 textcoords="offset points",
+                arrowprops=dict(
+                    arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=3
+                ),  # ties a moved label to its point
             )
         ax.set_title(panel_label(panel), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
