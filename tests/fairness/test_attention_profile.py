@@ -203,7 +203,8 @@ def test_figures_and_report_section(tiny_model, tmp_path):
     for fig in (plot_baskets(profiles, title="t"), plot_view(profiles, "bin", title="t"),
                 plot_view(profiles, "segment", title="t"), plot_layer_heatmap(profiles, title="t")):  # fmt: skip
         assert layout_problems(fig) == []
-        assert cal.describe() in " ".join(fig._suptitle.get_text().split())
+        heading = " ".join(fig._suptitle.get_text().split())
+        assert cal.describe() in heading and f"token limit {model.max_seq_length}" in heading
 
 
 def test_cli_on_tiny_model(tiny_model_path, tmp_path):

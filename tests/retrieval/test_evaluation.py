@@ -130,7 +130,9 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     from posfair.retrieval.result_tables import strength_figure
 
     fig = strength_figure(results, 16)
-    assert layout_problems(fig) == [] and "baskets of 16 tokens" in fig._suptitle.get_text()
+    heading = " ".join(fig._suptitle.get_text().split())
+    assert layout_problems(fig) == [] and "baskets of 16 tokens" in heading
+    assert results[0].model and results[0].model in heading and f"token limit {model.max_seq_length}" in heading
 
     calls = {"n": 0}
     original = model.encode

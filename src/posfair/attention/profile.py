@@ -175,6 +175,7 @@ def attention_profile(
         group=group,
         model=model_name,
         fingerprint=model.fingerprint,
+        token_limit=int(model.max_seq_length or model.position_limit or 0),
         calibration=cal_dict,
         n_calibrated=n_calibrated,
     )

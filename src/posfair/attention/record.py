@@ -54,6 +54,8 @@ class AttentionProfile:
     group: str = ""
     model: str = ""
     fingerprint: str = ""
+    #: the model's token limit the documents were encoded under (0: not recorded)
+    token_limit: int = 0
     calibration: dict | None = None
     n_calibrated: int | None = None  # documents the calibration changed (None: stock profile)
     n_docs: int = 0
@@ -174,6 +176,7 @@ class AttentionProfile:
             "group": self.group,
             "model": self.model,
             "fingerprint": self.fingerprint,
+            "token_limit": self.token_limit,
             "calibration": self.calibration,
             "n_calibrated": self.n_calibrated,
             "n_docs": self.n_docs,

@@ -137,9 +137,11 @@ def plot_view(
 def profiles_subtitle(profiles: Sequence[AttentionProfile]) -> str:
     """What an attention figure is of: the model, and each calibration in words."""
     model = next((p.model for p in profiles if p.model), "")
+    limit = next((p.token_limit for p in profiles if p.token_limit), 0)
     words = {p.label: Calibration.from_dict(p.calibration).describe() for p in profiles if p.calibration}
     text = "; ".join(f"{label}: {w}" for label, w in words.items()) or "stock only"
-    return f"{model} · {text}" if model else text
+    head = " · ".join(x for x in (model, f"token limit {limit}" if limit else "") if x)
+    return f"{head}\n{text}" if head else text
 
 
 def _legend_and_title(fig, ax, title: str, profiles: Sequence[AttentionProfile] = ()) -> None:

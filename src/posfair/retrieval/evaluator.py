@@ -31,6 +31,7 @@ from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, metric_name_part, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
+from posfair.model_info import display_name
 from posfair.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
@@ -134,6 +135,9 @@ class RetrievalResult:
     late: dict[str, Any] | None = None
     #: where each query was searched: "domain" (its own domain's documents) or "corpus" (every document)
     search_scope: str = "domain"
+    #: the model's one name (posfair.model_info.display_name) and the token limit it encoded with ("" / 0: not recorded)
+    model: str = ""
+    token_limit: int = 0
 
     @property
     def noop(self) -> bool:
@@ -160,6 +164,8 @@ class RetrievalResult:
             "calibrated_share": self.calibrated_share,
             "late": self.late,
             "search_scope": self.search_scope,
+            "model": self.model,
+            "token_limit": self.token_limit,
         }
 
     @classmethod
@@ -178,6 +184,8 @@ class RetrievalResult:
             calibrated_share=None if d.get("calibrated_share") is None else float(d["calibrated_share"]),
             late=d.get("late"),
             search_scope=d.get("search_scope", "domain"),
+            model=d.get("model", ""),
+            token_limit=int(d.get("token_limit", 0)),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -510,6 +518,8 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             calibrated_share=share,
             late=late_info,
             search_scope=self.search_scope,
+            model=display_name(model),
+            token_limit=int(getattr(model, "max_seq_length", 0) or 0),
         )
 
     def _calibration_record(self) -> dict[str, Any] | None:

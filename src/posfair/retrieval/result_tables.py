@@ -288,9 +288,9 @@ def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
     axes[0][0].set_ylabel("nDCG@10 change vs stock")
     handles, labels = axes[0][-1].get_legend_handles_labels()
     words = f"baskets of {basket_size} tokens, strength 0 = the stock model"
-    finish(
-        fig, title=stock.benchmark, subtitle=f"{len(stock.query_ids)} queries · {words}", handles=handles, labels=labels
-    )
+    head = " · ".join(x for x in (stock.model, f"token limit {stock.token_limit}" if stock.token_limit else "") if x)
+    subtitle = " · ".join(x for x in (head, f"{len(stock.query_ids)} queries", words) if x)
+    finish(fig, title=stock.benchmark, subtitle=subtitle, handles=handles, labels=labels)
     return fig
 
 
