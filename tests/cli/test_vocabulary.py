@@ -37,7 +37,7 @@ DIFFERENT_DEFAULTS = {
         "audit": "() = none: the audit needs at least one configuration (--langs, --mixed or --language-grid)",
     },
     "--lang": {"tune": "the tuner's retrieval objective needs one language: en"},
-    "--n": {"audit": "several n in one audit: 3,4 (the others build one instance)"},
+    "--n": {"audit": "the papers' two instances: 3,4 (the others default to 3)"},
     "--baskets": {"tune": "() = the values of --space"},
     "--layer-sets": {"tune": "() = the values of --space"},
     "--strengths": {"tune": "() = the values of --space"},
@@ -57,7 +57,6 @@ DIFFERENT_HELP = {
     },  # fmt: skip
     "--calibration": {"audit": "repeatable: calibrations compared", "retrieval": "repeatable: calibrations compared"},
     "--corpus": {"embed": "also plain text files and benchmark parts"},
-    "--n": {"audit": "a list"},
     "--benchmark": {"tune": "only for --objective retrieval"},
     "--cache": {"encode": "temporary by default"},
 }

@@ -17,7 +17,7 @@ from posfair.cli.options import (
     Langs,
     MaxSeqLength,
     Model,
-    N,
+    Ns,
     OutFolder,
     ProfileBasketSize,
     ProfileLayers,
@@ -69,7 +69,8 @@ def run_attention(
     out.mkdir(parents=True, exist_ok=True)
     profiles = []
     for lang in langs:
-        docs = build_documents(model, corpus, lang, n, max_docs, seed)
+        ns = [n] if isinstance(n, int) else list(n)
+        docs = [d for k in ns for d in build_documents(model, corpus, lang, k, max_docs, seed)]  # every n pooled
         for cal in [STOCK] + ([] if calibration is STOCK else [calibration]):
             tick = progress(f"{lang} · {cal.label()}", len(docs)) if progress else None
             prof = attention_profile(
@@ -94,7 +95,7 @@ def attention(
     out: OutFolder = Path("posfair-attention"),
     model: Model = None,
     corpus: Corpus = None,
-    n: N = 3,
+    n: Ns = (3,),
     langs: Langs = ("en",),
     layers: ProfileLayers = None,
     basket_size: ProfileBasketSize = 128,

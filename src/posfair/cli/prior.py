@@ -20,7 +20,7 @@ from posfair.cli.options import (
     Langs,
     MaxSeqLength,
     Model,
-    N,
+    Ns,
     Seed,
     TrustRemoteCode,
 )
@@ -30,7 +30,7 @@ def estimate_prior_command(
     out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE.json", help="Where to write the prior (JSON).")],
     model: Model = None,
     corpus: Corpus = None,
-    n: N = 3,
+    n: Ns = (3,),
     langs: Langs = ("en",),
     calibration: CalibrationOption = None,
     bins: Bins = 20,
@@ -64,7 +64,7 @@ def estimate_prior_command(
     from posfair.attention.prior import estimate_prior
 
     with data_errors():
-        docs = [d.text for lang in langs for d in build_documents(fm, data, lang, n, max_docs, seed)]
+        docs = [d.text for lang in langs for k in n for d in build_documents(fm, data, lang, k, max_docs, seed)]
         est = estimate_prior(fm, docs, base, bins=bins, batch_size=batch_size)
     body = est.to_dict() | {"model": fm.display_name, "fingerprint": fm.fingerprint, "langs": list(langs), "n": n}
     atomic_write_text(out, json.dumps(body, indent=1))

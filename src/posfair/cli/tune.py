@@ -21,7 +21,7 @@ from posfair.cli.options import (
     LayerSets,
     MaxSeqLength,
     Model,
-    N,
+    Ns,
     OptionalBenchmark,
     OutTune,
     Seed,
@@ -116,7 +116,7 @@ def tune(
             help="Rounds of strength bisection around the best grid setting.",
         ),
     ] = 2,
-    n: N = 3,
+    n: Ns = (3,),
     lang: Lang = "en",
     docs: Docs = DOCS_DEFAULT,
     test_fraction: Annotated[
@@ -188,7 +188,7 @@ def tune(
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     if objective == "fairness":
         settings = default_fairness_settings(
-            n_values=(n,), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
+            n_values=tuple(n), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
         )
     con = console()
     t0 = time.perf_counter()
