@@ -115,7 +115,7 @@ _INFERENCE = """\
 _SUMMARY = """\
 <p>Coefficients β<sub>p</sub> of the positional-fairness regression (σ, difference of position p to position 1; \
 negative = later segments under-represented); G: segment sets (clusters) per instance. {{ legend }}.</p>
-<p>{{ model }} · token limit {{ limit }}.{% for label, words in words %} <b>{{ label }}</b>: {{ words }}.{% endfor %}</p>
+<p>{{ model }}{% if limit %} · token limit {{ limit }}{% endif %}.{% for label, words in words %} <b>{{ label }}</b>: {{ words }}.{% endfor %}</p>
 {{ inference | safe }}{{ headline | safe }}
 {% for note in coverage_notes %}<p class="warning">{{ note }}</p>
 {% endfor %}
@@ -180,7 +180,7 @@ def report_sections(
             inference=inference,
             headline=headline,
             model=result.model["name"],
-            limit=result.model["limit"],
+            limit=result.model.get("limit"),
             words=[(c["label"], _words(c)) for c in result.calibrations],
             **coverage,
         ),

@@ -214,7 +214,8 @@ class AuditResult:
             for c in self.calibrations
         ]
         corpus = self.corpus.get("name") or ""
-        head = f"{self.model['name']} · token limit {self.model['limit']}" + (f" · corpus {corpus}" if corpus else "")
+        limit = f" · token limit {self.model['limit']}" if self.model.get("limit") else ""
+        head = f"{self.model.get('name', '')}{limit}" + (f" · corpus {corpus}" if corpus else "")
         return head + ("\n" + "; ".join(words) if words else " · stock only")
 
     def inference_text(self) -> str:
