@@ -11,7 +11,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["token_segment_index", "contextualised_segments", "added_token_count"]
+__all__ = ["SEGMENT_SEPARATOR", "join_segments", "token_segment_index", "contextualised_segments", "added_token_count"]
+
+#: How segments are joined into a document, in the audit and in a benchmark built from a corpus alike: one space
+#: (the papers' "concatenation with whitespace").  The bundled models' tokenizers read a blank line as they read a
+#: space (same tokens), so the rule fixes character offsets, not what the model sees.
+SEGMENT_SEPARATOR = " "
+
+
+def join_segments(texts: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Join ``texts`` with :data:`SEGMENT_SEPARATOR`; return the document and each segment's character span."""
+    spans, pos = [], 0
+    for i, t in enumerate(texts):
+        if i:
+            pos += len(SEGMENT_SEPARATOR)
+        spans.append((pos, pos + len(t)))
+        pos += len(t)
+    return SEGMENT_SEPARATOR.join(texts), spans
 
 
 def token_segment_index(

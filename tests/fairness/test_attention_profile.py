@@ -15,7 +15,7 @@ import torch
 from posfair import Calibration
 from posfair.attention.profile import AttentionProfile, attention_profile
 from posfair.calibration import STOCK
-from posfair.fairness.documents import segment_spans
+from posfair.spans import join_segments
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -141,7 +141,7 @@ def test_segment_view(tiny_model):
 
     model = tiny_model("bert")
     parts = [(text(12, 10), text(20, 11), text(7, 12)), (text(5, 13), text(9, 14), text(30, 15))]
-    docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
+    docs, spans = zip(*(join_segments(p) for p in parts), strict=True)
     prof = attention_profile(model, list(docs), segments=list(spans), basket_size=B)
     seg = prof.mean("segment")
     assert seg.shape == (3,)
@@ -183,7 +183,7 @@ def test_figures_and_report_section(tiny_model, tmp_path):
 
     model = tiny_model("bert")
     parts = [(text(12, 20), text(20, 21)), (text(25, 22), text(9, 23))]
-    docs, spans = zip(*(segment_spans(p) for p in parts), strict=True)
+    docs, spans = zip(*(join_segments(p) for p in parts), strict=True)
     cal = Calibration(basket_size=B, layers=2, strength=1.0)
     profiles = [
         attention_profile(model, list(docs), segments=list(spans), basket_size=B, calibration=c, group="en")

@@ -8,9 +8,9 @@ from posfair.fairness.documents import (
     LanguageConfig,
     build_instance,
     prepare_corpus,
-    segment_spans,
     token_segment_index,
 )
+from posfair.spans import join_segments
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,8 @@ def test_token_span_mapping_against_direct_tokenisation(tokenizer):
         assert np.all(np.diff(idx[idx >= 0]) >= 0)  # segments are contiguous and in order
 
 
-def test_segment_spans():
-    text, spans = segment_spans(["ab", "c", "def"])
+def test_join_segments():
+    text, spans = join_segments(["ab", "c", "def"])
     assert text == "ab c def"
     assert spans == [(0, 2), (3, 4), (5, 8)]
     # whitespace-only tokens (SentencePiece) map to no segment

@@ -177,6 +177,10 @@ def test_build_from_corpus_layout(tmp_path, corpus_df):
         assert docs[did][s:e] == en.at[row["segment_id"], "text"]  # span = the segment, title removed
         assert row["text"] == en.at[row["segment_id"], "title"]
         assert row["pos_char_length"] == len(docs[did])
+    # one join rule with the audit: the segments in position order, separated by one space
+    for did, rows in q.groupby(r.set_index("query-id").loc[q["_id"], "corpus-id"].to_numpy()):
+        texts = [en.at[sid, "text"] for sid in rows.sort_values("segment_position")["segment_id"]]
+        assert docs[did] == " ".join(texts)
     q_de = pd.read_parquet(out / "deu-Latn" / "all" / "queries.parquet")
     r_de = pd.read_parquet(out / "deu-Latn" / "all" / "qrels" / "test.parquet")
     assert (

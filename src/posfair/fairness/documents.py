@@ -6,7 +6,8 @@ configuration ``L = (L_1, ..., L_n)``: monolingual ``(L, ..., L)`` or mixed
 (corpus ids present in every needed language).  Each set yields all ``n!``
 orderings; in ordering ``j`` position ``i`` holds topic ``perm_j[i]`` written in
 language ``L_i`` (so in mixed configurations the lead language always sits at
-position 1, as in the paper).  Documents are the segments joined by one space.
+position 1, as in the paper).  Documents are the segments joined by
+:data:`posfair.spans.SEGMENT_SEPARATOR` (one space).
 
 Documents are never truncated: a set is used only if *every* ordering fits the
 model's limit (special tokens included); sets that do not fit are counted in
@@ -27,7 +28,7 @@ import pandas as pd
 
 from posfair.corpus.filters import default_length_window
 from posfair.errors import PosfairInputError
-from posfair.spans import added_token_count, token_segment_index
+from posfair.spans import added_token_count, join_segments, token_segment_index
 
 __all__ = [
     "LanguageConfig",
@@ -36,13 +37,10 @@ __all__ = [
     "SamplingReport",
     "Instance",
     "build_instance",
-    "segment_spans",
     "token_segment_index",
     "prepare_corpus",
     "language_grid",
 ]
-
-SEPARATOR = " "
 
 
 @dataclass(frozen=True)
@@ -171,17 +169,6 @@ class Instance:
         return f"n{self.n}-{self.config.key}"
 
 
-def segment_spans(texts: Sequence[str], sep: str = SEPARATOR) -> tuple[str, list[tuple[int, int]]]:
-    """Join ``texts`` with ``sep``; return the document and each segment's character span."""
-    spans, pos = [], 0
-    for i, t in enumerate(texts):
-        if i:
-            pos += len(sep)
-        spans.append((pos, pos + len(t)))
-        pos += len(t)
-    return sep.join(texts), spans
-
-
 def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:
     """Validate a corpus frame (``id, lang, text`` required) and normalise it.
 
@@ -248,7 +235,7 @@ def _set_documents(
     for j, perm in enumerate(_orderings(len(pick))):
         topics = tuple(pick[k] for k in perm)
         texts = tuple(text_of[(t, lang)] for t, lang in zip(topics, lang_seq, strict=True))
-        text, spans = segment_spans(texts)
+        text, spans = join_segments(texts)
         docs.append(
             Document(
                 doc_id=f"{set_id}-p{j:04d}",

@@ -15,6 +15,7 @@ import pandas as pd
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.retrieval.benchmarks.posir import posir_lang
+from posfair.spans import SEGMENT_SEPARATOR, join_segments
 
 __all__ = ["build_from_corpus"]
 
@@ -30,7 +31,6 @@ def build_from_corpus(
     domain: str = "all",
     max_doc_tokens: int | None = 510,
     count_tokens: Callable[[list[str]], list[int]] | None = None,
-    separator: str = "\n\n",
     budget_langs: Sequence[str] | None = None,
     max_seq_length: int | None = None,
 ) -> Path:
@@ -48,7 +48,8 @@ def build_from_corpus(
     are shuffled (``numpy.random.default_rng(seed)``) and cut into documents of
     k consecutive segments (the last document may be shorter); every segment is
     in exactly one document, and documents have the same ids and segment order
-    in every language.  For each segment the query is its title; the relevant
+    in every language; a document is its segments joined by :data:`posfair.spans.SEGMENT_SEPARATOR` (one space,
+    as in the audit).  For each segment the query is its title; the relevant
     document is the one holding it.  Per language ``<lang-Script>/<domain>/``
     gets ``corpus.parquet`` (``_id, text``), ``queries.parquet`` (PosIR columns
     + ``segment_id, segment_position, n_segments``) and ``qrels/test.parquet``;
@@ -70,7 +71,7 @@ def build_from_corpus(
     doc_ids = [f"d{j:0{width}d}" for j in range(len(docs))]
     out = Path(out_dir)
     for lang, sub in per_lang.items():
-        _write_language(out / posir_lang(lang) / domain, sub, doc_ids, docs, separator, n_tokens.get(lang))
+        _write_language(out / posir_lang(lang) / domain, sub, doc_ids, docs, n_tokens.get(lang))
     atomic_write_json(
         out / "benchmark.json",
         {
@@ -86,7 +87,7 @@ def build_from_corpus(
             "segments_used": len(ids),
             "segments_dropped_too_long": n_aligned - len(ids),
             "documents": len(docs),
-            "separator": separator,
+            "separator": SEGMENT_SEPARATOR,
             "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
         },
     )
@@ -162,18 +163,12 @@ def _within_budget(
 
 
 def _write_language(
-    ldir: Path, sub: pd.DataFrame, doc_ids: list[str], docs: list[list[str]], separator: str, n_tokens: pd.Series | None
+    ldir: Path, sub: pd.DataFrame, doc_ids: list[str], docs: list[list[str]], n_tokens: pd.Series | None
 ) -> None:
     """One language's ``corpus.parquet``, ``queries.parquet`` (a segment's title asks for its document) and qrels."""
     corpus_rows, query_rows, qrel_rows = [], [], []
     for did, segs in zip(doc_ids, docs, strict=True):
-        parts, spans, pos = [], [], 0
-        for s in segs:
-            text = sub.at[s, "text"]
-            spans.append((pos, pos + len(text)))
-            parts.append(text)
-            pos += len(text) + len(separator)
-        doc_text = separator.join(parts)
+        doc_text, spans = join_segments([sub.at[s, "text"] for s in segs])
         tok = int(sum(int(n_tokens[s]) for s in segs)) if n_tokens is not None else None
         corpus_rows.append({"_id": did, "text": doc_text})
         for p, (s, span) in enumerate(zip(segs, spans, strict=True), start=1):
