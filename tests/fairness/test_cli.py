@@ -105,10 +105,10 @@ def test_audit_cli_wild_inference_recorded(tmp_path, tiny_model_path, make_corpu
     coefs = pd.read_csv(out / "coefficients.csv")
     G = int(coefs["clusters"].iloc[0])
     assert G == pd.read_parquet(out / "observations.parquet")["set_id"].nunique() < 20
-    assert set(coefs["inference"]) == {f"wild WCR11 rademacher all 2^{G}"}  # 2^G < 199: every sign vector
+    assert set(coefs["inference"]) == {f"wild WCR11 set+topic rademacher all 2^{G}"}  # 2^G < 199: every sign vector
     assert (coefs["p"] >= 2 / 2**G - 1e-12).all()
     # the few-clusters warning is a line of the CLI output and of the report
-    assert f"warning: 1 of 1 instances rest on fewer than 20 segment sets (clusters G) -- n=2 en: G={G}" in " ".join(
+    assert f"warning: 1 of 1 instances rest on fewer than 20 clusters (G) -- n=2 en: G={G}" in " ".join(
         res.output.split()
     )
     assert "Few clusters:" in (out / "report.html").read_text()

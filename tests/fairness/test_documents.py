@@ -155,3 +155,23 @@ def test_join_segments():
     # whitespace-only tokens (SentencePiece) map to no segment
     idx = token_segment_index([(0, 0), (0, 2), (2, 3), (3, 4), (0, 0)], spans)
     assert idx.tolist() == [-1, 0, -1, 1, -1]
+
+
+def test_sets_do_not_reuse_topics_while_the_corpus_allows(tokenizer):
+    # 10 topics, n=3: three disjoint sets fit; a fourth must reuse, and the report says so
+    inst = _build(tokenizer, n=3, target=18)  # 3 sets
+    topics = [t for s in inst.sets for t in s.topics]
+    assert len(inst.sets) == 3 and len(set(topics)) == 9  # disjoint
+    assert inst.report.sets_sharing_topics == 0 and inst.report.topics_used == 9 and not inst.report.notes
+    inst = _build(tokenizer, n=3, target=30)  # 5 sets from 10 topics: reuse is unavoidable
+    holders = {}
+    for s in inst.sets:
+        for t in s.topics:
+            holders[t] = holders.get(t, 0) + 1
+    sharing = sum(any(holders[t] > 1 for t in s.topics) for s in inst.sets)
+    assert len(inst.sets) == 5 and sharing > 0
+    # the first three sets were still drawn disjoint
+    first = [t for s in inst.sets[:3] for t in s.topics]
+    assert len(set(first)) == 9
+    assert inst.report.sets_sharing_topics == sharing and inst.report.topics_used == len(holders)
+    assert any(f"{sharing} of 5 segment sets share a topic" in note for note in inst.report.notes)

@@ -169,12 +169,12 @@ def test_coefficients_match_observations(result):
         cov_type="cluster", cov_kwds={"groups": g["set_id"].astype("category").cat.codes}, use_t=True
     )
     assert b2["se"] == pytest.approx(ref.bse[1], rel=1e-10) and b2["p"] == pytest.approx(ref.pvalues[1], rel=1e-8)
-    assert b2["inference"] == "CR1 t(G-1)"
+    assert b2["inference"] == "CR1 set+topic t(G-1)" and b2["cluster_by"].startswith("set+topic (")
     assert result.settings["inference"] == "cluster" and result.settings["bootstrap_weights"] == "webb"
     t = result.tables()[0]
     assert list(t.frame.columns) == ["en", "[de, en, ..., en]"]
     assert t.frame.index.tolist()[0] == (2, "β0 (intercept)")
-    assert t.frame.loc[(3, "G (segment sets)"), "en"] == str(g["set_id"].nunique())
+    assert t.frame.loc[(3, "G (clusters)"), "en"] == str(g["set_id"].nunique())
 
 
 def test_save_writes_everything(result, tmp_path):

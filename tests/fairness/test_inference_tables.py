@@ -16,7 +16,7 @@ from posfair.report.tables import to_csv, to_latex, to_markdown
 
 
 def _observations(sets_by_n=None, seed=0):
-    """Synthetic observations: per instance (n, config) G segment sets, every ordering once."""
+    """Synthetic observations: per instance (n, config) G segment sets (no topic in two sets), every ordering once."""
     import itertools
 
     sets_by_n = sets_by_n or {3: 24, 4: 6}
@@ -26,11 +26,12 @@ def _observations(sets_by_n=None, seed=0):
         for config, key in (("en", "en"), ("[de, en, ..., en]", "de-en")):
             for s in range(G):
                 u = rng.normal(0, 0.03)
-                for k, _perm in enumerate(itertools.permutations(range(n))):
+                for k, perm in enumerate(itertools.permutations(range(n))):
                     for p in range(1, n + 1):
                         y = 0.7 - 0.004 * (p - 1) + u + rng.normal(0, 0.01)
                         rows.append(dict(calibration="stock", setting="main", n=n, config=config, config_key=key,
                                          doc_id=f"{n}-{key}-{s}-{k}", set_id=f"{n}-{key}-set{s:02d}", position=p,
+                                         topic=f"{n}-{key}-set{s:02d}-t{perm[p - 1]}",
                                          sigma=y, tau=np.nan))  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -58,7 +59,7 @@ def test_fit_all_matches_statsmodels_and_reports_g(obs):
         np.testing.assert_allclose(c["se"], ref.bse, rtol=1e-10)
         np.testing.assert_allclose(c["p"], ref.pvalues, rtol=1e-8, atol=1e-300)
         assert (c["clusters"] == g["set_id"].nunique()).all()
-        assert (c["inference"] == "CR1 t(G-1)").all()
+        assert (c["inference"] == "CR1 set+topic t(G-1)").all()
         assert c["mark"].tolist() == [significance_mark(p) for p in ref.pvalues]
 
 
@@ -80,8 +81,8 @@ def test_tables_show_g_inference_se_p(obs):
     coefs = _fit_quiet(obs)
     kw = dict(model="m", measure="sigma", calibration="stock", setting="main", configs=["en", "[de, en, ..., en]"])
     t = coefficient_table(coefs, **kw)
-    assert t.frame.loc[(4, "G (segment sets)")].tolist() == ["6", "6"]
-    assert t.frame.loc[(3, "G (segment sets)")].tolist() == ["24", "24"]
+    assert t.frame.loc[(4, "G (clusters)")].tolist() == ["6", "6"]
+    assert t.frame.loc[(3, "G (clusters)")].tolist() == ["24", "24"]
     assert "Student's t with G-1 degrees of freedom" in t.caption
     assert "n=4 en (G=6)" in t.caption and "p-values approximate" in t.caption
     # marks in the paper layout follow the t(G-1) p-values
@@ -92,17 +93,17 @@ def test_tables_show_g_inference_se_p(obs):
     d = coefficient_detail_table(coefs, **kw)
     assert list(d.frame.columns) == ["estimate", "SE", "t", "p", "mark", "G", "inference"]
     row = d.frame.loc[(4, "en", "β2 (2 vs. 1)")]
-    assert row["G"] == "6" and row["inference"] == "CR1 t(G-1)"
+    assert row["G"] == "6" and row["inference"] == "CR1 set+topic t(G-1)"
     assert float(row["p"]) == pytest.approx(hit["p"], rel=5e-3)  # 3 significant digits
     assert float(row["SE"]) == pytest.approx(hit["se"], abs=1e-4)
     for text in (to_markdown(d), to_csv(d), to_latex(d)):
-        assert "CR1 t(G-1)" in text and "G" in text
+        assert "CR1 set+topic t(G-1)" in text and "G" in text
 
 
 def test_wild_inference_in_tables(obs):
     inf = Inference("wild", draws=199, weights="webb", seed=2)
     coefs = _fit_quiet(obs[obs["n"] == 4], inf)
-    assert set(coefs["inference"]) == {"wild WCR11 webb B=199 seed=2"}
+    assert set(coefs["inference"]) == {"wild WCR11 set+topic webb B=199 seed=2"}
     assert (coefs["p"] >= 1 / 200).all()
     d = coefficient_detail_table(coefs, model="m", measure="sigma", calibration="stock", setting="main", configs=["en"])
     assert "wild cluster bootstrap-t" in d.caption and "webb B=199 seed=2" in d.caption
@@ -115,9 +116,9 @@ def test_report_and_headline_carry_g_and_warning(obs, tmp_path):
     hf = result.headline_frame()
     assert hf.loc[(4, "en", "beta_2"), "G"] == 6 and hf.loc[(3, "en", "beta_2"), "G"] == 24
     html = render_report("t", result.report_sections([]))
-    assert '<p class="warning">Few clusters: 2 of 4 instances rest on fewer than 20 segment sets' in html
+    assert '<p class="warning">Few clusters: 2 of 4 instances rest on fewer than 20 clusters' in html
     assert "Student&#x27;s t with G-1 degrees of freedom" in html or "Student's t with G-1 degrees of freedom" in html
-    assert "G (segment sets)" in html and "<th>SE</th>" in html
+    assert "G (clusters)" in html and "<th>SE</th>" in html
 
 
 def test_the_headline_shows_every_position(obs):

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import statsmodels.formula.api as smf
+from scipy import stats
 
 from posfair import Calibration
 from posfair import encoding as enc
@@ -80,32 +81,52 @@ def test_grid_documents_put_each_language_at_its_positions(model, corpus):
             assert perms == sorted(itertools.permutations(range(3)))
 
 
-def _direct_fit(obs: pd.DataFrame, calibration: str, length: bool, measure: str = "sigma"):
-    """The pooled regression written as a statsmodels formula (independent of posfair's design matrix)."""
+def _direct_fit(obs: pd.DataFrame, calibration: str, length: bool, measure: str = "sigma", clusters: str = "set+topic"):
+    """The pooled regression written as a statsmodels formula (independent of posfair's design matrix), clustered
+    by set and topic (two group columns) or by set."""
     g = obs[(obs["calibration"] == calibration) & (obs["setting"] == "main") & (obs["position"] >= 2)].copy()
     g["tok_c"] = g["seg_tokens"] - g["seg_tokens"].mean()
     formula = f"{measure} ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))" + (
         " + tok_c" if length else ""
     )
     codes = pd.factorize(g["set_id"])[0]
+    if clusters == "set+topic":
+        codes = np.column_stack([codes, pd.factorize(g["topic"])[0]])
     return smf.ols(formula, data=g).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True), g
+
+
+def _psd_se(direct) -> np.ndarray:
+    """Standard errors of statsmodels' covariance after Cameron-Gelbach-Miller's eigenvalue fix, by hand (a two-way
+    covariance need not be positive semi-definite)."""
+    w, U = np.linalg.eigh(direct.cov_params().to_numpy())
+    return np.sqrt(np.diag((U * np.clip(w, 0, None)) @ U.T))
 
 
 @pytest.mark.parametrize(("calibration", "measure"), [("stock", "sigma"), (CAL.label(), "sigma"), ("stock", "margin")])
 @pytest.mark.parametrize("length", [False, True])
-def test_pooled_language_regression_matches_statsmodels_formula(result, calibration, measure, length):
-    fit = fit_language_ols(result.observations, n=3, measure=measure, calibration=calibration, control_length=length)
-    direct, g = _direct_fit(result.observations, calibration, length, measure)
+@pytest.mark.parametrize("clusters", ["set+topic", "set"])
+def test_pooled_language_regression_matches_statsmodels_formula(result, calibration, measure, length, clusters):
+    fit = fit_language_ols(
+        result.observations, n=3, measure=measure, calibration=calibration, control_length=length, clusters=clusters
+    )
+    direct, g = _direct_fit(result.observations, calibration, length, measure, clusters)
     assert fit.reference == "en" and fit.nobs == len(g) == 2 * g["doc_id"].nunique()
-    assert fit.n_clusters == g["set_id"].nunique()
+    # the instances of a grid draw their sets from the same topics: two-way G = the topics, fewer than the sets
+    G = min(g["set_id"].nunique(), g["topic"].nunique()) if clusters == "set+topic" else g["set_id"].nunique()
+    assert fit.n_clusters == G and (clusters == "set" or G < g["set_id"].nunique())
     names = {f"later:{lang}": f"C(lang, Treatment('en'))[T.{lang}]" for lang in ("de", "fr")}
     names |= {f"lead:{lang}": f"C(lead_lang, Treatment('en'))[T.{lang}]" for lang in ("de", "fr")}
     names |= {"position:3": "C(position)[T.3]", "intercept": "Intercept"} | ({"tokens": "tok_c"} if length else {})
     assert sorted(fit.names) == sorted(names)
+    se = _psd_se(direct)
+    if not np.allclose(se, direct.bse, rtol=1e-12, equal_nan=True):
+        assert clusters == "set+topic" and "positive semi-definite" in fit.cluster_by
+    p = 2 * stats.t.sf(np.abs(direct.params / se), fit.n_clusters - 1)
     for k, name in enumerate(fit.names):
+        i = list(direct.params.index).index(names[name])
         assert fit.params[k] == pytest.approx(direct.params[names[name]], abs=1e-10)
-        assert fit.bse[k] == pytest.approx(direct.bse[names[name]], rel=1e-8)
-        assert fit.pvalues[k] == pytest.approx(direct.pvalues[names[name]], rel=1e-6, abs=1e-300)
+        assert fit.bse[k] == pytest.approx(se[i], rel=1e-8)
+        assert fit.pvalues[k] == pytest.approx(np.asarray(p)[i], rel=1e-6, abs=1e-300)
 
 
 def test_language_effects_and_tokens_table(result):
@@ -162,10 +183,12 @@ def test_monolingual_instances_only_leave_out_the_lead_dummies(result):
     fit = fit_language_ols(obs, n=3)
     assert not fit.lead_controls and not any(nm.startswith("lead:") for nm in fit.names)
     g = obs[(obs["calibration"] == "stock") & (obs["position"] >= 2)]
+    groups = np.column_stack([pd.factorize(g["set_id"])[0], pd.factorize(g["topic"])[0]])  # set and topic
     direct = smf.ols("sigma ~ C(lang, Treatment('en')) + C(position)", data=g).fit(
-        cov_type="cluster", cov_kwds={"groups": pd.factorize(g["set_id"])[0]}, use_t=True
+        cov_type="cluster", cov_kwds={"groups": groups}, use_t=True
     )
     assert fit.params[fit.names.index("later:de")] == pytest.approx(
         direct.params["C(lang, Treatment('en'))[T.de]"], abs=1e-10
     )
-    assert fit.bse[fit.names.index("later:fr")] == pytest.approx(direct.bse["C(lang, Treatment('en'))[T.fr]"], rel=1e-8)
+    se = _psd_se(direct)[list(direct.params.index).index("C(lang, Treatment('en'))[T.fr]")]
+    assert fit.bse[fit.names.index("later:fr")] == pytest.approx(se, rel=1e-8)

@@ -18,16 +18,19 @@ from posfair.fairness.ols import (
 
 
 def _data(seed=0, n=4, sets=30, perms=6, slope=0.03, noise=0.02):
+    """Observations of ``sets`` segment sets with ``n`` topics each, no topic in two sets (so clustering by
+    set+topic is exactly clustering by set): y, positions, set ids, topics."""
     rng = np.random.default_rng(seed)
-    pos, y, cl = [], [], []
+    pos, y, cl, tp = [], [], [], []
     for s in range(sets):
         u = rng.normal(0, 0.05)
-        for _ in range(perms):
+        for j in range(perms):
             for p in range(1, n + 1):
                 pos.append(p)
                 cl.append(f"set{s}")
+                tp.append(f"set{s}-topic{(p - 1 + j) % n}")
                 y.append(0.8 - slope * (p - 1) + u + rng.normal(0, noise))
-    return np.array(y), np.array(pos), np.array(cl)
+    return np.array(y), np.array(pos), np.array(cl), np.array(tp)
 
 
 def _quiet(*args, **kwargs):
@@ -37,9 +40,9 @@ def _quiet(*args, **kwargs):
 
 
 def test_ols_against_direct_numpy():
-    y, pos, cl = _data()
+    y, pos, cl, tp = _data()
     n = 4
-    fit = fit_position_ols(y, pos, cl, n=n)
+    fit = fit_position_ols(y, pos, cl, topics=tp, n=n)
     # direct: dummies by hand
     X = np.column_stack([np.ones(len(y))] + [(pos == p).astype(float) for p in range(2, n + 1)])
     beta = np.linalg.solve(X.T @ X, X.T @ y)
@@ -74,8 +77,8 @@ def test_ols_against_direct_numpy():
 @pytest.mark.parametrize("sets", [2, 6, 30])
 def test_cluster_inference_equals_statsmodels(sets):
     """Default: CR1 + t(G-1), against statsmodels called directly (cov_type='cluster', use_t=True)."""
-    y, pos, cl = _data(seed=sets, sets=sets, perms=24)
-    fit = _quiet(y, pos, cl, n=4)
+    y, pos, cl, tp = _data(seed=sets, sets=sets, perms=24)
+    fit = _quiet(y, pos, cl, topics=tp, n=4)
     X = pd.DataFrame({"const": 1.0, **{f"pos{p}": (pos == p).astype(float) for p in range(2, 5)}})
     codes = pd.Series(cl).astype("category").cat.codes.to_numpy()
     ref = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
@@ -87,39 +90,39 @@ def test_cluster_inference_equals_statsmodels(sets):
         fit.pvalues, 2 * stats.t.sf(np.abs(ref.tvalues.to_numpy()), df=sets - 1), rtol=1e-8, atol=1e-300
     )
     np.testing.assert_allclose(fit.conf_int(), ref.conf_int().to_numpy(), rtol=1e-10)
-    assert fit.n_clusters == sets and fit.inference == "CR1 t(G-1)"
+    assert fit.n_clusters == sets and fit.inference == "CR1 set+topic t(G-1)"
     frame = fit.to_frame()
-    assert (frame["clusters"] == sets).all() and (frame["inference"] == "CR1 t(G-1)").all()
+    assert (frame["clusters"] == sets).all() and (frame["inference"] == "CR1 set+topic t(G-1)").all()
     assert "coef" in fit.result.summary().as_text()
 
 
 def test_few_clusters_warning_names_g():
-    y, pos, cl = _data(sets=6)
-    with pytest.warns(FewClustersWarning, match=r"G = 6 segment sets .* fewer than 20"):
-        fit_position_ols(y, pos, cl)
-    y, pos, cl = _data(sets=FEW_CLUSTERS)
+    y, pos, cl, tp = _data(sets=6)
+    with pytest.warns(FewClustersWarning, match=r"G = 6 clusters, fewer than 20"):
+        fit_position_ols(y, pos, cl, topics=tp)
+    y, pos, cl, tp = _data(sets=FEW_CLUSTERS)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert fit_position_ols(y, pos, cl).n_clusters == FEW_CLUSTERS
-    y, pos, cl = _data(sets=3)
+        assert fit_position_ols(y, pos, cl, topics=tp).n_clusters == FEW_CLUSTERS
+    y, pos, cl, tp = _data(sets=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fit_position_ols(y, pos, cl, warn=False)
+        fit_position_ols(y, pos, cl, topics=tp, warn=False)
 
 
 def test_two_clusters_are_not_absurdly_significant():
     """The `--docs 48` case: n=4 on 2 segment sets (24 orderings each), a clear positional effect."""
-    y, pos, cl = _data(seed=3, sets=2, perms=24, slope=0.03, noise=0.002)
-    fit = _quiet(y, pos, cl, n=4)
+    y, pos, cl, tp = _data(seed=3, sets=2, perms=24, slope=0.03, noise=0.002)
+    fit = _quiet(y, pos, cl, topics=tp, n=4)
     t = fit.tvalues[1:]
     normal = 2 * stats.norm.sf(np.abs(t))
     assert normal.max() < 1e-50  # what the normal approximation claimed
     np.testing.assert_allclose(fit.pvalues[1:], 2 * stats.t.sf(np.abs(t), df=1), rtol=1e-8)
     assert fit.pvalues[1:].min() > 1e-4  # t(1): p ~ 0.64 / |t|, not exp(-t^2 / 2)
-    rad = _quiet(y, pos, cl, n=4, inference=Inference("wild", draws=999, weights="rademacher"))
-    assert rad.inference == "wild WCR11 rademacher all 2^2"
+    rad = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=999, weights="rademacher"))
+    assert rad.inference == "wild WCR11 set+topic rademacher all 2^2"
     assert (rad.pvalues >= 0.5).all()  # 4 sign vectors, two of them tie with the sample
-    webb = _quiet(y, pos, cl, n=4, inference=Inference("wild", draws=999, weights="webb", seed=1))
+    webb = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=999, weights="webb", seed=1))
     assert (webb.pvalues > 0.05).all()
 
 
@@ -187,19 +190,19 @@ def _reference_pvalues(y, pos, cl, n, weights, draws, seed):
     ],
 )
 def test_wild_bootstrap_against_hand_written(sets, weights, draws, seed):
-    y, pos, cl = _data(seed=sets, sets=sets, perms=6, slope=0.004)
+    y, pos, cl, tp = _data(seed=sets, sets=sets, perms=6, slope=0.004)
     inf = Inference("wild", draws=draws, weights=weights, seed=seed)
-    fit = _quiet(y, pos, cl, n=4, inference=inf)
+    fit = _quiet(y, pos, cl, topics=tp, n=4, inference=inf)
     ref = _reference_pvalues(y, pos, cl, 4, weights, draws, seed)
     np.testing.assert_allclose(fit.pvalues, ref, rtol=0, atol=1e-12)
     # SEs and t stay those of the CR1 fit; the label says what was done
     assert fit.n_clusters == sets
     assert fit.inference == (
-        f"wild WCR11 rademacher all 2^{sets}"
+        f"wild WCR11 set+topic rademacher all 2^{sets}"
         if weights == "rademacher" and 2**sets < draws
-        else f"wild WCR11 {weights} B={draws} seed={seed}"
+        else f"wild WCR11 set+topic {weights} B={draws} seed={seed}"
     )
-    default = _quiet(y, pos, cl, n=4)
+    default = _quiet(y, pos, cl, topics=tp, n=4)
     np.testing.assert_allclose(fit.bse, default.bse)
     np.testing.assert_allclose(fit.tvalues, default.tvalues)
 
@@ -208,9 +211,9 @@ def test_wild_bootstrap_against_wildboottest_api():
     """wildboottest's own statsmodels entry point counts |t*| > |t| over the B draws; ours adds the sample as a draw."""
     from wildboottest.wildboottest import wildboottest
 
-    y, pos, cl = _data(seed=4, sets=25, perms=6, slope=0.003)
+    y, pos, cl, tp = _data(seed=4, sets=25, perms=6, slope=0.003)
     B, seed = 999, 11
-    fit = _quiet(y, pos, cl, n=4, inference=Inference("wild", draws=B, weights="webb", seed=seed))
+    fit = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=B, weights="webb", seed=seed))
     X = pd.DataFrame({"const": 1.0, **{f"pos{p}": (pos == p).astype(float) for p in range(2, 5)}})
     codes = pd.Series(cl).astype("category").cat.codes.to_numpy()
     for j, name in enumerate(X.columns):
@@ -224,15 +227,15 @@ def test_wild_bootstrap_against_wildboottest_api():
 
 
 def test_wild_bootstrap_is_seeded():
-    y, pos, cl = _data(seed=1, sets=8, perms=6, slope=0.004)
-    a = _quiet(y, pos, cl, n=4, inference=Inference("wild", draws=499, seed=3))
-    b = _quiet(y, pos, cl, n=4, inference=Inference("wild", draws=499, seed=3))
-    c = _quiet(y, pos, cl, n=4, inference=Inference("wild", draws=499, seed=4))
+    y, pos, cl, tp = _data(seed=1, sets=8, perms=6, slope=0.004)
+    a = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=499, seed=3))
+    b = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=499, seed=3))
+    c = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=499, seed=4))
     np.testing.assert_array_equal(a.pvalues, b.pvalues)
     assert not np.array_equal(a.pvalues, c.pvalues)
     # weights go to segment sets by id: the row order of the observations does not matter
     order = np.random.default_rng(0).permutation(len(y))
-    d = _quiet(y[order], pos[order], cl[order], n=4, inference=Inference("wild", draws=499, seed=3))
+    d = _quiet(y[order], pos[order], cl[order], topics=tp[order], n=4, inference=Inference("wild", draws=499, seed=3))
     np.testing.assert_array_equal(a.pvalues, d.pvalues)
 
 
@@ -273,8 +276,8 @@ def test_significance_marks(p, mark):
 
 
 def test_marks_follow_pvalues():
-    y, pos, cl = _data(n=3)
-    fit = fit_position_ols(y, pos, cl)
+    y, pos, cl, tp = _data(n=3)
+    fit = fit_position_ols(y, pos, cl, topics=tp)
     assert fit.marks == [significance_mark(p) for p in fit.pvalues]
     assert fit.names == ["beta_0", "beta_2", "beta_3"]
     frame = fit.to_frame()
@@ -283,11 +286,13 @@ def test_marks_follow_pvalues():
 
 
 def test_ols_errors():
-    y, pos, cl = _data(n=3)
-    with pytest.raises(ValueError, match="at least 2 segment sets"):
-        fit_position_ols(y, pos, np.zeros(len(y)))
+    y, pos, cl, tp = _data(n=3)
+    with pytest.raises(ValueError, match="at least 2 clusters"):
+        fit_position_ols(y, pos, np.zeros(len(y)), topics=tp)
+    with pytest.raises(ValueError, match="set\\+topic needs the topic of every observation"):
+        fit_position_ols(y, pos, cl)
     with pytest.raises(ValueError, match="positions must cover"):
-        fit_position_ols(y[pos < 3], pos[pos < 3], cl[pos < 3], n=3)
+        fit_position_ols(y[pos < 3], pos[pos < 3], cl[pos < 3], topics=tp[pos < 3], n=3)
     bad = y.copy()
     bad[0] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
@@ -297,8 +302,8 @@ def test_ols_errors():
 @pytest.mark.parametrize("inference", ["cluster", Inference("wild", draws=199, weights="webb", seed=1)])
 def test_results_object_summary_and_ci_columns(inference):
     """statsmodels' results object stays reachable: summary() and conf_int() work, and conf_int is the CI columns."""
-    y, pos, cl = _data(seed=3, sets=8)
-    fit = _quiet(y, pos, cl, n=4, inference=inference)
+    y, pos, cl, tp = _data(seed=3, sets=8)
+    fit = _quiet(y, pos, cl, topics=tp, n=4, inference=inference)
     text = fit.summary().as_text()
     assert all(name in text for name in ("beta_0", "beta_2", "beta_3", "beta_4")) and "cluster" in text
     assert "coef" in fit.result.summary().as_text()

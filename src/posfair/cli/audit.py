@@ -21,6 +21,7 @@ from posfair.cli.options import (
     BootstrapWeights,
     Cache,
     Calibrations,
+    Clusters,
     Corpus,
     Device,
     Docs,
@@ -36,7 +37,7 @@ from posfair.cli.options import (
 from posfair.cli.parsers import comma_list, integer, joined, lang_code, mixed_config
 
 SUMMARY_CAPTION = (
-    "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: segment sets (clusters)"
+    "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: clusters the p-values rest on"
 )
 
 
@@ -100,6 +101,7 @@ def audit(
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
     inference: Inference = "cluster",
+    clusters: Clusters = "set+topic",
     bootstrap_draws: BootstrapDraws = None,
     bootstrap_weights: BootstrapWeights = None,
     bootstrap_seed: BootstrapSeed = None,
@@ -109,7 +111,7 @@ def audit(
     from posfair.fairness.documents import LanguageConfig
     from posfair.fairness.documents import language_grid as grid_configs
 
-    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
+    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
     configs = [LanguageConfig.mono(lang) for lang in langs] + [LanguageConfig.parse(m) for m in mixed]
     grid_all = list(language_grid) == ["all"]
     if "all" in language_grid and not grid_all:

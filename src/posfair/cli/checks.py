@@ -233,7 +233,9 @@ def installed(module: str, option: str, hint: str) -> None:
         raise input_error(option, None, f"needs {module}, which is not installed ({hint})")
 
 
-def inference_settings(inference: str, draws: int | None, weights: str | None, seed: int | None) -> dict:
+def inference_settings(
+    inference: str, draws: int | None, weights: str | None, seed: int | None, clusters: str = "set+topic"
+) -> dict:
     """``--inference`` and the bootstrap options as AuditSettings keywords; a bootstrap option without ``wild`` is refused."""
     given = {"--bootstrap-draws": draws, "--bootstrap-weights": weights, "--bootstrap-seed": seed}
     extra = [k for k, v in given.items() if v is not None]
@@ -247,4 +249,5 @@ def inference_settings(inference: str, draws: int | None, weights: str | None, s
         bootstrap_draws=d.draws if draws is None else draws,
         bootstrap_weights=d.weights if weights is None else weights,
         bootstrap_seed=d.seed if seed is None else seed,
+        clusters=clusters,
     )

@@ -23,6 +23,7 @@ from posfair.cli.options import (
     BootstrapSeed,
     BootstrapWeights,
     Cache,
+    Clusters,
     Docs,
     Inference,
     OutFolder,
@@ -118,12 +119,13 @@ def demo(
     docs: Docs = DEMO_SETTINGS["target_docs"],
     cache: Cache = None,
     inference: Inference = "cluster",
+    clusters: Clusters = "set+topic",
     bootstrap_draws: BootstrapDraws = None,
     bootstrap_weights: BootstrapWeights = None,
     bootstrap_seed: BootstrapSeed = None,
 ) -> None:
     """Audit the bundled models on the bundled corpus, stock vs the default calibration: MiniLM on English n=3,4; multilingual-e5-small on English and German-then-English n=3."""
-    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed)
+    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
     checks.output_folder(out)
     checks.cache_folder(cache)
     run_demo(out, docs, cache, inference_kw)

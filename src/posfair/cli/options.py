@@ -479,8 +479,19 @@ Inference = Annotated[
         "--inference",
         parser=choice("cluster", "wild"),
         metavar="cluster|wild",
-        help="p-values: 'cluster' = CR1 cluster-robust SEs (clusters = segment sets) with t(G-1); "
+        help="p-values: 'cluster' = CR1 cluster-robust SEs with t(G-1); "
         "'wild' = wild cluster bootstrap-t (WCR11). Recorded in the run's metadata.",
+    ),
+]
+Clusters = Annotated[
+    str,
+    typer.Option(
+        "--clusters",
+        parser=choice("set+topic", "set", "component"),
+        metavar="set+topic|set|component",
+        help="What is a cluster: 'set+topic' = two-way by segment set and topic (a topic drawn into two sets ties "
+        "them; equals 'set' when no topic is shared), 'set' = segment sets (the papers'), 'component' = sets "
+        "joined by shared topics.",
     ),
 ]
 BootstrapDraws = Annotated[

@@ -46,6 +46,7 @@ COEF_COLUMNS = [
     "mark",
     "nobs",
     "clusters",
+    "cluster_by",
     "inference",
     "ci_low",
     "ci_high",
@@ -56,8 +57,9 @@ INSTANCE_KEYS = ["calibration", "setting", "n", "config"]
 
 def _fit_group(g: pd.DataFrame, measure: str, n: int, inference: Inference) -> PositionOLS:
     y = g[measure].to_numpy(dtype=float)
+    topics = g["topic"].to_numpy() if "topic" in g else None
     return fit_position_ols(
-        y, g["position"].to_numpy(), g["set_id"].to_numpy(), n=int(n), inference=inference, warn=False
+        y, g["position"].to_numpy(), g["set_id"].to_numpy(), n=int(n), inference=inference, topics=topics, warn=False
     )
 
 
@@ -71,7 +73,7 @@ def fit_all(
     """OLS per (calibration, setting, measure, n, config): long table of coefficients.
 
     ``inference``: :class:`~posfair.fairness.ols.Inference` (default CR1 + t(G-1)).  Columns
-    ``clusters`` (G, segment sets) and ``inference`` (a short label) say what each p-value rests
+    ``clusters`` (G, the clusters the p-values rest on), ``cluster_by`` (what a cluster is, with the counts) and ``inference`` (a short label) say what each p-value rests
     on; ``ci_low`` / ``ci_high`` are the 95% CR1 t(G-1) intervals of statsmodels' fit (whose
     results object :func:`fit_instance` returns).  ``warn``: one
     :class:`~posfair.fairness.ols.FewClustersWarning` naming every instance with G < 20 (see
@@ -139,7 +141,7 @@ def few_clusters_message(coefs: pd.DataFrame) -> str | None:
     which = "; ".join(f"n={r.n} {r.config}: G={r.clusters}" for r in few.itertuples(index=False))
     labels = ", ".join(dict.fromkeys(coefs["inference"])) if "inference" in coefs else ""
     return (
-        f"{len(few)} of {total} instances rest on fewer than {FEW_CLUSTERS} segment sets (clusters G) -- {which}. "
+        f"{len(few)} of {total} instances rest on fewer than {FEW_CLUSTERS} clusters (G) -- {which}. "
         f"Their p-values ({labels}) are approximate with so few clusters; more documents (more segment sets) "
         "or --inference wild give sturdier tests."
     )

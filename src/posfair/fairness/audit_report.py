@@ -114,7 +114,7 @@ _INFERENCE = """\
 
 _SUMMARY = """\
 <p>Coefficients β<sub>p</sub> of the positional-fairness regression (σ, difference of position p to position 1; \
-negative = later segments under-represented); G: segment sets (clusters) per instance. {{ legend }}.</p>
+negative = later segments under-represented); G: the clusters the p-values rest on, per instance. {{ legend }}.</p>
 <p>{{ model }}{% if limit %} · token limit {{ limit }}{% endif %}.{% for label, words in words %} <b>{{ label }}</b>: {{ words }}.{% endfor %}</p>
 {{ inference | safe }}{{ headline | safe }}
 {% for note in coverage_notes %}<p class="warning">{{ note }}</p>
@@ -278,7 +278,7 @@ def save_result(
     figures += language_figures
     hf = result.headline_frame()
     few = result.few_clusters_message()
-    caption = f"{MARK_LEGEND}. G: segment sets (clusters). Inference: {result.inference_text()}." + (
+    caption = f"{MARK_LEGEND}. G: clusters. Inference: {result.inference_text()}." + (
         f" Few clusters: {few}" if few else ""
     )
     paths["headline"] = atomic_write_text(

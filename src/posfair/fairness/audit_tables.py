@@ -34,7 +34,7 @@ MEASURE_TITLES = {
     "sigma": "positional fairness (sigma = cos(document, standalone segment))",
     "tau": "information retention (tau = cos(standalone, contextualised segment))",
 }
-CLUSTER_ROW = "G (segment sets)"
+CLUSTER_ROW = "G (clusters)"
 SHARE_ROW = "calibrated_share"
 
 
@@ -86,7 +86,7 @@ def coefficient_table(
 ) -> Table:
     """The paper's Table 1 layout: rows (n, beta_k), columns language configurations.
 
-    Each n block ends with a row ``G (segment sets)``: the clusters every p-value (mark) of the
+    Each n block ends with a row ``G (clusters)``: the clusters every p-value (mark) of the
     block rests on; the caption names the inference and the instances with G < 20.  With
     ``coverage`` (:func:`~posfair.fairness.analysis.coverage_summary`) a row ``calibrated_share``
     follows: the fraction of the instance's documents the calibration changed ("—" for stock); a
@@ -124,8 +124,8 @@ def coefficient_table(
         title=f"OLS coefficients, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
         frame=frame,
         caption=(
-            f"{MEASURE_TITLES[measure]}. OLS on position dummies (position 1 = baseline), standard errors clustered "
-            f"by segment set; G = number of segment sets (clusters). {_inference_caption(sub)} "
+            f"{MEASURE_TITLES[measure]}. OLS on position dummies (position 1 = baseline), cluster-robust standard "
+            f"errors; G = the clusters the p-values rest on{_cluster_counts(sub)}. {_inference_caption(sub)} "
             f"Statistical significance: {MARK_LEGEND}.{_few_note(sub)}"
         ),
         name=f"{measure}_{metric_name_part(calibration)}_{setting}",
@@ -167,11 +167,19 @@ def coefficient_detail_table(
         title=f"OLS coefficients with standard errors and p-values, {MEASURE_TITLES[measure].split(' (')[0]} ({model}, {variant})",
         frame=frame,
         caption=(
-            f"{MEASURE_TITLES[measure]}. SE: CR1 cluster-robust (clusters = segment sets); G: number of segment sets. "
+            f"{MEASURE_TITLES[measure]}. SE: CR1 cluster-robust; G: the clusters the p-value rests on{_cluster_counts(sub)}. "
             f"{_inference_caption(sub)} Marks: {MARK_LEGEND}.{_few_note(sub)}"
         ),
         name=f"{measure}_{metric_name_part(calibration)}_{setting}_detail",
     )
+
+
+def _cluster_counts(sub: pd.DataFrame) -> str:
+    """`` (n=3 en: set+topic (48 sets, 144 topics); ...)``: what a cluster is in each instance, with the counts."""
+    if "cluster_by" not in sub or not len(sub):
+        return ""
+    per = sub.drop_duplicates(["n", "config"])
+    return " (" + "; ".join(f"n={r.n} {r.config}: {r.cluster_by}" for r in per.itertuples(index=False)) + ")"
 
 
 FIDELITY_CAPTION = (

@@ -150,6 +150,9 @@ class SamplingReport:
     sets_skipped_too_long: int = 0
     documents: int = 0
     exhausted: bool = False
+    topics_used: int = 0
+    #: sets holding a topic that another set of the instance holds too (0 when the corpus allowed disjoint sets)
+    sets_sharing_topics: int = 0
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -293,6 +296,12 @@ def build_instance(
     (per-segment budget ``(limit - specials) // n``), so that documents of ``n``
     segments fit the limit by construction and segments have comparable lengths;
     every language version a set uses must lie in the window.
+
+    Sets are drawn without reusing a topic across the sets of the instance while enough unused
+    topics remain (observations of different sets are then independent, as clustering by set
+    assumes); when the usable topics run out (fewer than ``n`` left, or ``max_attempts_per_set``
+    draws in a row from them too long for the limit) later sets may reuse topics, and the report
+    counts the sets that share one (``sets_sharing_topics``) with a note.
     """
     if n < 2:
         raise PosfairInputError(f"n (segments per document) must be >= 2; got {n}")
@@ -332,24 +341,46 @@ def build_instance(
     lang_seq = config.langs(n)
     chosen: list[tuple[str, ...]] = []
     seen: set[frozenset[str]] = set()
+    used: set[str] = set()
     docs: list[Document] = []
     attempts, max_attempts = 0, max_attempts_per_set * sets_wanted
+    fresh_failures = 0  # draws in a row from unused topics that did not fit
     total_sets = math.comb(len(topics), n)
     while len(chosen) < sets_wanted and attempts < max_attempts and len(seen) < total_sets:
         attempts += 1
-        pick = tuple(topics[i] for i in sorted(rng.choice(len(topics), size=n, replace=False)))
+        fresh = [t for t in topics if t not in used]
+        disjoint = len(fresh) >= n and fresh_failures < max_attempts_per_set
+        pool = fresh if disjoint else topics
+        pick = tuple(pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False)))
         if frozenset(pick) in seen:
+            fresh_failures += disjoint
             continue
         seen.add(frozenset(pick))
         if _shortest_ordering(pick, lang_seq, lengths, n_special) > limit:
             report.sets_skipped_too_long += 1
+            fresh_failures += disjoint
             continue
         cand = _set_documents(pick, f"n{n}-{config.key}-s{len(chosen):05d}", lang_seq, text_of, tokenizer)
         if max(d.n_tokens for d in cand) > limit:
             report.sets_skipped_too_long += 1
+            fresh_failures += disjoint
             continue
+        fresh_failures = 0
         chosen.append(pick)
+        used.update(pick)
         docs += cand
+    holders: dict[str, int] = {}
+    for pick in chosen:
+        for t in pick:
+            holders[t] = holders.get(t, 0) + 1
+    report.topics_used = len(holders)
+    report.sets_sharing_topics = sum(any(holders[t] > 1 for t in pick) for pick in chosen)
+    if report.sets_sharing_topics:
+        report.notes.append(
+            f"{report.sets_sharing_topics} of {len(chosen)} segment sets share a topic with another set "
+            f"({len(topics)} usable topics; {len(chosen)} disjoint sets of {n} need {len(chosen) * n}): their "
+            "observations are not independent, which clustering by set and topic accounts for"
+        )
     report.sets_used, report.documents, report.exhausted = len(chosen), len(docs), len(chosen) < sets_wanted
     if not chosen:
         seg_lens = sorted(lengths[(t, lang_seq[0])] for t in topics)

@@ -101,6 +101,9 @@ class AuditSettings:
         inference: how the OLS p-values are computed: ``"cluster"`` (CR1 cluster-robust
             standard errors, t with G-1 degrees of freedom) or ``"wild"`` (wild cluster
             bootstrap, see :mod:`posfair.fairness.ols`).
+        clusters: what is a cluster: ``"set+topic"`` (two-way by segment set and topic, the default;
+            equal to the papers' set clustering when no topic is in two sets), ``"set"`` (the papers')
+            or ``"component"`` (see :mod:`posfair.fairness.clusters`).
         bootstrap_draws / bootstrap_weights / bootstrap_seed: the wild bootstrap's draws B,
             weights (``"webb"`` or ``"rademacher"``; Rademacher enumerates all 2^G sign
             vectors when 2^G < B) and seed (recorded for every run, used only with ``"wild"``).
@@ -119,6 +122,7 @@ class AuditSettings:
     retention: bool | None = None
     control: bool = True
     inference: str = "cluster"
+    clusters: str = "set+topic"
     bootstrap_draws: int = 9999
     bootstrap_weights: str = "webb"
     bootstrap_seed: int = 0
@@ -144,12 +148,17 @@ class AuditSettings:
         spec = self.inference_spec  # validates; stores the normalised spellings
         object.__setattr__(self, "inference", spec.method)
         object.__setattr__(self, "bootstrap_weights", spec.weights)
+        object.__setattr__(self, "clusters", spec.clusters)
 
     @property
     def inference_spec(self) -> Inference:
         """The :class:`~posfair.fairness.ols.Inference` of these settings."""
         return Inference(
-            method=self.inference, draws=self.bootstrap_draws, weights=self.bootstrap_weights, seed=self.bootstrap_seed
+            method=self.inference,
+            draws=self.bootstrap_draws,
+            weights=self.bootstrap_weights,
+            seed=self.bootstrap_seed,
+            clusters=self.clusters,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,8 +17,9 @@ positional OLS; this module reads two things from it:
   language at the same position and under the same lead language.  Without mixed instances
   (monolingual ones only) the lead language is the later one and its dummies are left out
   (``lead_controls`` False).  Standard errors are CR1
-  cluster-robust with clusters = segment sets (each instance draws its own sets), p-values
-  from t(G-1), as in :mod:`posfair.fairness.ols`.  With ``control_length`` the segment's own
+  cluster-robust, clustered as the audit's inference says (default two-way by segment set and
+  topic: the instances of a grid draw their sets from the same topics, so sets of different
+  instances share topics; see :mod:`posfair.fairness.clusters`), p-values from t(G-1).  With ``control_length`` the segment's own
   token count (centred) enters too, so that a language whose script tokenises into more
   pieces is not mistaken for a language effect; :func:`segment_tokens` gives the mean tokens
   per segment per language to read beside the effects.
@@ -32,12 +33,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from statsmodels.regression.linear_model import OLS
 
 from posfair.errors import PosfairInputError
 from posfair.fairness.audit_tables import format_estimate
+from posfair.fairness.clusters import cluster_structure, clustered_ols
 from posfair.fairness.experiment import STOCK_LABEL
-from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference, significance_mark
+from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, Inference, describe_inference, significance_mark
 from posfair.report.tables import Table
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
     "LANGUAGE_INFERENCE",
 ]
 
-LANGUAGE_INFERENCE = "CR1 t(G-1)"
+LANGUAGE_INFERENCE = Inference().label()
 #: measures of the language-effect tables besides σ
 MEASURE_NAMES = {"sigma": "σ", "margin": "the margin (σ minus the mean cosine to other sets)"}
 
@@ -80,6 +81,8 @@ class LanguageOLS:
     n_clusters: int
     control_length: bool
     lead_controls: bool = True
+    cluster_by: str = ""
+    inference: str = ""
     result: Any = field(default=None, compare=False, repr=False)
 
     def to_frame(self) -> pd.DataFrame:
@@ -97,6 +100,8 @@ class LanguageOLS:
                 "mark": [significance_mark(p) for p in self.pvalues],
                 "nobs": self.nobs,
                 "clusters": self.n_clusters,
+                "cluster_by": self.cluster_by,
+                "inference": self.inference,
                 "reference": self.reference,
                 "length_adjusted": self.control_length,
                 "lead_controls": self.lead_controls,
@@ -142,8 +147,12 @@ def fit_language_ols(
     setting: str = "main",
     reference: str | None = None,
     control_length: bool = False,
+    clusters: str = Inference().clusters,
 ) -> LanguageOLS:
-    """The pooled language regression (module docstring) on the later segments of every instance with ``n``."""
+    """The pooled language regression (module docstring) on the later segments of every instance with ``n``.
+
+    ``clusters``: ``"set+topic"`` (default), ``"set"`` or ``"component"`` (:mod:`posfair.fairness.clusters`).
+    """
     o = observations
     g = o[(o["calibration"] == calibration) & (o["setting"] == setting) & (o["n"] == n) & (o["position"] >= 2)]
     g = g[np.isfinite(g[measure].to_numpy(dtype=float))]
@@ -169,12 +178,9 @@ def fit_language_ols(
             f"the pooled language regression (n={n}) is not identified: {X.shape[1]} terms but rank {rank} "
             "(language and position dummies collinear; use a full language grid)"
         )
-    groups = pd.Series(g["set_id"].to_numpy()).astype("category").cat.codes.to_numpy().astype(np.int64)
-    n_clusters = int(groups.max()) + 1
-    if n_clusters < 2:
-        raise PosfairInputError("clustered standard errors need at least 2 segment sets")
+    structure = cluster_structure(g["set_id"].to_numpy(), g["topic"].to_numpy() if "topic" in g else None, clusters)
     y = g[measure].to_numpy(dtype=float)
-    res = OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    res, cluster_by = clustered_ols(y, X, structure)
     return LanguageOLS(
         n=int(n),
         reference=reference,
@@ -184,9 +190,11 @@ def fit_language_ols(
         tvalues=np.asarray(res.tvalues),
         pvalues=np.asarray(res.pvalues),
         nobs=len(y),
-        n_clusters=n_clusters,
+        n_clusters=structure.G,
         control_length=control_length,
         lead_controls=lead_controls,
+        cluster_by=cluster_by,
+        inference=Inference(clusters=clusters).label(),
         result=res,
     )
 
@@ -200,7 +208,11 @@ def has_language_grid(observations: pd.DataFrame) -> bool:
 
 
 def language_effects(
-    observations: pd.DataFrame, *, measure: str = "sigma", reference: str | None = None
+    observations: pd.DataFrame,
+    *,
+    measure: str = "sigma",
+    reference: str | None = None,
+    clusters: str = Inference().clusters,
 ) -> pd.DataFrame:
     """The later-language terms of the pooled regression per (calibration, n), plain and length-adjusted.
 
@@ -213,7 +225,13 @@ def language_effects(
     for (cal, n), _g in obs.groupby(["calibration", "n"], sort=False):
         for adjusted in (False, True):
             fit = fit_language_ols(
-                obs, n=int(n), measure=measure, calibration=cal, reference=reference, control_length=adjusted
+                obs,
+                n=int(n),
+                measure=measure,
+                calibration=cal,
+                reference=reference,
+                control_length=adjusted,
+                clusters=clusters,
             )
             f = fit.to_frame()
             f = f[f["kind"] == "later"].assign(language=lambda d: d["level"], is_reference=False)
@@ -285,7 +303,7 @@ def grid_matrices(
     grid: pd.DataFrame, langs: Sequence[str], digits: int = 3, clusters: bool = False
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(values, cell labels) of a :func:`beta2_grid` as lead x later matrices (NaN / "" where absent); with
-    ``clusters`` each label carries its instance's G (segment sets) on a second line."""
+    ``clusters`` each label carries its instance's G (clusters) on a second line."""
     values = pd.DataFrame(np.nan, index=list(langs), columns=list(langs))
     labels = pd.DataFrame("", index=list(langs), columns=list(langs))
     for r in grid.itertuples(index=False):
@@ -368,12 +386,14 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
         f"instance with n = {n} on positions 2..{n}, with later-language, position and "
         f"{'lead-language dummies' if e['lead_controls'].all() else 'lead-language dummies (left out where collinear: monolingual instances only)'} "
         "(length-adj.: plus the segment's centred token count). "
-        f"{MARK_LEGEND}. Inference: {describe_inference([LANGUAGE_INFERENCE])}; G = {int(g.max()) if len(g) else 0} "
-        f"segment sets, N = {int(e['nobs'].max()) if len(e) else 0} later segments. Mean tokens per segment: the model's "
+        f"{MARK_LEGEND}. Inference: {describe_inference(e['inference'] if 'inference' in e else [LANGUAGE_INFERENCE])}; "
+        f"G = {int(g.max()) if len(g) else 0} clusters"
+        + (f" ({e['cluster_by'].iloc[0]})" if "cluster_by" in e and len(e) else "")
+        + f", N = {int(e['nobs'].max()) if len(e) else 0} later segments. Mean tokens per segment: the model's "
         "tokenizer, no special tokens, each distinct segment once."
     )
     if len(g) and g.max() < FEW_CLUSTERS:
-        caption += f" Fewer than {FEW_CLUSTERS} segment sets: p-values approximate."
+        caption += f" Fewer than {FEW_CLUSTERS} clusters: p-values approximate."
     if measure == "margin":
         caption += (
             " The margin subtracts the document's mean cosine to the other segment sets' segments: a language whose texts "

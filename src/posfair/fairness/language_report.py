@@ -59,8 +59,9 @@ def language_tables(result: AuditResult) -> list[Table]:
     if not has_language_grid(obs):
         return []
     name = result.model["name"]
-    effects = language_effects(obs)
-    margin = language_effects(obs, measure="margin") if _has(obs, "margin") else None
+    clusters = result.inference.clusters
+    effects = language_effects(obs, clusters=clusters)
+    margin = language_effects(obs, measure="margin", clusters=clusters) if _has(obs, "margin") else None
     tokens = segment_tokens(obs)
     out = [calibration_effect_table(result.coefficients, effects, model=name)]
     for n in sorted(obs["n"].unique()):
@@ -111,9 +112,10 @@ def save_language(result: AuditResult, out: Path) -> tuple[dict[str, Path], list
     for t in language_tables(result):
         for kind, p in write_table(t, out / "tables").items():
             paths[f"table:{t.name}.{kind}"] = p
-    frames = [language_effects(result.observations)]
+    clusters = result.inference.clusters
+    frames = [language_effects(result.observations, clusters=clusters)]
     if _has(result.observations, "margin"):
-        frames.append(language_effects(result.observations, measure="margin"))
+        frames.append(language_effects(result.observations, measure="margin", clusters=clusters))
     paths["language_effects"] = atomic_write_text(
         out / "language_effects.csv", pd.concat(frames, ignore_index=True).to_csv(index=False)
     )

@@ -1,19 +1,27 @@
-"""OLS on position dummies with standard errors clustered by segment set.
+"""OLS on position dummies with cluster-robust standard errors.
 
 ``y = beta_0 + sum_{p=2..n} beta_p * 1{position = p} + e``; position 1 is the
-baseline.  Two kinds of inference (:class:`Inference`):
+baseline.  What is a cluster (:attr:`Inference.clusters`, see :mod:`posfair.fairness.clusters`):
+``set+topic`` (default: two-way by segment set and topic, which equals the papers' one-way
+set clustering exactly when no topic is in two sets), ``set`` (the papers') or ``component``.
+Two kinds of inference (:class:`Inference`):
 
 ``cluster`` (the default)
     CR1 cluster-robust covariance as in statsmodels ``cov_type="cluster"`` (small-sample
-    correction ``G/(G-1) * (N-1)/(N-K)``) and p-values from Student's t with ``G - 1``
-    degrees of freedom (statsmodels ``use_t=True``), G = number of segment sets.  With few
+    correction ``G/(G-1) * (N-1)/(N-K)`` per clustering dimension) and p-values from Student's
+    t with ``G - 1`` degrees of freedom (statsmodels ``use_t=True``), G = number of clusters
+    (for two-way: the smaller of the set and topic counts).  With few
     clusters the normal approximation is far too optimistic: a run whose n=4 instance rests
     on G = 2 sets gets p ~ 1e-272 from the normal and p ~ 0.02 from t(1) for the same t.
 
 ``wild``
     Wild cluster bootstrap-t (WCR11 in the terms of MacKinnon, Nielsen & Webb: null imposed,
     CR1 variance in every draw) computed with the ``wildboottest`` package, one test per
-    coefficient (H0: beta = 0), bootstrap clusters = segment sets.  Weights:
+    coefficient (H0: beta = 0), bootstrap clusters = the clusters (one-way).  Two-way
+    (``set+topic``): the same WCR11 bootstrap computed here (:func:`wild_tests`), weights drawn
+    per cluster of the dimension with fewer clusters and the two-way CR1 variance in every draw
+    (MacKinnon, Nielsen and Webb 2021); on one-way clusters it reproduces wildboottest
+    (tested under full enumeration).  Weights:
 
     * ``webb`` (default): Webb's six-point distribution, ``draws`` random draws from a
       generator seeded with ``seed`` (6^G distinct weight vectors, so few clusters still
@@ -30,8 +38,7 @@ baseline.  Two kinds of inference (:class:`Inference`):
     (``p = (1 + #{|t*| >= |t|}) / (draws + 1)``), so p is never 0.
     Standard errors and the statsmodels results object are those of the CR1 fit.
 
-A fit on fewer than :data:`FEW_CLUSTERS` segment sets emits a :class:`FewClustersWarning`
-naming G.
+A fit on fewer than :data:`FEW_CLUSTERS` clusters emits a :class:`FewClustersWarning` naming G.
 """
 
 from __future__ import annotations
@@ -43,10 +50,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from statsmodels.regression.linear_model import OLS
 from wildboottest.wildboottest import WildboottestCL
 
 from posfair.errors import PosfairInputError
+from posfair.fairness.clusters import CLUSTERINGS, PSD_FIX_NOTE, ClusterStructure, cluster_structure, clustered_ols
 
 __all__ = [
     "PositionOLS",
@@ -62,6 +69,8 @@ __all__ = [
     "FEW_CLUSTERS",
     "FewClustersWarning",
     "wild_pvalue",
+    "wild_tests",
+    "CLUSTERINGS",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,14 +82,14 @@ MARK_LEGEND = "all values p < 0.001 unless marked: ◊ p < 0.01, □ p < 0.05, �
 
 INFERENCE_METHODS = ("cluster", "wild")
 BOOTSTRAP_WEIGHTS = ("webb", "rademacher")
-#: below this many clusters (segment sets) a fit warns: cluster-robust inference is unreliable with few clusters
+#: below this many clusters a fit warns: cluster-robust inference is unreliable with few clusters
 FEW_CLUSTERS = 20
 #: relative tolerance under which |t*| and |t| count as tied (ties count against the null)
 TIE_RTOL = 1e-9
 
 
 class FewClustersWarning(UserWarning):
-    """A regression's p-values rest on fewer than :data:`FEW_CLUSTERS` segment sets."""
+    """A regression's p-values rest on fewer than :data:`FEW_CLUSTERS` clusters."""
 
 
 def significance_mark(p: float) -> str:
@@ -103,12 +112,15 @@ class Inference:
         weights: ``"webb"`` or ``"rademacher"`` (wild only; Rademacher enumerates all 2^G
             sign vectors when 2^G < draws).
         seed: seed of the bootstrap weights (wild only).
+        clusters: what is a cluster: ``"set+topic"`` (two-way, the default), ``"set"`` (the papers')
+            or ``"component"`` (see :mod:`posfair.fairness.clusters`).
     """
 
     method: str = "cluster"
     draws: int = 9999
     weights: str = "webb"
     seed: int = 0
+    clusters: str = "set+topic"
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -127,6 +139,10 @@ class Inference:
         if isinstance(self.seed, bool) or int(self.seed) != self.seed or self.seed < 0:
             raise PosfairInputError(f"bootstrap seed must be an integer >= 0; got {self.seed!r}")
         object.__setattr__(self, "seed", int(self.seed))
+        clusters = str(self.clusters).strip().lower()
+        if clusters not in CLUSTERINGS:
+            raise PosfairInputError(f"clusters must be one of {', '.join(CLUSTERINGS)}; got {self.clusters!r}")
+        object.__setattr__(self, "clusters", clusters)
 
     @classmethod
     def coerce(cls, value: Inference | str | dict | None) -> Inference:
@@ -143,51 +159,68 @@ class Inference:
         return self.method == "wild" and self.weights == "rademacher" and 2**n_clusters < self.draws
 
     def label(self, n_clusters: int | None = None) -> str:
-        """Short label for tables: ``CR1 t(G-1)`` or ``wild WCR11 webb B=9999 seed=0`` (or ``... all 2^G``)."""
+        """Short label for tables: ``CR1 set+topic t(G-1)`` or ``wild WCR11 set webb B=9999 seed=0`` (or ``... all 2^G``).
+
+        ``n_clusters``: the bootstrap's cluster count (decides whether Rademacher weights are enumerated).
+        """
         if self.method == "cluster":
-            return "CR1 t(G-1)"
+            return f"CR1 {self.clusters} t(G-1)"
         if n_clusters is not None and self.enumerates(n_clusters):
-            return f"wild WCR11 rademacher all 2^{n_clusters}"
-        return f"wild WCR11 {self.weights} B={self.draws} seed={self.seed}"
+            return f"wild WCR11 {self.clusters} rademacher all 2^{n_clusters}"
+        return f"wild WCR11 {self.clusters} {self.weights} B={self.draws} seed={self.seed}"
 
     def describe(self) -> str:
         """A sentence for captions and reports."""
-        if self.method == "cluster":
-            return (
-                "CR1 cluster-robust standard errors (clusters = segment sets, correction G/(G-1) * (N-1)/(N-K)), "
-                "p-values from Student's t with G-1 degrees of freedom"
-            )
-        w = (
-            "Webb six-point weights"
-            if self.weights == "webb"
-            else "Rademacher weights (all 2^G sign vectors enumerated when 2^G < B)"
-        )
-        return (
-            f"CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, "
-            f"clusters = segment sets, {w}, B = {self.draws} draws, seed {self.seed}; p = share of |t*| ≥ |t|, "
-            "the observed statistic counted as one draw)"
-        )
+        return describe_inference([self.label()])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "draws": self.draws, "weights": self.weights, "seed": self.seed}
+        return {
+            "method": self.method,
+            "draws": self.draws,
+            "weights": self.weights,
+            "seed": self.seed,
+            "clusters": self.clusters,
+        }
+
+
+#: what each clustering means, in words (captions)
+CLUSTERS_IN_WORDS = {
+    "set+topic": "two-way clusters by segment set and topic (Cameron, Gelbach and Miller; G = the smaller count)",
+    "set": "clusters = segment sets",
+    "component": "clusters = connected components of segment sets sharing a topic",
+}
+
+
+def _label_clusters(label: str, prefix: str) -> str | None:
+    rest = label.removeprefix(prefix).split(" ", 1)[0]
+    return rest if rest in CLUSTERINGS else None
 
 
 def describe_inference(labels) -> str:
     """A sentence for captions from the short labels of :meth:`Inference.label` found in a table."""
     labels = list(dict.fromkeys(str(x) for x in labels))
     parts = []
-    if any(lab.startswith("CR1") for lab in labels):
-        parts.append(Inference().describe())
-    wild = [lab.removeprefix("wild WCR11 ") for lab in labels if lab.startswith("wild")]
-    if wild:
-        parts.append(
-            "CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, CR1 "
-            f"variance in every draw, clusters = segment sets; {', '.join(wild)}; p = share of |t*| ≥ |t| with the "
-            "observed statistic counted as one draw, or over all 2^G Rademacher sign vectors where enumerated)"
-        )
-    other = [lab for lab in labels if not lab.startswith(("CR1", "wild"))]
-    parts += other
-    return "; ".join(parts)
+    for lab in labels:
+        if lab == "CR1 t(G-1)":  # a run saved before clusters were named
+            lab = "CR1 set t(G-1)"
+        if lab.startswith("CR1 ") and (by := _label_clusters(lab, "CR1 ")):
+            parts.append(
+                f"CR1 cluster-robust standard errors ({CLUSTERS_IN_WORDS[by]}; correction G/(G-1) * (N-1)/(N-K) per "
+                "dimension), p-values from Student's t with G-1 degrees of freedom"
+            )
+        elif lab.startswith("wild WCR11 "):
+            by = _label_clusters(lab, "wild WCR11 ") or "set"
+            rest = lab.removeprefix("wild WCR11 ").removeprefix(f"{by} ")
+            parts.append(
+                "CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, CR1 "
+                f"variance in every draw, {CLUSTERS_IN_WORDS[by]}; weights per cluster"
+                + (" of the dimension with fewer clusters" if by == "set+topic" else "")
+                + f"; {rest}; p = share of |t*| ≥ |t| with the observed statistic counted as one draw, or over all "
+                "2^G Rademacher sign vectors where enumerated)"
+            )
+        else:
+            parts.append(lab)
+    return "; ".join(dict.fromkeys(parts))
 
 
 @dataclass(frozen=True)
@@ -206,7 +239,8 @@ class PositionOLS:
     nobs: int
     n_clusters: int
     tvalues: np.ndarray | None = None
-    inference: str = "CR1 t(G-1)"
+    inference: str = "CR1 set+topic t(G-1)"
+    cluster_by: str = ""  # e.g. "set+topic (90 sets, 53 topics)"
     result: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -242,6 +276,7 @@ class PositionOLS:
                 "mark": self.marks,
                 "nobs": self.nobs,
                 "clusters": self.n_clusters,
+                "cluster_by": self.cluster_by,
                 "inference": self.inference,
                 "ci_low": ci[:, 0],
                 "ci_high": ci[:, 1],
@@ -261,7 +296,7 @@ def position_design(positions: np.ndarray, n: int) -> np.ndarray:
 
 def few_clusters_text(n_clusters: int) -> str:
     return (
-        f"the positional regression rests on G = {n_clusters} segment sets (clusters), fewer than {FEW_CLUSTERS}: "
+        f"the positional regression rests on G = {n_clusters} clusters, fewer than {FEW_CLUSTERS}: "
         "cluster-robust p-values are approximate; raise the document count (more segment sets) or use the wild "
         "cluster bootstrap (--inference wild)"
     )
@@ -285,10 +320,10 @@ def wild_pvalue(t_stat: float, t_boot: np.ndarray, *, enumerated: bool) -> float
     return (1 + exceed) / (len(t_boot) + 1)
 
 
-def _wild_tests(
+def _wildboottest_tests(
     X: np.ndarray, y: np.ndarray, groups: np.ndarray, inference: Inference
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(t statistics, bootstrap p-values) per coefficient via wildboottest's WCR11 bootstrap."""
+    """(t statistics, bootstrap p-values) per coefficient via wildboottest's WCR11 bootstrap (one-way clusters)."""
     k = X.shape[1]
     G = int(len(np.unique(groups)))
     enumerated = inference.enumerates(G)
@@ -309,12 +344,82 @@ def _wild_tests(
     return tvals, pvals
 
 
-def fit_position_ols(
-    y, positions, clusters, n: int | None = None, inference: Inference | str | None = None, *, warn: bool = True
-) -> PositionOLS:
-    """Fit the positional OLS with cluster-robust SEs (clusters = segment-set ids).
+#: Webb's six-point distribution
+_WEBB = np.array([-np.sqrt(1.5), -1.0, -np.sqrt(0.5), np.sqrt(0.5), 1.0, np.sqrt(1.5)])
 
-    ``inference``: :class:`Inference` (or ``"cluster"`` / ``"wild"``); default CR1 + t(G-1).
+
+def _bootstrap_weights(G: int, inference: Inference) -> np.ndarray:
+    """(G, B) weights: every Rademacher sign vector when enumerated, else ``draws`` seeded draws."""
+    if inference.enumerates(G):
+        return 1.0 - 2.0 * ((np.arange(2**G)[None, :] >> np.arange(G)[:, None]) & 1)
+    rng = np.random.default_rng(inference.seed)
+    if inference.weights == "rademacher":
+        return rng.choice([-1.0, 1.0], size=(G, inference.draws))
+    return rng.choice(_WEBB, size=(G, inference.draws))
+
+
+def _cluster_variance(S: np.ndarray, structure: ClusterStructure, nobs: int, k: int) -> np.ndarray:
+    """Per column of ``S`` (N, B) (one coefficient's scores ``a_i * u_i``), the CR1 variance of ``structure``:
+    sum over the covariance terms of ``sign * G/(G-1) * (N-1)/(N-K) * sum_g (sum_{i in g} S_i)^2``."""
+    var = np.zeros(S.shape[1])
+    for codes, sign in structure.variance_dimensions():
+        G = int(codes.max()) + 1
+        sums = np.zeros((G, S.shape[1]))
+        np.add.at(sums, codes, S)
+        var += sign * G / (G - 1) * (nobs - 1) / (nobs - k) * np.sum(sums**2, axis=0)
+    return var
+
+
+def wild_tests(
+    X: np.ndarray, y: np.ndarray, structure: ClusterStructure, inference: Inference, *, chunk: int = 512
+) -> tuple[np.ndarray, np.ndarray]:
+    """(t statistics, WCR11 bootstrap p-values) per coefficient for any :class:`ClusterStructure`.
+
+    For each coefficient j: the restricted fit (beta_j = 0) gives fitted values and residuals u;
+    each draw b sets ``y* = X beta_r + v_g(i),b * u_i`` with weights ``v`` per bootstrap cluster
+    (:attr:`ClusterStructure.bootstrap_codes`), refits, and takes ``t* = beta*_j / se*_j`` with
+    the structure's CR1 variance.  The observed t uses the same variance on the unrestricted fit.
+    """
+    n_obs, k = X.shape
+    A = np.linalg.inv(X.T @ X)
+    beta = A @ X.T @ y
+    boot = structure.bootstrap_codes
+    V = _bootstrap_weights(int(boot.max()) + 1, inference)
+    enumerated = inference.enumerates(int(boot.max()) + 1)
+    tvals, pvals = np.empty(k), np.empty(k)
+    for j in range(k):
+        a = X @ A[j]  # beta_j = a . y
+        u_hat = y - X @ beta
+        tvals[j] = beta[j] / np.sqrt(_cluster_variance((a * u_hat)[:, None], structure, n_obs, k)[0])
+        keep = [c for c in range(k) if c != j]
+        Xr = X[:, keep]
+        fitted_r = Xr @ np.linalg.lstsq(Xr, y, rcond=None)[0]
+        u_r = y - fitted_r
+        t_boot = []
+        for lo in range(0, V.shape[1], chunk):
+            Y = fitted_r[:, None] + u_r[:, None] * V[boot, lo : lo + chunk]
+            B = A @ (X.T @ Y)
+            U = Y - X @ B
+            t_boot.append(B[j] / np.sqrt(_cluster_variance(a[:, None] * U, structure, n_obs, k)))
+        pvals[j] = wild_pvalue(tvals[j], np.concatenate(t_boot), enumerated=enumerated)
+    return tvals, pvals
+
+
+def fit_position_ols(
+    y,
+    positions,
+    clusters,
+    n: int | None = None,
+    inference: Inference | str | None = None,
+    *,
+    topics=None,
+    warn: bool = True,
+) -> PositionOLS:
+    """Fit the positional OLS with cluster-robust SEs.
+
+    ``clusters``: the segment-set id of every observation; ``topics``: its topic (corpus id), needed
+    for ``inference.clusters`` ``"set+topic"`` (the default) and ``"component"``.
+    ``inference``: :class:`Inference` (or ``"cluster"`` / ``"wild"``); default CR1 two-way + t(G-1).
     ``warn``: emit a :class:`FewClustersWarning` when G < :data:`FEW_CLUSTERS` (callers that fit
     many regressions warn once for all of them instead).
     """
@@ -323,33 +428,32 @@ def fit_position_ols(
     positions = np.asarray(positions, dtype=np.int64)
     if n is None:
         n = int(positions.max())
-    if len(y) != len(positions) or len(y) != len(clusters):
-        raise ValueError("y, positions and clusters must have the same length")
+    if len(y) != len(positions) or len(y) != len(clusters) or (topics is not None and len(topics) != len(y)):
+        raise ValueError("y, positions, clusters (and topics) must have the same length")
     if not np.isfinite(y).all():
         raise ValueError(f"{int((~np.isfinite(y)).sum())} non-finite observations in the regression")
     present = set(np.unique(positions).tolist())
     if present != set(range(1, n + 1)):
         raise ValueError(f"positions must cover 1..{n}; got {sorted(present)}")
     # cluster codes in sorted order of the ids (as wildboottest orders them): bootstrap weights go to
-    # segment sets by id, so the p-values do not depend on the row order of the observations
-    groups = pd.Series(clusters).astype("category").cat.codes.to_numpy().astype(np.int64)
-    n_clusters = int(groups.max()) + 1
-    if n_clusters < 2:
-        raise PosfairInputError("clustered standard errors need at least 2 segment sets")
+    # clusters by id, so the p-values do not depend on the row order of the observations
+    structure = cluster_structure(clusters, topics, inference.clusters)
+    n_clusters = structure.G
     if warn and n_clusters < FEW_CLUSTERS:
         warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=2)
     X = position_design(positions, n)
-    res = OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
-    if getattr(res, "df_resid_inference", None) != n_clusters - 1:  # statsmodels' contract, checked not assumed
-        raise RuntimeError(
-            f"statsmodels used {getattr(res, 'df_resid_inference', None)} degrees of freedom, expected G-1 = {n_clusters - 1}"
-        )
+    res, cluster_by = clustered_ols(y, X, structure)
     tvalues, pvalues = np.asarray(res.tvalues), np.asarray(res.pvalues)
+    boot_G = int(structure.bootstrap_codes.max()) + 1
     if inference.method == "wild":
-        t_wild, pvalues = _wild_tests(X, y, groups, inference)
-        if not np.allclose(t_wild, tvalues, rtol=1e-6, atol=1e-9):
+        if structure.codes.ndim == 1:
+            t_wild, pvalues = _wildboottest_tests(X, y, structure.codes, inference)
+        else:
+            t_wild, pvalues = wild_tests(X, y, structure, inference)
+        # (after the eigenvalue fix of a two-way covariance the fit's t differ from the raw ones the bootstrap uses)
+        if PSD_FIX_NOTE not in cluster_by and not np.allclose(t_wild, tvalues, rtol=1e-6, atol=1e-9):
             raise RuntimeError(f"wild bootstrap t statistics {t_wild} differ from the CR1 fit's {tvalues}")
-        log.debug("wild bootstrap (%s): G=%d, p=%s", inference.label(n_clusters), n_clusters, pvalues)
+        log.debug("wild bootstrap (%s): G=%d, p=%s", inference.label(boot_G), boot_G, pvalues)
     return PositionOLS(
         n=n,
         params=np.asarray(res.params),
@@ -358,6 +462,7 @@ def fit_position_ols(
         nobs=len(y),
         n_clusters=n_clusters,
         tvalues=tvalues,
-        inference=inference.label(n_clusters),
+        inference=inference.label(boot_G),
+        cluster_by=cluster_by,
         result=res,
     )

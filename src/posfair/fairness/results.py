@@ -82,6 +82,7 @@ class AuditResult:
             draws=s.get("bootstrap_draws", d.draws),
             weights=s.get("bootstrap_weights", d.weights),
             seed=s.get("bootstrap_seed", d.seed),
+            clusters=s.get("clusters", d.clusters),
         )
 
     def coefficient(
@@ -197,13 +198,13 @@ class AuditResult:
         hf = c.pivot_table(
             index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False
         )
-        if len(hf):  # G: the segment sets (clusters) the marks of the row rest on
+        if len(hf):  # G: the clusters the marks of the row rest on
             g = c.groupby(["n", "config"])["clusters"].max()
             hf["G"] = [int(g.loc[(n, cfg)]) for n, cfg, _ in hf.index]
         return hf
 
     def few_clusters_message(self) -> str | None:
-        """The G < 20 line (None if every instance has at least 20 segment sets)."""
+        """The G < 20 line (None if every instance has at least 20 clusters)."""
         return few_clusters_message(self.coefficients)
 
     def figure_subtitle(self) -> str:
