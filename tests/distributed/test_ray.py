@@ -173,6 +173,8 @@ def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_sp
     left = ray_processes_settle_to(before)
     assert not left, f"the CLI's Ray instance outlived it: {left}"
     assert "engine: a local Ray instance, 2 workers" in res.stdout
+    # Ray's notice about its own token authentication is not passed on to the user (it is, with --debug)
+    assert "Token authentication" not in res.stderr, res.stderr
     assert (
         "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
     )
