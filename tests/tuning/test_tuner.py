@@ -180,6 +180,13 @@ def test_real_run_on_a_tiny_model(model, tmp_path, monkeypatch):
     obj = FairnessObjective(model, corpus, SETTINGS, store=tmp_path / "cache")
     dev_sets, test_sets = set(obj.split_sets(DEV)), set(obj.split_sets(TEST))
     assert len(dev_sets) == len(test_sets) == 2 and not dev_sets & test_sets
+    # held out by topic: no topic (in any language) is in a dev document and a test document
+    topics = {
+        split: {t for inst in obj.instances[split] for d in inst.documents for t in d.topics} for split in (DEV, TEST)
+    }
+    assert topics[DEV] and topics[TEST] and not topics[DEV] & topics[TEST]
+    assert topics[DEV] <= set(obj.topics[DEV]) and topics[TEST] <= set(obj.topics[TEST])
+    assert sorted(obj.topics[DEV] + obj.topics[TEST]) == sorted(corpus["id"].unique())
     test_docs = {d.text for inst in obj.instances[TEST] for d in inst.documents}
     order = []
     evaluate = obj.evaluate

@@ -11,6 +11,7 @@ reported) with :func:`split_ids`.  The search itself is :mod:`posfair.tuning.tri
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "FairnessObjective",
     "RetrievalObjective",
     "split_ids",
+    "split_topics",
     "default_fairness_settings",
 ]
 
@@ -120,6 +122,19 @@ class FunctionObjective(Objective):
         return super().describe() | {"identity": self.identity}
 
 
+def split_topics(corpus: pd.DataFrame, test_fraction: float, seed: int) -> dict[str, list[str]]:
+    """The corpus's topics (``id``) split into dev and test (:func:`split_ids`): no topic is on both sides."""
+    dev, test = split_ids(corpus["id"].astype(str).tolist(), test_fraction, seed)
+    return {DEV: dev, TEST: test}
+
+
+def _prefixed(inst: Instance, split: str) -> Instance:
+    """``inst`` with its set and document ids prefixed by the split (the two splits' ids never collide)."""
+    sets = [dataclasses.replace(s, set_id=f"{split}-{s.set_id}") for s in inst.sets]
+    docs = [dataclasses.replace(d, set_id=f"{split}-{d.set_id}", doc_id=f"{split}-{d.doc_id}") for d in inst.documents]
+    return Instance(inst.n, inst.config, sets, docs, inst.report)
+
+
 def split_ids(ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """Seeded split of unique ids into (dev, test); each side gets at least one id."""
     uniq = sorted(dict.fromkeys(ids))
@@ -137,9 +152,11 @@ def split_ids(ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list
 class FairnessObjective(Objective):
     """Flatten the σ profile (``spread``, or ``max_abs_beta``) while keeping own-segment recall@n.
 
-    The audit's instances are built once; their segment sets are split into dev and
-    test (seeded, per instance), and each split is measured on its own documents, with
-    its own standalone segments as the pool of the fidelity measures.  Metrics are
+    The corpus's topics (ids) are split into dev and test first (:func:`split_topics`, seeded),
+    and each split's instances are drawn from its own topics (``target_docs`` shared between
+    the splits by ``test_fraction``), so no segment of a test document was seen in dev: the
+    test split takes no part in any choice.  Each split is measured on its own documents,
+    with its own standalone segments as the pool of the fidelity measures.  Metrics are
     means over instances: ``spread``, ``max_abs_beta``, ``recall``, ``margin``,
     ``other_cos``, ``drift``, ``sigma_mean`` and ``sigma_p<k>`` (single-n audits).
     """
@@ -176,23 +193,21 @@ class FairnessObjective(Objective):
         self.corpus_fingerprint = corpus_fingerprint(corpus)
         self.test_fraction, self.seed = test_fraction, seed
         self.instances: dict[str, list[Instance]] = {DEV: [], TEST: []}
-        for inst in build_instances(corpus, self.settings, enc.model_tokenizer(model), self.info.limit):
-            set_ids = [s.set_id for s in inst.sets]
-            if len(set_ids) < 4:
-                raise PosfairInputError(
-                    f"instance {inst.key} has {len(set_ids)} segment sets; a dev/test split needs at least 4 (2 per split): raise the document count"
-                )
-            dev, test = split_ids(set_ids, test_fraction, seed)
-            for split, ids in ((DEV, set(dev)), (TEST, set(test))):
-                self.instances[split].append(
-                    Instance(
-                        inst.n,
-                        inst.config,
-                        [s for s in inst.sets if s.set_id in ids],
-                        [d for d in inst.documents if d.set_id in ids],
-                        inst.report,
+        self.topics = split_topics(corpus, test_fraction, seed)
+        tokenizer = enc.model_tokenizer(model)
+        for split in (DEV, TEST):
+            share = test_fraction if split == TEST else 1 - test_fraction
+            settings_of_split = dataclasses.replace(
+                self.settings, target_docs=max(1, round(self.settings.target_docs * share))
+            )
+            part = corpus[corpus["id"].astype(str).isin(set(self.topics[split]))]
+            for inst in build_instances(part, settings_of_split, tokenizer, self.info.limit):
+                if len(inst.sets) < 2:
+                    raise PosfairInputError(
+                        f"instance {inst.key} has {len(inst.sets)} segment set(s) in the {split} split "
+                        f"({len(self.topics[split])} topics); a split needs at least 2: raise the document count"
                     )
-                )
+                self.instances[split].append(_prefixed(inst, split))
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
@@ -203,6 +218,7 @@ class FairnessObjective(Objective):
             "settings": self.settings.to_dict(),
             "test_fraction": self.test_fraction,
             "seed": self.seed,
+            "split_by": "topic",
         }
 
     def split_sets(self, split: str) -> list[str]:
@@ -282,7 +298,8 @@ class FairnessObjective(Objective):
 
 
 def default_fairness_settings(**overrides: Any) -> AuditSettings:
-    """The tuner's audit: English, n = 3, 120 documents (20 segment sets: 10 dev, 10 test), no τ, no control."""
+    """The tuner's audit: English, n = 3, 120 documents (20 segment sets: 10 dev, 10 test, from disjoint topics), no τ,
+    no control."""
     kw: dict[str, Any] = dict(
         n_values=(3,), configs=("en",), target_docs=120, seed=0, batch_size=16, retention=False, control=False
     )
