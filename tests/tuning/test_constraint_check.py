@@ -88,3 +88,26 @@ def test_stock_chosen_needs_no_check():
 
     res = run_search(FunctionObjective(fn, guard="recall"), SPACE, max_drop=0.05)
     assert res.chosen is STOCK and res.test_check is None and "test_constraint_holds" not in res.headline()
+
+
+class SlopeObjective(UnitObjective):
+    """As UnitObjective (guard unchanged), plus a σ slope: stock leans to position 1 (-0.05 per position); a
+    calibration of strength s has slope -0.05 + 0.08 s on the test split (strength 1 reverses it)."""
+
+    def _metrics(self, cal, split):
+        s = cal.strength if cal is not STOCK else 0.0
+        return super()._metrics(cal, split) | {"slope": -0.05 + (0.08 * s if split == TEST else 0.04 * s)}
+
+
+def test_a_choice_that_reverses_the_profile_on_test_is_said(tmp_path):
+    res = run_search(SlopeObjective(test_drop=0.0), SPACE, max_drop=0.02, results_path=tmp_path / "tune.json")
+    assert res.chosen is not STOCK and res.chosen.strength == 1.0
+    text = res.test_reversal()
+    assert text is not None and "reverses the σ profile (slope +0.0300 per position, stock -0.0500)" in text
+    assert f"warning: on the held-out test split the chosen {res.chosen_label} reverses" in summary_markdown(res)
+    assert json.loads((tmp_path / "tune.json").read_text())["test_reversal"] == text
+    assert res.headline()["test_profile_reversed"] == 1.0
+    # a setting that only flattens the profile is not called a reversal
+    flat = run_search(SlopeObjective(test_drop=0.0), SearchSpace(basket_sizes=(16,), layer_sets=(0.5,),
+                      strengths=(0.5,), fine_rounds=0), max_drop=0.02)  # fmt: skip
+    assert flat.test_reversal() is None and "test_profile_reversed" not in flat.headline()

@@ -18,7 +18,7 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
 from posfair.fairness.experiment import FIDELITY, MEASURES
-from posfair.fairness.measures import profile_spread
+from posfair.fairness.measures import profile_slope, profile_spread
 from posfair.fairness.ols import FEW_CLUSTERS, FewClustersWarning, Inference, PositionOLS, fit_position_ols
 
 __all__ = [
@@ -150,7 +150,8 @@ def few_clusters_message(coefs: pd.DataFrame) -> str | None:
 def fidelity_summary(
     observations: pd.DataFrame, coefficients: pd.DataFrame | None = None, coverage: pd.DataFrame | None = None
 ) -> pd.DataFrame:
-    """One row per (calibration, setting, n, config): the σ profile, its spread and max |β|, and the fidelity means.
+    """One row per (calibration, setting, n, config): the σ profile, its spread, slope (direction) and max |β|, and
+    the fidelity means.
 
     Per-position columns ``sigma_p<k>`` / ``margin_p<k>`` (NaN beyond n); ``recall`` and ``drift``
     are means over documents (each document counts once).  With ``coverage``
@@ -158,7 +159,9 @@ def fidelity_summary(
     """
     keys = INSTANCE_KEYS
     if not len(observations):
-        return pd.DataFrame(columns=keys + ["config_key", "documents", "sets", "spread", "max_abs_beta", *FIDELITY])
+        return pd.DataFrame(
+            columns=keys + ["config_key", "documents", "sets", "spread", "slope", "max_abs_beta", *FIDELITY]
+        )
     n_max = int(observations["n"].max())
     rows = []
     for key, g in observations.groupby(keys, sort=False):
@@ -169,6 +172,7 @@ def fidelity_summary(
             config_key=g["config_key"].iloc[0], documents=int(g["doc_id"].nunique()), sets=int(g["set_id"].nunique())
         )
         row["spread"] = profile_spread(g["sigma"].to_numpy(), g["position"].to_numpy())
+        row["slope"] = profile_slope(g["sigma"].to_numpy(), g["position"].to_numpy())
         row["max_abs_beta"] = np.nan
         if coefficients is not None and len(coefficients):
             c = coefficients

@@ -184,6 +184,8 @@ def _cluster_counts(sub: pd.DataFrame) -> str:
 
 FIDELITY_CAPTION = (
     "σ by position: mean cos(document, standalone segment) at positions 1..n; spread: max - min of those means; "
+    "slope: their least-squares slope per position step (negative: earlier positions represented better; a sign "
+    "other than stock's is a reversed profile, bias the other way); "
     "max |β|: the largest |β_p| (p ≥ 2) of the σ regression; other-set cos: mean cos(document, standalone segments of "
     "the other segment sets of the instance); margin: σ minus that (per position, and overall); recall@n: share of the "
     "document's n segments among its n most similar standalone segments (its own n and those of every other set); "
@@ -208,6 +210,7 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
             [
                 _profile(s, "sigma"),
                 f"{r.spread:.3f}",
+                "" if pd.isna(getattr(r, "slope", np.nan)) else f"{r.slope:+.4f}",
                 "" if pd.isna(r.max_abs_beta) else f"{r.max_abs_beta:.3f}",
                 f"{r.other_cos:.3f}",
                 _profile(s, "margin"),
@@ -220,6 +223,7 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
     columns = [
         "σ by position",
         "spread",
+        "slope",
         "max |β|",
         "other-set cos",
         "margin by position",

@@ -9,7 +9,14 @@ import numpy as np
 from posfair.encoding import l2_normalize
 from posfair.spans import contextualised_segments
 
-__all__ = ["rowwise_cosine", "contextualised_segments", "fidelity_measures", "profile_spread"]
+__all__ = [
+    "rowwise_cosine",
+    "contextualised_segments",
+    "fidelity_measures",
+    "profile_spread",
+    "profile_slope",
+    "reversal_text",
+]
 
 
 def _unit64(x: np.ndarray) -> np.ndarray:
@@ -74,3 +81,31 @@ def profile_spread(values: np.ndarray, positions: np.ndarray) -> float:
     """Max minus min over positions of the mean of ``values`` at each position (the profile's spread)."""
     means = [float(np.mean(np.asarray(values)[np.asarray(positions) == p])) for p in np.unique(positions)]
     return max(means) - min(means)
+
+
+def profile_slope(values: np.ndarray, positions: np.ndarray) -> float:
+    """The direction of the profile: least-squares slope of the per-position means of ``values`` on the position
+    (change per position step).  Negative: earlier positions represented better (the papers' finding); positive:
+    later ones.  The spread says how uneven the profile is, the slope which way it leans."""
+    pos = np.unique(positions)
+    means = np.array([float(np.mean(np.asarray(values)[np.asarray(positions) == p])) for p in pos])
+    x = pos.astype(np.float64) - pos.mean()
+    return float(x @ (means - means.mean()) / (x @ x)) if len(pos) > 1 else float("nan")
+
+
+def reversal_text(stock_slope: float, slope: float, what: str = "the calibration") -> str | None:
+    """A sentence when ``slope`` leans the other way than ``stock_slope`` (a reversed profile), else None.
+
+    A reversal is bias in the other direction: the spread it leaves is not "removed" bias, and a spread
+    smaller than stock's does not make it fair."""
+    if (
+        not (np.isfinite(stock_slope) and np.isfinite(slope))
+        or stock_slope == 0
+        or np.sign(slope) != -np.sign(stock_slope)
+    ):
+        return None
+    lean = "later" if slope > 0 else "earlier"
+    return (
+        f"{what} reverses the σ profile (slope {slope:+.4f} per position, stock {stock_slope:+.4f}): {lean} "
+        "positions are now represented better; its spread is bias in the other direction, not bias removed"
+    )

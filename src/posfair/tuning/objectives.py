@@ -164,7 +164,7 @@ class FairnessObjective(Objective):
     name = "fairness"
     guard = "recall"
     greater_is_better = False
-    columns = ("spread", "max_abs_beta", "recall", "margin", "other_cos", "drift")
+    columns = ("spread", "slope", "max_abs_beta", "recall", "margin", "other_cos", "drift")
 
     def __init__(
         self,

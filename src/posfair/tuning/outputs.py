@@ -31,6 +31,7 @@ __all__ = [
 
 _NAMES = {
     "spread": "σ spread",
+    "slope": "σ slope / position",
     "max_abs_beta": "max |β|",
     "recall": "recall@n",
     "margin": "margin",
@@ -234,6 +235,9 @@ def summary_markdown(result: TuneResult) -> str:
     note = skipped_note(result)
     if note:
         lines[3:3] = ["", note]
+    reversed_ = result.test_reversal()
+    if reversed_:
+        lines[3:3] = ["", f"warning: {reversed_}"]
     return "\n".join(lines)
 
 

@@ -66,6 +66,7 @@ from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.calibration.params import VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
+from posfair.fairness.measures import reversal_text
 from posfair.io import atomic_write_json
 from posfair.progress import progress_enabled
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
@@ -413,6 +414,8 @@ class TuneResult:
                 if share is not None:
                     out[f"{split}_chosen_calibrated_share"] = float(share)
         out["feasible"] = float(self.feasible)
+        if self.test_reversal() is not None:
+            out["test_profile_reversed"] = 1.0
         out["skipped"] = float(len(self.skipped))
         if self.test_check is not None:
             out["test_constraint_holds"] = float(self.test_check["holds"])
@@ -466,7 +469,17 @@ class TuneResult:
             "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
             "variant_best": {v: (c.label() if c is not None else None) for v, c in self.variant_best.items()},
             "test_check": self.test_check,
+            "test_reversal": self.test_reversal(),
         }
+
+    def test_reversal(self) -> str | None:
+        """The sentence when the chosen setting reverses the σ profile on the held-out test split (its σ slope on
+        position has the other sign than stock's), else None (also for objectives without a slope)."""
+        s = self.trial(STOCK, TEST).metrics.get("slope")
+        c = self.trial(self.chosen, TEST).metrics.get("slope")
+        if s is None or c is None:
+            return None
+        return reversal_text(s, c, f"on the held-out test split the chosen {self.chosen_label}")
 
 
 def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
