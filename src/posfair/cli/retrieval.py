@@ -112,13 +112,13 @@ def run_benchmark(
     model_id = checks.model_source(model)
     checks.device(device)
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
-    from rich.markdown import Markdown
 
     from posfair.calibration.coverage import NOOP_LABEL
     from posfair.cli.progress import console, progress_bars
+    from posfair.cli.tables import print_frame
     from posfair.retrieval.benchmarks import load_benchmark
     from posfair.retrieval.late import LateChunking
-    from posfair.retrieval.result_tables import bucket_table, group_table, to_markdown
+    from posfair.retrieval.result_tables import bucket_table, group_table, results_table
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.retrieval.sweep import noop_settings, run_sweep
     from posfair.store import EmbeddingStore
@@ -149,15 +149,17 @@ def run_benchmark(
         )
     con = console()
     if any(r.groups for r in results):
-        text = f"**{results[0].benchmark}** - nDCG@10 per positional group (x100), Harm, PSI\n\n" + to_markdown(
-            group_table(results)
+        print_frame(
+            con,
+            f"{results[0].benchmark} - nDCG@10 per positional group (x100), Harm, PSI",
+            results_table(group_table(results)).frame,
         )
-        con.print(Markdown(text))
     if any(r.buckets for r in results):
-        text = f"**{results[0].benchmark}** - PSI per length bucket and aggregate nDCG@10\n\n" + to_markdown(
-            bucket_table(results)
+        print_frame(
+            con,
+            f"{results[0].benchmark} - PSI per length bucket and aggregate nDCG@10",
+            results_table(bucket_table(results)).frame,
         )
-        con.print(Markdown(text))
     noop = noop_settings(results)
     if noop:
         n_cal = sum(r.method == "calibrated" for r in results)

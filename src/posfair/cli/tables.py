@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["table_text", "print_table"]
+__all__ = ["table_text", "print_table", "print_frame"]
 
 _NUMBER = re.compile(r"^[-+−]?(\d[\d,]*\.?\d*|\.\d+|nan|—)(\s?\S{0,2})?$")
 
@@ -64,3 +64,13 @@ def print_table(
     """Print :func:`table_text` on the rich console ``con`` (no markup is read in the cells)."""
     width = con.width if con.is_terminal else None
     con.print(table_text(title, header, rows, caption=caption, width=width, keys=keys), markup=False, highlight=False)
+
+
+def print_frame(con, title: str, frame, *, caption: str | None = None) -> None:
+    """Print a pandas frame with :func:`print_table`: its index levels are the leading (key) columns."""
+    named = [str(n) if n is not None else "" for n in frame.index.names]
+    flat = frame.reset_index() if any(named) else frame
+    keys = len(named) if any(named) else 1
+    header = [str(c) for c in flat.columns]
+    rows = [["" if v is None else str(v) for v in r] for r in flat.itertuples(index=False)]
+    print_table(con, title, header, rows, caption=caption, keys=keys)
