@@ -26,6 +26,7 @@ LEVELS = [
             "posfair.errors",
             "posfair.progress",
             "posfair.spans",
+            "posfair.intervals",
             "posfair.calibration",
             "posfair.report",
         ),

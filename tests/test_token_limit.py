@@ -20,6 +20,7 @@ from posfair.cli.options import MAX_SEQ_LENGTH_HELP
 from posfair.fairness.experiment import AuditSettings, make_model_info
 from posfair.model import position_limit, token_limit
 from posfair.tuning import TEST, FairnessObjective, SearchSpace, default_fairness_settings, tune
+from posfair.tuning.outputs import summary_markdown
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
@@ -154,6 +155,13 @@ def test_tuned_model_saved_at_the_tuning_limit_reproduces_its_test_split(tiny_mo
     space = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0)
     res = tune(model, objective=obj, space=space, max_drop=1.0, save_model=tmp_path / "saved")
     assert res.chosen is not STOCK
+    # its spread reduction on the test split, with the paired interval over the test split's segment sets
+    eff = res.test_effect
+    s_spread, c_spread = res.trial(STOCK, TEST).metrics["spread"], res.trial(res.chosen, TEST).metrics["spread"]
+    assert eff["removed"] == pytest.approx(1 - c_spread / s_spread)
+    assert eff["units"] == len(obj.split_sets(TEST)) and eff["unit"] == "segment sets" and eff["low"] <= eff["high"]
+    assert eff["verdict"] in summary_markdown(res)
+    assert res.headline()["test_score_removed"] == pytest.approx(eff["removed"])
     reloaded = posfair.load_model(tmp_path / "saved")
     assert reloaded.max_seq_length == 160 and reloaded.calibration == res.chosen
     docs = [d for inst in obj.instances[TEST] for d in inst.documents]

@@ -117,6 +117,7 @@ def run_benchmark(
     from posfair.cli.progress import console, progress_bars
     from posfair.cli.tables import print_frame
     from posfair.retrieval.benchmarks import load_benchmark
+    from posfair.retrieval.compare import differences_table
     from posfair.retrieval.late import LateChunking
     from posfair.retrieval.result_tables import bucket_table, group_table, results_table
     from posfair.retrieval.sea import SegmentEmbedAverage
@@ -160,6 +161,9 @@ def run_benchmark(
             f"{results[0].benchmark} - PSI per length bucket and aggregate nDCG@10",
             results_table(bucket_table(results)).frame,
         )
+    differences = differences_table(results)
+    if differences is not None:
+        print_frame(con, differences.title, differences.frame, caption=differences.caption)
     noop = noop_settings(results)
     if noop:
         n_cal = sum(r.method == "calibrated" for r in results)

@@ -138,6 +138,8 @@ class RetrievalResult:
     #: the model's one name (posfair.model_info.display_name) and the token limit it encoded with ("" / 0: not recorded)
     model: str = ""
     token_limit: int = 0
+    #: per positional group, the indices of its queries (for paired intervals by group; empty: not recorded)
+    group_queries: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def noop(self) -> bool:
@@ -166,6 +168,7 @@ class RetrievalResult:
             "search_scope": self.search_scope,
             "model": self.model,
             "token_limit": self.token_limit,
+            "group_queries": self.group_queries,
         }
 
     @classmethod
@@ -186,6 +189,7 @@ class RetrievalResult:
             search_scope=d.get("search_scope", "domain"),
             model=d.get("model", ""),
             token_limit=int(d.get("token_limit", 0)),
+            group_queries={g: [int(i) for i in v] for g, v in d.get("group_queries", {}).items()},
         )
 
     def save(self, path: str | Path) -> Path:
@@ -520,6 +524,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             search_scope=self.search_scope,
             model=display_name(model),
             token_limit=int(getattr(model, "max_seq_length", 0) or 0),
+            group_queries={g: np.flatnonzero(m).tolist() for g, m in b.groups.items()},
         )
 
     def _calibration_record(self) -> dict[str, Any] | None:

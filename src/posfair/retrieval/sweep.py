@@ -9,6 +9,7 @@ Layout of a sweep directory::
                               (a calibration that changes no document of the benchmark is
                               recorded with calibrated_share 0 and not evaluated: "no-op")
       table_groups.{csv,md,tex}   Table 1 layout (benchmarks with positional groups)
+      table_differences.{csv,md,tex}  every setting minus stock, with paired bootstrap intervals
       table_buckets.{csv,md,tex}  Table 2 layout (PosIR-style benchmarks)
       strength.png            Figure 3 (when the settings include a strength series)
 
@@ -33,6 +34,7 @@ from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback
 from posfair.report.tables import write_table
 from posfair.retrieval.benchmarks import RetrievalBenchmark
+from posfair.retrieval.compare import differences_table
 from posfair.retrieval.evaluator import DocumentStrategy, PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.grids import paper_grid, strength_sweep
 from posfair.retrieval.late import LateChunking
@@ -81,6 +83,9 @@ def write_results(
         if present:
             table = results_table(build(results), title=title.format(benchmark=name), caption=SHARE_CAPTION, name=stem)
             written += write_table(table, out, stem).values()
+    differences = differences_table(results)
+    if differences is not None:
+        written += write_table(differences, out, differences.name).values()
     series: dict[int, set] = {}
     for r in results:
         if r.method == "calibrated" and not r.noop:

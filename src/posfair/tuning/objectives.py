@@ -28,7 +28,7 @@ from posfair.calibration.params import PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.fairness.analysis import fidelity_summary, fit_all
 from posfair.fairness.documents import Instance
-from posfair.fairness.experiment import AuditSettings, build_instances, make_model_info, run_instances
+from posfair.fairness.experiment import STOCK_LABEL, AuditSettings, build_instances, make_model_info, run_instances
 from posfair.fairness.pipeline import corpus_fingerprint
 from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
@@ -77,6 +77,15 @@ class Objective:
 
     #: what :meth:`guard_units` is indexed by (named in the test check)
     unit = "units"
+
+    def score_units(self, calibration: Calibration, split: str) -> list[np.ndarray] | None:
+        """Per group (e.g. audit instance) the units' paired measurements of stock and ``calibration``, for the
+        bootstrap interval of :meth:`score_removed`; None = the objective has none."""
+        return None
+
+    def score_removed(self, groups: list[np.ndarray]) -> float:
+        """The share of stock's score that the calibration removes, from :meth:`score_units`' arrays."""
+        raise NotImplementedError
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series | None:
         """The guard metric per independent unit of ``split`` (its mean is the guard), for the paired bootstrap of
@@ -272,6 +281,29 @@ class FairnessObjective(Objective):
         return out
 
     unit = "segment sets"
+
+    def score_units(self, calibration: Calibration, split: str) -> list[np.ndarray] | None:
+        """Per instance of the split, an array (sets, 2, n): each segment set's mean σ per position under stock
+        ([:, 0]) and ``calibration`` ([:, 1]) (the spread score only)."""
+        if self.score != "spread":
+            return None
+        obs = self.observations([calibration], split)
+        obs = obs[obs["setting"] == "main"]
+        label = calibration.label()
+        groups = []
+        for _, g in obs.groupby(["n", "config"], sort=True):
+            means = g.groupby(["set_id", "calibration", "position"])["sigma"].mean().unstack("position")
+            sets = sorted(set(g["set_id"]))
+            groups.append(np.stack([means.loc[[(s, STOCK_LABEL) for s in sets]].to_numpy(),
+                                    means.loc[[(s, label) for s in sets]].to_numpy()], axis=1))  # fmt: skip
+        return groups
+
+    def score_removed(self, groups: list[np.ndarray]) -> float:
+        """1 - (mean over instances of the calibrated spread) / (mean of stock's): the tuner's spread metric's ratio,
+        the instance's position means taken over its (resampled) sets."""
+        spreads = np.array([[np.ptp(g[:, k].mean(axis=0)) for k in (0, 1)] for g in groups])
+        stock, cal = spreads.mean(axis=0)
+        return float(1 - cal / stock) if stock else float("nan")
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series:
         """Recall per segment set (the mean over its documents)."""

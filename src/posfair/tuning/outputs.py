@@ -227,10 +227,11 @@ def summary_markdown(result: TuneResult) -> str:
         lines.insert(5, to_markdown(variants_table(result)))
     s, c = test["stock"], test["chosen"]
     check = "" if result.test_check is None else f" Constraint: {result.test_check['verdict']}."
+    effect = "" if result.test_effect is None else f" Score: {result.test_effect['verdict']}."
     lines[3:3] = [
         "",
         f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
-        f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}.{check}",
+        f"{result.guard} {s[result.guard]:.3f} -> {c[result.guard]:.3f}.{check}{effect}",
     ]
     note = skipped_note(result)
     if note:

@@ -67,6 +67,7 @@ from posfair.calibration.coverage import NOOP_LABEL
 from posfair.calibration.params import VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.fairness.measures import reversal_text
+from posfair.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
 from posfair.io import atomic_write_json
 from posfair.progress import progress_enabled
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
@@ -271,7 +272,44 @@ class ConstraintWarning(UserWarning):
 
 
 #: paired bootstrap of the test split's guard change: draws and seed (recorded with the check)
-CHECK_DRAWS, CHECK_SEED = 2000, 0
+CHECK_DRAWS, CHECK_SEED = BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
+
+
+def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
+    """How much of stock's score the chosen setting removes on the held-out test split, with a 95 % paired
+    bootstrap interval over the objective's units (:meth:`Objective.score_units`); None when stock was chosen or
+    the objective has no per-unit score (e.g. a function objective)."""
+    if result.chosen is STOCK:
+        return None
+    groups = objective.score_units(result.chosen, TEST)
+    if groups is None:
+        return None
+    stock, chosen = (
+        result.trial(STOCK, TEST).metrics[result.score],
+        result.trial(result.chosen, TEST).metrics[result.score],
+    )
+    removed = 1 - chosen / stock if stock else float("nan")
+    units = sum(len(g) for g in groups)
+    low, high = grouped_interval(groups, objective.score_removed, draws=CHECK_DRAWS, seed=CHECK_SEED)
+    out = {
+        "score": result.score,
+        "stock": stock,
+        "chosen": chosen,
+        "removed": removed,
+        "low": low,
+        "high": high,
+        "units": units,
+        "unit": objective.unit,
+        "draws": CHECK_DRAWS,
+        "seed": CHECK_SEED,
+    }
+    interval = f"[95 % interval {low:.0%}, {high:.0%} over {units} {objective.unit}]"
+    head = f"on the held-out test split the chosen setting removes {removed:.0%} of stock's {result.score} {interval}"
+    if low > 0:
+        out["verdict"] = head + ": a reduction the interval supports"
+    else:
+        out["verdict"] = head + ": the interval includes no reduction (or an increase), so none is shown"
+    return out
 
 
 def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
@@ -306,15 +344,8 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
     if a is not None and b is not None:
         paired = (b - a).dropna()
         if len(paired) >= 2:
-            rng = np.random.default_rng(CHECK_SEED)
-            idx = rng.integers(0, len(paired), size=(CHECK_DRAWS, len(paired)))
-            means = paired.to_numpy()[idx].mean(axis=1)
-            out.update(
-                low=float(np.quantile(means, 0.025)),
-                high=float(np.quantile(means, 0.975)),
-                units=len(paired),
-                unit=objective.unit,
-            )
+            low, high = paired_mean_interval(paired.to_numpy(), draws=CHECK_DRAWS, seed=CHECK_SEED)
+            out.update(low=low, high=high, units=len(paired), unit=objective.unit)
     out["verdict"] = constraint_verdict(out)
     return out
 
@@ -373,6 +404,7 @@ class TuneResult:
     variant_best: dict[str, Calibration | None] = field(default_factory=dict)
     #: the chosen setting's constraint on the test split (:func:`check_test_constraint`; None: stock chosen)
     test_check: dict[str, Any] | None = None
+    test_effect: dict[str, Any] | None = None
 
     @property
     def score(self) -> str:
@@ -414,6 +446,10 @@ class TuneResult:
                 if share is not None:
                     out[f"{split}_chosen_calibrated_share"] = float(share)
         out["feasible"] = float(self.feasible)
+        if self.test_effect is not None:
+            out["test_score_removed"] = float(self.test_effect["removed"])
+            out["test_score_removed_low"] = float(self.test_effect["low"])
+            out["test_score_removed_high"] = float(self.test_effect["high"])
         if self.test_reversal() is not None:
             out["test_profile_reversed"] = 1.0
         out["skipped"] = float(len(self.skipped))
@@ -469,6 +505,7 @@ class TuneResult:
             "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
             "variant_best": {v: (c.label() if c is not None else None) for v, c in self.variant_best.items()},
             "test_check": self.test_check,
+            "test_effect": self.test_effect,
             "test_reversal": self.test_reversal(),
         }
 
@@ -718,6 +755,9 @@ def run_search(
             variant_best,
         )
         result.test_check = check_test_constraint(objective, result)
+        result.test_effect = test_score_effect(objective, result)
+        if result.test_effect is not None:
+            search.say(result.test_effect["verdict"])
         if result.test_check is not None:
             search.say(result.test_check["verdict"])
             if not result.test_check["holds"]:
