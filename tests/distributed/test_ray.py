@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -115,16 +116,45 @@ def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, 
     # run 2 resumes; a worker process is killed mid-run, Ray restarts it and retries its shard
     armed = tmp_path / "armed"
     armed.mkdir()
-    rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
-                      after_shard=KillOnce(str(root), str(armed), after=len(files) + 1))  # fmt: skip
+    with pytest.warns(UserWarning, match=r"a Ray replica died \(ActorDiedError: .*\); starting a new pool for the \d+ "
+                                         r"shards left \(replacement 1 of at most 3\)") as said:  # fmt: skip
+        rep = embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=2,
+                          after_shard=KillOnce(str(root), str(armed), after=len(files) + 1))  # fmt: skip
     assert not armed.exists()  # the second kill happened
-    # skipped: the shards of run 1, and the shard written just before the kill (found on retry)
-    assert (rep.skipped, rep.written) == (len(files) + 1, 15 - len(files) - 1)
+    assert len([w for w in said if "a Ray replica died" in str(w.message)]) == 1  # one death, one replacement
+    # skipped: the shards of run 1, the shard written just before the kill and any other the first pool finished
+    # without reporting it (found complete by the new pool); every shard counted once
+    assert rep.skipped + rep.written == 15 and len(files) + 1 <= rep.skipped <= len(files) + 1 + 2 * 2, rep
     after = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")}
     assert {k: after[k] for k in files} == files  # finished shards were not recomputed
     embed_texts(texts, tmp_path / "ref", spec, model=tiny_fair, shard_size=4)
     assert set(after) == {f.name for f in (tmp_path / "ref").glob("*/part-*.arrow")}
     np.testing.assert_array_equal(vectors(root, tiny_fair, texts), vectors(tmp_path / "ref", tiny_fair, texts))
+
+
+def test_replicas_that_keep_dying_stop_the_job_after_the_replacements(tmp_path, texts, tiny_spec, tiny_fair,
+                                                                      ray_local, monkeypatch):  # fmt: skip
+    """A shard that kills every replica does not loop forever: after MAX_POOL_REPLACEMENTS new pools the job stops,
+    each replacement said, every shard written before a death kept."""
+    from posfair.distributed import ray_engine
+
+    monkeypatch.setattr(ray_engine, "MAX_POOL_REPLACEMENTS", 1)
+    root = tmp_path / "store"
+    with pytest.warns(UserWarning, match=r"replacement 1 of at most 1"):
+        with pytest.raises(RuntimeError, match=r"replicas died 2 times \(ActorDiedError: .*\); finished shards are "
+                                               r"kept, \d+ shards are left: rerun to resume"):  # fmt: skip
+            embed_texts(texts, root, tiny_spec(), model=tiny_fair, shard_size=4, engine="ray", workers=2,
+                        after_shard=KillAlways(str(root), after=0))  # fmt: skip
+    assert workers_released(ray_local)
+    written = list(root.glob("*/part-*.arrow"))
+    assert 1 <= len(written) < 15 and not list(root.glob("*/.part-*"))  # complete shards only, the job not finished
+
+
+class KillAlways(FailWorker):
+    """Kills the worker process after every shard (a shard that always takes its replica down)."""
+
+    def __call__(self, res: dict) -> None:
+        os._exit(1)
 
 
 class KillOnce(FailWorker):
@@ -175,6 +205,8 @@ def test_cli_runs_on_a_ray_instance_it_starts_and_stops(tmp_path, texts, tiny_sp
     assert "engine: a local Ray instance, 2 workers" in res.stdout
     # Ray's notice about its own token authentication is not passed on to the user (it is, with --debug)
     assert "Token authentication" not in res.stderr, res.stderr
+    # nor Ray's C++ log lines (core_worker.cc's about restartable actors printed on every successful run)
+    assert not re.search(r"\.cc:\d+", res.stderr), res.stderr
     assert (
         "20 distinct texts (stock)" in res.stdout and "5 shards written" in res.stdout and "2 worker(s)" in res.stdout
     )

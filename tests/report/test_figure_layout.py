@@ -109,3 +109,16 @@ def test_the_tuner_figures_draw_the_feasibility_line_and_name_the_choice():
         )
         dashed = [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
         assert dashed and all(np.allclose(line.get_ydata(), 1.0 - 0.04) for line in dashed)  # stock guard - max_drop
+
+
+def test_titles_break_at_spaces_never_inside_a_hyphenated_name():
+    """A model's path in a figure title stays whole (the audit's titles name the model by its path or hub id)."""
+    from posfair.report.plots import _wrap
+
+    name = "/tmp/pytest-of-someone/pytest-153/popen-gw1/tiny-bert-mean0"
+    text = f"Positional fidelity · {name} · token limit 512 · baskets of 4 tokens, every layer, strength 1"
+    wrapped = _wrap(text, 4.0, 8)
+    lines = wrapped.split("\n")
+    assert len(lines) > 1  # it does wrap at this width
+    assert name in lines  # the name is one line's whole word, not cut at one of its hyphens
+    assert " ".join(wrapped.split()) == text

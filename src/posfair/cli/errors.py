@@ -224,9 +224,15 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _posfairs(category: type, filename: str) -> bool:
-    """Is a warning posfair's own: a posfair warning class, or issued (at its stack level) from posfair's code."""
+    """Is a warning posfair's own: a posfair warning class, or issued (at its stack level) from posfair's code.
+
+    Another library's deprecation notice is never posfair's own, even when its stack level points into
+    posfair (Ray's about an argument posfair passes): it asks posfair's developers to act, not the user.
+    """
     if getattr(category, "__module__", "").startswith("posfair"):
         return True
+    if issubclass(category, DeprecationWarning):
+        return False
     try:
         return os.path.commonpath([os.path.abspath(filename), _PACKAGE_DIR]) == _PACKAGE_DIR
     except ValueError:  # another drive, or no file

@@ -118,7 +118,7 @@ def _registry_class(ray):
                 self.handles: dict[str, Any] = {}
 
             def add(self, actor_id: str, handle) -> None:
-                self.handles[actor_id] = handle  # a restarted replica keeps its id
+                self.handles[actor_id] = handle
 
             def all(self) -> list:
                 return list(self.handles.values())
@@ -262,10 +262,76 @@ def run_ray(
         with _quiet_auth_notice():
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        return _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers)
+        return _run_with_replacements(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers)
     finally:
         if started_here:
             ray.shutdown()  # ends this driver's job, and with it any actor it created
+
+
+class WorkerLost(RuntimeError):
+    """A replica's process died (killed, out of memory, a crashed node): its shard is not done, the others are."""
+
+
+def _lost_worker(ray, exc: BaseException) -> str | None:
+    """What Ray says about a replica whose process died, if that is what ``exc`` (or an exception under it)
+    reports; ``None`` for anything else (an error raised by the shard function, a settings error)."""
+    kinds = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        # an actor whose constructor raised (e.g. a fingerprint refusal) did not lose its process: not replaced
+        if isinstance(e, kinds) and not getattr(e, "actor_init_failed", False):
+            text = " ".join(_ANSI.sub("", str(e)).split())
+            # Ray's first sentence and the worker's exit type, e.g. "The actor died unexpectedly before finishing
+            # this task. ... Worker exit type: SYSTEM_ERROR"; not its paragraph of common causes
+            first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+            exit_type = re.search(r"Worker exit type: (\w+)", text)
+            return f"{type(e).__name__}: {first}" + (f" (worker exit type {exit_type.group(1)})" if exit_type else "")
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+#: how many times a job replaces its pool after a replica died before it stops (rerunning resumes it)
+MAX_POOL_REPLACEMENTS = 3
+
+
+def _run_with_replacements(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers) -> int:
+    """Run the pool; when a replica dies, start a new pool on the shards not yet reported, up to
+    :data:`MAX_POOL_REPLACEMENTS` times, each said in a warning.
+
+    posfair replaces the pool itself instead of letting Ray restart actors (Ray Data's default,
+    ``max_restarts=-1``): Ray restarts forever (a shard that kills every replica, e.g. out of
+    memory, would never end) and its restartable actors print an error-level line on every run,
+    successful or not.  A shard a dead replica wrote before dying is found complete on the next
+    pool and counted as skipped, as on a rerun.
+    """
+    left = list(shards)
+    replaced = 0
+    while True:
+        reported: set[str] = set()
+
+        def collect(row: dict) -> None:
+            reported.add(str(row["shard"]))
+            on_result(row)
+
+        try:
+            return _run_pool(ray, spec, ns_dir, left, collect, after_shard, fingerprint, workers)
+        except WorkerLost as lost:
+            left = [s for s in left if s.id not in reported]
+            if replaced >= MAX_POOL_REPLACEMENTS:
+                raise RuntimeError(
+                    f"the Ray embedding job failed: replicas died {replaced + 1} times ({lost}); "
+                    f"finished shards are kept, {len(left)} shards are left: rerun to resume"
+                ) from None
+            replaced += 1
+            warnings.warn(
+                f"a Ray replica died ({lost}); starting a new pool for the {len(left)} shards left "
+                f"(replacement {replaced} of at most {MAX_POOL_REPLACEMENTS}); finished shards are kept",
+                stacklevel=5,
+            )
 
 
 def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers) -> int:
@@ -301,7 +367,9 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
         ),
         batch_size=1,
         batch_format="numpy",
-        # Ray restarts a replica whose process dies and retries its shards
+        # a replica whose process dies is not restarted by Ray: the job starts a new pool (_run_with_replacements);
+        # a named parameter of map_batches in newer Ray, one of its remote arguments before
+        max_restarts=0,
         compute=ray.data.ActorPoolStrategy(size=plan.workers, max_tasks_in_flight_per_actor=_IN_FLIGHT_PER_WORKER),
         **plan.resources,
     )
@@ -311,12 +379,17 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
             on_result({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
     except Exception as exc:  # noqa: BLE001 -- re-raised below, without Ray's internals attached
         failure = root_cause(exc)
+        lost = _lost_worker(ray, exc)
+        if lost is not None:
+            failure = ("WorkerLost", lost)
     finally:
         _kill_job_actors(ray, registry, free)  # also on KeyboardInterrupt
     if failure is not None:
         kind, message = failure
         if kind == ManifestMismatch.__name__:  # a replica refused to write here: a settings error, not a crash
             raise ManifestMismatch(message)
+        if kind == "WorkerLost":
+            raise WorkerLost(message)
         raise RuntimeError(
             f"the Ray embedding job failed; finished shards are kept, rerun to resume: {kind}: {message}"
         )

@@ -52,9 +52,16 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
 
 
 def _wrap(text: str, width_in: float, fontsize: float) -> str:
-    """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` (measured conservatively: 0.62 em a glyph)."""
+    """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` (measured conservatively: 0.62 em a glyph).
+
+    Lines break at spaces only, never inside a word (at a hyphen, or a word longer than a line): a model's
+    path or hub id (``intfloat/multilingual-e5-small``) stays whole, so it reads and searches as written;
+    :func:`layout_problems` checks that the result still fits the canvas.
+    """
     chars = max(20, int(width_in * 72 / (fontsize * 0.62)))
-    return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
+    return "\n".join(
+        textwrap.fill(line, chars, break_on_hyphens=False, break_long_words=False) for line in text.split("\n")
+    )
 
 
 def finish(fig: Figure, *, title: str = "", subtitle: str = "", handles=None, labels=None, fontsize: float = 8) -> None:
