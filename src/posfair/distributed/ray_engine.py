@@ -310,13 +310,13 @@ def _run_with_replacements(ray, spec, ns_dir, shards, on_result, after_shard, fi
     """
     left = list(shards)
     replaced = 0
+    reported: set[str] = set()  # every shard a pool of this job reported
+
+    def collect(row: dict) -> None:
+        reported.add(str(row["shard"]))
+        on_result(row)
+
     while True:
-        reported: set[str] = set()
-
-        def collect(row: dict) -> None:
-            reported.add(str(row["shard"]))
-            on_result(row)
-
         try:
             return _run_pool(ray, spec, ns_dir, left, collect, after_shard, fingerprint, workers)
         except WorkerLost as lost:
