@@ -111,3 +111,38 @@ def test_a_choice_that_reverses_the_profile_on_test_is_said(tmp_path):
     flat = run_search(SlopeObjective(test_drop=0.0), SearchSpace(basket_sizes=(16,), layer_sets=(0.5,),
                       strengths=(0.5,), fine_rounds=0), max_drop=0.02)  # fmt: skip
     assert flat.test_reversal() is None and "test_profile_reversed" not in flat.headline()
+
+
+def test_every_trial_carries_its_interval_and_the_constraint_judged_on_it(tmp_path):
+    """Each calibrated trial of both splits: the guard's change from stock with the paired bootstrap interval (by an
+    explicit draw loop here), the constraint on that interval, in the frame, the tables and tune.json; and how many
+    units an interval of ±max_drop would need."""
+    obj = UnitObjective(test_drop=0.03, noise=0.04, n_units=30)
+    with pytest.warns(ConstraintWarning):
+        res = run_search(obj, SPACE, max_drop=0.02, results_path=tmp_path / "tune.json")
+    for split in (DEV, TEST):
+        f = res.frame(split).set_index("label")
+        for t in (t for t in res.trials if t.split == split and not t.stock):
+            d = (obj.guard_units(t.calibration, split) - obj.guard_units(STOCK, split)).to_numpy()
+            rng = np.random.default_rng(0)  # posfair.intervals' seed and draws: resample units with replacement
+            means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(CHECK_DRAWS)]
+            lo, hi = np.quantile(means, 0.025), np.quantile(means, 0.975)
+            row = f.loc[t.label]
+            assert row["guard_change"] == pytest.approx(d.mean())
+            assert (row["guard_low"], row["guard_high"]) == (pytest.approx(lo), pytest.approx(hi))
+            want = "holds" if lo >= -0.02 else ("broken" if hi < -0.02 else "unresolved")
+            assert row["constraint_on_interval"] == want
+    test = res.frame(TEST).set_index("label")
+    # on test the strength-1 choice loses 0.03 +- noise: its interval lies below -0.02 or straddles it; never "holds"
+    assert test.loc[res.chosen_label, "constraint_on_interval"] in ("broken", "unresolved")
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert saved["intervals"][f"test:{res.chosen.key()}"]["guard_low"] == pytest.approx(
+        test.loc[res.chosen_label, "guard_low"]
+    )
+    from posfair.tuning.outputs import trials_table
+
+    cells = trials_table(res).frame
+    assert "on interval" in cells.columns and cells.filter(like="[95 %]").shape[1] == 1
+    # units needed for ±0.02: (1.96 sd / 0.02)^2 with sd of the test split's paired differences
+    d = (obj.guard_units(res.chosen, TEST) - obj.guard_units(STOCK, TEST)).to_numpy()
+    assert res.test_check["units_needed"] == int(np.ceil((1.959963984540054 * d.std(ddof=1) / 0.02) ** 2))

@@ -58,11 +58,33 @@ def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
         out["calibrated_share"] = [format_share(v) for v in frame["calibrated_share"]]
     for c in cols:
         out[_NAMES.get(c, c)] = [f"{v:.3f}" for v in frame[c]]
+    guard = _NAMES.get(result.guard, result.guard)
+    if "guard_low" in frame.columns and frame["guard_low"].notna().any():
+        out[f"Δ {guard} [95 %]"] = [
+            "—" if pd.isna(lo) else f"{ch:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            for ch, lo, hi in zip(frame["guard_change"], frame["guard_low"], frame["guard_high"], strict=True)
+        ]
+    if "removed_low" in frame.columns and frame["removed_low"].notna().any():
+        out["removed [95 %]"] = [
+            "—" if pd.isna(lo) else f"{r:.0%} [{lo:.0%}, {hi:.0%}]"
+            for r, lo, hi in zip(frame["removed"], frame["removed_low"], frame["removed_high"], strict=True)
+        ]
+    if "constraint_on_interval" in frame.columns:
+        out["on interval"] = ["—" if pd.isna(v) else v for v in frame["constraint_on_interval"]]
     if flags:
         out["feasible"] = ["yes" if f else "no" for f in frame["feasible"]]
         out["Pareto"] = ["yes" if f else "" for f in frame["on_front"]]
     out["chosen"] = ["◀" if c else "" for c in frame["chosen"]]
     return Table("", out.reset_index(drop=True))
+
+
+#: how the tables' intervals are made and read (one sentence, in every caption that shows them)
+INTERVALS_NOTE = (
+    "Δ: the guard's change from stock with its 95 % paired bootstrap interval over the split's units; removed: the "
+    "share of stock's score the setting removes, with its interval; on interval: the constraint judged on the "
+    "interval (holds = the whole interval above the limit, broken = below it, unresolved = the split cannot tell); "
+    "feasible: the search's rule, on the point estimate."
+)
 
 
 def _constraint(result: TuneResult) -> str:
@@ -87,7 +109,7 @@ def trials_table(result: TuneResult) -> Table:
     direction = "higher" if result.objective["greater_is_better"] else "lower"
     caption = (
         f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}. "
-        "calibrated_share: fraction of the split's documents the calibration changes (— for stock)."
+        "calibrated_share: fraction of the split's documents the calibration changes (— for stock). " + INTERVALS_NOTE
     )
     note = skipped_note(result)
     return Table(
@@ -105,7 +127,7 @@ def front_table(result: TuneResult) -> Table:
     return Table(
         f"Pareto front on the dev split ({_NAMES.get(result.score, result.score)} vs {_NAMES.get(result.guard, result.guard)})",
         t.frame,
-        f"Settings no other setting beats on both. Constraint: {_constraint(result)}.",
+        f"Settings no other setting beats on both. Constraint: {_constraint(result)}. {INTERVALS_NOTE}",
         "pareto",
     )
 
@@ -121,7 +143,7 @@ def test_table(result: TuneResult) -> Table:
     return Table(
         f"Held-out test split: stock vs the chosen setting ({result.chosen_label})",
         t.frame,
-        "The test split took no part in the choice.",
+        "The test split took no part in the choice. " + INTERVALS_NOTE,
         "test",
     )
 
@@ -206,7 +228,7 @@ def variants_table(result: TuneResult) -> Table:
     return Table(
         "Held-out test split: each variant's best feasible dev setting",
         t.frame,
-        "Chosen on the dev split per variant; the test split took no part in any choice." + note,
+        "Chosen on the dev split per variant; the test split took no part in any choice." + note + " " + INTERVALS_NOTE,
         "variants",
     )
 

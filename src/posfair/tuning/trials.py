@@ -275,22 +275,94 @@ class ConstraintWarning(UserWarning):
 CHECK_DRAWS, CHECK_SEED = BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
 
 
+#: z for a two-sided 95 % normal interval, in the number of units a constraint needs (:func:`units_to_resolve`)
+_Z95 = 1.959963984540054
+
+
+def guard_change_interval(objective: Objective, calibration: Resolved, split: str) -> dict[str, Any] | None:
+    """The guard's change (``calibration`` minus stock) on ``split`` per unit, paired: its mean, 95 % bootstrap
+    interval, unit count and standard deviation; None when the objective gives no per-unit guard or < 2 units.
+    One rule for the test check (:func:`check_test_constraint`) and every trial's row (:func:`trial_intervals`)."""
+    a, b = objective.guard_units(STOCK, split), objective.guard_units(calibration, split)
+    if a is None or b is None:
+        return None
+    paired = (b - a).dropna()
+    if len(paired) < 2:
+        return None
+    low, high = paired_mean_interval(paired.to_numpy(), draws=CHECK_DRAWS, seed=CHECK_SEED)
+    return {
+        "change": float(paired.mean()),
+        "low": low,
+        "high": high,
+        "units": len(paired),
+        "sd": float(paired.std(ddof=1)),
+    }
+
+
+def units_to_resolve(sd: float, max_drop: float) -> int | None:
+    """How many units a paired comparison needs before its 95 % interval is no wider than ``±max_drop``
+    (normal approximation, ``n = (1.96 sd / max_drop)^2``, ``sd`` = the paired differences' standard deviation);
+    None when ``max_drop`` is 0 (no finite sample resolves it)."""
+    if max_drop <= 0:
+        return None
+    return max(2, math.ceil((_Z95 * sd / max_drop) ** 2))
+
+
+def score_removed_interval(objective: Objective, calibration: Resolved, split: str) -> dict[str, Any] | None:
+    """The share of stock's score ``calibration`` removes on ``split``, with its 95 % bootstrap interval over the
+    objective's units (:meth:`Objective.score_units`); None without per-unit scores."""
+    if calibration is STOCK:
+        return None
+    groups = objective.score_units(calibration, split)
+    if groups is None:
+        return None
+    low, high = grouped_interval(groups, objective.score_removed, draws=CHECK_DRAWS, seed=CHECK_SEED)
+    return {"low": low, "high": high, "units": sum(len(g) for g in groups)}
+
+
+def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[str, Any]]:
+    """For every calibrated trial of both splits (keyed ``"<split>:<trial key>"``): the guard's change from stock
+    with its paired interval and the share of stock's score removed with its interval -- what the trial, front
+    and variant tables show beside each setting, by the helpers of the test check."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in result.trials:
+        if t.stock:
+            continue
+        row: dict[str, Any] = {}
+        g = guard_change_interval(objective, t.calibration, t.split)
+        if g is not None:
+            row.update(guard_change=g["change"], guard_low=g["low"], guard_high=g["high"], units=g["units"])
+        r = score_removed_interval(objective, t.calibration, t.split)
+        if r is not None:
+            row.update(removed_low=r["low"], removed_high=r["high"], units=r["units"])
+        if row:
+            out[f"{t.split}:{t.key}"] = row
+    return out
+
+
+def interval_verdict(low: float, high: float, limit: float) -> str:
+    """The guard's constraint judged on its interval: ``holds`` (the whole interval above ``limit``), ``broken``
+    (the whole interval below), else ``unresolved`` (the data cannot tell)."""
+    if low >= limit - 1e-12:
+        return "holds"
+    if high < limit:
+        return "broken"
+    return "unresolved"
+
+
 def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
     """How much of stock's score the chosen setting removes on the held-out test split, with a 95 % paired
     bootstrap interval over the objective's units (:meth:`Objective.score_units`); None when stock was chosen or
     the objective has no per-unit score (e.g. a function objective)."""
-    if result.chosen is STOCK:
-        return None
-    groups = objective.score_units(result.chosen, TEST)
-    if groups is None:
+    interval = score_removed_interval(objective, result.chosen, TEST)
+    if interval is None:
         return None
     stock, chosen = (
         result.trial(STOCK, TEST).metrics[result.score],
         result.trial(result.chosen, TEST).metrics[result.score],
     )
     removed = 1 - chosen / stock if stock else float("nan")
-    units = sum(len(g) for g in groups)
-    low, high = grouped_interval(groups, objective.score_removed, draws=CHECK_DRAWS, seed=CHECK_SEED)
+    low, high, units = interval["low"], interval["high"], interval["units"]
     out = {
         "score": result.score,
         "stock": stock,
@@ -336,16 +408,14 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
         "high": None,
         "units": None,
         "unit": None,
+        "units_needed": None,
         "draws": CHECK_DRAWS,
         "seed": CHECK_SEED,
     }
-    units = objective.guard_units
-    a, b = units(STOCK, TEST), units(result.chosen, TEST)
-    if a is not None and b is not None:
-        paired = (b - a).dropna()
-        if len(paired) >= 2:
-            low, high = paired_mean_interval(paired.to_numpy(), draws=CHECK_DRAWS, seed=CHECK_SEED)
-            out.update(low=low, high=high, units=len(paired), unit=objective.unit)
+    g = guard_change_interval(objective, result.chosen, TEST)
+    if g is not None:
+        out.update(low=g["low"], high=g["high"], units=g["units"], unit=objective.unit)
+        out["units_needed"] = units_to_resolve(g["sd"], result.max_drop)
     out["verdict"] = constraint_verdict(out)
     return out
 
@@ -362,9 +432,16 @@ def constraint_verdict(check: dict[str, Any]) -> str:
     if not check["holds"]:
         return head + "the constraint is BROKEN on the test split (the dev choice does not carry over)"
     if check["low"] is not None and check["low"] < limit:
+        needed = check.get("units_needed")
+        size = (
+            f" (an interval of ±{-limit:.3f} needs about {needed} {check['unit']}; this split has {check['units']})"
+            if needed
+            else ""
+        )
         return (
             head
             + "the constraint holds, but the interval reaches beyond the limit: this split is too small to confirm it"
+            + size
         )
     return head + "the constraint holds"
 
@@ -405,6 +482,8 @@ class TuneResult:
     #: the chosen setting's constraint on the test split (:func:`check_test_constraint`; None: stock chosen)
     test_check: dict[str, Any] | None = None
     test_effect: dict[str, Any] | None = None
+    #: every calibrated trial's intervals, ``"<split>:<key>"`` -> :func:`trial_intervals`' row
+    intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def score(self) -> str:
@@ -466,6 +545,7 @@ class TuneResult:
     def frame(self, split: str = DEV) -> pd.DataFrame:
         """One row per trial of ``split``: label, phase, basket, layers, strength, metrics, feasible, on_front."""
         stock = self.trial(STOCK, split).metrics.get(self.guard, np.nan) if split == DEV else np.nan
+        stock_score = self.trial(STOCK, split).metrics.get(self.score, np.nan) if self.trials else np.nan
         front = {t.key for t in self.front}
         rows = []
         for t in self.trials:
@@ -482,6 +562,12 @@ class TuneResult:
                 "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share,
                 **t.metrics,
             }
+            iv = self.intervals.get(f"{split}:{t.key}", {})
+            for k in ("guard_change", "guard_low", "guard_high", "removed_low", "removed_high"):
+                row[k] = iv.get(k, np.nan)
+            row["removed"] = 1 - t.metrics[self.score] / stock_score if "removed_low" in iv and stock_score else np.nan
+            if "guard_low" in iv:
+                row["constraint_on_interval"] = interval_verdict(iv["guard_low"], iv["guard_high"], -self.max_drop)
             if split == DEV:
                 row["feasible"] = meets_constraint(t.metrics[self.guard], stock, self.max_drop)
                 row["on_front"] = t.key in front
@@ -507,6 +593,7 @@ class TuneResult:
             "test_check": self.test_check,
             "test_effect": self.test_effect,
             "test_reversal": self.test_reversal(),
+            "intervals": self.intervals,
         }
 
     def test_reversal(self) -> str | None:
@@ -754,6 +841,7 @@ def run_search(
             fronts,
             variant_best,
         )
+        result.intervals = trial_intervals(objective, result)
         result.test_check = check_test_constraint(objective, result)
         result.test_effect = test_score_effect(objective, result)
         if result.test_effect is not None:
