@@ -40,10 +40,12 @@ def reference_prior(density, x):
 
 
 def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False, bos_w="original", eos_w="equal",
-                            prior=None, self_share=None, self_key=None):  # fmt: skip
+                            prior=None, self_share=None, self_key=None, trailing="basket"):  # fmt: skip
     """One row, from the spec.  ``prior``: divide each basket's mass by the prior at the basket's
     centre and give the content its mass back; ``self_share`` rho with ``self_key`` q: the own key keeps
-    rho * a[q], the rest is calibrated with a[q] = 0 and rescaled to 1 - rho * a[q]."""
+    rho * a[q], the rest is calibrated with a[q] = 0 and rescaled to 1 - rho * a[q].  ``trailing``:
+    ``"merge"`` appends a last basket shorter than B to the basket before it; ``"weighted"`` gives
+    each basket ``len(basket) / B`` basket units (the target mass per unit is what one basket gets)."""
     a = np.asarray(a, dtype=np.float64)
     if self_share is not None and s <= self_key <= e:
         iso_n = int(iso_bos) + int(iso_eos)
@@ -51,7 +53,7 @@ def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False,
             return a.copy()
         rest = a.copy()
         rest[self_key] = 0.0
-        rest = reference_calibrate_row(rest, s, e, B, 1.0, iso_bos, iso_eos, bos_w, eos_w, prior)
+        rest = reference_calibrate_row(rest, s, e, B, 1.0, iso_bos, iso_eos, bos_w, eos_w, prior, trailing=trailing)
         rest[self_key] = 0.0
         keep = self_share * a[self_key]
         cal = rest / rest.sum() * (1 - keep) if rest.sum() > 0 else np.zeros_like(a)
@@ -70,17 +72,22 @@ def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False,
     if len(content) < B:
         return a.copy()
     baskets = [content[i : i + B] for i in range(0, len(content), B)]
-    n_total = len(baskets) + len(iso)
+    if trailing == "merge" and len(baskets) > 1 and len(baskets[-1]) < B:
+        baskets = baskets[:-2] + [baskets[-2] + baskets[-1]]
+    # basket units: one per basket, or (weighted) the basket's share of a full basket
+    units = [len(b) / B if trailing == "weighted" else 1.0 for b in baskets]
+    n_total = sum(units) + len(iso)
     shares = {}
     for k, w in iso:
         shares[k] = 1.0 / n_total if w == "equal" else (a[k] if w == "original" else float(w))
-    each = max(0.0, (1.0 - sum(shares.values())) / len(baskets))
+    per_unit = max(0.0, (1.0 - sum(shares.values())) / sum(units))
     cal = np.zeros_like(a)
     if prior is not None:  # basket mass m / p(centre), content rescaled to the mass the isolated keys leave
         C = len(content)
         targets = []
-        for j, b in enumerate(baskets):
-            centre = (j * B + j * B + len(b) - 1) / 2
+        for b in baskets:
+            first, last = content.index(b[0]), content.index(b[-1])  # content positions
+            centre = (first + last) / 2
             targets.append(a[b].sum() / reference_prior(prior, (centre + 0.5) / C))
         left = max(0.0, 1.0 - sum(shares.values()))
         for b, t in zip(baskets, targets, strict=True):
@@ -88,10 +95,10 @@ def reference_calibrate_row(a, s, e, B, alpha=1.0, iso_bos=False, iso_eos=False,
             if m > 0:
                 cal[b] = a[b] / m * t / sum(targets) * left
         baskets = []
-    for b in baskets:
+    for b, u in zip(baskets, units, strict=False):  # (baskets is emptied by the prior)
         m = a[b].sum()
         if m > 0:
-            cal[b] = a[b] / m * each
+            cal[b] = a[b] / m * per_unit * u
     for k, v in shares.items():
         cal[k] = v
     cal = cal / cal.sum()
@@ -135,6 +142,7 @@ class Reference:
                     rows = [e if cal.pooling == "lasttoken" else s]
                 prior = cal.prior.density(layer) if getattr(cal, "prior", None) is not None else None
                 self_share = getattr(cal, "self_share", None)
+                trailing = getattr(cal, "trailing", "basket")
                 for h in range(H):
                     for r in rows:
                         w[b, h, r] = reference_calibrate_row(
@@ -150,6 +158,7 @@ class Reference:
                             prior=prior,
                             self_share=self_share,
                             self_key=r,
+                            trailing=trailing,
                         )
         return w
 

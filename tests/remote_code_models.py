@@ -335,6 +335,7 @@ def _reference_forward(module, layer: int, resolved):
                         w[b, h, r] = reference_calibrate_row(
                             w[b, h, r], s, e, resolved.basket_size, resolved.strength,
                             resolved.isolate_bos, resolved.isolate_eos, resolved.bos_weight, resolved.eos_weight,
+                            trailing=resolved.trailing,
                         )  # fmt: skip
         out = (torch.from_numpy(w) @ v).transpose(1, 2).reshape(B, L, H * D)
         out = out @ module.o_proj.weight.double().T + module.o_proj.bias.double()

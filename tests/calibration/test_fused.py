@@ -59,7 +59,7 @@ def _reference(q, k, v, start, end, scaling, cal):
             w[h, r] = reference_calibrate_row(
                 w[h, r], s, e, cal["basket_size"], cal.get("strength", 0.5), cal.get("isolate_bos", False),
                 cal.get("isolate_eos", False), cal.get("bos_weight", "original"), cal.get("eos_weight", "equal"),
-                prior=cal["prior"]["values"][0] if "prior" in cal else None,
+                prior=cal["prior"]["values"][0] if "prior" in cal else None, trailing=cal.get("trailing", "basket"),
             )  # fmt: skip
         out[b] = torch.from_numpy(w) @ vv[b]
     return out.transpose(1, 2)  # (B, L, H, D)
@@ -83,6 +83,13 @@ VARIANTS = [
     dict(
         basket_size=3, isolate_bos=True, isolate_eos=True, bos_weight=0.1, strength=0.9, prior={"values": [[0.2, 4.0]]}
     ),
+    # the trailing-basket policies (29 keys, random spans: trailing baskets of every length)
+    dict(basket_size=4, strength=1.0, trailing="merge"),
+    dict(basket_size=5, strength=0.7, trailing="weighted"),
+    dict(basket_size=3, isolate_bos=True, isolate_eos=True, bos_weight="equal", eos_weight="equal", trailing="merge"),
+    dict(basket_size=4, isolate_eos=True, eos_weight="equal", trailing="weighted"),
+    dict(basket_size=4, prior={"values": [[3.0, 1.0, 0.5, 2.0, 1.5]]}, trailing="merge"),
+    dict(basket_size=3, isolate_bos=True, bos_weight="equal", prior={"values": [[0.2, 4.0]]}, trailing="weighted"),
 ]
 
 

@@ -311,6 +311,12 @@ MISTAKES = [
         None,
     ),
     (
+        "calibration-trailing",
+        "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,trailing=last",
+        "--calibration 16,1,1,trailing=last: trailing= in calibration spec '16,1,1,trailing=last' must be basket, merge or weighted; got 'last'",
+        None,
+    ),
+    (
         "calibration-self-share",
         "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,self=2",
         "self_share must be a number in [0, 1]",

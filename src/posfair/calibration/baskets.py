@@ -21,6 +21,21 @@ Rows whose content is shorter than one basket (``C < B``) are returned
 unchanged, as the authors' implementation encodes such texts uncalibrated
 (:mod:`posfair.calibration.rule` holds that rule and says which rows the formula changes).
 
+The **trailing-basket policy** (``trailing``) says what a last content basket shorter than
+``B`` gets in steps 2-4 (``"basket"``, the default, runs exactly the formula above):
+
+* ``"merge"``: a trailing basket shorter than ``B`` joins the basket before it:
+  ``n_b = max(1, floor(C / B))`` baskets, all of ``B`` keys but the last, which holds
+  ``B..2B-1`` (with the positional prior the merged basket has one prior value, at its centre);
+* ``"weighted"``: a basket of ``n`` keys counts as ``n / B`` baskets: step 4 gives it the mass
+  ``(1 - sum(isolated shares)) * n / C`` and step 3's ``n_total`` is ``C / B + #isolated``
+  (the same as ``"basket"`` when ``B`` divides ``C``).  With the positional prior (whose target
+  ``m_b / p_b`` already scales with the basket's size, ``p_b`` being a density) only
+  ``n_total`` changes.
+
+Kernels cut the content into *slots* of ``B`` keys (the last may be shorter) whatever the
+policy; :func:`basket_weights` is where slots become baskets, so the policy lives there.
+
 Two variants change steps 3-4 (both off by default; a default setting runs exactly
 the formula above):
 
@@ -57,7 +72,7 @@ from collections.abc import Sequence
 import torch
 
 from posfair.calibration.params import Share
-from posfair.calibration.rule import engine_calibrates
+from posfair.calibration.rule import basket_count, engine_calibrates
 
 __all__ = ["basket_centres", "basket_weights", "calibrate_rows", "calibrate_span_", "prior_at"]
 
@@ -80,19 +95,31 @@ def prior_at(density: torch.Tensor | Sequence[float], positions: torch.Tensor) -
 
 
 def basket_centres(
-    n_content: torch.Tensor, n_slots: int, basket_size: int, dtype: torch.dtype = torch.float64
+    n_content: torch.Tensor,
+    n_slots: int,
+    basket_size: int,
+    dtype: torch.dtype = torch.float64,
+    trailing: str = "basket",
 ) -> torch.Tensor:
-    """Relative position of the middle of each content basket: ``(centre key + 0.5) / C``.
+    """Relative position of the middle of the basket of each slot: ``(centre key + 0.5) / C``.
 
     ``n_content``: (..., 1) content keys per row; returns (..., n_slots) (slots beyond a
-    row's baskets get meaningless values, which callers mask).  Basket ``j`` spans content
-    keys ``j*B .. min((j+1)*B, C) - 1``; its centre key is the mean of the two.
+    row's baskets get meaningless values, which callers mask).  Slot ``j`` spans content
+    keys ``j*B .. min((j+1)*B, C) - 1`` and is its own basket, whose centre key is the mean of
+    the two; with ``trailing="merge"`` the slots of the last basket (its last full slot and a
+    shorter one after it) both get the centre of the merged basket, ``(n_b - 1)*B .. C - 1``.
     """
     B = int(basket_size)
     j = torch.arange(n_slots, device=n_content.device, dtype=dtype)
     C = n_content.to(dtype).clamp(min=1)
-    first = j * B
-    last = torch.minimum((j + 1) * B, C) - 1
+    if trailing == "merge":
+        last_basket = (basket_count(n_content.clamp(min=1), B, "merge") - 1).to(dtype)  # (..., 1)
+        in_last = j >= last_basket
+        first = torch.where(in_last, last_basket * B, j * B)
+        last = torch.where(in_last, C - 1, torch.minimum((j + 1) * B, C) - 1)
+    else:
+        first = j * B
+        last = torch.minimum((j + 1) * B, C) - 1
     return ((first + last) / 2 + 0.5) / C
 
 
@@ -118,6 +145,7 @@ def calibrate_rows(
     prior: Sequence[float] | torch.Tensor | None = None,
     self_share: float | None = None,
     self_key: torch.Tensor | int | None = None,
+    trailing: str = "basket",
 ) -> torch.Tensor:
     """Calibrate attention rows.
 
@@ -130,6 +158,7 @@ def calibrate_rows(
         prior: the positional-prior variant's density vector for this layer (None: equal mass per basket).
         self_share, self_key: the self-attention-share variant: rho and the index of each
             row's own key (broadcastable to ``weights.shape[:-1]``; required with ``self_share``).
+        trailing: the trailing-basket policy (``"basket"``, ``"merge"`` or ``"weighted"``).
 
     Returns:
         A tensor of the shape of ``weights`` (float64 stays float64; lower precisions are computed in float32).
@@ -161,6 +190,7 @@ def calibrate_rows(
                 bos_weight=bos_weight,
                 eos_weight=eos_weight,
                 prior=prior,
+                trailing=trailing,
             ),
         )
 
@@ -179,9 +209,10 @@ def calibrate_rows(
     n_baskets = torch.div(n_content.clamp(min=1) + B - 1, B, rounding_mode="floor").to(a.dtype).squeeze(-1)
     bos = a.gather(-1, start.clamp(0, K - 1)).squeeze(-1) if isolate_bos else None
     eos = a.gather(-1, end.clamp(0, K - 1)).squeeze(-1) if isolate_eos else None
-    p = None if prior is None else prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype))
+    p = None if prior is None else prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype, trailing))
+    policy = {} if trailing == "basket" else dict(trailing=trailing, n_content=n_content.squeeze(-1), basket_size=B)
     w, bos_v, eos_v = basket_weights(
-        mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=p
+        mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=p, **policy
     )
     # each key of basket b is scaled by w_b / m_b (proportions inside the basket kept); other keys carry 0
     factor = torch.where(
@@ -234,6 +265,7 @@ def calibrate_span_(
     prior: Sequence[float] | torch.Tensor | None = None,
     self_share: float | None = None,
     row_offset: int = 0,
+    trailing: str = "basket",
 ) -> torch.Tensor:
     """:func:`calibrate_rows` in place, for many rows that share one valid span ``[start, end]``.
 
@@ -262,6 +294,7 @@ def calibrate_span_(
             prior=prior,
             self_share=self_share,
             self_key=rows.expand(probs.shape[:-1]) if self_share is not None else None,
+            trailing=trailing,
         )
         probs.copy_(cal)
         return probs
@@ -279,8 +312,16 @@ def calibrate_span_(
         mass = torch.cat([mass, content[..., n_full * B :].sum(-1, keepdim=True)], dim=-1)
     bos = probs[..., start].clone() if isolate_bos else None
     eos = probs[..., end].clone() if isolate_eos else None
+    policy = {} if trailing == "basket" else dict(trailing=trailing, n_content=C, basket_size=B)
     w, bos_v, eos_v = basket_weights(
-        mass, n_full + (1 if tail else 0), bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight
+        mass,
+        n_full + (1 if tail else 0),
+        bos,
+        eos,
+        strength=strength,
+        bos_weight=bos_weight,
+        eos_weight=eos_weight,
+        **policy,
     )
     one = torch.ones((), dtype=probs.dtype, device=probs.device)
     mult = torch.where(mass > 0, w / mass.clamp(min=torch.finfo(probs.dtype).tiny), one)  # a basket of mass 0 stays 0
@@ -304,20 +345,97 @@ def basket_weights(
     bos_weight: Share = "original",
     eos_weight: Share = "equal",
     prior: torch.Tensor | None = None,
+    trailing: str = "basket",
+    n_content: torch.Tensor | int | None = None,
+    basket_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The basket formula on masses: what each basket and isolated key weighs after calibration.
+    """The basket formula on masses: what each slot and isolated key weighs after calibration.
 
     A calibrated row keeps the proportions inside each content basket, so it is fully
     described by one mass per basket and one per isolated key.  Given the original row's
-    masses -- ``mass`` (..., n) per content basket (0 for slots beyond the row's
-    ``n_baskets`` baskets), ``bos`` / ``eos`` (...) the isolated keys' probabilities (None
-    when the key is not isolated) -- returns ``(w, bos_value, eos_value)``: the calibrated
-    row is ``sum_b w_b * (row restricted to basket b, renormalised) + bos_value * e_bos +
-    eos_value * e_eos``, exactly what :func:`calibrate_span_` produces (renormalisation
-    and the strength blend included; a basket of mass 0 stays 0).  The caller decides
-    whether the row is calibrated at all (``C >= basket_size``); this function assumes it is.
-    ``prior``: the positional-prior variant's density at each basket's centre (broadcastable to
-    ``mass``; :func:`prior_at` of :func:`basket_centres`), None for equal mass per basket.
+    masses -- ``mass`` (..., n) per content *slot* (``B`` consecutive content keys, the last
+    slot of a row possibly shorter; 0 for slots beyond the row's ``n_baskets`` slots), ``bos`` /
+    ``eos`` (...) the isolated keys' probabilities (None when the key is not isolated) -- returns
+    ``(w, bos_value, eos_value)``: the calibrated row is ``sum_j w_j * (row restricted to slot j,
+    renormalised) + bos_value * e_bos + eos_value * e_eos``, exactly what :func:`calibrate_span_`
+    produces (renormalisation and the strength blend included; a basket of mass 0 stays 0).
+    The caller decides whether the row is calibrated at all (``C >= basket_size``); this
+    function assumes it is.  ``prior``: the positional-prior variant's density at each slot's
+    basket centre (broadcastable to ``mass``; :func:`prior_at` of :func:`basket_centres`), None
+    for equal mass per basket.
+
+    ``trailing``: the trailing-basket policy (module docstring).  ``"basket"``: every slot is a
+    basket.  ``"merge"`` / ``"weighted"`` need ``n_content`` (C per row, broadcastable to
+    ``mass.shape[:-1]``) and ``basket_size``: with ``"merge"`` a last slot shorter than B forms one
+    basket with the slot before it (the merged basket's weight is shared by its two slots in
+    proportion to their masses, which keeps the proportions inside it); with ``"weighted"`` a slot
+    of ``n`` keys counts ``n / B`` baskets.
+    """
+    if trailing == "basket":
+        return _basket_weights(
+            mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=prior
+        )
+    if n_content is None or basket_size is None:
+        raise ValueError(f"trailing={trailing!r} needs n_content and basket_size")
+    B = int(basket_size)
+    lead = mass.shape[:-1]
+    C = torch.as_tensor(n_content, device=mass.device).long().expand(lead)
+    n_slots = torch.as_tensor(n_baskets, device=mass.device).round().long().expand(lead)
+    if trailing == "weighted":
+        j = torch.arange(mass.shape[-1], device=mass.device)
+        keys = (C.unsqueeze(-1) - j * B).clamp(0, B)  # keys in each slot (0 beyond the row)
+        units = keys.to(mass.dtype) / B
+        n_units = (C.to(mass.dtype) / B).clamp(min=1.0)  # C / B baskets in all
+        return _basket_weights(
+            mass,
+            n_units,
+            bos,
+            eos,
+            strength=strength,
+            bos_weight=bos_weight,
+            eos_weight=eos_weight,
+            prior=prior,
+            units=units,
+            in_row=keys > 0,
+        )
+    if trailing != "merge":
+        raise ValueError(f"trailing must be 'basket', 'merge' or 'weighted'; got {trailing!r}")
+    n_b = basket_count(C, B, "merge")  # baskets after merging: n_slots or n_slots - 1
+    merging = (n_b < n_slots).unsqueeze(-1)  # (..., 1): the last slot joins the one before
+    last = (n_slots - 1).clamp(min=0).unsqueeze(-1)
+    prev = (n_slots - 2).clamp(min=0).unsqueeze(-1)
+    zero = torch.zeros((), dtype=mass.dtype, device=mass.device)
+    m_last = mass.gather(-1, last)
+    merged = mass.scatter_add(-1, prev, torch.where(merging, m_last, zero))
+    merged = merged.scatter(-1, last, torch.where(merging, zero, m_last))  # per basket; slot `last` is then empty
+    w, bos_v, eos_v = _basket_weights(
+        merged, n_b, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=prior
+    )
+    # the merged basket's weight, shared by its two slots in proportion to their masses
+    m_merged = merged.gather(-1, prev)
+    factor = torch.where(m_merged > 0, w.gather(-1, prev) / m_merged.clamp(min=torch.finfo(mass.dtype).tiny), zero)
+    w = w.scatter(-1, prev, torch.where(merging, mass.gather(-1, prev) * factor, w.gather(-1, prev)))
+    w = w.scatter(-1, last, torch.where(merging, m_last * factor, w.gather(-1, last)))
+    return w, bos_v, eos_v
+
+
+def _basket_weights(
+    mass: torch.Tensor,
+    n_baskets: torch.Tensor | int,
+    bos: torch.Tensor | None,
+    eos: torch.Tensor | None,
+    *,
+    strength: float,
+    bos_weight: Share,
+    eos_weight: Share,
+    prior: torch.Tensor | None,
+    units: torch.Tensor | None = None,
+    in_row: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`basket_weights` on baskets: ``mass`` (..., n) per basket, ``n_baskets`` of them per row.
+
+    ``units`` (``trailing="weighted"``): how many baskets each one counts as (its keys / B), with
+    ``n_baskets`` their sum (C / B) and ``in_row`` the baskets of the row; None: one each.
     """
     n_b = torch.as_tensor(n_baskets, dtype=mass.dtype, device=mass.device).expand(mass.shape[:-1])
     n_total = n_b + int(bos is not None) + int(eos is not None)
@@ -332,8 +450,11 @@ def basket_weights(
     if prior is None:
         per = ((1.0 - iso_total) / n_b.clamp(min=1)).clamp(min=0.0)  # target mass of each content basket
         target = per.unsqueeze(-1) * nonzero
+        if units is not None:
+            target = target * units  # a basket of n keys counts n / B baskets
     else:  # basket b gets m_b / p_b, the content scaled to the mass the isolated keys leave (as calibrate_rows)
-        in_row = torch.arange(mass.shape[-1], device=mass.device) < n_b.unsqueeze(-1)
+        if in_row is None:
+            in_row = torch.arange(mass.shape[-1], device=mass.device) < n_b.unsqueeze(-1)
         tilted = torch.where(in_row, mass / prior, zero)
         denom = tilted.sum(-1)
         scale = torch.where(denom > 0, (1.0 - iso_total).clamp(min=0.0) / denom.clamp(min=tiny), zero)

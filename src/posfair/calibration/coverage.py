@@ -12,10 +12,11 @@ unchanged (the authors' rule).
 
 Two further cases leave every row unchanged although the engine runs:
 
-* ``C == basket_size`` with no isolated key given a new share (isolated keys
-  all ``"original"``, or none isolated) and no self-attention share below 1: one
-  basket holds all the content mass, so rescaling it to its target mass multiplies
-  by 1 (up to float rounding);
+* one basket (``C == basket_size``; with ``trailing="merge"`` any
+  ``basket_size <= C < 2 * basket_size``) with no isolated key given a new share
+  (isolated keys all ``"original"``, or none isolated) and no self-attention share
+  below 1: one basket holds all the content mass, so rescaling it to its target
+  mass multiplies by 1 (up to float rounding);
 * ``strength == 0``: the blend returns the original row.
 
 :func:`fallback_reasons` classifies token counts into those cases;
@@ -85,6 +86,7 @@ def _settings(calibration: AnyCalibration, pooling: str | None) -> dict:
         bos_weight=calibration.bos_weight,
         eos_weight=calibration.eos_weight,
         self_share=calibration.self_share,
+        trailing=calibration.trailing,
     )
 
 
@@ -128,6 +130,7 @@ class CalibrationCoverage:
     shorter: int
     one_basket: int
     strength_zero: int
+    trailing: str = "basket"  # the calibration's trailing-basket policy (what "one basket" means)
 
     @property
     def fallen_back(self) -> int:
@@ -156,9 +159,11 @@ class CalibrationCoverage:
         parts = []
         if self.shorter:
             parts.append(f"{self.shorter} {'is' if self.shorter == 1 else 'are'} shorter than one basket")
-        parts.append(
-            f"{self.one_basket} {'fills' if self.one_basket == 1 else 'fill'} exactly one basket, which calibration leaves unchanged"
-        )
+        if self.trailing == "merge":
+            one = f"{'fills' if self.one_basket == 1 else 'fill'} one basket (a short last basket merged into it)"
+        else:
+            one = f"{'fills' if self.one_basket == 1 else 'fill'} exactly one basket"
+        parts.append(f"{self.one_basket} {one}, which calibration leaves unchanged")
         return f"{k} of {n} texts were encoded stock (B={B} content tokens): " + " and ".join(parts) + share
 
     def to_dict(self) -> dict[str, float]:
@@ -176,6 +181,7 @@ def calibration_coverage(calibration: AnyCalibration, n_tokens, pooling: str | N
     """Counts of :func:`fallback_reasons` over texts with valid spans of ``n_tokens`` tokens."""
     r = fallback_reasons(calibration, n_tokens, pooling).ravel()
     return CalibrationCoverage(
+        trailing=calibration.trailing,
         basket_size=int(calibration.basket_size),
         total=int(r.size),
         calibrated=int((r == CALIBRATED).sum()),

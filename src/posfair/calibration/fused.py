@@ -171,9 +171,13 @@ def basket_attention(
     rows, group = _blocks(B * H, L, nb * D * 4, tile_rows, heads_per_call)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     kw = cal.basket_kwargs(layer)
+    trailing = kw.get("trailing", "basket")
+    # the trailing-basket policy works on the per-slot masses (basket_weights), given each row's content length
+    policy = {} if trailing == "basket" else dict(trailing=trailing, basket_size=Bs)
+    n_content = per_head(C).view(B * H, 1)
     prior = None
     if kw.get("prior") is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
-        p = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32))
+        p = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32, trailing))
         prior = per_head(p).view(B * H, 1, nb)
     qf = query.reshape(B * H, L, D)
     out = torch.empty(B * H, L, D, dtype=value.dtype, device=dev)
@@ -208,6 +212,7 @@ def basket_attention(
                 bos_weight=kw["bos_weight"],
                 eos_weight=kw["eos_weight"],
                 prior=None if prior is None else prior[g0:g1],
+                **(policy and dict(policy, n_content=n_content[g0:g1])),
             )
             on = active[g0:g1]
             w = torch.where(on, w, mass)

@@ -22,6 +22,9 @@ Share = Literal["equal", "original"] | float
 VARIANTS: tuple[str, ...] = ("uniform", "prior", "self", "special")
 Pooling = Literal["cls", "mean", "lasttoken"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "lasttoken")
+Trailing = Literal["basket", "merge", "weighted"]
+#: the trailing-basket policies (``Calibration.trailing``); the first is the papers' and the default
+TRAILING: tuple[str, ...] = ("basket", "merge", "weighted")
 
 
 def _check_share(name: str, value: Any) -> Share:
@@ -164,6 +167,21 @@ class Calibration:
             scaled to the remaining mass.  It takes precedence over ``bos_weight`` /
             ``eos_weight`` when the own key is an isolated key.  ``None`` (default): the
             own key is treated like any other key.
+        trailing: what a *trailing basket* gets -- the last content basket when it is
+            shorter than ``basket_size`` (``C`` not a multiple of B).  ``"basket"``
+            (default, the papers' definition): it is a basket like the others, so every
+            basket gets the same mass however few keys it holds (one extra token can take
+            a whole basket's share).  ``"merge"``: a trailing basket shorter than B (any
+            length 1..B-1) joins the basket before it, so there are ``max(1, floor(C / B))``
+            baskets, each of B keys except the last, which holds B..2B-1; a text with
+            ``C < 2B`` is then one basket and is left unchanged (unless an isolated key or
+            a self-attention share moves mass).  ``"weighted"``: each basket's target mass
+            is proportional to its number of keys (a basket of ``n`` keys counts ``n / B``
+            baskets, so there are ``C / B`` baskets in all and ``"equal"`` isolated keys get
+            ``1 / (C / B + #isolated)``); identical to ``"basket"`` when B divides C.  With
+            a positional prior, a basket's target ``m_b / p_b`` already scales with its size
+            (``p_b`` is a density), so ``"weighted"`` changes only the ``"equal"`` shares
+            there; ``"merge"`` gives the merged basket one prior value, at its centre.
 
     The third variant, *special-token mass* (a target share for the BOS / EOS keys
     distinct from the content baskets), is ``isolate_bos`` / ``isolate_eos`` with
@@ -183,6 +201,7 @@ class Calibration:
     queries: Literal["pool", "all"] | None = None
     prior: PositionalPrior | None = None
     self_share: float | None = None
+    trailing: Trailing = "basket"
 
     def __post_init__(self) -> None:
         b = self.basket_size
@@ -249,6 +268,11 @@ class Calibration:
             ):
                 raise ValueError(f"self_share must be a number in [0, 1] or None; got {rho!r}")
             object.__setattr__(self, "self_share", float(rho))
+        if not isinstance(self.trailing, str) or self.trailing not in TRAILING:
+            raise ValueError(
+                f"trailing must be one of {', '.join(repr(t) for t in TRAILING)} (what a last basket shorter than "
+                f"basket_size gets); got {self.trailing!r}"
+            )
 
     # -- variants -----------------------------------------------------------------------------
     @property
@@ -329,17 +353,21 @@ class Calibration:
             pooling=pooling,
             prior=self.prior,
             self_share=self.self_share,
+            trailing=self.trailing,
         )
 
     # -- (de)serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values; ``prior`` and ``self_share`` only when set (so older settings keep their keys)."""
+        """Plain JSON values; ``prior``, ``self_share`` and ``trailing`` only when not the default (so
+        older settings keep their keys)."""
         d = asdict(self)
         if isinstance(d["layers"], tuple):
             d["layers"] = list(d["layers"])
         for name in ("prior", "self_share"):
             if d[name] is None:
                 del d[name]
+        if d["trailing"] == "basket":
+            del d["trailing"]
         if self.prior is not None:
             d["prior"] = self.prior.to_dict()
         return d
@@ -383,6 +411,8 @@ class Calibration:
             extra.append(f"prior{self.prior.bins}x{len(self.prior.values)}.{self.prior.digest()}")
         if self.self_share is not None:
             extra.append(f"self{self.self_share:g}")
+        if self.trailing != "basket":
+            extra.append(f"trail{self.trailing}")
         tail = ("-" + "-".join(extra)) if extra else ""
         return f"B{self.basket_size}-{layers}-a{self.strength:g}{tail}"
 
@@ -413,6 +443,10 @@ class Calibration:
             parts.append(f"each basket divided by the positional prior ({self.prior.bins} bins)")
         if self.self_share is not None:
             parts.append(f"keeping {self.self_share:g} of each row's self-attention")
+        if self.trailing == "merge":
+            parts.append("a last basket shorter than B merged into the one before")
+        elif self.trailing == "weighted":
+            parts.append("each basket's mass in proportion to its size")
         return ", ".join(parts)
 
     @classmethod
@@ -425,7 +459,8 @@ class Calibration:
         ``+``-separated explicit 0-based indices.  Variants (any combination):
         ``prior=FILE`` (a positional prior, the JSON written by ``posfair estimate-prior``),
         ``self=RHO`` (self-attention share in [0, 1]), ``special=SHARE`` (BOS and EOS
-        isolated, each given ``original``, ``equal`` or a float share).
+        isolated, each given ``original``, ``equal`` or a float share), ``trailing=POLICY``
+        (what a last basket shorter than B gets: ``basket``, ``merge`` or ``weighted``).
         """
         if spec.strip().lower() == "default":
             return cls()
@@ -435,7 +470,7 @@ class Calibration:
         if len(head) != 3 or parts[:3] != head:
             raise ValueError(
                 f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5), optionally followed by "
-                f"prior=FILE, self=RHO or special=SHARE, or 'default'; got {spec!r}"
+                f"prior=FILE, self=RHO, special=SHARE or trailing=POLICY, or 'default'; got {spec!r}"
             )
         b, layers_s, a = head
         try:
@@ -471,9 +506,17 @@ class Calibration:
                             f"special= in calibration spec {spec!r} must be 'original', 'equal' or a float in [0, 1); got {value!r}"
                         ) from None
                 kw.update(isolate_bos=True, isolate_eos=True, bos_weight=share, eos_weight=share)
+            elif name == "trailing":
+                if value not in TRAILING:
+                    raise ValueError(
+                        f"trailing= in calibration spec {spec!r} must be {', '.join(TRAILING[:-1])} or {TRAILING[-1]}; "
+                        f"got {value!r}"
+                    )
+                kw["trailing"] = value
             else:
                 raise ValueError(
-                    f"unknown variant {name!r} in calibration spec {spec!r} (known: prior=FILE, self=RHO, special=SHARE)"
+                    f"unknown variant {name!r} in calibration spec {spec!r} "
+                    f"(known: prior=FILE, self=RHO, special=SHARE, trailing=POLICY)"
                 )
         return cls(basket_size=basket, layers=layers, strength=strength, **kw)
 
@@ -487,6 +530,8 @@ class Calibration:
             out.append(f"self={self.self_share:g}")
         if self.special_share is not None:
             out.append(f"special={self.special_share}")
+        if self.trailing != "basket":
+            out.append(f"trailing={self.trailing}")
         return ",".join(out)
 
 
@@ -540,6 +585,7 @@ class ResolvedCalibration:
     pooling: str
     prior: PositionalPrior | None = None
     self_share: float | None = None
+    trailing: Trailing = "basket"
     layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -552,8 +598,9 @@ class ResolvedCalibration:
 
     def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
         """The keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`) for this calibration
-        in layer ``layer`` (needed when the positional prior is per layer).  ``prior`` / ``self_share`` are
-        included only when set, so a default setting calls the basket functions exactly as before."""
+        in layer ``layer`` (needed when the positional prior is per layer).  ``prior`` / ``self_share`` /
+        ``trailing`` are included only when set (not the default), so a default setting calls the basket
+        functions exactly as before."""
         kw: dict[str, Any] = dict(
             basket_size=self.basket_size,
             strength=self.strength,
@@ -566,4 +613,6 @@ class ResolvedCalibration:
             kw["prior"] = self.prior.density(layer)
         if self.self_share is not None:
             kw["self_share"] = self.self_share
+        if self.trailing != "basket":
+            kw["trailing"] = self.trailing
         return kw

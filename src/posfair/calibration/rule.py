@@ -6,8 +6,9 @@ shorter texts are encoded uncalibrated).  :func:`engine_calibrates` is that rule
 kernel (:mod:`posfair.calibration.baskets`, :mod:`posfair.calibration.fused`) calls it.
 
 Among the texts the formula runs on, it leaves a row exactly unchanged only when the content is
-*one* basket (``C == basket_size``: rescaling the basket to the mass it already has multiplies
-by 1) and nothing else moves mass: no isolated key is given a new share (every isolated key
+*one* basket (:func:`basket_count` is 1: ``C == basket_size``, or with the ``"merge"`` trailing
+policy any ``C < 2 * basket_size``, the short trailing basket joining the first; rescaling the
+one basket to the mass it already has multiplies by 1) and nothing else moves mass: no isolated key is given a new share (every isolated key
 ``"original"``), and no self-attention share below 1 takes mass from the row's own key.
 The positional prior does not matter then (one basket gets the whole content mass whatever its
 prior).  And strength 0 returns the original row.  :func:`row_changes` is that predicate;
@@ -21,12 +22,30 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["engine_calibrates", "one_basket_changes", "row_changes"]
+__all__ = ["basket_count", "engine_calibrates", "one_basket_changes", "row_changes"]
 
 
 def engine_calibrates(n_content: Any, basket_size: int) -> Any:
     """Whether the basket formula runs on a text with ``n_content`` content keys (elementwise)."""
     return n_content >= int(basket_size)
+
+
+def basket_count(n_content: Any, basket_size: int, trailing: str = "basket") -> Any:
+    """The number of content baskets of a text with ``n_content >= basket_size`` content keys (elementwise).
+
+    ``"basket"`` and ``"weighted"``: ``ceil(C / B)`` (a trailing basket shorter than B is a basket of its
+    own; ``"weighted"`` only changes the masses); ``"merge"``: ``floor(C / B)`` (a trailing basket
+    shorter than B joins the one before it).  At least 1 for any ``C`` (texts with ``C < B`` are not
+    calibrated, :func:`engine_calibrates`).
+    """
+    B = int(basket_size)
+    if trailing == "merge":
+        n = n_content // B
+    elif trailing in ("basket", "weighted"):
+        n = (n_content + B - 1) // B
+    else:
+        raise ValueError(f"trailing must be 'basket', 'merge' or 'weighted'; got {trailing!r}")
+    return n + (n < 1)  # max(n, 1), elementwise on ints, numpy arrays and torch tensors
 
 
 def one_basket_changes(
@@ -48,8 +67,11 @@ def row_changes(
     bos_weight: Any,
     eos_weight: Any,
     self_share: float | None = None,
+    trailing: str = "basket",
 ) -> Any:
-    """Whether calibration changes the rows of a text with ``n_content`` content keys (elementwise)."""
+    """Whether calibration changes the rows of a text with ``n_content`` content keys (elementwise):
+    the formula runs and either the content is more than one basket (:func:`basket_count`) or the
+    one basket's row is changed by :func:`one_basket_changes`; never at strength 0."""
     B = int(basket_size)
     runs = engine_calibrates(n_content, B)
     if float(strength) == 0.0:
@@ -61,4 +83,4 @@ def row_changes(
         eos_weight=eos_weight,
         self_share=self_share,
     )
-    return (n_content > B) | (runs & one)
+    return runs & ((basket_count(n_content, B, trailing) > 1) | one)
