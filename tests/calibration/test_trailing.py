@@ -372,6 +372,8 @@ def test_command_line_form():
             "trailing= in calibration spec '16,1,1,trailing=last' must be basket, merge or weighted",
         ),
         ("16,1,1,trailing=merge,trailing=weighted", "gives trailing= twice"),
+        ("16,1,1,self=0.5,self=1", "gives self= twice"),  # stored as self_share: checked by the spec's own name
+        ("16,1,1,special=equal,special=original", "gives special= twice"),
         ("16,1,1,tail=merge", "unknown variant 'tail'.*trailing=POLICY"),
     ]:
         with pytest.raises(ValueError, match=match):

@@ -483,10 +483,12 @@ class Calibration:
         except ValueError:
             raise ValueError(f"strength in calibration spec {spec!r} must be a number; got {a!r}") from None
         kw: dict[str, Any] = {}
+        given: set[str] = set()  # the spec's own names (self= is stored as self_share, special= as four fields)
         for item in tail:
             name, _, value = (x.strip() for x in item.partition("="))
-            if name in kw or (name == "special" and "isolate_bos" in kw):
+            if name in given:
                 raise ValueError(f"calibration spec {spec!r} gives {name}= twice")
+            given.add(name)
             if name == "prior":
                 kw["prior"] = load_prior(value)
             elif name == "self":
