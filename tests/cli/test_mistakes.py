@@ -287,6 +287,24 @@ MISTAKES = [
     # tune
     ("tune-space", "tune --space wide -o {t}/out", "--space wide: must be one of default, paper", None),
     (
+        "tune-test-family",
+        "tune --test-family manual -o {t}/out",
+        "--test-family manual: not a document family of the corpus (families: debian-faq, installation-guide;",
+        None,
+    ),
+    (
+        "tune-test-family-retrieval",
+        "tune --objective retrieval --test-family debian-faq -o {t}/out",
+        "--test-family debian-faq: applies only to --objective fairness",
+        None,
+    ),
+    (
+        "audit-clusters",
+        "audit --clusters bogus -o {t}/out",
+        "--clusters bogus: must be one of set+topic, set, component",
+        None,
+    ),
+    (
         "tune-variant",
         "tune --variants uniform,magic -o {t}/out",
         "--variants uniform,magic: must be one of uniform, prior, self, special",

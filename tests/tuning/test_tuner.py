@@ -13,6 +13,7 @@ import posfair
 from posfair import Calibration
 from posfair import encoding as enc
 from posfair.calibration import STOCK
+from posfair.errors import PosfairInputError
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.retrieval.metrics import harmonic_mean
 from posfair.tuning import (
@@ -291,3 +292,28 @@ def test_search_logs_and_shows_progress(caplog, capsys):
     run_search(FunctionObjective(synthetic), SearchSpace(fine_rounds=0), max_drop=0.1, show_progress_bar=False)
     assert "tuning trials" not in capsys.readouterr().err
     assert res.chosen is not STOCK
+
+
+def test_a_held_out_document_family_is_the_whole_test_split(model, tmp_path):
+    """--test-family: every test document is built from that family's topics only, every dev document from the
+    others'; the split is recorded; a family the corpus lacks is refused with its families named."""
+    from posfair.tuning.objectives import corpus_families, split_topics
+
+    corpus = tiny_corpus(topics=24)
+    corpus["source"] = ["faq" if int(i[-2:]) < 10 else "guide" for i in corpus["id"]]
+    assert corpus_families(corpus) == ["faq", "guide"]
+    topics = split_topics(corpus, 0.5, 0, test_family="faq")
+    assert topics[TEST] == [f"topic{t:02d}" for t in range(10)] and topics[DEV] == [
+        f"topic{t:02d}" for t in range(10, 24)
+    ]
+    obj = FairnessObjective(model, corpus, SETTINGS, store=tmp_path / "cache", test_family="faq")
+    family = dict(zip(corpus["id"], corpus["source"], strict=True))
+    for split, want in ((DEV, {"guide"}), (TEST, {"faq"})):
+        used = {family[t] for inst in obj.instances[split] for d in inst.documents for t in d.topics}
+        assert used == want, (split, used)
+    assert obj.test_fraction == pytest.approx(10 / 24)  # the documents shared by the families' topic counts
+    assert obj.describe()["split_by"] == "family" and obj.describe()["test_family"] == "faq"
+    with pytest.raises(PosfairInputError, match="test family 'manual' is not in the corpus; its families: faq, guide"):
+        split_topics(corpus, 0.5, 0, test_family="manual")
+    with pytest.raises(PosfairInputError, match="has 0 document families"):
+        split_topics(corpus.drop(columns="source"), 0.5, 0, test_family="faq")

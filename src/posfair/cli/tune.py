@@ -128,6 +128,16 @@ def tune(
             help="Share of segment sets (fairness) or documents' queries (retrieval) held out, in (0, 1).",
         ),
     ] = 0.5,
+    test_family: Annotated[
+        str | None,
+        typer.Option(
+            "--test-family",
+            metavar="FAMILY",
+            help="Hold out this document family of the corpus (its 'source' column; the bundled corpus: debian-faq, "
+            "installation-guide) as the test split and tune on the others (fairness objective; run once per "
+            "family to cross-validate). Default: --test-fraction of the topics.",
+        ),
+    ] = None,
     seed: Seed = 0,
     batch_size: BatchSize = 32,
     out: OutTune = Path("posfair-tune"),
@@ -185,6 +195,18 @@ def tune(
         _say_size(bench)  # the tuner halves it into dev and test
     else:
         df = load_corpus(corpus, [lang])
+    if test_family is not None:
+        from posfair.tuning.objectives import corpus_families
+
+        if objective != "fairness":
+            raise PosfairInputError(f"--test-family {test_family}: applies only to --objective fairness")
+        families = corpus_families(df)
+        if test_family not in families or len(families) < 2:
+            known = ", ".join(families) if families else "none (no 'source' column)"
+            raise PosfairInputError(
+                f"--test-family {test_family}: not a document family of the corpus (families: {known}; "
+                "holding one out needs at least 2)"
+            )
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     if objective == "fairness":
         settings = default_fairness_settings(
@@ -208,6 +230,7 @@ def tune(
             cache_dir=cache,
             save_model=save_model,
             lang=lang,
+            test_family=test_family,
             log=lambda msg: con.print(msg, highlight=False, markup=False, soft_wrap=True),
         )
     con.print(summary_markdown(result), markup=False, highlight=False, soft_wrap=True)

@@ -131,10 +131,49 @@ class FunctionObjective(Objective):
         return super().describe() | {"identity": self.identity}
 
 
-def split_topics(corpus: pd.DataFrame, test_fraction: float, seed: int) -> dict[str, list[str]]:
-    """The corpus's topics (``id``) split into dev and test (:func:`split_ids`): no topic is on both sides."""
-    dev, test = split_ids(corpus["id"].astype(str).tolist(), test_fraction, seed)
-    return {DEV: dev, TEST: test}
+#: the corpus column naming each topic's document family (the bundled corpus: ``debian-faq``, ``installation-guide``)
+FAMILY_COLUMN = "source"
+
+
+def corpus_families(corpus: pd.DataFrame) -> list[str]:
+    """The document families of ``corpus`` (column :data:`FAMILY_COLUMN`), sorted; [] when it has none."""
+    if FAMILY_COLUMN not in corpus.columns:
+        return []
+    return sorted(str(f) for f in corpus[FAMILY_COLUMN].dropna().unique())
+
+
+def split_topics(
+    corpus: pd.DataFrame, test_fraction: float, seed: int, test_family: str | None = None
+) -> dict[str, list[str]]:
+    """The corpus's topics (``id``) split into dev and test: no topic is on both sides.
+
+    Without ``test_family``: a seeded split of the topics (:func:`split_ids`, ``test_fraction`` of them held out).
+    With it: the test split is every topic of that document family and dev every topic of the others, so the
+    setting is chosen on documents of another kind than it is tested on (run once per family to cross-validate).
+    """
+    if test_family is None:
+        dev, test = split_ids(corpus["id"].astype(str).tolist(), test_fraction, seed)
+        return {DEV: dev, TEST: test}
+    families = corpus_families(corpus)
+    if len(families) < 2:
+        raise PosfairInputError(
+            f"test family {test_family!r}: the corpus has {len(families)} document families "
+            f"(column {FAMILY_COLUMN!r}); holding one out needs at least 2"
+        )
+    if test_family not in families:
+        raise PosfairInputError(
+            f"test family {test_family!r} is not in the corpus; its families: {', '.join(families)}"
+        )
+    ids = corpus["id"].astype(str)
+    in_test = corpus[FAMILY_COLUMN].astype(str) == test_family
+    test = sorted(set(ids[in_test]))
+    shared = set(test) & set(ids[~in_test])
+    if shared:
+        raise PosfairInputError(
+            f"test family {test_family!r}: {len(shared)} topic ids are in it and in another family "
+            f"(e.g. {sorted(shared)[0]!r}); families must not share topics"
+        )
+    return {DEV: sorted(set(ids[~in_test])), TEST: test}
 
 
 def _prefixed(inst: Instance, split: str) -> Instance:
@@ -186,9 +225,11 @@ class FairnessObjective(Objective):
         test_fraction: float = 0.5,
         seed: int = 0,
         progress: ProgressCallback | None = None,
+        test_family: str | None = None,
     ):
         """``progress(description, total, already_done)``: the audit's encoding progress (see
-        :func:`posfair.fairness.experiment.run_instances`)."""
+        :func:`posfair.fairness.experiment.run_instances`).  ``test_family``: hold out this document family
+        as the test split (:func:`split_topics`) instead of ``test_fraction`` of the topics."""
         if score not in ("spread", "max_abs_beta"):
             raise PosfairInputError(f"the fairness score is 'spread' or 'max_abs_beta'; got {score!r}")
         self.score = score
@@ -200,12 +241,14 @@ class FairnessObjective(Objective):
         self.store = store if isinstance(store, EmbeddingStore) or store is None else EmbeddingStore(store)
         self.progress = progress
         self.corpus_fingerprint = corpus_fingerprint(corpus)
-        self.test_fraction, self.seed = test_fraction, seed
+        self.test_fraction, self.seed, self.test_family = test_fraction, seed, test_family
         self.instances: dict[str, list[Instance]] = {DEV: [], TEST: []}
-        self.topics = split_topics(corpus, test_fraction, seed)
+        self.topics = split_topics(corpus, test_fraction, seed, test_family)
+        if test_family is not None:  # the documents shared by the splits' topic counts
+            self.test_fraction = len(self.topics[TEST]) / (len(self.topics[TEST]) + len(self.topics[DEV]))
         tokenizer = enc.model_tokenizer(model)
         for split in (DEV, TEST):
-            share = test_fraction if split == TEST else 1 - test_fraction
+            share = self.test_fraction if split == TEST else 1 - self.test_fraction
             settings_of_split = dataclasses.replace(
                 self.settings, target_docs=max(1, round(self.settings.target_docs * share))
             )
@@ -227,7 +270,8 @@ class FairnessObjective(Objective):
             "settings": self.settings.to_dict(),
             "test_fraction": self.test_fraction,
             "seed": self.seed,
-            "split_by": "topic",
+            "split_by": "topic" if self.test_family is None else "family",
+            "test_family": self.test_family,
         }
 
     def split_sets(self, split: str) -> list[str]:

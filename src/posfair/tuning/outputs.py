@@ -235,11 +235,18 @@ def variants_table(result: TuneResult) -> Table:
 
 def summary_markdown(result: TuneResult) -> str:
     test = result.test_metrics()
+    family = result.objective.get("test_family")
+    split = (
+        f" Test split: the document family {family}, dev: the corpus's other families (a family it was not tuned on)."
+        if family
+        else ""
+    )
     lines = [
         f"# posfair tune ({result.objective['name']})",
         "",
         f"Chosen: **{result.chosen_label}** ({result.chosen.describe()})"
-        + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)"),
+        + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)")
+        + split,
         "",
         to_markdown(front_table(result)),
         to_markdown(test_table(result)),

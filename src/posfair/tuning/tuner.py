@@ -75,11 +75,17 @@ def make_objective(
     work_dir: str | Path | None = None,
     lang: str = "en",
     progress: ProgressCallback | None = None,
+    test_family: str | None = None,
 ) -> Objective:
-    """A :class:`FairnessObjective` (needs ``corpus``) or :class:`RetrievalObjective` (``benchmark``, or one built from ``corpus``)."""
+    """A :class:`FairnessObjective` (needs ``corpus``) or :class:`RetrievalObjective` (``benchmark``, or one built from
+    ``corpus``).  ``test_family``: the fairness objective's held-out document family (instead of ``test_fraction``)."""
     if isinstance(objective, Objective) or objective not in ("fairness", "retrieval"):
         raise PosfairInputError(f"objective must be 'fairness' or 'retrieval'; got {objective!r}")
     check_objective(objective, corpus, benchmark, score)
+    if test_family is not None and objective != "fairness":
+        raise PosfairInputError(
+            f"test family {test_family!r}: a held-out family applies to the fairness objective only"
+        )
     if objective == "fairness":
         return FairnessObjective(
             model,
@@ -90,6 +96,7 @@ def make_objective(
             test_fraction=test_fraction,
             seed=seed,
             progress=progress,
+            test_family=test_family,
         )
     if benchmark is None:
         if work_dir is None:
@@ -116,6 +123,7 @@ def tune(
     lang: str = "en",
     log: Callable[[str], None] | None = None,
     show_progress_bar: bool | None = None,
+    test_family: str | None = None,
 ) -> TuneResult:
     """Choose a calibration for ``model`` (see :func:`posfair.tuning.trials.run_search`).
 
@@ -123,7 +131,9 @@ def tune(
     ``out_dir/cache``) and the tables, figure and summary are written there; with
     ``save_model`` the model is saved there with the chosen calibration persisted.  ``lang``: the
     language of a retrieval benchmark built from ``corpus`` (the fairness audit's come with ``settings``).
-    ``log`` / ``show_progress_bar``: as :func:`~posfair.tuning.trials.run_search`.
+    ``log`` / ``show_progress_bar``: as :func:`~posfair.tuning.trials.run_search`.  ``test_family``: hold out
+    this document family of ``corpus`` as the test split (fairness objective; run once per family to
+    cross-validate across families).
     """
     with tempfile.TemporaryDirectory(prefix="posfair-tune-") as tmp:
         work = Path(out_dir) if out_dir is not None else Path(tmp)
@@ -143,6 +153,7 @@ def tune(
                 seed=seed,
                 work_dir=work,
                 lang=lang,
+                test_family=test_family,
             )
         )
         result = run_search(
