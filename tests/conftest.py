@@ -10,6 +10,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist (the suite runs on 2 workers, pyproject.toml): one thread each for torch here and in the
+    # processes a test starts, so two workers share 2 cores instead of 4 threads fighting over them
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def minilm():

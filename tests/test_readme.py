@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -90,26 +91,102 @@ def readme_commands() -> list[str]:
     return cmds
 
 
-@pytest.fixture(scope="module")
-def readme_dir(tmp_path_factory) -> Path:
-    """One scratch folder for the README's commands: later ones use what earlier ones made."""
-    return tmp_path_factory.mktemp("readme")
+#: the options by which a README command names what it writes
+_OUTPUT_OPTIONS = ("--out", "-o", "--save-model")
+
+
+def _names(token: str) -> set[str]:
+    """The top-level file or folder names a token may refer to (``a/b`` -> ``a``; ``k=v,w`` -> ``v``, ``w``)."""
+    parts = re.split(r"[=,]", token)
+    return {part.split("/")[0] for part in parts if part and not part.startswith("-")}
+
+
+def readme_chains(cmds: list[str]) -> list[int]:
+    """The chain of each command: a command joins the chain of every earlier command whose output
+    (``--out``, ``-o``, ``--save-model``) it names, merging them; chains share no file, so they can
+    run side by side (pytest-xdist), each in README order in its own folder."""
+    chain_of: list[int] = []
+    writer: dict[str, int] = {}  # top-level output name -> the chain that wrote it
+    new = 0
+    for cmd in cmds:
+        tokens = shlex.split(cmd)
+        outputs = {tokens[i + 1].split("/")[0] for i, t in enumerate(tokens[:-1]) if t in _OUTPUT_OPTIONS}
+        joined = {writer[name] for t in tokens for name in _names(t) if name in writer}
+        if joined:
+            chain = min(joined)
+        else:
+            chain, new = new, new + 1
+        chain_of = [chain if c in joined else c for c in chain_of]
+        writer = {name: (chain if c in joined else c) for name, c in writer.items()}
+        chain_of.append(chain)
+        writer.update(dict.fromkeys(outputs, chain))
+    return chain_of
+
+
+def test_readme_chains_follow_the_files_commands_share():
+    """A command that reads another's output runs after it, in its folder; unrelated commands are apart."""
+    cmds = [
+        "posfair demo",
+        "posfair build-benchmark --out bench --k 3",
+        "posfair audit --docs 4 --out a",
+        "posfair retrieval --benchmark bench --out r",
+        "posfair sweep --benchmark other --cache r/embeddings --out s",
+        "posfair estimate-prior --out prior.json",
+        "posfair attention --calibration 16,0.5,1,prior=prior.json --out att",
+        "posfair verify a",
+        "posfair embed --corpus bench --out a/x",  # joins bench's chain and a's: one chain from here on
+    ]
+    assert readme_chains(cmds) == [0, 1, 1, 1, 1, 3, 3, 1, 1]
+    assert readme_chains(cmds[:-1]) == [0, 1, 2, 1, 1, 3, 3, 2]
 
 
 def test_the_readme_has_commands():
     assert len(readme_commands()) > 5
 
 
-@pytest.mark.parametrize("index", range(len(readme_commands())), ids=lambda i: readme_commands()[i].split()[1][:20])
-def test_every_readme_command_runs(index, readme_dir):
-    """Each command exits 0, run in order in one folder (one test each, so pytest's progress moves)."""
+def _run_readme_command(index: int, folder: Path) -> None:
+    """A README command exits 0 in its chain's folder; the demo's index and the benchmark's size are checked."""
     cmd = readme_commands()[index]
-    res = _run(cmd, readme_dir)
+    res = _run(cmd, folder)
     assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     if index == 0:
-        _check_demo_index(readme_dir / "posfair-demo")
+        _check_demo_index(folder / "posfair-demo")
     if cmd.startswith("posfair build-benchmark"):
-        _check_benchmark_size(readme_dir / "bench")
+        _check_benchmark_size(folder / "bench")
+
+
+def _chain_class(chain: int, indices: list[int]) -> type:
+    """The test class of one chain: its commands, one test each (pytest's progress moves), in README order, in
+    one folder.  pytest-xdist (``--dist loadscope``, pyproject.toml) runs a class on one worker, in order."""
+
+    class Chain:
+        @pytest.fixture(scope="class")
+        def folder(self, tmp_path_factory) -> Path:
+            return tmp_path_factory.mktemp(f"readme-chain{chain}")
+
+        @pytest.mark.parametrize("index", indices, ids=[readme_commands()[i].split()[1][:20] for i in indices])
+        def test_command_runs(self, index, folder):
+            _run_readme_command(index, folder)
+
+    Chain.__name__ = Chain.__qualname__ = f"TestReadmeChain{chain}"
+    return Chain
+
+
+def _define_chain_classes() -> None:
+    chains = readme_chains(readme_commands())
+    for chain in sorted(set(chains)):
+        cls = _chain_class(chain, [i for i, c in enumerate(chains) if c == chain])
+        globals()[cls.__name__] = cls
+
+
+_define_chain_classes()
+
+
+def test_every_readme_command_is_in_one_chain_class():
+    """Every command runs, once: the chain classes' commands are the README's, each in one class."""
+    ran = [i for name, cls in globals().items() if name.startswith("TestReadmeChain")
+           for i in cls.test_command_runs.pytestmark[0].args[1]]  # fmt: skip
+    assert sorted(ran) == list(range(len(readme_commands())))
 
 
 def _check_benchmark_size(path: Path) -> None:

@@ -112,13 +112,19 @@ def test_the_tuner_figures_draw_the_feasibility_line_and_name_the_choice():
 
 
 def test_titles_break_at_spaces_never_inside_a_hyphenated_name():
-    """A model's path in a figure title stays whole (the audit's titles name the model by its path or hub id)."""
+    """A model's name in a figure title is never cut at a hyphen; a path longer than a line breaks after a "/"
+    (the audit's titles name the model by its path or hub id) and every line fits."""
     from posfair.report.plots import _wrap
 
-    name = "/tmp/pytest-of-someone/pytest-153/popen-gw1/tiny-bert-mean0"
-    text = f"Positional fidelity · {name} · token limit 512 · baskets of 4 tokens, every layer, strength 1"
-    wrapped = _wrap(text, 4.0, 8)
+    hub = "intfloat/multilingual-e5-small"
+    text = f"Positional fidelity · {hub} · token limit 512 · baskets of 4 tokens, every layer, strength 1"
+    wrapped = _wrap(text, 3.0, 8)
     lines = wrapped.split("\n")
-    assert len(lines) > 1  # it does wrap at this width
-    assert name in lines  # the name is one line's whole word, not cut at one of its hyphens
+    assert len(lines) > 1 and any(hub in line for line in lines), wrapped  # wrapped, the hub id whole on one line
     assert " ".join(wrapped.split()) == text
+    path = "/tmp/pytest-of-someone/pytest-153/popen-gw1/tiny-bert-mean0"
+    text = f"Positional fidelity · {path} · token limit 512"
+    chars = int(3.0 * 72 / (8 * 0.62))
+    wrapped = _wrap(text, 3.0, 8)
+    assert all(len(line) <= chars for line in wrapped.split("\n")), wrapped
+    assert path in wrapped.replace("/\n", "/") and "tiny-bert-mean0" in wrapped.split("\n")[-2]

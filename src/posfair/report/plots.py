@@ -54,14 +54,29 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
 def _wrap(text: str, width_in: float, fontsize: float) -> str:
     """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` (measured conservatively: 0.62 em a glyph).
 
-    Lines break at spaces only, never inside a word (at a hyphen, or a word longer than a line): a model's
-    path or hub id (``intfloat/multilingual-e5-small``) stays whole, so it reads and searches as written;
-    :func:`layout_problems` checks that the result still fits the canvas.
+    Lines break at spaces, never at a hyphen inside a word: a model's hub id (``intfloat/multilingual-e5-small``)
+    stays whole.  A word longer than a line (a long local path) breaks after a ``/``, the line ending in it,
+    so the path reads on as written (``"/\\n"`` joins it back).
     """
     chars = max(20, int(width_in * 72 / (fontsize * 0.62)))
-    return "\n".join(
-        textwrap.fill(line, chars, break_on_hyphens=False, break_long_words=False) for line in text.split("\n")
-    )
+    out: list[str] = []
+    for line in text.split("\n"):
+        for piece in textwrap.wrap(line, chars, break_on_hyphens=False, break_long_words=False) or [""]:
+            out += _break_after_slashes(piece, chars)
+    return "\n".join(out)
+
+
+def _break_after_slashes(line: str, chars: int) -> list[str]:
+    """``line`` cut after ``/`` characters into lines of at most ``chars`` where it is longer (a line without a
+    ``/`` in reach stays as it is)."""
+    out = []
+    while len(line) > chars:
+        cut = line.rfind("/", 0, chars)
+        if cut <= 0:
+            break
+        out.append(line[: cut + 1])
+        line = line[cut + 1 :]
+    return [*out, line]
 
 
 def finish(fig: Figure, *, title: str = "", subtitle: str = "", handles=None, labels=None, fontsize: float = 8) -> None:
