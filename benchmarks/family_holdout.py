@@ -47,11 +47,12 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="hub id, folder or bundled:multilingual-e5-small (default MiniLM)")
     ap.add_argument("--configs", default="en:3,en:4,de/en:3", help="CONFIG:N, mixed as LEAD/LATER")
     ap.add_argument("--families", default="each", help="held-out families, comma-separated, or 'each'")
-    ap.add_argument("--variants", default="uniform,prior,self,special")
+    ap.add_argument("--variants", default="uniform,prior,self,special,prior+special,self+special")
     ap.add_argument("--max-drop", type=float, default=2.0, help="recall points the constraint allows on dev")
     ap.add_argument("--baskets", default="16,64")
     ap.add_argument("--layers", default="0.5,1.0")
     ap.add_argument("--strengths", default="0.5,1.0")
+    ap.add_argument("--self-shares", default="0.5,1.0", help="self-attention shares of self and its combinations")
     ap.add_argument("--fine-rounds", type=int, default=1)
     ap.add_argument("--docs", type=int, default=120, help="documents per instance at n=3 (n=4: twice)")
     args = ap.parse_args()
@@ -65,7 +66,7 @@ def main() -> None:
         strengths=tuple(float(x) for x in args.strengths.split(",")),
         fine_rounds=args.fine_rounds,
         variants=tuple(args.variants.split(",")),
-        self_shares=(0.5, 1.0),
+        self_shares=tuple(float(x) for x in args.self_shares.split(",")),
         special_shares=("original",),
     )
     rows = []

@@ -202,6 +202,10 @@ def test_variants_match_the_slow_reference(tiny_model, arch):
         Calibration(basket_size=8, layers=0.5, strength=0.8, prior=prior),
         Calibration(basket_size=8, layers=0.5, strength=0.8, self_share=0.5),
         base.with_special(0.05),
+        # the combinations the tuner searches
+        Calibration(basket_size=8, layers=0.5, strength=0.8, prior=prior).with_special("original"),
+        Calibration(basket_size=8, layers=0.5, strength=0.8, self_share=1.0).with_special(0.05),
+        Calibration(basket_size=8, layers=0.5, strength=0.6, prior=prior, self_share=0.5).with_special("equal"),
     ):
         _assert_reference(model, cal)
 

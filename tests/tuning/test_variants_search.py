@@ -53,6 +53,50 @@ def test_every_grid_point_is_tried_as_every_variant():
     assert all(c.prior == PRIOR for c in grid if c.variant == "prior")
 
 
+def test_combinations_pair_their_parts_values_and_are_named_by_their_parts():
+    space = SearchSpace(basket_sizes=(16,), layer_sets=(0.5,), strengths=(1.0,), fine_rounds=0, prior=PRIOR,
+                        variants=("prior+special", "self+special", "prior+self+special"),
+                        self_shares=(0.5, 1.0), special_shares=("original", 0.1))  # fmt: skip
+    grid = space.coarse()
+    # prior+special: one per special share; self+special: 2 x 2; prior+self+special: 2 x 2
+    assert len(grid) == 2 + 4 + 4 and len({c.key() for c in grid}) == len(grid)
+    by = {v: [c for c in grid if c.variant == v] for v in space.variants}
+    assert [len(by[v]) for v in space.variants] == [2, 4, 4]
+    for c in by["self+special"]:
+        assert c.prior is None and c.self_share in (0.5, 1.0) and c.isolate_bos and c.isolate_eos
+    assert {(c.self_share, c.bos_weight) for c in by["self+special"]} == {
+        (r, w) for r in (0.5, 1.0) for w in ("original", 0.1)
+    }
+    assert all(c.prior == PRIOR and c.self_share is None and c.special_share is not None for c in by["prior+special"])
+    # the name is what Calibration says of itself, built either way round
+    base = Calibration(basket_size=16, layers=0.5, strength=1.0)
+    assert base.with_special("equal").variant == "special"
+    assert Calibration(basket_size=16, self_share=0.5).with_special(0.1).variant == "self+special"
+    assert Calibration(basket_size=16, prior=PRIOR, self_share=1.0).variant == "prior+self"
+    assert Calibration(basket_size=16, isolate_bos=True, bos_weight=0.1, self_share=1.0).variant == "self"
+    with pytest.raises(PosfairInputError, match="variants must be among"):
+        SearchSpace(variants=("special+self",))  # parts in their one order only
+
+
+def test_a_combination_is_searched_as_a_variant_of_its_own(tmp_path):
+    def combined(cal, split):
+        if cal is STOCK:
+            return {"score": 1.0, "guard": 1.0}
+        best = {"uniform": 0.5, "self+special": 0.2}[cal.variant]
+        return {"score": best + (cal.strength - 0.75) ** 2, "guard": 1.0 - 0.01 * cal.strength}
+
+    space = SearchSpace(basket_sizes=(16,), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=1,
+                        variants=("uniform", "self+special"), self_shares=(1.0,), special_shares=("original",))  # fmt: skip
+    res = run_search(FunctionObjective(combined), space, max_drop=0.1, results_path=tmp_path / "tune.json")
+    assert (
+        res.chosen.variant == "self+special" and res.chosen.self_share == 1.0 and res.chosen.special_share == "original"
+    )
+    assert res.chosen.strength == 0.75  # the fine round bisected the combination's own line
+    assert set(res.fronts) == {"uniform", "self+special"}
+    assert res.variant_best["uniform"].variant == "uniform"
+    assert json.loads((tmp_path / "tune.json").read_text())["space"]["variants"] == ["uniform", "self+special"]
+
+
 def test_joint_search_fronts_and_test_confirmation(tmp_path):
     res = run_search(FunctionObjective(synthetic), SPACE, max_drop=0.1, results_path=tmp_path / "tune.json")
     assert res.chosen.variant == "prior" and res.chosen.basket_size == 16 and abs(res.chosen.strength - 0.8) < 0.02

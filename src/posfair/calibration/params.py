@@ -18,8 +18,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 Share = Literal["equal", "original"] | float
-#: the variant names (what ``Calibration.variant`` reports and the tuner searches)
-VARIANTS: tuple[str, ...] = ("uniform", "prior", "self", "special")
+#: the parts a variant is made of, in the order a combination names them
+VARIANT_PARTS: tuple[str, ...] = ("prior", "self", "special")
+#: the variant names (what ``Calibration.variant`` reports and the tuner searches): the papers' formula, each
+#: part alone and every combination of parts, named by its parts joined with "+" in VARIANT_PARTS' order
+VARIANTS: tuple[str, ...] = (
+    "uniform",
+    "prior",
+    "self",
+    "special",
+    "prior+self",
+    "prior+special",
+    "self+special",
+    "prior+self+special",
+)
 Pooling = Literal["cls", "mean", "lasttoken"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "lasttoken")
 Trailing = Literal["basket", "merge", "weighted"]
@@ -277,17 +289,12 @@ class Calibration:
     # -- variants -----------------------------------------------------------------------------
     @property
     def variant(self) -> str:
-        """Which variant this setting is: ``"prior"``, ``"self"``, ``"special"`` or ``"uniform"`` (the papers').
-
-        A setting combining several is named by the first of prior, self, special that it uses.
+        """Which variant this setting is: ``"uniform"`` (the papers'), ``"prior"``, ``"self"``, ``"special"``, or a
+        combination named by its parts joined with ``+`` in that order (``"prior+special"``, ``"self+special"``, ...).
         """
-        if self.prior is not None:
-            return "prior"
-        if self.self_share is not None:
-            return "self"
-        if self.special_share is not None:
-            return "special"
-        return "uniform"
+        used = (self.prior is not None, self.self_share is not None, self.special_share is not None)
+        parts = [name for name, on in zip(VARIANT_PARTS, used, strict=True) if on]
+        return "+".join(parts) or "uniform"
 
     @property
     def special_share(self) -> Share | None:

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from posfair.calibration.params import VARIANTS
 from posfair.cli import checks
 from posfair.cli.options import (
     DOCS_DEFAULT,
@@ -80,11 +81,12 @@ def tune(
         list[str],
         typer.Option(
             "--variants",
-            parser=comma_list(choice("uniform", "prior", "self", "special")),
+            parser=comma_list(choice(*VARIANTS)),
             callback=joined,
             metavar="VARIANT,...",
             help="Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
-            "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share).",
+            "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share), "
+            "or a combination joined with + (prior+special, self+special, prior+self, prior+self+special).",
         ),
     ] = (),
     self_shares: Annotated[

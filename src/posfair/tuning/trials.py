@@ -19,7 +19,9 @@ point (basket size, layer set, strength) is tried as each variant -- ``uniform``
 papers' equal mass per basket), ``prior`` (positional-prior calibration; the prior is
 estimated once on the dev split by the objective, per layer for every layer of the model,
 and stored in each trial's calibration), ``self`` (one point per ``self_shares`` value)
-and ``special`` (one point per ``special_shares`` value).  The fine strength search
+and ``special`` (one point per ``special_shares`` value), or a combination of them named
+with ``+`` (``prior+special``, ``self+special``, ...: one point per pairing of its parts'
+values).  The fine strength search
 then runs on the best line of *each* variant (a line = every field but the strength),
 the Pareto front is computed over all dev trials and per variant
 (:attr:`TuneResult.fronts`), and the chosen setting is the best feasible one over all
@@ -143,7 +145,7 @@ class SearchSpace:
                 Calibration().with_special(share)
         except ValueError as exc:
             raise PosfairInputError(str(exc)) from None
-        if "prior" not in self.variants:
+        if not any("prior" in v.split("+") for v in self.variants):
             self.coarse()  # validates every combination (with a prior: once it is known)
 
     @classmethod
@@ -154,21 +156,23 @@ class SearchSpace:
         )
 
     def expand(self, base: Calibration) -> list[Calibration]:
-        """``base`` (the papers' formula) as every variant of the space."""
+        """``base`` (the papers' formula) as every variant of the space; a combination (``"self+special"``) takes
+        every pairing of its parts' values (each of ``self_shares`` with each of ``special_shares``)."""
         out: list[Calibration] = []
         for v in self.variants:
-            if v == "uniform":
-                out.append(base)
-            elif v == "prior":
+            parts = () if v == "uniform" else tuple(v.split("+"))
+            cals = [base]
+            if "prior" in parts:
                 if self.prior is None:
                     raise PosfairInputError(
                         "the prior variant needs a positional prior (SearchSpace.prior, or estimated by the objective)"
                     )
-                out.append(replace(base, prior=self.prior))
-            elif v == "self":
-                out.extend(replace(base, self_share=rho) for rho in self.self_shares)
-            else:
-                out.extend(base.with_special(share) for share in self.special_shares)
+                cals = [replace(c, prior=self.prior) for c in cals]
+            if "self" in parts:
+                cals = [replace(c, self_share=rho) for c in cals for rho in self.self_shares]
+            if "special" in parts:
+                cals = [c.with_special(share) for c in cals for share in self.special_shares]
+            out.extend(cals)
         return out
 
     def coarse(self) -> list[Calibration]:
@@ -807,7 +811,7 @@ def run_search(
     module's logger is at INFO or DEBUG).
     """
     space = space or SearchSpace()
-    if "prior" in space.variants and space.prior is None:
+    if any("prior" in v.split("+") for v in space.variants) and space.prior is None:
         estimate = getattr(objective, "estimate_prior", None)
         if estimate is None:
             raise PosfairInputError(
