@@ -311,6 +311,18 @@ MISTAKES = [
         None,
     ),
     (
+        "tune-variant-order",
+        "tune --variants special+self -o {t}/out",
+        "--variants special+self: must be one of uniform, prior, self, special, prior+self, prior+special, self+special",
+        None,
+    ),
+    (
+        "tune-trailing-policy",
+        "tune --trailing-policies basket,flat -o {t}/out",
+        "--trailing-policies basket,flat: must be one of basket, merge, weighted; got 'flat'",
+        None,
+    ),
+    (
         "tune-self-share",
         "tune --variants self --self-shares 1.5 -o {t}/out",
         "--self-shares 1.5: must be a number in [0, 1]",

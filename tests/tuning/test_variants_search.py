@@ -78,6 +78,30 @@ def test_combinations_pair_their_parts_values_and_are_named_by_their_parts():
         SearchSpace(variants=("special+self",))  # parts in their one order only
 
 
+def test_trailing_policies_are_one_more_grid_dimension_with_a_fine_line_each(tmp_path):
+    space = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=1,
+                        variants=("uniform", "special"), trailings=("basket", "weighted"))  # fmt: skip
+    grid = space.coarse()
+    assert len(grid) == 2 * 2 * 2 * 2 and {c.trailing for c in grid} == {"basket", "weighted"}
+    assert len({c.key() for c in grid}) == len(grid) and all(
+        "trailweighted" in c.label() for c in grid if c.trailing == "weighted"
+    )
+
+    def smooth(cal, split):  # the weighted policy scores better at every point; the guard falls with strength
+        if cal is STOCK:
+            return {"score": 1.0, "guard": 1.0}
+        return {"score": 0.5 - 0.2 * (cal.trailing == "weighted") + (cal.strength - 0.75) ** 2,
+                "guard": 1.0 - 0.01 * cal.strength}  # fmt: skip
+
+    res = run_search(FunctionObjective(smooth), space, max_drop=0.1, results_path=tmp_path / "tune.json")
+    assert res.chosen.trailing == "weighted" and res.chosen.strength == 0.75
+    assert {c.trailing for c in res.variant_best.values()} == {"weighted"}
+    assert json.loads((tmp_path / "tune.json").read_text())["space"]["trailings"] == ["basket", "weighted"]
+    assert "trailings" not in SearchSpace(variants=("uniform", "special")).to_dict()
+    with pytest.raises(PosfairInputError, match="trailing policies must be among basket, merge, weighted"):
+        SearchSpace(trailings=("flat",))
+
+
 def test_a_combination_is_searched_as_a_variant_of_its_own(tmp_path):
     def combined(cal, split):
         if cal is STOCK:

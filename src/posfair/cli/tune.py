@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from posfair.calibration.params import VARIANTS
+from posfair.calibration.params import TRAILING, VARIANTS
 from posfair.cli import checks
 from posfair.cli.options import (
     DOCS_DEFAULT,
@@ -109,6 +109,17 @@ def tune(
             help="BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
         ),
     ] = (),
+    trailing_policies: Annotated[
+        list[str],
+        typer.Option(
+            "--trailing-policies",
+            parser=comma_list(choice(*TRAILING)),
+            callback=joined,
+            metavar="POLICY,...",
+            help="What a short last basket gets, tried at every grid point: basket (the papers': as much as a full "
+            "basket), merge (joined to the basket before it), weighted (mass in proportion to its keys) (default basket).",
+        ),
+    ] = (),
     fine_rounds: Annotated[
         int,
         typer.Option(
@@ -185,6 +196,7 @@ def tune(
         variants=tuple(variants) or ("uniform",),
         self_shares=tuple(self_shares) or base.self_shares,
         special_shares=tuple(special_shares) or base.special_shares,
+        trailings=tuple(trailing_policies) or base.trailings,
     )
     df = bench = settings = None
     if objective == "retrieval" and benchmark is not None:

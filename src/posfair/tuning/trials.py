@@ -21,7 +21,8 @@ estimated once on the dev split by the objective, per layer for every layer of t
 and stored in each trial's calibration), ``self`` (one point per ``self_shares`` value)
 and ``special`` (one point per ``special_shares`` value), or a combination of them named
 with ``+`` (``prior+special``, ``self+special``, ...: one point per pairing of its parts'
-values).  The fine strength search
+values).  ``trailings`` adds the short-last-basket policy (``Calibration.trailing``) as one more
+grid dimension.  The fine strength search
 then runs on the best line of *each* variant (a line = every field but the strength),
 the Pareto front is computed over all dev trials and per variant
 (:attr:`TuneResult.fronts`), and the chosen setting is the best feasible one over all
@@ -66,7 +67,7 @@ from tqdm.auto import tqdm
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
-from posfair.calibration.params import VARIANTS, PositionalPrior
+from posfair.calibration.params import TRAILING, VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.fairness.measures import reversal_text
 from posfair.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
@@ -109,6 +110,8 @@ class SearchSpace:
     special_shares: tuple[Any, ...] = ("original",)
     #: the ``prior`` variant's prior (None: estimated by the objective on the dev split when the search starts)
     prior: PositionalPrior | None = None
+    #: what a short last basket gets (``Calibration.trailing``), tried at every grid point; "basket" = the papers'
+    trailings: tuple[str, ...] = ("basket",)
 
     def __post_init__(self) -> None:
         if not self.basket_sizes or not self.layer_sets or not self.strengths:
@@ -136,6 +139,12 @@ class SearchSpace:
         object.__setattr__(self, "variants", tuple(dict.fromkeys(self.variants)))
         object.__setattr__(self, "self_shares", tuple(dict.fromkeys(float(x) for x in self.self_shares)))
         object.__setattr__(self, "special_shares", tuple(dict.fromkeys(self.special_shares)))
+        bad = [t for t in self.trailings if t not in TRAILING]
+        if bad or not self.trailings:
+            raise PosfairInputError(
+                f"trailing policies must be among {', '.join(TRAILING)}; got {list(self.trailings)}"
+            )
+        object.__setattr__(self, "trailings", tuple(dict.fromkeys(self.trailings)))
         if self.prior is not None:
             object.__setattr__(self, "prior", PositionalPrior.from_dict(self.prior))
         try:
@@ -181,7 +190,8 @@ class SearchSpace:
             for b in self.basket_sizes
             for layers in self.layer_sets
             for a in self.strengths
-            for cal in self.expand(Calibration(basket_size=b, layers=layers, strength=a))
+            for t in self.trailings
+            for cal in self.expand(Calibration(basket_size=b, layers=layers, strength=a, trailing=t))
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,6 +208,8 @@ class SearchSpace:
                 self_shares=list(self.self_shares),
                 special_shares=list(self.special_shares),
             )
+        if self.trailings != ("basket",):  # likewise
+            d["trailings"] = list(self.trailings)
         return d
 
 
