@@ -53,3 +53,27 @@ def test_piped_output_is_plain_and_unwrapped(monkeypatch):
     assert lines[1].split() == HEADER
     piped = console()  # pytest's captured stdout is not a terminal
     assert not piped.is_terminal and piped.soft_wrap and piped.no_color
+
+
+def test_progress_into_a_log_is_one_whole_line_per_bar(capsys):
+    """Piped or redirected (pytest's capture is not a terminal): no bars, no box drawing, no cut
+    descriptions; a bar is written once, when it completes, or at the end as far as it got."""
+    from posfair.cli.progress import progress_bars
+
+    long = "aligned[eng-Latn]: documents (late-mean (64-token windows)) " + "x" * 60
+    with progress_bars() as bar:
+        tick = bar(long, 54)
+        for _ in range(54):
+            tick(1)
+        cached = bar("queries (stock)", 159, done=159)  # answered from the cache: written at once
+        short = bar("shards", 10)
+        short(4)
+        del cached
+        so_far = capsys.readouterr().err.splitlines()
+        assert [line.split(" in ")[0] for line in so_far] == [f"{long}: 54/54", "queries (stock): 159/159"]
+    err = so_far + capsys.readouterr().err.splitlines()
+    assert err[2].split(" in ")[0] == "shards: 4/10" and len(err) == 3
+    assert not BOX & set("".join(err)) and all(line.endswith(" s") for line in err)
+    with progress_bars(complete_on_exit=True) as bar:
+        bar("filled from the cache", 7, done=3)(2)
+    assert capsys.readouterr().err.split(" in ")[0] == "filled from the cache: 7/7"

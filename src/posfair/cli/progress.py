@@ -18,9 +18,16 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
     The library reports progress through such callbacks (``progress=`` of
     ``audit``, ``encode_cached``, ``embed_texts``, ``attention_profile``...);
     ``complete_on_exit`` fills every bar when the block ends without an error
-    (a bar whose items were partly answered from the cache).
+    (a bar whose items were partly answered from the cache).  On a terminal the bars are
+    rich's; when stderr is a file or a pipe, each bar is one plain line written when it
+    completes (or when the block ends): no box drawing, nothing cut to a width.
     """
     from rich.console import Console  # rich is imported only when a command runs
+
+    if not Console(stderr=True).is_terminal:
+        with _plain_lines(complete_on_exit) as bar:
+            yield bar
+        return
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -53,6 +60,50 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
         if complete_on_exit and started:
             for task in started[0].tasks:
                 started[0].update(task.id, completed=task.total)
+
+
+@contextlib.contextmanager
+def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
+    """Progress for a log: ``DESCRIPTION: DONE/TOTAL in 12.3 s`` on stderr, once per bar, when it completes;
+    a bar left short when the block ends is written then, as far as it got (or filled: ``complete_on_exit``)."""
+    import sys
+    import time
+
+    open_bars: list[dict] = []
+
+    def write(state: dict) -> None:
+        if state["written"]:
+            return
+        state["written"] = True
+        elapsed = time.perf_counter() - state["t0"]
+        sys.stderr.write(f"{state['description']}: {state['done']:,}/{state['total']:,} in {elapsed:.1f} s\n")
+        sys.stderr.flush()
+
+    def bar(description: str, total: int, done: int = 0) -> Tick:
+        state = {"description": description, "total": int(total), "done": int(done), "t0": time.perf_counter(),
+                 "written": False}  # fmt: skip
+        open_bars.append(state)
+        if state["done"] >= state["total"] > 0:
+            write(state)  # answered from the cache already
+
+        def tick(k: int) -> None:
+            state["done"] += int(k)
+            if state["done"] >= state["total"]:
+                write(state)
+
+        return tick
+
+    failed = True
+    try:
+        yield bar
+        failed = False
+    finally:
+        for state in open_bars:
+            if complete_on_exit and not failed:
+                state["done"] = state["total"]
+            if failed and not state["written"] and state["done"] == 0:
+                continue  # a bar that never moved says nothing beside the error line
+            write(state)
 
 
 def console():
