@@ -131,3 +131,16 @@ def test_a_calibration_in_words():
     assert Calibration(layers=1.0).describe().startswith("baskets of 128 tokens, every layer")
     assert "layers 3, 4, 5 (0-based)" in Calibration(layers=(3, 4, 5)).describe()
     assert Calibration(self_share=0.25).describe().endswith("keeping 0.25 of each row's self-attention")
+
+
+def test_every_special_share_is_said_in_words():
+    """with_special("original") sets the EOS share to "original", which is not EOS's default: said, not
+    formatted as a number (it raised); numbers and "equal" likewise."""
+    from posfair.calibration import Calibration
+
+    base = Calibration(basket_size=16, layers=0.5, strength=1.0)
+    assert base.with_special("original").describe().endswith(
+        "BOS in its own basket, EOS in its own basket, EOS keeps its original mass"
+    )
+    assert base.with_special("equal").describe().endswith("BOS gets a basket's equal share")
+    assert base.with_special(0.1).describe().endswith("BOS gets 0.1 of the row, EOS gets 0.1 of the row")

@@ -442,10 +442,9 @@ class Calibration:
         if self.isolate_eos is not None:
             parts.append(f"EOS {'in its own basket' if self.isolate_eos else 'in the last basket'}")
         mass = {"original": "keeps its original mass", "equal": "gets a basket's equal share"}
-        if self.bos_weight != "original":
-            parts.append(f"BOS {mass.get(self.bos_weight, f'gets {self.bos_weight:g} of the row')}")
-        if self.eos_weight != "equal":
-            parts.append(f"EOS {mass.get(self.eos_weight, f'gets {self.eos_weight:g} of the row')}")
+        for name, weight, default in (("BOS", self.bos_weight, "original"), ("EOS", self.eos_weight, "equal")):
+            if weight != default:
+                parts.append(f"{name} {mass[weight] if isinstance(weight, str) else f'gets {weight:g} of the row'}")
         if self.prior is not None:
             parts.append(f"each basket divided by the positional prior ({self.prior.bins} bins)")
         if self.self_share is not None:
