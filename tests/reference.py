@@ -143,6 +143,7 @@ class Reference:
                 prior = cal.prior.density(layer) if getattr(cal, "prior", None) is not None else None
                 self_share = getattr(cal, "self_share", None)
                 trailing = getattr(cal, "trailing", "basket")
+                strength = reference_layer_strength(cal, layer)
                 for h in range(H):
                     for r in rows:
                         w[b, h, r] = reference_calibrate_row(
@@ -150,7 +151,7 @@ class Reference:
                             s,
                             e,
                             cal.basket_size,
-                            cal.strength,
+                            strength,
                             cal.isolate_bos,
                             cal.isolate_eos,
                             cal.bos_weight,
@@ -268,3 +269,13 @@ def reference_mode(model, resolved, attention_mask):
             auto.set_attn_implementation(before)
     finally:
         _REF.cal = None
+
+
+def reference_layer_strength(cal, layer: int) -> float:
+    """The strength the reference uses in ``layer``, written out from the definition: with K calibrated layers
+    in ascending order and ``layer`` the k-th (1-based), "rising" gives alpha k / K, "falling" alpha (K - k + 1) / K,
+    "flat" alpha."""
+    schedule = getattr(cal, "schedule", "flat")
+    ordered = sorted(cal.layers)
+    k, K = ordered.index(layer) + 1, len(ordered)
+    return {"flat": cal.strength, "rising": cal.strength * k / K, "falling": cal.strength * (K - k + 1) / K}[schedule]

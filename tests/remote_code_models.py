@@ -48,7 +48,7 @@ from transformers import AutoTokenizer
 
 from posfair.calibration import STOCK
 from posfair.model import bundled_model_path
-from reference import reference_calibrate_row
+from reference import reference_calibrate_row, reference_layer_strength
 
 KINDS = ("functional", "torch", "method", "module", "sdpa", "packed")
 UNPADDED_KIND = "unpadded"  # not in KINDS: calibrates single texts only (see the module docstring)
@@ -333,7 +333,7 @@ def _reference_forward(module, layer: int, resolved):
                 for h in range(H):
                     for r in rows:
                         w[b, h, r] = reference_calibrate_row(
-                            w[b, h, r], s, e, resolved.basket_size, resolved.strength,
+                            w[b, h, r], s, e, resolved.basket_size, reference_layer_strength(resolved, layer),
                             resolved.isolate_bos, resolved.isolate_eos, resolved.bos_weight, resolved.eos_weight,
                             trailing=resolved.trailing,
                         )  # fmt: skip

@@ -139,8 +139,10 @@ def test_every_special_share_is_said_in_words():
     from posfair.calibration import Calibration
 
     base = Calibration(basket_size=16, layers=0.5, strength=1.0)
-    assert base.with_special("original").describe().endswith(
-        "BOS in its own basket, EOS in its own basket, EOS keeps its original mass"
+    assert (
+        base.with_special("original")
+        .describe()
+        .endswith("BOS in its own basket, EOS in its own basket, EOS keeps its original mass")
     )
     assert base.with_special("equal").describe().endswith("BOS gets a basket's equal share")
     assert base.with_special(0.1).describe().endswith("BOS gets 0.1 of the row, EOS gets 0.1 of the row")

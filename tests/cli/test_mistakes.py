@@ -323,6 +323,18 @@ MISTAKES = [
         None,
     ),
     (
+        "tune-strength-schedule",
+        "tune --strength-schedules flat,steep -o {t}/out",
+        "--strength-schedules flat,steep: must be one of flat, rising, falling; got 'steep'",
+        None,
+    ),
+    (
+        "calibration-schedule",
+        "encode -i {t}/in.txt -o {t}/o.npy --calibration 16,1,1,schedule=up",
+        "schedule= in calibration spec '16,1,1,schedule=up' must be flat, rising or falling",
+        None,
+    ),
+    (
         "tune-self-share",
         "tune --variants self --self-shares 1.5 -o {t}/out",
         "--self-shares 1.5: must be a number in [0, 1]",

@@ -37,6 +37,22 @@ POOLINGS: tuple[str, ...] = ("cls", "mean", "lasttoken")
 Trailing = Literal["basket", "merge", "weighted"]
 #: the trailing-basket policies (``Calibration.trailing``); the first is the papers' and the default
 TRAILING: tuple[str, ...] = ("basket", "merge", "weighted")
+Schedule = Literal["flat", "rising", "falling"]
+#: the per-layer strength schedules (``Calibration.schedule``); the first is the papers' and the default
+SCHEDULES: tuple[str, ...] = ("flat", "rising", "falling")
+
+
+def scheduled_strength(strength: float, schedule: str, rank: int, count: int) -> float:
+    """The strength of the ``rank``-th (0-based, from the first) of ``count`` calibrated layers under ``schedule``:
+    ``"flat"`` alpha in every layer; ``"rising"`` alpha * (rank + 1) / count (full strength in the last calibrated
+    layer); ``"falling"`` alpha * (count - rank) / count (full strength in the first)."""
+    if schedule == "flat":
+        return strength
+    if schedule == "rising":
+        return strength * (rank + 1) / count
+    if schedule == "falling":
+        return strength * (count - rank) / count
+    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
 
 
 def _check_share(name: str, value: Any) -> Share:
@@ -194,6 +210,12 @@ class Calibration:
             a positional prior, a basket's target ``m_b / p_b`` already scales with its size
             (``p_b`` is a density), so ``"weighted"`` changes only the ``"equal"`` shares
             there; ``"merge"`` gives the merged basket one prior value, at its centre.
+        schedule: how the strength is spread over the calibrated layers.  ``"flat"``
+            (default, the papers'): ``strength`` in every calibrated layer.  ``"rising"``:
+            the k-th of K calibrated layers (1-based, from the first) gets
+            ``strength * k / K``, full strength in the last.  ``"falling"``:
+            ``strength * (K - k + 1) / K``, full strength in the first.  ``strength`` 0
+            is the stock model under every schedule.
 
     The third variant, *special-token mass* (a target share for the BOS / EOS keys
     distinct from the content baskets), is ``isolate_bos`` / ``isolate_eos`` with
@@ -214,6 +236,7 @@ class Calibration:
     prior: PositionalPrior | None = None
     self_share: float | None = None
     trailing: Trailing = "basket"
+    schedule: Schedule = "flat"
 
     def __post_init__(self) -> None:
         b = self.basket_size
@@ -284,6 +307,11 @@ class Calibration:
             raise ValueError(
                 f"trailing must be one of {', '.join(repr(t) for t in TRAILING)} (what a last basket shorter than "
                 f"basket_size gets); got {self.trailing!r}"
+            )
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"schedule must be one of {', '.join(repr(t) for t in SCHEDULES)} (how the strength is spread over "
+                f"the calibrated layers); got {self.schedule!r}"
             )
 
     # -- variants -----------------------------------------------------------------------------
@@ -361,12 +389,13 @@ class Calibration:
             prior=self.prior,
             self_share=self.self_share,
             trailing=self.trailing,
+            schedule=self.schedule,
         )
 
     # -- (de)serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values; ``prior``, ``self_share`` and ``trailing`` only when not the default (so
-        older settings keep their keys)."""
+        """Plain JSON values; ``prior``, ``self_share``, ``trailing`` and ``schedule`` only when not the default
+        (so older settings keep their keys)."""
         d = asdict(self)
         if isinstance(d["layers"], tuple):
             d["layers"] = list(d["layers"])
@@ -375,6 +404,8 @@ class Calibration:
                 del d[name]
         if d["trailing"] == "basket":
             del d["trailing"]
+        if d["schedule"] == "flat":
+            del d["schedule"]
         if self.prior is not None:
             d["prior"] = self.prior.to_dict()
         return d
@@ -420,6 +451,8 @@ class Calibration:
             extra.append(f"self{self.self_share:g}")
         if self.trailing != "basket":
             extra.append(f"trail{self.trailing}")
+        if self.schedule != "flat":
+            extra.append(self.schedule)
         tail = ("-" + "-".join(extra)) if extra else ""
         return f"B{self.basket_size}-{layers}-a{self.strength:g}{tail}"
 
@@ -453,6 +486,11 @@ class Calibration:
             parts.append("a last basket shorter than B merged into the one before")
         elif self.trailing == "weighted":
             parts.append("each basket's mass in proportion to its size")
+        if self.schedule != "flat":
+            parts.append(
+                f"the strength {self.schedule} linearly over the calibrated layers (full in the "
+                f"{'last' if self.schedule == 'rising' else 'first'})"
+            )
         return ", ".join(parts)
 
     @classmethod
@@ -466,7 +504,8 @@ class Calibration:
         ``prior=FILE`` (a positional prior, the JSON written by ``posfair estimate-prior``),
         ``self=RHO`` (self-attention share in [0, 1]), ``special=SHARE`` (BOS and EOS
         isolated, each given ``original``, ``equal`` or a float share), ``trailing=POLICY``
-        (what a last basket shorter than B gets: ``basket``, ``merge`` or ``weighted``).
+        (what a last basket shorter than B gets: ``basket``, ``merge`` or ``weighted``),
+        ``schedule=SCHEDULE`` (the strength over the calibrated layers: ``flat``, ``rising`` or ``falling``).
         """
         if spec.strip().lower() == "default":
             return cls()
@@ -521,10 +560,17 @@ class Calibration:
                         f"got {value!r}"
                     )
                 kw["trailing"] = value
+            elif name == "schedule":
+                if value not in SCHEDULES:
+                    raise ValueError(
+                        f"schedule= in calibration spec {spec!r} must be {', '.join(SCHEDULES[:-1])} or "
+                        f"{SCHEDULES[-1]}; got {value!r}"
+                    )
+                kw["schedule"] = value
             else:
                 raise ValueError(
                     f"unknown variant {name!r} in calibration spec {spec!r} "
-                    f"(known: prior=FILE, self=RHO, special=SHARE, trailing=POLICY)"
+                    f"(known: prior=FILE, self=RHO, special=SHARE, trailing=POLICY, schedule=SCHEDULE)"
                 )
         return cls(basket_size=basket, layers=layers, strength=strength, **kw)
 
@@ -540,6 +586,8 @@ class Calibration:
             out.append(f"special={self.special_share}")
         if self.trailing != "basket":
             out.append(f"trailing={self.trailing}")
+        if self.schedule != "flat":
+            out.append(f"schedule={self.schedule}")
         return ",".join(out)
 
 
@@ -594,6 +642,7 @@ class ResolvedCalibration:
     prior: PositionalPrior | None = None
     self_share: float | None = None
     trailing: Trailing = "basket"
+    schedule: Schedule = "flat"
     layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -604,6 +653,17 @@ class ResolvedCalibration:
         """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does the prior, not the share)."""
         return self.prior is not None or self.self_share is not None
 
+    def layer_strength(self, layer: int | None = None) -> float:
+        """The strength in layer ``layer`` (:func:`scheduled_strength` over the calibrated layers, in order)."""
+        if self.schedule == "flat":
+            return self.strength
+        if layer is None or layer not in self.layer_set:
+            raise ValueError(
+                f"a {self.schedule} strength schedule needs one of the calibrated layers {list(self.layers)}"
+            )
+        ordered = sorted(self.layers)
+        return scheduled_strength(self.strength, self.schedule, ordered.index(layer), len(ordered))
+
     def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
         """The keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`) for this calibration
         in layer ``layer`` (needed when the positional prior is per layer).  ``prior`` / ``self_share`` /
@@ -611,7 +671,7 @@ class ResolvedCalibration:
         functions exactly as before."""
         kw: dict[str, Any] = dict(
             basket_size=self.basket_size,
-            strength=self.strength,
+            strength=self.layer_strength(layer),
             isolate_bos=self.isolate_bos,
             isolate_eos=self.isolate_eos,
             bos_weight=self.bos_weight,

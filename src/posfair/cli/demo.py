@@ -45,7 +45,6 @@ DEMO_PARTS = (
 def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, inference: dict | None = None):
     """The demo; ``inference``: AuditSettings keywords (``inference``, ``bootstrap_*``), default CR1 + t(G-1).
     Returns the parts run, as (folder, model name, result, paths, seconds)."""
-    import posfair
     from posfair.calibration import Calibration
     from posfair.cli.audit import run_audit
     from posfair.cli.progress import console
@@ -71,7 +70,7 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
             kw["target_docs"] = docs
         kw.update(inference or {})
         settings = AuditSettings(configs=tuple(configs), **kw)
-        model = posfair.load_model(model_name)
+        model = checks.load_model(model_name)
         result, paths, seconds = run_audit(
             model,
             df,

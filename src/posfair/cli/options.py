@@ -133,7 +133,7 @@ CalibrationOption = Annotated[
         metavar="B,LAYERS,STRENGTH[,VARIANT=VALUE]",
         parser=calibration_spec,
         show_default="none (stock)",
-        help="Calibrate with 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json; variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted.",
+        help="Calibrate with 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json; variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted, schedule=flat|rising|falling.",
     ),
 ]
 Calibrations = Annotated[
@@ -143,7 +143,7 @@ Calibrations = Annotated[
         metavar="B,LAYERS,STRENGTH[,VARIANT=VALUE]",
         parser=calibration_spec,
         show_default="none (stock only)",
-        help="A calibration to compare with the stock model, repeatable: 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json; variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted.",
+        help="A calibration to compare with the stock model, repeatable: 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json; variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted, schedule=flat|rising|falling.",
     ),
 ]
 BasketSize = Annotated[

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from posfair.calibration.params import TRAILING, VARIANTS
+from posfair.calibration.params import SCHEDULES, TRAILING, VARIANTS
 from posfair.cli import checks
 from posfair.cli.options import (
     DOCS_DEFAULT,
@@ -120,6 +120,17 @@ def tune(
             "basket), merge (joined to the basket before it), weighted (mass in proportion to its keys) (default basket).",
         ),
     ] = (),
+    strength_schedules: Annotated[
+        list[str],
+        typer.Option(
+            "--strength-schedules",
+            parser=comma_list(choice(*SCHEDULES)),
+            callback=joined,
+            metavar="SCHEDULE,...",
+            help="How the strength is spread over the calibrated layers, tried at every grid point: flat (the papers': "
+            "the strength in each), rising (k-th of K layers: strength k/K), falling (strength (K-k+1)/K) (default flat).",
+        ),
+    ] = (),
     fine_rounds: Annotated[
         int,
         typer.Option(
@@ -197,6 +208,7 @@ def tune(
         self_shares=tuple(self_shares) or base.self_shares,
         special_shares=tuple(special_shares) or base.special_shares,
         trailings=tuple(trailing_policies) or base.trailings,
+        schedules=tuple(strength_schedules) or base.schedules,
     )
     df = bench = settings = None
     if objective == "retrieval" and benchmark is not None:

@@ -21,8 +21,8 @@ estimated once on the dev split by the objective, per layer for every layer of t
 and stored in each trial's calibration), ``self`` (one point per ``self_shares`` value)
 and ``special`` (one point per ``special_shares`` value), or a combination of them named
 with ``+`` (``prior+special``, ``self+special``, ...: one point per pairing of its parts'
-values).  ``trailings`` adds the short-last-basket policy (``Calibration.trailing``) as one more
-grid dimension.  The fine strength search
+values).  ``trailings`` adds the short-last-basket policy (``Calibration.trailing``) and ``schedules``
+the per-layer strength schedule (``Calibration.schedule``) as grid dimensions.  The fine strength search
 then runs on the best line of *each* variant (a line = every field but the strength),
 the Pareto front is computed over all dev trials and per variant
 (:attr:`TuneResult.fronts`), and the chosen setting is the best feasible one over all
@@ -67,7 +67,7 @@ from tqdm.auto import tqdm
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
-from posfair.calibration.params import TRAILING, VARIANTS, PositionalPrior
+from posfair.calibration.params import SCHEDULES, TRAILING, VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
 from posfair.fairness.measures import reversal_text
 from posfair.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
@@ -112,6 +112,8 @@ class SearchSpace:
     prior: PositionalPrior | None = None
     #: what a short last basket gets (``Calibration.trailing``), tried at every grid point; "basket" = the papers'
     trailings: tuple[str, ...] = ("basket",)
+    #: how the strength is spread over the calibrated layers (``Calibration.schedule``); "flat" = the papers'
+    schedules: tuple[str, ...] = ("flat",)
 
     def __post_init__(self) -> None:
         if not self.basket_sizes or not self.layer_sets or not self.strengths:
@@ -145,6 +147,12 @@ class SearchSpace:
                 f"trailing policies must be among {', '.join(TRAILING)}; got {list(self.trailings)}"
             )
         object.__setattr__(self, "trailings", tuple(dict.fromkeys(self.trailings)))
+        bad = [t for t in self.schedules if t not in SCHEDULES]
+        if bad or not self.schedules:
+            raise PosfairInputError(
+                f"strength schedules must be among {', '.join(SCHEDULES)}; got {list(self.schedules)}"
+            )
+        object.__setattr__(self, "schedules", tuple(dict.fromkeys(self.schedules)))
         if self.prior is not None:
             object.__setattr__(self, "prior", PositionalPrior.from_dict(self.prior))
         try:
@@ -191,7 +199,8 @@ class SearchSpace:
             for layers in self.layer_sets
             for a in self.strengths
             for t in self.trailings
-            for cal in self.expand(Calibration(basket_size=b, layers=layers, strength=a, trailing=t))
+            for sch in self.schedules
+            for cal in self.expand(Calibration(basket_size=b, layers=layers, strength=a, trailing=t, schedule=sch))
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,6 +219,8 @@ class SearchSpace:
             )
         if self.trailings != ("basket",):  # likewise
             d["trailings"] = list(self.trailings)
+        if self.schedules != ("flat",):
+            d["schedules"] = list(self.schedules)
         return d
 
 
