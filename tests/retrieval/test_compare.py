@@ -37,11 +37,26 @@ def test_changes_and_intervals_by_hand():
     assert d.loc["late", "d_harm"] == pytest.approx(100 * (h_late - h_stock))
     assert d.loc["late", "ndcg_verdict"] == "higher" and d.loc["late", "harm_verdict"] == "higher"
     assert d.loc["late", "d_harm_low"] > 0
+    # PSI = 1 - min / max of the group means: stock 1 - .35/.875 = .6, late 1 - .7/.9 = .2222
+    assert d.loc["late", "d_psi"] == pytest.approx((1 - 0.7 / 0.9) - (1 - 0.35 / 0.875))
+    draws = []  # the documented resampling: each group's queries within the group, one generator, groups in order
+    rng = np.random.default_rng(0)
+    picks = [rng.integers(0, 4, size=(2000, 4)) for _ in GROUPS]
+    for b in range(2000):
+        sm = [stock.ndcg[np.array(idx)[p[b]]].mean() for idx, p in zip(GROUPS.values(), picks, strict=True)]
+        lm = [better.ndcg[np.array(idx)[p[b]]].mean() for idx, p in zip(GROUPS.values(), picks, strict=True)]
+        draws.append((1 - min(lm) / max(lm)) - (1 - min(sm) / max(sm)))
+    assert d.loc["late", "d_psi_low"] == pytest.approx(np.quantile(draws, 0.025))
+    assert d.loc["late", "d_psi_high"] == pytest.approx(np.quantile(draws, 0.975))
+    assert d.loc["late", "psi_verdict"] == "lower" and d.loc["sea", "psi_verdict"] == "no difference shown"
     # identical to stock: no difference, a zero-width interval
     assert (d.loc["sea", "d_ndcg"], d.loc["sea", "d_ndcg_low"], d.loc["sea", "d_ndcg_high"]) == (0, 0, 0)
     assert d.loc["sea", "ndcg_verdict"] == "no difference shown"
     table = differences_table([stock, better, same])
     assert table.frame.loc["late", "nDCG@10 vs stock"] == "higher" and "2000 draws, seed 0" in table.caption
+    assert table.frame.loc["late", "PSI vs stock"] == "lower" and table.frame.loc["late", "ΔPSI [95 %]"].startswith(
+        "-0.378 ["
+    )
 
 
 def test_verdict_and_refusals():

@@ -2,9 +2,10 @@
 
 For each evaluated setting other than stock: the change of aggregate nDCG@10 (mean of the
 per-query differences, resampled over queries) and of Harm (the harmonic mean of the group
-means, queries resampled within each positional group), both x100 with 95 % percentile
-intervals from :mod:`posfair.intervals` (seeded).  A setting is called higher or lower than
-stock only when its interval excludes 0.
+means, queries resampled within each positional group), both x100, and of PSI (1 - min / max
+of the group means, same resampling; lower = less sensitive to the answer's position), each
+with a 95 % percentile interval from :mod:`posfair.intervals` (seeded).  A setting is called
+higher or lower than stock only when its interval excludes 0.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pandas as pd
 from posfair.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
 from posfair.report.tables import Table
 from posfair.retrieval.evaluator import RetrievalResult
-from posfair.retrieval.metrics import harmonic_mean
+from posfair.retrieval.metrics import harmonic_mean, psi
 
 __all__ = ["differences_from_stock", "differences_table", "verdict"]
 
@@ -36,9 +37,15 @@ def _harm_change(groups: list[np.ndarray]) -> float:
     return harmonic_mean([g[:, 1].mean() for g in groups]) - harmonic_mean([g[:, 0].mean() for g in groups])
 
 
+def _psi_change(groups: list[np.ndarray]) -> float:
+    """PSI(setting) - PSI(stock) from per-group arrays of (stock, setting) nDCG pairs."""
+    return psi([g[:, 1].mean() for g in groups]) - psi([g[:, 0].mean() for g in groups])
+
+
 def differences_from_stock(results: Sequence[RetrievalResult]) -> pd.DataFrame:
     """One row per evaluated non-stock setting: ``setting, queries, d_ndcg, d_ndcg_low, d_ndcg_high, ndcg_verdict``
-    and, when the results record their groups, ``d_harm, d_harm_low, d_harm_high, harm_verdict`` (x100)."""
+    and, when the results record their groups, ``d_harm, d_harm_low, d_harm_high, harm_verdict`` (x100) and
+    ``d_psi, d_psi_low, d_psi_high, psi_verdict`` (PSI's own scale, 0..1)."""
     stock = next((r for r in results if r.method == "stock" and r.evaluated), None)
     if stock is None:
         return pd.DataFrame()
@@ -67,6 +74,13 @@ def differences_from_stock(results: Sequence[RetrievalResult]) -> pd.DataFrame:
                 "d_harm_high": 100 * h_high,
                 "harm_verdict": verdict(h_low, h_high),
             }
+            p_low, p_high = grouped_interval(pairs, _psi_change)
+            row |= {
+                "d_psi": _psi_change(pairs),
+                "d_psi_low": p_low,
+                "d_psi_high": p_high,
+                "psi_verdict": verdict(p_low, p_high),
+            }
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -88,11 +102,17 @@ def differences_table(results: Sequence[RetrievalResult]) -> Table | None:
             for r in d.itertuples()
         ]
         cells["Harm vs stock"] = d["harm_verdict"].fillna("")
+        cells["ΔPSI [95 %]"] = [
+            "" if pd.isna(r.d_psi) else f"{r.d_psi:+.3f} [{r.d_psi_low:+.3f}, {r.d_psi_high:+.3f}]"
+            for r in d.itertuples()
+        ]
+        cells["PSI vs stock"] = d["psi_verdict"].fillna("")
     frame = pd.DataFrame(cells).set_index("setting")
     return Table(
-        f"{name} - change from stock (x100) with paired 95 % bootstrap intervals",
+        f"{name} - change from stock (nDCG@10, Harm x100; PSI 0-1, lower = less position-sensitive) with paired 95 % "
+        "bootstrap intervals",
         frame,
-        f"Paired bootstrap over the {int(d['queries'].iloc[0])} queries (Harm: resampled within each positional group), "
+        f"Paired bootstrap over the {int(d['queries'].iloc[0])} queries (Harm, PSI: resampled within each positional group), "
         f"{BOOTSTRAP_DRAWS} draws, seed {BOOTSTRAP_SEED}; a setting is called higher or lower only when its interval "
         "excludes 0.",
         "table_differences",
