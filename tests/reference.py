@@ -279,3 +279,13 @@ def reference_layer_strength(cal, layer: int) -> float:
     ordered = sorted(cal.layers)
     k, K = ordered.index(layer) + 1, len(ordered)
     return {"flat": cal.strength, "rising": cal.strength * k / K, "falling": cal.strength * (K - k + 1) / K}[schedule]
+
+
+def fast_and_reference(model, texts, cal):
+    """(posfair's sentence embeddings of ``texts`` under ``cal``, the same through the float64 reference)."""
+    features = model.tokenize(texts)
+    with torch.no_grad(), model.using(cal):
+        fast = model(features)["sentence_embedding"]
+    with torch.no_grad(), reference_mode(model, model.transformer_module.resolve(cal), features["attention_mask"]):
+        ref = model(model.tokenize(texts))["sentence_embedding"]
+    return fast, ref

@@ -360,3 +360,15 @@ def reference_encode(model, texts, resolved, **encode_kwargs):
     finally:
         for mod in mods:
             del mod.forward
+
+
+def assert_every_kind_matches_the_reference(remote_model, pooling: str, texts, cal, atol: float = 1e-5) -> None:
+    """Each remote-code kind, encoding ``texts`` with ``cal`` through posfair, == the functional kind's float64
+    reference (``remote_model``: the conftest fixture building a kind with a pooling)."""
+    import numpy as np
+
+    ref_model = remote_model("functional", pooling)
+    ref = reference_encode(ref_model, texts, ref_model.transformer_module.resolve(cal), batch_size=len(texts))
+    for kind in KINDS:
+        got = remote_model(kind, pooling).encode(texts, calibration=cal, batch_size=len(texts))
+        np.testing.assert_allclose(got, ref, atol=atol, rtol=0, err_msg=f"{kind} {cal.label()}")

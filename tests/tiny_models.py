@@ -7,6 +7,7 @@ path; tests load it with ``posfair.load_model(path, pooling=...)``.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -87,3 +88,25 @@ def build_tiny_model(arch: str, folder: Path, seed: int = 0, **overrides: object
     extra = {"model_input_names": ["input_ids", "attention_mask"]} if arch == "modernbert" else {}
     AutoTokenizer.from_pretrained(bundled_model_path(), **extra).save_pretrained(folder)
     return folder, pooling
+
+
+def skip_without_registry(model, arch: str, elsewhere: str) -> None:
+    """Skip, by name, a test of the registry's explicit path when ``model`` does not reach transformers'
+    attention registry (transformers 4.x); ``elsewhere``: which test covers that stack instead."""
+    import pytest
+
+    if model.mechanism != "registry":
+        pytest.skip(
+            f"on transformers 4.x {arch} does not reach the attention registry, so the registry's explicit path "
+            f"does not exist there ({elsewhere})"
+        )
+
+
+@contextlib.contextmanager
+def eager_attention(model):
+    """Within: the registry's explicit path (the eager base class); SDPA again after."""
+    model.transformer_module.set_attention_base("eager")
+    try:
+        yield
+    finally:
+        model.transformer_module.set_attention_base("sdpa")

@@ -12,7 +12,7 @@ import posfair.model as pm
 from posfair import Calibration, compat
 from posfair.calibration import STOCK
 from reference import reference_mode
-from tiny_models import ARCHS, expected_mechanism
+from tiny_models import ARCHS, eager_attention, expected_mechanism, skip_without_registry
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -93,17 +93,10 @@ def test_registry_and_fallback_paths_agree(tiny_model, tiny_model_path, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_eager_explicit_path_matches_fast_path(tiny_model, arch):
     model = tiny_model(arch)
-    if model.mechanism != "registry":
-        pytest.skip(
-            f"on transformers 4.x {arch} does not reach the attention registry, so the registry's explicit path "
-            f"does not exist there (test_registry_and_fallback_paths_agree compares its eager and SDPA classes)"
-        )
+    skip_without_registry(model, arch, "test_registry_and_fallback_paths_agree compares its eager and SDPA classes")
     fast, _ = forward(model, TEXTS, CAL)
-    model.transformer_module.set_attention_base("eager")
-    try:
+    with eager_attention(model):
         slow, _ = forward(model, TEXTS, CAL)
-    finally:
-        model.transformer_module.set_attention_base("sdpa")
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
 
 

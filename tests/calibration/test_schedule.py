@@ -22,18 +22,14 @@ import posfair.calibration.fused as fused
 from posfair import Calibration
 from posfair.calibration.params import SCHEDULES, PositionalPrior
 from posfair.tuning import SearchSpace
-from reference import reference_mode
+from reference import fast_and_reference
+from tiny_models import eager_attention
 
 TEXTS = [" ".join(["word"] * 25), " ".join(["alpha", "beta"] * 10), "gamma delta " * 6]
 
 
 def _fast_and_reference(model, cal, texts=TEXTS):
-    features = model.tokenize(texts)
-    with torch.no_grad(), model.using(cal):
-        fast = model(features)["sentence_embedding"]
-    with torch.no_grad(), reference_mode(model, model.transformer_module.resolve(cal), features["attention_mask"]):
-        ref = model(model.tokenize(texts))["sentence_embedding"]
-    return fast, ref
+    return fast_and_reference(model, texts, cal)
 
 
 def test_each_layers_strength_by_hand():
@@ -82,27 +78,20 @@ def test_tiled_and_eager_paths_and_the_variants_match_the_reference(tiny_model, 
     tiled, ref = _fast_and_reference(model, Calibration(basket_size=8, layers=1.0, strength=1.0, schedule="rising"))
     torch.testing.assert_close(tiled, ref, atol=1e-5, rtol=0)
     if model.mechanism == "registry":  # transformers 5.x: the registry's eager explicit path
-        model.transformer_module.set_attention_base("eager")
-        try:
+        with eager_attention(model):
             eager, _ = _fast_and_reference(model, cals[0])
-        finally:
-            model.transformer_module.set_attention_base("sdpa")
         torch.testing.assert_close(eager, _fast_and_reference(model, cals[0])[1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_remote_code_models_match_the_reference(remote_model, pooling):
     """The fallback (softmax and SDPA intercepted) on remote-code models == their float64 reference."""
-    from remote_code_models import KINDS, reference_encode
+    from remote_code_models import assert_every_kind_matches_the_reference
 
     texts = [" ".join(["word"] * 13), "alpha beta " * 5]
     for schedule in ("rising", "falling"):
         cal = Calibration(basket_size=4, layers=1.0, strength=1.0, schedule=schedule)
-        ref_model = remote_model("functional", pooling)
-        ref = reference_encode(ref_model, texts, ref_model.transformer_module.resolve(cal), batch_size=len(texts))
-        for kind in KINDS:
-            got = remote_model(kind, pooling).encode(texts, calibration=cal, batch_size=len(texts))
-            np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0, err_msg=f"{kind} {schedule}")
+        assert_every_kind_matches_the_reference(remote_model, pooling, texts, cal)
 
 
 def test_strength_zero_is_stock_under_every_schedule(tiny_model):

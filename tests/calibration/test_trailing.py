@@ -27,8 +27,8 @@ from posfair.calibration.baskets import basket_weights, calibrate_rows, calibrat
 from posfair.calibration.coverage import calibrated_mask, calibration_coverage
 from posfair.calibration.params import TRAILING, PositionalPrior
 from posfair.calibration.rule import basket_count
-from reference import reference_calibrate_row, reference_mode, reference_prior
-from tiny_models import ARCHS
+from reference import fast_and_reference, reference_calibrate_row, reference_prior
+from tiny_models import ARCHS, eager_attention, skip_without_registry
 
 ROW = [0.1, 0.4, 0.2, 0.1, 0.2, 0.0]  # valid keys 0..4 (C = 5, B = 2: slots {0,1} {2,3} {4}), key 5 padding
 #: the basket masses by hand: slot masses 0.5, 0.3, 0.2
@@ -187,15 +187,6 @@ def _texts(B: int) -> list[str]:
     return [" ".join(["word"] * (3 * B + 1)), " ".join(["alpha", "beta"] * (B + B // 4)), "gamma delta"]
 
 
-def _fast_and_reference(model, texts, cal):
-    features = model.tokenize(texts)
-    with torch.no_grad(), model.using(cal):
-        fast = model(features)["sentence_embedding"]
-    with torch.no_grad(), reference_mode(model, model.transformer_module.resolve(cal), features["attention_mask"]):
-        ref = model(model.tokenize(texts))["sentence_embedding"]
-    return fast, ref
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_architecture_matches_the_reference(tiny_model, arch):
     """Registry kernels (pooling row; fused and tiled all-rows for mean pooling) == the float64 reference,
@@ -205,7 +196,7 @@ def test_every_architecture_matches_the_reference(tiny_model, arch):
     got = {}
     for policy in TRAILING:
         cal = Calibration(basket_size=8, layers=0.5, strength=1.0, trailing=policy)
-        fast, ref = _fast_and_reference(model, texts, cal)
+        fast, ref = fast_and_reference(model, texts, cal)
         torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
         got[policy] = fast
     for a, b in itertools.combinations(TRAILING, 2):
@@ -217,9 +208,9 @@ def test_tiled_all_rows_path_matches_the_reference(tiny_model, monkeypatch, poli
     model = tiny_model("bert-mean")
     texts = _texts(8)
     cal = Calibration(basket_size=8, layers=0.5, strength=0.8, trailing=policy)
-    fast, ref = _fast_and_reference(model, texts, cal)
+    fast, ref = fast_and_reference(model, texts, cal)
     monkeypatch.setattr(fused, "ENABLED", False)
-    tiled, _ = _fast_and_reference(model, texts, cal)
+    tiled, _ = fast_and_reference(model, texts, cal)
     torch.testing.assert_close(tiled, ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
 
@@ -227,19 +218,12 @@ def test_tiled_all_rows_path_matches_the_reference(tiny_model, monkeypatch, poli
 @pytest.mark.parametrize("policy", ["merge", "weighted"])
 def test_eager_explicit_path_matches_the_reference(tiny_model, policy):
     model = tiny_model("bert-mean")
-    if model.mechanism != "registry":
-        pytest.skip(
-            "on transformers 4.x BERT does not reach the attention registry, so the registry's eager explicit "
-            "path does not exist there (the intercepted-SDPA tests below cover that stack)"
-        )
+    skip_without_registry(model, "bert-mean", "the intercepted-SDPA tests below cover that stack")
     texts = _texts(8)
     cal = Calibration(basket_size=8, layers=0.5, strength=0.8, trailing=policy)
-    _, ref = _fast_and_reference(model, texts, cal)
-    model.transformer_module.set_attention_base("eager")
-    try:
-        eager, _ = _fast_and_reference(model, texts, cal)
-    finally:
-        model.transformer_module.set_attention_base("sdpa")
+    _, ref = fast_and_reference(model, texts, cal)
+    with eager_attention(model):
+        eager, _ = fast_and_reference(model, texts, cal)
     torch.testing.assert_close(eager, ref, atol=1e-5, rtol=0)
 
 
@@ -267,16 +251,11 @@ def test_intercepted_sdpa_fallback_matches_the_registry(tiny_model, tiny_model_p
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_remote_code_softmax_and_sdpa_match_the_reference(remote_model, pooling):
     """The fallback's softmax and SDPA interception on remote-code models == the remote models' float64 reference."""
-    from remote_code_models import KINDS, reference_encode
+    from remote_code_models import assert_every_kind_matches_the_reference
 
-    texts = _texts(4)
     for policy in ("merge", "weighted"):
         cal = Calibration(basket_size=4, layers=0.75, strength=1.0, trailing=policy)
-        ref_model = remote_model("functional", pooling)
-        ref = reference_encode(ref_model, texts, ref_model.transformer_module.resolve(cal), batch_size=len(texts))
-        for kind in KINDS:
-            got = remote_model(kind, pooling).encode(texts, calibration=cal, batch_size=len(texts))
-            np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0, err_msg=f"{kind} {policy}")
+        assert_every_kind_matches_the_reference(remote_model, pooling, _texts(4), cal)
 
 
 @pytest.mark.parametrize("arch", ["bert", "bert-mean", "qwen3"])
@@ -292,7 +271,7 @@ def test_variants_with_a_policy_match_the_reference(tiny_model, arch):
             Calibration(basket_size=8, layers=0.5, strength=0.8, self_share=0.5, trailing=policy),
             base.with_special("equal"),
         ):
-            fast, ref = _fast_and_reference(model, texts, cal)
+            fast, ref = fast_and_reference(model, texts, cal)
             torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
 
 

@@ -42,6 +42,10 @@ Schedule = Literal["flat", "rising", "falling"]
 SCHEDULES: tuple[str, ...] = ("flat", "rising", "falling")
 
 
+#: the calibration fields whose command-line value is one of a few names (``trailing=merge``, ``schedule=rising``)
+_NAMED_FIELDS: dict[str, tuple[str, ...]] = {"trailing": TRAILING, "schedule": SCHEDULES}
+
+
 def scheduled_strength(strength: float, schedule: str, rank: int, count: int) -> float:
     """The strength of the ``rank``-th (0-based, from the first) of ``count`` calibrated layers under ``schedule``:
     ``"flat"`` alpha in every layer; ``"rising"`` alpha * (rank + 1) / count (full strength in the last calibrated
@@ -553,20 +557,14 @@ class Calibration:
                             f"special= in calibration spec {spec!r} must be 'original', 'equal' or a float in [0, 1); got {value!r}"
                         ) from None
                 kw.update(isolate_bos=True, isolate_eos=True, bos_weight=share, eos_weight=share)
-            elif name == "trailing":
-                if value not in TRAILING:
+            elif name in _NAMED_FIELDS:
+                allowed = _NAMED_FIELDS[name]
+                if value not in allowed:
                     raise ValueError(
-                        f"trailing= in calibration spec {spec!r} must be {', '.join(TRAILING[:-1])} or {TRAILING[-1]}; "
+                        f"{name}= in calibration spec {spec!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}; "
                         f"got {value!r}"
                     )
-                kw["trailing"] = value
-            elif name == "schedule":
-                if value not in SCHEDULES:
-                    raise ValueError(
-                        f"schedule= in calibration spec {spec!r} must be {', '.join(SCHEDULES[:-1])} or "
-                        f"{SCHEDULES[-1]}; got {value!r}"
-                    )
-                kw["schedule"] = value
+                kw[name] = value
             else:
                 raise ValueError(
                     f"unknown variant {name!r} in calibration spec {spec!r} "

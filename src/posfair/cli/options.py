@@ -25,6 +25,7 @@ option values) are imported here, so ``posfair --help`` stays fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -524,3 +525,8 @@ BootstrapSeed = Annotated[
         help="--inference wild: seed of the bootstrap weights.",
     ),
 ]
+
+
+def list_option(flag: str, item: Callable[[str], Any], metavar: str, help: str) -> Any:
+    """A comma-separated, repeatable list option (``--flag a,b --flag c``), each item parsed by ``item``."""
+    return typer.Option(flag, parser=comma_list(item), callback=joined, metavar=metavar, help=help)

@@ -29,8 +29,9 @@ from posfair.cli.options import (
     SpaceChoice,
     Strengths,
     TrustRemoteCode,
+    list_option,
 )
-from posfair.cli.parsers import choice, comma_list, integer, joined, number, special_share
+from posfair.cli.parsers import choice, integer, number, special_share
 
 
 def tune(
@@ -79,55 +80,47 @@ def tune(
     strengths: Strengths = (),
     variants: Annotated[
         list[str],
-        typer.Option(
+        list_option(
             "--variants",
-            parser=comma_list(choice(*VARIANTS)),
-            callback=joined,
-            metavar="VARIANT,...",
-            help="Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
+            choice(*VARIANTS),
+            "VARIANT,...",
+            "Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
             "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share), "
             "or a combination joined with + (prior+special, self+special, prior+self, prior+self+special).",
         ),
     ] = (),
     self_shares: Annotated[
         list[float],
-        typer.Option(
-            "--self-shares",
-            parser=comma_list(number(0, 1)),
-            callback=joined,
-            metavar="RHO,...",
-            help="Self-attention shares tried by the self variant (default 0.5,1).",
+        list_option(
+            "--self-shares", number(0, 1), "RHO,...", "Self-attention shares tried by the self variant (default 0.5,1)."
         ),
     ] = (),
     special_shares: Annotated[
         list[str],
-        typer.Option(
+        list_option(
             "--special-shares",
-            parser=comma_list(special_share),
-            callback=joined,
-            metavar="SHARE,...",
-            help="BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
+            special_share,
+            "SHARE,...",
+            "BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
         ),
     ] = (),
     trailing_policies: Annotated[
         list[str],
-        typer.Option(
+        list_option(
             "--trailing-policies",
-            parser=comma_list(choice(*TRAILING)),
-            callback=joined,
-            metavar="POLICY,...",
-            help="What a short last basket gets, tried at every grid point: basket (the papers': as much as a full "
+            choice(*TRAILING),
+            "POLICY,...",
+            "What a short last basket gets, tried at every grid point: basket (the papers': as much as a full "
             "basket), merge (joined to the basket before it), weighted (mass in proportion to its keys) (default basket).",
         ),
     ] = (),
     strength_schedules: Annotated[
         list[str],
-        typer.Option(
+        list_option(
             "--strength-schedules",
-            parser=comma_list(choice(*SCHEDULES)),
-            callback=joined,
-            metavar="SCHEDULE,...",
-            help="How the strength is spread over the calibrated layers, tried at every grid point: flat (the papers': "
+            choice(*SCHEDULES),
+            "SCHEDULE,...",
+            "How the strength is spread over the calibrated layers, tried at every grid point: flat (the papers': "
             "the strength in each), rising (k-th of K layers: strength k/K), falling (strength (K-k+1)/K) (default flat).",
         ),
     ] = (),
