@@ -55,11 +55,12 @@ def main() -> None:
     ap.add_argument("--self-shares", default="0.5,1.0", help="self-attention shares of self and its combinations")
     ap.add_argument("--fine-rounds", type=int, default=1)
     ap.add_argument("--docs", type=int, default=120, help="documents per instance at n=3 (n=4: twice)")
+    ap.add_argument("--max-seq-length", type=int, default=None, help="the model's token limit (default: its own)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     store = EmbeddingStore(args.out / "cache")
-    model = posfair.load_model(args.model) if args.model else posfair.load_model()
+    model = posfair.load_model(args.model, max_seq_length=args.max_seq_length)
     space = SearchSpace(
         basket_sizes=tuple(int(x) for x in args.baskets.split(",")),
         layer_sets=tuple(float(x) if "." in x else int(x) for x in args.layers.split(",")),
