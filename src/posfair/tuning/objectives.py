@@ -84,8 +84,9 @@ class Objective:
         return None
 
     def score_removed(self, groups: list[np.ndarray]) -> float:
-        """The share of stock's score that the calibration removes, from :meth:`score_units`' arrays."""
-        raise NotImplementedError
+        """The share of stock's score that the calibration removes, from :meth:`score_units`' arrays.  Called only
+        when :meth:`score_units` gives arrays, whose layout only the objective knows: one that gives them defines this."""
+        raise TypeError(f"{type(self).__name__} gives score_units but must define score_removed(groups) to read them")
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series | None:
         """The guard metric per independent unit of ``split`` (its mean is the guard), for the paired bootstrap of
