@@ -17,22 +17,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
-#: the longest scopes (each a README chain class or a module run whole on one worker): collected first, so the two
-#: workers start on them and the short ones fill in after, instead of one long scope starting last
-LONG_FIRST = (
-    "tests/test_readme.py",
-    "tests/distributed/test_ray.py",
-    "tests/test_bundled_e5.py",
-    "tests/test_faults.py",
-)
+from suite_order import scope_rank  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        path = item.nodeid.split("::", 1)[0]
-        return LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST)
-
-    items.sort(key=rank)  # stable: each file keeps its own order (a README chain runs in order)
+    items.sort(
+        key=lambda item: scope_rank(item.nodeid)
+    )  # stable: a scope keeps its own order (a README chain in order)
 
 
 @pytest.fixture(scope="session")

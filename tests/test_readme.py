@@ -216,3 +216,15 @@ def test_every_python_block_runs_alone(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = blocks("python")[index]
     exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
+
+
+def test_the_demo_is_the_chain_the_suite_starts_first():
+    """tests/conftest.py collects TestReadmeChain0 first (the longest test): that chain is the demo, alone."""
+    from suite_order import LONG_FIRST, scope_rank
+
+    chains = readme_chains(readme_commands())
+    assert readme_commands()[0].endswith("posfair demo") and chains.count(0) == 1
+    assert LONG_FIRST[0] == "tests/test_readme.py::TestReadmeChain0"
+    assert scope_rank("tests/test_readme.py::TestReadmeChain0::test_command_runs[demo]") == 0
+    assert scope_rank("tests/test_readme.py::TestReadmeChain01::x") == LONG_FIRST.index("tests/test_readme.py")
+    assert scope_rank("tests/test_readme_other.py::x") == len(LONG_FIRST)
