@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--layers", default="0.5,1.0")
     ap.add_argument("--strengths", default="0.5,1.0")
     ap.add_argument("--self-shares", default="0.5,1.0", help="self-attention shares of self and its combinations")
+    ap.add_argument("--schedules", default="flat", help="per-layer strength schedules: flat,rising,falling")
+    ap.add_argument("--trailings", default="basket", help="trailing-basket policies: basket,merge,weighted")
     ap.add_argument("--fine-rounds", type=int, default=1)
     ap.add_argument("--docs", type=int, default=120, help="documents per instance at n=3 (n=4: twice)")
     ap.add_argument("--max-seq-length", type=int, default=None, help="the model's token limit (default: its own)")
@@ -69,6 +71,8 @@ def main() -> None:
         variants=tuple(args.variants.split(",")),
         self_shares=tuple(float(x) for x in args.self_shares.split(",")),
         special_shares=("original",),
+        schedules=tuple(args.schedules.split(",")),
+        trailings=tuple(args.trailings.split(",")),
     )
     rows = []
     for spec in args.configs.split(","):
@@ -108,14 +112,14 @@ def main() -> None:
                 # the goal: >= 80 % removed (interval's lower end), not reversed, recall not lower
                 # (its interval includes zero or lies above it)
                 goal = (
-                    iv.get("removed_low", float("nan")) >= GOAL_REMOVED and not reversed_ and iv["guard_high"] >= 0
+                    iv.get("effect_low", float("nan")) >= GOAL_REMOVED and not reversed_ and iv["guard_high"] >= 0
                 ) if iv else False  # fmt: skip
                 rows.append(row | {
                     "setting": cal.label(),
                     "dev removed %": round(100 * (1 - res.trial(cal, DEV).metrics["spread"]
                                                   / res.trial(STOCK, DEV).metrics["spread"]), 1),
-                    "test removed % [95 %]": f"{100 * removed:.0f} [{100 * iv['removed_low']:.0f}, "
-                                             f"{100 * iv['removed_high']:.0f}]" if "removed_low" in iv else f"{100 * removed:.0f}",
+                    "test removed % [95 %]": f"{100 * removed:.0f} [{100 * iv['effect_low']:.0f}, "
+                                             f"{100 * iv['effect_high']:.0f}]" if "effect_low" in iv else f"{100 * removed:.0f}",
                     "test Δrecall pts [95 %]": f"{100 * iv['guard_change']:+.1f} [{100 * iv['guard_low']:+.1f}, "
                                                f"{100 * iv['guard_high']:+.1f}]" if iv else "—",
                     "constraint on interval": verdict,

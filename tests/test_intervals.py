@@ -37,5 +37,5 @@ def test_spread_removed_by_hand():
     # instance 2 (n=3): stock .7/.6/.5 (.20), calibrated .60/.62/.57 (.05)
     g1 = np.array([[[0.6, 0.5], [0.55, 0.53]], [[0.6, 0.5], [0.55, 0.53]]])  # (sets, stock|calibrated, positions)
     g2 = np.array([[[0.8, 0.6, 0.4], [0.60, 0.64, 0.57]], [[0.6, 0.6, 0.6], [0.60, 0.60, 0.57]]])
-    removed = FairnessObjective.score_removed(None, [g1, g2])
+    removed = FairnessObjective.score_effect(None, [g1, g2])
     assert removed == pytest.approx(1 - (0.02 + 0.05) / 2 / ((0.10 + 0.20) / 2))

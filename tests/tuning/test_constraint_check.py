@@ -149,22 +149,22 @@ def test_every_trial_carries_its_interval_and_the_constraint_judged_on_it(tmp_pa
 
 
 def test_per_unit_scores_without_their_reader_are_refused_by_name():
-    """An objective that gives score_units but no score_removed is told which method it lacks, not left to a bare
-    NotImplementedError; with score_removed its interval comes out of the same bootstrap."""
+    """An objective that gives score_units but no score_effect is told which method it lacks, not left to a bare
+    NotImplementedError; with score_effect its interval comes out of the same bootstrap."""
     from posfair import Calibration
-    from posfair.tuning.trials import score_removed_interval
+    from posfair.tuning.trials import score_effect_interval
 
     class Units(FunctionObjective):
         def score_units(self, calibration, split):
             return [np.array([[1.0, 0.5], [1.0, 0.25], [1.0, 0.75]])]
 
     class Reads(Units):
-        def score_removed(self, groups):
+        def score_effect(self, groups):
             return float(1 - np.mean([g[:, 1].mean() / g[:, 0].mean() for g in groups]))
 
     cal = Calibration(basket_size=16, layers=0.5, strength=1.0)
-    with pytest.raises(TypeError, match="Units gives score_units but must define score_removed"):
-        score_removed_interval(Units(lambda c, s: {"score": 1.0, "guard": 1.0}), cal, TEST)
-    got = score_removed_interval(Reads(lambda c, s: {"score": 1.0, "guard": 1.0}), cal, TEST)
+    with pytest.raises(TypeError, match="Units gives score_units but must define score_effect"):
+        score_effect_interval(Units(lambda c, s: {"score": 1.0, "guard": 1.0}), cal, TEST)
+    got = score_effect_interval(Reads(lambda c, s: {"score": 1.0, "guard": 1.0}), cal, TEST)
     assert got["units"] == 3 and 0.25 <= got["low"] <= 0.5 <= got["high"] <= 0.75
-    assert score_removed_interval(Reads(lambda c, s: {}), STOCK, TEST) is None
+    assert score_effect_interval(Reads(lambda c, s: {}), STOCK, TEST) is None

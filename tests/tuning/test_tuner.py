@@ -1,5 +1,6 @@
 """The tuner: known optimum of a synthetic objective, constraint, Pareto front, split, resume, saved model."""
 
+import dataclasses
 import json
 import logging
 import sys
@@ -317,3 +318,59 @@ def test_a_held_out_document_family_is_the_whole_test_split(model, tmp_path):
         split_topics(corpus, 0.5, 0, test_family="manual")
     with pytest.raises(PosfairInputError, match="has 0 document families"):
         split_topics(corpus.drop(columns="source"), 0.5, 0, test_family="faq")
+
+
+def test_the_evaluator_style_tuner_holds_out_a_family(model, tmp_path):
+    """CalibrationTuner(test_family=...) passes the family to the search (recorded in its result); a family the
+    corpus lacks, or one given to the retrieval objective, is refused when the tuner is made, before any encoding."""
+    corpus = tiny_corpus(topics=24)
+    corpus["source"] = ["faq" if int(i[-2:]) < 10 else "guide" for i in corpus["id"]]
+    with pytest.raises(PosfairInputError, match="test family 'manual' is not in the corpus; its families: faq, guide"):
+        CalibrationTuner(corpus, test_family="manual")
+    with pytest.raises(PosfairInputError, match="applies to the fairness objective only"):
+        CalibrationTuner(corpus, objective="retrieval", test_family="faq")
+    space = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0)
+    tuner = CalibrationTuner(corpus, settings=SETTINGS, space=space, max_drop=1.0, test_family="faq",
+                             cache_dir=tmp_path / "cache", name="fam")  # fmt: skip
+    assert tuner.get_config_dict()["test_family"] == "faq"
+    metrics = tuner(model)
+    desc = tuner.last_result.objective
+    assert desc["split_by"] == "family" and desc["test_family"] == "faq"
+    assert metrics["fam_test_stock_documents"] > 0
+
+
+def test_the_retrieval_tuner_gives_harm_changes_with_intervals(model, tmp_path):
+    """The retrieval objective's score effect is Harm's change from stock (the rule `posfair retrieval` compares
+    with), per trial with its interval over the split's queries resampled within their groups, and for the chosen
+    setting on the test split: equal to the difference of the two trials' Harm as the evaluator computed it."""
+    from posfair.intervals import grouped_interval
+    from posfair.retrieval.compare import harm_change
+    from posfair.tuning.outputs import test_table
+    from posfair.tuning.trials import test_score_effect
+
+    bench = build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
+    obj = RetrievalObjective(model, bench, store=tmp_path / "cache")
+    space = SearchSpace(basket_sizes=(4, 8), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0,
+                        variants=("uniform", "special"), special_shares=("original",))  # fmt: skip
+    res = tune(model, objective=obj, space=space, max_drop=1.0)  # each variant's best is evaluated on test too
+    assert res.effect == "Δharm" and len([t for t in res.trials if t.split == TEST and not t.stock]) >= 1
+    for split in (DEV, TEST):
+        stock = res.trial(STOCK, split).metrics["harm"]
+        for t in res.trials:
+            if t.split != split or t.stock:
+                continue
+            iv = res.intervals[f"{split}:{t.key}"]
+            assert iv["effect"] == pytest.approx(t.metrics["harm"] - stock, abs=1e-12)
+            groups = obj.score_units(t.calibration, split)
+            assert sum(len(g) for g in groups) == iv["units"] == len(obj.splits[split].query_ids)
+            low, high = grouped_interval(groups, harm_change)
+            assert (iv["effect_low"], iv["effect_high"]) == pytest.approx((low, high)) and low <= iv["effect"] <= high
+    if res.chosen is STOCK:  # the tiny random model may keep stock: the effect of the variant's best, tested too
+        res = dataclasses.replace(res, chosen=res.variant_best["uniform"])
+        res.test_effect = test_score_effect(obj, res)
+    eff = res.test_effect
+    assert eff["effect_name"] == "Δharm" and eff["effect"] == pytest.approx(eff["chosen"] - eff["stock"])
+    assert f"changes harm by {100 * eff['effect']:+.2f}" in eff["verdict"] and eff["unit"] == "queries"
+    assert res.headline()["test_score_effect"] == pytest.approx(eff["effect"])
+    cells = test_table(res).frame
+    assert "Δharm [95 %]" in cells.columns and "removed [95 %]" not in cells.columns

@@ -20,7 +20,7 @@ from posfair.report.tables import Table
 from posfair.retrieval.evaluator import RetrievalResult
 from posfair.retrieval.metrics import harmonic_mean, psi
 
-__all__ = ["differences_from_stock", "differences_table", "verdict"]
+__all__ = ["differences_from_stock", "differences_table", "harm_change", "verdict"]
 
 
 def verdict(low: float, high: float) -> str:
@@ -32,8 +32,9 @@ def verdict(low: float, high: float) -> str:
     return "no difference shown"
 
 
-def _harm_change(groups: list[np.ndarray]) -> float:
-    """Harm(setting) - Harm(stock) from per-group arrays of (stock, setting) nDCG pairs."""
+def harm_change(groups: list[np.ndarray]) -> float:
+    """Harm(setting) - Harm(stock) from per-group arrays of (stock, setting) nDCG pairs (the rule of this module's
+    comparisons and of the tuner's retrieval objective, :meth:`posfair.tuning.RetrievalObjective.score_effect`)."""
     return harmonic_mean([g[:, 1].mean() for g in groups]) - harmonic_mean([g[:, 0].mean() for g in groups])
 
 
@@ -67,7 +68,7 @@ def differences_from_stock(results: Sequence[RetrievalResult]) -> pd.DataFrame:
         }
         if r.group_queries and r.groups:
             pairs = [np.column_stack([stock.ndcg[idx], r.ndcg[idx]]) for idx in r.group_queries.values() if idx]
-            h_low, h_high = grouped_interval(pairs, _harm_change)
+            h_low, h_high = grouped_interval(pairs, harm_change)
             row |= {
                 "d_harm": 100 * (r.metrics["harm"] - stock.metrics["harm"]),
                 "d_harm_low": 100 * h_low,

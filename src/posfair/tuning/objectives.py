@@ -35,6 +35,7 @@ from posfair.model import model_fingerprint
 from posfair.model_info import display_name
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
+from posfair.retrieval.compare import harm_change
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.store import EmbeddingStore
 
@@ -78,15 +79,24 @@ class Objective:
     #: what :meth:`guard_units` is indexed by (named in the test check)
     unit = "units"
 
+    #: what :meth:`score_effect` measures, as the tables name it: "removed" (the share of stock's score a
+    #: setting removes, for a score lower is better) or a change such as "Δharm" (a score higher is better)
+    effect = "removed"
+
     def score_units(self, calibration: Calibration, split: str) -> list[np.ndarray] | None:
         """Per group (e.g. audit instance) the units' paired measurements of stock and ``calibration``, for the
-        bootstrap interval of :meth:`score_removed`; None = the objective has none."""
+        bootstrap interval of :meth:`score_effect`; None = the objective has none."""
         return None
 
-    def score_removed(self, groups: list[np.ndarray]) -> float:
-        """The share of stock's score that the calibration removes, from :meth:`score_units`' arrays.  Called only
-        when :meth:`score_units` gives arrays, whose layout only the objective knows: one that gives them defines this."""
-        raise TypeError(f"{type(self).__name__} gives score_units but must define score_removed(groups) to read them")
+    def score_effect(self, groups: list[np.ndarray]) -> float:
+        """The calibration's effect on the score from :meth:`score_units`' arrays, positive = better than stock (the
+        share removed, or the change of a higher-is-better score).  Called only when :meth:`score_units` gives
+        arrays, whose layout only the objective knows: one that gives them defines this."""
+        raise TypeError(f"{type(self).__name__} gives score_units but must define score_effect(groups) to read them")
+
+    def format_effect(self, value: float) -> str:
+        """One :meth:`score_effect` value as the tables print it (:func:`format_effect`)."""
+        return format_effect(self.effect, value)
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series | None:
         """The guard metric per independent unit of ``split`` (its mean is the guard), for the paired bootstrap of
@@ -134,6 +144,12 @@ class FunctionObjective(Objective):
 
 #: the corpus column naming each topic's document family (the bundled corpus: ``debian-faq``, ``installation-guide``)
 FAMILY_COLUMN = "source"
+
+
+def format_effect(effect: str, value: float) -> str:
+    """A score effect as the tuner's tables print it: a share removed (``effect`` "removed") as a percentage, a
+    change (e.g. "Δharm", on a 0..1 score) in points x100 with its sign."""
+    return f"{value:.0%}" if effect == "removed" else f"{100 * value:+.2f}"
 
 
 def corpus_families(corpus: pd.DataFrame) -> list[str]:
@@ -343,8 +359,8 @@ class FairnessObjective(Objective):
                                     means.loc[[(s, label) for s in sets]].to_numpy()], axis=1))  # fmt: skip
         return groups
 
-    def score_removed(self, groups: list[np.ndarray]) -> float:
-        """1 - (mean over instances of the calibrated spread) / (mean of stock's): the tuner's spread metric's ratio,
+    def score_effect(self, groups: list[np.ndarray]) -> float:
+        """The share of stock's spread removed: 1 - (mean over instances of the calibrated spread) / (mean of stock's): the tuner's spread metric's ratio,
         the instance's position means taken over its (resampled) sets."""
         spreads = np.array([[np.ptp(g[:, k].mean(axis=0)) for k in (0, 1)] for g in groups])
         stock, cal = spreads.mean(axis=0)
@@ -486,6 +502,19 @@ class RetrievalObjective(Objective):
         return out
 
     unit = "queries"
+    effect = "Δharm"
+
+    def score_units(self, calibration: Calibration, split: str) -> list[np.ndarray]:
+        """Per positional group of the split, an array (queries, 2): each query's nDCG@10 under stock ([:, 0]) and
+        ``calibration`` ([:, 1]), for Harm's change resampled within the groups (as ``posfair retrieval`` compares)."""
+        bench = self.splits[split]
+        a = self.guard_units(STOCK, split).reindex(bench.query_ids).to_numpy()
+        b = self.guard_units(calibration, split).reindex(bench.query_ids).to_numpy()
+        return [np.column_stack([a[mask], b[mask]]) for mask in bench.groups.values() if mask.any()]
+
+    def score_effect(self, groups: list[np.ndarray]) -> float:
+        """Harm(calibration) - Harm(stock) (:func:`posfair.retrieval.compare.harm_change`), positive = better."""
+        return harm_change(groups)
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series:
         """nDCG@10 per query (evaluated again when the trial was read back from a resumed run)."""

@@ -13,7 +13,7 @@ from posfair.io import atomic_write_text
 from posfair.model import FairModel
 from posfair.report.plots import front_lines, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
-from posfair.tuning.objectives import DEV, TEST
+from posfair.tuning.objectives import DEV, TEST, format_effect
 from posfair.tuning.trials import TuneResult
 
 __all__ = [
@@ -64,10 +64,11 @@ def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
             "—" if pd.isna(lo) else f"{ch:+.3f} [{lo:+.3f}, {hi:+.3f}]"
             for ch, lo, hi in zip(frame["guard_change"], frame["guard_low"], frame["guard_high"], strict=True)
         ]
-    if "removed_low" in frame.columns and frame["removed_low"].notna().any():
-        out["removed [95 %]"] = [
-            "—" if pd.isna(lo) else f"{r:.0%} [{lo:.0%}, {hi:.0%}]"
-            for r, lo, hi in zip(frame["removed"], frame["removed_low"], frame["removed_high"], strict=True)
+    if "effect_low" in frame.columns and frame["effect_low"].notna().any():
+        fmt = lambda v: format_effect(result.effect, v)  # noqa: E731
+        out[f"{result.effect} [95 %]"] = [
+            "—" if pd.isna(lo) else f"{fmt(r)} [{fmt(lo)}, {fmt(hi)}]"
+            for r, lo, hi in zip(frame["effect"], frame["effect_low"], frame["effect_high"], strict=True)
         ]
     if "constraint_on_interval" in frame.columns:
         out["on interval"] = ["—" if pd.isna(v) else v for v in frame["constraint_on_interval"]]
@@ -81,7 +82,7 @@ def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
 #: how the tables' intervals are made and read (one sentence, in every caption that shows them)
 INTERVALS_NOTE = (
     "Δ: the guard's change from stock with its 95 % paired bootstrap interval over the split's units; removed: the "
-    "share of stock's score the setting removes, with its interval; on interval: the constraint judged on the "
+    "share of stock's score the setting removes (Δharm: Harm's change, points), with its interval; on interval: the constraint judged on the "
     "interval (holds = the whole interval above the limit, broken = below it, unresolved = the split cannot tell); "
     "feasible: the search's rule, on the point estimate."
 )

@@ -335,21 +335,22 @@ def units_to_resolve(sd: float, max_drop: float) -> int | None:
     return max(2, math.ceil((_Z95 * sd / max_drop) ** 2))
 
 
-def score_removed_interval(objective: Objective, calibration: Resolved, split: str) -> dict[str, Any] | None:
-    """The share of stock's score ``calibration`` removes on ``split``, with its 95 % bootstrap interval over the
-    objective's units (:meth:`Objective.score_units`); None without per-unit scores."""
+def score_effect_interval(objective: Objective, calibration: Resolved, split: str) -> dict[str, Any] | None:
+    """``calibration``'s effect on the score on ``split`` (:meth:`Objective.score_effect`: the share of stock's
+    score removed, or a higher-is-better score's change), with its 95 % bootstrap interval over the objective's
+    units (:meth:`Objective.score_units`); None without per-unit scores."""
     if calibration is STOCK:
         return None
     groups = objective.score_units(calibration, split)
     if groups is None:
         return None
-    low, high = grouped_interval(groups, objective.score_removed, draws=CHECK_DRAWS, seed=CHECK_SEED)
-    return {"low": low, "high": high, "units": sum(len(g) for g in groups)}
+    low, high = grouped_interval(groups, objective.score_effect, draws=CHECK_DRAWS, seed=CHECK_SEED)
+    return {"effect": objective.score_effect(groups), "low": low, "high": high, "units": sum(len(g) for g in groups)}
 
 
 def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[str, Any]]:
     """For every calibrated trial of both splits (keyed ``"<split>:<trial key>"``): the guard's change from stock
-    with its paired interval and the share of stock's score removed with its interval -- what the trial, front
+    with its paired interval and the effect on the score (:func:`score_effect_interval`) with its interval -- what the trial, front
     and variant tables show beside each setting, by the helpers of the test check."""
     out: dict[str, dict[str, Any]] = {}
     for t in result.trials:
@@ -359,9 +360,9 @@ def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[
         g = guard_change_interval(objective, t.calibration, t.split)
         if g is not None:
             row.update(guard_change=g["change"], guard_low=g["low"], guard_high=g["high"], units=g["units"])
-        r = score_removed_interval(objective, t.calibration, t.split)
+        r = score_effect_interval(objective, t.calibration, t.split)
         if r is not None:
-            row.update(removed_low=r["low"], removed_high=r["high"], units=r["units"])
+            row.update(effect=r["effect"], effect_low=r["low"], effect_high=r["high"], units=r["units"])
         if row:
             out[f"{t.split}:{t.key}"] = row
     return out
@@ -378,23 +379,20 @@ def interval_verdict(low: float, high: float, limit: float) -> str:
 
 
 def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
-    """How much of stock's score the chosen setting removes on the held-out test split, with a 95 % paired
-    bootstrap interval over the objective's units (:meth:`Objective.score_units`); None when stock was chosen or
-    the objective has no per-unit score (e.g. a function objective)."""
-    interval = score_removed_interval(objective, result.chosen, TEST)
+    """The chosen setting's effect on the score on the held-out test split (:meth:`Objective.score_effect`: the
+    share of stock's score it removes, or the change of a higher-is-better score), with a 95 % paired bootstrap
+    interval over the objective's units (:meth:`Objective.score_units`); None when stock was chosen or the
+    objective has no per-unit score (e.g. a function objective)."""
+    interval = score_effect_interval(objective, result.chosen, TEST)
     if interval is None:
         return None
-    stock, chosen = (
-        result.trial(STOCK, TEST).metrics[result.score],
-        result.trial(result.chosen, TEST).metrics[result.score],
-    )
-    removed = 1 - chosen / stock if stock else float("nan")
-    low, high, units = interval["low"], interval["high"], interval["units"]
+    effect, low, high, units = interval["effect"], interval["low"], interval["high"], interval["units"]
     out = {
         "score": result.score,
-        "stock": stock,
-        "chosen": chosen,
-        "removed": removed,
+        "stock": result.trial(STOCK, TEST).metrics[result.score],
+        "chosen": result.trial(result.chosen, TEST).metrics[result.score],
+        "effect_name": objective.effect,
+        "effect": effect,
         "low": low,
         "high": high,
         "units": units,
@@ -402,12 +400,20 @@ def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any
         "draws": CHECK_DRAWS,
         "seed": CHECK_SEED,
     }
-    interval = f"[95 % interval {low:.0%}, {high:.0%} over {units} {objective.unit}]"
-    head = f"on the held-out test split the chosen setting removes {removed:.0%} of stock's {result.score} {interval}"
-    if low > 0:
-        out["verdict"] = head + ": a reduction the interval supports"
+    fmt = objective.format_effect
+    interval = f"[95 % interval {fmt(low)}, {fmt(high)} over {units} {objective.unit}]"
+    if objective.effect == "removed":
+        head = (
+            f"on the held-out test split the chosen setting removes {fmt(effect)} of stock's {result.score} {interval}"
+        )
+        gain, none = "a reduction", "no reduction (or an increase)"
     else:
-        out["verdict"] = head + ": the interval includes no reduction (or an increase), so none is shown"
+        head = f"on the held-out test split the chosen setting changes {result.score} by {fmt(effect)} {interval}"
+        gain, none = "an improvement", "no improvement (or a loss)"
+    if low > 0:
+        out["verdict"] = f"{head}: {gain} the interval supports"
+    else:
+        out["verdict"] = f"{head}: the interval includes {none}, so none is shown"
     return out
 
 
@@ -511,6 +517,8 @@ class TuneResult:
     test_effect: dict[str, Any] | None = None
     #: every calibrated trial's intervals, ``"<split>:<key>"`` -> :func:`trial_intervals`' row
     intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: what the intervals' score effect measures (:attr:`Objective.effect`: "removed", or a change such as "Δharm")
+    effect: str = "removed"
 
     @property
     def score(self) -> str:
@@ -553,9 +561,9 @@ class TuneResult:
                     out[f"{split}_chosen_calibrated_share"] = float(share)
         out["feasible"] = float(self.feasible)
         if self.test_effect is not None:
-            out["test_score_removed"] = float(self.test_effect["removed"])
-            out["test_score_removed_low"] = float(self.test_effect["low"])
-            out["test_score_removed_high"] = float(self.test_effect["high"])
+            out["test_score_effect"] = float(self.test_effect["effect"])
+            out["test_score_effect_low"] = float(self.test_effect["low"])
+            out["test_score_effect_high"] = float(self.test_effect["high"])
         if self.test_reversal() is not None:
             out["test_profile_reversed"] = 1.0
         out["skipped"] = float(len(self.skipped))
@@ -572,7 +580,6 @@ class TuneResult:
     def frame(self, split: str = DEV) -> pd.DataFrame:
         """One row per trial of ``split``: label, phase, basket, layers, strength, metrics, feasible, on_front."""
         stock = self.trial(STOCK, split).metrics.get(self.guard, np.nan) if split == DEV else np.nan
-        stock_score = self.trial(STOCK, split).metrics.get(self.score, np.nan) if self.trials else np.nan
         front = {t.key for t in self.front}
         rows = []
         for t in self.trials:
@@ -590,9 +597,8 @@ class TuneResult:
                 **t.metrics,
             }
             iv = self.intervals.get(f"{split}:{t.key}", {})
-            for k in ("guard_change", "guard_low", "guard_high", "removed_low", "removed_high"):
+            for k in ("guard_change", "guard_low", "guard_high", "effect", "effect_low", "effect_high"):
                 row[k] = iv.get(k, np.nan)
-            row["removed"] = 1 - t.metrics[self.score] / stock_score if "removed_low" in iv and stock_score else np.nan
             if "guard_low" in iv:
                 row["constraint_on_interval"] = interval_verdict(iv["guard_low"], iv["guard_high"], -self.max_drop)
             if split == DEV:
@@ -621,6 +627,7 @@ class TuneResult:
             "test_effect": self.test_effect,
             "test_reversal": self.test_reversal(),
             "intervals": self.intervals,
+            "effect": self.effect,
         }
 
     def test_reversal(self) -> str | None:
@@ -867,6 +874,7 @@ def run_search(
             list(search.skipped),
             fronts,
             variant_best,
+            effect=objective.effect,
         )
         result.intervals = trial_intervals(objective, result)
         result.test_check = check_test_constraint(objective, result)

@@ -17,7 +17,13 @@ from posfair.model import FairModel, token_limit
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
 from posfair.store import EmbeddingStore
-from posfair.tuning.objectives import FairnessObjective, Objective, RetrievalObjective, default_fairness_settings
+from posfair.tuning.objectives import (
+    FairnessObjective,
+    Objective,
+    RetrievalObjective,
+    default_fairness_settings,
+    split_topics,
+)
 from posfair.tuning.outputs import save_tuned_model, write_outputs
 from posfair.tuning.trials import RESULTS_FILE, SearchSpace, TuneResult, run_search
 
@@ -187,6 +193,8 @@ class CalibrationTuner(PosfairEvaluator):
     :class:`TuneResult` of the last call is ``tuner.last_result``.  ``primary_metric`` is
     ``f"{name}_test_chosen_{score}"``; ``greater_is_better`` follows the objective (the fairness
     scores, spread and max |beta|: lower is better; the retrieval score, Harm: higher is better).
+    ``test_family``: hold out this document family of ``corpus`` as the test split (fairness objective; the
+    families are the corpus's ``source`` column), as :func:`tune`.
     """
 
     def __init__(
@@ -201,6 +209,7 @@ class CalibrationTuner(PosfairEvaluator):
         score: str | None = None,
         test_fraction: float = 0.5,
         seed: int = 0,
+        test_family: str | None = None,
         cache_dir: str | Path | None = None,
         name: str = "tune",
         show_progress_bar: bool | None = None,
@@ -211,6 +220,13 @@ class CalibrationTuner(PosfairEvaluator):
         self.corpus, self.objective, self.benchmark = corpus, objective, benchmark
         self.settings = settings if settings is not None or objective != "fairness" else default_fairness_settings()
         self.space, self.max_drop, self.score_name = space or SearchSpace(), max_drop, score
+        if test_family is not None:  # refused here, before any model is encoded, as tune() would refuse it
+            if objective != "fairness":
+                raise PosfairInputError(
+                    f"test family {test_family!r}: a held-out family applies to the fairness objective only"
+                )
+            split_topics(corpus, test_fraction, seed, test_family)
+        self.test_family = test_family
         self.test_fraction, self.seed, self.cache_dir, self.name = (
             test_fraction,
             seed,
@@ -240,6 +256,7 @@ class CalibrationTuner(PosfairEvaluator):
             score=self.score_name,
             test_fraction=self.test_fraction,
             seed=self.seed,
+            test_family=self.test_family,
             out_dir=None if output_path is None else Path(output_path) / f"{self.name}{tag}",
             cache_dir=self.cache_dir,
             show_progress_bar=self.show_progress_bar,
@@ -253,4 +270,9 @@ class CalibrationTuner(PosfairEvaluator):
 
     def get_config_dict(self) -> dict[str, Any]:
         name = self.objective.name if isinstance(self.objective, Objective) else self.objective
-        return {"objective": name, "space": self.space.to_dict(), "max_drop": self.max_drop}
+        return {
+            "objective": name,
+            "space": self.space.to_dict(),
+            "max_drop": self.max_drop,
+            "test_family": self.test_family,
+        }
