@@ -28,13 +28,14 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from holdout_common import add_space_options, search_space, write_holdout_table
 
 import posfair
 from posfair.calibration import STOCK
 from posfair.corpus import load_corpus
 from posfair.fairness.measures import reversal_text
 from posfair.store import EmbeddingStore
-from posfair.tuning import DEV, TEST, FairnessObjective, SearchSpace, default_fairness_settings, tune
+from posfair.tuning import DEV, TEST, FairnessObjective, default_fairness_settings, tune
 from posfair.tuning.objectives import corpus_families
 from posfair.tuning.trials import interval_verdict
 
@@ -47,33 +48,16 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="hub id, folder or bundled:multilingual-e5-small (default MiniLM)")
     ap.add_argument("--configs", default="en:3,en:4,de/en:3", help="CONFIG:N, mixed as LEAD/LATER")
     ap.add_argument("--families", default="each", help="held-out families, comma-separated, or 'each'")
-    ap.add_argument("--variants", default="uniform,prior,self,special,prior+special,self+special")
     ap.add_argument("--max-drop", type=float, default=2.0, help="recall points the constraint allows on dev")
-    ap.add_argument("--baskets", default="16,64")
-    ap.add_argument("--layers", default="0.5,1.0")
-    ap.add_argument("--strengths", default="0.5,1.0")
-    ap.add_argument("--self-shares", default="0.5,1.0", help="self-attention shares of self and its combinations")
-    ap.add_argument("--schedules", default="flat", help="per-layer strength schedules: flat,rising,falling")
-    ap.add_argument("--trailings", default="basket", help="trailing-basket policies: basket,merge,weighted")
-    ap.add_argument("--fine-rounds", type=int, default=1)
     ap.add_argument("--docs", type=int, default=120, help="documents per instance at n=3 (n=4: twice)")
     ap.add_argument("--max-seq-length", type=int, default=None, help="the model's token limit (default: its own)")
+    add_space_options(ap, variants="uniform,prior,self,special,prior+special,self+special", layers="0.5,1.0")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     store = EmbeddingStore(args.out / "cache")
     model = posfair.load_model(args.model, max_seq_length=args.max_seq_length)
-    space = SearchSpace(
-        basket_sizes=tuple(int(x) for x in args.baskets.split(",")),
-        layer_sets=tuple(float(x) if "." in x else int(x) for x in args.layers.split(",")),
-        strengths=tuple(float(x) for x in args.strengths.split(",")),
-        fine_rounds=args.fine_rounds,
-        variants=tuple(args.variants.split(",")),
-        self_shares=tuple(float(x) for x in args.self_shares.split(",")),
-        special_shares=("original",),
-        schedules=tuple(args.schedules.split(",")),
-        trailings=tuple(args.trailings.split(",")),
-    )
+    space = search_space(args)
     rows = []
     for spec in args.configs.split(","):
         cfg, n = spec.rsplit(":", 1)
@@ -127,11 +111,7 @@ def main() -> None:
                     "reversed": "yes" if reversed_ else "no",
                     "goal": "yes" if goal else "no",
                 })  # fmt: skip
-    table = pd.DataFrame(rows)
-    table.to_csv(args.out / "holdout.csv", index=False)
-    (args.out / "holdout.md").write_text(table.to_markdown(index=False) + "\n", encoding="utf-8")
-    with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(table.to_string(index=False))
+    write_holdout_table(pd.DataFrame(rows), args.out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from holdout_common import add_space_options, search_space, write_holdout_table
 
 import posfair
 from posfair.calibration import STOCK
@@ -34,7 +35,7 @@ from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 from posfair.retrieval.compare import differences_from_stock
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.store import EmbeddingStore
-from posfair.tuning import DEV, TEST, RetrievalObjective, SearchSpace, tune
+from posfair.tuning import DEV, TEST, RetrievalObjective, tune
 from posfair.tuning.trials import interval_verdict
 
 
@@ -45,14 +46,8 @@ def main() -> None:
     ap.add_argument("--max-seq-length", type=int, default=None, help="the model's token limit (default: its own)")
     ap.add_argument("--lang", default="en")
     ap.add_argument("--k", type=int, default=3, help="segments per document")
-    ap.add_argument("--variants", default="uniform,prior,special,prior+special")
     ap.add_argument("--max-drop", type=float, default=1.0, help="nDCG@10 points the constraint allows on dev")
-    ap.add_argument("--baskets", default="16,64")
-    ap.add_argument("--layers", default="0.5")
-    ap.add_argument("--strengths", default="0.5,1.0")
-    ap.add_argument("--schedules", default="flat")
-    ap.add_argument("--trailings", default="basket")
-    ap.add_argument("--fine-rounds", type=int, default=1)
+    add_space_options(ap, variants="uniform,prior,special,prior+special", layers="0.5")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -70,16 +65,7 @@ def main() -> None:
         )
     bench = load_benchmark(str(bench_dir), lang=args.lang)
     store = EmbeddingStore(args.out / "cache")
-    space = SearchSpace(
-        basket_sizes=tuple(int(x) for x in args.baskets.split(",")),
-        layer_sets=tuple(float(x) if "." in x else int(x) for x in args.layers.split(",")),
-        strengths=tuple(float(x) for x in args.strengths.split(",")),
-        fine_rounds=args.fine_rounds,
-        variants=tuple(args.variants.split(",")),
-        special_shares=("original",),
-        schedules=tuple(args.schedules.split(",")),
-        trailings=tuple(args.trailings.split(",")),
-    )
+    space = search_space(args)
     obj = RetrievalObjective(model, bench, store=store)
     t0 = time.perf_counter()
     res = tune(model, objective=obj, space=space, max_drop=args.max_drop / 100, out_dir=args.out / "tune")
@@ -114,10 +100,7 @@ def main() -> None:
         })  # fmt: skip
     table = pd.DataFrame(rows).round({"nDCG@10": 2, "Harm": 2, "PSI": 3})
     table.insert(0, "model", obj.model_name)
-    table.to_csv(args.out / "holdout.csv", index=False)
-    (args.out / "holdout.md").write_text(table.to_markdown(index=False) + "\n", encoding="utf-8")
-    with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(table.to_string(index=False))
+    write_holdout_table(table, args.out)
 
 
 if __name__ == "__main__":
