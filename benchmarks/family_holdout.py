@@ -5,11 +5,13 @@ For each model, audit configuration and held-out family of the bundled corpus (`
 family (dev) under the recall constraint, then evaluates stock, the chosen setting and each variant's best
 feasible dev setting on the held-out family (test).  Each row gives, on the held-out family, the share of
 stock's σ spread removed with its 95 % paired bootstrap interval over segment sets, recall@n's change from stock
-with its interval, the constraint judged on the interval, the σ slope and whether it reversed stock's.
+with its interval, the constraint judged on the interval, the σ slope with its interval over the same sets,
+whether its sign flipped from stock's, and its direction judged on the interval (as stock / flat / reversed:
+``posfair.fairness.measures.slope_direction``, the rule the tuner's summary uses).
 
 The goal the issue states: a setting that removes >= 80 % of the spread (the interval's lower end), without
-reversing it, with recall not lower (the recall change's interval includes 0 or lies above it), on a family
-it was not tuned on.
+reversing it (no reversal beyond noise: the slope's interval not wholly on the other side of zero), with
+recall not lower (the recall change's interval includes 0 or lies above it), on a family it was not tuned on.
 The ``goal`` column says whether a row meets it.
 
 Usage (resumable: every trial and embedding is cached under --out)::
@@ -95,8 +97,10 @@ def main() -> None:
                 verdict = interval_verdict(iv["guard_low"], iv["guard_high"], -res.max_drop) if iv else "—"
                 # the issue's goal: >= 80 % removed (interval's lower end), not reversed, recall not lower
                 # (its interval includes zero or lies above it)
+                direction = iv.get("direction", "—")
                 goal = (
-                    iv.get("effect_low", float("nan")) >= GOAL_REMOVED and not reversed_ and iv["guard_high"] >= 0
+                    iv.get("effect_low", float("nan")) >= GOAL_REMOVED and direction != "reversed"
+                    and iv["guard_high"] >= 0
                 ) if iv else False  # fmt: skip
                 rows.append(row | {
                     "setting": cal.label(),
@@ -108,7 +112,10 @@ def main() -> None:
                                                f"{100 * iv['guard_high']:+.1f}]" if iv else "—",
                     "constraint on interval": verdict,
                     "slope stock → setting": f"{stock['slope']:+.4f} → {t['slope']:+.4f}",
-                    "reversed": "yes" if reversed_ else "no",
+                    "slope [95 %]": f"{iv['slope']:+.4f} [{iv['slope_low']:+.4f}, {iv['slope_high']:+.4f}]"
+                                    if "slope_low" in iv else "—",
+                    "sign flipped": "yes" if reversed_ else "no",
+                    "direction": direction,
                     "goal": "yes" if goal else "no",
                 })  # fmt: skip
     write_holdout_table(pd.DataFrame(rows), args.out)

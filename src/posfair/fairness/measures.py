@@ -16,6 +16,8 @@ __all__ = [
     "profile_spread",
     "profile_slope",
     "reversal_text",
+    "sets_slope",
+    "slope_direction",
 ]
 
 
@@ -109,3 +111,36 @@ def reversal_text(stock_slope: float, slope: float, what: str = "the calibration
         f"{what} reverses the σ profile (slope {slope:+.4f} per position, stock {stock_slope:+.4f}): {lean} "
         "positions are now represented better; its spread is bias in the other direction, not bias removed"
     )
+
+
+def sets_slope(groups: Sequence[np.ndarray], column: int) -> float:
+    """The σ slope from per-set position means: per instance an array (sets, 2, n) of each segment set's mean σ
+    at positions 1..n under stock (``column`` 0) and a calibration (1) -- the fairness objective's units; the
+    least-squares slope of the instance's position means (the mean over its sets), averaged over instances.
+    With every ordering of each set in the documents (each set weighs the same at every position) this is
+    :func:`profile_slope` of the documents' σ, averaged over instances: the tuner's ``slope`` metric."""
+    slopes = []
+    for g in groups:
+        means = np.asarray(g, dtype=np.float64)[:, column].mean(axis=0)
+        slopes.append(profile_slope(means, np.arange(1, len(means) + 1)))
+    return float(np.mean(slopes))
+
+
+#: the direction of a calibrated profile, judged on the 95 % interval of its slope (:func:`slope_direction`)
+DIRECTIONS = ("as stock", "flat", "reversed")
+
+
+def slope_direction(stock_slope: float, low: float, high: float) -> str:
+    """Which way a calibrated σ profile leans, judged on its slope's interval ``[low, high]`` against the sign
+    of stock's slope: ``"reversed"`` when the whole interval lies on the other side of zero (bias the other
+    way, beyond noise), ``"flat"`` when it includes zero (whatever the sign of the point estimate), ``"as
+    stock"`` when it lies on stock's side.  A sign flip inside a noise band is :func:`reversal_text`'s
+    reversal but not this one's."""
+    if not (np.isfinite(stock_slope) and np.isfinite(low) and np.isfinite(high)) or stock_slope == 0:
+        return "flat" if np.isfinite(low) and np.isfinite(high) and low <= 0 <= high else "as stock"
+    lo, hi = (low, high) if stock_slope > 0 else (-high, -low)  # stock's side is positive
+    if hi < 0:
+        return "reversed"
+    if lo <= 0:
+        return "flat"
+    return "as stock"

@@ -29,6 +29,7 @@ from posfair.errors import PosfairInputError
 from posfair.fairness.analysis import fidelity_summary, fit_all
 from posfair.fairness.documents import Instance
 from posfair.fairness.experiment import STOCK_LABEL, AuditSettings, build_instances, make_model_info, run_instances
+from posfair.fairness.measures import sets_slope
 from posfair.fairness.pipeline import corpus_fingerprint
 from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
@@ -97,6 +98,14 @@ class Objective:
     def format_effect(self, value: float) -> str:
         """One :meth:`score_effect` value as the tables print it (:func:`format_effect`)."""
         return format_effect(self.effect, value)
+
+    #: whether :meth:`score_units`' arrays hold position profiles, whose slope :meth:`score_slope` reads
+    has_slope = False
+
+    def score_slope(self, groups: list[np.ndarray], column: int) -> float:
+        """The profile's slope on position from :meth:`score_units`' arrays, of stock (``column`` 0) or the
+        calibration (1), for objectives with :attr:`has_slope`."""
+        raise TypeError(f"{type(self).__name__} has no position profile to take a slope of")
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series | None:
         """The guard metric per independent unit of ``split`` (its mean is the guard), for the paired bootstrap of
@@ -365,6 +374,14 @@ class FairnessObjective(Objective):
         spreads = np.array([[np.ptp(g[:, k].mean(axis=0)) for k in (0, 1)] for g in groups])
         stock, cal = spreads.mean(axis=0)
         return float(1 - cal / stock) if stock else float("nan")
+
+    @property
+    def has_slope(self) -> bool:  # the spread score's units are the sets' σ profiles
+        return self.score == "spread"
+
+    def score_slope(self, groups: list[np.ndarray], column: int) -> float:
+        """The σ slope (the tuner's ``slope`` metric) from the sets' profiles: :func:`~posfair.fairness.measures.sets_slope`."""
+        return sets_slope(groups, column)
 
     def guard_units(self, calibration: Resolved, split: str) -> pd.Series:
         """Recall per segment set (the mean over its documents)."""

@@ -70,6 +70,13 @@ def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
             "—" if pd.isna(lo) else f"{fmt(r)} [{fmt(lo)}, {fmt(hi)}]"
             for r, lo, hi in zip(frame["effect"], frame["effect_low"], frame["effect_high"], strict=True)
         ]
+    if "slope_low" in frame.columns and frame["slope_low"].notna().any():
+        out["σ slope [95 %]"] = [
+            "—" if pd.isna(lo) else f"{sl:+.4f} [{lo:+.4f}, {hi:+.4f}] {d}"
+            for sl, lo, hi, d in zip(
+                frame["slope"], frame["slope_low"], frame["slope_high"], frame["direction"], strict=True
+            )
+        ]
     if "constraint_on_interval" in frame.columns:
         out["on interval"] = ["—" if pd.isna(v) else v for v in frame["constraint_on_interval"]]
     if flags:
@@ -84,6 +91,8 @@ INTERVALS_NOTE = (
     "Δ: the guard's change from stock with its 95 % paired bootstrap interval over the split's units; removed: the "
     "share of stock's score the setting removes (Δharm: Harm's change, points), with its interval; on interval: the constraint judged on the "
     "interval (holds = the whole interval above the limit, broken = below it, unresolved = the split cannot tell); "
+    "σ slope: the calibrated profile's slope on position with its interval, and its direction on that interval "
+    "(as stock / flat = the interval includes 0 / reversed = the whole interval on the other side of 0 from stock's); "
     "feasible: the search's rule, on the point estimate."
 )
 
@@ -258,6 +267,8 @@ def summary_markdown(result: TuneResult) -> str:
     s, c = test["stock"], test["chosen"]
     check = "" if result.test_check is None else f" Constraint: {result.test_check['verdict']}."
     effect = "" if result.test_effect is None else f" Score: {result.test_effect['verdict']}."
+    if result.test_effect is not None and "direction_text" in result.test_effect:
+        effect += f" Direction: {result.test_effect['direction_text']}."
     lines[3:3] = [
         "",
         f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "

@@ -69,7 +69,7 @@ from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.calibration.params import SCHEDULES, TRAILING, VARIANTS, PositionalPrior
 from posfair.errors import PosfairInputError
-from posfair.fairness.measures import reversal_text
+from posfair.fairness.measures import reversal_text, slope_direction
 from posfair.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
 from posfair.io import atomic_write_json
 from posfair.progress import progress_enabled
@@ -345,7 +345,25 @@ def score_effect_interval(objective: Objective, calibration: Resolved, split: st
     if groups is None:
         return None
     low, high = grouped_interval(groups, objective.score_effect, draws=CHECK_DRAWS, seed=CHECK_SEED)
-    return {"effect": objective.score_effect(groups), "low": low, "high": high, "units": sum(len(g) for g in groups)}
+    out = {"effect": objective.score_effect(groups), "low": low, "high": high, "units": sum(len(g) for g in groups)}
+    if objective.has_slope:
+        out.update(slope_interval(objective, groups))
+    return out
+
+
+def slope_interval(objective: Objective, groups: list[np.ndarray]) -> dict[str, Any]:
+    """The calibrated profile's slope on position with its 95 % bootstrap interval over the same units and draws
+    as the score's (:func:`score_effect_interval`), stock's slope, and the direction judged on that interval
+    (:func:`~posfair.fairness.measures.slope_direction`: as stock / flat / reversed)."""
+    stock, slope = objective.score_slope(groups, 0), objective.score_slope(groups, 1)
+    low, high = grouped_interval(groups, lambda gs: objective.score_slope(gs, 1), draws=CHECK_DRAWS, seed=CHECK_SEED)
+    return {
+        "stock_slope": stock,
+        "slope": slope,
+        "slope_low": low,
+        "slope_high": high,
+        "direction": slope_direction(stock, low, high),
+    }
 
 
 def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[str, Any]]:
@@ -363,6 +381,7 @@ def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[
         r = score_effect_interval(objective, t.calibration, t.split)
         if r is not None:
             row.update(effect=r["effect"], effect_low=r["low"], effect_high=r["high"], units=r["units"])
+            row.update({k: r[k] for k in ("slope", "slope_low", "slope_high", "direction") if k in r})
         if row:
             out[f"{t.split}:{t.key}"] = row
     return out
@@ -387,7 +406,8 @@ def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any
     if interval is None:
         return None
     effect, low, high, units = interval["effect"], interval["low"], interval["high"], interval["units"]
-    out = {
+    slope = {k: interval[k] for k in ("stock_slope", "slope", "slope_low", "slope_high", "direction") if k in interval}
+    out = slope | {
         "score": result.score,
         "stock": result.trial(STOCK, TEST).metrics[result.score],
         "chosen": result.trial(result.chosen, TEST).metrics[result.score],
@@ -414,7 +434,22 @@ def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any
         out["verdict"] = f"{head}: {gain} the interval supports"
     else:
         out["verdict"] = f"{head}: the interval includes {none}, so none is shown"
+    if slope:
+        out["direction_text"] = direction_text(slope, units, objective.unit)
     return out
+
+
+def direction_text(slope: dict[str, Any], units: int, unit: str) -> str:
+    """One sentence on a calibrated profile's direction (:func:`slope_interval`'s keys)."""
+    what = {
+        "as stock": "it still leans as stock's does",
+        "flat": "flat within noise (the interval includes 0)",
+        "reversed": "REVERSED beyond noise: bias the other way, not bias removed",
+    }[slope["direction"]]
+    return (
+        f"its σ slope on position is {slope['slope']:+.4f} [95 % interval {slope['slope_low']:+.4f}, "
+        f"{slope['slope_high']:+.4f} over {units} {unit}], stock's {slope['stock_slope']:+.4f}: {what}"
+    )
 
 
 def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
@@ -564,6 +599,10 @@ class TuneResult:
             out["test_score_effect"] = float(self.test_effect["effect"])
             out["test_score_effect_low"] = float(self.test_effect["low"])
             out["test_score_effect_high"] = float(self.test_effect["high"])
+            if "slope_low" in self.test_effect:
+                out["test_slope_low"] = float(self.test_effect["slope_low"])
+                out["test_slope_high"] = float(self.test_effect["slope_high"])
+                out["test_profile_reversed_beyond_noise"] = float(self.test_effect["direction"] == "reversed")
         if self.test_reversal() is not None:
             out["test_profile_reversed"] = 1.0
         out["skipped"] = float(len(self.skipped))
@@ -599,6 +638,8 @@ class TuneResult:
             iv = self.intervals.get(f"{split}:{t.key}", {})
             for k in ("guard_change", "guard_low", "guard_high", "effect", "effect_low", "effect_high"):
                 row[k] = iv.get(k, np.nan)
+            if "direction" in iv:
+                row.update(slope_low=iv["slope_low"], slope_high=iv["slope_high"], direction=iv["direction"])
             if "guard_low" in iv:
                 row["constraint_on_interval"] = interval_verdict(iv["guard_low"], iv["guard_high"], -self.max_drop)
             if split == DEV:
@@ -637,7 +678,12 @@ class TuneResult:
         c = self.trial(self.chosen, TEST).metrics.get("slope")
         if s is None or c is None:
             return None
-        return reversal_text(s, c, f"on the held-out test split the chosen {self.chosen_label}")
+        text = reversal_text(s, c, f"on the held-out test split the chosen {self.chosen_label}")
+        e = self.test_effect or {}
+        if text is not None and "direction" in e:
+            judged = "the reversal is beyond noise" if e["direction"] == "reversed" else "a sign flip within noise"
+            text += f" (the slope's 95 % interval is {e['slope_low']:+.4f}, {e['slope_high']:+.4f}: {judged})"
+        return text
 
 
 def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
