@@ -6,7 +6,7 @@ family (dev) under the recall constraint, then evaluates stock, the chosen setti
 feasible dev setting on the held-out family (test).  Each row gives, on the held-out family, the share of
 stock's σ spread removed with its 95 % paired bootstrap interval over segment sets, recall@n's change from stock
 with its interval, the constraint judged on the interval, the σ slope with its interval over the same sets,
-whether its sign flipped from stock's, and its direction judged on the interval (as stock / flat / reversed:
+whether its sign flipped from stock's, and its direction judged on the interval (as stock / unresolved / reversed:
 ``posfair.fairness.measures.slope_direction``, the rule the tuner's summary uses).
 
 The goal the issue states: a setting that removes >= 80 % of the spread (the interval's lower end), without

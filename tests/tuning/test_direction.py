@@ -24,13 +24,15 @@ from conftest import tiny_corpus  # noqa: E402
 def test_direction_by_hand():
     # stock leans down (earlier positions represented better, the papers' finding)
     assert slope_direction(-0.02, -0.015, -0.005) == "as stock"
-    assert slope_direction(-0.02, -0.004, +0.001) == "flat"
-    assert slope_direction(-0.02, -0.001, +0.004) == "flat"  # a positive point estimate inside the noise: flat
+    assert slope_direction(-0.02, -0.004, +0.001) == "unresolved"
+    assert slope_direction(-0.02, -0.001, +0.004) == "unresolved"  # a positive point estimate inside the noise
     assert slope_direction(-0.02, +0.001, +0.004) == "reversed"
     # stock leaning up: the same rule mirrored
     assert slope_direction(+0.02, -0.004, -0.001) == "reversed"
     assert slope_direction(+0.02, +0.001, +0.004) == "as stock"
-    assert slope_direction(+0.02, 0.0, +0.004) == "flat"
+    assert slope_direction(+0.02, 0.0, +0.004) == "unresolved"
+    # no stock direction: nothing can be reversed
+    assert slope_direction(0.0, +0.001, +0.004) == "as stock" and slope_direction(float("nan"), -1, 1) == "unresolved"
 
 
 def _slope_by_polyfit(profile: np.ndarray) -> float:
@@ -98,7 +100,7 @@ def test_the_tuner_reports_the_slope_with_its_interval_and_direction(model, tmp_
     assert e["stock_slope"] == pytest.approx(res.trial(STOCK, TEST).metrics["slope"], abs=1e-9)
     summary = summary_markdown(res)
     assert f"Direction: its σ slope on position is {e['slope']:+.4f}" in summary
-    assert {"flat": "flat within noise", "as stock": "still leans", "reversed": "REVERSED"}[e["direction"]] in summary
+    assert {"unresolved": "is unresolved", "as stock": "still leans", "reversed": "REVERSED"}[e["direction"]] in summary
     cells = tuning_test_table(res).frame
     row = cells[cells["setting"] == res.chosen_label].iloc[0]
     assert (

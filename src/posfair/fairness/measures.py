@@ -127,20 +127,19 @@ def sets_slope(groups: Sequence[np.ndarray], column: int) -> float:
 
 
 #: the direction of a calibrated profile, judged on the 95 % interval of its slope (:func:`slope_direction`)
-DIRECTIONS = ("as stock", "flat", "reversed")
+DIRECTIONS = ("as stock", "unresolved", "reversed")
 
 
 def slope_direction(stock_slope: float, low: float, high: float) -> str:
     """Which way a calibrated σ profile leans, judged on its slope's interval ``[low, high]`` against the sign
     of stock's slope: ``"reversed"`` when the whole interval lies on the other side of zero (bias the other
-    way, beyond noise), ``"flat"`` when it includes zero (whatever the sign of the point estimate), ``"as
-    stock"`` when it lies on stock's side.  A sign flip inside a noise band is :func:`reversal_text`'s
-    reversal but not this one's."""
-    if not (np.isfinite(stock_slope) and np.isfinite(low) and np.isfinite(high)) or stock_slope == 0:
-        return "flat" if np.isfinite(low) and np.isfinite(high) and low <= 0 <= high else "as stock"
-    lo, hi = (low, high) if stock_slope > 0 else (-high, -low)  # stock's side is positive
-    if hi < 0:
-        return "reversed"
-    if lo <= 0:
-        return "flat"
-    return "as stock"
+    way, beyond noise), ``"as stock"`` when it lies on stock's side, ``"unresolved"`` when it includes zero
+    (the data cannot tell which way the profile leans: a flat profile, or too few units).  A sign flip inside
+    the interval is :func:`reversal_text`'s reversal but not this one's.  Without a stock direction (stock's
+    slope 0 or not finite) nothing is reversed: ``"unresolved"`` when the interval includes zero, else ``"as
+    stock"``."""
+    if not (np.isfinite(low) and np.isfinite(high)) or low <= 0 <= high:
+        return "unresolved"
+    if not np.isfinite(stock_slope) or stock_slope == 0:
+        return "as stock"
+    return "as stock" if (low > 0) == (stock_slope > 0) else "reversed"

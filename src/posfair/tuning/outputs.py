@@ -92,7 +92,8 @@ INTERVALS_NOTE = (
     "share of stock's score the setting removes (Δharm: Harm's change, points), with its interval; on interval: the constraint judged on the "
     "interval (holds = the whole interval above the limit, broken = below it, unresolved = the split cannot tell); "
     "σ slope: the calibrated profile's slope on position with its interval, and its direction on that interval "
-    "(as stock / flat = the interval includes 0 / reversed = the whole interval on the other side of 0 from stock's); "
+    "(as stock / unresolved = the interval includes 0 / reversed = the whole interval on the other side of 0 from "
+    "stock's); "
     "feasible: the search's rule, on the point estimate."
 )
 

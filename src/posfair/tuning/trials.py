@@ -443,7 +443,7 @@ def direction_text(slope: dict[str, Any], units: int, unit: str) -> str:
     """One sentence on a calibrated profile's direction (:func:`slope_interval`'s keys)."""
     what = {
         "as stock": "it still leans as stock's does",
-        "flat": "flat within noise (the interval includes 0)",
+        "unresolved": "which way it leans is unresolved (the interval includes 0: flat, or too few units to tell)",
         "reversed": "REVERSED beyond noise: bias the other way, not bias removed",
     }[slope["direction"]]
     return (
