@@ -72,7 +72,7 @@ def test_the_tuner_reports_the_slope_with_its_interval_and_direction(model, tmp_
         assert obj.score_slope(groups, 1) == pytest.approx(obj.evaluate(cal, split)["slope"], abs=1e-9)
         got = score_effect_interval(obj, cal, split)
         # an independent bootstrap of the same statistic, the same draws and seed
-        by_hand = [np.mean([_slope_by_polyfit(x[:, 1].mean(axis=0)) for x in gs]) for gs in [groups]][0]
+        by_hand = np.mean([_slope_by_polyfit(x[:, 1].mean(axis=0)) for x in groups])
         low, high = grouped_interval(
             groups,
             lambda gs: float(np.mean([_slope_by_polyfit(x[:, 1].mean(axis=0)) for x in gs])),

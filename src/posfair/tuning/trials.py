@@ -351,10 +351,14 @@ def score_effect_interval(objective: Objective, calibration: Resolved, split: st
     return out
 
 
+#: the keys :func:`slope_interval` adds to a score interval (and so to the trial intervals and the test effect)
+SLOPE_KEYS = ("stock_slope", "slope", "slope_low", "slope_high", "direction")
+
+
 def slope_interval(objective: Objective, groups: list[np.ndarray]) -> dict[str, Any]:
     """The calibrated profile's slope on position with its 95 % bootstrap interval over the same units and draws
     as the score's (:func:`score_effect_interval`), stock's slope, and the direction judged on that interval
-    (:func:`~posfair.fairness.measures.slope_direction`: as stock / flat / reversed)."""
+    (:func:`~posfair.fairness.measures.slope_direction`: as stock / unresolved / reversed)."""
     stock, slope = objective.score_slope(groups, 0), objective.score_slope(groups, 1)
     low, high = grouped_interval(groups, lambda gs: objective.score_slope(gs, 1), draws=CHECK_DRAWS, seed=CHECK_SEED)
     return {
@@ -381,7 +385,7 @@ def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[
         r = score_effect_interval(objective, t.calibration, t.split)
         if r is not None:
             row.update(effect=r["effect"], effect_low=r["low"], effect_high=r["high"], units=r["units"])
-            row.update({k: r[k] for k in ("slope", "slope_low", "slope_high", "direction") if k in r})
+            row.update({k: r[k] for k in SLOPE_KEYS if k in r})
         if row:
             out[f"{t.split}:{t.key}"] = row
     return out
@@ -406,7 +410,7 @@ def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any
     if interval is None:
         return None
     effect, low, high, units = interval["effect"], interval["low"], interval["high"], interval["units"]
-    slope = {k: interval[k] for k in ("stock_slope", "slope", "slope_low", "slope_high", "direction") if k in interval}
+    slope = {k: interval[k] for k in SLOPE_KEYS if k in interval}
     out = slope | {
         "score": result.score,
         "stock": result.trial(STOCK, TEST).metrics[result.score],
