@@ -8,23 +8,26 @@ so a block that uses a name it never defines fails.
 
 The demo (the set-up's last step) and every command that starts worker processes (Ray) run
 as a real subprocess of the installed ``posfair`` script.  The other ``posfair`` commands run
-the same script's entry point (``posfair.cli.main`` with the command's arguments) in a forked
-copy of this test process, so each starts with torch, transformers and sentence-transformers
-already imported (about 11 s of a fresh interpreter's start on this project's 2-core machine)
-and leaves nothing behind in the test process: its own working directory, environment,
-logging, warnings and exit code, as in a shell.
+the same script's entry point (``posfair.cli.main`` with the command's arguments) in a fork of
+a server process (``tests/fork_server.py``, a fresh interpreter started once per test process
+that imports posfair and waits), so each starts with torch, transformers and
+sentence-transformers already imported (about 11 s of a fresh interpreter's start on this
+project's 2-core machine) and with its own working directory, environment, logging, warnings
+and exit code, as in a shell.  The fork is not of the test process itself: a test before it
+may have left threads there (Ray's gRPC threads), and a fork copies them half-alive.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -111,58 +114,65 @@ def _forkable(cmd: str) -> list[str] | None:
     return tokens[1:]
 
 
-def _run_forked(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``posfair ARGS`` in ``cwd``: the script's entry point in a forked copy of this process (module docstring)."""
-    import posfair.cli  # noqa: F401  imported here once, so every fork starts with it
-    import posfair.encoding  # noqa: F401  torch, transformers, sentence-transformers
-    import posfair.fairness.ols  # noqa: F401  statsmodels
+class _ForkServer:
+    """``tests/fork_server.py`` in a fresh interpreter: one per test process, started on first use."""
 
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            code = 1
-            try:
-                os.chdir(cwd)
-                os.environ.clear()
-                os.environ.update(_env())
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                sys.stdout = open(1, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
-                sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
-                sys.argv = ["posfair", *args]
-                try:
-                    posfair.cli.main(args)
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                try:
-                    import logging
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "fork_server.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=_env(),
+            cwd=ROOT,
+        )
+        self.pending = b""
+        self.answer(_TIMEOUT)  # {"ready": true} once posfair, torch and statsmodels are imported
 
-                    logging.shutdown()
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
-        deadline = time.monotonic() + _TIMEOUT
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
+    def answer(self, timeout: float) -> dict | None:
+        """The server's next answer line, or None after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self.log.seek(0)
+                raise RuntimeError(f"the fork server ended: {self.log.read().decode(errors='replace')[-3000:]}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            req = {"args": args, "cwd": str(cwd), "env": _env(), "out": str(out), "err": str(err)}
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+            pid = self.answer(60)["pid"]
+            done = self.answer(_TIMEOUT)
+            if done is None:
                 os.kill(pid, 9)
-                os.waitpid(pid, 0)
+                self.answer(60)
                 raise subprocess.TimeoutExpired(["posfair", *args], _TIMEOUT)
-            time.sleep(0.2)
-        texts = []
-        for f in (out, err):
-            f.seek(0)
-            texts.append(f.read().decode("utf-8", errors="replace"))
-    return subprocess.CompletedProcess(["posfair", *args], os.waitstatus_to_exitcode(status), *texts)
+            texts = [p.read_text(encoding="utf-8", errors="replace") if p.exists() else "" for p in (out, err)]
+        return subprocess.CompletedProcess(["posfair", *args], os.waitstatus_to_exitcode(done["status"]), *texts)
+
+
+_SERVER: _ForkServer | None = None
+
+
+def _run_forked(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``posfair ARGS`` in ``cwd``: the script's entry point in a fork of the fork server (module docstring)."""
+    global _SERVER
+    if _SERVER is None or _SERVER.proc.poll() is not None:
+        _SERVER = _ForkServer()
+    return _SERVER.run(args, cwd)
 
 
 def readme_commands() -> list[str]:
@@ -316,9 +326,11 @@ def test_the_demo_is_the_chain_the_suite_starts_first():
 
 def test_a_forked_command_reports_its_exit_code_and_output_and_leaves_this_process_alone(tmp_path):
     """The forked runner is the shell's equivalent: a mistake is `error: ...` with exit 2, a success exit 0 with
-    its output, in the given folder; this process keeps its working directory and environment."""
-    _run_forked(["--version"], tmp_path)  # the runner's imports set their own variables (torch's KMP_*) first
+    its output, in the given folder; this process keeps its working directory and environment, and the forks
+    are made by the server's interpreter, not by this process (whose threads a fork would copy half-alive)."""
     cwd, env = os.getcwd(), dict(os.environ)
+    assert _run_forked(["--version"], tmp_path).returncode == 0
+    assert _SERVER.proc.pid != os.getpid() and _SERVER.proc.poll() is None  # the forks' parent: its own interpreter
     bad = _run_forked(["audit", "--docs", "0", "--out", "x"], tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "--docs" in bad.stderr, bad
     for args in (["verify", "."], ["--help"]):  # exit 2 (not a store) and exit 0: as the script says them
