@@ -37,6 +37,7 @@ LEVELS = [
             "posfair.model",
             "posfair.bundled",
             "posfair.calibrated_transformer",
+            "posfair.stock_layers",
             "posfair.model_info",
             "posfair.store",
             "posfair.hub",

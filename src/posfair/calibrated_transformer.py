@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from posfair import compat
+from posfair import compat, stock_layers
 from posfair.calibration import attention as att
 from posfair.calibration import fallback, transformers4
 from posfair.calibration.choice import STOCK, Resolved, check_choice
@@ -240,10 +240,48 @@ class CalibratedTransformer(Transformer):
         """ "registry" or "fallback": how calibration reaches this model's attention."""
         return self._mode()
 
+    # -- stock layers shared between stock and calibrated passes (posfair.stock_layers) --------------
+    def layer_stack(self):
+        """The model's stack of transformer layers (None if not found structurally)."""
+        cached = self.__dict__.get("_posfair_layer_stack")
+        if cached is None or cached[0] is not self.auto_model:
+            stack = stock_layers.find_layer_stack(self.auto_model, self.num_layers)
+            if stack is not None:
+                stock_layers.install(stack)
+            cached = (self.auto_model, stack)
+            self.__dict__["_posfair_layer_stack"] = cached
+        return cached[1]
+
+    def first_calibrated_layer(self, calibration: Resolved) -> int | None:
+        """The lowest layer ``calibration`` changes (None for STOCK or a calibration of no layer)."""
+        if calibration is STOCK:
+            return None
+        layers = self.resolve(calibration).layer_set
+        return min(layers) if layers else None
+
+    def _stock_layers_part(self, features: dict[str, Any], cal: Resolved, recording, kwargs: dict):
+        share = stock_layers.active_sharing()
+        if share is None or recording is not None:
+            return None
+        if kwargs.get("output_hidden_states") or getattr(self.auto_model.config, "output_hidden_states", False):
+            return None  # the layers in between are read
+        stack = self.layer_stack()
+        if stack is None:
+            return None
+        self._mode()  # the mechanism probe (a forward pass of its own) runs before, never inside, this pass's part
+        first = self.first_calibrated_layer(cal)
+        if cal is not STOCK and first is None:
+            return None
+        return stock_layers.batch_part(share, id(stack), features, first)
+
     # -- forward ------------------------------------------------------------------------------
     def forward(self, features: dict[str, Any], **kwargs) -> dict[str, Any]:
         cal = effective_calibration(self.default_calibration)
         recording = _RECORDING.get()
+        with stock_layers.batch_scope(self._stock_layers_part(features, cal, recording, kwargs)):
+            return self._forward(features, cal, recording, **kwargs)
+
+    def _forward(self, features: dict[str, Any], cal: Resolved, recording, **kwargs) -> dict[str, Any]:
         if cal is STOCK and recording is None:
             return super().forward(features, **kwargs)
         ids = features.get("input_ids")

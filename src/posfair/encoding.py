@@ -151,6 +151,18 @@ def model_limit(model: Any, max_seq_length: int | None = None) -> int:
 
 
 @contextlib.contextmanager
+def sharing_stock_layers(model: Any, calibrations: Sequence[Any]) -> Iterator[Any]:
+    """``model.sharing_stock_layers(calibrations)`` (``posfair.stock_layers``) for a posfair model; for any other
+    model a block that shares nothing (yields None).  Encode stock first, then the calibrations, on the same texts."""
+    share = getattr(model, "sharing_stock_layers", None)
+    if share is None or not calibrations:
+        yield None
+        return
+    with share(calibrations) as counts:
+        yield counts
+
+
+@contextlib.contextmanager
 def max_seq_length(model: Any, length: int) -> Iterator[None]:
     """Within the block, ``model.max_seq_length`` is ``length`` (restored after, also on error)."""
     old = getattr(model, "max_seq_length", None)

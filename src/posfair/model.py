@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from posfair import compat
+from posfair import compat, stock_layers
 from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibrated_transformer import (
     MODULE_CLASSES,
@@ -191,6 +191,32 @@ class FairModel(SentenceTransformer):
             self.transformer_module.resolve(calibration)
         with calibration_override(calibration):
             yield self
+
+    @contextlib.contextmanager
+    def sharing_stock_layers(
+        self, calibrations: Sequence[CalibrationChoice], budget_bytes: int = stock_layers.DEFAULT_BUDGET
+    ) -> Iterator[stock_layers.StockLayers | None]:
+        """Within the block, compute the stock layers below every calibration's first calibrated layer
+        once: a stock ``encode`` of some texts keeps, per batch, the output of the layer below each
+        calibration's first calibrated layer, and a later ``encode`` of the same texts (same batches)
+        with one of ``calibrations`` starts there.  Bit-identical to encoding without the block
+        (``posfair.stock_layers``); at most ``budget_bytes`` are kept (in CPU memory).  Yields the
+        counts (``.summary()``), or None when nothing can be shared (no calibration starts above
+        layer 0, or no layer stack found)."""
+        firsts = []
+        tm = self.transformer_module
+        for c in calibrations:
+            c = self.resolve_calibration(c)
+            first = tm.first_calibrated_layer(c)
+            if first is not None:
+                firsts.append(first)
+        starts = tuple(sorted({f for f in firsts if f > 0}))
+        stack = tm.layer_stack() if starts else None
+        share = None if stack is None else stock_layers.StockLayers(starts, id(stack), budget_bytes)
+        with stock_layers.sharing(share):
+            yield share
+        if share is not None:
+            logging.getLogger(__name__).debug("%s", share.summary())
 
     @contextlib.contextmanager
     def recording_attention(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import importlib.util
 import logging
 import re
@@ -265,6 +266,9 @@ def run_ray(
         return _run_with_replacements(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers)
     finally:
         if started_here:
+            # Ray's stream objects left in reference cycles call into the core worker when collected: collect
+            # them while it is alive (after shutdown such a call crashes the process)
+            gc.collect()
             ray.shutdown()  # ends this driver's job, and with it any actor it created
 
 

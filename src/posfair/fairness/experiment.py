@@ -381,50 +381,63 @@ def run_instances(
             seg_tokens = {s: len(ids) for s, ids in zip(seg_ids, lens, strict=True)}
             stock_segs: dict[str, np.ndarray] | None = None
             stock_docs: np.ndarray | None = None
-            for cal in variants:
-                label, key = cal.label(), cal.key()
-                t0 = time.perf_counter()
-                if log.isEnabledFor(logging.INFO):
-                    (n_seg, seg_hit), (n_doc, doc_hit) = (
-                        encoder.cached(seg_texts, cal),
-                        encoder.cached([d.text for d in inst.documents], cal),
-                    )
-                    log.info(
-                        "%s, %s: %d segments (%d cached), %d documents (%d cached)",
-                        inst.key,
-                        label,
-                        n_seg,
-                        seg_hit,
-                        n_doc,
-                        doc_hit,
-                    )
-                total = len(seg_texts) + len(inst.documents)
-                raw = progress(f"{inst.key} {label}", total, 0) if progress else None
-                ticked = [0]
-
-                def tick(k: int, raw=raw, ticked=ticked) -> None:
-                    ticked[0] += k
-                    if raw is not None:
-                        raw(k)
-
-                seg_mat = encoder.segments(seg_texts, cal, tick)
-                segs = dict(zip(seg_ids, seg_mat, strict=True))
-                doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
-                if raw is not None and ticked[0] < total:  # what came from the cache was never ticked
-                    raw(total - ticked[0])
-                timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
-                log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.key}/{label}"])
-                frames.append(
-                    _observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs)
-                )
-                if cal is STOCK:
-                    stock_segs, stock_docs = segs, doc_vecs
-                elif settings.control:
-                    frames.append(
-                        _observations(
-                            inst, info, label, key, "control", doc_vecs, stock_segs, ctx_vecs, seg_tokens, stock_docs
+            # stock first: its layers below the calibrations' first calibrated layer serve them all
+            with enc.sharing_stock_layers(model, calibrations) as share:
+                for cal in variants:
+                    label, key = cal.label(), cal.key()
+                    t0 = time.perf_counter()
+                    if log.isEnabledFor(logging.INFO):
+                        (n_seg, seg_hit), (n_doc, doc_hit) = (
+                            encoder.cached(seg_texts, cal),
+                            encoder.cached([d.text for d in inst.documents], cal),
                         )
+                        log.info(
+                            "%s, %s: %d segments (%d cached), %d documents (%d cached)",
+                            inst.key,
+                            label,
+                            n_seg,
+                            seg_hit,
+                            n_doc,
+                            doc_hit,
+                        )
+                    total = len(seg_texts) + len(inst.documents)
+                    raw = progress(f"{inst.key} {label}", total, 0) if progress else None
+                    ticked = [0]
+
+                    def tick(k: int, raw=raw, ticked=ticked) -> None:
+                        ticked[0] += k
+                        if raw is not None:
+                            raw(k)
+
+                    seg_mat = encoder.segments(seg_texts, cal, tick)
+                    segs = dict(zip(seg_ids, seg_mat, strict=True))
+                    doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
+                    if raw is not None and ticked[0] < total:  # what came from the cache was never ticked
+                        raw(total - ticked[0])
+                    timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
+                    log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.key}/{label}"])
+                    frames.append(
+                        _observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs)
                     )
+                    if cal is STOCK:
+                        stock_segs, stock_docs = segs, doc_vecs
+                    elif settings.control:
+                        frames.append(
+                            _observations(
+                                inst,
+                                info,
+                                label,
+                                key,
+                                "control",
+                                doc_vecs,
+                                stock_segs,
+                                ctx_vecs,
+                                seg_tokens,
+                                stock_docs,
+                            )
+                        )
+            if share is not None:
+                log.debug("%s: %s", inst.key, share.summary())
     obs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OBSERVATION_COLUMNS)
     return obs, timings
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.coverage import NOOP_LABEL
+from posfair.encoding import sharing_stock_layers
 from posfair.io import atomic_write_json
 from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback
@@ -181,16 +182,20 @@ def run_sweep(
         manifest["settings"] = list(dict.fromkeys(old.get("settings", []) + manifest["settings"]))
     atomic_write_json(mpath, manifest)
     results = []
-    for ev in evaluators:
-        run_path = out / "runs" / f"{_run_name(ev)}.json"
-        if run_path.exists():
-            results.append(RetrievalResult.load(run_path))
-            continue
-        share = ev.calibrated_share(model)
-        logger.info("%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else "")
-        result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
-        result.save(run_path)
-        results.append(result)
+    # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.stock_layers)
+    with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
+        for ev in evaluators:
+            run_path = out / "runs" / f"{_run_name(ev)}.json"
+            if run_path.exists():
+                results.append(RetrievalResult.load(run_path))
+                continue
+            share = ev.calibrated_share(model)
+            logger.info("%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else "")
+            result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
+            result.save(run_path)
+            results.append(result)
+    if shared is not None:
+        logger.debug("%s: %s", benchmark.name, shared.summary())
     noop = noop_settings(results)
     if noop:
         logger.warning(
