@@ -151,14 +151,15 @@ def model_limit(model: Any, max_seq_length: int | None = None) -> int:
 
 
 @contextlib.contextmanager
-def sharing_stock_layers(model: Any, calibrations: Sequence[Any]) -> Iterator[Any]:
-    """``model.sharing_stock_layers(calibrations)`` (``posfair.stock_layers``) for a posfair model; for any other
-    model a block that shares nothing (yields None).  Encode stock first, then the calibrations, on the same texts."""
+def sharing_stock_layers(model: Any, calibrations: Sequence[Any], into: Any = None) -> Iterator[Any]:
+    """``model.sharing_stock_layers(calibrations, into=into)`` (``posfair.stock_layers``) for a posfair model; for
+    any other model, or with nothing to share, a block that shares nothing (yields None).  Encode stock first, then
+    the calibrations, on the same texts."""
     share = getattr(model, "sharing_stock_layers", None)
-    if share is None or not calibrations:
+    if share is None or (into is None and not calibrations):
         yield None
         return
-    with share(calibrations) as counts:
+    with share(calibrations, into=into) as counts:
         yield counts
 
 

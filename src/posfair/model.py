@@ -194,7 +194,11 @@ class FairModel(SentenceTransformer):
 
     @contextlib.contextmanager
     def sharing_stock_layers(
-        self, calibrations: Sequence[CalibrationChoice], budget_bytes: int = stock_layers.DEFAULT_BUDGET
+        self,
+        calibrations: Sequence[CalibrationChoice],
+        budget_bytes: int = stock_layers.DEFAULT_BUDGET,
+        *,
+        into: stock_layers.StockLayers | None = None,
     ) -> Iterator[stock_layers.StockLayers | None]:
         """Within the block, compute the stock layers below every calibration's first calibrated layer
         once: a stock ``encode`` of some texts keeps, per batch, the output of the layer below each
@@ -202,21 +206,34 @@ class FairModel(SentenceTransformer):
         with one of ``calibrations`` starts there.  Bit-identical to encoding without the block
         (``posfair.stock_layers``); at most ``budget_bytes`` are kept (in CPU memory).  Yields the
         counts (``.summary()``), or None when nothing can be shared (no calibration starts above
-        layer 0, or no layer stack found)."""
-        firsts = []
+        layer 0, or no layer stack found).
+
+        ``into``: go on with the kept outputs of :meth:`stock_layers_keeper` (``calibrations`` and
+        ``budget_bytes`` are then its own); they stay after the block, for the next one (a tuner's
+        trials), until ``into.release()``."""
+        if into is not None:
+            stack = self.transformer_module.layer_stack()
+            if stack is None or into.stack_id != id(stack):
+                raise ValueError("the kept stock layers belong to another model")
+            with stock_layers.sharing(into, release=False):
+                yield into
+            return
         tm = self.transformer_module
-        for c in calibrations:
-            c = self.resolve_calibration(c)
-            first = tm.first_calibrated_layer(c)
-            if first is not None:
-                firsts.append(first)
-        starts = tuple(sorted({f for f in firsts if f > 0}))
-        stack = tm.layer_stack() if starts else None
-        share = None if stack is None else stock_layers.StockLayers(starts, id(stack), budget_bytes)
+        firsts = [tm.first_calibrated_layer(self.resolve_calibration(c)) for c in calibrations]
+        share = self.stock_layers_keeper([f for f in firsts if f is not None], budget_bytes)
         with stock_layers.sharing(share):
             yield share
         if share is not None:
             logging.getLogger(__name__).debug("%s", share.summary())
+
+    def stock_layers_keeper(
+        self, starts: Sequence[int] | None = None, budget_bytes: int = stock_layers.DEFAULT_BUDGET
+    ) -> stock_layers.StockLayers | None:
+        """What :meth:`sharing_stock_layers` keeps, for the first calibrated layers ``starts`` (None: every layer
+        1..L-1), to use across blocks with ``into=``; None when nothing can be shared."""
+        starts = tuple(sorted({int(k) for k in (range(1, self.num_layers) if starts is None else starts) if k > 0}))
+        stack = self.transformer_module.layer_stack() if starts else None
+        return None if stack is None else stock_layers.StockLayers(starts, id(stack), budget_bytes)
 
     @contextlib.contextmanager
     def recording_attention(

@@ -29,10 +29,11 @@ plain call otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,10 @@ class StockLayers:
         self.kept_bytes += size
         self.outputs_kept += 1
 
+    def release(self) -> None:
+        """Drop the kept outputs (the counts stay)."""
+        self.kept.clear()
+
     def summary(self) -> str:
         return (
             f"stock layers shared below layer(s) {', '.join(map(str, self.starts))}: {self.batches_shared} calibrated "
@@ -116,20 +121,25 @@ def active_sharing() -> StockLayers | None:
     return _SHARING.get()
 
 
-class sharing:
-    """``with sharing(StockLayers(...)):`` -- forward passes of its model take part (FairModel.sharing_stock_layers)."""
+@contextlib.contextmanager
+def _set(var: contextvars.ContextVar, value: Any) -> Iterator[Any]:
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
 
-    def __init__(self, share: StockLayers | None):
-        self.share, self.token = share, None
 
-    def __enter__(self) -> StockLayers | None:
-        self.token = _SHARING.set(self.share)
-        return self.share
-
-    def __exit__(self, *exc) -> None:
-        _SHARING.reset(self.token)
-        if self.share is not None:
-            self.share.kept.clear()  # the memory goes; kept_bytes stays as the block's count
+@contextlib.contextmanager
+def sharing(share: StockLayers | None, release: bool = True) -> Iterator[StockLayers | None]:
+    """Within the block, forward passes of ``share``'s model take part (FairModel.sharing_stock_layers); with
+    ``release`` the kept outputs go when it ends."""
+    with _set(_SHARING, share):
+        try:
+            yield share
+        finally:
+            if share is not None and release:
+                share.release()
 
 
 def batch_part(share: StockLayers | None, stack_id: int, features: Mapping[str, Any], first_calibrated: int | None):
@@ -157,18 +167,9 @@ def active_batch() -> BatchLayers | None:
     return _BATCH.get()
 
 
-class batch_scope:
-    """``with batch_scope(batch):`` -- the batch's part is active for one forward pass."""
-
-    def __init__(self, batch: BatchLayers | None):
-        self.batch, self.token = batch, None
-
-    def __enter__(self) -> BatchLayers | None:
-        self.token = _BATCH.set(self.batch)
-        return self.batch
-
-    def __exit__(self, *exc) -> None:
-        _BATCH.reset(self.token)
+def batch_scope(batch: BatchLayers | None):
+    """Within the block, ``batch`` is this forward pass's part (None: none)."""
+    return _set(_BATCH, batch)
 
 
 def input_digest(features: Mapping[str, Any]) -> bytes:

@@ -361,8 +361,14 @@ def run_instances(
     info: ModelInfo,
     settings: AuditSettings,
     progress: Callable[[str, int, int], Callable[[int], None]] | None = None,
+    stock_layers: Any = None,
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Embed (through the cache) and measure every instance; returns (observations, timings).
+
+    Each instance is encoded stock first, and the stock layers below the calibrations' first calibrated
+    layers are computed once for all of them (``posfair.stock_layers``; the same numbers); ``stock_layers``:
+    a ``FairModel.stock_layers_keeper()`` whose kept outputs serve (and outlive) this call, as the tuner's
+    trials do.
 
     ``progress(description, total, already_done)`` may return a callback ``tick(k)``.
     """
@@ -382,7 +388,7 @@ def run_instances(
             stock_segs: dict[str, np.ndarray] | None = None
             stock_docs: np.ndarray | None = None
             # stock first: its layers below the calibrations' first calibrated layer serve them all
-            with enc.sharing_stock_layers(model, calibrations) as share:
+            with enc.sharing_stock_layers(model, calibrations, into=stock_layers) as share:
                 for cal in variants:
                     label, key = cal.label(), cal.key()
                     t0 = time.perf_counter()
@@ -436,7 +442,7 @@ def run_instances(
                                 stock_docs,
                             )
                         )
-            if share is not None:
+            if share is not None and stock_layers is None:
                 log.debug("%s: %s", inst.key, share.summary())
     obs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OBSERVATION_COLUMNS)
     return obs, timings

@@ -77,6 +77,20 @@ class Objective:
         """Fraction of the split's texts ``calibration`` changes (0 = a no-op the search skips); None = unknown."""
         return None
 
+    def stock_layers(self) -> Any:
+        """The stock layer outputs kept for the trials (``FairModel.stock_layers_keeper``: every first calibrated
+        layer), made on first use from ``self.model``; None when the model cannot share them."""
+        if not hasattr(self, "_stock_layers"):
+            keeper = getattr(getattr(self, "model", None), "stock_layers_keeper", None)
+            self._stock_layers = keeper() if keeper is not None else None
+        return self._stock_layers
+
+    def release(self) -> None:
+        """Drop the stock layer outputs kept for the trials (the search is over)."""
+        kept = getattr(self, "_stock_layers", None)
+        if kept is not None:
+            kept.release()
+
     #: what :meth:`guard_units` is indexed by (named in the test check)
     unit = "units"
 
@@ -317,6 +331,7 @@ class FairnessObjective(Objective):
                 self.info,
                 self.settings,
                 self.progress,
+                stock_layers=self.stock_layers(),
             )
         return obs
 
@@ -510,7 +525,8 @@ class RetrievalObjective(Objective):
             show_progress_bar=self.show_progress_bar,
             progress=self.progress,
         )
-        res = ev.evaluate(self.model)
+        with enc.sharing_stock_layers(self.model, [], into=self.stock_layers()):  # stock runs first (the baseline)
+            res = ev.evaluate(self.model)
         self._per_query[(calibration.key(), split)] = pd.Series(res.ndcg, index=res.query_ids)
         out = {k: float(v) for k, v in res.metrics.items() if k in ("harm", "psi", "ndcg@10")}
         for g, v in res.groups.items():

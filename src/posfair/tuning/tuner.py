@@ -177,6 +177,7 @@ def tune(
                 obj.audit_result(cals, "test", corpus_name="tuning").save(
                     Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
                 )
+        getattr(obj, "release", lambda: None)()  # the stock layers kept for the trials
     if save_model is not None:
         # saved with the token limit the search encoded at, so that the folder reproduces the tuner's embeddings
         info = getattr(obj, "info", None)
