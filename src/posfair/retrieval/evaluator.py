@@ -39,7 +39,7 @@ from posfair.retrieval.late import LateChunking, late_scores
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.search import search
-from posfair.store import EmbeddingStore, Namespace, embedding_namespace
+from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 __all__ = [
     "QWEN3_QUERY_PROMPT",
@@ -409,6 +409,23 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
             quiet_fallback()
         ):  # the share is reported once per setting (RetrievalResult.calibrated_share), not per chunk
             return self._embed(texts, ns, self._encoder(model, self.document_prompt, self.calibration), advance)
+
+    def documents_to_encode(self, model: Any) -> int:
+        """How many distinct documents :meth:`encode_documents` would encode (not in the store)."""
+        texts = self.benchmark.corpus_texts
+        if self.store is None:
+            return len(set(texts))
+        ns = embedding_namespace(self.store, model_fingerprint(model), self.calibration, self.document_prompt)
+        return len(ns.missing(text_key(t) for t in texts))
+
+    def stock_pass(self, model: Any) -> None:
+        """Encode the documents stock as :meth:`encode_documents` would when none is stored (the same chunks and
+        batches), storing nothing: inside ``sharing_stock_layers`` this keeps the stock layers for the calibrated
+        passes that follow when the stock vectors themselves come from the store."""
+        b = self.benchmark
+        with progress_tasks(self.show_progress_bar, logger, self.progress) as task:
+            advance = task(f"{b.name}: documents (stock layers for the calibrations)", len(set(b.corpus_texts)))
+            self._embed(b.corpus_texts, None, self._encoder(model, self.document_prompt, STOCK), advance)
 
     def encode_chunks(
         self, model: Any, advance: Callable[[int], None] = lambda n: None

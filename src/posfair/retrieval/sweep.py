@@ -102,6 +102,35 @@ def write_results(
     return written
 
 
+def _stock_pass_if_worth_it(model: Any, evaluators: list[PositionalRetrievalEvaluator], out: Path) -> bool:
+    """When the stock documents come from the store, the calibrations to encode would start from layer 0: a stock pass
+    (its vectors discarded) lets them start at their first calibrated layer instead.  Run when the layers it saves
+    (the first calibrated layers of the calibrations whose documents are all still to encode) outnumber the layers it
+    costs (the model's).  Returns whether it ran."""
+    starts = getattr(getattr(model, "transformer_module", None), "first_calibrated_layer", None)
+    if starts is None or not evaluators or evaluators[0].method != "stock":
+        return False
+    stock, corpus = evaluators[0], len(set(evaluators[0].benchmark.corpus_texts))
+    if stock.documents_to_encode(model) and not (out / "runs" / f"{_run_name(stock)}.json").exists():
+        return False  # the stock run encodes them itself
+    saved = sum(
+        starts(ev.calibration) or 0
+        for ev in evaluators
+        if ev.method == "calibrated"
+        and not (out / "runs" / f"{_run_name(ev)}.json").exists()
+        and ev.calibrated_share(model)
+        and ev.documents_to_encode(model) == corpus
+    )
+    if saved <= model.num_layers:
+        return False
+    logger.info(
+        "%s: a stock pass over the documents (stored already) so that the calibrations start above layer 0",
+        stock.benchmark.name,
+    )
+    stock.stock_pass(model)
+    return True
+
+
 def run_sweep(
     model: Any,
     benchmark: RetrievalBenchmark,
@@ -184,6 +213,7 @@ def run_sweep(
     results = []
     # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.stock_layers)
     with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
+        _stock_pass_if_worth_it(model, evaluators, out)
         for ev in evaluators:
             run_path = out / "runs" / f"{_run_name(ev)}.json"
             if run_path.exists():
