@@ -6,11 +6,14 @@ started (Ray's core worker and gRPC threads, torch's pools), which a fork of the
 process itself would copy half-alive and which crashed such a fork with SIGSEGV.  This
 process never computes anything: it imports, then waits on its standard input.
 
-Protocol: one JSON object per line on standard input, ``{"args", "cwd", "env", "out",
-"err"}``; for each, the server forks, the child runs ``posfair.cli.main(args)`` with its
-working directory, environment and standard output/error files set, and the server answers
-one line ``{"pid": PID}`` at once and ``{"status": WAIT_STATUS}`` when the child ends.  The
-server exits when its standard input closes (the test process ended).
+Protocol: one JSON object per line on standard input, ``{"id", "args", "cwd", "env", "out",
+"err"}`` (optional ``"fsize"``: a file-size limit in bytes, ``RLIMIT_FSIZE``, set in the child);
+for each, the server forks, the child runs ``posfair.cli.main(args)`` with its working
+directory, environment and standard output/error files set, and the server answers one line
+``{"id": ID, "pid": PID}`` at once and ``{"id": ID, "status": WAIT_STATUS}`` when the child
+ends.  Children run concurrently (several requests may be in flight); the server is one thread
+(it waits on its input and reaps children in turn), so a fork copies no other thread.  The
+server exits when its standard input closes (the test process ended), after its children.
 """
 
 from __future__ import annotations
@@ -18,13 +21,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import sys
+import time
 import traceback
 
 
 def _child(req: dict) -> None:
     code = 1
     try:
+        if req.get("fsize") is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, (req["fsize"], req["fsize"]))  # SIGXFSZ: Python ignores it
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -54,19 +63,38 @@ def _child(req: dict) -> None:
             os._exit(code)
 
 
-def serve(requests, answers) -> None:
-    for line in requests:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(req)  # never returns
-        answers.write(json.dumps({"pid": pid}) + "\n")
+def serve(fd: int, answers) -> None:
+    """Requests from the file descriptor ``fd`` until it closes; answers on ``answers`` (module docstring)."""
+
+    def say(msg: dict) -> None:
+        answers.write(json.dumps(msg) + "\n")
         answers.flush()
-        _, status = os.waitpid(pid, 0)
-        answers.write(json.dumps({"status": status}) + "\n")
-        answers.flush()
+
+    children: dict[int, object] = {}  # pid -> the request's id
+    pending, open_ = b"", True
+    while open_ or children:
+        # wait for a request; while children run, wake up every 50 ms to reap the finished ones
+        if open_ and select.select([fd], [], [], 0.05 if children else None)[0]:
+            chunk = os.read(fd, 65536)
+            open_ = bool(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if not line.strip():
+                    continue
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(req)  # never returns
+                children[pid] = req.get("id")
+                say({"id": req.get("id"), "pid": pid})
+        elif not open_:
+            time.sleep(0.05)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            say({"id": children.pop(pid, None), "status": status})
 
 
 if __name__ == "__main__":
@@ -78,4 +106,4 @@ if __name__ == "__main__":
     os.dup2(2, 1)  # anything the imports print goes to stderr, not into the answers
     answers.write(json.dumps({"ready": True}) + "\n")
     answers.flush()
-    serve(sys.stdin, answers)
+    serve(sys.stdin.fileno(), answers)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from forked import run_forked, server
 from posfair.cli import app
 
 TEXTS = [
@@ -199,26 +200,20 @@ def test_an_empty_model_name_is_refused(tmp_path, no_model):
 
 def test_an_output_over_a_file_size_limit_is_named_with_its_cause(tmp_path, tiny):
     """Under a file-size limit the output write fails: one line naming the output and the cause, exit 1,
-    nothing partial at the output path; the cache stays valid and the same run completes without the limit."""
-    import os
-    import resource
-    import subprocess
-    import sys
-
+    nothing partial at the output path; the cache stays valid and the same run completes without the limit.
+    (The command runs as the ``posfair`` script does, in a process of its own: tests/forked.py.)"""
     texts = [f"text number {i} about installing packages" for i in range(300)]
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
     out = tmp_path / "out.npy"
-    cmd = [sys.executable, "-m", "posfair.cli", "encode", "-i", str(tmp_path / "in.txt"), "-o", str(out), "--chunk-size", "50",
-           "--cache", str(tmp_path / "cache"), *map(str, tiny)]  # fmt: skip
+    args = ["encode", "-i", str(tmp_path / "in.txt"), "-o", str(out), "--chunk-size", "50",
+            "--cache", str(tmp_path / "cache"), *map(str, tiny)]  # fmt: skip
     limit = 40_000  # the output (300 x 64 float32 = 76,928 bytes) does not fit; a 50-text cache shard does
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
-                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))  # fmt: skip
+    res = run_forked(args, tmp_path, fsize=limit)
     assert res.returncode == 1, res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: cannot write {out}: ") and ("file too large" in last or "cut short" in last), last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "in.txt"]  # no partial output, no temporary file
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    res = run_forked(args, tmp_path)
     assert res.returncode == 0, res.stderr
     assert np.load(out).shape == (300, 64)
 
@@ -270,18 +265,13 @@ def test_runs_sharing_a_temporary_cache_leave_nothing_behind(tmp_path):
 
 
 def test_concurrent_encode_runs_on_one_output_leave_no_cache(tmp_path, tiny):
-    import os
-    import subprocess
-    import sys
-
+    """Three ``posfair encode`` processes at once on one output, no --cache: each exits 0, and the
+    temporary cache folder they shared is gone after the last one."""
     (tmp_path / "in.txt").write_text("\n".join(f"text {i} " * 5 for i in range(60)) + "\n")
-    cmd = [sys.executable, "-m", "posfair.cli", "encode", "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy"),
-           "--chunk-size", "5", *map(str, tiny)]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    procs = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err
+    args = ["encode", "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy"), "--chunk-size", "5",
+            *map(str, tiny)]  # fmt: skip
+    runs = [server().start(args, tmp_path) for _ in range(3)]  # three processes, running concurrently
+    for run in runs:
+        res = server().wait(run, timeout=600)
+        assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]

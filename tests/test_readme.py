@@ -6,31 +6,25 @@ last command (``posfair demo``) and every other command run in a scratch folder
 with this interpreter's ``posfair``.  Each Python block runs in a fresh namespace,
 so a block that uses a name it never defines fails.
 
-The demo (the set-up's last step) and every command that starts worker processes (Ray) run
-as a real subprocess of the installed ``posfair`` script.  The other ``posfair`` commands run
-the same script's entry point (``posfair.cli.main`` with the command's arguments) in a fork of
-a server process (``tests/fork_server.py``, a fresh interpreter started once per test process
-that imports posfair and waits), so each starts with torch, transformers and
-sentence-transformers already imported (about 11 s of a fresh interpreter's start on this
-project's 2-core machine) and with its own working directory, environment, logging, warnings
-and exit code, as in a shell.  The fork is not of the test process itself: a test before it
-may have left threads there (Ray's gRPC threads), and a fork copies them half-alive.
+A command that starts worker processes (Ray) runs in a shell, as a real subprocess of the
+installed ``posfair`` script.  The other ``posfair`` commands (the demo among them) run the same
+script's entry point in a fork of a server process that imported posfair once
+(``tests/forked.py``), with their own working directory, environment, logging, warnings and
+exit code, as in a shell; ``test_a_forked_command_...`` checks a fork against the script.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import select
 import shlex
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from forked import TIMEOUT, command_env, run_forked, server
+from ray_sessions import child_of, session_of, session_settles
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -89,19 +83,9 @@ def test_setup_commands_are_what_ci_runs():
     assert tests in ci, tests
 
 
-#: seconds a README command may take
-_TIMEOUT = 1500
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
 def _run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
     cmd = cmd.replace(".venv/bin/", "")
-    return subprocess.run(cmd, shell=True, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=_TIMEOUT)
+    return subprocess.run(cmd, shell=True, cwd=cwd, env=command_env(), capture_output=True, text=True, timeout=TIMEOUT)
 
 
 def _forkable(cmd: str) -> list[str] | None:
@@ -112,67 +96,6 @@ def _forkable(cmd: str) -> list[str] | None:
     if not tokens or tokens[0] != "posfair" or "--workers" in tokens:
         return None
     return tokens[1:]
-
-
-class _ForkServer:
-    """``tests/fork_server.py`` in a fresh interpreter: one per test process, started on first use."""
-
-    def __init__(self) -> None:
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fork_server.py")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            env=_env(),
-            cwd=ROOT,
-        )
-        self.pending = b""
-        self.answer(_TIMEOUT)  # {"ready": true} once posfair, torch and statsmodels are imported
-
-    def answer(self, timeout: float) -> dict | None:
-        """The server's next answer line, or None after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            if not select.select([fd], [], [], left)[0]:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self.log.seek(0)
-                raise RuntimeError(f"the fork server ended: {self.log.read().decode(errors='replace')[-3000:]}")
-            self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
-        return json.loads(line)
-
-    def run(self, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-        with tempfile.TemporaryDirectory() as tmp:
-            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            req = {"args": args, "cwd": str(cwd), "env": _env(), "out": str(out), "err": str(err)}
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
-            pid = self.answer(60)["pid"]
-            done = self.answer(_TIMEOUT)
-            if done is None:
-                os.kill(pid, 9)
-                self.answer(60)
-                raise subprocess.TimeoutExpired(["posfair", *args], _TIMEOUT)
-            texts = [p.read_text(encoding="utf-8", errors="replace") if p.exists() else "" for p in (out, err)]
-        return subprocess.CompletedProcess(["posfair", *args], os.waitstatus_to_exitcode(done["status"]), *texts)
-
-
-_SERVER: _ForkServer | None = None
-
-
-def _run_forked(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``posfair ARGS`` in ``cwd``: the script's entry point in a fork of the fork server (module docstring)."""
-    global _SERVER
-    if _SERVER is None or _SERVER.proc.poll() is not None:
-        _SERVER = _ForkServer()
-    return _SERVER.run(args, cwd)
 
 
 def readme_commands() -> list[str]:
@@ -240,13 +163,70 @@ def test_the_readme_has_commands():
 def _run_readme_command(index: int, folder: Path) -> None:
     """A README command exits 0 in its chain's folder; the demo's index and the benchmark's size are checked."""
     cmd = readme_commands()[index]
-    args = None if index == 0 else _forkable(cmd)
-    res = _run(cmd, folder) if args is None else _run_forked(args, folder)
+    args = _forkable(cmd)
+    session = None
+    if args is not None:
+        res = run_forked(args, folder)
+    elif "--ray-address" in cmd or "--workers" in cmd:
+        res, session = _run_ray(cmd, folder)
+    else:
+        res = _run(cmd, folder)
     assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     if index == 0:
         _check_demo_index(folder / "posfair-demo")
     if cmd.startswith("posfair build-benchmark"):
         _check_benchmark_size(folder / "bench")
+    if session is not None or "--workers" in cmd:
+        _check_ray_embed(cmd, res, session, folder)
+
+
+def _run_ray(cmd: str, cwd: Path) -> tuple[subprocess.CompletedProcess, Path | None]:
+    """A README command that starts a local Ray instance, in a shell; also the instance's session folder."""
+    proc = subprocess.Popen(cmd.replace(".venv/bin/", ""), shell=True, cwd=cwd, env=command_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    posfair_pid = child_of(proc.pid)  # the shell's child: the posfair process, which starts the instance
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    session = session_of(posfair_pid) if posfair_pid is not None else None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), session
+
+
+def _check_ray_embed(cmd: str, res: subprocess.CompletedProcess, session: Path | None, folder: Path) -> None:
+    """The README's ``posfair embed --workers 2``: its own Ray instance, ended with every process of it when the
+    command ends; only posfair's own lines on the terminal; the vectors of the single-process ``embed`` before it
+    (the same documents, model, calibration and token limit; other shards: equal to summation order)."""
+    import numpy as np
+
+    import posfair
+    from posfair import Calibration
+    from posfair.retrieval.benchmarks import load_benchmark
+    from posfair.store import EmbeddingStore, embedding_namespace, text_key
+
+    assert "engine: a local Ray instance, 2 workers\n" in res.stdout and "2 worker(s)" in res.stdout, res.stdout
+    assert session is not None, "the command started no Ray instance of its own"
+    left = session_settles(session)
+    assert not left, f"the command's Ray instance outlived it: {left}"
+    # Ray's notice about its own token authentication and its C++ log lines are not passed on (they are with --debug)
+    assert "Token authentication" not in res.stderr and not re.search(r"\.cc:\d+", res.stderr), res.stderr
+    # the single-process `posfair embed` before it in the README, with the same corpus, calibration and limit
+    single = next(c for c in readme_commands() if c.startswith("posfair embed") and "--workers" not in c)
+
+    def opt(c: str, name: str) -> str:
+        tokens = shlex.split(c)
+        return tokens[tokens.index(name) + 1]
+
+    for name in ("--corpus", "--part", "--calibration", "--max-seq-length"):
+        assert opt(cmd, name) == opt(single, name), (name, cmd, single)
+    assert opt(cmd, "--calibration") == "default"
+    model = posfair.load_model(max_seq_length=int(opt(cmd, "--max-seq-length")))
+    keys = [text_key(t) for t in dict.fromkeys(load_benchmark(str(folder / opt(cmd, "--corpus"))).corpus_texts)]
+    assert f"{len(keys)} distinct texts" in res.stdout, res.stdout
+    stores = [EmbeddingStore(folder / opt(c, "--out")) for c in (cmd, single)]
+    ray, local = (embedding_namespace(s, model.fingerprint, Calibration()).get(keys) for s in stores)
+    np.testing.assert_allclose(ray, local, rtol=0, atol=1e-5)
 
 
 def _chain_class(chain: int, indices: list[int]) -> type:
@@ -329,12 +309,12 @@ def test_a_forked_command_reports_its_exit_code_and_output_and_leaves_this_proce
     its output, in the given folder; this process keeps its working directory and environment, and the forks
     are made by the server's interpreter, not by this process (whose threads a fork would copy half-alive)."""
     cwd, env = os.getcwd(), dict(os.environ)
-    assert _run_forked(["--version"], tmp_path).returncode == 0
-    assert _SERVER.proc.pid != os.getpid() and _SERVER.proc.poll() is None  # the forks' parent: its own interpreter
-    bad = _run_forked(["audit", "--docs", "0", "--out", "x"], tmp_path)
+    assert run_forked(["--version"], tmp_path).returncode == 0
+    assert server().proc.pid != os.getpid() and server().proc.poll() is None  # the forks' parent: its own interpreter
+    bad = run_forked(["audit", "--docs", "0", "--out", "x"], tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "--docs" in bad.stderr, bad
     for args in (["verify", "."], ["--help"]):  # exit 2 (not a store) and exit 0: as the script says them
-        forked, shell = _run_forked(args, tmp_path), _run(shlex.join(["posfair", *args]), tmp_path)
+        forked, shell = run_forked(args, tmp_path), _run(shlex.join(["posfair", *args]), tmp_path)
         assert (forked.returncode, forked.stdout, forked.stderr) == (shell.returncode, shell.stdout, shell.stderr)
         assert forked.returncode == (0 if args == ["--help"] else 2) and (forked.stdout or forked.stderr)
     assert os.getcwd() == cwd and dict(os.environ) == env

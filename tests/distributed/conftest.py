@@ -39,9 +39,10 @@ def tiny_fair(tiny_spec):
     return tiny_spec().load_model()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local():
-    """One local Ray instance with 2 CPUs for the whole session (Ray is a dev dependency: no skip)."""
+    """One local Ray instance with 2 CPUs for a test module (Ray is a dev dependency: no skip).  Ended with the
+    module: an idle instance's servers and agents take ~6 % of a core, which the rest of the suite needs."""
     import ray
     import ray.data  # noqa: F401
 

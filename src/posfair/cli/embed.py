@@ -156,7 +156,8 @@ def embed(
     checks.check_calibrations(fm, [cal])
     if use_ray:
         where = "a local Ray instance" if ray_address in (None, "local") else f"Ray at {ray_address}"
-        typer.echo(f"engine: {where}, {workers or 'one per GPU/CPU'} workers")
+        count = "one worker per GPU/CPU" if not workers else f"{workers} worker{'s' if workers != 1 else ''}"
+        typer.echo(f"engine: {where}, {count}")
     else:
         extra = "" if ray_available() else f" (Ray is not installed; for many workers/machines: {RAY_INSTALL_HINT})"
         typer.echo(f"engine: single process{extra}")
