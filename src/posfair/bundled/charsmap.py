@@ -57,7 +57,7 @@ def build_charsmap(mapping: Mapping[int, str]) -> bytes:
 
     def place(slots: list[int]) -> int:
         """A fresh base whose slots ``base ^ s`` are all free (first fit over the blocks)."""
-        masks = [sum(1 << (x ^ s) for s in slots) for x in range(_BLOCK)]
+        masks: list[int | None] = [None] * _BLOCK  # the slots of offset x as bits, made when first needed
         blk = first[0]
         while True:
             if blk == len(occupied):
@@ -65,9 +65,12 @@ def build_charsmap(mapping: Mapping[int, str]) -> bytes:
                 units.extend([0] * _BLOCK)
             occ = occupied[blk]
             for x in range(_BLOCK):
+                mask = masks[x]
+                if mask is None:
+                    mask = masks[x] = sum(1 << (x ^ s) for s in slots)
                 base = blk * _BLOCK + x
-                if not occ & masks[x] and base not in bases:
-                    occupied[blk] = occ | masks[x]
+                if not occ & mask and base not in bases:
+                    occupied[blk] = occ | mask
                     bases.add(base)
                     return base
             if blk == first[0] and bin(occ).count("1") > _BLOCK - 16:

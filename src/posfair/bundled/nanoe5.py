@@ -205,9 +205,9 @@ def dequantize_q4_0(raw: bytes | memoryview, rows: int, cols: int) -> np.ndarray
     blocks = np.frombuffer(raw, dtype=np.uint8).reshape(rows, cols // QK, _BLOCK_BYTES)
     scale = blocks[..., :2].copy().view("<f2").astype(np.float32)  # (rows, nb, 1)
     qs = blocks[..., 2:]
-    low = (qs & 0x0F).astype(np.int8) - 8
-    high = (qs >> 4).astype(np.int8) - 8
-    weights = np.concatenate([low, high], axis=-1).astype(np.float32) * scale
+    nibble = np.arange(-8, 8, dtype=np.float32)  # a nibble's weight before scaling: nibble - 8, exact in float32
+    weights = np.concatenate([nibble[qs & 0x0F], nibble[qs >> 4]], axis=-1)
+    weights *= scale
     return weights.reshape(rows, cols)
 
 
