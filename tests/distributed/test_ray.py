@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from forked import server
 from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.distributed import ManifestMismatch, embed_texts
@@ -67,15 +67,6 @@ def workers_released(ray, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.5)
     return False
-
-
-RAY_DRIVER = """
-import json, sys, warnings
-warnings.simplefilter("ignore")
-from posfair.distributed import EmbedSpec, embed_texts
-texts = json.loads(open(sys.argv[1]).read())
-embed_texts(texts, sys.argv[2], EmbedSpec.from_dict(json.loads(sys.argv[3])), shard_size=4, engine="ray", workers=1)
-"""
 
 
 #: the processes a job starts in an instance: its replicas (Ray Data's map workers) and its registry actor
@@ -188,19 +179,24 @@ def test_killed_driver_takes_its_ray_instance_along_and_a_two_replica_rerun_resu
     replicas writes only the shards left, and the store then holds, bit for bit, what the single-process
     path writes (the same shard function), and sentence-transformers' own encoding to summation order."""
     spec = tiny_spec(calibration=CAL.to_dict())
-    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     root = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-c", RAY_DRIVER, str(tmp_path / "texts.json"), str(root), json.dumps(spec.to_dict())],
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    # the driver: `posfair embed` on a local Ray instance of its own, one replica (forked as the script runs it)
+    args = ["embed", "--out", str(root), "--corpus", str(corpus), "--model", spec.model, "--pooling", spec.pooling,
+            "--max-seq-length", str(spec.max_seq_length), "--calibration", "16,0.5,0.5", "--shard-size", "4",
+            "--batch-size", "8", "--max-tokens", "256", "--ray-address", "local", "--workers", "1"]  # fmt: skip
+    driver = server().start(args, tmp_path)
     try:
         deadline = time.monotonic() + 200
-        while len(list(root.glob("*/part-*.arrow"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        while len(list(root.glob("*/part-*.arrow"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert proc.poll() is None, "the driver ended before it was killed"
-        os.kill(proc.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
+        assert len(list(root.glob("*/part-*.arrow"))) >= 2, "the driver wrote no shard in time"
     finally:
-        proc.wait(timeout=60)
-    session = session_of(proc.pid)
+        os.kill(driver.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
+        done = server().wait(driver, timeout=60)
+    assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout, done.stderr)  # killed, not finished
+    session = session_of(driver.pid)
     assert session is not None, "the driver started no Ray instance of its own"
     left = session_settles(session, SERVERS_AND_ACTORS)
     assert not left, f"the killed driver's Ray instance (or its replicas) outlived it: {left}"
