@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Bytecode caches on, for this process and every process it starts, even where the environment turns them off
+# (PYTHONDONTWRITEBYTECODE, as on this project's CI machine): the suite starts ~30 fresh interpreters (Ray
+# replicas, the fork servers, fresh-process tests), and without the caches each compiles posfair's sources again
+# (~2 s each).  The caches go where Python puts them (__pycache__ beside each source; ignored by git).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist (the suite runs on 2 workers, pyproject.toml): one thread each for torch here and in the
