@@ -68,17 +68,3 @@ def session_settles(session: Path, kinds: tuple[str, ...] = (), timeout: float =
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
-
-
-def child_of(pid: int, timeout: float = 10.0) -> int | None:
-    """The first child process of ``pid`` (e.g. the command a shell started), or None after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return None
-        if kids:
-            return int(kids[0])
-        time.sleep(0.02)
-    return None

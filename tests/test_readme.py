@@ -6,11 +6,12 @@ last command (``posfair demo``) and every other command run in a scratch folder
 with this interpreter's ``posfair``.  Each Python block runs in a fresh namespace,
 so a block that uses a name it never defines fails.
 
-A command that starts worker processes (Ray) runs in a shell, as a real subprocess of the
-installed ``posfair`` script.  The other ``posfair`` commands (the demo among them) run the same
-script's entry point in a fork of a server process that imported posfair once
-(``tests/forked.py``), with their own working directory, environment, logging, warnings and
-exit code, as in a shell; ``test_a_forked_command_...`` checks a fork against the script.
+Every ``posfair`` command (the demo and the Ray command among them) runs the script's entry point
+in a fork of a server process that imported posfair once (``tests/forked.py``), with its own
+working directory, environment, logging, warnings and exit code, as in a shell;
+``test_a_forked_command_...`` checks a fork against the script.  The forks are not of the test
+process: a test before may have left threads here (Ray's gRPC threads), which a fork copies
+half-alive.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from forked import TIMEOUT, command_env, run_forked, server
-from ray_sessions import child_of, session_of, session_settles
+from ray_sessions import session_of, session_settles
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -89,11 +90,11 @@ def _run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _forkable(cmd: str) -> list[str] | None:
-    """The arguments of a plain ``posfair`` command that starts no worker process (None: run it in a shell)."""
+    """The arguments of a plain ``posfair`` command (None: not one; run it in a shell)."""
     if any(ch in cmd for ch in "&|;<>$`"):
         return None
     tokens = shlex.split(cmd.replace(".venv/bin/", ""))
-    if not tokens or tokens[0] != "posfair" or "--workers" in tokens:
+    if not tokens or tokens[0] != "posfair":
         return None
     return tokens[1:]
 
@@ -165,33 +166,21 @@ def _run_readme_command(index: int, folder: Path) -> None:
     cmd = readme_commands()[index]
     args = _forkable(cmd)
     session = None
-    if args is not None:
-        res = run_forked(args, folder)
-    elif "--ray-address" in cmd or "--workers" in cmd:
-        res, session = _run_ray(cmd, folder)
-    else:
+    if args is None:
         res = _run(cmd, folder)
+    else:
+        run = server().start(args, folder)
+        res = server().wait(run)
+        session = session_of(run.pid)  # the Ray instance the command started, if it started one
     assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     if index == 0:
         _check_demo_index(folder / "posfair-demo")
     if cmd.startswith("posfair build-benchmark"):
         _check_benchmark_size(folder / "bench")
-    if session is not None or "--workers" in cmd:
+    if "--workers" in cmd or "--ray-address" in cmd:
         _check_ray_embed(cmd, res, session, folder)
-
-
-def _run_ray(cmd: str, cwd: Path) -> tuple[subprocess.CompletedProcess, Path | None]:
-    """A README command that starts a local Ray instance, in a shell; also the instance's session folder."""
-    proc = subprocess.Popen(cmd.replace(".venv/bin/", ""), shell=True, cwd=cwd, env=command_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    posfair_pid = child_of(proc.pid)  # the shell's child: the posfair process, which starts the instance
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    session = session_of(posfair_pid) if posfair_pid is not None else None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), session
+    else:
+        assert session is None, f"{cmd} started a Ray instance"
 
 
 def _check_ray_embed(cmd: str, res: subprocess.CompletedProcess, session: Path | None, folder: Path) -> None:
@@ -318,5 +307,6 @@ def test_a_forked_command_reports_its_exit_code_and_output_and_leaves_this_proce
         assert (forked.returncode, forked.stdout, forked.stderr) == (shell.returncode, shell.stdout, shell.stderr)
         assert forked.returncode == (0 if args == ["--help"] else 2) and (forked.stdout or forked.stderr)
     assert os.getcwd() == cwd and dict(os.environ) == env
-    assert _forkable("posfair embed --corpus bench --workers 2") is None and _forkable("posfair a && b") is None
+    assert _forkable("posfair embed --corpus bench --workers 2") == ["embed", "--corpus", "bench", "--workers", "2"]
+    assert _forkable("posfair a && b") is None
     assert _forkable(".venv/bin/posfair verify cache") == ["verify", "cache"]
