@@ -18,14 +18,16 @@ from pathlib import Path
 RAY_TMP = Path("/tmp/ray")  # Ray's default temporary folder (RAY_TMPDIR is not set in the tests)
 
 
-def session_of(pid: int, timeout: float = 0.0) -> Path | None:
-    """The session folder of the Ray instance process ``pid`` started (waits up to ``timeout`` s for it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = sorted(RAY_TMP.glob(f"session_*_{pid}"))
-        if found or time.monotonic() >= deadline:
-            return found[-1] if found else None
-        time.sleep(0.1)
+def sessions() -> set[Path]:
+    """Every session folder on the machine now (Ray leaves them behind: take this before a command starts)."""
+    return set(RAY_TMP.glob("session_*"))
+
+
+def session_of(pid: int, before: set[Path]) -> Path | None:
+    """The session folder of the Ray instance process ``pid`` started, among those not in ``before`` (an old
+    folder may end in the same pid: process ids are reused)."""
+    found = sorted(set(RAY_TMP.glob(f"session_*_{pid}")) - before)
+    return found[-1] if found else None
 
 
 def _names(pid: str, needle: str) -> bool:

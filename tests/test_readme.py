@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from forked import TIMEOUT, command_env, run_forked, server
-from ray_sessions import session_of, session_settles
+from ray_sessions import session_of, session_settles, sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -169,9 +169,10 @@ def _run_readme_command(index: int, folder: Path) -> None:
     if args is None:
         res = _run(cmd, folder)
     else:
+        before = sessions()
         run = server().start(args, folder)
         res = server().wait(run)
-        session = session_of(run.pid)  # the Ray instance the command started, if it started one
+        session = session_of(run.pid, before)  # the Ray instance the command started, if it started one
     assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     if index == 0:
         _check_demo_index(folder / "posfair-demo")

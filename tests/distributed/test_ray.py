@@ -24,7 +24,7 @@ from posfair.calibration import STOCK
 from posfair.distributed import ManifestMismatch, embed_texts
 from posfair.encoding import encode_cached
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
-from ray_sessions import session_of, session_settles
+from ray_sessions import session_of, session_processes, session_settles, sessions
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*truncated"),
@@ -84,7 +84,8 @@ def test_resume_after_workers_are_killed(tmp_path, texts, tiny_spec, tiny_fair, 
         embed_texts(texts, root, spec, model=tiny_fair, shard_size=4, engine="ray", workers=1,
                     after_shard=FailWorker(str(root), after=3))  # fmt: skip
     assert workers_released(ray_local), "the failed run's workers still hold their CPUs"  # killed by the job
-    left = session_settles(session_of(os.getpid()), JOB_ACTORS)  # this process started the instance (ray_local)
+    # this process started the instance (ray_local): the newest session folder named after it
+    left = session_settles(session_of(os.getpid(), set()), JOB_ACTORS)
     assert not left, f"the failed run's replicas are still alive: {left}"
     files = {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in root.glob("*/part-*.arrow")}
     assert 3 <= len(files) <= 3 + 2 * 2 and not list(root.glob("*/.part-*"))  # only complete shards, no temporaries
@@ -186,18 +187,23 @@ def test_killed_driver_takes_its_ray_instance_along_and_a_two_replica_rerun_resu
     args = ["embed", "--out", str(root), "--corpus", str(corpus), "--model", spec.model, "--pooling", spec.pooling,
             "--max-seq-length", str(spec.max_seq_length), "--calibration", "16,0.5,0.5", "--shard-size", "4",
             "--batch-size", "8", "--max-tokens", "256", "--ray-address", "local", "--workers", "1"]  # fmt: skip
+    before = sessions()
     driver = server().start(args, tmp_path)
     try:
         deadline = time.monotonic() + 200
         while len(list(root.glob("*/part-*.arrow"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(list(root.glob("*/part-*.arrow"))) >= 2, "the driver wrote no shard in time"
+        session = session_of(driver.pid, before)
+        alive = session_processes(session, SERVERS_AND_ACTORS) if session is not None else []
     finally:
         os.kill(driver.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
         done = server().wait(driver, timeout=60)
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout, done.stderr)  # killed, not finished
-    session = session_of(driver.pid)
     assert session is not None, "the driver started no Ray instance of its own"
+    # while it ran, its instance's processes were found by their session folder: the servers and the replica
+    for kind in SERVERS_AND_ACTORS[:3]:
+        assert any(kind in p for p in alive), (kind, alive)
     left = session_settles(session, SERVERS_AND_ACTORS)
     assert not left, f"the killed driver's Ray instance (or its replicas) outlived it: {left}"
     files = {f.name: f.stat().st_mtime_ns for f in root.glob("*/part-*.arrow")}
