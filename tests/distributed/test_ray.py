@@ -200,6 +200,7 @@ def test_killed_driver_takes_its_ray_instance_along_and_a_two_replica_rerun_resu
         os.kill(driver.pid, signal.SIGKILL)  # the driver, mid-run, without any cleanup
         done = server().wait(driver, timeout=60)
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout, done.stderr)  # killed, not finished
+    assert "engine: a local Ray instance, 1 worker\n" in done.stdout, done.stdout  # printed before the job starts
     assert session is not None, "the driver started no Ray instance of its own"
     # while it ran, its instance's processes were found by their session folder: the servers and the replica
     for kind in SERVERS_AND_ACTORS[:3]:
