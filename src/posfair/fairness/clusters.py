@@ -23,6 +23,16 @@ cluster (:data:`CLUSTERINGS`):
 :func:`cluster_structure` builds the codes and counts; :func:`clustered_ols` is the one fit
 that the positional regression (:mod:`posfair.fairness.ols`) and the pooled language
 regression (:mod:`posfair.fairness.language`) both use.
+
+Intervals on what the data can bear (:func:`joint_ols`, :class:`JointFit`): several outcomes on
+one design (e.g. σ stock and σ calibrated of the same documents) with their *joint* CR1
+covariance, under two-way set+topic clustering and under component clustering.  Every interval
+it gives -- a coefficient, a calibrated-minus-stock change, a share removed (a ratio, Fieller) --
+is the more conservative (wider) of the two, and says which it used and its G: the components
+where sets share topics and the components are the wider (t with G_components - 1 degrees of
+freedom), two-way where that is wider; where no topic is in two sets both are the one-way set
+clustering and G is the number of sets.  The audit's family findings
+(:mod:`posfair.fairness.families`) and ``scripts/language_findings.py`` use it.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 from statsmodels.regression.linear_model import OLS
 
 from posfair.errors import PosfairInputError
@@ -44,6 +55,11 @@ __all__ = [
     "connected_components",
     "psd_fixed",
     "PSD_FIX_NOTE",
+    "JointFit",
+    "Interval",
+    "joint_ols",
+    "cr1_covariance",
+    "fieller",
 ]
 
 CLUSTERINGS = ("set+topic", "set", "component")
@@ -187,3 +203,178 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, structure: ClusterStructure) -> 
         res._results._cache = {}
         label += f"; {PSD_FIX_NOTE}"
     return res, label
+
+
+# -- intervals under the more conservative of component and two-way clustering ---------------------------------------
+
+
+def cr1_covariance(X: np.ndarray, U: np.ndarray, structure: ClusterStructure) -> np.ndarray:
+    """The joint CR1 covariance of the OLS fits of ``m`` outcomes on one design ``X`` (N, K), residuals ``U`` (N, m).
+
+    Coefficients are stacked outcome by outcome (``m * K``).  Per clustering dimension (one for one-way; set, topic
+    and their intersection with signs +, +, - for two-way) ``G/(G-1) * (N-1)/(N-K) * B M B`` with ``B`` the block
+    diagonal of ``(X'X)^-1`` and ``M = sum_g s_g s_g'``, ``s_g`` the stacked ``X_g' u_g`` of every outcome: each
+    diagonal block is statsmodels' ``cov_type="cluster"`` covariance of that outcome's fit, and the off-diagonal
+    blocks are what the fits share (the covariance of stock and calibrated coefficients of the same documents).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    U = np.asarray(U, dtype=np.float64).reshape(len(X), -1)
+    N, K = X.shape
+    m = U.shape[1]
+    A = np.linalg.inv(X.T @ X)
+    B = np.kron(np.eye(m), A)
+    scores = (X[:, None, :] * U[:, :, None]).reshape(N, m * K)  # row i: (x_i u_i1, ..., x_i u_im)
+    V = np.zeros((m * K, m * K))
+    for codes, sign in structure.variance_dimensions():
+        G = int(codes.max()) + 1
+        sums = np.zeros((G, m * K))
+        np.add.at(sums, codes, scores)
+        V += sign * G / (G - 1) * (N - 1) / (N - K) * (sums.T @ sums)
+    return B @ V @ B
+
+
+def fieller(num: float, den: float, v_num: float, v_den: float, cov: float, crit: float) -> tuple[float, float]:
+    """Fieller's interval of ``num / den`` (``crit``: the t quantile); (nan, nan) when unbounded, i.e. when the
+    denominator is not distinguishable from 0 at that level (``den^2 <= crit^2 v_den``)."""
+    a = den**2 - crit**2 * v_den
+    b = num * den - crit**2 * cov
+    c = num**2 - crit**2 * v_num
+    disc = b**2 - a * c
+    if a <= 0 or disc < 0:
+        return float("nan"), float("nan")
+    root = np.sqrt(disc)
+    return float((b - root) / a), float((b + root) / a)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One quantity with its interval, under the clustering that gave the wider interval (:class:`JointFit`).
+
+    ``clusters``: which clustering was used and why, with its counts (e.g. ``components (12 of 24 sets; wider than
+    two-way)``); ``G``: the clusters the t(G-1) quantile rests on; ``other``: the interval the other clustering gave.
+    A ratio's interval is Fieller's; (nan, nan) = unbounded (its denominator is not distinguishable from 0), and
+    its ``se`` is the delta method's (for heterogeneity tests).
+    """
+
+    estimate: float
+    se: float
+    ci_low: float
+    ci_high: float
+    G: int
+    clusters: str
+    p: float = float("nan")
+    other: tuple[float, float] = (float("nan"), float("nan"))
+
+    @property
+    def bounded(self) -> bool:
+        return bool(np.isfinite(self.ci_low) and np.isfinite(self.ci_high))
+
+    def to_dict(self, prefix: str = "") -> dict[str, Any]:
+        return {
+            f"{prefix}estimate": self.estimate,
+            f"{prefix}se": self.se,
+            f"{prefix}ci_low": self.ci_low,
+            f"{prefix}ci_high": self.ci_high,
+            f"{prefix}p": self.p,
+            f"{prefix}G": self.G,
+            f"{prefix}clusters": self.clusters,
+        }
+
+
+def _width(lo: float, hi: float) -> float:
+    return hi - lo if np.isfinite(lo) and np.isfinite(hi) else float("inf")
+
+
+@dataclass(frozen=True)
+class JointFit:
+    """OLS fits of ``m`` outcomes on one design with their joint covariance under two clusterings (:func:`joint_ols`).
+
+    ``params``: (m * K,) the coefficients stacked outcome by outcome; ``variants``: per clustering
+    (``"set+topic"``, ``"component"``) its :class:`ClusterStructure`, joint covariance and label.
+    """
+
+    params: np.ndarray
+    K: int
+    variants: dict[str, tuple[ClusterStructure, np.ndarray, str]]
+    level: float = 0.95
+
+    def coef(self, outcome: int, j: int) -> np.ndarray:
+        """The weight vector picking coefficient ``j`` of outcome ``outcome``."""
+        a = np.zeros(len(self.params))
+        a[outcome * self.K + j] = 1.0
+        return a
+
+    def _crit(self, G: int) -> float:
+        return float(stats.t.ppf(0.5 + self.level / 2, G - 1)) if G >= 2 else float("inf")
+
+    def _choose(self, widths: dict[str, float]) -> tuple[str, str]:
+        """(the clustering used, why) -- the wider interval; the components where they tie (they are then the sets)."""
+        two, comp = self.variants["set+topic"][0], self.variants["component"][0]
+        if two.shared_topics == 0:
+            return "component", f"sets ({two.n_sets} sets, no topic in two sets: two-way = components = sets)"
+        if comp.n_components < 2:
+            return "set+topic", (
+                f"set+topic ({two.n_sets} sets, {two.n_topics} topics; the sets form 1 connected component, which "
+                "gives no cluster-robust interval: two-way, which assumes the topics' dependence is additive)"
+            )
+        use = "component" if widths["component"] >= widths["set+topic"] else "set+topic"
+        if use == "component":
+            return use, f"components ({comp.n_components} of {comp.n_sets} sets sharing topics; wider than two-way)"
+        fix = f"; {PSD_FIX_NOTE}" if PSD_FIX_NOTE in self.variants["set+topic"][2] else ""
+        return use, (
+            f"set+topic ({two.n_sets} sets, {two.n_topics} topics; wider than the {comp.n_components} components{fix})"
+        )
+
+    def linear(self, a: np.ndarray) -> Interval:
+        """``a . params`` with its t(G-1) interval under the more conservative clustering."""
+        est = float(a @ self.params)
+        got = {}
+        for by, (st, V, _label) in self.variants.items():
+            se = float(np.sqrt(max(a @ V @ a, 0.0)))
+            half = self._crit(st.G) * se
+            got[by] = (se, est - half, est + half, st.G)
+        use, why = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
+        se, lo, hi, G = got[use]
+        other = next((got[k] for k in got if k != use), got[use])
+        p = float(2 * stats.t.sf(abs(est / se), G - 1)) if se > 0 and G >= 2 else float("nan")
+        return Interval(est, se, lo, hi, G, why, p, (other[1], other[2]))
+
+    def ratio(self, a_num: np.ndarray, a_den: np.ndarray) -> Interval:
+        """``(a_num . params) / (a_den . params)`` with Fieller's interval under the more conservative clustering."""
+        num, den = float(a_num @ self.params), float(a_den @ self.params)
+        est = num / den if den != 0 else float("nan")
+        got = {}
+        for by, (st, V, _label) in self.variants.items():
+            vn, vd, c = float(a_num @ V @ a_num), float(a_den @ V @ a_den), float(a_num @ V @ a_den)
+            lo, hi = fieller(num, den, vn, vd, c, self._crit(st.G))
+            delta = np.sqrt(max(vn / den**2 + num**2 * vd / den**4 - 2 * num * c / den**3, 0.0)) if den else np.nan
+            got[by] = (float(delta), lo, hi, st.G)
+        use, why = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
+        se, lo, hi, G = got[use]
+        other = next((got[k] for k in got if k != use), got[use])
+        return Interval(est, se, lo, hi, G, why, float("nan"), (other[1], other[2]))
+
+
+def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -> JointFit:
+    """Fit every column of ``Y`` (N, m) on ``X`` (N, K); the joint CR1 covariance clustered two-way by set and topic
+    and by connected component (:func:`cr1_covariance`), for :meth:`JointFit.linear` and :meth:`JointFit.ratio`.
+
+    A two-way covariance with negative eigenvalues is made positive semi-definite (:func:`psd_fixed`), and its label
+    says so.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
+    beta = np.linalg.lstsq(X, Y, rcond=None)[0]  # (K, m)
+    U = Y - X @ beta
+    variants = {}
+    for by in ("set+topic", "component"):
+        st = cluster_structure(sets, topics, by)
+        if st.G < 2:
+            V = np.full((Y.shape[1] * X.shape[1],) * 2, np.nan)
+        else:
+            V = cr1_covariance(X, U, st)
+        label = st.label()
+        if by == "set+topic" and st.codes.ndim == 2 and (fixed := psd_fixed(V)) is not None:
+            V, label = fixed, f"{label}; {PSD_FIX_NOTE}"
+        variants[by] = (st, V, label)
+    return JointFit(beta.T.ravel(), X.shape[1], variants, level)
