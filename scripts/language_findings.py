@@ -1,18 +1,21 @@
 """The README's language and position findings, as Markdown, from the output folders of ``posfair audit``.
 
-Reads two language-grid audits (``--language-grid all``) and two position audits (``--n 3,4
---langs en --mixed de:en``), one of each per model, and prints:
+Reads two language-grid audits (``--language-grid all``) and two position audits (``--n 3
+--langs en --mixed de:en --by-family``), one of each per model, and prints:
 
 1. the language effect on σ at equal position relative to English, per model: stock, stock
    length-adjusted, stock on the margin, and calibrated (from each audit's
    ``language_effects.csv``; marks as in posfair's tables);
 2. each grid's summary per calibration (``tables/language_calibrations.csv``);
-3. β_p (σ at position p minus σ at position 1) stock and calibrated, and the change with a
-   95 % interval: per segment set, the calibrated minus the stock β_p (the design is balanced:
-   every set contributes every ordering, so β_p is the mean over sets of the set's own
-   difference of means), then a t interval with G-1 degrees of freedom over the G sets, the
-   same clusters and t(G-1) as the audit's inference.  A change is called a change only when
-   its interval excludes 0.
+3. β_p (σ at position p minus σ at position 1) stock and calibrated, the change (calibrated
+   minus stock on the same documents) and the share removed (1 - calibrated / stock), each with
+   its 95 % interval, per document family and pooled (an audit run with ``--by-family``; else
+   pooled only): the audit's own numbers (:func:`posfair.fairness.families.family_findings`),
+   every interval t(G-1) under the more conservative of two-way set+topic and connected-component
+   clustering, G the clusters really used.  "toward 0" only when the coefficient keeps its sign
+   and the change's interval lies on the side of 0 (:func:`posfair.fairness.families.change_direction`);
+4. with two position audits, the second model's stock β_p over the first's (Fieller's interval,
+   independent audits), and per model Cochran's Q across the families.
 
     python scripts/language_findings.py --grid "multilingual-e5-small=grid-e5" --grid "all-MiniLM-L6-v2=grid-minilm" \\
         --positions "multilingual-e5-small=pos-e5" --positions "all-MiniLM-L6-v2=pos-minilm"
@@ -25,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from posfair.fairness.ols import fit_position_ols, significance_mark
+from posfair.fairness.families import family_findings, heterogeneity, interval_of, model_ratio
+from posfair.fairness.ols import significance_mark
 
 
 def _pairs(values: list[str]) -> list[tuple[str, Path]]:
@@ -82,45 +85,83 @@ def grid_summary(grids: list[tuple[str, Path]]) -> str:
     return "\n".join(head + lines)
 
 
-def _set_betas(obs: pd.DataFrame, n: int) -> pd.DataFrame:
-    """Per segment set, σ at position p minus σ at position 1 (the set's own means), p = 2..n."""
-    means = obs.groupby(["set_id", "position"])["sigma"].mean().unstack("position")
-    return pd.DataFrame({p: means[p] - means[1] for p in range(2, n + 1)})
+def _observations(folder: Path) -> pd.DataFrame:
+    return pd.read_parquet(folder / "observations.parquet")
 
 
-def position_table(folders: list[tuple[str, Path]]) -> str:
+def _documents(config: str) -> str:
+    return "English" if config == "en" else ("German first, then English" if config.startswith("[de") else config)
+
+
+def findings(folders: list[tuple[str, Path]]) -> dict[str, pd.DataFrame]:
+    """Per model, the audit's :func:`~posfair.fairness.families.family_findings` of its position audit."""
+    return {name: family_findings(_observations(folder)) for name, folder in folders}
+
+
+def position_table(folders: list[tuple[str, Path]], found: dict[str, pd.DataFrame] | None = None) -> str:
+    """β_p stock and calibrated, the change with its interval and direction, and the share removed, per model,
+    documents, n, β and family (``pooled`` over the families; the only row of an audit not run by family)."""
+    found = found if found is not None else findings(folders)
     lines = [
-        "| model | documents | n | β | stock | calibrated | change [95 % interval] | G |",
-        "|:--|:--|--:|:--|--:|--:|:--|--:|",
+        "| model | documents | n | β | family | stock | calibrated | change [95 % interval] | share removed [95 %] | G (clusters) |",
+        "|:--|:--|--:|:--|:--|--:|--:|:--|:--|:--|",
     ]
-    for name, folder in folders:
-        obs = pd.read_parquet(
-            folder / "observations.parquet", columns=["calibration", "n", "config", "set_id", "position", "sigma"]
+    for name, _ in folders:
+        f = found[name]
+        f = f.sort_values(
+            ["n", "config", "position"], key=lambda c: c != "en" if c.name == "config" else c, kind="stable"
         )
-        cal = sorted(set(obs["calibration"]) - {"stock"})[0]
-        groups = sorted(obs.groupby(["n", "config"]), key=lambda g: (g[0][0], g[0][1] != "en", g[0][1]))
-        for (n, config), part in groups:
-            stock = part[part["calibration"] == "stock"]
-            calib = part[part["calibration"] == cal]
-            bs, bc = _set_betas(stock, n), _set_betas(calib, n)
-            fit = fit_position_ols(stock["sigma"], stock["position"], stock["set_id"], n, warn=False)
-            np.testing.assert_allclose(
-                fit.params[1:], bs.mean().to_numpy(), atol=1e-12
-            )  # balanced: OLS = mean over sets
-            diff = (bc - bs).dropna()
-            g = len(diff)
-            half = stats.t.ppf(0.975, g - 1) * diff.std(ddof=1) / np.sqrt(g)
-            for p in range(2, n + 1):
-                m = diff[p].mean()
-                lo, hi = m - half[p], m + half[p]
-                what = (
-                    "" if lo <= 0 <= hi else (" toward 0" if abs(bc[p].mean()) < abs(bs[p].mean()) else " away from 0")
-                )
-                label = "English" if config == "en" else "German first, then English"
-                lines.append(
-                    f"| {name} | {label} | {n} | β{p} | {bs[p].mean():+.3f} | {bc[p].mean():+.3f} | "
-                    f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]{what} | {g} |"
-                )
+        for _, r in f.iterrows():
+            share = "" if not np.isfinite(r["share_estimate"]) else (
+                f"{100 * r['share_estimate']:.0f} % "
+                + (f"[{100 * r['share_ci_low']:.0f}, {100 * r['share_ci_high']:.0f}]"
+                   if np.isfinite(r["share_ci_low"]) else "[unbounded]")
+            )  # fmt: skip
+            lines.append(
+                f"| {name} | {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['family']} | "
+                f"{r['stock_estimate']:+.3f} | {r['calibrated_estimate']:+.3f} | {r['change_estimate']:+.3f} "
+                f"[{r['change_ci_low']:+.3f}, {r['change_ci_high']:+.3f}] {r['direction']} | {share} | "
+                f"{r['change_G']} ({r['change_clusters'].split(' (')[0]}) |"
+            )
+    return "\n".join(lines)
+
+
+def ratio_table(folders: list[tuple[str, Path]], found: dict[str, pd.DataFrame] | None = None) -> str:
+    """How many times larger the second model's stock β_p is than the first's (same documents, n, β, family):
+    Fieller's interval for two independent audits (:func:`~posfair.fairness.families.model_ratio`)."""
+    found = found if found is not None else findings(folders)
+    (a_name, _), (b_name, _) = folders[:2]
+    keys = ["n", "config", "family", "position"]
+    both = found[a_name].merge(found[b_name], on=keys, suffixes=("_a", "_b"))
+    lines = [
+        f"| documents | n | β | family | {a_name} | {b_name} | {b_name} / {a_name} [95 %] |",
+        "|:--|--:|:--|:--|--:|--:|:--|",
+    ]
+    for _, r in both.iterrows():
+        a = interval_of({k[:-2]: v for k, v in r.items() if k.endswith("_a")}, "stock")
+        b = interval_of({k[:-2]: v for k, v in r.items() if k.endswith("_b")}, "stock")
+        ratio = model_ratio(b, a)
+        inner = f"{ratio.ci_low:.1f}, {ratio.ci_high:.1f}" if ratio.bounded else "unbounded"
+        lines.append(
+            f"| {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['family']} | {a.estimate:+.3f} | "
+            f"{b.estimate:+.3f} | {ratio.estimate:.1f} [{inner}] |"
+        )
+    return "\n".join(lines)
+
+
+def heterogeneity_lines(folders: list[tuple[str, Path]], found: dict[str, pd.DataFrame] | None = None) -> str:
+    """Cochran's Q across the families per model, documents, n, β and quantity."""
+    found = found if found is not None else findings(folders)
+    lines = [
+        "| model | documents | n | β | quantity | Q | p | I² | per family |",
+        "|:--|:--|--:|:--|:--|--:|--:|--:|:--|",
+    ]
+    for name, _ in folders:
+        for _, r in heterogeneity(found[name]).iterrows():
+            lines.append(
+                f"| {name} | {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['quantity']} | {r['Q']:.2f} | "
+                f"{r['p']:.3g} | {100 * r['I2']:.0f} % | {r['families']} |"
+            )
     return "\n".join(lines)
 
 
@@ -133,7 +174,12 @@ def main() -> None:
         print(language_table(_pairs(args.grid)), end="\n\n")
         print(grid_summary(_pairs(args.grid)), end="\n\n")
     if args.positions:
-        print(position_table(_pairs(args.positions)))
+        folders = _pairs(args.positions)
+        found = findings(folders)
+        print(position_table(folders, found), end="\n\n")
+        if len(folders) >= 2:
+            print(ratio_table(folders, found), end="\n\n")
+        print(heterogeneity_lines(folders, found))
 
 
 if __name__ == "__main__":
