@@ -20,6 +20,7 @@ from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
 from posfair.fairness.audit_tables import coverage_table, fidelity_table
 from posfair.fairness.experiment import STOCK_LABEL
+from posfair.fairness.families import family_section, save_families
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
 from posfair.fairness.ols import MARK_LEGEND
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
@@ -230,6 +231,7 @@ def report_sections(
         fig_section,
         *fidelity,
         *([language] if language else []),
+        *([family] if (family := family_section(result)) else []),
         tables,
         documents,
         *(extra_sections or []),
@@ -275,6 +277,7 @@ def save_result(
         )
     language_paths, language_figures = save_language(result, out)
     paths.update(language_paths)
+    paths.update(save_families(result, out))
     figures += language_figures
     hf = result.headline_frame()
     few = result.few_clusters_message()

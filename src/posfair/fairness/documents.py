@@ -154,6 +154,8 @@ class SamplingReport:
     #: sets holding a topic that another set of the instance holds too (0 when the corpus allowed disjoint sets)
     sets_sharing_topics: int = 0
     notes: list[str] = field(default_factory=list)
+    #: the document family the sets were drawn from ("" = the whole corpus)
+    family: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,23 +168,38 @@ class Instance:
     sets: list[SegmentSet]
     documents: list[Document]
     report: SamplingReport
+    family: str = ""  # the document family its sets were drawn from ("" = the whole corpus)
 
     @property
     def key(self) -> str:
-        return f"n{self.n}-{self.config.key}"
+        return f"n{self.n}-{self.config.key}" + (f"@{self.family}" if self.family else "")
 
 
-def prepare_corpus(corpus: pd.DataFrame) -> pd.DataFrame:
+def prepare_corpus(corpus: pd.DataFrame, family_field: str | None = None) -> pd.DataFrame:
     """Validate a corpus frame (``id, lang, text`` required) and normalise it.
 
     Texts are stripped (sentence-transformers strips inputs before tokenising,
     so spans must be computed on stripped text); empty texts are dropped;
-    ``(id, lang)`` must be unique.
+    ``(id, lang)`` must be unique.  With ``family_field`` (e.g. ``"source"`` in the bundled
+    corpus: the FAQ or the installation guide) that column becomes ``family``; every topic
+    must belong to one family in all its languages.
     """
     missing = {"id", "lang", "text"} - set(corpus.columns)
     if missing:
         raise PosfairInputError(f"corpus is missing column(s) {sorted(missing)}; expected at least id, lang, text")
+    if family_field is not None and family_field not in corpus.columns:
+        raise PosfairInputError(
+            f"family field {family_field!r}: the corpus has no such column (columns: {sorted(map(str, corpus.columns))})"
+        )
     df = corpus.loc[:, [c for c in ("id", "lang", "text", "title") if c in corpus.columns]].copy()
+    if family_field is not None:
+        df["family"] = corpus[family_field].astype(str).to_numpy()
+        mixed = df.groupby("id")["family"].nunique()
+        if (mixed > 1).any():
+            raise PosfairInputError(
+                f"family field {family_field!r}: {int((mixed > 1).sum())} topics (first: {mixed.index[mixed > 1][0]!r}) "
+                "have different families in different languages; a topic must belong to one family"
+            )
     df["id"] = df["id"].astype(str)
     df["lang"] = df["lang"].astype(str)
     df["text"] = df["text"].astype(str).str.strip()
@@ -283,6 +300,7 @@ def build_instance(
     window_ratio: float = 1 / 3,
     max_attempts_per_set: int = 200,
     token_lengths: dict[tuple[str, str], int] | None = None,
+    family: str = "",
 ) -> Instance:
     """Draw segment sets for ``(n, config)`` and expand them into all ``n!`` documents.
 
@@ -302,6 +320,9 @@ def build_instance(
     assumes); when the usable topics run out (fewer than ``n`` left, or ``max_attempts_per_set``
     draws in a row from them too long for the limit) later sets may reuse topics, and the report
     counts the sets that share one (``sets_sharing_topics``) with a note.
+
+    ``family``: draw only from the topics of this family (``corpus["family"]``, see
+    :func:`prepare_corpus`); its name prefixes the set ids and enters the sampling seed.
     """
     if n < 2:
         raise PosfairInputError(f"n (segments per document) must be >= 2; got {n}")
@@ -314,6 +335,10 @@ def build_instance(
                 f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}"
             )
     sub = corpus[corpus["lang"].isin(config.needed)]
+    if family:
+        if "family" not in sub:
+            raise PosfairInputError(f"family {family!r} asked for, but the corpus was prepared without a family field")
+        sub = sub[sub["family"] == family]
     counts = sub.groupby("id")["lang"].nunique()
     topics_all = sorted(counts.index[counts == len(config.needed)].tolist())
     text_of = {(r.id, r.lang): r.text for r in sub.itertuples(index=False)}
@@ -330,14 +355,17 @@ def build_instance(
         topics_available=len(topics_all),
         segments_outside_window=len(topics_all) - len(topics),
         sets_wanted=sets_wanted,
+        family=family,
     )
+    where = f", family {family}" if family else ""
     if len(topics) < n:
         raise PosfairInputError(
-            f"instance (n={n}, {config.name}): only {len(topics)} topics are present in {list(config.needed)} "
+            f"instance (n={n}, {config.name}{where}): only {len(topics)} topics are present in {list(config.needed)} "
             f"with segments of {low}..{cap} tokens (of {len(topics_all)} topics in all needed languages); need at least {n}"
         )
 
-    rng = np.random.default_rng(_seed_for(seed, n, config.key))
+    rng = np.random.default_rng(_seed_for(seed, n, config.key, *((family,) if family else ())))
+    prefix = f"{family}/" if family else ""
     lang_seq = config.langs(n)
     chosen: list[tuple[str, ...]] = []
     seen: set[frozenset[str]] = set()
@@ -360,7 +388,7 @@ def build_instance(
             report.sets_skipped_too_long += 1
             fresh_failures += disjoint
             continue
-        cand = _set_documents(pick, f"n{n}-{config.key}-s{len(chosen):05d}", lang_seq, text_of, tokenizer)
+        cand = _set_documents(pick, f"{prefix}n{n}-{config.key}-s{len(chosen):05d}", lang_seq, text_of, tokenizer)
         if max(d.n_tokens for d in cand) > limit:
             report.sets_skipped_too_long += 1
             fresh_failures += disjoint
@@ -385,7 +413,7 @@ def build_instance(
     if not chosen:
         seg_lens = sorted(lengths[(t, lang_seq[0])] for t in topics)
         raise PosfairInputError(
-            f"instance (n={n}, {config.name}): no segment set fits the model limit of {limit} tokens "
+            f"instance (n={n}, {config.name}{where}): no segment set fits the model limit of {limit} tokens "
             f"({report.sets_skipped_too_long} sets tried were too long; median segment length {seg_lens[len(seg_lens) // 2]} tokens). "
             "Use shorter segments (max segment tokens), a smaller n, or a model with a longer limit."
         )
@@ -394,5 +422,5 @@ def build_instance(
             f"only {len(chosen)} of {sets_wanted} segment sets found that fit {limit} tokens "
             f"after {attempts} draws ({report.sets_skipped_too_long} too long)"
         )
-    sets = [SegmentSet(f"n{n}-{config.key}-s{i:05d}", t) for i, t in enumerate(chosen)]
-    return Instance(n=n, config=config, sets=sets, documents=docs, report=report)
+    sets = [SegmentSet(f"{prefix}n{n}-{config.key}-s{i:05d}", t) for i, t in enumerate(chosen)]
+    return Instance(n=n, config=config, sets=sets, documents=docs, report=report, family=family)

@@ -60,6 +60,7 @@ OBSERVATION_COLUMNS = [
     "n",
     "config",
     "config_key",
+    "family",
     "lead_lang",
     "later_lang",
     "doc_id",
@@ -107,6 +108,11 @@ class AuditSettings:
         bootstrap_draws / bootstrap_weights / bootstrap_seed: the wild bootstrap's draws B,
             weights (``"webb"`` or ``"rademacher"``; Rademacher enumerates all 2^G sign
             vectors when 2^G < B) and seed (recorded for every run, used only with ``"wild"``).
+        family_field: audit per document family: the corpus column naming each topic's family
+            (``"source"`` in the bundled corpus: ``debian-faq`` or ``installation-guide``).  Every
+            instance is then drawn once per family (``target_docs`` documents each, sets within one
+            family, so the families share no topic); the observations carry ``family``, the
+            coefficient tables pool the families, and :mod:`posfair.fairness.families` compares them.
     """
 
     n_values: tuple[int, ...] = (3, 4)
@@ -126,6 +132,7 @@ class AuditSettings:
     bootstrap_draws: int = 9999
     bootstrap_weights: str = "webb"
     bootstrap_seed: int = 0
+    family_field: str | None = None
 
     def __post_init__(self) -> None:
         ns = tuple(int(n) for n in self.n_values)
@@ -181,8 +188,10 @@ class ModelInfo:
 
 
 def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, limit: int) -> list[Instance]:
-    """All instances of the settings (seeded; independent of the model except for its tokenizer)."""
-    df = prepare_corpus(corpus)
+    """All instances of the settings (seeded; independent of the model except for its tokenizer); with
+    ``settings.family_field`` one instance per (n, configuration, family)."""
+    df = prepare_corpus(corpus, settings.family_field)
+    families = sorted(df["family"].unique()) if settings.family_field else [""]
     langs = sorted(df["lang"].unique())
     for cfg in settings.configs:
         for lang in cfg.needed:
@@ -194,8 +203,8 @@ def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, li
     out = []
     for n in settings.n_values:
         for cfg in settings.configs:
-            out.append(
-                build_instance(
+            for family in families:
+                inst = build_instance(
                     df,
                     n,
                     cfg,
@@ -207,14 +216,15 @@ def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, li
                     max_segment_tokens=settings.max_segment_tokens,
                     window_ratio=settings.window_ratio,
                     token_lengths=lengths,
+                    family=family,
                 )
-            )
-            inst = out[-1]
-            if len(inst.sets) < 2:
-                raise PosfairInputError(
-                    f"instance (n={n}, {cfg.name}) has {len(inst.sets)} segment set(s); clustered standard errors need "
-                    f"at least 2: raise the target document count to >= {2 * math.factorial(n)}"
-                )
+                out.append(inst)
+                if len(inst.sets) < 2:
+                    where = f", family {family}" if family else ""
+                    raise PosfairInputError(
+                        f"instance (n={n}, {cfg.name}{where}) has {len(inst.sets)} segment set(s); clustered standard "
+                        f"errors need at least 2: raise the target document count to >= {2 * math.factorial(n)}"
+                    )
     return out
 
 
@@ -330,6 +340,7 @@ def _observations(
             "n": n,
             "config": cfg.name,
             "config_key": cfg.key,
+            "family": inst.family,
             "lead_lang": cfg.lead,
             "later_lang": cfg.later,
             "doc_id": np.repeat([d.doc_id for d in docs], n),

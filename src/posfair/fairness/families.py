@@ -20,7 +20,8 @@ estimates weighted by their inverse squared standard errors, ``Q ~ chi2(k - 1)``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ from posfair.fairness.clusters import Interval, fieller, joint_ols
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.ols import position_design
 from posfair.report.tables import Table
+
+if TYPE_CHECKING:
+    from posfair.fairness.results import AuditResult
 
 __all__ = [
     "POOLED",
@@ -47,6 +51,9 @@ __all__ = [
     "family_table",
     "heterogeneity_table",
     "families_json",
+    "family_tables",
+    "family_section",
+    "save_families",
 ]
 
 POOLED = "pooled"
@@ -312,3 +319,52 @@ def families_json(findings: pd.DataFrame, het: pd.DataFrame) -> dict[str, Any]:
         "findings": _records(findings),
         "heterogeneity": _records(het),
     }
+
+
+# -- the audit's report section and files --------------------------------------------------------------------------
+
+_SECTION = """\
+<p>Each document family audited on its own segment sets, and pooled: a finding that holds on one family need not \
+hold on another. β<sub>p</sub> stock and calibrated, the change under calibration and the share removed with their \
+intervals, then Cochran's Q across the families ({{ families }}).</p>
+{% for t in tables %}{{ t | safe }}
+{% endfor %}"""
+
+
+def family_tables(result: AuditResult) -> list[Table]:
+    """The family table and the heterogeneity table of an audit run by family (none otherwise)."""
+    if len(families_of(result.observations)) < 2:
+        return []
+    found = result.family_findings()
+    name = result.model["name"]
+    return [family_table(found, name), heterogeneity_table(heterogeneity(found), name)]
+
+
+def family_section(result: AuditResult):
+    """The report section ``Families`` (None for an audit not run by family)."""
+    from posfair.report.html import Section, render_string
+    from posfair.report.tables import to_html
+
+    tables = family_tables(result)
+    if not tables:
+        return None
+    html = render_string(
+        _SECTION, families=", ".join(families_of(result.observations)), tables=[to_html(t) for t in tables]
+    )
+    return Section("Families", html)
+
+
+def save_families(result: AuditResult, out: Path) -> dict[str, Path]:
+    """``families.json`` and the two tables (md/csv/tex) of an audit run by family; {} otherwise."""
+    from posfair.io import atomic_write_json
+    from posfair.report.tables import write_table
+
+    paths: dict[str, Path] = {}
+    if len(families_of(result.observations)) < 2:
+        return paths
+    found = result.family_findings()
+    paths["families"] = atomic_write_json(out / "families.json", families_json(found, heterogeneity(found)))
+    for t in family_tables(result):
+        for kind, p in write_table(t, out / "tables").items():
+            paths[f"table:{t.name}.{kind}"] = p
+    return paths

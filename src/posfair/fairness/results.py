@@ -203,6 +203,19 @@ class AuditResult:
             hf["G"] = [int(g.loc[(n, cfg)]) for n, cfg, _ in hf.index]
         return hf
 
+    def family_findings(self) -> pd.DataFrame:
+        """Per document family and pooled: β_p stock and calibrated, the change and the share removed with their
+        intervals (:func:`posfair.fairness.families.family_findings`; pooled rows only for an audit not run by family)."""
+        from posfair.fairness.families import family_findings
+
+        return family_findings(self.observations, [c["label"] for c in self.calibrations])
+
+    def family_heterogeneity(self) -> pd.DataFrame:
+        """Cochran's Q across the document families (:func:`posfair.fairness.families.heterogeneity`)."""
+        from posfair.fairness.families import heterogeneity
+
+        return heterogeneity(self.family_findings())
+
     def few_clusters_message(self) -> str | None:
         """The G < 20 line (None if every instance has at least 20 clusters)."""
         return few_clusters_message(self.coefficients)
