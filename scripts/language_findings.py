@@ -116,6 +116,7 @@ def position_table(folders: list[tuple[str, Path]], found: dict[str, pd.DataFram
                 f"{100 * r['share_estimate']:.0f} % "
                 + (f"[{100 * r['share_ci_low']:.0f}, {100 * r['share_ci_high']:.0f}]"
                    if np.isfinite(r["share_ci_low"]) else "[unbounded]")
+                + ("" if r["share_G"] == r["change_G"] else f" (G={r['share_G']})")
             )  # fmt: skip
             lines.append(
                 f"| {name} | {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['family']} | "

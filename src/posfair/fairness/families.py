@@ -246,8 +246,8 @@ FAMILY_CAPTION = (
     "'toward 0' only when the coefficient keeps its sign and the change's interval lies wholly on the side of 0, "
     "'past 0' when the sign flipped, 'no change' when the interval holds 0. share removed: 1 - calibrated / stock, "
     "Fieller's interval ('unbounded' when the stock β is not distinguishable from 0). Every interval: t(G-1) under the "
-    "more conservative (wider) of two-way set+topic and connected-component clustering; G and the clustering used "
-    "are those of the change (the clusters column names them for each row)."
+    "more conservative (wider) of two-way set+topic and connected-component clustering; G and clusters: those of the "
+    "change, and a cell whose interval rests on other clusters names its own G."
 )
 
 
@@ -260,14 +260,22 @@ def family_table(findings: pd.DataFrame, model: str) -> Table:
         index.append(
             (row["calibration"] or STOCK_LABEL, int(row["n"]), row["config"], f"β{row['position']}", row["family"])
         )
-        cell = [_ci(row, "stock")]
+        q = "change" if paired else "stock"
+
+        def own_g(x: str, row=row, q=q) -> str:  # a quantity whose interval rests on other clusters than the row's
+            return (
+                ""
+                if row[f"{x}_G"] == row[f"{q}_G"]
+                else f" (G={int(row[f'{x}_G'])}, {row[f'{x}_clusters'].split(' (')[0]})"
+            )
+
+        cell = [_ci(row, "stock") + own_g("stock")]
         if paired:
             cell += [
-                _ci(row, "calibrated"),
+                _ci(row, "calibrated") + own_g("calibrated"),
                 f"{_ci(row, 'change')} {row['direction']}",
-                _ci(row, "share", percent=True),
+                _ci(row, "share", percent=True) + own_g("share"),
             ]
-        q = "change" if paired else "stock"
         cell += [str(int(row[f"{q}_G"])), row[f"{q}_clusters"]]
         cells.append(cell)
     columns = ["stock"] + (["calibrated", "change", "share removed"] if paired else []) + ["G", "clusters"]
