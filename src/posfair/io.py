@@ -116,7 +116,10 @@ def _describe_text(value: Any) -> str:
 def check_ids(ids: Sequence[Any], source: str, field: str, lines: Sequence[int] | None = None) -> list:
     """``ids`` if they are all strings or all integers (as JSON or Parquet holds them; they are copied to the
     output as they are); else PosfairInputError naming the first id that is null, of another kind, or of
-    another type than the first one.  Ids that occur more than once are kept, with one warning counting them."""
+    another type than the first one, an integer a Parquet column cannot hold (all must fit 64 bits, signed, or
+    unsigned when none is negative), or a string Parquet cannot hold (an unpaired UTF-16 surrogate, which a
+    JSON escape such as ``\\ud800`` can make).  Ids that occur more than once are kept, with one warning
+    counting them."""
     ids = list(ids)
 
     def where(i: int) -> str:
@@ -141,6 +144,12 @@ def check_ids(ids: Sequence[Any], source: str, field: str, lines: Sequence[int] 
                 f"{source}: {where(i)}: {field!r} is {describe_value(v).replace(', not a string', '')} but the first id "
                 f"({where(0)}) is {'a string' if first_kind == 'str' else 'an integer'}: ids must all be strings or all integers"
             )
+    if first_kind == "str":
+        for i, v in enumerate(ids):
+            if _surrogates(v):
+                raise PosfairInputError(f"{source}: {where(i)}: {field!r} holds {_surrogates(v)}")
+    else:
+        _check_integer_range(ids, where, source, field)
     seen: dict[Any, int] = {}
     repeated = 0
     first_repeat = None
@@ -163,6 +172,37 @@ def check_ids(ids: Sequence[Any], source: str, field: str, lines: Sequence[int] 
     return [int(v) if first_kind == "int" else v for v in ids]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogates(text: str) -> str:
+    """What makes ``text`` unwritable as UTF-8 ("an unpaired UTF-16 surrogate (U+D800 at character 3) ..."), or ""."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return ""
+    return (
+        f"an unpaired UTF-16 surrogate (U+{ord(found.group()):04X} at character {found.start() + 1}), which is not "
+        "text (a JSON escape such as \\ud800 without its pair)"
+    )
+
+
+def _check_integer_range(ids: Sequence[Any], where: Callable[[int], str], source: str, field: str) -> None:
+    """PosfairInputError naming the first integer id a Parquet column of the ids cannot hold: all ids must fit a
+    signed 64-bit integer, or an unsigned one when none is negative."""
+    values = [int(v) for v in ids]
+    if not values:
+        return
+    negative = next((i for i, v in enumerate(values) if v < 0), None)
+    low, high = (-(2**63), 2**63 - 1) if negative is not None else (0, 2**64 - 1)
+    for i, v in enumerate(values):
+        if not low <= v <= high:
+            beside = f" with a negative id ({where(negative)})" if negative is not None and v > 0 else ""
+            raise PosfairInputError(
+                f"{source}: {where(i)}: {field!r} is {v}, outside the 64-bit integers a Parquet column holds "
+                f"({low}..{high}{beside}): give such ids as strings"
+            )
+
+
 class DuplicateIdWarning(UserWarning):
     """Ids of an input repeat (kept, copied to the output as they are)."""
 
@@ -182,6 +222,10 @@ def check_texts(texts: Sequence[Any], source: str, field: str, lines: Sequence[i
         where = f"line {lines[i]}" if lines is not None else f"row {i}"
         more = f" ({len(bad)} unusable texts in all)" if len(bad) > 1 else ""
         raise PosfairInputError(f"{source}: {where}: {field!r} is {_describe_text(texts[i])}{more}")
+    for i, t in enumerate(texts):
+        if _surrogates(t):  # a tokenizer cannot take it (and no Parquet file can hold it)
+            where = f"line {lines[i]}" if lines is not None else f"row {i}"
+            raise PosfairInputError(f"{source}: {where}: {field!r} holds {_surrogates(t)}")
     return list(texts)
 
 

@@ -8,6 +8,9 @@
   ``error: unexpected <Type>: <message> (rerun with --debug for the traceback)``
   and exit code 1; ``posfair --debug COMMAND ...`` (or ``POSFAIR_DEBUG=1``) prints
   the traceback before that line.
+* Memory running out (a ``MemoryError``, torch's "DefaultCPUAllocator: can't allocate
+  memory", CUDA's "out of memory") prints ``error: memory ran out (...)`` with what to
+  lower (the command's ``--batch-size`` and ``--max-seq-length``), exit code 1.
 * An interruption (Ctrl-C) prints ``error: interrupted`` and exits with 130.
 
 :class:`PosfairGroup` is the Typer group class of the ``posfair`` application; its
@@ -165,8 +168,50 @@ def _debug_requested(args: Sequence[str]) -> bool:
     return False
 
 
-def report(exc: BaseException, args: Sequence[str], debug: bool) -> int:
-    """Print ``exc`` as one ``error:`` line (a traceback first when ``debug`` and unexpected); the exit code."""
+#: what an exception's message says when memory ran out (torch's CPU allocator, CUDA, the C library's ENOMEM)
+_NO_MEMORY = ("can't allocate memory", "cannot allocate memory", "out of memory", "defaultcpuallocator")
+
+
+def out_of_memory(exc: BaseException) -> BaseException | None:
+    """The exception in ``exc``'s chain (itself, its cause or context) that says memory ran out: a MemoryError, or a
+    RuntimeError / OSError whose message says so (torch raises RuntimeError, CUDA torch.OutOfMemoryError); else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            return exc
+        if isinstance(exc, (RuntimeError, OSError)) and any(m in str(exc).lower() for m in _NO_MEMORY):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _memory_message(exc: BaseException, args: Sequence[str], group: Any) -> str:
+    """``memory ran out (<the error>): lower --batch-size (now 32) or --max-seq-length (now ...)``, naming the
+    options the command has."""
+    text = one_line(str(exc))
+    if len(text) > 200:
+        text = text[:197] + "..."
+    lower = []
+    params = {}
+    if group is not None:
+        name = next((a for a in args if not a.startswith("-")), None)
+        command = group.commands.get(name) if name else None
+        params = {o: p for p in getattr(command, "params", []) for o in getattr(p, "opts", [])}
+    for option in ("--batch-size", "--max-seq-length"):
+        if option in params:
+            value = _option_value(args, [option])
+            if value is None:
+                default = params[option].default
+                value = "the model's own" if default is None and option == "--max-seq-length" else default
+            lower.append(f"{option} (now {value})" if value is not None else option)
+    advice = f"lower {' or '.join(lower)}" if lower else "free memory or use a machine with more"
+    return f"memory ran out ({type(exc).__name__}{': ' + text if text else ''}): {advice}"
+
+
+def report(exc: BaseException, args: Sequence[str], debug: bool, group: Any = None) -> int:
+    """Print ``exc`` as one ``error:`` line (a traceback first when ``debug`` and unexpected); the exit code.
+    ``group``: the command group (to name the options of the command that ran out of memory)."""
     if type(exc).__name__ == "NoArgsIsHelpError":  # bare "posfair": the help (rich prints it itself), exit 0
         text = exc.format_message()
         if text.strip() and "Usage:" in text:
@@ -182,6 +227,8 @@ def report(exc: BaseException, args: Sequence[str], debug: bool) -> int:
         code, message = getattr(exc, "exit_code", EXIT_USER), one_line(exc.format_message())
     elif isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "Abort":
         code, message = EXIT_INTERRUPTED, "interrupted"
+    elif out_of_memory(exc) is not None:
+        code, message = EXIT_FAILED, _memory_message(out_of_memory(exc), args, group)
     else:
         code = EXIT_BUG
         message = f"unexpected {type(exc).__name__}: {one_line(str(exc))}" + ("" if debug else f" ({DEBUG_HINT})")
@@ -214,7 +261,7 @@ class PosfairGroup(TyperGroup):
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_BUG)
         except BaseException as exc:  # the boundary: everything becomes one line and an exit code
-            code = report(exc, argv, debug)
+            code = report(exc, argv, debug, self)
         if standalone_mode:
             sys.exit(code)
         return code

@@ -6,7 +6,7 @@
       benchmark.json                     (optional) how a built benchmark was made; its "name"
       <lang-Script>/<domain>/corpus.parquet        _id, text
       <lang-Script>/<domain>/queries.parquet       _id, text, ... (PosIR's position columns)
-      <lang-Script>/<domain>/qrels/test.parquet    query-id, corpus-id, score
+      <lang-Script>/<domain>/qrels/test.parquet    query-id, corpus-id, score (a finite number)
 
 The published ``infgrad/PosIR-Benchmark-v1`` has this layout, and
 ``posfair.retrieval.build_from_corpus`` writes it from a posfair corpus.  This module
@@ -19,6 +19,8 @@ of its three files is skipped with a warning.  What the tables mean for retrieva
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import re
 import warnings
 from collections.abc import Sequence
@@ -37,6 +39,7 @@ __all__ = [
     "POSIR_LANGS",
     "PosirTables",
     "is_posir_tree",
+    "is_score",
     "posir_lang",
     "posir_languages",
     "posir_root",
@@ -79,6 +82,38 @@ _ISO1_TO_POSIR = {
 POSIR_DIR = re.compile(r"^[a-z]{3}-[A-Z][a-z]{3}$")
 # the columns of the layout itself (PosIR's position columns are retrieval's to check)
 _COLUMNS = {"queries": ("_id", "text"), "corpus": ("_id", "text"), "qrels": ("query-id", "corpus-id", "score")}
+
+
+def is_score(value: Any) -> bool:
+    """Whether ``value`` can be a qrels score: a finite real number (not a bool, not null, NaN or an infinity)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def describe_number(value: Any) -> str:
+    """How a value that should be a number is named in an error: ``null``, ``NaN``, ``inf``, ``a str ('x')``."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return "null"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return str(float(value)) if not math.isfinite(float(value)) else str(value)
+    shown = repr(value)
+    return f"a {type(value).__name__} ({shown if len(shown) <= 40 else shown[:37] + '...'})"
+
+
+def _check_qrels(r: pd.DataFrame, path: Path) -> None:
+    """ValueError naming the file and row (0-based) of the first qrels score that is not a finite number, or of
+    a (query-id, corpus-id) pair listed again with another score."""
+    scores = r["score"].tolist()
+    for i, v in enumerate(scores):
+        if not is_score(v):
+            raise ValueError(f"{path}: row {i}: 'score' is {describe_number(v)}: a qrels score must be a finite number")
+    seen: dict[tuple[str, str], int] = {}
+    for i, pair in enumerate(zip(r["query-id"].astype(str), r["corpus-id"].astype(str), strict=True)):
+        j = seen.setdefault(pair, i)
+        if j != i and float(scores[j]) != float(scores[i]):
+            raise ValueError(
+                f"{path}: rows {j} and {i} give query {pair[0]!r}, document {pair[1]!r} two scores "
+                f"({scores[j]} and {scores[i]}): a pair has one score"
+            )
 
 
 def posir_lang(lang: str) -> str:
@@ -181,6 +216,7 @@ def read_posir(
             missing = [col for col in _COLUMNS[kind] if col not in df.columns]
             if missing:
                 raise ValueError(f"{path}: missing column(s) {missing}; found {list(df.columns)}")
+        _check_qrels(r, rpath)
         q = q.assign(_id=q["_id"].astype(str), domain=ddir.name)
         c = c.assign(_id=c["_id"].astype(str), domain=ddir.name)
         r = r[r["query-id"].astype(str).isin(set(q["_id"]))].assign(domain=ddir.name)

@@ -161,6 +161,44 @@ class SamplingReport:
         return asdict(self)
 
 
+def sets_for(target_docs: int, n: int) -> int:
+    """The segment sets an instance of ``n`` segments per document draws for ``target_docs`` documents:
+    ``ceil(target_docs / n!)`` (each set gives all ``n!`` orderings)."""
+    return math.ceil(target_docs / math.factorial(n))
+
+
+def usable_topics(report: SamplingReport) -> int:
+    """The topics an instance could draw its sets from: present in every needed language with segments
+    inside the length window."""
+    return report.topics_available - report.segments_outside_window
+
+
+def more_sets_advice(report: SamplingReport, needed: int) -> str:
+    """What would give an instance ``needed`` segment sets, by the rules that drew them: a larger target
+    document count (:func:`sets_for`) only when the corpus has that many distinct sets of its usable topics
+    (:func:`usable_topics`); else what the corpus allows; else (enough wanted and possible, too few fit
+    the token limit) shorter segments or a smaller n."""
+    n, usable = report.n, usable_topics(report)
+    possible = math.comb(usable, n)
+    if possible < needed:
+        return (
+            f"the corpus allows only {possible} distinct set(s) of {n} segments: it has {usable} usable topics "
+            f"(present in every language the configuration needs, segments inside the length window); a larger "
+            f"target document count cannot add sets: add topics to the corpus or use a smaller n"
+        )
+    if report.sets_wanted < needed:
+        docs = next(t for t in range(1, needed * math.factorial(n) + 1) if sets_for(t, n) >= needed)
+        return (
+            f"raise the target document count to >= {docs} ({needed} sets of {math.factorial(n)} orderings; "
+            f"the corpus has {usable} usable topics, {possible} distinct sets of {n})"
+        )
+    return (
+        f"only {report.sets_used} of {report.sets_wanted} sets drawn fit the model limit of {report.limit} tokens "
+        f"({report.sets_skipped_too_long} too long): use shorter segments (max segment tokens), a smaller n, "
+        "or a model with a longer limit"
+    )
+
+
 @dataclass
 class Instance:
     n: int
@@ -347,7 +385,7 @@ def build_instance(
     n_special = added_token_count(tokenizer)
     low, cap = _length_window(limit, n, n_special, min_segment_tokens, max_segment_tokens, window_ratio)
     topics = [t for t in topics_all if all(low <= lengths[(t, lang)] <= cap for lang in config.needed)]
-    sets_wanted = math.ceil(target_docs / math.factorial(n))
+    sets_wanted = sets_for(target_docs, n)
     report = SamplingReport(
         n=n,
         config=config.name,

@@ -23,7 +23,6 @@ killed at any moment resumes to identical results.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -36,7 +35,14 @@ from posfair import encoding as enc
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.errors import PosfairInputError
-from posfair.fairness.documents import Instance, LanguageConfig, build_instance, prepare_corpus, token_segment_index
+from posfair.fairness.documents import (
+    Instance,
+    LanguageConfig,
+    build_instance,
+    more_sets_advice,
+    prepare_corpus,
+    token_segment_index,
+)
 from posfair.fairness.measures import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.fairness.ols import Inference
 from posfair.model import model_fingerprint
@@ -223,7 +229,7 @@ def build_instances(corpus: pd.DataFrame, settings: AuditSettings, tokenizer, li
                     where = f", family {family}" if family else ""
                     raise PosfairInputError(
                         f"instance (n={n}, {cfg.name}{where}) has {len(inst.sets)} segment set(s); clustered standard "
-                        f"errors need at least 2: raise the target document count to >= {2 * math.factorial(n)}"
+                        f"errors need at least 2: {more_sets_advice(inst.report, 2)}"
                     )
     return out
 

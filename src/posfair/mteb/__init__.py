@@ -47,7 +47,9 @@ benchmark has several domains (each with its own corpus), every query is ranked 
 against its own domain's documents (MTEB's ``top_ranked`` candidates), as posfair
 searches each domain separately.
 
-**Relevance** is binary (a qrel score > 0 is relevant, gain 1), as in posfair.
+**Relevance** is graded as in posfair (a qrel score > 0 is relevant, its score is its gain);
+MTEB scores with pytrec_eval, which takes integer scores only, so :func:`tasks` refuses a benchmark
+with a fractional score.
 MTEB strips leading and trailing white space from documents before encoding them;
 :func:`tasks` warns when a document has any (its tokens, and so its embedding, may
 then differ from posfair's).

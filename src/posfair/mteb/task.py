@@ -3,7 +3,8 @@
 :class:`PositionalRetrievalTask` is an ``AbsTaskRetrieval`` whose data comes from a
 :class:`~posfair.retrieval.benchmarks.RetrievalBenchmark` in memory (nothing is read
 from the hub): one ``hf_subset`` per positional group (:mod:`posfair.mteb.subsets`),
-each with the whole corpus, its group's queries and binary qrels; with several domains
+each with the whole corpus, its group's queries and their qrels (the benchmark's integer scores, graded as
+posfair's evaluator grades them); with several domains
 every query is ranked only against its own domain's documents (MTEB's ``top_ranked``).
 Task names carry a hash of the benchmark's content (:func:`benchmark_digest`), so MTEB's
 result cache never mixes two benchmarks.  A FairModel given to ``mteb.evaluate``
@@ -62,7 +63,7 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
     Made by :func:`tasks` (each call creates a subclass carrying the task's
     ``TaskMetadata``, as MTEB tasks declare it on the class).  The data comes from
     the :class:`RetrievalBenchmark` in memory each time MTEB loads it; every subset has
-    the whole corpus and its group's queries, with binary qrels.
+    the whole corpus and its group's queries, with their qrels (integer scores > 0).
 
     Attributes:
         benchmark: the benchmark.
@@ -106,7 +107,11 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
         for s in self.subsets.values():
             qids = [b.query_ids[i] for i in s.queries]
             queries = Dataset.from_dict({"id": qids, "text": [b.query_texts[i] for i in s.queries]})
-            relevant = {qid: {doc_ids[j]: 1 for j in b.relevant[i]} for qid, i in zip(qids, s.queries, strict=True)}
+            # graded: the qrels score of each relevant document (integers: tasks() refuses fractional scores)
+            relevant = {
+                qid: {doc_ids[j]: int(g) for j, g in zip(b.relevant[i], b.gains[i], strict=True)}
+                for qid, i in zip(qids, s.queries, strict=True)
+            }
             top_ranked = None
             if domains is not None:  # each query is ranked against its own domain's documents only
                 top_ranked = {qid: candidates[b.query_domains[i]] for qid, i in zip(qids, s.queries, strict=True)}
@@ -176,7 +181,7 @@ def benchmark_digest(benchmark: RetrievalBenchmark) -> str:
         b.query_ids,
         b.query_texts,
         b.query_domains,
-        {q: {d: int(s) for d, s in r.items()} for q, r in b.qrels.items()},
+        {q: {d: _json_score(s) for d, s in r.items()} for q, r in b.qrels.items()},
         {g: np.flatnonzero(m).tolist() for g, m in b.groups.items()},
         b.length_bucket,
         None if b.relpos is None else relpos_bin(b.relpos).tolist(),
@@ -185,6 +190,25 @@ def benchmark_digest(benchmark: RetrievalBenchmark) -> str:
         h.update(json.dumps(part, ensure_ascii=False, sort_keys=True).encode("utf-8"))
         h.update(b"\0")
     return h.hexdigest()
+
+
+def _json_score(score: Any) -> int | float:
+    """A qrels score as the digest records it: an integer when it is one (1.0 -> 1), else the number."""
+    value = float(score)
+    return int(value) if value.is_integer() else value
+
+
+def _integer_scores(b: RetrievalBenchmark) -> None:
+    """PosfairInputError unless every relevant qrels score is an integer: MTEB scores with pytrec_eval, which
+    takes integer relevance only."""
+    for qid, rel, gains in zip(b.query_ids, b.relevant, b.gains, strict=True):
+        for j, g in zip(rel, gains, strict=True):
+            if not float(g).is_integer():
+                raise PosfairInputError(
+                    f"benchmark {b.name!r}: query {qid!r}, document {b.corpus_ids[j]!r} has qrels score {g:g}: MTEB "
+                    "scores with pytrec_eval, which takes integer relevance scores only (posfair's own evaluator, "
+                    "posfair retrieval, takes any finite score)"
+                )
 
 
 def _load(source: Any, **load_kwargs: Any) -> RetrievalBenchmark:
@@ -275,6 +299,7 @@ def tasks(
     if len(set(b.query_ids)) != len(b.query_ids):
         dup = sorted(q for q, n in Counter(b.query_ids).items() if n > 1)[:5]
         raise PosfairInputError(f"benchmark {b.name!r} has duplicate query ids (MTEB keys queries by id): {dup}")
+    _integer_scores(b)
     if grouping == "auto":
         grouping = "groups" if b.groups else ("relpos" if b.is_posir else "groups")
     wanted = ("groups", "relpos") if grouping == "both" else (grouping,)
@@ -314,7 +339,7 @@ def tasks(
             name=task_name,
             description=(
                 f"posfair position-aware retrieval on {b.name} ({len(b.query_ids)} queries, {len(b.corpus_ids)} documents): "
-                f"one subset per {what}; binary relevance; data built in memory by posfair.mteb.tasks."
+                f"one subset per {what}; graded relevance (the qrels scores); data built in memory by posfair.mteb.tasks."
             ),
             dataset={"path": source, "revision": digest},
             type="Retrieval",

@@ -4,9 +4,9 @@ Protocol of the papers: documents are encoded with the setting under test
 (stock, a :class:`~posfair.Calibration`, or Segment Embed Average), queries are
 always encoded with the stock model (with the model's query prompt, e.g.
 Qwen3-Embedding's ``"Instruct: ...\\nQuery: "``); exact inner-product search of
-L2-normalised embeddings (top 100); binary nDCG@10 per query; group scores,
-Harm, PSI; per length bucket PSI over relative-position bins for PosIR-style
-benchmarks.  Every embedding goes through an :class:`~posfair.store.EmbeddingStore`
+L2-normalised embeddings (top 100); nDCG@10 per query (graded: the qrels score is the
+gain); group scores, Harm, PSI; per length bucket PSI over relative-position bins for
+PosIR-style benchmarks.  Every embedding goes through an :class:`~posfair.store.EmbeddingStore`
 when one is given, keyed by model fingerprint, setting and prompt.
 """
 
@@ -204,7 +204,7 @@ def score_rankings(
     benchmark: RetrievalBenchmark, ranked: np.ndarray, k: int = 10, recall_depth: int = 100
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float], dict[str, float], dict]:
     """Per-query nDCG@k and recall, the flat metrics dict, group scores and PosIR bucket stats."""
-    ndcg = ndcg_at_k(ranked, benchmark.relevant, k)
+    ndcg = ndcg_at_k(ranked, benchmark.relevant, k, gains=benchmark.gains)
     recall = recall_at_k(ranked, benchmark.relevant, recall_depth)
     metrics: dict[str, float] = {f"ndcg@{k}": float(ndcg.mean()), f"recall@{recall_depth}": float(recall.mean())}
     groups = group_scores(ndcg, benchmark.groups) if benchmark.groups else {}

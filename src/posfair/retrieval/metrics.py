@@ -1,11 +1,14 @@
 """Retrieval metrics of the position-aware benchmarks (plain NumPy).
 
-* nDCG@k with **binary** relevance (a qrel score > 0 is relevant, gain 1):
-  DCG = sum over relevant documents at ranks r <= k of 1 / log2(r + 1);
-  IDCG = sum_{i=1}^{min(R, k)} 1 / log2(i + 1) with R relevant documents.
-  With one positive this is 1 / log2(rank + 1) when rank <= k, else 0.  A query
-  without relevant documents scores 0 (as in scikit-learn's ``ndcg_score`` used
-  by the PosQ reference code and ``pytrec_eval`` used by PosIR).
+* nDCG@k with **graded** relevance, as trec_eval / ``pytrec_eval`` (used by PosIR) and
+  ir-measures compute it: the gain of a document is its qrels score (a score <= 0 is not
+  relevant and gains 0); DCG = sum over ranks r <= k of gain(r) / log2(r + 1);
+  IDCG = the same sum over the relevant documents sorted by gain, highest first.
+  With binary qrels (every relevant score 1, as in SQuAD-PosQ, FineWeb-PosQ and a
+  built benchmark) and one positive this is 1 / log2(rank + 1) when rank <= k, else 0.
+  A query without relevant documents scores 0 (as in scikit-learn's ``ndcg_score`` used
+  by the PosQ reference code and ``pytrec_eval``).
+* recall@k counts relevant documents (score > 0) found, whatever their grade.
 * Group score = mean per-query nDCG@10 over the queries of the group; empty
   groups are skipped (NaN) everywhere below.
 * Harm = harmonic mean of the group scores (0 if any group scores 0).
@@ -52,24 +55,61 @@ def _hits(ranked: np.ndarray, relevant: Sequence[np.ndarray | Sequence[int]], k:
     return hits
 
 
-def ndcg_at_k(ranked: np.ndarray, relevant: Sequence[np.ndarray | Sequence[int]], k: int = 10) -> np.ndarray:
-    """Per-query binary nDCG@k.
+def ndcg_at_k(
+    ranked: np.ndarray,
+    relevant: Sequence[np.ndarray | Sequence[int]],
+    k: int = 10,
+    gains: Sequence[np.ndarray | Sequence[float]] | None = None,
+) -> np.ndarray:
+    """Per-query nDCG@k, graded when ``gains`` are given (binary otherwise).
 
     Args:
         ranked: (n_queries, depth) document indices, best first (depth may be < k;
             entries < 0 are padding and never relevant).
         relevant: per query, the indices of its relevant documents.
+        gains: per query, the gain (qrels score, > 0) of each document of ``relevant``, in
+            the same order (:attr:`RetrievalBenchmark.gains`); None = gain 1 for each.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1; got {k}")
     hits = _hits(ranked, relevant, k)
     disc = _discounts(k)
-    dcg = (hits * disc[: hits.shape[1]]).sum(axis=1)
-    n_rel = np.array([len(np.unique(np.asarray(r))) for r in relevant], dtype=np.int64)
-    ideal_cum = np.concatenate([[0.0], np.cumsum(disc)])
-    idcg = ideal_cum[np.minimum(n_rel, k)]
+    if gains is None:
+        dcg = (hits * disc[: hits.shape[1]]).sum(axis=1)
+        n_rel = np.array([len(np.unique(np.asarray(r))) for r in relevant], dtype=np.int64)
+        ideal_cum = np.concatenate([[0.0], np.cumsum(disc)])
+        idcg = ideal_cum[np.minimum(n_rel, k)]
+    else:
+        found = _gains_at(np.asarray(ranked)[:, :k], relevant, gains)
+        dcg = (found * disc[: found.shape[1]]).sum(axis=1)
+        idcg = np.array(
+            [(np.sort(np.asarray(g, dtype=np.float64))[::-1][:k] * disc[: min(len(g), k)]).sum() for g in gains]
+        )
     out = np.zeros(len(hits), dtype=np.float64)
     np.divide(dcg, idcg, out=out, where=idcg > 0)
+    return out
+
+
+def _gains_at(top: np.ndarray, relevant: Sequence, gains: Sequence) -> np.ndarray:
+    """(n_queries, ranks) the gain of the document at each rank of ``top`` (0 when it is not relevant)."""
+    if len(gains) != len(relevant):
+        raise ValueError(f"{len(relevant)} relevance sets but {len(gains)} gain lists")
+    out = np.zeros(top.shape, dtype=np.float64)
+    for i, (rel, g) in enumerate(zip(relevant, gains, strict=True)):
+        rel, g = np.asarray(rel, dtype=np.int64), np.asarray(g, dtype=np.float64)
+        if rel.shape != g.shape:
+            raise ValueError(f"query {i}: {rel.size} relevant documents but {g.size} gains")
+        if len(np.unique(rel)) != rel.size:
+            raise ValueError(f"query {i}: a relevant document is listed twice (its gain would be ambiguous)")
+        if not np.all(np.isfinite(g) & (g > 0)):
+            raise ValueError(f"query {i}: gains must be finite and > 0 (a score <= 0 is not relevant)")
+        if not rel.size:
+            continue
+        order = np.argsort(rel)
+        rel, g = rel[order], g[order]
+        at = np.clip(np.searchsorted(rel, top[i]), 0, rel.size - 1)
+        match = rel[at] == top[i]
+        out[i, match] = g[at[match]]
     return out
 
 

@@ -1,4 +1,4 @@
-"""The benchmark object every loader returns: queries, a corpus, binary qrels and positional metadata."""
+"""The benchmark object every loader returns: queries, a corpus, graded qrels and positional metadata."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from posfair.corpus.posir_layout import is_score
 
 __all__ = ["RetrievalBenchmark"]
 
@@ -76,7 +78,13 @@ class BenchmarkSize:
 
 @dataclass
 class RetrievalBenchmark:
-    """Queries, a corpus, binary qrels and the positional metadata of each query.
+    """Queries, a corpus, graded qrels and the positional metadata of each query.
+
+    A qrels score is any finite number (NaN and infinities are refused).  A document
+    is relevant to a query when its score is > 0 (``relevant``: recall, the tuner's
+    units); nDCG uses the score itself as the gain (``gains``, aligned with
+    ``relevant``), as trec_eval / pytrec_eval / ir-measures compute nDCG; a score
+    <= 0 is not relevant and gains nothing (trec_eval's rule).
 
     ``groups`` maps a group label to a boolean mask over the queries (groups may
     overlap, as published).  ``length_bucket`` / ``relpos`` (PosIR-style) give
@@ -91,7 +99,7 @@ class RetrievalBenchmark:
     corpus_texts: list[str]
     query_ids: list[str]
     query_texts: list[str]
-    qrels: dict[str, dict[str, int]]
+    qrels: dict[str, dict[str, float]]
     groups: dict[str, np.ndarray] = field(default_factory=dict)
     length_bucket: list[str | None] | None = None
     relpos: np.ndarray | None = None
@@ -121,20 +129,31 @@ class RetrievalBenchmark:
                 )
             self._doc_index[(d, did)] = i
         rel: list[np.ndarray] = []
+        gains: list[np.ndarray] = []
         for qid, d in zip(self.query_ids, qdom, strict=True):
             judged = self.qrels.get(qid)
             if not judged:
                 raise ValueError(f"benchmark {self.name!r}: query {qid!r} has no qrels")
-            idx = []
+            positive = []
             for did, score in judged.items():
                 if (d, did) not in self._doc_index:
                     raise ValueError(f"benchmark {self.name!r}: qrels of query {qid!r} name unknown document {did!r}")
+                if not is_score(score):
+                    raise ValueError(
+                        f"benchmark {self.name!r}: qrels of query {qid!r}, document {did!r}: score {score!r} "
+                        "is not a finite number"
+                    )
                 if score > 0:
-                    idx.append(self._doc_index[(d, did)])
-            if not idx:
+                    positive.append((self._doc_index[(d, did)], float(score)))
+            if not positive:
                 raise ValueError(f"benchmark {self.name!r}: query {qid!r} has no relevant document (score > 0)")
-            rel.append(np.asarray(sorted(idx), dtype=np.int64))
+            positive.sort()
+            rel.append(np.asarray([i for i, _ in positive], dtype=np.int64))
+            gains.append(np.asarray([g for _, g in positive], dtype=np.float64))
+        #: per query, the indices of its relevant documents (score > 0), ascending
         self.relevant = rel
+        #: per query, the gain (qrels score) of each document of ``relevant``, in the same order
+        self.gains = gains
         for label, mask in list(self.groups.items()):
             mask = np.asarray(mask, dtype=bool)
             if mask.shape != (nq,):
