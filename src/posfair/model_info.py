@@ -17,7 +17,7 @@ import torch
 
 from posfair import compat
 
-__all__ = ["display_name", "model_fingerprint", "position_limit", "token_limit"]
+__all__ = ["config_content", "display_name", "model_fingerprint", "position_limit", "token_limit"]
 
 # RoBERTa-style embeddings number positions from padding_idx + 1 (padding_idx = pad_token_id)
 _ROBERTA_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert")
@@ -98,20 +98,72 @@ def _weights_digest(model: torch.nn.Module) -> str:
         h = hashlib.sha256()
         with torch.no_grad():
             for name, p in sorted(model.state_dict().items()):
-                h.update(name.encode())
-                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if p.numel() else b"")
+                h.update(json.dumps([name, str(p.dtype), list(p.shape)]).encode())
+                if p.numel():
+                    h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy())
         digest = h.hexdigest()
         model._posfair_weights_digest = digest  # weights are fixed at inference time
     return digest
 
 
+def config_content(config) -> dict:
+    """A transformers config as content: every field, less the ones that say where or how it was loaded.
+
+    ``to_dict`` carries ``_name_or_path`` (the folder or hub id it was read from) and, depending on the
+    transformers release, other private loading state (``_commit_hash``, ``_attn_implementation_autoset``,
+    ...): fields starting with "_" are dropped; every other field is kept, whether or not it changes what
+    the model computes (e.g. ``hidden_act``, ``layer_norm_eps``, ``dtype``, ``transformers_version``).
+    """
+    return {k: v for k, v in config.to_dict().items() if not k.startswith("_")}
+
+
+def _tokenizer_digest(model, tok) -> str:
+    """SHA-256 of what the tokenizer does: a fast tokenizer's full definition (vocabulary, normaliser,
+    pre-tokeniser, post-processor, added tokens), without its per-call truncation and padding state;
+    else its vocabulary and special tokens.  Cached per tokenizer object."""
+    cached = getattr(model, "_posfair_tokenizer_digest", None)
+    if cached is not None and cached[0] == id(tok):
+        return cached[1]
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        truncation, padding = backend.truncation, backend.padding  # set by the last call, not by the model
+        try:
+            backend.no_truncation()
+            backend.no_padding()
+            text = backend.to_str()
+        finally:
+            if truncation is not None:
+                backend.enable_truncation(**truncation)
+            if padding is not None:
+                backend.enable_padding(**padding)
+    else:
+        get_vocab = getattr(tok, "get_vocab", None)
+        spec = {
+            "vocab": sorted(get_vocab().items()) if callable(get_vocab) else None,
+            "special": getattr(tok, "special_tokens_map", None),
+        }
+        text = json.dumps(spec, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    model._posfair_tokenizer_digest = (id(tok), digest)
+    return digest
+
+
 def model_fingerprint(model) -> str:
-    """The cache identity of any sentence-transformers model (a FairModel or a plain one)."""
-    h = hashlib.sha256(_weights_digest(model).encode())
-    auto = getattr(next(iter(model._modules.values()), None), "auto_model", None)
+    """The cache identity of any sentence-transformers model (a FairModel or a plain one), by content only.
+
+    What it hashes: the weights (every tensor's name, dtype, shape and bytes), the transformers
+    config's content (:func:`config_content`: not the path it was read from), what the tokenizer
+    does, the pooling, the token limit, the padding side, lower-casing, the modules and the default
+    prompt.  The same model under another path, copied or renamed, has the same fingerprint; a
+    changed weight, config value or tokenizer has another.
+    """
+    h = hashlib.sha256(b"posfair model fingerprint 2\x00")  # scheme 1 hashed the config with its path
+    h.update(_weights_digest(model).encode())
+    first = next(iter(model._modules.values()), None)
+    auto = getattr(first, "auto_model", None)
     if auto is not None:
         h.update(type(auto).__name__.encode())
-        h.update(auto.config.to_json_string(use_diff=False).encode())
+        h.update(json.dumps(config_content(auto.config), sort_keys=True, default=str).encode())
     tok = getattr(model, "tokenizer", None)
     pooling = getattr(model, "pooling", None)
     if pooling is None:
@@ -125,11 +177,13 @@ def model_fingerprint(model) -> str:
                 type(tok).__name__,
                 len(tok) if tok is not None else 0,
                 [type(m).__name__ for m in model._modules.values()],
+                bool(getattr(first, "do_lower_case", False)),
+                _tokenizer_digest(model, tok) if tok is not None else None,
             ]
         ).encode()
     )
     # what encode prepends when no prompt is given changes every embedding stored under this fingerprint
-    # (explicit prompts are part of each store namespace; models without a default prompt keep their old identity)
+    # (explicit prompts are part of each store namespace)
     default = compat.resolve_prompt(model, None, None) if hasattr(model, "prompts") else None
     if default:
         h.update(json.dumps({"default_prompt": default}).encode())

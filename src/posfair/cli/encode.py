@@ -85,7 +85,7 @@ def encode(
         raise input_error("--id-field", id_field, f"a .txt input ({input}) has no fields; use .jsonl or .parquet")
     checks.cache_folder(cache)
     cal = checks.calibration(calibration, basket_size, layers, strength)
-    model = checks.model_source(model)
+    model = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
     # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
@@ -121,10 +121,12 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
     from posfair.cli.progress import progress_bars
     from posfair.encoding import encode_cached, l2_normalize
     from posfair.io import atomic_save_npy, atomic_write_parquet
-    from posfair.store import EmbeddingStore, embedding_namespace
+    from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
     store = EmbeddingStore(cache_dir)
-    embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards (ManifestMismatch)
+    ns = embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards
+    distinct = len(set(texts))
+    cached = distinct - len(ns.missing(text_key(t) for t in texts))
     with progress_bars() as bar:
         tick = bar("encoding", len(set(texts)))  # encode_cached counts the cached texts first
         vectors = encode_cached(
@@ -149,7 +151,8 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
             df.insert(0, id_field, ids)
         atomic_write_parquet(out, df)
     label = cal.label()
-    typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}) to {out}")
+    reused = f"; {cached} of {distinct} distinct texts from the cache {cache_dir}" if cached else ""
+    typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}{reused}) to {out}")
 
 
 # the file that marks a cache folder posfair created for one ``encode`` output (and may delete)

@@ -55,7 +55,7 @@ def estimate_prior_command(
     from posfair.io import atomic_write_text
 
     checks.output_file(out, (".json",))
-    model_id = checks.model_source(model)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     data = load_corpus(corpus, sorted(set(langs)))
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)

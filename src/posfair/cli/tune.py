@@ -184,7 +184,7 @@ def tune(
     checks.cache_folder(cache)
     if save_model is not None:
         checks.output_folder(save_model, "--save-model")
-    model_id = checks.model_source(model)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
     from posfair.tuning import SearchSpace, default_fairness_settings
