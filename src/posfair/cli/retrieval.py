@@ -109,7 +109,7 @@ def run_benchmark(
     if faiss:
         checks.installed("faiss", "--faiss", "pip install faiss-cpu")
     prompt = query_prompt(prompt)
-    model_id = checks.model_source(model)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
 

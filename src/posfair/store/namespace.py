@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,14 @@ from posfair.calibration.choice import Resolved
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet
 from posfair.store.manifest import ManifestMismatch, read_manifest, rebuilt_settings, scan_namespace, write_manifest
-from posfair.store.settings import MANIFEST, canonical, embedding_meta, embedding_settings, run_settings
+from posfair.store.settings import (
+    MANIFEST,
+    canonical,
+    code_version,
+    embedding_meta,
+    embedding_settings,
+    run_settings,
+)
 from posfair.store.shards import SHARD_SUFFIX, ChangedShard, DamagedShard, ShardFile, set_aside, write_shard
 
 __all__ = ["EmbeddingStore", "Namespace", "embedding_namespace", "text_key"]
@@ -60,7 +68,40 @@ def _ensure_meta(path: Path, meta: dict[str, Any]) -> None:
         if stored != want:
             raise ValueError(f"embedding store namespace {path} holds different metadata: {stored} != {meta}")
     else:
+        _note_other_code(path, want)
         atomic_write_json(meta_file, meta)
+
+
+def _note_other_code(path: Path, meta: dict[str, Any]) -> None:
+    """Before a namespace is made: warn when the store holds namespaces that differ from it only in the model
+    fingerprint and were made by other posfair code, whose vectors this run therefore cannot reuse (e.g. the
+    same model, fingerprinted by an older posfair: its fingerprint then depended on the model folder's path)."""
+    mine = code_version()
+    others = []
+    for other in sorted(path.parent.glob("*/meta.json")):
+        if other.parent == path:
+            continue
+        try:
+            their_meta = json.loads(other.read_text(encoding="utf-8"))
+            manifest = json.loads((other.parent / MANIFEST).read_text(encoding="utf-8"))
+            same = {k: v for k, v in their_meta.items() if k != "model"} == {
+                k: v for k, v in meta.items() if k != "model"
+            }
+        except (OSError, ValueError, AttributeError):
+            continue
+        if same and any(manifest.get(k) != v for k, v in mine.items()):
+            others.append(
+                f"{other.parent.name} (posfair {manifest.get('posfair_version')}, code {manifest.get('code_hash')})"
+            )
+    if others:
+        warnings.warn(
+            f"embedding store {path.parent}: no vectors yet for model fingerprint {meta.get('model')}; "
+            f"{len(others)} namespace(s) of the same settings were made by other posfair code ({', '.join(others[:3])}"
+            f"{', ...' if len(others) > 3 else ''}): posfair does not reuse them, so if they hold this model's "
+            "embeddings (posfair's model fingerprint no longer depends on the model folder's path), these are "
+            "computed again; delete those folders to reclaim their space",
+            stacklevel=4,
+        )
 
 
 class Namespace:
