@@ -22,6 +22,7 @@ LEVELS = [
             "posfair._post_import",
             "posfair._lazy",
             "posfair.io",
+            "posfair.run_folder",
             "posfair.compat",
             "posfair.errors",
             "posfair.progress",

@@ -11,6 +11,7 @@ import tempfile
 import unicodedata
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,27 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from posfair.errors import PosfairInputError, PosfairWriteError
+
+
+#: who is told of each completed write (posfair.run_folder.RunFolder records the files of a run), innermost last
+_WRITE_OBSERVERS: ContextVar[tuple[Callable[[Path], bool], ...]] = ContextVar("posfair_write_observers", default=())
+
+
+@contextlib.contextmanager
+def observing_writes(observer: Callable[[Path], bool]) -> Iterator[None]:
+    """Within the block (this thread or task), ``observer(path)`` is called after each completed write of
+    :func:`atomic_path`; observers are asked innermost first, and the first that returns True claims the file."""
+    token = _WRITE_OBSERVERS.set((*_WRITE_OBSERVERS.get(), observer))
+    try:
+        yield
+    finally:
+        _WRITE_OBSERVERS.reset(token)
+
+
+def _written(path: Path) -> None:
+    for observer in reversed(_WRITE_OBSERVERS.get()):
+        if observer(path):
+            return
 
 
 @contextlib.contextmanager
@@ -45,6 +67,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb+") as fh:  # flush file contents to disk before the rename
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+        tmp_path = None
+        _written(path)
     except PosfairWriteError:
         raise
     except OSError as exc:  # a full disk, a size limit, a read-only folder: name the file and the cause

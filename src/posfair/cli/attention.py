@@ -65,29 +65,43 @@ def run_attention(
     from posfair.attention.profile import attention_profile
     from posfair.attention.render import write_attention_report
     from posfair.calibration import STOCK
+    from posfair.corpus import corpus_content_fingerprint
+    from posfair.run_folder import RunFolder
 
-    out.mkdir(parents=True, exist_ok=True)
+    ns = [n] if isinstance(n, int) else list(n)
+    key = {
+        "model": model.fingerprint,
+        "corpus": corpus_content_fingerprint(corpus),
+        "langs": list(langs),
+        "n": ns,
+        "layers": None if layers is None else str(layers),
+        "basket_size": basket_size,
+        "bins": n_bins,
+        "calibration": calibration.key(),
+        "max_docs": max_docs,
+        "seed": seed,
+    }
     profiles = []
-    for lang in langs:
-        ns = [n] if isinstance(n, int) else list(n)
-        docs = [d for k in ns for d in build_documents(model, corpus, lang, k, max_docs, seed)]  # every n pooled
-        for cal in [STOCK] + ([] if calibration is STOCK else [calibration]):
-            tick = progress(f"{lang} · {cal.label()}", len(docs)) if progress else None
-            prof = attention_profile(
-                model,
-                docs,
-                layers=layers,
-                basket_size=basket_size,
-                n_bins=n_bins,
-                calibration=cal,
-                batch_size=batch_size,
-                group=lang,
-                model_name=model_name,
-                progress=tick,
-            )
-            prof.save(out / f"attention_{lang}_{cal.key()}")
-            profiles.append(prof)
-    report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
+    with RunFolder(out, "attention", key):
+        for lang in langs:
+            docs = [d for k in ns for d in build_documents(model, corpus, lang, k, max_docs, seed)]  # every n pooled
+            for cal in [STOCK] + ([] if calibration is STOCK else [calibration]):
+                tick = progress(f"{lang} · {cal.label()}", len(docs)) if progress else None
+                prof = attention_profile(
+                    model,
+                    docs,
+                    layers=layers,
+                    basket_size=basket_size,
+                    n_bins=n_bins,
+                    calibration=cal,
+                    batch_size=batch_size,
+                    group=lang,
+                    model_name=model_name,
+                    progress=tick,
+                )
+                prof.save(out / f"attention_{lang}_{cal.key()}")
+                profiles.append(prof)
+        report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
     return profiles, report
 
 

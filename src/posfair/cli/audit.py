@@ -263,7 +263,7 @@ def run_audit(
                 corpus_name=corpus_name,
                 progress=bar,
             )
-    paths = result.save(out, title=title)
+    paths = result.save(out, title=title, state=[cache])
     elapsed = time.perf_counter() - t0
     con = console()
     header, rows = summary_table(result)

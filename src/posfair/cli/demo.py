@@ -45,6 +45,13 @@ DEMO_PARTS = (
 def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, inference: dict | None = None):
     """The demo; ``inference``: AuditSettings keywords (``inference``, ``bootstrap_*``), default CR1 + t(G-1).
     Returns the parts run, as (folder, model name, result, paths, seconds)."""
+    from posfair.run_folder import RunFolder
+
+    with RunFolder(out, "demo", {"docs": docs, "inference": inference or {}}, state=[cache] if cache else ()):
+        return _run_parts(out, docs, cache, inference)
+
+
+def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict | None):
     from posfair.calibration import Calibration
     from posfair.cli.audit import run_audit
     from posfair.cli.progress import console

@@ -14,6 +14,7 @@ from posfair.corpus.aligned import (
     REQUIRED_FIELDS,
     CorpusError,
     bundled_corpus_path,
+    corpus_content_fingerprint,
     load_corpus,
     validate_corpus,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "REQUIRED_FIELDS",
     "CorpusError",
     "bundled_corpus_path",
+    "corpus_content_fingerprint",
     "default_length_window",
     "filter_by_length",
     "filter_by_reference_length",

@@ -8,6 +8,7 @@ are built from.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -47,6 +48,22 @@ def _rows_phrase(rows: Sequence[int]) -> str:
     more = ", ..." if len(rows) > _MAX_LISTED_ROWS else ""
     noun = "row" if len(rows) == 1 else "rows"
     return f"{noun} [{shown}{more}] ({len(rows)} {noun}, 0-based)"
+
+
+def corpus_content_fingerprint(corpus: pd.DataFrame) -> str:
+    """A SHA-256 (20 hex digits) of a corpus's content: every column (by name) of every row (in ``lang``, ``id``
+    order when they exist), whatever file or path it was read from.  Results made from a corpus are keyed by it."""
+    h = hashlib.sha256()
+    cols = sorted(str(c) for c in corpus.columns)
+    h.update(json.dumps(cols).encode("utf-8"))
+    order = [c for c in ("lang", "id") if c in corpus.columns]
+    rows = corpus.sort_values(order, kind="stable") if order else corpus
+    for row in rows[cols].astype(str).itertuples(index=False):
+        for v in row:
+            h.update(v.encode("utf-8"))
+            h.update(b"\x00")
+        h.update(b"\x01")
+    return h.hexdigest()[:20]
 
 
 def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_tex
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import ProfileSeries, profile_grid, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_html, to_markdown, write_table
+from posfair.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -241,11 +243,34 @@ def report_sections(
 
 # -- files -----------------------------------------------------------------------------------------
 def save_result(
-    result: AuditResult, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None
+    result: AuditResult,
+    out_dir,
+    *,
+    extra_sections: list[Section] | None = None,
+    title: str | None = None,
+    state: Sequence[str | Path] = ("cache",),
 ) -> dict[str, Path]:
-    """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
+    """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json.
+
+    The folder is a :class:`~posfair.run_folder.RunFolder` (``posfair-run.json`` lists the files written, an earlier
+    audit's files that this one did not write are removed); ``state``: its sub-folders of resumable state (the
+    embedding cache), left alone."""
     out = Path(out_dir)
     log.info("writing the audit to %s", out)
+    # what the figures are made from, by content (not the model's or corpus's name or path)
+    key = {
+        "model": result.model.get("fingerprint"),
+        "corpus": result.corpus.get("fingerprint"),
+        "settings": result.settings,
+        "calibrations": result.calibrations,
+    }
+    with RunFolder(out, "audit", key, state=state):
+        return _write_result(result, out, extra_sections, title)
+
+
+def _write_result(
+    result: AuditResult, out: Path, extra_sections: list[Section] | None, title: str | None
+) -> dict[str, Path]:
     paths: dict[str, Path] = {}
     paths["observations"] = atomic_write_parquet(out / "observations.parquet", result.observations)
     paths["coefficients"] = atomic_write_text(out / "coefficients.csv", result.coefficients.to_csv(index=False))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import tempfile
 import time
@@ -17,6 +16,7 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
+from posfair.corpus import corpus_content_fingerprint
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, run_tag
 from posfair.fairness.analysis import coverage_messages, fit_all
@@ -36,14 +36,8 @@ __all__ = ["audit", "corpus_fingerprint", "PositionalFairnessEvaluator"]
 log = logging.getLogger(__name__)
 
 
-def corpus_fingerprint(corpus: pd.DataFrame) -> str:
-    h = hashlib.sha256()
-    cols = [c for c in ("id", "lang", "text") if c in corpus.columns]
-    for row in corpus.sort_values(["lang", "id"])[cols].astype(str).itertuples(index=False):
-        for v in row:
-            h.update(v.encode("utf-8"))
-            h.update(b"\x00")
-    return h.hexdigest()[:20]
+#: the content fingerprint of a corpus (every column of every row; see posfair.corpus.corpus_content_fingerprint)
+corpus_fingerprint = corpus_content_fingerprint
 
 
 def audit(

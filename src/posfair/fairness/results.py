@@ -259,9 +259,11 @@ class AuditResult:
         return audit_report.report_sections(self, figures, extra_sections)
 
     def save(
-        self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None
+        self, out_dir, *, extra_sections: list[Section] | None = None, title: str | None = None, state=("cache",)
     ) -> dict[str, Path]:
-        """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json."""
+        """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML),
+        run.json, and ``posfair-run.json`` listing them (an earlier audit's other files in the folder are removed;
+        ``state``: the folder's sub-folders of resumable state, such as the embedding cache, left alone)."""
         from posfair.fairness import audit_report  # the renderer imports this module: imported on use
 
-        return audit_report.save_result(self, out_dir, extra_sections=extra_sections, title=title)
+        return audit_report.save_result(self, out_dir, extra_sections=extra_sections, title=title, state=state)

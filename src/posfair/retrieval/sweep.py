@@ -3,9 +3,13 @@
 Layout of a sweep directory::
 
     OUT/
-      sweep.json              model fingerprint, benchmark summary, settings (checked on resume)
+      posfair-run.json        the files of the last run with their SHA-256 (posfair.run_folder)
+      sweep.json              what the results are computed from: the model's fingerprint, the benchmark's
+                              content fingerprint (documents, queries, qrels, positions), top_k, the query
+                              prompt, the search scope, posfair's result format (checked on resume), settings
       embeddings/             the EmbeddingStore (queries once, documents per setting)
-      runs/<setting>.json     one RetrievalResult per setting (written atomically when done)
+      runs/<setting>.json     one RetrievalResult per setting (written atomically when done), with the
+                              fingerprint of sweep.json's key: read back only by a sweep of the same key
                               (a calibration that changes no document of the benchmark is
                               recorded with calibrated_share 0 and not evaluated: "no-op")
       table_groups.{csv,md,tex}   Table 1 layout (benchmarks with positional groups)
@@ -16,6 +20,8 @@ Layout of a sweep directory::
 A killed sweep is re-run with the same command: finished settings are read from
 ``runs/``, the unfinished one resumes from the embeddings already stored, and the
 tables are rebuilt from all runs, so they are identical to an uninterrupted run.
+A folder holding a sweep made from anything else (another model, benchmark content,
+top_k, prompt, scope or result format) is refused with one line naming what differs.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.encoding import sharing_stock_layers
+from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.model import model_fingerprint
 from posfair.progress import ProgressCallback
@@ -41,6 +48,7 @@ from posfair.retrieval.grids import paper_grid, strength_sweep
 from posfair.retrieval.late import LateChunking
 from posfair.retrieval.result_tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.retrieval.sea import SegmentEmbedAverage
+from posfair.run_folder import RESULT_FORMAT, RunFolder, content_fingerprint
 from posfair.store import EmbeddingStore
 
 # paper_grid and strength_sweep (defined in posfair.retrieval.grids) are importable from here too
@@ -193,39 +201,93 @@ def run_sweep(
     manifest = {
         "model": fp,
         "max_seq_length": model.max_seq_length,
-        "benchmark": benchmark.summary(),
+        "benchmark": benchmark.summary() | {"fingerprint": benchmark.fingerprint()},
         "top_k": top_k,
         "query_prompt": evaluators[0]._query_prompt(model),
         "search_scope": search_scope,
+        "result_format": RESULT_FORMAT,
         "settings": [_run_name(e) for e in evaluators],
     }
-    mpath = out / "sweep.json"
-    if mpath.exists():
-        old = json.loads(mpath.read_text())
-        old.setdefault("search_scope", "domain")  # sweeps before the option searched per domain
-        for k in ("max_seq_length", "model", "benchmark", "top_k", "query_prompt", "search_scope"):
-            if old.get(k) != json.loads(json.dumps(manifest[k])):
-                raise ValueError(
-                    f"{out} holds a sweep with a different {k} ({old.get(k)!r}); use another output directory"
-                )
-        manifest["settings"] = list(dict.fromkeys(old.get("settings", []) + manifest["settings"]))
-    atomic_write_json(mpath, manifest)
+    key = {k: manifest[k] for k in _SWEEP_KEY}
+    manifest["settings"] = _check_resumable(out, key, manifest["settings"])
+    sweep_fp = content_fingerprint(key)
+    state = ["runs", *([store.root] if hasattr(store, "root") else [])]
     results = []
-    # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.stock_layers)
-    with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
-        _stock_pass_if_worth_it(model, evaluators, out)
-        for ev in evaluators:
-            run_path = out / "runs" / f"{_run_name(ev)}.json"
-            if run_path.exists():
-                results.append(RetrievalResult.load(run_path))
-                continue
-            share = ev.calibrated_share(model)
-            logger.info("%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else "")
-            result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
-            result.save(run_path)
-            results.append(result)
+    with RunFolder(out, "retrieval", key, state=state):
+        atomic_write_json(out / SWEEP_FILE, manifest)
+        # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.stock_layers)
+        with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
+            _stock_pass_if_worth_it(model, evaluators, out)
+            for ev in evaluators:
+                run_path = out / "runs" / f"{_run_name(ev)}.json"
+                done = _finished_run(run_path, sweep_fp)
+                if done is not None:
+                    results.append(done)
+                    continue
+                share = ev.calibrated_share(model)
+                logger.info(
+                    "%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else ""
+                )
+                result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
+                atomic_write_json(run_path, result.to_dict() | {"sweep": sweep_fp})
+                results.append(result)
+        _report_partial_runs(results, benchmark)
+        write_results(results, out)
     if shared is not None:
         logger.debug("%s: %s", benchmark.name, shared.summary())
+    return results
+
+
+#: what a sweep's results are computed from besides each setting: a folder holding a sweep of other values is refused
+_SWEEP_KEY = ("model", "max_seq_length", "benchmark", "top_k", "query_prompt", "search_scope", "result_format")
+SWEEP_FILE = "sweep.json"
+
+
+def _check_resumable(out: Path, key: dict[str, Any], settings: list[str]) -> list[str]:
+    """The settings of the sweep in ``out`` and this one; PosfairInputError naming what differs when ``out``
+    holds a sweep made from another model, benchmark content or search (its runs cannot be reused)."""
+    path = out / SWEEP_FILE
+    if not path.exists():
+        return settings
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PosfairInputError(f"{path}: unreadable ({exc}); move the folder away or choose another --out") from None
+    old.setdefault("search_scope", "domain")  # sweeps before the option searched per domain
+    new = json.loads(json.dumps(key, default=str))
+    differ = [k for k in _SWEEP_KEY if old.get(k) != new[k]]
+    if differ:
+        what = {
+            "benchmark": "a different benchmark content (documents, queries, qrels or positions)"
+            if (old.get("benchmark") or {}).get("name") == key["benchmark"]["name"]
+            else f"a different benchmark ({(old.get('benchmark') or {}).get('name')!r})",
+            "model": "a different model (weights or configuration)",
+            "result_format": "an older posfair result format",
+        }
+        said = "; ".join(what.get(k, f"a different {k} ({old.get(k)!r})") for k in differ)
+        raise PosfairInputError(
+            f"{out} holds retrieval results made from {said}: they cannot be reused; "
+            "choose another --out (or move that folder away)"
+        )
+    return list(dict.fromkeys(old.get("settings", []) + settings))
+
+
+def _finished_run(path: Path, sweep_fp: str) -> RetrievalResult | None:
+    """A finished setting's result, when ``path`` holds one of this sweep (its fingerprint matches); else None."""
+    if not path.exists():
+        return None
+    try:
+        body = json.loads(path.read_text())
+        if body.get("sweep") == sweep_fp:
+            return RetrievalResult.from_dict(body)
+        why = "made by another sweep"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"unreadable ({type(exc).__name__})"
+    logger.warning("%s: %s; the setting is evaluated again", path, why)
+    return None
+
+
+def _report_partial_runs(results: list[RetrievalResult], benchmark: RetrievalBenchmark) -> None:
     noop = noop_settings(results)
     if noop:
         logger.warning(
@@ -247,8 +309,6 @@ def run_sweep(
             benchmark.name,
             ", ".join(partial),
         )
-    write_results(results, out)
-    return results
 
 
 def noop_settings(results: Sequence[RetrievalResult]) -> list[str]:

@@ -33,6 +33,7 @@ from posfair.fairness.measures import sets_slope
 from posfair.fairness.pipeline import corpus_fingerprint
 from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
+from posfair.run_folder import RESULT_FORMAT
 from posfair.model_info import display_name
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
@@ -133,6 +134,7 @@ class Objective:
             "guard": self.guard,
             "greater_is_better": self.greater_is_better,
             "columns": list(self.columns),
+            "result_format": RESULT_FORMAT,
         }
 
 
@@ -509,7 +511,7 @@ class RetrievalObjective(Objective):
             "model": self.fingerprint,
             "model_name": self.model_name,
             "token_limit": self.token_limit,
-            "benchmark": self.benchmark.summary(),
+            "benchmark": self.benchmark.summary() | {"fingerprint": self.benchmark.fingerprint()},
             "test_fraction": self.test_fraction,
             "seed": self.seed,
         }

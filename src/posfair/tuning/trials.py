@@ -695,9 +695,13 @@ def _load_trials(path: Path, objective: dict[str, Any]) -> list[Trial]:
         return []
     saved = json.loads(path.read_text())
     old = json.loads(json.dumps(saved.get("objective"), default=str))
-    if old != json.loads(json.dumps(objective, default=str)):
+    new = json.loads(json.dumps(objective, default=str))
+    if old != new:
+        old = old if isinstance(old, dict) else {}
+        differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise PosfairInputError(
-            f"{path} holds a search of a different objective, model or data ({old}); use another output directory"
+            f"{path} holds a search of a different objective, model or data (differs in: {', '.join(differ)}); "
+            "its trials cannot be reused: use another output directory"
         )
     return [Trial.from_dict(d) for d in saved.get("trials", [])]
 

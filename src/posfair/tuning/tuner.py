@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from posfair.evaluator_base import PosfairEvaluator, run_tag
 from posfair.model import FairModel, token_limit
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
+from posfair.run_folder import RunFolder
 from posfair.store import EmbeddingStore
 from posfair.tuning.objectives import (
     FairnessObjective,
@@ -162,21 +164,32 @@ def tune(
                 test_family=test_family,
             )
         )
-        result = run_search(
-            obj,
-            space,
-            max_drop=max_drop,
-            results_path=work / RESULTS_FILE if out_dir is not None else None,
-            log=log,
-            show_progress_bar=show_progress_bar,
+        folder = (
+            RunFolder(
+                work,
+                "tune",
+                {"objective": obj.describe(), "space": (space or SearchSpace()).to_dict(), "max_drop": max_drop},
+                state=["cache", store.root, "benchmark"],
+            )
+            if out_dir is not None
+            else contextlib.nullcontext()
         )
-        if out_dir is not None:
-            write_outputs(result, out_dir)
-            if isinstance(obj, FairnessObjective):
-                cals = [] if result.chosen is STOCK else [result.chosen]
-                obj.audit_result(cals, "test", corpus_name="tuning").save(
-                    Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
-                )
+        with folder:
+            result = run_search(
+                obj,
+                space,
+                max_drop=max_drop,
+                results_path=work / RESULTS_FILE if out_dir is not None else None,
+                log=log,
+                show_progress_bar=show_progress_bar,
+            )
+            if out_dir is not None:
+                write_outputs(result, out_dir)
+                if isinstance(obj, FairnessObjective):
+                    cals = [] if result.chosen is STOCK else [result.chosen]
+                    obj.audit_result(cals, "test", corpus_name="tuning").save(
+                        Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
+                    )
         getattr(obj, "release", lambda: None)()  # the stock layers kept for the trials
     if save_model is not None:
         # saved with the token limit the search encoded at, so that the folder reproduces the tuner's embeddings

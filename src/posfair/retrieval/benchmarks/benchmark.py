@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +184,25 @@ class RetrievalBenchmark:
         """How many documents and queries (per positional group) the benchmark holds, and what that resolves."""
         per_group = {g: int(m.sum()) for g, m in self.groups.items()}
         return BenchmarkSize(self.name, len(self.corpus_ids), len(self.query_ids), per_group)
+
+    def fingerprint(self) -> str:
+        """A SHA-256 (20 hex digits) of everything a result on this benchmark is computed from: the documents,
+        queries, qrels (with their scores), positional groups, length buckets, relative positions and domains --
+        not its name, nor the path it was read from.  Results on it are keyed by this (``posfair retrieval``,
+        ``sweep``, ``tune``)."""
+        h = hashlib.sha256()
+
+        def put(obj: Any) -> None:
+            h.update(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8"))
+            h.update(b"\x00")
+
+        put(["corpus", self.corpus_ids, self.corpus_texts, self.corpus_domains])
+        put(["queries", self.query_ids, self.query_texts, self.query_domains])
+        put(["qrels", {q: {d: float(s) for d, s in judged.items()} for q, judged in self.qrels.items()}])
+        put(["groups", {g: np.flatnonzero(m).tolist() for g, m in self.groups.items()}])
+        put(["length_bucket", self.length_bucket])
+        put(["relpos", None if self.relpos is None else [None if np.isnan(x) else float(x) for x in self.relpos]])
+        return h.hexdigest()[:20]
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "queries": len(self.query_ids), "documents": len(self.corpus_ids)}

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from posfair.corpus import corpus_content_fingerprint
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.retrieval.benchmarks.posir import posir_lang
+from posfair.run_folder import RunFolder
 from posfair.spans import SEGMENT_SEPARATOR, join_segments
 
 __all__ = ["build_from_corpus"]
@@ -70,27 +72,28 @@ def build_from_corpus(
     width = len(str(len(docs)))
     doc_ids = [f"d{j:0{width}d}" for j in range(len(docs))]
     out = Path(out_dir)
-    for lang, sub in per_lang.items():
-        _write_language(out / posir_lang(lang) / domain, sub, doc_ids, docs, n_tokens.get(lang))
-    atomic_write_json(
-        out / "benchmark.json",
-        {
-            "name": name,
-            "domain": domain,
-            "langs": [posir_lang(x) for x in langs],
-            "k": k,
-            "seed": seed,
-            "max_doc_tokens": max_doc_tokens,
-            "max_seq_length": max_seq_length,
-            "budget_langs": [posir_lang(x) for x in (budget_langs or langs)],
-            "segments_aligned": n_aligned,
-            "segments_used": len(ids),
-            "segments_dropped_too_long": n_aligned - len(ids),
-            "documents": len(docs),
-            "separator": SEGMENT_SEPARATOR,
-            "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
-        },
-    )
+    record = {
+        "name": name,
+        "domain": domain,
+        "langs": [posir_lang(x) for x in langs],
+        "k": k,
+        "seed": seed,
+        "max_doc_tokens": max_doc_tokens,
+        "max_seq_length": max_seq_length,
+        "budget_langs": [posir_lang(x) for x in (budget_langs or langs)],
+        "segments_aligned": n_aligned,
+        "segments_used": len(ids),
+        "segments_dropped_too_long": n_aligned - len(ids),
+        "documents": len(docs),
+        "separator": SEGMENT_SEPARATOR,
+        "token_counts": "count_tokens" if count_tokens is not None else ("n_tokens_minilm" if n_tokens else None),
+    }
+    # the benchmark is made from the corpus's content, the construction and the documents cut (which hold the token counts)
+    key = {"corpus": corpus_content_fingerprint(corpus), "construction": record, "documents": docs}
+    with RunFolder(out, "build-benchmark", key):
+        for lang, sub in per_lang.items():
+            _write_language(out / posir_lang(lang) / domain, sub, doc_ids, docs, n_tokens.get(lang))
+        atomic_write_json(out / "benchmark.json", record)
     return out
 
 

@@ -1,0 +1,136 @@
+"""Output folders keyed and checked by content (posfair.run_folder): what a rerun removes, keeps, refuses and says."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import warnings
+
+import pytest
+
+from posfair.errors import PosfairInputError
+from posfair.io import atomic_write_text
+from posfair.run_folder import JOURNAL, MANIFEST, RESULT_FORMAT, RunFolder, RunFolderWarning
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _run(root, files: dict[str, str], key=None, command="audit", state=()):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with RunFolder(root, command, key or {"a": 1}, state=state) as rf:
+            for rel, text in files.items():
+                atomic_write_text(root / rel, text)
+    return rf, [str(w.message) for w in caught if issubclass(w.category, RunFolderWarning)]
+
+
+def test_the_manifest_lists_every_file_written_with_its_sha256(tmp_path):
+    rf, said = _run(tmp_path, {"report.html": "<p>r</p>", "tables/sigma.csv": "a,b\n1,2\n"})
+    body = json.loads((tmp_path / MANIFEST).read_text())
+    assert body["command"] == "audit" and body["complete"] is True and body["format"] == RESULT_FORMAT
+    assert body["files"] == {
+        "report.html": _sha(tmp_path / "report.html"),
+        "tables/sigma.csv": _sha(tmp_path / "tables/sigma.csv"),
+    }
+    assert body["fingerprint"] == rf.fingerprint and said == []
+    assert not (tmp_path / JOURNAL).exists()
+
+
+def test_a_rerun_removes_the_earlier_runs_files_it_did_not_write_and_says_why(tmp_path):
+    _run(tmp_path, {"tables/sigma_B16.csv": "16", "tables/tau_B16.csv": "16", "report.html": "old"}, key={"B": 16})
+    rf, said = _run(tmp_path, {"tables/sigma_B32.csv": "32", "report.html": "new"}, key={"B": 32})
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        MANIFEST,
+        "report.html",
+        "tables/sigma_B32.csv",
+    ]
+    assert rf.removed == ["tables/sigma_B16.csv", "tables/tau_B16.csv"] and rf.changed == ["B"]
+    assert len(said) == 1 and "made from other inputs (changed: B)" in said[0]
+    assert sorted(json.loads((tmp_path / MANIFEST).read_text())["files"]) == ["report.html", "tables/sigma_B32.csv"]
+
+
+def test_the_same_inputs_again_say_nothing(tmp_path):
+    _run(tmp_path, {"report.html": "r"})
+    rf, said = _run(tmp_path, {"report.html": "r"})
+    assert said == [] and rf.changed == [] and rf.removed == []
+
+
+def test_files_changed_since_posfair_wrote_them_and_files_it_never_wrote_are_kept_and_named(tmp_path):
+    _run(tmp_path, {"old_table.csv": "posfair's", "report.html": "r"})
+    (tmp_path / "old_table.csv").write_text("edited by the user")
+    (tmp_path / "notes.txt").write_text("mine")
+    rf, said = _run(tmp_path, {"report.html": "r2"})
+    assert (tmp_path / "old_table.csv").read_text() == "edited by the user"
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert rf.removed == [] and rf.kept == ["old_table.csv"]
+    assert len(said) == 1
+    assert "2 files were not written by this audit and are kept (1 changed since posfair wrote them" in said[0]
+    assert "old_table.csv" in said[0] and "notes.txt" in said[0]
+
+
+def test_state_folders_and_nested_run_folders_are_left_alone(tmp_path):
+    (tmp_path / "cache" / "ns").mkdir(parents=True)
+    with RunFolder(tmp_path, "tune", {"k": 1}, state=["cache"]):
+        atomic_write_text(tmp_path / "cache" / "ns" / "part-1.arrow", "vectors")
+        atomic_write_text(tmp_path / "summary.md", "s")
+        with RunFolder(tmp_path / "test_audit", "audit", {"k": 2}):
+            atomic_write_text(tmp_path / "test_audit" / "report.html", "inner")
+    outer = json.loads((tmp_path / MANIFEST).read_text())
+    inner = json.loads((tmp_path / "test_audit" / MANIFEST).read_text())
+    assert list(outer["files"]) == ["summary.md"] and outer["state"] == ["cache"]
+    assert list(inner["files"]) == ["report.html"]
+    # a rerun writing nothing keeps the state and the nested run, removes only the outer run's own file
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunFolderWarning)
+        with RunFolder(tmp_path, "tune", {"k": 1}, state=["cache"]) as rf:
+            pass
+    assert rf.removed == ["summary.md"]
+    assert (tmp_path / "cache" / "ns" / "part-1.arrow").exists() and (tmp_path / "test_audit" / "report.html").exists()
+
+
+def test_another_commands_folder_is_refused_before_anything_is_written(tmp_path):
+    _run(tmp_path, {"runs/stock.json": "{}"}, command="retrieval")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(PosfairInputError, match=r"holds the results of 'posfair retrieval'"):
+        with RunFolder(tmp_path, "audit", {}):
+            raise AssertionError("not reached")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_an_unreadable_manifest_is_refused_not_guessed(tmp_path):
+    (tmp_path / MANIFEST).write_text("{not json")
+    with pytest.raises(PosfairInputError, match=f"{MANIFEST}: unreadable"):
+        with RunFolder(tmp_path, "audit", {}):
+            pass
+
+
+def _killed_run(root):
+    with RunFolder(root, "audit", {"a": 2}):
+        atomic_write_text(root / "partial.csv", "written before the kill")
+        os._exit(9)  # killed: no __exit__, no manifest update
+
+
+def test_a_killed_runs_files_are_known_as_posfairs_to_the_next_run(tmp_path):
+    _run(tmp_path, {"report.html": "r"}, key={"a": 1})
+    child = mp.get_context("fork").Process(target=_killed_run, args=(tmp_path,))
+    child.start()
+    child.join()
+    assert child.exitcode == 9 and (tmp_path / JOURNAL).exists()
+    rf, said = _run(tmp_path, {"report.html": "r3"}, key={"a": 1})
+    # partial.csv: written by posfair (the journal says so, with its digest), so removed, never reported as foreign
+    assert rf.removed == ["partial.csv"] and not (tmp_path / "partial.csv").exists()
+    assert not any("not written by this" in s for s in said)
+
+
+def test_a_failed_run_keeps_every_file_posfair_made_listed(tmp_path):
+    _run(tmp_path, {"a.csv": "1"}, key={"a": 1})
+    with pytest.raises(RuntimeError):
+        with RunFolder(tmp_path, "audit", {"a": 2}):
+            atomic_write_text(tmp_path / "b.csv", "2")
+            raise RuntimeError("the run failed")
+    body = json.loads((tmp_path / MANIFEST).read_text())
+    assert body["complete"] is False and sorted(body["files"]) == ["a.csv", "b.csv"]
