@@ -134,7 +134,7 @@ def attention(
     from posfair.cli.tables import print_table
 
     checks.output_folder(out)
-    model_id = checks.model_source(model)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     data = load_corpus(corpus, sorted(set(langs)))
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)

@@ -154,7 +154,7 @@ def audit(
     family_field = (family_field or "source") if by_family else None
     checks.output_folder(out)
     checks.cache_folder(cache)
-    model_id = checks.model_source(model)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
     from posfair.fairness.experiment import AuditSettings
