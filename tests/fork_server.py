@@ -7,7 +7,8 @@ process itself would copy half-alive and which crashed such a fork with SIGSEGV.
 process never computes anything: it imports, then waits on its standard input.
 
 Protocol: one JSON object per line on standard input, ``{"id", "args", "cwd", "env", "out",
-"err"}`` (optional ``"fsize"``: a file-size limit in bytes, ``RLIMIT_FSIZE``, set in the child);
+"err"}`` (optional ``"fsize"``: a file-size limit in bytes, ``RLIMIT_FSIZE``, and ``"nofile"``: an
+open-file limit, the soft ``RLIMIT_NOFILE`` as ``ulimit -n`` sets it, both set in the child);
 for each, the server forks, the child runs ``posfair.cli.main(args)`` with its working
 directory, environment and standard output/error files set, and the server answers one line
 ``{"id": ID, "pid": PID}`` at once and ``{"id": ID, "status": WAIT_STATUS}`` when the child
@@ -34,6 +35,10 @@ def _child(req: dict) -> None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_FSIZE, (req["fsize"], req["fsize"]))  # SIGXFSZ: Python ignores it
+        if req.get("nofile") is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (req["nofile"], resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])

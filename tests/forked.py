@@ -101,13 +101,14 @@ class ForkServer:
                 return None
             self.answers.setdefault(msg.get("id"), []).append(msg)
 
-    def start(self, args: list[str], cwd: Path, fsize: int | None = None) -> Running:
-        """Start ``posfair ARGS`` in ``cwd`` (``fsize``: a file-size limit in bytes for the command)."""
+    def start(self, args: list[str], cwd: Path, fsize: int | None = None, nofile: int | None = None) -> Running:
+        """Start ``posfair ARGS`` in ``cwd`` (``fsize``: a file-size limit in bytes for the command; ``nofile``:
+        its open-file limit, as ``ulimit -n`` sets it)."""
         rid, self.next_id = self.next_id, self.next_id + 1
         folder = tempfile.TemporaryDirectory()
         run = Running(rid, -1, list(args), folder)
         req = {"id": rid, "args": run.args, "cwd": str(cwd), "env": command_env(), "out": str(run.out),
-               "err": str(run.err), "fsize": fsize}  # fmt: skip
+               "err": str(run.err), "fsize": fsize, "nofile": nofile}  # fmt: skip
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
         started = self._answer(rid, "pid", 60)
@@ -129,8 +130,10 @@ class ForkServer:
             run.folder.cleanup()
         return subprocess.CompletedProcess(["posfair", *run.args], os.waitstatus_to_exitcode(done["status"]), *texts)
 
-    def run(self, args: list[str], cwd: Path, fsize: int | None = None) -> subprocess.CompletedProcess:
-        return self.wait(self.start(args, cwd, fsize))
+    def run(
+        self, args: list[str], cwd: Path, fsize: int | None = None, nofile: int | None = None
+    ) -> subprocess.CompletedProcess:
+        return self.wait(self.start(args, cwd, fsize, nofile))
 
 
 _SERVER: ForkServer | None = None
@@ -144,6 +147,9 @@ def server() -> ForkServer:
     return _SERVER
 
 
-def run_forked(args: list[str], cwd: Path, fsize: int | None = None) -> subprocess.CompletedProcess:
-    """``posfair ARGS`` in ``cwd``: the script's entry point in a fork of the fork server (module docstring)."""
-    return server().run(args, cwd, fsize)
+def run_forked(
+    args: list[str], cwd: Path, fsize: int | None = None, nofile: int | None = None
+) -> subprocess.CompletedProcess:
+    """``posfair ARGS`` in ``cwd``: the script's entry point in a fork of the fork server (module docstring);
+    ``fsize`` / ``nofile``: a file-size / open-file limit for the command."""
+    return server().run(args, cwd, fsize, nofile)

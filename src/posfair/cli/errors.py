@@ -32,7 +32,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from posfair.errors import PosfairInputError, PosfairWriteError
+from posfair.errors import PosfairInputError, PosfairReadError, PosfairWriteError
 
 __all__ = [
     "PosfairGroup",
@@ -47,7 +47,7 @@ __all__ = [
 
 EXIT_USER = 2
 EXIT_BUG = 1
-#: a run that failed on its environment (a file it could not write), not on its input
+#: a run that failed on its environment (a file it could not write or read), not on its input
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 DEBUG_HINT = "rerun with --debug for the traceback"
@@ -84,8 +84,8 @@ def naming(
     """
     try:
         yield
-    except PosfairWriteError:  # a file posfair could not write is not the option's fault
-        raise
+    except (PosfairWriteError, PosfairReadError):  # a file the system would not let posfair write or read:
+        raise  # not the option's fault
     except errors as exc:
         reason = getattr(exc, "reason", None)  # posfair.hub.ModelNotFound
         message = reason if isinstance(reason, str) else _message(exc)
@@ -221,7 +221,7 @@ def report(exc: BaseException, args: Sequence[str], debug: bool, group: Any = No
         code, message = EXIT_USER, _usage_message(exc, args)
     elif isinstance(exc, PosfairInputError):
         code, message = EXIT_USER, one_line(str(exc))
-    elif isinstance(exc, PosfairWriteError):
+    elif isinstance(exc, (PosfairWriteError, PosfairReadError)):
         code, message = EXIT_FAILED, one_line(str(exc))
     elif isinstance(exc, _ParserException):
         code, message = getattr(exc, "exit_code", EXIT_USER), one_line(exc.format_message())

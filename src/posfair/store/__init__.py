@@ -19,6 +19,8 @@ computes only what is missing.  No pickle anywhere.  pyarrow, pandas
 read a shard directly; posfair memory-maps them (``pyarrow.memory_map``), so
 opening a namespace reads no vectors and holds no Python dict of its keys:
 lookups binary-search the memory-mapped index (:mod:`~posfair.store.keyindex`).
+A mapped shard holds no open file, and a namespace keeps a bounded number mapped,
+so a store of any number of shards works under a low open-file limit (``ulimit -n``).
 
 Every shard carries a checksum over its keys, vectors and metadata.  The
 checksum rule (:mod:`~posfair.store.keyindex`): a shard is fully verified before it
@@ -30,7 +32,10 @@ call computes its keys again (``get_or_compute``) or reports them missing.
 A shard that cannot be read, has no checksum, fails it, or holds vectors that are
 not finite float32 rows of its dimension is *damaged*: it is renamed
 ``part-<id>.arrow.damaged-<n>`` in the same folder (never deleted), named in a
-:class:`DamagedShardWarning`, and its keys are computed again.
+:class:`DamagedShardWarning`, and its keys are computed again.  A file the operating
+system would not open or read (too many open files, permission, an I/O error) is not
+damaged: :class:`~posfair.errors.PosfairReadError` names it and the cause, and nothing
+is set aside.
 
 ``manifest.json`` records the settings of the namespace (its metadata, the
 vector dimension, posfair's version and a hash of the code that computes

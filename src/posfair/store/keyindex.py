@@ -18,7 +18,16 @@ verified when it was indexed and is trusted at open without reading it (only
 :meth:`ShardSet.verify` (``Namespace.verify()``) verifies every shard again,
 whatever the index says.  A shard failing a check is set aside (renamed
 ``.damaged-<n>``, with a warning) and its keys count as missing, so they are
-computed again.
+computed again; a shard the operating system would not open (too many open files,
+permission, an I/O error) is not damaged: :class:`~posfair.errors.PosfairReadError`
+names it and the cause, and nothing is set aside.
+
+**Open files.**  A shard holds no open file once its structure is read
+(:class:`~posfair.store.shards.ShardFile`), and a :class:`ShardSet` keeps at most
+``MAPPED_SHARDS`` shards mapped (the least recently used are dropped and mapped again
+when next needed), so a namespace of any number of shards stays within the open-file
+limit and the kernel's limit on memory maps (``vm.max_map_count``).  Checking shards
+keeps only their key hashes, not the shards.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +45,7 @@ import pandas as pd
 import pyarrow as pa
 
 from posfair.io import atomic_path
-from posfair.store.shards import ChangedShard, DamagedShard, ShardFile, set_aside
+from posfair.store.shards import ChangedShard, DamagedShard, ShardFile, reading, set_aside
 
 __all__ = ["INDEX", "ShardSet", "key_hashes", "load_index"]
 
@@ -44,6 +54,9 @@ INDEX_FORMAT = 1
 _HASH = "siphash24:posfair-keyidx01"
 _HASH_KEY = "posfair-keyidx01"  # 16 bytes, as SipHash needs
 RECENT_LIMIT = 100_000  # keys of this process's new shards held in a dict before the index is rewritten
+# shards a ShardSet keeps memory-mapped (least recently used dropped): each holds no open file, one memory map
+# (the kernel allows ~65,000 per process: vm.max_map_count) and ~4 KB; re-mapping one costs ~0.4 ms
+MAPPED_SHARDS = 4096
 
 
 def key_hashes(keys: Sequence[str] | pa.Array) -> np.ndarray:
@@ -101,7 +114,11 @@ def load_index(folder: str | os.PathLike) -> _Index | None:
     if not path.exists():
         return None
     try:
-        mm = pa.memory_map(str(path), "r")
+        with reading(path):  # too many open files, permission, an I/O error: an error, not a damaged index
+            mm = pa.memory_map(str(path), "r")
+    except FileNotFoundError:
+        return None
+    try:
         reader = pa.ipc.open_file(mm)
         meta = json.loads(reader.schema.metadata[b"posfair"])
         if meta.get("format") != INDEX_FORMAT or meta.get("hash") != _HASH or reader.num_record_batches != 1:
@@ -118,6 +135,8 @@ def load_index(folder: str | os.PathLike) -> _Index | None:
         return _Index(records, h, s, r, int(meta["distinct"]), keep=mm)
     except Exception:  # any damage: the index is derived data, rebuilt from the shards
         return None
+    finally:
+        mm.close()  # the file descriptor: the arrays keep the mapping
 
 
 def _record(path: Path, shard: ShardFile) -> dict[str, Any]:
@@ -147,28 +166,28 @@ class ShardSet:
     """The good shards of a namespace and the key index over them.
 
     ``records[i]`` describes shard ``i`` (files in name order); shards are opened
-    (memory-mapped) on first use.  Keys of shards added by this process since the
+    (memory-mapped) on first use, at most ``MAPPED_SHARDS`` kept mapped (least recently
+    used dropped; arrays already taken from a dropped shard stay valid: they keep their
+    mapping).  Keys of shards added by this process since the
     index was built are held in a dict until :meth:`flush` merges them into the index
     (at the end of ``get_or_compute``, or every ``RECENT_LIMIT`` keys).
     """
 
-    def __init__(self, folder: Path, index: _Index, opened: dict[str, ShardFile] | None = None):
+    def __init__(self, folder: Path, index: _Index):
         self.folder = Path(folder)
         self.index = index
         self.records: list[dict[str, Any]] = list(index.records)
-        self._files: dict[int, ShardFile] = {}
-        for i, rec in enumerate(self.records):
-            if opened and rec["name"] in opened:
-                self._files[i] = opened[rec["name"]]
+        self._files: OrderedDict[int, ShardFile] = OrderedDict()  # the mapped shards, least recently used first
         self._recent: dict[str, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------- building
     @classmethod
     def build(
-        cls, folder: Path, records: list[dict[str, Any]], old: _Index | None, fresh: dict[str, ShardFile]
+        cls, folder: Path, records: list[dict[str, Any]], old: _Index | None, fresh: dict[str, np.ndarray]
     ) -> ShardSet:
         """The set of ``records`` (in order): index entries of ``old`` reused for shards it recorded
-        unchanged, the keys of the ``fresh`` (just verified) shards hashed."""
+        unchanged; ``fresh`` maps each just verified shard's name to its keys' hashes (:func:`key_hashes`,
+        in row order), so no shard needs to stay open between its check and the index."""
         hs, ss, rs = [], [], []
         if old is not None and len(old.h):
             remap = np.full(len(old.records), -1, dtype=np.int64)
@@ -183,21 +202,20 @@ class ShardSet:
             rs.append(np.asarray(old.r)[keep])
         for i, rec in enumerate(records):
             if rec["name"] in fresh:
-                shard = fresh[rec["name"]]
-                hs.append(key_hashes(shard.keys))
-                ss.append(np.full(shard.rows, i, dtype=np.uint32))
-                rs.append(np.arange(shard.rows, dtype=np.uint32))
-        out = cls._from_parts(folder, records, hs, ss, rs, fresh)
-        return out
+                hashes = fresh[rec["name"]]
+                hs.append(hashes)
+                ss.append(np.full(len(hashes), i, dtype=np.uint32))
+                rs.append(np.arange(len(hashes), dtype=np.uint32))
+        return cls._from_parts(folder, records, hs, ss, rs)
 
     @classmethod
-    def _from_parts(cls, folder, records, hs, ss, rs, opened) -> ShardSet:
+    def _from_parts(cls, folder, records, hs, ss, rs) -> ShardSet:
         h = np.concatenate(hs) if hs else np.zeros(0, np.uint64)
         s = np.concatenate(ss) if ss else np.zeros(0, np.uint32)
         r = np.concatenate(rs) if rs else np.zeros(0, np.uint32)
         order = np.lexsort((r, s, h))  # by hash, then shard (the first shard holding a key wins), then row
         h, s, r = h[order], s[order], r[order]
-        out = cls(folder, _Index(records, h, s, r, len(h)), opened)
+        out = cls(folder, _Index(records, h, s, r, len(h)))
         out.index.distinct = len(h) - out._duplicates()
         return out
 
@@ -252,9 +270,12 @@ class ShardSet:
 
     # ---------------------------------------------------------------- files
     def file(self, i: int) -> ShardFile:
-        """Shard ``i``, memory-mapped (opened and its structure checked on first use)."""
+        """Shard ``i``, memory-mapped (opened and its structure checked on first use, or when it was dropped
+        from the ``MAPPED_SHARDS`` most recently used)."""
         f = self._files.get(i)
-        if f is None:
+        if f is not None:
+            self._files.move_to_end(i)
+        else:
             path = self.folder / self.records[i]["name"]
             try:
                 f = ShardFile(path)
@@ -266,8 +287,15 @@ class ShardSet:
                 raise ChangedShard(
                     f"shard {path} changed since it was verified ({exc}); open the namespace again to recompute it"
                 ) from None
-            self._files[i] = f
+            self._keep(i, f)
         return f
+
+    def _keep(self, i: int, f: ShardFile) -> None:
+        """Hold shard ``i`` mapped, dropping the least recently used beyond ``MAPPED_SHARDS``."""
+        self._files[i] = f
+        self._files.move_to_end(i)
+        while len(self._files) > MAPPED_SHARDS:
+            self._files.popitem(last=False)
 
     def __iter__(self) -> Iterator[tuple[int, ShardFile]]:
         for i in range(len(self.records)):
@@ -281,8 +309,13 @@ class ShardSet:
     def __len__(self) -> int:
         return self.index.distinct + len(self._recent)
 
-    def locate(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """``(shard, row)`` of each key (int64 arrays; -1 where it is not stored)."""
+    def locate(self, keys: Sequence[str], vectors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, row)`` of each key (int64 arrays; -1 where it is not stored).
+
+        ``vectors``: a (len(keys) x dim) float32 array that receives the vector of each key found, copied
+        while its shard is mapped to compare the keys (so a lookup maps each shard once, however few of
+        them the set keeps mapped); the rows of keys not found are left as they are.
+        """
         n = len(keys)
         shard = np.full(n, -1, dtype=np.int64)
         row = np.full(n, -1, dtype=np.int64)
@@ -304,17 +337,25 @@ class ShardSet:
                 order = np.argsort(s, kind="stable")
                 bounds = np.flatnonzero(np.diff(s[order])) + 1
                 for grp in np.split(order, bounds):
-                    stored = self.file(int(s[grp[0]])).keys.take(pa.array(r[grp])).to_pylist()
-                    eq[grp] = [a == keys[active[g]] for a, g in zip(stored, grp, strict=True)]
+                    f = self.file(int(s[grp[0]]))
+                    stored = f.keys.take(pa.array(r[grp])).to_pylist()
+                    same = np.array([a == keys[active[g]] for a, g in zip(stored, grp, strict=True)], dtype=bool)
+                    eq[grp] = same
+                    if vectors is not None and same.any():
+                        vectors[active[grp[same]]] = f.vectors[r[grp[same]]]
                 shard[active[eq]] = s[eq]
                 row[active[eq]] = r[eq]
                 active = active[~eq]
                 p[active] += 1
         if self._recent:
+            late = []
             for i in np.flatnonzero(shard < 0):
                 hit = self._recent.get(keys[i])
                 if hit is not None:
                     shard[i], row[i] = hit
+                    late.append(i)
+            if vectors is not None and late:
+                vectors[late] = self.gather(shard[late], row[late], vectors.shape[1])
         return shard, row
 
     def gather(self, shard: np.ndarray, row: np.ndarray, dim: int) -> np.ndarray:
@@ -334,7 +375,7 @@ class ShardSet:
         f = ShardFile(path)
         i = len(self.records)
         self.records.append(_record(path, f))
-        self._files[i] = f
+        self._keep(i, f)
         found, _ = self.locate(keys)
         for r, (k, s) in enumerate(zip(keys, found, strict=True)):
             if s < 0 and k not in self._recent:

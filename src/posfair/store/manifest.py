@@ -24,12 +24,13 @@ import numpy as np
 
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
-from posfair.store.keyindex import ShardSet, _record, load_index, unchanged
+from posfair.store.keyindex import ShardSet, _record, key_hashes, load_index, unchanged
 from posfair.store.settings import MANIFEST, MANIFEST_FORMAT, canonical
 from posfair.store.shards import (
     SHARD_SUFFIX,
     DamagedShard,
     ShardFile,
+    reading,
     set_aside,
 )
 
@@ -105,7 +106,12 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        have = json.loads(path.read_text(encoding="utf-8"))
+        with reading(path):  # too many open files, permission, an I/O error: an error, not an unreadable manifest
+            text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        have = json.loads(text)
         if not isinstance(have, dict):
             raise ValueError("not a JSON object")
         missing = [k for k in _STRICT if have.get(k) is None]
@@ -154,6 +160,8 @@ def scan_namespace(
       (fully verified when the index does not record it unchanged, or with ``full``);
       a damaged one is set aside (:func:`set_aside`) and skipped, so its keys count as
       missing; one made with other settings raises :class:`ManifestMismatch` naming it;
+      one the system would not open raises :class:`~posfair.errors.PosfairReadError`
+      (nothing set aside); one gone since the folder was listed is skipped;
     * a missing manifest is rebuilt from the shards' own metadata (with a warning);
     * the key index is rebuilt (and written atomically) when it is missing or stale.
 
@@ -174,18 +182,21 @@ def scan_namespace(
     old = load_index(ns_dir)
     known = {rec["name"]: rec for rec in old.records} if old is not None else {}
     records: list[dict[str, Any]] = []
-    fresh: dict[str, ShardFile] = {}
+    fresh: dict[str, np.ndarray] = {}  # the key hashes of each shard verified now (the shard itself is not kept)
     for f in sorted(ns_dir.glob(f"part-*{SHARD_SUFFIX}")):
         rec = known.get(f.name)
         if rec is None or full or not unchanged(rec, f):
             try:
                 shard = ShardFile(f)
                 shard.verify()
+                rec = _record(f, shard)
+            except FileNotFoundError:  # gone since the listing (another process set it aside)
+                continue
             except DamagedShard as exc:
                 set_aside(f, str(exc))
                 continue
-            rec = _record(f, shard)
-            fresh[f.name] = shard
+            fresh[f.name] = key_hashes(shard.keys)
+            del shard  # no mapping kept: a namespace of any number of shards is checked within the system's limits
         manifest = _check_shard(f, rec["settings"], rec["dim"], manifest, settings, ns_dir)
         records.append(rec)
     if have is None and records:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from posfair.calibration.choice import Resolved
+from posfair.errors import PosfairReadError
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet
 from posfair.store.manifest import ManifestMismatch, read_manifest, rebuilt_settings, scan_namespace, write_manifest
@@ -32,7 +33,7 @@ from posfair.store.settings import (
     embedding_settings,
     run_settings,
 )
-from posfair.store.shards import SHARD_SUFFIX, ChangedShard, DamagedShard, ShardFile, set_aside, write_shard
+from posfair.store.shards import SHARD_SUFFIX, ChangedShard, DamagedShard, ShardFile, reading, set_aside, write_shard
 
 __all__ = ["EmbeddingStore", "Namespace", "embedding_namespace", "text_key"]
 
@@ -60,7 +61,8 @@ def _ensure_meta(path: Path, meta: dict[str, Any]) -> None:
     want = canonical(meta)
     if meta_file.exists():
         try:
-            stored = json.loads(meta_file.read_text(encoding="utf-8"))
+            with reading(meta_file):  # the system's errors (too many open files, ...) are errors, not damage
+                stored = json.loads(meta_file.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             set_aside(meta_file, f"not readable: {exc}", what="namespace metadata", then="it is written again")
             atomic_write_json(meta_file, meta)  # the folder name is the hash of the metadata: rewrite it
@@ -180,11 +182,12 @@ class Namespace:
         return self._recovering(lambda: self._get(keys))
 
     def _get(self, keys: list[str]) -> np.ndarray:
-        shard, row = self._shards.locate(keys)
+        out = np.empty((len(keys), self.dim or 0), dtype=np.float32)
+        shard, _ = self._shards.locate(keys, out)  # the vectors copied as each shard is mapped to find its keys
         absent = np.flatnonzero(shard < 0)
         if len(absent):
             raise KeyError(f"{len(absent)} keys are not in the store (first: {keys[absent[0]]})")
-        return self._shards.gather(shard, row, self.dim or 0)
+        return out
 
     def chunks(self) -> Iterator[np.ndarray]:
         """Every stored row, shard by shard: each shard's vectors, a memory-mapped view of the file
@@ -318,14 +321,16 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
     computed.  Returns one record per namespace: ``namespace`` (folder), ``shards``, ``rows``,
     ``keys`` (distinct), ``duplicate_rows`` (second copies of a key, which lookups and searches
     skip), ``damaged`` (the paths set aside) and ``error`` (why the namespace could not be
-    checked at all, e.g. a shard made with other settings; None otherwise).
+    checked at all, e.g. a shard made with other settings; None otherwise).  A file the
+    operating system would not open or read (too many open files, permission, an I/O error)
+    raises :class:`~posfair.errors.PosfairReadError` naming it: nothing is set aside for it.
     """
 
     def _shard_settings(folder: Path) -> dict[str, Any]:  # no manifest: the settings the first readable shard records
         for f in sorted(folder.glob(f"part-*{SHARD_SUFFIX}")):
             try:
                 return rebuilt_settings(ShardFile(f).info["settings"])
-            except DamagedShard:
+            except (DamagedShard, FileNotFoundError):
                 continue
         return {}
 
@@ -350,6 +355,8 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
             rec.update(
                 shards=len(shards.records), rows=shards.rows, keys=len(shards), duplicate_rows=shards.rows - len(shards)
             )
+        except PosfairReadError:  # the machine's fault, not the namespace's: stop, naming the file and the cause
+            raise
         except (ManifestMismatch, OSError, ValueError) as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"
         rec["damaged"] = sorted(str(p) for p in set(folder.glob("part-*.damaged-*")) - before)

@@ -7,7 +7,10 @@ it was made with, and ``sha256``, the checksum of its contents).  pyarrow
 (``pyarrow.ipc.open_file``), pandas (``pandas.read_feather``) and Hugging Face
 ``datasets`` (``load_dataset("arrow", data_files=...)``) read it directly.
 :class:`ShardFile` memory-maps it (``pyarrow.memory_map``): its vectors are a
-NumPy view of the file, never copied into RAM.
+NumPy view of the file, never copied into RAM.  It holds no open file: the file is
+closed as soon as its structure is read, and the mapping lives as long as the shard
+or any array read from it (so however many shards a store has, posfair stays within
+the process's open-file limit; the key index keeps a bounded number of shards mapped).
 
 The checksum is a sha256 over the metadata (without the checksum), the byte length
 of every key, the keys' UTF-8 bytes and the vectors' little-endian float32 bytes
@@ -17,23 +20,29 @@ of its metadata); :meth:`ShardFile.verify` checks the checksum and that every va
 is finite.  When each check runs is the namespace's rule (see
 :mod:`posfair.store.keyindex`).  A shard failing either raises :class:`DamagedShard`;
 :func:`set_aside` renames such a file ``<name>.damaged-<n>`` (never deleting it)
-with a :class:`DamagedShardWarning`.
+with a :class:`DamagedShardWarning`.  Only bytes proven bad make a shard damaged: a
+file the operating system would not open or map (too many open files, permission,
+an I/O error, no memory) raises :class:`~posfair.errors.PosfairReadError` naming the
+file and the cause, and nothing is set aside (a vanished file raises
+``FileNotFoundError``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from posfair.errors import PosfairReadError
 from posfair.io import atomic_path
 from posfair.store.settings import canonical, run_settings
 
@@ -45,6 +54,7 @@ __all__ = [
     "SHARD_SUFFIX",
     "ShardFile",
     "read_shard",
+    "reading",
     "set_aside",
     "shard_path",
     "write_shard",
@@ -68,6 +78,19 @@ class DamagedShard(ValueError):
 class ChangedShard(DamagedShard):
     """A shard the key index trusted was found damaged or gone when first read (already set aside):
     the namespace must be scanned again, after which its keys are missing and get recomputed."""
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike) -> Iterator[None]:
+    """Open or read ``path`` within: an OSError (too many open files, permission denied, an I/O error) becomes
+    :class:`~posfair.errors.PosfairReadError` naming the file and the cause; a vanished file stays
+    ``FileNotFoundError`` (another process set it aside or replaced it: the caller's to handle)."""
+    try:
+        yield
+    except (FileNotFoundError, PosfairReadError):
+        raise
+    except OSError as exc:
+        raise PosfairReadError(path, exc) from exc
 
 
 def shard_path(folder: str | os.PathLike, name: str) -> Path:
@@ -102,7 +125,8 @@ def _checksum(info: dict[str, Any], keys: Sequence[str] | pa.Array, vectors: np.
 
 def _folder_settings(folder: Path) -> dict[str, Any]:
     meta_file = folder / "meta.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else None
+    with reading(meta_file):
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else None
     return run_settings(meta)
 
 
@@ -172,22 +196,35 @@ def write_shard(
 
 
 class ShardFile:
-    """One Arrow shard, memory-mapped, its structure checked; raises :class:`DamagedShard`.
+    """One Arrow shard, memory-mapped, its structure checked; raises :class:`DamagedShard` when its bytes are bad,
+    :class:`~posfair.errors.PosfairReadError` when the system would not open or map it (``FileNotFoundError``
+    when it is gone).
 
     ``keys`` is the Arrow string column, ``vectors`` a read-only (rows x dim) float32
-    NumPy view of the file (not a copy), ``meta`` the shard's metadata.
+    NumPy view of the file (not a copy), ``meta`` the shard's metadata.  The file is
+    closed once its structure is read; the mapping stays valid while this object or any
+    array taken from it (``keys``, ``vectors`` or a view of them) is alive.
     :meth:`verify` checks the checksum and finiteness (reads every byte).
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        size = self.path.stat().st_size
-        if size == 0:
-            raise DamagedShard("empty file: 0 bytes")
+        with reading(self.path):  # the operating system's errors: never a sign of damage
+            size = self.path.stat().st_size
+            if size == 0:
+                raise DamagedShard("empty file: 0 bytes")
+            mapped = pa.memory_map(str(self.path), "r")
         try:
-            self._map = pa.memory_map(str(self.path), "r")
-            reader = pa.ipc.open_file(self._map)
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError):
+            self._read(mapped, size)
+        finally:
+            mapped.close()  # the file descriptor only: Arrow keeps the mapping while arrays read from it live
+
+    def _read(self, mapped: pa.MemoryMappedFile, size: int) -> None:
+        """Check the structure of the mapped file and take its columns (reads only memory, no file)."""
+        try:
+            reader = pa.ipc.open_file(mapped)
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            _not_damage(self.path, exc)
             raise DamagedShard(f"not a complete Arrow IPC file: {size} bytes, cut short or overwritten") from None
         schema = reader.schema
         raw = (schema.metadata or {}).get(_META_KEY)
@@ -210,7 +247,8 @@ class ShardFile:
         try:
             batch = reader.get_batch(0)
             batch.validate()
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            _not_damage(self.path, exc)
             raise DamagedShard(f"unreadable Arrow IPC file: {type(exc).__name__}: {exc}") from None
         keys, vec = batch.column(0), batch.column(1)
         n = batch.num_rows
@@ -237,6 +275,14 @@ class ShardFile:
 
     def key_list(self) -> list[str]:
         return self.keys.to_pylist()
+
+
+def _not_damage(path: Path, exc: BaseException) -> None:
+    """Raise :class:`~posfair.errors.PosfairReadError` when ``exc`` is the operating system's (an OSError with an
+    errno); Arrow's complaints about the bytes it parses (ArrowInvalid, or an OSError without an errno, e.g.
+    "Invalid IPC message: negative metadata length") return, and the caller calls the shard damaged."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        raise PosfairReadError(path, exc) from exc
 
 
 def read_shard(path: str | os.PathLike) -> tuple[list[str], np.ndarray, dict[str, Any]]:
