@@ -7,6 +7,7 @@ import json
 import multiprocessing as mp
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,17 @@ def test_a_failed_run_keeps_every_file_posfair_made_listed(tmp_path):
             raise RuntimeError("the run failed")
     body = json.loads((tmp_path / MANIFEST).read_text())
     assert body["complete"] is False and sorted(body["files"]) == ["a.csv", "b.csv"]
+
+
+def test_a_state_location_given_relative_to_the_working_directory_is_state(tmp_path, monkeypatch):
+    """A store's root as a user gives it ("out/cache" from the working directory) is the run folder's state, not
+    "out/out/cache": its shards are never listed as files, so never removed as stale."""
+    monkeypatch.chdir(tmp_path)
+    root = Path("out")
+    with RunFolder(root, "audit", {"a": 1}, state=[Path("out/cache")]):
+        atomic_write_text(root / "cache" / "part-1.arrow", "vectors")
+        atomic_write_text(root / "report.html", "r")
+    assert list(json.loads((root / MANIFEST).read_text())["files"]) == ["report.html"]
+    with RunFolder(root, "audit", {"a": 2}, state=[Path("out/cache")]) as rf:
+        atomic_write_text(root / "report.html", "r2")
+    assert rf.removed == [] and (root / "cache" / "part-1.arrow").read_text() == "vectors"

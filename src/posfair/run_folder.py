@@ -76,8 +76,9 @@ def _canonical(obj: Any) -> Any:
 class RunFolder:
     """The output folder of one run of ``command``, made from ``key`` (see the module docstring).
 
-    ``state``: sub-folders (relative to ``root``, or absolute paths inside it) of resumable state with its own
-    content check.  Use as a context manager around everything the run writes; :attr:`changed` names the parts
+    ``state``: the folders of resumable state with its own content check: a ``str`` names a sub-folder of ``root``
+    (``"cache"``), a ``Path`` is a location as a user gives it (relative to the working directory), counted when it
+    lies inside ``root``.  Use as a context manager around everything the run writes; :attr:`changed` names the parts
     of the key that differ from the folder's previous run (empty when it matched or there was none), and
     :attr:`files` / :attr:`removed` / :attr:`kept` say what the run wrote, removed and left alone.
     """
@@ -87,7 +88,9 @@ class RunFolder:
         self.command = command
         self.key = _canonical(dict(key) | {"result_format": RESULT_FORMAT})
         self.fingerprint = content_fingerprint(self.key)
-        self.state = sorted({self._relative(s) for s in state} - {None})
+        # a str names a sub-folder of the run folder ("cache"); a path (os.PathLike) is a location, relative to the
+        # working directory like every path a user gives (an embedding store's root): kept when it lies inside
+        self.state = sorted({self._relative(s if isinstance(s, str) else Path(s).absolute()) for s in state} - {None})
         self.files: dict[str, str] = {}
         self.previous: dict[str, str] = {}
         self.changed: list[str] = []

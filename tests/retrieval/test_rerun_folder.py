@@ -51,19 +51,25 @@ def test_a_benchmark_with_the_same_counts_but_other_qrels_is_not_answered_from_t
     assert "table_groups.csv" in files and "sweep.json" in files
 
 
-def test_a_finished_run_of_another_sweep_is_evaluated_again_not_read(tmp_path):
+def test_a_finished_run_of_another_sweep_is_evaluated_again_not_read(tmp_path, monkeypatch):
     bench = build_cli_benchmark(tmp_path)
-    assert _retrieval(bench, tmp_path / "R").exit_code == 0
+    monkeypatch.chdir(tmp_path)  # the folder as a user gives it: relative to the working directory
+    assert _retrieval(bench, "R").exit_code == 0
+    shards = {p: p.read_bytes() for p in (tmp_path / "R" / "embeddings").rglob("part-*.arrow")}
+    assert shards
     run = next((tmp_path / "R" / "runs").glob("*.json"))
     body = json.loads(run.read_text())
     body["metrics"]["ndcg@10"] = 0.123456  # a planted figure from elsewhere, under another sweep's fingerprint
     body["ndcg"] = [0.123456] * len(body["ndcg"])
     body["sweep"] = "0" * 20
     run.write_text(json.dumps(body))
-    res = _retrieval(bench, tmp_path / "R")
+    res = _retrieval(bench, "R")
     assert res.exit_code == 0, res.output
     assert abs(_ndcg(tmp_path / "R") - 12.35) > 1e-6
     assert json.loads(run.read_text())["sweep"] != "0" * 20
+    # the embedding cache is the folder's state: every shard is still there, none listed as a file of the run
+    assert all(p.read_bytes() == b for p, b in shards.items())
+    assert not [f for f in json.loads((tmp_path / "R" / MANIFEST).read_text())["files"] if f.startswith("embeddings")]
 
 
 def test_the_benchmark_fingerprint_follows_content_not_name_or_path(tmp_path):
