@@ -149,3 +149,15 @@ def test_a_state_location_given_relative_to_the_working_directory_is_state(tmp_p
     with RunFolder(root, "audit", {"a": 2}, state=[Path("out/cache")]) as rf:
         atomic_write_text(root / "report.html", "r2")
     assert rf.removed == [] and (root / "cache" / "part-1.arrow").read_text() == "vectors"
+
+
+def test_a_store_that_is_the_folder_itself_makes_everything_state(tmp_path):
+    """--cache and --out naming one folder: nothing in it is listed, removed or reported as foreign."""
+    with RunFolder(tmp_path, "audit", {"a": 1}, state=[tmp_path]):
+        atomic_write_text(tmp_path / "ns" / "part-1.arrow", "vectors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunFolderWarning)
+        with RunFolder(tmp_path, "audit", {"a": 1}, state=[tmp_path]) as rf:
+            pass
+    assert rf.removed == [] and (tmp_path / "ns" / "part-1.arrow").exists()
+    assert json.loads((tmp_path / MANIFEST).read_text())["files"] == {}

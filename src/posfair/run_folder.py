@@ -131,7 +131,7 @@ class RunFolder:
                 p = p.resolve().relative_to(self.root.resolve())
             except ValueError:
                 return None  # outside the folder
-        return p.as_posix().rstrip("/") or None
+        return p.as_posix().rstrip("/") or "."
 
     def _read_manifest(self) -> dict[str, Any] | None:
         path = self.root / MANIFEST
@@ -174,7 +174,8 @@ class RunFolder:
         return True
 
     def _in_state(self, rel: str) -> bool:
-        return any(rel == s or rel.startswith(s + "/") for s in self.state)
+        # "." : the store is the folder itself (--cache and --out alike): everything in it is state
+        return any(s == "." or rel == s or rel.startswith(s + "/") for s in self.state)
 
     # -- closing ------------------------------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -241,7 +242,7 @@ class RunFolder:
             )
             for name in sorted(filenames):
                 rel = rel_dir + name
-                if rel in (MANIFEST, JOURNAL) or rel in self.files or rel in self.kept:
+                if rel in (MANIFEST, JOURNAL) or rel in self.files or rel in self.kept or self._in_state(rel):
                     continue
                 if name.startswith(".") and name.endswith(".tmp"):
                     continue  # another writer's temporary file
