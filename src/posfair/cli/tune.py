@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +33,10 @@ from posfair.cli.options import (
     list_option,
 )
 from posfair.cli.parsers import choice, integer, number, special_share
+
+#: the exit code of a run that finished (its results written) but did not save the model --save-model asked for,
+#: because the chosen setting fails on the held-out test split
+EXIT_NOT_SAVED = 3
 
 
 def tune(
@@ -167,6 +172,15 @@ def tune(
             help="Save the model with the chosen calibration persisted into this folder.",
         ),
     ] = None,
+    save_model_anyway: Annotated[
+        bool,
+        typer.Option(
+            "--save-model-anyway",
+            help="With --save-model: save the chosen setting even when it fails on the held-out test split (the "
+            "constraint broken, or the σ profile reversed beyond noise); without it such a setting is not saved "
+            f"and the command exits with {EXIT_NOT_SAVED}.",
+        ),
+    ] = False,
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
@@ -184,11 +198,13 @@ def tune(
     checks.cache_folder(cache)
     if save_model is not None:
         checks.output_folder(save_model, "--save-model")
+    elif save_model_anyway:
+        raise PosfairInputError("--save-model-anyway: applies only with --save-model FOLDER")
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
     from posfair.tuning import SearchSpace, default_fairness_settings
-    from posfair.tuning.outputs import summary_markdown
+    from posfair.tuning.outputs import summary_text
     from posfair.tuning.tuner import tune as run_tune
 
     base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
@@ -248,12 +264,17 @@ def tune(
             out_dir=out,
             cache_dir=cache,
             save_model=save_model,
+            save_anyway=save_model_anyway,
             lang=lang,
             test_family=test_family,
             log=lambda msg: con.print(msg, highlight=False, markup=False, soft_wrap=True),
         )
-    con.print(summary_markdown(result), markup=False, highlight=False, soft_wrap=True)
-    con.print(
-        f"{time.perf_counter() - t0:.0f} s; results in [bold]{out}[/bold]"
-        + (f"; tuned model in [bold]{save_model}[/bold]" if save_model else "")
-    )
+    con.print(summary_text(result, out), markup=False, highlight=False, soft_wrap=True)
+    con.print(f"{time.perf_counter() - t0:.0f} s", highlight=False)
+    if result.save_refused is not None:
+        print(
+            f"error: tuned model not saved to {save_model}: {result.save_refused} (--save-model-anyway saves it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise typer.Exit(EXIT_NOT_SAVED)

@@ -27,6 +27,8 @@ __all__ = [
     "write_outputs",
     "save_tuned_model",
     "summary_markdown",
+    "summary_text",
+    "verdict_lines",
 ]
 
 _NAMES = {
@@ -257,7 +259,8 @@ def summary_markdown(result: TuneResult) -> str:
         "",
         f"Chosen: **{result.chosen_label}** ({result.chosen.describe()})"
         + ("" if result.feasible else " (no calibration satisfied the constraint: stock kept)")
-        + split,
+        + split
+        + "".join(f"\n\n**{line}**" for line in verdict_lines(result)),
         "",
         to_markdown(front_table(result)),
         to_markdown(test_table(result)),
@@ -281,6 +284,50 @@ def summary_markdown(result: TuneResult) -> str:
     reversed_ = result.test_reversal()
     if reversed_:
         lines[3:3] = ["", f"warning: {reversed_}"]
+    return "\n".join(lines)
+
+
+def verdict_lines(result: TuneResult) -> list[str]:
+    """What the chosen setting's checks on the held-out test split say, failures first; and whether the tuned
+    model was saved (:func:`posfair.tuning.tune` sets ``saved_model`` / ``save_refused``)."""
+    failed = result.failures()
+    out = [f"FAILS on the held-out test split: {'; '.join(failed)}."] if failed else []
+    if result.save_refused is not None:
+        out.append("The tuned model was NOT saved (--save-model-anyway / save_anyway=True saves it all the same).")
+    elif result.saved_model is not None:
+        out.append(f"Tuned model saved to {result.saved_model}" + (" although it fails." if failed else "."))
+    return out
+
+
+def summary_text(result: TuneResult, out_dir: str | Path | None = None) -> str:
+    """The run in a few plain lines for a terminal: the choice, its checks on the held-out test split (failures
+    first), what was saved and where the files are.  The tables are in ``summary.md`` and ``tables/``."""
+    name = lambda key: _NAMES.get(key, key)  # noqa: E731
+    lines = [f"chosen: {result.chosen_label}" + ("" if result.chosen is STOCK else f" ({result.chosen.describe()})")]
+    if not result.feasible:
+        lines.append("no calibration kept the constraint on the dev split: stock kept")
+    lines += verdict_lines(result)
+    if result.chosen is not STOCK:
+        s, c = result.test_metrics()["stock"], result.test_metrics()["chosen"]
+        lines.append(
+            f"held-out test split, stock -> chosen: {name(result.score)} {s[result.score]:.3f} -> "
+            f"{c[result.score]:.3f}, {name(result.guard)} {s[result.guard]:.3f} -> {c[result.guard]:.3f}"
+        )
+        for key, what in (("test_check", "constraint"), ("test_effect", "score")):
+            verdict = (getattr(result, key) or {}).get("verdict")
+            if verdict:
+                lines.append(f"{what}: {verdict.removeprefix('on the held-out test split ')}")
+        direction = (result.test_effect or {}).get("direction_text")
+        if direction:
+            lines.append(f"direction: {direction}")
+    if result.skipped:
+        lines.append(f"skipped {len(result.skipped)} grid points that calibrate nothing ({NOOP_LABEL})")
+    if out_dir is not None:
+        out = Path(out_dir)
+        lines.append(
+            f"files: {out / 'summary.md'} (every table and legend), {out / 'tables'}/, {out / 'trials.csv'}, "
+            f"{out / 'tradeoff.png'}"
+        )
     return "\n".join(lines)
 
 

@@ -434,7 +434,9 @@ def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any
     else:
         head = f"on the held-out test split the chosen setting changes {result.score} by {fmt(effect)} {interval}"
         gain, none = "an improvement", "no improvement (or a loss)"
-    if low > 0:
+    if low > 0 and slope.get("direction") == "reversed":  # less spread, but leaning the other way: not bias removed
+        out["verdict"] = f"{head}, but the σ profile now leans the other way beyond noise: not a reduction of bias"
+    elif low > 0:
         out["verdict"] = f"{head}: {gain} the interval supports"
     else:
         out["verdict"] = f"{head}: the interval includes {none}, so none is shown"
@@ -558,6 +560,10 @@ class TuneResult:
     intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: what the intervals' score effect measures (:attr:`Objective.effect`: "removed", or a change such as "Δharm")
     effect: str = "removed"
+    #: where :func:`posfair.tuning.tune` saved the tuned model (None: not asked, or refused: see ``save_refused``)
+    saved_model: str | None = None
+    #: why the tuned model was not saved (the chosen setting failed on the test split; None: saved or not asked)
+    save_refused: str | None = None
 
     @property
     def score(self) -> str:
@@ -674,6 +680,26 @@ class TuneResult:
             "intervals": self.intervals,
             "effect": self.effect,
         }
+
+    def failures(self) -> list[str]:
+        """The checks the chosen setting fails on the held-out test split, each in a few words (empty: none failed,
+        or stock was chosen): the constraint broken on the point estimate, the σ profile reversed beyond noise."""
+        out = []
+        c = self.test_check
+        if c is not None and not c["holds"]:
+            name = {"recall": "recall@n", "ndcg@10": "nDCG@10"}.get(c["guard"], c["guard"])
+            interval = "" if c["low"] is None else f" [95 % interval {100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+            out.append(
+                f"the constraint is broken: {name} changed by {100 * c['change']:+.1f} points{interval}, "
+                f"the limit is {100 * c['limit']:+.1f}"
+            )
+        if (self.test_effect or {}).get("direction") == "reversed":
+            e = self.test_effect
+            out.append(
+                f"the σ profile is reversed beyond noise: slope on position {e['slope']:+.4f} [95 % interval "
+                f"{e['slope_low']:+.4f}, {e['slope_high']:+.4f}], stock's {e['stock_slope']:+.4f} (bias the other way)"
+            )
+        return out
 
     def test_reversal(self) -> str | None:
         """The sentence when the chosen setting reverses the σ profile on the held-out test split (its σ slope on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from posfair import encoding as enc
 from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, run_tag
+from posfair.io import atomic_write_text
 from posfair.model import FairModel, token_limit
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
@@ -26,8 +28,8 @@ from posfair.tuning.objectives import (
     default_fairness_settings,
     split_topics,
 )
-from posfair.tuning.outputs import save_tuned_model, write_outputs
-from posfair.tuning.trials import RESULTS_FILE, SearchSpace, TuneResult, run_search
+from posfair.tuning.outputs import save_tuned_model, summary_markdown, write_outputs
+from posfair.tuning.trials import RESULTS_FILE, ConstraintWarning, SearchSpace, TuneResult, run_search
 
 __all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner"]
 
@@ -132,12 +134,16 @@ def tune(
     log: Callable[[str], None] | None = None,
     show_progress_bar: bool | None = None,
     test_family: str | None = None,
+    save_anyway: bool = False,
 ) -> TuneResult:
     """Choose a calibration for ``model`` (see :func:`posfair.tuning.trials.run_search`).
 
     With ``out_dir`` the run is resumable (``tune.json``, embeddings in ``cache_dir`` or
     ``out_dir/cache``) and the tables, figure and summary are written there; with
-    ``save_model`` the model is saved there with the chosen calibration persisted.  ``lang``: the
+    ``save_model`` the model is saved there with the chosen calibration persisted -- unless the chosen setting
+    fails on the held-out test split (:meth:`TuneResult.failures`: the constraint broken, or the σ profile
+    reversed beyond noise): then nothing is saved, a :class:`ConstraintWarning` says why and
+    ``result.save_refused`` holds the reason (``save_anyway=True`` saves it all the same).  ``lang``: the
     language of a retrieval benchmark built from ``corpus`` (the fairness audit's come with ``settings``).
     ``log`` / ``show_progress_bar``: as :func:`~posfair.tuning.trials.run_search`.  ``test_family``: hold out
     this document family of ``corpus`` as the test split (fairness objective; run once per family to
@@ -191,11 +197,23 @@ def tune(
                         Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
                     )
         getattr(obj, "release", lambda: None)()  # the stock layers kept for the trials
-    if save_model is not None:
+    failed = result.failures()
+    if save_model is not None and failed and not save_anyway:
+        result.save_refused = f"{result.chosen_label} fails on the held-out test split: " + "; ".join(failed)
+        warnings.warn(
+            f"tuned model not saved to {save_model}: {result.save_refused} (save_anyway=True / --save-model-anyway "
+            "saves it all the same)",
+            ConstraintWarning,
+            stacklevel=2,
+        )
+    elif save_model is not None:
         # saved with the token limit the search encoded at, so that the folder reproduces the tuner's embeddings
         info = getattr(obj, "info", None)
         with enc.max_seq_length(model, info.limit if info is not None else model.max_seq_length):
             save_tuned_model(model, result.chosen, save_model)
+        result.saved_model = str(save_model)
+    if save_model is not None and out_dir is not None:  # the summary says whether the model was saved
+        atomic_write_text(Path(out_dir) / "summary.md", summary_markdown(result))
     return result
 
 
