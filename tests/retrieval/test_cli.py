@@ -29,13 +29,13 @@ def test_cli_build_and_retrieval(tmp_path):
     )
     assert res.exit_code == 0, res.output
     table = pd.read_csv(tmp_path / "out" / "table_groups.csv")
-    assert table["setting"].tolist() == ["No calibration", "B=16, a=0.5"]
+    assert table["setting"].tolist() == ["stock", "B16-L0.5-a0.5"]  # one name per setting, as in every output
     # the terminal's view (CliRunner output is not a terminal): plain aligned rows, one per setting, no box
     # drawing, nothing cut; the numbers are the CSV's
     lines = res.stdout.splitlines()
     assert not any(ch in res.stdout for ch in "─│┃━┏┓╇…")
-    stock = next(ln for ln in lines if "No calibration" in ln)
-    calibrated = next(ln for ln in lines if "B=16, a=0.5" in ln and "Harm" not in ln)
+    stock = next(ln for ln in lines if ln.startswith("stock "))
+    calibrated = next(ln for ln in lines if ln.startswith("B16-L0.5-a0.5 "))
     for line, (_, r) in zip((stock, calibrated), table.iterrows(), strict=True):
         assert f"{r['nDCG@10']:.2f}" in line and f"{r['Harm']:.2f}" in line
     res = runner.invoke(app, ["retrieval", "--benchmark", "no-such-benchmark"])

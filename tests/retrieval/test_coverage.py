@@ -11,7 +11,7 @@ import pytest
 from tests.retrieval.conftest import aligned_corpus
 
 from posfair import Calibration
-from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning
+from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.result_tables import bucket_table, group_table, to_latex, to_markdown
@@ -76,23 +76,23 @@ def test_sweep_marks_a_noop_grid_point_and_never_evaluates_it(model, bench, tmp_
 
     t = group_table(results)
     assert "calibrated_share" in t.columns
-    row = t[t["setting"].str.contains(NOOP_LABEL)]
-    assert row["setting"].tolist() == [f"B=1024, a=1 — {NOOP_LABEL}"]
+    row = t[t["setting"] == NOOP.label()]  # the setting's one name; its empty cells and share 0 say it is a no-op
+    assert len(row) == 1
     r = row.iloc[0]
     assert r["calibrated_share"] == 0.0 and not r["best"]
     assert all(math.isnan(r[c]) for c in ("seg 1", "seg 2", "seg 3", "Harm", "PSI", "nDCG@10"))  # no figures presented
     shares = dict(zip(t["setting"], t["calibrated_share"], strict=True))
-    assert math.isnan(shares["No calibration"]) and shares["B=147, a=1"] == 0.5 and shares["B=16, a=0.5"] == 1.0
+    assert math.isnan(shares["stock"]) and shares[PARTIAL.label()] == 0.5 and shares[FULL.label()] == 1.0
     md, tex = to_markdown(t), to_latex(t)
-    noop_line = next(line for line in md.split("\n") if NOOP_LABEL in line)
+    noop_line = next(line for line in md.split("\n") if line.startswith(f"| {NOOP.label()} "))
     cells = [c.strip() for c in noop_line.strip().strip("|").split("|")]
-    assert cells[cells.index(f"B=1024, a=1 — {NOOP_LABEL}") + 1 :][:7] == ["-"] * 6 + ["0.000"]  # no figures; share 0
-    stock_line = next(line for line in md.split("\n") if "No calibration" in line)
+    assert cells[cells.index(NOOP.label()) + 1 :][:7] == ["-"] * 6 + ["0.000"]  # no figures; share 0
+    stock_line = next(line for line in md.split("\n") if line.startswith(("| stock ", "| **stock** ")))
     assert stock_line.rstrip(" |").split("|")[-1].strip().strip("*") == "—"  # stock share shown as —
     assert "calibrated\\_share" in tex and "---" in tex
     b = bucket_table(results)
-    nb = b[b["setting"].str.contains(NOOP_LABEL)].iloc[0]
-    assert nb["calibrated_share"] == 0.0 and math.isnan(nb["nDCG@10"]) and math.isnan(nb["dnDCG@10"])
+    nb = b[b["setting"] == NOOP.label()].iloc[0]
+    assert nb["calibrated_share"] == 0.0 and math.isnan(nb["nDCG@10"]) and math.isnan(nb["ΔnDCG@10"])
     for name in ("table_groups.csv", "table_groups.md", "table_buckets.tex"):
         assert "calibrated" in (tmp_path / name).read_text()
     # the re-run reads the no-op record back and rebuilds identical tables

@@ -100,14 +100,14 @@ def test_tables_layout(model, bench, tmp_path):
         "calibrated_share",
         "best",
     ]
-    assert t1["setting"].tolist() == ["No calibration", "B=16, a=1", "B=16, a=0.5"]
+    assert t1["setting"].tolist() == ["stock", "B16-L1-a1", "B16-L0.5-a0.5"]
     assert t1["section"].tolist() == ["", "Last layer", "50% of layers"]
     assert t1["best"].sum() >= 1 and t1.loc[t1["best"], "Harm"].max() == t1["Harm"].max()
     stock = results[0]
     assert t1.loc[0, "Harm"] == round(100 * stock.metrics["harm"], 2)
     t2 = bucket_table(results)
-    assert {"PSI Q1", "dPSI Q1", "nDCG@10", "dnDCG@10"} <= set(t2.columns)
-    assert np.isnan(t2.loc[0, "dnDCG@10"])
+    assert {"PSI Q1", "ΔPSI Q1", "nDCG@10", "ΔnDCG@10"} <= set(t2.columns)
+    assert np.isnan(t2.loc[0, "ΔnDCG@10"])
     assert "**" in to_markdown(t1) and r"\textbf" in to_latex(t1)
     assert (tmp_path / "table_groups.md").exists() and (tmp_path / "table_buckets.tex").exists()
 

@@ -122,9 +122,9 @@ def test_sweep_tables_hold_late_chunking(model, bench, tmp_path):
     assert [r.method for r in results] == ["stock", "late", "late"]
     table = group_table(results)
     assert table["setting"].tolist() == [
-        "No calibration",
-        "Late chunking (max, 16-token windows)",
-        "Late chunking (mean, 16-token windows)",
+        "stock",
+        "late-max (16-token windows)",
+        "late-mean (16-token windows)",
     ]
     assert np.isfinite(table["Harm"]).all() and (tmp_path / "sweep" / "table_groups.md").exists()
     # rerun: read back from runs/, identical

@@ -121,7 +121,7 @@ def run_benchmark(
     from posfair.retrieval.late import LateChunking
     from posfair.retrieval.result_tables import bucket_table, group_table, results_table
     from posfair.retrieval.sea import SegmentEmbedAverage
-    from posfair.retrieval.sweep import noop_settings, run_sweep
+    from posfair.retrieval.sweep import BUCKETS_TITLE, GROUPS_TITLE, noop_settings, run_sweep
     from posfair.store import EmbeddingStore
 
     calibrations = calibrations() if callable(calibrations) else list(calibrations)
@@ -149,18 +149,18 @@ def run_benchmark(
             search_scope=search_scope,
         )
     con = console()
-    if any(r.groups for r in results):
-        print_frame(
-            con,
-            f"{results[0].benchmark} - nDCG@10 per positional group (x100), Harm, PSI",
-            results_table(group_table(results)).frame,
-        )
-    if any(r.buckets for r in results):
-        print_frame(
-            con,
-            f"{results[0].benchmark} - PSI per length bucket and aggregate nDCG@10",
-            results_table(bucket_table(results)).frame,
-        )
+    legend: list[str] = []
+    for build, present in (
+        (group_table, any(r.groups for r in results)),
+        (bucket_table, any(r.buckets for r in results)),
+    ):
+        if present:
+            title = (GROUPS_TITLE if build is group_table else BUCKETS_TITLE).format(benchmark=results[0].benchmark)
+            table = results_table(build(results))
+            print_frame(con, title, table.frame)
+            legend += [line for line in table.caption.splitlines() if line not in legend]
+    if legend:  # once for both tables (the files' tables carry it each)
+        con.print("\n".join(legend), markup=False, highlight=False, soft_wrap=True)
     differences = differences_table(results)
     if differences is not None:
         print_frame(con, differences.title, differences.frame, caption=differences.caption)

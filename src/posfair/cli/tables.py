@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 __all__ = ["table_text", "print_table", "print_frame"]
 
-_NUMBER = re.compile(r"^[-+−]?(\d[\d,]*\.?\d*|\.\d+|nan|—)(\s?\S{0,2})?$")
+#: a number (with a unit of up to 2 characters, e.g. "64%"), or a dash standing for a missing one ("-", "—")
+_NUMBER = re.compile(r"^([-+−]?(\d[\d,]*\.?\d*|\.\d+|nan)(\s?\S{0,2})?|-|—)$")
 
 
 def _is_numeric(column: Sequence[str]) -> bool:

@@ -103,7 +103,7 @@ def differences_table(results: Sequence[RetrievalResult]) -> Table | None:
             for r in d.itertuples()
         ]
         cells["Harm vs stock"] = d["harm_verdict"].fillna("")
-        cells["ΔPSI [95 %]"] = [
+        cells["ΔPSI [95 % interval]"] = [
             "" if pd.isna(r.d_psi) else f"{r.d_psi:+.3f} [{r.d_psi_low:+.3f}, {r.d_psi_high:+.3f}]"
             for r in d.itertuples()
         ]

@@ -47,11 +47,8 @@ __all__ = [
     "strength_figure",
     "plot_strength_curves",
     "layer_section",
+    "table_legend",
 ]
-
-STOCK_LABEL = "No calibration"
-SEA_LABEL = "Segment Embed Average"
-LATE_LABEL = "Late chunking ({aggregate}, {chunks})"
 
 
 def layer_section(cal: Calibration) -> str:
@@ -65,24 +62,17 @@ def layer_section(cal: Calibration) -> str:
 
 
 def _row_label(r: RetrievalResult) -> tuple[str, str, tuple]:
-    """(section, label, sort key) of a result."""
+    """(section, label, sort key) of a result.  The label is the result's one name, :attr:`RetrievalResult.setting`
+    (``stock``, ``SEA``, ``late-max (64-token windows)``, ``B128-L0.5-a0.5``), as in the differences table, the
+    CSV and JSON files and the progress lines; the section (the paper's layer-set heading) is for LaTeX only."""
+    label = r.setting
     if r.method == "stock":
-        return "", STOCK_LABEL, (0,)
+        return "", label, (0,)
     if r.method == "sea":
-        return "", SEA_LABEL, (1,)
+        return "", label, (1,)
     if r.method == "late":
-        info = r.late or {}
-        chunks = info.get("chunks", "?")
-        chunks = "semantic chunks" if chunks == "semantic" else f"{chunks}-token windows"
-        label = LATE_LABEL.format(aggregate=info.get("aggregate", "?"), chunks=chunks)
         return "", label, (1, label)
     cal = Calibration.from_dict(r.calibration)
-    label = f"B={cal.basket_size}, a={cal.strength:g}"
-    extra = cal.label().split("-", 3)[3:]  # non-default isolation / weights / queries
-    if extra:
-        label += f" ({extra[0]})"
-    if r.noop:
-        label += f" — {NOOP_LABEL}"
     layer_rank = 0 if cal.layers == 1 else 1
     return layer_section(cal), label, (2, layer_rank, layer_section(cal), cal.strength, cal.basket_size, label)
 
@@ -146,11 +136,11 @@ def bucket_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
         shown = _shown(r)
         for b in buckets:
             v = r.buckets.get(b, {}).get("psi", math.nan) if shown else math.nan
-            row[f"PSI {b}"] = round(v, 2)
+            row[f"PSI {b}"] = round(v, 3)
             base = stock.buckets.get(b, {}).get("psi", math.nan) if stock is not None and r is not stock else math.nan
-            row[f"dPSI {b}"] = round(v - base, 2)
+            row[f"ΔPSI {b}"] = round(v - base, 3)
         row["nDCG@10"] = round(100 * r.metrics["ndcg@10"], 2) if shown else math.nan
-        row["dnDCG@10"] = (
+        row["ΔnDCG@10"] = (
             round(100 * (r.metrics["ndcg@10"] - stock.metrics["ndcg@10"]), 2)
             if shown and stock is not None and r is not stock
             else math.nan
@@ -171,9 +161,10 @@ def _fmt(v: object, col: str) -> str:
     if isinstance(v, (float, np.floating)):
         if math.isnan(v):
             return "-"
-        if col.startswith("d"):
-            return f"{v:+.2f}"
-        return f"{v:.3f}" if col == "PSI" else f"{v:.2f}"
+        psi = col.startswith(("PSI", "ΔPSI"))  # PSI on its 0-1 scale: three decimals; x100 figures: two
+        if col.startswith("Δ"):
+            return f"{v:+.3f}" if psi else f"{v:+.2f}"
+        return f"{v:.3f}" if psi else f"{v:.2f}"
     return str(v)
 
 
@@ -181,19 +172,67 @@ def _value_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c not in ("section", "setting", "best")]
 
 
+def _best_column(df: pd.DataFrame) -> str:
+    """The ``best`` flag's column name: what it is the highest of."""
+    return "highest Harm" if "Harm" in df.columns and df["Harm"].notna().any() else "highest nDCG@10"
+
+
+#: one line per column of the result tables (``{groups}``: the positional groups present)
+_LEGEND = {
+    "stock": "stock = no calibration",
+    "SEA": "SEA = Segment Embed Average (segments embedded alone, vectors averaged)",
+    "late": "late-<max|mean> (<chunks>) = late chunking, chunk vectors pooled by max or mean",
+    "calibrated": "B<tokens>-L<layers>-a<strength> = calibrated attention: baskets of <tokens> tokens in the last "
+    "<layers> layers (a fraction: that share of layers; an integer: that many), strength <strength>",
+    "groups": "{groups}: nDCG@10 (x100) of the queries whose answer lies in that positional group",
+    "Harm": "Harm: harmonic mean of the groups' nDCG@10 (x100; higher = better and more even over positions)",
+    "PSI": "PSI: position sensitivity, 1 - min / max of the groups' nDCG@10 (0-1; lower = less sensitive)",
+    "PSI bucket": "PSI Q1..Q4: PSI within the documents of one length bucket (Q1: up to 512 tokens, Q2: 513-1024, "
+    "Q3: 1025-1536, Q4: longer); not the same quantity as the positional groups' PSI",
+    "ΔPSI bucket": "ΔPSI Qk: the setting's PSI Qk minus stock's",
+    "nDCG@10": "nDCG@10: over all queries (x100)",
+    "ΔnDCG@10": "ΔnDCG@10: the setting's nDCG@10 minus stock's (x100)",
+    "calibrated_share": "calibrated_share: fraction of the benchmark's documents the calibration changes (— for stock, "
+    f"SEA and late chunking); a calibration with share 0 ({NOOP_LABEL}) is not evaluated",
+    "-": "-: not evaluated or not defined (stock's own change, a no-op calibration)",
+}
+
+
+def table_legend(df: pd.DataFrame) -> str:
+    """What each column of a :func:`group_table` / :func:`bucket_table` frame means, one line per column."""
+    cols = _value_columns(df)
+    groups = [c for c in cols if c not in _LEGEND and not c.startswith(("PSI ", "ΔPSI "))]
+    labels = [str(x) for x in df["setting"]]
+    kinds = {"stock" if x == "stock" else "SEA" if x == "SEA" else "late" if x.startswith("late-") else "calibrated"
+             for x in labels}  # fmt: skip
+    lines = ["setting: " + "; ".join(_LEGEND[k] for k in ("stock", "SEA", "late", "calibrated") if k in kinds)]
+    if groups:
+        lines.append(_LEGEND["groups"].format(groups=", ".join(groups)))
+    seen = set()
+    for c in cols:
+        key = "PSI bucket" if c.startswith("PSI ") else "ΔPSI bucket" if c.startswith("ΔPSI ") else c
+        if key in _LEGEND and key not in seen:
+            seen.add(key)
+            lines.append(_LEGEND[key])
+    if "best" in df.columns:
+        lines.append(f"{_best_column(df)}: yes on the setting with the highest {_best_column(df).split()[-1]}")
+    lines.append(_LEGEND["-"])
+    return "\n".join(lines)
+
+
 def results_table(
-    df: pd.DataFrame, *, title: str = "", caption: str = "", name: str = "table", bold_best: bool = False
+    df: pd.DataFrame, *, title: str = "", caption: str | None = None, name: str = "table", bold_best: bool = False
 ) -> Table:
     """A :func:`group_table` / :func:`bucket_table` frame as a report :class:`~posfair.report.tables.Table`.
 
-    Rows are indexed by (section, setting); cells are formatted (x100 figures and deltas with
-    two decimals, PSI with three, ``-`` for a figure not presented, ``—`` for the calibrated
-    share of stock and SEA).  The best setting gets a ``best`` column ("yes"), or with
-    ``bold_best`` its label and cells in Markdown bold (for Markdown only).
+    Rows are indexed by the setting's one name (:attr:`RetrievalResult.setting`); cells are formatted (x100
+    figures and their changes with two decimals, PSI and its changes with three, ``-`` for a figure not
+    presented, ``—`` for the calibrated share of stock, SEA and late chunking).  The best setting gets a
+    ``highest Harm`` column ("yes"), or with ``bold_best`` its label and cells in Markdown bold (for Markdown
+    only).  ``caption``: None = :func:`table_legend` (a line per column).
     """
     cols = _value_columns(df)
     best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
-    sections = df["section"].fillna("").astype(str).tolist() if "section" in df.columns else [""] * len(df)
     labels = df["setting"].astype(str).tolist()
     cells = {c: [_fmt(v, c) for v in df[c]] for c in cols}
     if bold_best:
@@ -201,9 +240,9 @@ def results_table(
         labels = [bold(x, b) for x, b in zip(labels, best, strict=True)]
         cells = {c: [bold(x, b) for x, b in zip(v, best, strict=True)] for c, v in cells.items()}
     elif "best" in df.columns:
-        cells["best"] = ["yes" if b else "" for b in best]
-    index = pd.MultiIndex.from_arrays([sections, labels], names=["section", "setting"])
-    return Table(title, pd.DataFrame(cells, index=index), caption, name)
+        cells[_best_column(df)] = ["yes" if b else "" for b in best]
+    index = pd.Index(labels, name="setting")
+    return Table(title, pd.DataFrame(cells, index=index), table_legend(df) if caption is None else caption, name)
 
 
 def to_markdown(df: pd.DataFrame, title: str = "") -> str:
@@ -214,12 +253,7 @@ def to_markdown(df: pd.DataFrame, title: str = "") -> str:
 def _tex(s: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
         s = s.replace(a, b)
-    return (
-        s.replace("a=", r"$\alpha$=")
-        .replace("dPSI", r"$\Delta$PSI")
-        .replace("dnDCG", r"$\Delta$nDCG")
-        .replace("—", "---")
-    )
+    return s.replace("a=", r"$\alpha$=").replace("Δ", r"$\Delta$").replace("—", "---")
 
 
 def to_latex(df: pd.DataFrame) -> str:
@@ -228,8 +262,9 @@ def to_latex(df: pd.DataFrame) -> str:
     Same cells as :func:`results_table`; the files a sweep writes use the common
     :func:`posfair.report.tables.to_latex` table instead.
     """
-    frame = results_table(df).frame.drop(columns="best", errors="ignore")
+    frame = results_table(df).frame.drop(columns=["highest Harm", "highest nDCG@10"], errors="ignore")
     best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
+    sections = df["section"].fillna("").astype(str).tolist() if "section" in df.columns else [""] * len(df)
     cols = ["setting", *frame.columns]
     lines = [
         r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}",
@@ -238,7 +273,7 @@ def to_latex(df: pd.DataFrame) -> str:
         r"\midrule",
     ]
     current = None
-    for (section, label), row, is_best in zip(frame.index, frame.itertuples(index=False), best, strict=True):
+    for section, label, row, is_best in zip(sections, frame.index, frame.itertuples(index=False), best, strict=True):
         if section and section != current:
             lines.append(rf"\multicolumn{{{len(cols)}}}{{l}}{{\textit{{{_tex(section)}}}}} \\")
         current = section or current

@@ -70,10 +70,6 @@ def _run_name(ev: PositionalRetrievalEvaluator) -> str:
 
 GROUPS_TITLE = "{benchmark} - nDCG@10 per positional group (x100), Harm (x100), PSI"
 BUCKETS_TITLE = "{benchmark} - PSI per length bucket and its change vs stock, aggregate nDCG@10 (x100) and its change"
-SHARE_CAPTION = (
-    "calibrated_share: fraction of the benchmark's documents the calibration changes (— for stock, SEA and late chunking); "
-    f"a calibration with share 0 ({NOOP_LABEL}) is not evaluated and its cells are left empty."
-)
 
 
 def write_results(
@@ -90,7 +86,7 @@ def write_results(
         ("table_buckets", bucket_table, BUCKETS_TITLE, any(r.buckets for r in results)),
     ):
         if present:
-            table = results_table(build(results), title=title.format(benchmark=name), caption=SHARE_CAPTION, name=stem)
+            table = results_table(build(results), title=title.format(benchmark=name), name=stem)  # legend: caption
             written += write_table(table, out, stem).values()
     differences = differences_table(results)
     if differences is not None:
