@@ -105,6 +105,27 @@ def run_attention(
     return profiles, report
 
 
+#: what the attention table's columns hold (one line each)
+ATTENTION_LEGEND = "\n".join(
+    (
+        "documents, baskets: counts; calibrated_share: fraction of the documents the calibration changes (— for stock)",
+        "BOS, EOS, first basket, last basket: mean attention mass (0-1) on that key span, from the queries in the title",
+        "first half / second half (bins): the ratio of attention mass on the first half of the positions to the second",
+    )
+)
+
+
+def _cell(key: str, value) -> str:
+    """One precision per kind of column: counts as integers, the share and attention masses with 4 decimals."""
+    from posfair.calibration.coverage import format_share
+
+    if key == "calibrated_share":
+        return format_share(value)
+    if key in ("documents", "baskets"):
+        return f"{value:.0f}"
+    return f"{value:.4f}"
+
+
 def attention(
     out: OutFolder = Path("posfair-attention"),
     model: Model = None,
@@ -127,7 +148,6 @@ def attention(
     from rich.markup import escape
 
     from posfair.attention.profile import resolve_layers
-    from posfair.calibration.coverage import format_share
     from posfair.cli.audit import load_corpus
     from posfair.cli.errors import data_errors, naming
     from posfair.cli.progress import console, progress_bars
@@ -167,9 +187,9 @@ def attention(
     rows = []
     for p in profiles:
         s = p.summary()
-        values = [format_share(s.get(k)) if k == "calibrated_share" else f"{s.get(k, float('nan')):.4g}" for k in keys]
+        values = [_cell(k, s.get(k, float("nan"))) for k in keys]
         rows.append([p.group, p.label, *values])
     title = f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"
     con = console()
-    print_table(con, title, ["lang", "profile", *keys], rows, keys=2)
+    print_table(con, title, ["lang", "profile", *keys], rows, keys=2, caption=ATTENTION_LEGEND)
     con.print(f"report: [bold]{escape(str(report))}[/bold]")

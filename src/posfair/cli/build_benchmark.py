@@ -103,15 +103,21 @@ def build_benchmark(
             budget_langs=list(budget_langs) or None,
             max_seq_length=m.max_seq_length,
         )
-    console().print_json(json.dumps(json.loads((path / "benchmark.json").read_text())))
     import warnings
 
     from posfair.retrieval.benchmarks import BenchmarkSizeWarning, load_benchmark
 
     info = json.loads((path / "benchmark.json").read_text())
+    limit = info.get("max_doc_tokens")
+    dropped = (
+        f"{info.get('segments_dropped_too_long', 0)} of {info.get('segments_aligned', '?')} aligned segments dropped "
+        + (f"as longer than {limit} // {k} = {limit // k} tokens" if limit else "(no document length limit)")
+    )
     console().print(
-        f"{info.get('segments_dropped_too_long', 0)} of {info.get('segments_aligned', '?')} aligned segments dropped as "
-        f"longer than {info.get('max_doc_tokens')} // {k} tokens",
+        f"benchmark {info.get('name')} written to {path} (settings in {path / 'benchmark.json'}): "
+        f"{info.get('documents')} documents of {k} segments each, languages {', '.join(info.get('langs', []))}, "
+        f"documents within {limit or 'any number of'} tokens (model token limit {info.get('max_seq_length')}); "
+        f"{dropped}",
         markup=False,
         highlight=False,
     )

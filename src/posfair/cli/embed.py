@@ -176,10 +176,13 @@ def embed(
             add_corpus=add_corpus,
             progress=bar("embedding", len(set(texts))),
         )
+    from posfair.cli.tables import plural
+
     label = cal.label()
     typer.echo(
-        f"{report.texts} distinct texts ({label}) in {report.namespace}: {report.written} shards written, "
-        f"{report.skipped} already present; {report.encoded} texts encoded in {report.seconds:.1f}s "
-        f"({report.texts_per_second:.1f} texts/s, {report.workers} worker(s), padding waste {report.padding_waste:.1%})"
+        f"{plural(report.texts, 'distinct text')} ({fm.display_name}, {label}) in namespace {report.namespace}: "
+        f"{plural(report.written, 'shard')} written, {report.skipped} already present; "
+        f"{plural(report.encoded, 'text')} encoded in {report.seconds:.1f}s "
+        f"({report.texts_per_second:.1f} texts/s, {plural(report.workers, 'worker')}, padding waste {report.padding_waste:.1%})"
         + (f"; calibrated share {report.calibrated_share:.3f}" if report.calibrated_share is not None else "")
     )

@@ -151,6 +151,13 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
             df.insert(0, id_field, ids)
         atomic_write_parquet(out, df)
     label = cal.label()
+    if cal.label() != "stock":  # say how many texts the calibration changed: a no-op is not a calibrated result
+        cov = fm.calibration_coverage(list(dict.fromkeys(texts)), cal, prompt=prompt)
+        label = (
+            f"{label}: {cov.calibrated} of {cov.total} distinct texts calibrated"
+            if cov.calibrated
+            else f"stock: {label} calibrated none of the {cov.total} distinct texts (none is longer than one basket)"
+        )
     reused = f"; {cached} of {distinct} distinct texts from the cache {cache_dir}" if cached else ""
     typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}{reused}) to {out}")
 

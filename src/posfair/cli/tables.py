@@ -13,7 +13,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["table_text", "print_table", "print_frame"]
+__all__ = ["table_text", "print_table", "print_frame", "plural"]
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``"1 shard"``, ``"2 shards"``: a count with its noun in the right number (``words``: an irregular plural)."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
 
 #: a number (with a unit of up to 2 characters, e.g. "64%"), or a dash standing for a missing one ("-", "—")
 _NUMBER = re.compile(r"^([-+−]?(\d[\d,]*\.?\d*|\.\d+|nan)(\s?\S{0,2})?|-|—)$")

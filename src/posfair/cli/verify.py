@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from posfair.cli.errors import input_error
+from posfair.cli.tables import plural
 
 
 def store_folder(path: Path) -> Path:
@@ -44,11 +45,12 @@ def verify(
 
     results = verify_store(store)
     bad = 0
-    typer.echo(f"{'namespace':<26}{'shards':>8}{'rows':>12}{'keys':>12}{'dup rows':>10}{'damaged':>9}")
+    typer.echo(f"{'namespace':<26}{'shards':>8}{'rows':>12}{'keys':>12}{'dup rows':>10}{'damaged':>9}  what")
     for rec in results:
         name = Path(rec["namespace"]).name
         typer.echo(
-            f"{name:<26}{rec['shards']:>8}{rec['rows']:>12,}{rec['keys']:>12,}{rec['duplicate_rows']:>10,}{len(rec['damaged']):>9}"
+            f"{name:<26}{rec['shards']:>8}{rec['rows']:>12,}{rec['keys']:>12,}{rec['duplicate_rows']:>10,}"
+            f"{len(rec['damaged']):>9}  {describe_namespace(Path(rec['namespace']))}"
         )
         for path in rec["damaged"]:
             typer.echo(f"  set aside: {path}")
@@ -59,8 +61,31 @@ def verify(
     rows = sum(r["rows"] for r in results)
     if bad:
         typer.echo(
-            f"{sum(len(r['damaged']) for r in results)} damaged shard(s) set aside and "
-            f"{sum(bool(r['error']) for r in results)} namespace(s) not checked; {shards} sound shards ({rows:,} rows)"
+            f"{plural(sum(len(r['damaged']) for r in results), 'damaged shard')} set aside and "
+            f"{plural(sum(bool(r['error']) for r in results), 'namespace')} not checked; "
+            f"{plural(shards, 'sound shard')} ({plural(rows, 'row')})"
         )
         raise typer.Exit(1)
-    typer.echo(f"all {shards} shards of {len(results)} namespace(s) verified ({rows:,} rows)")
+    typer.echo(f"all {plural(shards, 'shard')} of {plural(len(results), 'namespace')} verified ({plural(rows, 'row')})")
+
+
+def describe_namespace(folder: Path) -> str:
+    """A namespace in words from its manifest: what it holds, the calibration by its label, the model's fingerprint
+    (the store keys namespaces by these hashes; this is what they stand for)."""
+    import json
+
+    from posfair.calibration import Calibration
+
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        meta = manifest.get("namespace") or {}
+        cal = manifest.get("calibration")
+        kind = meta.get("kind", "embedding")
+        parts = [kind, f"model {str(manifest.get('fingerprint') or meta.get('model', '?'))[:12]}"]
+        if "calibration" in manifest or "calibration" in meta:
+            parts.append("stock" if not cal else Calibration.from_dict(cal).label())
+        if manifest.get("prompt"):
+            parts.append(f"prompt {manifest['prompt']!r}")
+        return ", ".join(parts)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return "(no readable manifest)"
