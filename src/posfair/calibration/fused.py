@@ -37,7 +37,7 @@ from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
 from posfair.calibration.rule import engine_calibrates
 from posfair.calibration.state import ForwardState
 
-__all__ = ["ENABLED", "FUSED_TILE_BYTES", "applicable", "basket_attention"]
+__all__ = ["ENABLED", "FUSED_TILE_BYTES", "Pairs", "applicable", "basket_attention", "exact"]
 
 ENABLED = True  # off: queries="all" always takes the tiled explicit path (the benchmark's "tiled-all")
 FUSED_TILE_BYTES = (
@@ -79,8 +79,27 @@ def applicable(
     kwargs: dict,
     dropout: float,
 ) -> bool:
-    """Whether the fused path computes this layer (else the tiled explicit path does)."""
-    if not ENABLED or record or dropout or query.device.type != "cpu" or query.dtype not in _DTYPES:
+    """Whether the fused path computes this layer (else the CUDA path of :mod:`posfair.calibration.cuda_rows`
+    or the tiled explicit path does)."""
+    if not ENABLED or query.device.type != "cpu" or query.dtype not in _DTYPES:
+        return False
+    return exact(module, query, key, value, attention_mask, state, record, kwargs, dropout)
+
+
+def exact(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    state: ForwardState,
+    record: bool,
+    kwargs: dict,
+    dropout: float,
+) -> bool:
+    """Whether a per-basket path computes this layer exactly, whatever the device: inference, no dropout, no
+    recording, no self-attention share, not causal, one dtype, a padding-only mask."""
+    if record or dropout:
         return False
     if state.calibration.self_share is not None:
         return False  # the own key's share would be a cancelling difference of basket outputs: the tiled path is exact
@@ -113,28 +132,14 @@ def basket_attention(
     0-based index (a per-layer positional prior); ``tile_rows`` / ``heads_per_call``: the
     blocking of :func:`_blocks`, chosen automatically when None.
     """
-    B, H, L, D = query.shape
-    K = key.shape[2]
-    kv_heads = key.shape[1]
-    if H % kv_heads:
-        raise ValueError(f"query heads ({H}) are not a multiple of key/value heads ({kv_heads})")
-    g = H // kv_heads
-    cal = state.calibration
-    Bs = int(cal.basket_size)
-    iso_b, iso_e = bool(cal.isolate_bos), bool(cal.isolate_eos)
-    dev, dt = query.device, query.dtype
-    start = state.start.to(dev).long()
-    end = state.end.to(dev).long()
-    c_start = start + int(iso_b)
-    C = (end - int(iso_e) - c_start + 1).clamp(min=0)  # content keys per sequence
-    nb = max(1, -(-int(C.max()) // Bs))
-    S = nb * Bs
+    p = Pairs(query, key, value, state, layer)
+    B, H, L, D, K, kv_heads, g = p.B, p.H, p.L, p.D, p.K, p.kv_heads, p.g
+    Bs, nb, S, dev, dt = p.Bs, p.nb, p.S, p.dev, p.dt
 
     # content keys / values gathered so that basket j is slots [j*Bs, (j+1)*Bs) for every sequence
     slot = torch.arange(S, device=dev)
-    valid = slot[None, :] < C[:, None]  # (B, S)
-    c0 = int(c_start[0])
-    same_start = bool((c_start == c0).all())  # batch 1, right padding: a slice, not a gather
+    c0 = int(p.c_start[0])
+    same_start = bool((p.c_start == c0).all())  # batch 1, right padding: a slice, not a gather
 
     def per_head_baskets(x: torch.Tensor) -> torch.Tensor:  # (B, Hkv, K, D) -> (B*H, nb, Bs, D)
         if same_start:
@@ -142,43 +147,18 @@ def basket_attention(
             if got.shape[2] < S:  # the last basket runs past the keys: masked slots
                 got = torch.cat([got, got.new_zeros(B, kv_heads, S - got.shape[2], D)], dim=2)
         else:
-            idx = (c_start[:, None] + slot[None, :]).clamp(max=K - 1)
+            idx = (p.c_start[:, None] + slot[None, :]).clamp(max=K - 1)
             got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
         return got[:, :, None].expand(B, kv_heads, g, S, D).reshape(B * H, nb, Bs, D)
 
     kb, vb = per_head_baskets(key), per_head_baskets(value)
     mask = None
-    if not bool(valid.all()):
-        add = torch.where(valid, torch.zeros((), dtype=dt, device=dev), torch.finfo(dt).min)
+    if not bool(p.valid.all()):
+        add = torch.where(p.valid, torch.zeros((), dtype=dt, device=dev), torch.finfo(dt).min)
         mask = add.view(B, 1, nb, 1, Bs).expand(B, H, nb, 1, Bs).reshape(B * H, nb, 1, Bs)
-
-    def iso_key(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B*H, D) float32
-        picked = x[torch.arange(B, device=dev), :, pos]  # (B, Hkv, D)
-        return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B * H, D).float()
-
-    def per_head(x: torch.Tensor) -> torch.Tensor:  # (B, ...) per sequence -> (B*H, ...) per (sequence, head)
-        return x.unsqueeze(1).expand(B, H, *x.shape[1:]).reshape(B * H, *x.shape[1:])
-
-    active = per_head(engine_calibrates(C, Bs)).view(B * H, 1, 1)  # sequences shorter than one basket stay stock
-    n_b = per_head(torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32)).view(B * H, 1)
-    isolated = []  # (key vector, value vector, present) per (sequence, head)
-    if iso_b:
-        isolated.append((iso_key(start, key), iso_key(start, value), torch.ones(B * H, dtype=torch.bool, device=dev)))
-    if iso_e:
-        present = ~(iso_b & (start == end)) if iso_b else torch.ones(B, dtype=torch.bool, device=dev)
-        isolated.append((iso_key(end, key), iso_key(end, value), per_head(present)))
 
     rows, group = _blocks(B * H, L, nb * D * 4, tile_rows, heads_per_call)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    kw = cal.basket_kwargs(layer)
-    trailing = kw.get("trailing", "basket")
-    # the trailing-basket policy works on the per-slot masses (basket_weights), given each row's content length
-    policy = {} if trailing == "basket" else dict(trailing=trailing, basket_size=Bs)
-    n_content = per_head(C).view(B * H, 1)
-    prior = None
-    if kw.get("prior") is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
-        p = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32, trailing))
-        prior = per_head(p).view(B * H, 1, nb)
     qf = query.reshape(B * H, L, D)
     out = torch.empty(B * H, L, D, dtype=value.dtype, device=dev)
     for g0 in range(0, B * H, group):
@@ -195,36 +175,105 @@ def basket_attention(
                 attn_mask=None if mask is None else mask[g0:g1],
                 scale=scaling,
             )  # (G, nb, T, D), (G, nb, T)
-            lse = lse.transpose(1, 2)  # (G, T, nb)
-            iso_scores = []
-            for kvec, _, present in isolated:
-                s = torch.matmul(qt.float(), kvec[g0:g1].unsqueeze(-1)).squeeze(-1) * scaling  # (G, T)
-                iso_scores.append(torch.where(present[g0:g1].view(G, 1), s, -torch.inf))
-            row = torch.logsumexp(torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1), dim=-1)  # (G, T)
-            mass = torch.exp(lse - row.unsqueeze(-1))
-            iso_mass = [torch.exp(s - row) for s in iso_scores]
-            w, bos_v, eos_v = basket_weights(
-                mass,
-                n_b[g0:g1],
-                iso_mass[0] if iso_b else None,
-                iso_mass[-1] if iso_e else None,
-                strength=kw["strength"],
-                bos_weight=kw["bos_weight"],
-                eos_weight=kw["eos_weight"],
-                prior=None if prior is None else prior[g0:g1],
-                **(policy and dict(policy, n_content=n_content[g0:g1])),
-            )
-            on = active[g0:g1]
-            w = torch.where(on, w, mass)
-            values = [v for v in (bos_v, eos_v) if v is not None]
-            wb = w.transpose(1, 2).unsqueeze(-1)  # (G, nb, T, 1)
-            if o.dtype != torch.float32:
-                wb = wb.to(o.dtype)  # bfloat16 products, float32 accumulation (torch's sum of bfloat16)
-            acc = o.mul_(wb).sum(1, dtype=torch.float32)  # (G, T, D): sum_b w_b O_b (measured faster than bmm / einsum)
-            for (_, vvec, _), val, orig in zip(isolated, values, iso_mass, strict=True):
-                acc += torch.where(on.view(G, 1), val, orig).unsqueeze(-1) * vvec[g0:g1].unsqueeze(1)
-            out[g0:g1, t0:t1] = acc
+            out[g0:g1, t0:t1] = p.combine(o, lse, qt, scaling, g0, g1)
     return out.view(B, H, L, D).transpose(1, 2).contiguous()
+
+
+class Pairs:
+    """What the per-basket paths share for one layer: the baskets' layout and, per (sequence, head) pair
+    (``B * H`` of them, sequence-major), the isolated keys, whether the row is calibrated, the basket counts
+    and the prior; :meth:`combine` turns one block's per-basket outputs into calibrated rows."""
+
+    def __init__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: ForwardState, layer):
+        B, H, L, D = query.shape
+        K = key.shape[2]
+        kv_heads = key.shape[1]
+        if H % kv_heads:
+            raise ValueError(f"query heads ({H}) are not a multiple of key/value heads ({kv_heads})")
+        g = H // kv_heads
+        cal = state.calibration
+        Bs = int(cal.basket_size)
+        iso_b, iso_e = bool(cal.isolate_bos), bool(cal.isolate_eos)
+        dev, dt = query.device, query.dtype
+        start = state.start.to(dev).long()
+        end = state.end.to(dev).long()
+        c_start = start + int(iso_b)
+        C = (end - int(iso_e) - c_start + 1).clamp(min=0)  # content keys per sequence
+        nb = max(1, -(-int(C.max()) // Bs))
+        S = nb * Bs
+        self.B, self.H, self.L, self.D, self.K, self.kv_heads, self.g = B, H, L, D, K, kv_heads, g
+        self.Bs, self.nb, self.S, self.dev, self.dt = Bs, nb, S, dev, dt
+        self.iso_b, self.iso_e = iso_b, iso_e
+        self.c_start, self.C = c_start, C
+        self.valid = torch.arange(S, device=dev)[None, :] < C[:, None]  # (B, S): slots holding a content key
+
+        def iso_key(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B*H, D) float32
+            picked = x[torch.arange(B, device=dev), :, pos]  # (B, Hkv, D)
+            return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B * H, D).float()
+
+        per_head = self.per_head
+        self.active = per_head(engine_calibrates(C, Bs)).view(B * H, 1, 1)  # shorter than one basket: stock
+        self.n_b = per_head(torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32)).view(
+            B * H, 1
+        )
+        self.isolated = []  # (key vector, value vector, present) per (sequence, head)
+        if iso_b:
+            present = torch.ones(B * H, dtype=torch.bool, device=dev)
+            self.isolated.append((iso_key(start, key), iso_key(start, value), present))
+        if iso_e:
+            present = ~(iso_b & (start == end)) if iso_b else torch.ones(B, dtype=torch.bool, device=dev)
+            self.isolated.append((iso_key(end, key), iso_key(end, value), per_head(present)))
+        self.kw = kw = cal.basket_kwargs(layer)
+        trailing = kw.get("trailing", "basket")
+        # the trailing-basket policy works on the per-slot masses (basket_weights), given each row's content length
+        self.policy = {} if trailing == "basket" else dict(trailing=trailing, basket_size=Bs)
+        self.n_content = per_head(C).view(B * H, 1)
+        self.prior = None
+        if kw.get("prior") is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
+            prior = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32, trailing))
+            self.prior = per_head(prior).view(B * H, 1, nb)
+
+    def per_head(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, ...) per sequence -> (B*H, ...) per (sequence, head)."""
+        B, H = self.B, self.H
+        return x.unsqueeze(1).expand(B, H, *x.shape[1:]).reshape(B * H, *x.shape[1:])
+
+    def combine(
+        self, o: torch.Tensor, lse: torch.Tensor, qt: torch.Tensor, scaling: float, g0: int, g1: int
+    ) -> torch.Tensor:
+        """The calibrated rows (G, T, D), float32, of pairs ``g0:g1`` from their per-basket outputs ``o``
+        (G, nb, T, D; overwritten) and log-sum-exps ``lse`` (G, nb, T); ``qt`` (G, T, D): their queries."""
+        G = g1 - g0
+        kw, iso_b, iso_e = self.kw, self.iso_b, self.iso_e
+        lse = lse.transpose(1, 2)  # (G, T, nb)
+        iso_scores = []
+        for kvec, _, present in self.isolated:
+            s = torch.matmul(qt.float(), kvec[g0:g1].unsqueeze(-1)).squeeze(-1) * scaling  # (G, T)
+            iso_scores.append(torch.where(present[g0:g1].view(G, 1), s, -torch.inf))
+        row = torch.logsumexp(torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1), dim=-1)  # (G, T)
+        mass = torch.exp(lse - row.unsqueeze(-1))
+        iso_mass = [torch.exp(s - row) for s in iso_scores]
+        w, bos_v, eos_v = basket_weights(
+            mass,
+            self.n_b[g0:g1],
+            iso_mass[0] if iso_b else None,
+            iso_mass[-1] if iso_e else None,
+            strength=kw["strength"],
+            bos_weight=kw["bos_weight"],
+            eos_weight=kw["eos_weight"],
+            prior=None if self.prior is None else self.prior[g0:g1],
+            **(self.policy and dict(self.policy, n_content=self.n_content[g0:g1])),
+        )
+        on = self.active[g0:g1]
+        w = torch.where(on, w, mass)
+        values = [v for v in (bos_v, eos_v) if v is not None]
+        wb = w.transpose(1, 2).unsqueeze(-1)  # (G, nb, T, 1)
+        if o.dtype != torch.float32:
+            wb = wb.to(o.dtype)  # low-precision products, float32 accumulation (torch's sum of bfloat16)
+        acc = o.mul_(wb).sum(1, dtype=torch.float32)  # (G, T, D): sum_b w_b O_b (measured faster than bmm / einsum)
+        for (_, vvec, _), val, orig in zip(self.isolated, values, iso_mass, strict=True):
+            acc += torch.where(on.view(G, 1), val, orig).unsqueeze(-1) * vvec[g0:g1].unsqueeze(1)
+        return acc
 
 
 def _blocks(n_heads: int, L: int, row_bytes: int, rows: int | None, group: int | None) -> tuple[int, int]:

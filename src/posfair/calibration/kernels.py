@@ -7,7 +7,8 @@ pooling token's row is recomputed explicitly (``q_pool @ K^T -> softmax -> calib
 (heads x L x L) matrix is ever formed.  When every valid row is calibrated
 (``queries="all"``, mean pooling), the layer runs the fused per-basket kernel of
 :mod:`posfair.calibration.fused` where it applies (CPU inference, float32 / bfloat16,
-padding-only mask, not causal, no recording or dropout); otherwise, and when every
+padding-only mask, not causal, no recording or dropout), on CUDA the per-basket path of
+:mod:`posfair.calibration.cuda_rows` under the same conditions; otherwise, and when every
 row is recorded, the layer is computed explicitly in tiles of query rows
 (:func:`explicit_attention`) so memory stays bounded by :data:`TILE_BYTES`.  ``explicit_attention(naive=True)`` is the full-matrix path:
 the slow reference and the benchmark's "naive" baseline.
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posfair.calibration import fused
+from posfair.calibration import cuda_rows, fused
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
 from posfair.calibration.state import ForwardState
 
@@ -310,6 +311,8 @@ def attend(
     if calibrate and state.calibration.queries == "all":
         if fused.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
             return fused.basket_attention(query, key, value, scaling, state, layer=module.layer_idx)
+        if cuda_rows.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
+            return cuda_rows.basket_attention(query, key, value, scaling, state, layer=module.layer_idx)
         return explicit_attention(
             module, query, key, value, attention_mask, scaling, state, "all", record, kwargs, dropout=dropout
         )
