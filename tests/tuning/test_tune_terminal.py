@@ -92,3 +92,13 @@ def test_the_command_prints_a_short_plain_summary_and_refuses_to_save_a_failing_
     assert "Pareto front" in (out / "summary.md").read_text()
     bad = CliRunner().invoke(app, ["tune", "--model", str(path), "--save-model-anyway"])
     assert bad.exit_code == 2 and "--save-model-anyway" in bad.output
+
+
+def test_the_test_split_check_speaks_in_points_as_max_recall_drop_does():
+    """--max-recall-drop 2 is in points; the verdict says the change and the limit in points too (not 0-1)."""
+    with pytest.warns(ConstraintWarning):
+        res = run_search(UnitObjective(test_drop=0.10), SPACE, max_drop=0.02)
+    assert (
+        "recall changed by -10.0 points [95 % interval -10.0, -10.0 over 40 segment sets], limit -2.0"
+        in (res.test_check["verdict"])
+    )

@@ -497,18 +497,22 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
 def constraint_verdict(check: dict[str, Any]) -> str:
     """One sentence on a :func:`check_test_constraint`: holds / holds within noise / broken."""
     limit, change = check["limit"], check["change"]
+    # in points (x100), as --max-recall-drop / --max-ndcg-drop give the limit
     interval = (
         ""
         if check["low"] is None
-        else f" [95 % interval {check['low']:+.3f}, {check['high']:+.3f} over {check['units']} {check['unit']}]"
+        else f" [95 % interval {100 * check['low']:+.1f}, {100 * check['high']:+.1f} over {check['units']} {check['unit']}]"
     )
-    head = f"on the held-out test split {check['guard']} changed by {change:+.3f}{interval}, limit {limit:+.3f}: "
+    head = (
+        f"on the held-out test split {check['guard']} changed by {100 * change:+.1f} points{interval}, "
+        f"limit {100 * limit:+.1f}: "
+    )
     if not check["holds"]:
         return head + "the constraint is BROKEN on the test split (the dev choice does not carry over)"
     if check["low"] is not None and check["low"] < limit:
         needed = check.get("units_needed")
         size = (
-            f" (an interval of ±{-limit:.3f} needs about {needed} {check['unit']}; this split has {check['units']})"
+            f" (an interval of ±{-100 * limit:.1f} points needs about {needed} {check['unit']}; this split has {check['units']})"
             if needed
             else ""
         )
