@@ -53,3 +53,13 @@ def test_attention_cells_have_one_precision_per_kind_of_column():
     cells = [_cell("BOS", 0.1796), _cell("EOS", 0.005414), _cell("first half / second half (bins)", 1.103)]
     assert cells == ["0.1796", "0.0054", "1.1030"]
     assert _cell("documents", 40.0) == "40" and _cell("calibrated_share", float("nan")) == "—"
+
+
+def test_encode_reads_its_texts_from_corpus_as_every_command_and_keeps_input():
+    import click
+    import typer
+
+    group = typer.main.get_command(app)
+    encode = group.get_command(click.Context(group), "encode")
+    opts = next(p.opts + p.secondary_opts for p in encode.params if "--corpus" in p.opts)
+    assert opts[:2] == ["--corpus", "-c"] and {"--input", "-i"} <= set(opts)  # the former name still works

@@ -32,6 +32,7 @@ DIFFERENT_DEFAULTS = {
         "retrieval": "results of several benchmarks side by side: ./posfair-results/<benchmark>",
         "sweep": "as retrieval: ./posfair-results/<benchmark>",
     },
+    "--corpus": {"encode": "the file of texts to encode: required"},
     "--langs": {
         "embed": "() = every language of the corpus",
         "audit": "() = none: the audit needs at least one configuration (--langs, --mixed or --language-grid)",
@@ -56,7 +57,7 @@ DIFFERENT_HELP = {
         "tune": "resumes the search",
     },  # fmt: skip
     "--calibration": {"audit": "repeatable: calibrations compared", "retrieval": "repeatable: calibrations compared"},
-    "--corpus": {"embed": "also plain text files and benchmark parts"},
+    "--corpus": {"embed": "also plain text files and benchmark parts", "encode": "a file of texts"},
     "--benchmark": {"tune": "only for --objective retrieval"},
     "--cache": {"encode": "temporary by default"},
 }

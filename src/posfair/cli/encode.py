@@ -37,7 +37,13 @@ def encode(
     input: Annotated[
         Path,
         typer.Option(
-            "--input", "-i", metavar="FILE", help=".txt (one text a line), .jsonl (one record a line) or .parquet."
+            "--corpus",
+            "-c",
+            "--input",
+            "-i",
+            metavar="FILE",
+            help="The texts: .txt (one text a line), .jsonl (one record a line) or .parquet (--input / -i: the "
+            "same option under its former name).",
         ),
     ],
     out: OutFile,
