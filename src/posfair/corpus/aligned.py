@@ -22,6 +22,12 @@ from posfair.errors import PosfairInputError
 from posfair.io import jsonl_records
 
 REQUIRED_FIELDS = ("id", "lang", "text")
+#: what a corpus record is, for the messages that refuse one
+RECORD_FORMAT = (
+    "a corpus holds one record per segment: 'id' (the topic: records sharing an id are the same segment in "
+    "other languages), 'lang' (e.g. en) and 'text', optionally 'title', 'source' (its document family) and 'unit', "
+    'e.g. a .jsonl line {"id": "t1", "lang": "en", "text": "..."}'
+)
 BASE_COLUMNS = ("id", "lang", "text", "title")
 BUNDLED_NAME = "debian_docs.parquet"
 BUNDLED_DEFAULT_UNIT = "section"
@@ -83,13 +89,13 @@ def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame
     if missing:
         names = ", ".join(repr(f) for f in missing)
         raise CorpusError(
-            f"{origin}: missing required field(s) {names}; columns present: {sorted(map(str, df.columns))}"
+            f"{origin}: missing required field(s) {names}; columns present: {sorted(map(str, df.columns))} "
+            f"({RECORD_FORMAT})"
         )
     df = df.reset_index(drop=True)
-    for f in REQUIRED_FIELDS:
-        bad = df.index[df[f].isna()].tolist()
-        if bad:
-            raise CorpusError(f"{origin}: null value in required field {f!r} at {_rows_phrase(bad)}")
+    nulls = [f"{f!r} at {_rows_phrase(bad)}" for f in REQUIRED_FIELDS if (bad := df.index[df[f].isna()].tolist())]
+    if nulls:  # every field's nulls at once, not one field per run
+        raise CorpusError(f"{origin}: null value in required field {'; '.join(nulls)}")
     bad = df.index[~df["text"].map(lambda t: isinstance(t, str))].tolist()
     if bad:
         kinds = sorted({type(df.at[r, "text"]).__name__ for r in bad})
@@ -185,9 +191,15 @@ def _read_source(source: Any, split: str | None) -> tuple[pd.DataFrame, str]:
     if path.is_file():
         kind = _FILE_TYPES.get(path.suffix.lower())
         if kind is None:
+            plain = (
+                " (a file of plain texts, one a line, is what posfair encode / posfair embed read; an audit needs "
+                "its texts aligned by topic and language)"
+                if path.suffix.lower() == ".txt"
+                else ""
+            )
             raise CorpusError(
                 f"{path}: unknown corpus file type {path.suffix or '(no suffix)'!r}; "
-                f"supported: {sorted(_FILE_TYPES)} or a datasets save_to_disk folder"
+                f"supported: {sorted(_FILE_TYPES)} or a datasets save_to_disk folder{plain}; {RECORD_FORMAT}"
             )
         if kind == "parquet":
             return pd.read_parquet(path), str(path)
