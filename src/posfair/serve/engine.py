@@ -1,0 +1,233 @@
+"""What a ``posfair serve`` replica computes, without Ray or HTTP: checked requests in, vectors out.
+
+* :meth:`Engine.embed_many` answers many ``/v1/embeddings`` requests at once (the requests Ray Serve
+  batched together): their texts are pooled per (calibration, prompt), cut into forward passes by
+  :func:`posfair.distributed.worker.encode_shard` -- sorted by token length, each pass within the
+  padded-token budget, exactly as ``posfair embed`` batches a shard -- and handed back per request.
+  A request that cannot be served (a text over the token limit without ``--truncate``, an unknown
+  prompt, a calibration the server does not allow) gets its own error; the others are unaffected.
+* :meth:`Engine.segments` answers ``/v1/segments``: one document given as its segments, joined by
+  :func:`posfair.spans.join_segments`, encoded once (calibrated or stock), each segment's vector the
+  mean of its final token states (:func:`posfair.spans.contextualised_segments`), as posfair's
+  late chunking pools them.
+
+The vectors are ``encode``'s (float32, as the model returns them): the same texts, model, calibration
+and prompt give ``posfair encode``'s vectors, to summation order whatever the batching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from posfair import compat
+from posfair.calibration import STOCK, Calibration
+from posfair.distributed.spec import EmbedSpec
+from posfair.distributed.worker import encode_shard
+from posfair.encoding import PromptedTokenizer
+from posfair.serve.openai_api import ApiError, EmbeddingRequest, bad
+from posfair.spans import contextualised_segments, join_segments, token_segment_index
+
+__all__ = ["Answer", "Engine"]
+
+
+@dataclasses.dataclass
+class Answer:
+    """A replica's answer to one request: vectors and token counts, or an error (status, OpenAI body)."""
+
+    vectors: np.ndarray | None = None
+    tokens: int = 0
+    truncated: int = 0
+    error: dict | None = None
+    status: int = 200
+
+    @classmethod
+    def refused(cls, err: ApiError) -> Answer:
+        return cls(error=err.body(), status=err.status)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    texts: tuple[str, ...]
+    cal: Any  # Calibration or STOCK
+    prompt: str | None  # None: the model's default prompt
+    tokens: np.ndarray  # per text, as encoded (prompt and special tokens included, after truncation)
+    truncated: int
+
+
+def _cal_key(cal: Any) -> str:
+    return "stock" if cal is STOCK else json.dumps(cal.to_dict(), sort_keys=True)
+
+
+class Engine:
+    """A loaded model answering checked requests (see the module's description).
+
+    ``spec`` is what the replica loaded the model from; its ``calibration`` is the server's
+    (None: stock) and its ``max_tokens`` the padded-token budget of a forward pass.  With
+    ``request_calibration`` a request may ask for ``stock``, ``default`` or another spec.
+    """
+
+    def __init__(self, model: Any, spec: EmbedSpec, *, truncate: bool = False, request_calibration: bool = False):
+        self.model, self.spec = model, spec
+        self.truncate, self.request_calibration = truncate, request_calibration
+        self.calibration = spec.calibration_obj
+        self.limit = int(model.max_seq_length)
+        self._lock = threading.Lock()  # one forward pass at a time (the model's calibration override is per block)
+
+    # -- request settings -------------------------------------------------------------------------
+    def calibration_for(self, text: str | None) -> Any:
+        """The calibration a request's ``calibration`` field asks for (None: the server's); 400 when refused."""
+        if text is None:
+            return self.calibration
+        try:
+            cal = STOCK if text.strip().lower() == "stock" else Calibration.parse(text)
+        except ValueError as exc:
+            raise bad(f"'calibration': {exc}", "calibration") from None
+        if cal != self.calibration and not self.request_calibration:
+            raise bad(
+                f"this server encodes with {self.label(self.calibration)} only; it was not started with "
+                "--request-calibration, so a request cannot choose another calibration",
+                "calibration",
+                "calibration_not_allowed",
+            )
+        if cal is not STOCK:
+            try:
+                self.model.transformer_module.resolve(cal)
+            except ValueError as exc:
+                raise bad(f"'calibration' does not fit the model: {exc}", "calibration") from None
+        return cal
+
+    @staticmethod
+    def label(cal: Any) -> str:
+        return "stock" if cal is STOCK else f"calibration {cal.spec()}"
+
+    def prompt_for(self, name: str | None) -> str | None:
+        """The prompt text of ``prompt_name`` (None: the model's default prompt); 400 for an unknown name."""
+        if name is None:
+            return None
+        prompts = dict(getattr(self.model, "prompts", None) or {})
+        if name not in prompts:
+            known = ", ".join(sorted(prompts)) or "none"
+            raise bad(f"'prompt_name' {name!r} is not one of the model's prompts (its prompts: {known})", "prompt_name")
+        return prompts[name]
+
+    def _full_prompt(self, prompt: str | None) -> str:
+        return compat.resolve_prompt(self.model, prompt, None) or ""
+
+    def prepare(self, req: EmbeddingRequest) -> _Prepared:
+        """A request's settings and token counts checked against the model; :class:`ApiError` (400) if refused."""
+        cal = self.calibration_for(req.calibration)
+        prompt = self.prompt_for(req.prompt_name)
+        full = self._full_prompt(prompt)
+        raw = self.model.token_lengths([full + t for t in req.texts])
+        over = np.flatnonzero(raw > self.limit)
+        if len(over) and not self.truncate:
+            raise bad(
+                f"{len(over)} of {len(raw)} inputs are longer than the model's token limit {self.limit} "
+                f"(first: input {int(over[0])}, {int(raw[over[0]])} tokens); shorten them, or start the server "
+                "with --truncate",
+                "input",
+                "context_length_exceeded",
+            )
+        return _Prepared(tuple(req.texts), cal, prompt, np.minimum(raw, self.limit), len(over))
+
+    # -- /v1/embeddings ---------------------------------------------------------------------------
+    def embed_many(self, requests: Sequence[EmbeddingRequest]) -> list[Answer]:
+        """One answer per request; the texts of all the accepted ones share forward passes."""
+        answers: list[Answer | None] = [None] * len(requests)
+        prepared: dict[int, _Prepared] = {}
+        for i, req in enumerate(requests):
+            try:
+                prepared[i] = self.prepare(req)
+            except ApiError as err:
+                answers[i] = Answer.refused(err)
+        groups: dict[tuple[str, str | None], list[int]] = {}
+        for i, p in prepared.items():
+            groups.setdefault((_cal_key(p.cal), p.prompt), []).append(i)
+        for members in groups.values():
+            first = prepared[members[0]]
+            texts = [t for i in members for t in prepared[i].texts]
+            vectors = self.encode(texts, first.cal, first.prompt)
+            start = 0
+            for i in members:
+                p = prepared[i]
+                answers[i] = Answer(vectors[start : start + len(p.texts)], int(p.tokens.sum()), p.truncated)
+                start += len(p.texts)
+        return answers  # type: ignore[return-value]
+
+    def encode(self, texts: list[str], cal: Any, prompt: str | None) -> np.ndarray:
+        """``texts`` encoded as ``posfair embed`` encodes a shard: length-sorted, token-budget batches."""
+        spec = dataclasses.replace(
+            self.spec,
+            calibration=None if cal is STOCK else cal.to_dict(),
+            prompt=prompt,
+            batching="length",
+            batch_size=self.spec.max_tokens,  # the token budget alone bounds a batch
+        )
+        with self._lock, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
+            vectors, _counts = encode_shard(self.model, spec, texts)
+        return vectors
+
+    # -- /v1/segments -----------------------------------------------------------------------------
+    def segments(self, req: EmbeddingRequest) -> Answer:
+        """Late chunking of one document given as its segments (see the module's description)."""
+        try:
+            return self._segments(req)
+        except ApiError as err:
+            return Answer.refused(err)
+
+    def _segments(self, req: EmbeddingRequest) -> Answer:
+        cal = self.calibration_for(req.calibration)
+        prompt = self.prompt_for(req.prompt_name)
+        joined, spans = join_segments(list(req.texts))
+        # sentence-transformers strips a text before tokenising it: the spans follow the stripped document
+        doc = joined.strip()
+        shift = len(joined) - len(joined.lstrip())
+        spans = [(max(a - shift, 0), min(b - shift, len(doc))) for a, b in spans]
+        full = self._full_prompt(prompt)
+        tok = PromptedTokenizer(self.model.tokenizer, full) if full else self.model.tokenizer
+        n = len(tok(doc, add_special_tokens=True, truncation=False)["input_ids"])
+        if n > self.limit and not self.truncate:
+            raise bad(
+                f"the document has {n} tokens, over the model's token limit {self.limit}; shorten it, or start the "
+                "server with --truncate (segments beyond the limit are then refused)",
+                "input",
+                "context_length_exceeded",
+            )
+        enc = tok(
+            [doc],
+            add_special_tokens=True,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            truncation=True,
+            max_length=self.limit,
+        )
+        idx = token_segment_index(enc["offset_mapping"][0], spans, enc["special_tokens_mask"][0])
+        empty = [k for k in range(len(spans)) if not (idx == k).any()]
+        if empty:
+            where = "beyond the token limit" if n > self.limit else "of no token of its own"
+            raise bad(
+                f"{len(empty)} of {len(spans)} segments consist {where} (first: segment {empty[0]}): "
+                "they have no token state to pool",
+                "input",
+            )
+        with self._lock, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kwargs = {"prompt": prompt} if prompt is not None else {}
+            out = self.model.encode(
+                [doc], output_value=None, convert_to_numpy=False, show_progress_bar=False, calibration=cal, **kwargs
+            )[0]
+        valid = out["attention_mask"].bool().cpu().numpy()
+        ids = out["input_ids"].cpu().numpy()[valid]
+        if list(ids) != list(enc["input_ids"][0]):
+            raise ApiError(500, "the model tokenised the document differently from its tokenizer", "server_error")
+        states = out["token_embeddings"].float().cpu().numpy()[valid]
+        vectors = contextualised_segments(states, idx, len(spans)).astype(np.float32)
+        return Answer(vectors, int(len(ids)), int(n > self.limit))

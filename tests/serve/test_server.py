@@ -1,0 +1,351 @@
+"""One real ``posfair serve`` (module scope): the OpenAI client and raw HTTP against it, a killed replica, a clean stop.
+
+The server is the command as a shell runs it (forked by tests/forked.py), on a local Ray instance of its own, one
+replica, serving a seeded tiny BERT saved as a sentence-transformers folder with e5-style prompts (``query: ``,
+``passage: `` the default), calibrated 16,0.5,0.5, with an API key and per-request calibrations.  Every vector is
+checked against ``encode_cached`` of the same texts, model, calibration and prompt in this process.  The last two
+tests kill the replica (SIGKILL, with requests in flight) and stop the server (SIGTERM): they run in file order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from forked import run_forked, server
+from posfair import Calibration
+from posfair.calibration import STOCK
+from posfair.encoding import encode_cached
+from posfair.serve.openai_api import MAX_BODY_BYTES
+from ray_sessions import session_of, session_processes, session_settles, sessions
+
+pytestmark = [
+    pytest.mark.timeout(300, method="thread"),
+    pytest.mark.filterwarnings("ignore::posfair.calibration.coverage.CalibrationFallbackWarning"),
+]
+
+CAL = Calibration.parse("16,0.5,0.5")
+LIMIT = 64
+KEY_VAR, KEY = "POSFAIR_TEST_SERVE_KEY", "test-key-0123"
+SECRET = "zanzibar-quokka-texts-are-never-logged"
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+REPLICA = "ServeReplica:posfair-encoder"  # the encoder replica's process title
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    stopped = False
+
+    def __init__(self, run, url, session, health_seen, model, name):
+        self.run, self.url, self.session, self.health_seen, self.model, self.name = (
+            run, url, session, health_seen, model, name)  # fmt: skip
+
+    def post(self, path: str, payload, key: str | None = KEY, raw: bytes | None = None, timeout: float = 60):
+        """(status, headers, JSON body) of a POST."""
+        data = raw if raw is not None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        return fetch(urllib.request.Request(self.url + path, data=data, headers=headers), timeout)
+
+    def get(self, path: str, key: str | None = KEY):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return fetch(urllib.request.Request(self.url + path, headers=headers), 30)
+
+    def embed(self, texts, **fields):
+        status, _, body = self.post("/v1/embeddings", {"model": self.name, "input": texts, **fields})
+        assert status == 200, body
+        return np.array([d["embedding"] for d in body["data"]], dtype=np.float32), body
+
+
+def fetch(req, timeout):
+    """(status, headers, JSON body or the text of a body that is not JSON)."""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, headers, raw = r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        status, headers, raw = e.code, dict(e.headers), e.read()
+    try:
+        return status, headers, json.loads(raw)
+    except ValueError:
+        return status, headers, raw.decode(errors="replace")
+
+
+def declared_body(srv: Server, length: int) -> tuple[int, dict]:
+    """(status, JSON body) of a POST that declares a body of ``length`` bytes and sends none of it."""
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(
+            f"POST /v1/embeddings HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)
+
+
+def texts_of(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = "calibrated attention spreads the weight of a document evenly over its positions again".split()
+    return [" ".join(rng.choice(words, size=int(rng.integers(2, 40)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tiny_model_path, tmp_path_factory):
+    """The tiny BERT as a sentence-transformers folder with e5's prompts ('passage: ' by default)."""
+    import posfair
+
+    path, pooling = tiny_model_path("bert")
+    model = posfair.load_model(path, pooling=pooling, max_seq_length=LIMIT)
+    model.prompts, model.default_prompt_name = dict(PROMPTS), "passage"
+    out = tmp_path_factory.mktemp("serve") / "tiny-e5"
+    model.save(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_model(model_folder):
+    import posfair
+
+    return posfair.load_model(model_folder, max_seq_length=LIMIT)
+
+
+@pytest.fixture(scope="module")
+def srv(model_folder, local_model, tmp_path_factory):
+    port = free_port()
+    os.environ[KEY_VAR] = KEY
+    args = ["serve", "--model", str(model_folder), "--max-seq-length", str(LIMIT), "--calibration", "16,0.5,0.5",
+            "--port", str(port), "--api-key-env", KEY_VAR, "--request-calibration", "--max-batch-tokens", "256"]  # fmt: skip
+    before = sessions()
+    run = server().start(args, tmp_path_factory.mktemp("serve-cwd"))
+    url, seen, srv = f"http://127.0.0.1:{port}", [], None
+    try:
+        deadline = time.monotonic() + 240
+        while "serving" not in (run.out.read_text() if run.out.exists() else ""):
+            assert time.monotonic() < deadline, "the server did not start in time"
+            err = run.err.read_text() if run.err.exists() else ""
+            assert "error:" not in err, err
+            try:
+                seen.append(fetch(urllib.request.Request(url + "/health"), 10)[0])
+            except OSError:  # not listening yet
+                pass
+            time.sleep(0.3)
+        srv = Server(run, url, session_of(run.pid, before), seen, local_model, str(model_folder))
+        yield srv
+    finally:
+        os.environ.pop(KEY_VAR, None)
+        if srv is None or not srv.stopped:  # the last test stops it itself
+            os.kill(run.pid, signal.SIGTERM)
+            server().wait(run, timeout=120)
+
+
+def test_health_and_models(srv):
+    assert srv.url in srv.run.out.read_text() and "Ctrl-C stops it" in srv.run.out.read_text()
+    assert srv.health_seen[-1] == 200 and set(srv.health_seen) <= {404, 503, 200}, srv.health_seen
+    assert srv.get("/health", key=None)[0] == 200
+    status, _, body = srv.get("/v1/models")
+    assert status == 200 and [m["id"] for m in body["data"]] == [srv.name]
+
+
+def test_openai_client_gets_encodes_vectors_and_usage_whatever_the_batching(srv):
+    """The official client (base64 on the wire, its default) from 8 threads at once: requests batched together
+    by the server; each answer equals encode_cached of its own texts with the server's calibration."""
+    import openai
+
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+    batches = [texts_of(1 + i % 4, seed=i) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda t: client.embeddings.create(model=srv.name, input=t), batches))
+    for texts, ans in zip(batches, answers, strict=True):
+        got = np.array([d.embedding for d in sorted(ans.data, key=lambda d: d.index)], dtype=np.float32)
+        np.testing.assert_allclose(got, encode_cached(srv.model, texts, calibration=CAL), rtol=0, atol=1e-5)
+        lengths = [len(ids) for ids in srv.model.tokenizer(["passage: " + t for t in texts])["input_ids"]]
+        assert ans.usage.prompt_tokens == ans.usage.total_tokens == sum(lengths)
+        assert ans.model == srv.name
+
+
+def test_raw_http_float_and_base64_give_the_same_floats(srv):
+    texts = texts_of(3, seed=11)
+    floats, body = srv.embed(texts)
+    status, _, b64 = srv.post("/v1/embeddings", {"model": srv.name, "input": texts, "encoding_format": "base64"})
+    assert status == 200 and body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1, 2]
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in b64["data"]])
+    np.testing.assert_array_equal(decoded, floats)
+    one, _ = srv.embed(texts[0])  # a string is one input
+    np.testing.assert_allclose(one, floats[:1], rtol=0, atol=1e-5)  # alone: other padding
+
+
+def test_request_calibration_and_prompt_name(srv):
+    texts = texts_of(3, seed=5)
+    stock, _ = srv.embed(texts, calibration="stock")
+    other, _ = srv.embed(texts, calibration="8,1,1")
+    query, _ = srv.embed(texts, prompt_name="query")
+    np.testing.assert_allclose(stock, encode_cached(srv.model, texts, calibration=STOCK), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(
+        other, encode_cached(srv.model, texts, calibration=Calibration.parse("8,1,1")), rtol=0, atol=1e-5
+    )
+    want = encode_cached(srv.model, texts, calibration=CAL, prompt="query: ")
+    np.testing.assert_allclose(query, want, rtol=0, atol=1e-5)
+    assert np.abs(stock - query).max() > 1e-3  # the settings changed the vectors
+
+
+def test_segments_are_late_chunking_of_the_whole_document(srv):
+    """Stock: posfair's LateChunking of the joined document over the segments' spans; calibrated: the mean of
+    the calibrated token states over each segment's tokens, computed here by hand."""
+    from posfair.retrieval.late import LateChunking
+    from posfair.spans import join_segments
+
+    segs = [
+        "The first section of this report talks about calibrated attention in long documents.",
+        "The second one, about positional bias and its repair.",
+        "And a third, short.",
+    ]
+    doc, spans = join_segments(segs)
+    status, _, body = srv.post("/v1/segments", {"model": srv.name, "input": segs, "calibration": "stock"})
+    assert status == 200 and [d["index"] for d in body["data"]] == [0, 1, 2], body
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    want = LateChunking(chunks=8)._compute(srv.model, [doc], [spans])[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # calibrated (the server's calibration): token states of one pass, averaged by hand over each segment's tokens
+    status, _, body = srv.post("/v1/segments", {"model": srv.name, "input": segs})
+    cal_got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    states = srv.model.encode([doc], output_value="token_embeddings", calibration=CAL)[0].numpy()
+    enc = srv.model.tokenizer("passage: " + doc, return_offsets_mapping=True)
+    shift = len("passage: ")
+    for k, (a, b) in enumerate(spans):
+        rows = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s - shift < b and e - shift > a]
+        np.testing.assert_allclose(cal_got[k], states[rows].mean(axis=0), rtol=0, atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == len(enc["input_ids"])
+
+
+def test_bad_requests_get_the_openai_error_shape(srv):
+    name = srv.name
+    cases = [
+        (dict(raw=b'{"model": '), 400, None),
+        (dict(payload={"model": name, "input": 7}), 400, "input"),
+        (dict(payload={"model": name, "input": []}), 400, "input"),
+        (dict(payload={"model": name, "input": ["a"] * 2049}), 400, "input"),
+        (dict(payload={"model": name, "input": ["word " * 100]}), 400, "input"),  # over the 64-token limit
+        (dict(payload={"model": name, "input": "x", "prompt_name": "nope"}), 400, "prompt_name"),
+        (dict(payload={"model": name, "input": "x", "calibration": "16,0.5,0.5,prior=/etc/hosts"}), 400, "calibration"),
+        (dict(payload={"model": name, "input": "x", "calibration": "16,99,1"}), 400, "calibration"),
+        (dict(payload={"model": "bundled", "input": "x"}), 404, "model"),
+        (dict(payload={"model": name, "input": "x"}, key=None), 401, None),
+        (dict(payload={"model": name, "input": "x"}, key="wrong"), 401, None),
+    ]
+    for kwargs, status, param in cases:
+        got, _, body = srv.post("/v1/embeddings", kwargs.pop("payload", None), **kwargs)
+        assert got == status and set(body["error"]) == {"message", "type", "param", "code"}, (kwargs, got, body)
+        assert body["error"]["param"] == param, body
+    assert srv.get("/v1/models", key=None)[0] == 401
+    # a body over the limit is refused on its declared length, before it is read
+    status, body = declared_body(srv, MAX_BODY_BYTES + 1)
+    assert status == 413 and body["error"]["code"] == "request_too_large", body
+    over, _, body = srv.post("/v1/segments", {"model": name, "input": ["word " * 40, "more " * 40]})
+    assert over == 400 and body["error"]["code"] == "context_length_exceeded"
+
+
+def test_no_request_text_is_logged(srv):
+    """A text sent in a request (served, or refused) appears in none of the server's output or Ray's logs."""
+    srv.embed([SECRET + " one"])
+    srv.post("/v1/embeddings", {"model": srv.name, "input": [SECRET + " " * 3, 5]})
+    srv.post("/v1/embeddings", {"model": srv.name, "input": [SECRET + " x" * 100]})
+    time.sleep(1)  # log files flushed
+    found = [p for p in (srv.run.out, srv.run.err) if SECRET in p.read_text(errors="replace")]
+    for p in srv.session.rglob("*"):
+        if p.is_file() and not p.is_symlink() and "sockets" not in p.parts:
+            try:
+                if SECRET.encode() in p.read_bytes():
+                    found.append(p)
+            except OSError:
+                pass
+    assert not found, found
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_killed_replica_gives_503_in_flight_then_a_new_replica_answers(srv):
+    """A request the replica is computing (its CPU time grows) when the replica is killed (SIGKILL) gets 503;
+    Ray Serve starts a new replica and later requests get the right vectors."""
+    (pid_cmd,) = session_processes(srv.session, (REPLICA,))
+    pid = int(pid_cmd.split()[0])
+    texts = texts_of(2, seed=21)
+    want = encode_cached(srv.model, texts, calibration=CAL)
+    big = texts_of(2048, seed=3)  # about 2 s of encoding for the tiny model
+    results: list = []
+    start = cpu_seconds(pid)
+    sender = threading.Thread(
+        target=lambda: results.append(srv.post("/v1/embeddings", {"model": srv.name, "input": big}, timeout=120))
+    )
+    sender.start()
+    deadline = time.monotonic() + 30
+    while cpu_seconds(pid) < start + 0.5 and not results and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not results, "the request ended before the replica could be killed under it"
+    os.kill(pid, signal.SIGKILL)
+    sender.join(150)
+    assert results and results[0][0] == 503, results[:1]
+    assert results[0][2]["error"]["code"] == "service_unavailable"
+    assert srv.get("/health", key=None)[0] == 503  # while the new replica loads the model
+    deadline, statuses = time.monotonic() + 120, []
+    while time.monotonic() < deadline:
+        status, _, body = srv.post("/v1/embeddings", {"model": srv.name, "input": texts}, timeout=120)
+        statuses.append(status)
+        if status == 200:
+            break
+        assert status == 503, body
+        time.sleep(1)
+    assert statuses[-1] == 200, statuses
+    np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), want, rtol=0, atol=1e-5)
+    new = session_processes(srv.session, (REPLICA,))
+    assert len(new) == 1 and int(new[0].split()[0]) != pid
+
+
+def test_sigterm_stops_the_server_and_its_ray_instance(srv):
+    os.kill(srv.run.pid, signal.SIGTERM)
+    srv.stopped = True
+    res = server().wait(srv.run, timeout=120)
+    assert res.returncode == 0 and res.stdout.rstrip().endswith("stopped"), (res.stdout, res.stderr)
+    left = session_settles(srv.session, timeout=60)
+    assert not left, f"the server's Ray instance outlived it: {left}"
+    assert "SIGTERM received" not in res.stderr, res.stderr  # Ray's stack dump is not what stops it
+
+
+def test_bad_options_are_refused_before_anything_loads(tmp_path, model_folder):
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        cases = [
+            (["serve", "--port", str(port)], "--port"),
+            (["serve", "--port", "0"], "--port"),
+            (["serve", "--api-key-env", "POSFAIR_TEST_UNSET_VAR"], "--api-key-env"),
+            (["serve", "--model", str(tmp_path / "missing")], "--model"),
+            (["serve", "--host", "no-such-host.invalid"], "--host"),
+            (["serve", "--calibration", "16,0.5"], "--calibration"),
+        ]
+        for args, option in cases:
+            res = run_forked(args, tmp_path)
+            assert res.returncode == 2 and res.stderr.startswith("error: ") and option in res.stderr, (args, res)
+            assert "starting" not in res.stdout, res.stdout  # refused before the model or Ray
