@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from posfair._stack import user_stacklevel
 from posfair.errors import PosfairInputError, PosfairWriteError
-
 
 #: who is told of each completed write (posfair.run_folder.RunFolder records the files of a run), innermost last
 _WRITE_OBSERVERS: ContextVar[tuple[Callable[[Path], bool], ...]] = ContextVar("posfair_write_observers", default=())
@@ -191,7 +191,7 @@ def check_ids(ids: Sequence[Any], source: str, field: str, lines: Sequence[int] 
             f"{source}: {repeated} of {len(ids)} {field!r} values repeat an earlier one (first: {key!r} at {where(a)} and {where(b)}); "
             "they are copied to the output as they are",
             DuplicateIdWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     return [int(v) if first_kind == "int" else v for v in ids]
 

@@ -27,6 +27,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from posfair import compat, stock_layers
+from posfair._stack import user_stacklevel
 from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibrated_transformer import (
     MODULE_CLASSES,
@@ -49,6 +50,7 @@ from posfair.calibration.coverage import (
     CalibrationFallbackWarning,
     calibration_coverage,
     fallback_warnings_enabled,
+    quiet_fallback,
 )
 from posfair.calibration.params import POOLINGS
 from posfair.compat import Transformer
@@ -272,7 +274,9 @@ class FairModel(SentenceTransformer):
         tmod = self.transformer_module
         calibrated = tmod.default_calibration is not STOCK
         flag_free_folder = calibrated and flag_free(tmod)
-        with stock_module_type(tmod, always=flag_free_folder):
+        # sentence-transformers' model card encodes its own example texts: no calibration warning about texts the
+        # user never gave (quiet_fallback is a context variable: this call only)
+        with stock_module_type(tmod, always=flag_free_folder), quiet_fallback():
             out = super().save(path, *args, **kwargs)
         if calibrated:
             if flag_free_folder:
@@ -386,7 +390,7 @@ class FairModel(SentenceTransformer):
         )
         msg = cov.message()
         if msg:
-            warnings.warn(msg, CalibrationFallbackWarning, stacklevel=stacklevel)
+            warnings.warn(msg, CalibrationFallbackWarning, stacklevel=user_stacklevel())
 
     def encoded_lengths(
         self,
@@ -465,7 +469,7 @@ class FairModel(SentenceTransformer):
             warnings.warn(
                 f"{len(over)} of {len(strs)} texts are longer than max_seq_length={limit} tokens and are truncated "
                 f"(first: text {over[0]}, {lengths[over[0]]} tokens)",
-                stacklevel=stacklevel,
+                stacklevel=user_stacklevel(),
             )
 
     def special_token_count(self) -> int:

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from posfair._stack import user_stacklevel
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json, observing_writes
 
@@ -116,7 +117,7 @@ class RunFolder:
                 f"{self.root}: replacing the results of an earlier {self.command} made from other inputs "
                 f"(changed: {', '.join(self.changed) or 'unknown'}); its files are replaced or removed",
                 RunFolderWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         self.root.mkdir(parents=True, exist_ok=True)
         self._journal = open(self.root / JOURNAL, "a", encoding="utf-8")  # noqa: SIM115 (closed in __exit__)
@@ -255,5 +256,5 @@ class RunFolder:
                 f"({changed}the others not made by posfair or by a version without {MANIFEST}): {shown}; "
                 f"this run's files are listed in {MANIFEST}",
                 RunFolderWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from posfair._stack import user_stacklevel
 from posfair.attention.record import AttentionProfile
 from posfair.calibration.choice import STOCK, Stock, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
@@ -256,7 +257,7 @@ def _calibrated_count(model: FairModel, calibration: Calibration, lengths: np.nd
         warnings.warn(
             f"attention profile {label or calibration.label()}: {coverage.message()}",
             CalibrationFallbackWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     return coverage.calibrated
 

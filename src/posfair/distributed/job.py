@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from posfair import compat
+from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.corpus.texts import read_corpus_texts as read_corpus_texts
@@ -169,7 +170,9 @@ def embed_texts(
         coverage = model.calibration_coverage([t for s in shards for t in s.texts], cal, prompt=spec.prompt)
         share = coverage.share
         if coverage.message() is not None:
-            warnings.warn(f"posfair embed: {coverage.message()}", CalibrationFallbackWarning, stacklevel=2)
+            warnings.warn(
+                f"posfair embed: {coverage.message()}", CalibrationFallbackWarning, stacklevel=user_stacklevel()
+            )
 
     todo: list[Shard] = []
     skipped = 0

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posfair._stack import user_stacklevel
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, process_shard
 from posfair.errors import install_hint
@@ -334,7 +335,7 @@ def _run_with_replacements(ray, spec, ns_dir, shards, on_result, after_shard, fi
             warnings.warn(
                 f"a Ray replica died ({lost}); starting a new pool for the {len(left)} shards left "
                 f"(replacement {replaced} of at most {MAX_POOL_REPLACEMENTS}); finished shards are kept",
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
 
 
@@ -353,7 +354,7 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
         warnings.warn(
             f"Ray has {free.get('CPU', 0):g} CPUs / {free.get('GPU', 0):g} GPUs free for {plan.workers} workers "
             f"needing {short}: the job waits until they are free (another job may hold them)",
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
     registry = _registry_class(ray).remote()
     items = [{"shard": s.id, "keys": list(s.keys), "texts": list(s.texts)} for s in shards]

@@ -31,6 +31,7 @@ import numpy as np
 from sentence_transformers import SentenceTransformer
 
 from posfair import compat
+from posfair._stack import user_stacklevel
 from posfair.distributed.batching import length_aware_batches, padded_tokens
 from posfair.distributed.spec import EmbedSpec
 from posfair.model import FairModel
@@ -82,7 +83,7 @@ def _batches_for(model: FairModel, spec: EmbedSpec, texts: Sequence[str]) -> tup
     if over:
         warnings.warn(
             f"{over} of {len(texts)} texts are longer than max_seq_length={limit} tokens and are truncated",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     if spec.batching == "length":
         return length_aware_batches(lengths, spec.max_tokens, spec.batch_size), lengths

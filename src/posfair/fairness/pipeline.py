@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from posfair import encoding as enc
+from posfair._stack import user_stacklevel
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.corpus import corpus_content_fingerprint
@@ -104,7 +105,7 @@ def audit(
         timings=timings,
     )
     for message in coverage_messages(result.coverage()):
-        warnings.warn(message, CalibrationFallbackWarning, stacklevel=2)
+        warnings.warn(message, CalibrationFallbackWarning, stacklevel=user_stacklevel())
     return result
 
 

@@ -24,6 +24,7 @@ from mteb.types import PromptType
 from sentence_transformers import SentenceTransformer
 
 from posfair import compat
+from posfair._stack import user_stacklevel
 from posfair.calibration import Calibration
 from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
@@ -133,7 +134,9 @@ class PositionalEncoder(SentenceTransformerEncoderWrapper):
             self._calibrated += cov.calibrated
             msg = cov.message()
             if msg:
-                warnings.warn(f"MTEB task {where}, documents: {msg}", CalibrationFallbackWarning, stacklevel=3)
+                warnings.warn(
+                    f"MTEB task {where}, documents: {msg}", CalibrationFallbackWarning, stacklevel=user_stacklevel()
+                )
         return vectors
 
     def encode(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from mteb.results import ModelResult, TaskResult
 
+from posfair._stack import user_stacklevel
 from posfair.errors import PosfairInputError
 from posfair.mteb.subsets import _BIN, _BUCKET, _QUERIES, _SUBSETS, MAIN_SCORE, SPLIT, MissingGroupWarning
 from posfair.mteb.task import PositionalRetrievalTask
@@ -88,7 +89,7 @@ def _warn_missing(task: str, missing: list[str], present: int, declared: int, er
         f"MTEB's results for task {task} have {present} of its {declared} subsets; missing{which} (scored NaN; "
         f"Harm and PSI are over the others){why}",
         MissingGroupWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -110,7 +111,7 @@ def _scores_of(
             warnings.warn(
                 f"MTEB scored fewer queries than task {name} holds in: {', '.join(short)}; those groups' scores are over the scored ones",
                 MissingGroupWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
     relpos = task.grouping == "relpos" if task is not None else any(_BIN in e for e in entries)
     if not relpos:
@@ -172,7 +173,7 @@ def position_scores(results: Any, tasks: Sequence[PositionalRetrievalTask] | Non
     for name in wanted:
         if name not in out:
             why = f" (MTEB reported: {errors[name]})" if name in errors else ""
-            warnings.warn(f"MTEB's results lack task {name}{why}", MissingGroupWarning, stacklevel=2)
+            warnings.warn(f"MTEB's results lack task {name}{why}", MissingGroupWarning, stacklevel=user_stacklevel())
     if not out:
         names = sorted({tr.task_name for tr in found} | set(errors))
         raise PosfairInputError(f"no result of a posfair task among MTEB's results (tasks: {names or 'none'})")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posfair._stack import user_stacklevel
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import N_RELPOS_BINS, POSIR_BUCKETS, relpos_bin
 
@@ -61,7 +62,7 @@ def _group_subsets(b: RetrievalBenchmark) -> tuple[list[_Subset], list[str]]:
                 f"benchmark {b.name!r}: group {label!r} has no queries; MTEB cannot score it, so the task has no subset "
                 f"for it and position_scores reports it as NaN (Harm and PSI are over the other groups)",
                 MissingGroupWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
             continue
         subsets.append(_Subset(name=label, queries=tuple(int(i) for i in idx)))

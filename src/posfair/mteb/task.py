@@ -30,6 +30,7 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.languages import check_language_code
 from mteb.models import SentenceTransformerEncoderWrapper
 
+from posfair._stack import user_stacklevel
 from posfair.calibration import MODEL_DEFAULT
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import metric_name_part
@@ -319,7 +320,7 @@ def tasks(
             f"benchmark {b.name!r}: {padded} of {len(b.corpus_texts)} documents start or end with white space, which MTEB strips "
             f"before encoding; their embeddings may differ from posfair's evaluator",
             UserWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
     digest = benchmark_digest(b)
     source = str(benchmark_or_source) if isinstance(benchmark_or_source, (str, Path)) else f"posfair:{b.name}"

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from posfair._stack import user_stacklevel
 from posfair.calibration import MODEL_DEFAULT, STOCK, Calibration
 from posfair.calibration.choice import Stock
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
@@ -488,7 +489,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
                 f"{b.name}, {self.setting}: calibrated share {share:.3f} of {len(b.corpus_texts)} documents ({what}; "
                 f"documents shorter than one basket of {self.calibration.basket_size} content tokens are encoded stock)",
                 CalibrationFallbackWarning,
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         with progress_tasks(self.show_progress_bar, logger, self.progress) as task:
             # the encoding layer reports distinct texts (each is encoded once)
@@ -520,7 +521,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
                     f"{b.name}, {self.setting}: {dropped} chunks lie beyond the token limit of {model.max_seq_length} tokens "
                     "(truncated passages) or cover no token, and were dropped",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=user_stacklevel(),
                 )
         else:
             ranked = self.retrieve(l2_normalize(q), l2_normalize(d))

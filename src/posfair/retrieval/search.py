@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from posfair._stack import user_stacklevel
 from posfair.encoding import l2_normalize
 
 __all__ = ["exact_topk", "faiss_topk", "search", "streaming_topk", "stored_topk", "FAISS_MAX_BYTES"]
@@ -164,7 +165,7 @@ def stored_topk(
         if use_faiss:
             warnings.warn(
                 f"{rows} x {dim} vectors take more than faiss_max_bytes={faiss_max_bytes}: streaming exact search instead of FAISS",
-                stacklevel=2,
+                stacklevel=user_stacklevel(),
             )
         idx, scores = streaming_topk(queries, namespace.chunks(), k, exclude=redundant)
     return namespace.keys_at(idx), scores

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from posfair._stack import user_stacklevel
 from posfair.errors import PosfairInputError
 from posfair.io import atomic_write_json
 from posfair.store.keyindex import ShardSet, _record, key_hashes, load_index, unchanged
@@ -202,7 +203,7 @@ def scan_namespace(
     if have is None and records:
         warnings.warn(
             f"store {ns_dir} had no readable {MANIFEST}: rebuilt it from the metadata of its {len(records)} shards",
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     if old is not None and not fresh and [r["name"] for r in records] == [r["name"] for r in old.records]:
         shards = ShardSet(ns_dir, old)

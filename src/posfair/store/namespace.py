@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from posfair._stack import user_stacklevel
 from posfair.calibration.choice import Resolved
 from posfair.errors import PosfairReadError
 from posfair.io import atomic_write_json
@@ -102,7 +103,7 @@ def _note_other_code(path: Path, meta: dict[str, Any]) -> None:
             f"{', ...' if len(others) > 3 else ''}): posfair does not reuse them, so if they hold this model's "
             "embeddings (posfair's model fingerprint no longer depends on the model folder's path), these are "
             "computed again; delete those folders to reclaim their space",
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from posfair._stack import user_stacklevel
 from posfair.errors import PosfairReadError
 from posfair.io import atomic_path
 from posfair.store.settings import canonical, run_settings
@@ -309,5 +310,9 @@ def set_aside(
         os.rename(path, target)
     except FileNotFoundError:
         return None
-    warnings.warn(f"damaged {what} {path} ({reason}): moved to {target}; {then}", DamagedShardWarning, stacklevel=2)
+    warnings.warn(
+        f"damaged {what} {path} ({reason}): moved to {target}; {then}",
+        DamagedShardWarning,
+        stacklevel=user_stacklevel(),
+    )
     return target

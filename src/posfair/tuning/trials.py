@@ -64,6 +64,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
@@ -968,7 +969,11 @@ def run_search(
         if result.test_check is not None:
             search.say(result.test_check["verdict"])
             if not result.test_check["holds"]:
-                warnings.warn(f"{result.chosen_label}: {result.test_check['verdict']}", ConstraintWarning, stacklevel=2)
+                warnings.warn(
+                    f"{result.chosen_label}: {result.test_check['verdict']}",
+                    ConstraintWarning,
+                    stacklevel=user_stacklevel(),
+                )
         search.save(result.to_dict())
         search.bar.total = search.bar.n  # the choice may be stock: evaluated on test once
     finally:

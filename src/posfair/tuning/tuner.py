@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from posfair import encoding as enc
+from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, run_tag
@@ -204,7 +205,7 @@ def tune(
             f"tuned model not saved to {save_model}: {result.save_refused} (save_anyway=True / --save-model-anyway "
             "saves it all the same)",
             ConstraintWarning,
-            stacklevel=2,
+            stacklevel=user_stacklevel(),
         )
     elif save_model is not None:
         # saved with the token limit the search encoded at, so that the folder reproduces the tuner's embeddings

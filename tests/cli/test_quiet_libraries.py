@@ -1,0 +1,39 @@
+"""Inside a command, other libraries' progress bars stay off (transformers' "Loading weights" / "Writing model
+shards", datasets' "Map"); with --debug, and after the command, they are as they were (issue 40 item 5)."""
+
+from __future__ import annotations
+
+import sys
+
+import datasets.utils as datasets_tqdm
+import huggingface_hub.utils as hub_utils
+from transformers.utils import logging as transformers_logging
+
+import posfair
+from posfair.cli.errors import one_line_warnings
+
+
+def test_no_weight_loading_bar_inside_a_command(tiny_model_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["posfair", "encode"])
+    monkeypatch.delenv("POSFAIR_DEBUG", raising=False)
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
+    path, pooling = tiny_model_path("bert")
+    assert transformers_logging.is_progress_bar_enabled()
+    hub_before = hub_utils.are_progress_bars_disabled()
+    capsys.readouterr()
+    with one_line_warnings():
+        assert not transformers_logging.is_progress_bar_enabled()
+        assert datasets_tqdm.are_progress_bars_disabled()
+        assert hub_utils.are_progress_bars_disabled() == hub_before  # downloads keep their bars
+        posfair.load_model(path, pooling=pooling)
+    assert "Loading weights" not in capsys.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled() and not datasets_tqdm.are_progress_bars_disabled()
+    posfair.load_model(path, pooling=pooling)  # a library call outside a command: transformers' own bar
+    assert "Loading weights" in capsys.readouterr().err
+
+
+def test_debug_keeps_every_bar(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["posfair", "--debug", "encode"])
+    with one_line_warnings():
+        assert transformers_logging.is_progress_bar_enabled()
+        assert not datasets_tqdm.are_progress_bars_disabled()
