@@ -32,8 +32,16 @@ README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
 
 
-def blocks(lang: str) -> list[str]:
-    return [body for kind, body in FENCE.findall(README.read_text(encoding="utf-8")) if kind == lang]
+#: the README's ``posfair serve`` section: a server command that runs until stopped, then commands and Python blocks
+#: that talk to it; the generic runs below leave it out, test_the_readme_serve_section runs it (run_serve_section)
+SERVE_SECTION = re.compile(r"^<!-- posfair-serve -->\n(.*?)^<!-- /posfair-serve -->", re.M | re.S)
+
+
+def blocks(lang: str, text: str | None = None) -> list[str]:
+    """The ``lang`` blocks of ``text`` (default: the README without its serve section)."""
+    if text is None:
+        text = SERVE_SECTION.sub("", README.read_text(encoding="utf-8"))
+    return [body for kind, body in FENCE.findall(text) if kind == lang]
 
 
 def commands(block: str) -> list[str]:
@@ -311,3 +319,66 @@ def test_a_forked_command_reports_its_exit_code_and_output_and_leaves_this_proce
     assert _forkable("posfair embed --corpus bench --workers 2") == ["embed", "--corpus", "bench", "--workers", "2"]
     assert _forkable("posfair a && b") is None
     assert _forkable(".venv/bin/posfair verify cache") == ["verify", "cache"]
+
+
+def serve_section(text: str) -> tuple[str, list[str], list[str]] | None:
+    """(the serve command, the shell commands after it, the Python blocks) of the serve section of ``text``."""
+    found = SERVE_SECTION.search(text)
+    if found is None:
+        return None
+    cmds = [c for block in blocks("bash", found.group(1)) for c in commands(block)]
+    assert cmds and cmds[0].startswith("posfair serve "), cmds
+    return cmds[0], cmds[1:], blocks("python", found.group(1))
+
+
+def run_serve_section(text: str, folder: Path) -> list[str]:
+    """Start the section's ``posfair serve`` (forked; its port swapped for a free one in every command and block),
+    wait for its URL, run each command (exit 0, an OpenAI answer on stdout) and each Python block against it, stop
+    it with SIGTERM (exit 0, its Ray instance gone); returns the commands' outputs."""
+    import json
+    import signal
+    import socket
+    import time
+
+    serve_cmd, cmds, pys = serve_section(text)
+    args = _forkable(serve_cmd)
+    port = shlex.split(serve_cmd)[shlex.split(serve_cmd).index("--port") + 1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = str(s.getsockname()[1])
+    swap = lambda c: c.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free}")  # noqa: E731
+    args[args.index("--port") + 1] = free
+    before = sessions()
+    run = server().start(args, folder)
+    stopped, outputs = False, []
+    try:
+        deadline = time.monotonic() + 300
+        while f"at http://127.0.0.1:{free} " not in (run.out.read_text() if run.out.exists() else ""):
+            err = run.err.read_text() if run.err.exists() else ""
+            assert time.monotonic() < deadline and "error:" not in err, f"{serve_cmd} did not start: {err[-2000:]}"
+            time.sleep(0.5)
+        session = session_of(run.pid, before)
+        for cmd in cmds:
+            res = _run(swap(cmd), folder)
+            assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+            answer = json.loads(res.stdout)
+            assert answer["object"] == "list" and answer["data"], answer
+            outputs.append(res.stdout)
+        for i, code in enumerate(pys):
+            exec(compile(swap(code), f"README serve block {i + 1}", "exec"), {"__name__": "__readme__"})
+        os.kill(run.pid, signal.SIGTERM)
+        stopped = True
+        res = server().wait(run, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert session is not None and not session_settles(session), "the server's Ray instance outlived it"
+    finally:
+        if not stopped:
+            os.kill(run.pid, signal.SIGTERM)
+            server().wait(run, timeout=120)
+    return outputs
+
+
+@pytest.mark.skipif(serve_section(README.read_text(encoding="utf-8")) is None, reason="the README has no serve section")
+def test_the_readme_serve_section(tmp_path):
+    """The README's ``posfair serve`` section as written: its server, its curl commands and openai block against it."""
+    run_serve_section(README.read_text(encoding="utf-8"), tmp_path)

@@ -113,10 +113,25 @@ def serve(
     checks.check_calibrations(fm, [cal])
     if calibration is None and basket_size is None and layers is None and strength is None:
         cal = fm.resolve_calibration(MODEL_DEFAULT)  # a saved calibrated folder serves its own calibration
-    _serve(fm, model, model_id, cal, STOCK, locals())
+    opts = dict(
+        pooling=pooling,
+        max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        host=host,
+        port=port,
+        replicas=replicas,
+        ray_address=ray_address,
+        truncate=truncate,
+        request_calibration=request_calibration,
+        key=key,
+    )
+    _serve(fm, model, model_id, cal, STOCK, opts)
 
 
-def _serve(fm, model, model_id, cal, stock, opts) -> None:
+def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
+    """Start the server with the checked options ``opts`` (the command's, by name) and serve until stopped."""
     from posfair.distributed.spec import EmbedSpec
     from posfair.serve.deployments import key_digest
     from posfair.serve.runner import ServerSettings, serve_model
