@@ -28,6 +28,10 @@ _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _MODEL_FILES = ("modules.json", "config.json", "adapter_config.json")
 
 
+#: what a refusal of an unreachable hub id offers instead: the models that run offline
+OFFLINE_MODELS = "offline, use 'bundled' (all-MiniLM-L6-v2) or 'bundled:multilingual-e5-small'"
+
+
 class ModelNotFound(PosfairInputError, FileNotFoundError):
     """A model name that names no local folder and no model that can be fetched now.
 
@@ -139,10 +143,13 @@ def check_model_source(
         return "cache"
     offline = "local_files_only" if local_files_only else hub_offline()
     if offline:
-        raise ModelNotFound(name, f"not a local folder, not in the Hugging Face cache, and {offline} is set")
+        raise ModelNotFound(
+            name, f"not a local folder, not in the Hugging Face cache, and {offline} is set; {OFFLINE_MODELS}"
+        )
     why = probe_hub()
     if why is not None:
         raise ModelNotFound(
-            name, f"not a local folder, not in the Hugging Face cache, and the hub is unreachable ({why})"
+            name,
+            f"not a local folder, not in the Hugging Face cache, and the hub is unreachable ({why}); {OFFLINE_MODELS}",
         )
     return "hub"

@@ -116,7 +116,8 @@ MISTAKES = [
     (
         "model-hub-offline",
         "encode -i {t}/in.txt -o {t}/o.npy --model some-org/some-model",
-        "--model some-org/some-model: not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is set",
+        "--model some-org/some-model: not a local folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
+        "offline, use 'bundled' (all-MiniLM-L6-v2) or 'bundled:multilingual-e5-small'",
         {"HF_HUB_OFFLINE": "1"},
     ),
     (
@@ -126,9 +127,8 @@ MISTAKES = [
         {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"},
     ),
     # audit / demo
-    ("audit-no-configuration", "audit -o {t}/out", "give at least one language configuration", None),
-    ("audit-langs-not-a-code", "audit --langs en,e1 -o {t}/out", "--langs en,e1: 'e1' is not a language code", None),
-    ("audit-langs-empty-item", "audit --langs en,,de -o {t}/out", "--langs en,,de: has an empty item", None),
+    ("audit-langs-not-a-code", "audit --langs en,e1 -o {t}/out", "--lang en,e1: 'e1' is not a language code", None),
+    ("audit-langs-empty-item", "audit --langs en,,de -o {t}/out", "--lang en,,de: has an empty item", None),
     ("audit-langs-unknown", "audit --langs en,xx -o {t}/out", "language(s) ['xx'] not in the corpus", None),
     (
         "audit-langs-space-separated",
@@ -269,7 +269,7 @@ MISTAKES = [
     (
         "build-benchmark-budget-langs",
         "build-benchmark --langs en --budget-langs de -o {t}/bench",
-        "--budget-langs de: de not among --langs en",
+        "--budget-langs de: de not among --lang en",
         None,
     ),
     (
@@ -318,14 +318,14 @@ MISTAKES = [
     ),
     (
         "tune-trailing-policy",
-        "tune --trailing-policies basket,flat -o {t}/out",
-        "--trailing-policies basket,flat: must be one of basket, merge, weighted; got 'flat'",
+        "tune --trailing-policies basket,flat -o {t}/out",  # the former name: the option as --help names it
+        "--trailing basket,flat: must be one of basket, merge, weighted; got 'flat'",
         None,
     ),
     (
         "tune-strength-schedule",
-        "tune --strength-schedules flat,steep -o {t}/out",
-        "--strength-schedules flat,steep: must be one of flat, rising, falling; got 'steep'",
+        "tune --schedule flat,steep -o {t}/out",
+        "--schedule flat,steep: must be one of flat, rising, falling; got 'steep'",
         None,
     ),
     (

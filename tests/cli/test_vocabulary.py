@@ -29,15 +29,15 @@ DIFFERENT_DEFAULTS = {
         "encode": "names an output file (.npy / .parquet): required",
         "embed": "names an embedding store: required",
         "estimate-prior": "names the prior's JSON file: required",
-        "retrieval": "results of several benchmarks side by side: ./posfair-results/<benchmark>",
-        "sweep": "as retrieval: ./posfair-results/<benchmark>",
     },
     "--corpus": {"encode": "the file of texts to encode: required"},
-    "--langs": {
-        "embed": "() = every language of the corpus",
-        "audit": "() = none: the audit needs at least one configuration (--langs, --mixed or --language-grid)",
+    "--lang": {
+        "embed": "() = every language of the corpus (with --part: the benchmark's own)",
+        "audit": "() = en when no --mixed / --language-grid is given (they name their own languages)",
+        "retrieval": "one language: the benchmark's queries (None = the benchmark's own)",
+        "sweep": "as retrieval",
+        "tune": "one language: en",
     },
-    "--lang": {"tune": "the tuner's retrieval objective needs one language: en"},
     "--n": {"audit": "the papers' two instances: 3,4 (the others default to 3)"},
     "--baskets": {"tune": "() = the values of --space"},
     "--layer-sets": {"tune": "() = the values of --space"},
@@ -60,6 +60,8 @@ DIFFERENT_HELP = {
     "--corpus": {"embed": "also plain text files and benchmark parts", "encode": "a file of texts"},
     "--benchmark": {"tune": "only for --objective retrieval"},
     "--cache": {"encode": "temporary by default"},
+    "--lang": {"retrieval": "one language", "sweep": "one language", "tune": "one language"},
+    "--docs": {"tune": "says how the tuner splits the sets"},
 }
 
 
@@ -117,4 +119,4 @@ def test_a_results_folder_defaults_to_posfair_command():
     for command, p in options()["--out"].items():
         if command in DIFFERENT_DEFAULTS["--out"]:
             continue
-        assert not p.required and p.default == Path("posfair-" + command.removeprefix("build-")), command
+        assert not p.required and p.default == Path("posfair-" + command), command

@@ -157,7 +157,7 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     run_sweep(model, bench, cals, tmp_path / "resumed", encode_chunk=2)
     got = {p.name: p.read_text() for p in (tmp_path / "resumed").glob("table_*")}
     assert got == expected
-    manifest = json.loads((tmp_path / "resumed" / "sweep.json").read_text())
+    manifest = json.loads((tmp_path / "resumed" / "retrieval.json").read_text())
     with pytest.raises(ValueError, match="different top_k"):
         run_sweep(model, bench, cals, tmp_path / "resumed", top_k=50)
     assert manifest["model"] == model.fingerprint

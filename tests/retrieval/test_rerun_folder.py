@@ -48,7 +48,7 @@ def test_a_benchmark_with_the_same_counts_but_other_qrels_is_not_answered_from_t
     assert fresh.exit_code == 0, fresh.output
     assert _ndcg(tmp_path / "R2") != before  # the change matters: reusing the old figures would have been wrong
     files = json.loads((tmp_path / "R2" / MANIFEST).read_text())["files"]
-    assert "table_groups.csv" in files and "sweep.json" in files
+    assert "table_groups.csv" in files and "retrieval.json" in files
 
 
 def test_a_finished_run_of_another_sweep_is_evaluated_again_not_read(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ def test_the_scope_is_recorded_and_a_sweep_refuses_to_mix_scopes(model, tmp_path
     assert RetrievalResult.from_dict(json.loads(json.dumps(result.to_dict()))).search_scope == "corpus"
     assert PositionalRetrievalEvaluator(bench).evaluate(model).search_scope == "domain"
     run_sweep(model, bench, [], tmp_path / "sweep")
-    assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["search_scope"] == "domain"
+    assert json.loads((tmp_path / "sweep" / "retrieval.json").read_text())["search_scope"] == "domain"
     with pytest.raises(ValueError, match="different search_scope"):
         run_sweep(model, bench, [], tmp_path / "sweep", search_scope="corpus")
     with pytest.raises(ValueError, match="search_scope must be one of domain, corpus; got 'all'"):

@@ -519,7 +519,7 @@ class Calibration:
         if len(head) != 3 or parts[:3] != head:
             raise ValueError(
                 f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5), optionally followed by "
-                f"prior=FILE, self=RHO, special=SHARE or trailing=POLICY, or 'default'; got {spec!r}"
+                f"prior=FILE, self=RHO, special=SHARE, trailing=POLICY or schedule=SCHEDULE, or 'default'; got {spec!r}"
             )
         b, layers_s, a = head
         try:

@@ -143,10 +143,8 @@ def audit(
         )
     if language_grid and not grid_all:
         configs += list(grid_configs(language_grid))
-    if not configs and not grid_all:
-        raise PosfairInputError(
-            "give at least one language configuration: --langs (e.g. en,de) and/or --mixed LEAD:LATER (e.g. de:en)"
-        )
+    if not configs and not grid_all:  # nothing asked: English documents, as attention and estimate-prior
+        configs = [LanguageConfig.mono("en")]
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise PosfairInputError(f"--min-segment-tokens {min_tokens} is above --max-segment-tokens {max_tokens}")
     if family_field is not None and not by_family:

@@ -13,7 +13,7 @@ from posfair.cli.parsers import comma_list, integer, joined, lang_code, name_par
 
 
 def build_benchmark(
-    out: OutFolder = Path("posfair-benchmark"),
+    out: OutFolder = Path("posfair-build-benchmark"),
     corpus: Corpus = None,
     unit: Unit = None,
     sources: Annotated[
@@ -51,7 +51,7 @@ def build_benchmark(
             parser=comma_list(lang_code),
             callback=joined,
             metavar="LANG,...",
-            show_default="all of --langs",
+            show_default="all of --lang",
             help="Languages whose documents must fit --max-doc-tokens, comma-separated.",
         ),
     ] = (),
@@ -70,7 +70,7 @@ def build_benchmark(
     outside = [lang for lang in budget_langs if lang not in langs]
     if outside:
         raise input_error(
-            "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --langs {','.join(langs)}"
+            "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --lang {','.join(langs)}"
         )
     checks.output_folder(out)
     model_id = checks.model_source(model)

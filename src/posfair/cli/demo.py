@@ -78,6 +78,8 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
         kw.update(inference or {})
         settings = AuditSettings(configs=tuple(configs), **kw)
         model = checks.load_model(model_name)
+        # the progress lines below are this part's: say whose (the demo runs two models one after the other)
+        console().print(f"{folder} part: {model.display_name}", highlight=False, markup=False)
         result, paths, seconds = run_audit(
             model,
             df,

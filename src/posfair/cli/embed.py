@@ -14,7 +14,6 @@ from posfair.cli.options import (
     CalibrationOption,
     CorpusOrBenchmark,
     Device,
-    Lang,
     Langs,
     MaxSeqLength,
     Model,
@@ -49,7 +48,6 @@ def embed(
             help="Treat --corpus as a retrieval benchmark (a name such as posir or squad-posq, a hub id or a folder) and embed its documents or queries.",
         ),
     ] = None,
-    lang: Lang = None,
     prompt: Prompt = None,
     pooling: Pooling = None,
     max_seq_length: MaxSeqLength = None,
@@ -119,6 +117,9 @@ def embed(
         raise PosfairInputError(f"--ray-address / --workers run on Ray, which is not installed: {RAY_INSTALL_HINT}")
     if part is not None and corpus is None:
         raise PosfairInputError(f"--part {part} needs --corpus naming a benchmark (a name or a folder)")
+    if part is not None and len(langs) > 1:  # a benchmark's queries are of one language (its documents may differ)
+        raise PosfairInputError(f"--lang {','.join(langs)}: with --part, one language (the benchmark's)")
+    lang = langs[0] if part is not None and langs else None
     checks.output_folder(out)
     cal = checks.calibration(calibration, basket_size, layers, strength)
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)

@@ -56,7 +56,7 @@ DEBUG_HINT = "rerun with --debug for the traceback"
 _PARSER_ERRORS = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
 _UsageError: type[Exception] = _PARSER_ERRORS["UsageError"]
 _ParserException: type[Exception] = _PARSER_ERRORS["ClickException"]
-_LIST_HINT = "a list option takes comma-separated values, e.g. --langs en,de or --n 3,4"
+_LIST_HINT = "a list option takes comma-separated values, e.g. --lang en,de or --n 3,4"
 
 
 def input_error(option: str, value: Any, message: str) -> PosfairInputError:
@@ -251,7 +251,9 @@ class PosfairGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
+        from posfair.cli.aliases import rewrite  # former option names, hidden from --help
+
+        argv = rewrite(sys.argv[1:] if args is None else args)
         debug = _debug_requested(argv)
         try:
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)

@@ -14,8 +14,9 @@ The vocabulary:
 * ``--calibration``: ``default`` or ``BASKET,LAYERS,STRENGTH`` (parsed by
   :meth:`posfair.calibration.params.Calibration.parse` only); repeatable where a
   command compares several.
-* lists (``--langs``, ``--n``, ``--mixed``, ``--domains``, ``--baskets``, ...): comma-separated
-  (``--langs en,de``); repeating the option adds to the list (``--langs en --langs de``).
+* lists (``--lang``, ``--n``, ``--mixed``, ``--domains``, ``--baskets``, ...): comma-separated
+  (``--lang en,de``); repeating the option adds to the list (``--lang en --lang de``).  Former names
+  (``--langs``) still work, hidden from ``--help`` (:mod:`posfair.cli.aliases`).
 * ``--out/-o``, ``--cache``, ``--batch-size``, ``--device``, ``--max-seq-length``,
   ``--seed``, ``--trust-remote-code``, ``--lang``, ``--benchmark/-b``, ...
 
@@ -170,14 +171,14 @@ Strength = Annotated[
     typer.Option(
         "--strength",
         parser=number(0, 1),
-        metavar="ALPHA",
+        metavar="STRENGTH",
         help="Calibration strength in [0, 1] (0 = stock, 1 = full); overrides --calibration's.",
     ),
 ]
 Langs = Annotated[
     list[str],
     typer.Option(
-        "--langs",
+        "--lang",
         parser=comma_list(lang_code),
         callback=joined,
         metavar="LANG,...",
@@ -220,7 +221,6 @@ OutResults = Annotated[
         "--out",
         "-o",
         metavar="FOLDER",
-        show_default="./posfair-results/<benchmark>",
         help="Output folder (created if missing); rerunning resumes from its cache.",
     ),
 ]
@@ -320,8 +320,7 @@ Docs = Annotated[
         "--docs",
         parser=integer(1),
         metavar="N",
-        help="Target documents per instance (each ordering of a segment set is a document; the tuner splits the sets "
-        "into dev and test). The default runs in minutes on a CPU; the papers use ~1,000 (--docs 1000) for tighter intervals.",
+        help="Target documents per instance (each ordering of a segment set is a document). The default runs in minutes on a CPU; the papers use ~1,000 (--docs 1000) for tighter intervals.",
     ),
 ]
 ProfileLayers = Annotated[
@@ -468,7 +467,7 @@ Strengths = Annotated[
         "--strengths",
         parser=comma_list(number(0, 1)),
         callback=joined,
-        metavar="ALPHA,...",
+        metavar="STRENGTH,...",
         help="Calibration strengths in [0, 1], comma-separated (0 = stock: reported as a no-op).",
     ),
 ]

@@ -134,7 +134,7 @@ def mixed_config(value: str) -> str:
         raise _bad(f"takes LEAD:LATER (e.g. de:en); got {value!r}")
     lead, later = (lang_code(p) for p in parts)
     if lead == later:
-        raise _bad(f"{value!r} has the same language twice; use --langs {lead} for a monolingual configuration")
+        raise _bad(f"{value!r} has the same language twice; use --lang {lead} for a monolingual configuration")
     return f"{lead}:{later}"
 
 
@@ -163,7 +163,7 @@ def comma_list(item: Callable[[str], Any]) -> Callable[[Any], list]:
 
 
 def joined(values: Any) -> list:
-    """The items of every occurrence of a list option, in order, repeats dropped: ``--langs en,de --langs fr``."""
+    """The items of every occurrence of a list option, in order, repeats dropped: ``--lang en,de --lang fr``."""
     out: list = []
     for v in values or ():
         for x in v if isinstance(v, (list, tuple)) else (v,):

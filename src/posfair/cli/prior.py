@@ -76,5 +76,5 @@ def estimate_prior_command(
         )
     skipped = f"; {est.skipped} shorter than {bins} content tokens left out" if est.skipped else ""
     con.print(
-        f"{est.documents} documents{skipped}; prior in [bold]{escape(str(out))}[/bold] (use: --calibration B,LAYERS,ALPHA,prior={escape(str(out))})"
+        f"{est.documents} documents{skipped}; prior in [bold]{escape(str(out))}[/bold] (use: --calibration B,LAYERS,STRENGTH,prior={escape(str(out))})"
     )

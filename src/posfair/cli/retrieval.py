@@ -34,8 +34,6 @@ from posfair.cli.options import (
 )
 from posfair.errors import install_hint
 
-RESULTS_ROOT = Path("posfair-results")
-
 
 def query_prompt(text: str) -> str | None:
     """``--query-prompt``: ``auto``, ``none`` or a string in which ``\\n`` and other escapes are read."""
@@ -127,7 +125,6 @@ def run_benchmark(
     calibrations = calibrations() if callable(calibrations) else list(calibrations)
     with naming("--benchmark", benchmark):
         bench = load_benchmark(benchmark, lang=lang, corpus_lang=corpus_lang, domains=list(domains) or None)
-    out = out if out is not None else checks.output_folder(RESULTS_ROOT / bench.name.replace("/", "_"))
     _say_size(bench)
     fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
     checks.check_calibrations(fm, calibrations)
@@ -188,7 +185,7 @@ def retrieval(
     corpus_lang: CorpusLang = None,
     domains: Domains = (),
     query_prompt: QueryPrompt = "auto",
-    out: OutResults = None,
+    out: OutResults = Path("posfair-retrieval"),
     cache: Cache = None,
     batch_size: BatchSize = 32,
     top_k: TopK = 100,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -49,7 +50,7 @@ def sweep(
         typer.Option(
             "--step",
             parser=number(0, 1, low_open=True),
-            metavar="ALPHA",
+            metavar="STRENGTH",
             help="Strength step of the fine sweep (must divide 1).",
         ),
     ] = 0.05,
@@ -60,7 +61,7 @@ def sweep(
     corpus_lang: CorpusLang = None,
     domains: Domains = (),
     query_prompt: QueryPrompt = "auto",
-    out: OutResults = None,
+    out: OutResults = Path("posfair-sweep"),
     cache: Cache = None,
     batch_size: BatchSize = 32,
     top_k: TopK = 100,

@@ -18,7 +18,6 @@ from posfair.cli.options import (
     Cache,
     Corpus,
     Device,
-    Docs,
     Lang,
     LayerSets,
     MaxSeqLength,
@@ -37,6 +36,21 @@ from posfair.cli.parsers import choice, integer, number, special_share
 #: the exit code of a run that finished (its results written) but did not save the model --save-model asked for,
 #: because the chosen setting fails on the held-out test split
 EXIT_NOT_SAVED = 3
+
+
+def fit_space(space, token_limit: int | None):
+    """``space`` without the basket sizes >= ``token_limit`` (a document of at most that many tokens, special
+    tokens included, has fewer content tokens than one such basket: the calibration would change nothing), and
+    those sizes; every size is kept when none would remain."""
+    import dataclasses
+
+    if not token_limit:
+        return space, []
+    kept = tuple(b for b in space.basket_sizes if b < token_limit)
+    dropped = [b for b in space.basket_sizes if b >= token_limit]
+    if not kept or not dropped:
+        return space, []
+    return dataclasses.replace(space, basket_sizes=kept), dropped
 
 
 def tune(
@@ -112,7 +126,7 @@ def tune(
     trailing_policies: Annotated[
         list[str],
         list_option(
-            "--trailing-policies",
+            "--trailing",
             choice(*TRAILING),
             "POLICY,...",
             "What a short last basket gets, tried at every grid point: basket (the papers': as much as a full "
@@ -122,7 +136,7 @@ def tune(
     strength_schedules: Annotated[
         list[str],
         list_option(
-            "--strength-schedules",
+            "--schedule",
             choice(*SCHEDULES),
             "SCHEDULE,...",
             "How the strength is spread over the calibrated layers, tried at every grid point: flat (the papers': "
@@ -140,7 +154,16 @@ def tune(
     ] = 2,
     n: Ns = (3,),
     lang: Lang = "en",
-    docs: Docs = DOCS_DEFAULT,
+    docs: Annotated[
+        int,
+        typer.Option(
+            "--docs",
+            parser=integer(1),
+            metavar="N",
+            help="Target documents per instance (each ordering of a segment set is a document; the tuner splits the "
+            "sets into dev and test). The default runs in minutes on a CPU; the papers use ~1,000 (--docs 1000).",
+        ),
+    ] = DOCS_DEFAULT,
     test_fraction: Annotated[
         float,
         typer.Option(
@@ -207,6 +230,7 @@ def tune(
     from posfair.tuning.outputs import summary_text
     from posfair.tuning.tuner import tune as run_tune
 
+    space_name = space
     base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
     space = SearchSpace(
         basket_sizes=tuple(baskets) or base.basket_sizes,
@@ -248,6 +272,16 @@ def tune(
             n_values=tuple(n), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
         )
     con = console()
+    if not baskets:  # the --space grid: basket sizes no document of this model can fill are left out up front
+        space, dropped = fit_space(space, fm.max_seq_length)
+        if dropped:
+            con.print(
+                f"basket sizes {', '.join(map(str, dropped))} left out of the --space {space_name} grid: at the "
+                f"model's {fm.max_seq_length}-token limit no document has a basket to calibrate (--baskets tries them)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
     t0 = time.perf_counter()
     with data_errors():  # e.g. too few segment sets to split into dev and test
         result = run_tune(

@@ -4,12 +4,12 @@ Layout of a sweep directory::
 
     OUT/
       posfair-run.json        the files of the last run with their SHA-256 (posfair.run_folder)
-      sweep.json              what the results are computed from: the model's fingerprint, the benchmark's
+      retrieval.json          what the results are computed from: the model's fingerprint, the benchmark's
                               content fingerprint (documents, queries, qrels, positions), top_k, the query
                               prompt, the search scope, posfair's result format (checked on resume), settings
       embeddings/             the EmbeddingStore (queries once, documents per setting)
       runs/<setting>.json     one RetrievalResult per setting (written atomically when done), with the
-                              fingerprint of sweep.json's key: read back only by a sweep of the same key
+                              fingerprint of retrieval.json's key: read back only by a sweep of the same key
                               (a calibration that changes no document of the benchmark is
                               recorded with calibrated_share 0 and not evaluated: "no-op")
       table_groups.{csv,md,tex}   Table 1 layout (benchmarks with positional groups)
@@ -210,7 +210,10 @@ def run_sweep(
     state = ["runs", *([store.root] if hasattr(store, "root") else [])]
     results = []
     with RunFolder(out, "retrieval", key, state=state):
+        former = _key_file(out)
         atomic_write_json(out / SWEEP_FILE, manifest)
+        if former.name == FORMER_SWEEP_FILE:  # its content checked above and now in retrieval.json
+            former.unlink(missing_ok=True)
         # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.stock_layers)
         with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
             _stock_pass_if_worth_it(model, evaluators, out)
@@ -236,13 +239,21 @@ def run_sweep(
 
 #: what a sweep's results are computed from besides each setting: a folder holding a sweep of other values is refused
 _SWEEP_KEY = ("model", "max_seq_length", "benchmark", "top_k", "query_prompt", "search_scope", "result_format")
-SWEEP_FILE = "sweep.json"
+SWEEP_FILE = "retrieval.json"
+#: the key file's former name (posfair before issue 40): read when the folder has no retrieval.json, replaced on write
+FORMER_SWEEP_FILE = "sweep.json"
+
+
+def _key_file(out: Path) -> Path:
+    """The folder's key file: retrieval.json, else the former sweep.json of a folder an older posfair wrote."""
+    path = out / SWEEP_FILE
+    return path if path.exists() or not (out / FORMER_SWEEP_FILE).exists() else out / FORMER_SWEEP_FILE
 
 
 def _check_resumable(out: Path, key: dict[str, Any], settings: list[str]) -> list[str]:
     """The settings of the sweep in ``out`` and this one; PosfairInputError naming what differs when ``out``
     holds a sweep made from another model, benchmark content or search (its runs cannot be reused)."""
-    path = out / SWEEP_FILE
+    path = _key_file(out)
     if not path.exists():
         return settings
     try:
