@@ -9,7 +9,8 @@ from __future__ import annotations
 LONG_FIRST = (
     "tests/test_readme.py::TestReadmeChain0",  # the demo, the README's first command: ~4.5 min at one thread
     "tests/distributed/test_ray.py",
-    "tests/test_readme.py",  # the other README chains and blocks
+    "tests/test_readme.py",  # the other README chains and blocks (the serve section's server among them)
+    "tests/serve/test_server.py",  # one real Ray Serve server for the module: ~85 s
     "tests/test_bundled_e5.py",
     "tests/test_faults.py",
 )
