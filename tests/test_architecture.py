@@ -21,6 +21,7 @@ LEVELS = [
         (
             "posfair._post_import",
             "posfair._lazy",
+            "posfair._stack",
             "posfair.io",
             "posfair.run_folder",
             "posfair.compat",
