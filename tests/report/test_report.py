@@ -85,7 +85,7 @@ def test_write_table_is_atomic_and_complete(tmp_path):
 def test_html_table_escapes():
     t = Table("<x>", pd.DataFrame({"a": ["<b>"]}))
     h = to_html(t)
-    assert "<td>&lt;b&gt;</td>" in h and "<caption>&lt;x&gt;</caption>" in h
+    assert "<td>&lt;b&gt;</td>" in h and '<p class="table-title">&lt;x&gt;</p>' in h
     assert "<b>" not in h
 
 
@@ -124,9 +124,15 @@ def test_profile_grid_and_report(tmp_path):
     bars = data.rename(columns={"value": "bar"}).assign(bar=lambda d: 100 + d["x"])
     fig = profile_grid([ProfileSeries("stock", data), ProfileSeries("cal", data.assign(value=data.value + 0.05), linestyle="--")],
                        rows=[2, 3], cols=["en", "de"], bars=bars, row_label=lambda n: f"n = {n}", ylabel="cos", bar_label="tokens")  # fmt: skip
-    assert len(fig.axes) >= 4
+    # the lines drawn are the data's per-position means (over cluster means), each in the panel of its (n, config)
+    panels = [ax for ax in fig.axes if ax.get_lines()]  # the grid's panels, row by row (the bar axes draw no line)
+    for ax, (n, cfg) in zip(panels, [(2, "en"), (2, "de"), (3, "en"), (3, "de")], strict=True):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        cell = data[(data.row == n) & (data.col == cfg)]
+        expected = cell.groupby(["x", "cluster"])["value"].mean().groupby("x").mean()
+        np.testing.assert_allclose(lines["stock"].get_xydata(), np.c_[expected.index, expected.to_numpy()])
+        np.testing.assert_allclose(lines["cal"].get_ydata(), expected.to_numpy() + 0.05)
     png = save_figure(fig, tmp_path / "fig")
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "fig.png").read_bytes() == png
     assert (tmp_path / "fig.pdf").read_bytes()[:4] == b"%PDF"
     sections = [

@@ -126,11 +126,11 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     results = run_sweep(model, bench, cals, tmp_path / "ref", encode_chunk=2)
     expected = {p.name: p.read_text() for p in (tmp_path / "ref").glob("table_*")}
     assert (tmp_path / "ref" / "strength.png").exists()
-    from posfair.report.plots import layout_problems
+    from posfair.report.plots import figure_heading, layout_problems
     from posfair.retrieval.result_tables import strength_figure
 
     fig = strength_figure(results, 16)
-    heading = " ".join(fig._suptitle.get_text().split())
+    heading = figure_heading(fig)
     assert layout_problems(fig) == [] and "baskets of 16 tokens" in heading
     assert results[0].model and results[0].model in heading and f"token limit {model.max_seq_length}" in heading
 

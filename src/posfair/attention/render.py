@@ -36,7 +36,7 @@ from posfair.attention.profile import AttentionProfile
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
-from posfair.report.plots import finish, new_figure, save_figure
+from posfair.report.plots import LEGEND_ONLY, display_labels, finish, new_figure, save_figure
 
 __all__ = [
     "plot_baskets",
@@ -69,19 +69,24 @@ def _colors(profiles: Sequence[AttentionProfile]) -> dict[str, str]:
     return {lab: COLORS[i % len(COLORS)] for i, lab in enumerate(labels)}
 
 
+def _name(p: AttentionProfile) -> str:
+    """The profile's label as the figures name it (:func:`posfair.report.plots.display_labels`: no prior digest)."""
+    return display_labels([p.label]).get(p.label, p.label)
+
+
 def _legend_label(p: AttentionProfile) -> str:
     """The profile's label, marked when its calibration calibrated nothing or only part of the documents."""
     if p.noop:
-        return f"{p.label} — {NOOP_LABEL} (= stock, not drawn)"
+        return f"{_name(p)} — {NOOP_LABEL} (= stock, not drawn)"
     share = p.calibrated_share
     if np.isfinite(share) and share < 1:
-        return f"{p.label} (calibrated share {format_share(share)})"
-    return p.label
+        return f"{_name(p)} (calibrated share {format_share(share)})"
+    return _name(p)
 
 
 def _noop_handle(ax, color, label):
     """A legend-only entry for a profile that is not drawn."""
-    ax.plot([], [], color=color, linestyle="none", marker="x", label=label)
+    ax.plot([], [], color=color, linestyle="none", marker="x", label=label, gid=LEGEND_ONLY)
 
 
 def _band(ax, x, st, color, label):
@@ -135,13 +140,16 @@ def plot_view(
 
 
 def profiles_subtitle(profiles: Sequence[AttentionProfile]) -> str:
-    """What an attention figure is of: the model, and each calibration in words."""
+    """What an attention figure is of: the model, its token limit, the pooling query and the layers averaged
+    (the line under the title), and each calibration in words (the note under the legend)."""
     model = next((p.model for p in profiles if p.model), "")
     limit = next((p.token_limit for p in profiles if p.token_limit), 0)
-    words = {p.label: Calibration.from_dict(p.calibration).describe() for p in profiles if p.calibration}
+    words = {_name(p): Calibration.from_dict(p.calibration).describe() for p in profiles if p.calibration}
     text = "; ".join(f"{label}: {w}" for label, w in words.items()) or "stock only"
-    head = " · ".join(x for x in (model, f"token limit {limit}" if limit else "") if x)
-    return f"{head}\n{text}" if head else text
+    p0 = profiles[0] if profiles else None
+    what = f"{p0.query_label}, layers {', '.join(str(x) for x in p0.layers)} (of 0-{p0.num_layers - 1})" if p0 else ""
+    head = " · ".join(x for x in (model, f"token limit {limit}" if limit else "", what) if x)
+    return f"{head}\n{text}"
 
 
 def _legend_and_title(fig, ax, title: str, profiles: Sequence[AttentionProfile] = ()) -> None:
@@ -215,7 +223,7 @@ def plot_layer_heatmap(
         ax.set_yticks(range(p.num_layers))
         ax.set_yticklabels([f"{layer}{' *' if layer in p.layers else ''}" for layer in range(p.num_layers)], fontsize=7)
         ax.set_xlabel(_XLABEL.get(view, view), fontsize=8)
-        ax.set_title(f"{_title(p)}{p.label}" + (f"\n({NOOP_LABEL} = stock)" if p.noop else ""), fontsize=9)
+        ax.set_title(f"{_title(p)}{_name(p)}" + (f"\n({NOOP_LABEL} = stock)" if p.noop else ""), fontsize=9)
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("layer (* = averaged layer set)", fontsize=8)
     if im is not None:
@@ -231,21 +239,17 @@ def save_attention_figures(
     if not profiles:
         raise ValueError("no attention profiles to plot")
     out = Path(out_dir)
-    p0 = profiles[0]
-    what = f"{p0.query_label}, layers {list(p0.layers)}"
     figs = {
         "attention_baskets": plot_baskets(
-            profiles, max_baskets=max_baskets, title=f"Pooling attention per basket ({what})"
+            profiles, max_baskets=max_baskets, title="Pooling attention per content basket"
         ),
-        "attention_bins": plot_view(profiles, "bin", title=f"Pooling attention by relative position ({what})"),
+        "attention_bins": plot_view(profiles, "bin", title="Pooling attention by relative position"),
         "attention_layers": plot_layer_heatmap(
             profiles, max_cells=max_baskets, title="Mean mass per layer and content basket"
         ),
     }
     if any(p.views["segment"].width for p in profiles):
-        figs["attention_segments"] = plot_view(
-            profiles, "segment", title=f"Pooling attention per segment position ({what})"
-        )
+        figs["attention_segments"] = plot_view(profiles, "segment", title="Pooling attention per segment position")
     return {name: save_figure(fig, out / name) for name, fig in figs.items()}
 
 
@@ -276,7 +280,7 @@ CAPTIONS = {
     "attention_baskets": "Mean attention mass of the pooling query per content basket (95% bands; grey bars: documents reaching the basket); BOS and EOS keys on the left.",
     "attention_bins": "Mean attention mass per relative-position bin of the content keys (95% bands).",
     "attention_layers": "Mean attention mass per layer and content basket (* = layers averaged in the profile).",
-    "attention_segments": "Mean attention mass per segment position (95% bands); compare with the sigma profile.",
+    "attention_segments": "Mean attention mass per segment position (95% bands); compare with the σ profile of the audit.",
 }
 
 

@@ -97,11 +97,35 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
 
 
 _INDEX = """<p>{{ what }}</p><p>Model: <b>{{ model }}</b>. Corpus: the bundled Debian documentation.
-Configurations: {{ configs }}. Audit time: {{ seconds }} s. <a href="{{ href }}">The full report</a>.</p>"""
+Configurations: {{ configs }}. Audit time: {{ seconds }} s. <a href="{{ href }}">The full report</a>.</p>
+{% if numbers %}<ul class="headline">{% for line in numbers %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
+{{ headline | safe }}
+{% if few %}<p class="warning">Few clusters: {{ few }}</p>{% endif %}"""
+
+
+def _headline_numbers(result) -> list[str]:
+    """The part's numbers in words: mean σ profile spread and own-segment recall@n, stock -> each calibration."""
+    if not result.has_fidelity:
+        return []
+    fid = result.fidelity()
+    fid = fid[fid["setting"] == "main"]
+    means = fid.groupby("calibration", sort=False)[["spread", "recall"]].mean()
+    if "stock" not in means.index:
+        return []
+    out = []
+    for cal in (c for c in means.index if c != "stock"):
+        s, c = means.loc["stock"], means.loc[cal]
+        out.append(
+            f"{cal}: σ profile spread (max − min over positions, mean over instances) {s['spread']:.3f} → "
+            f"{c['spread']:.3f}; own-segment recall@n {s['recall']:.3f} → {c['recall']:.3f}"
+        )
+    return out
 
 
 def _write_index(out: Path, parts) -> Path:
+    from posfair.fairness.ols import MARK_LEGEND
     from posfair.report.html import Section, render_string, write_report
+    from posfair.report.tables import Table, to_html
 
     what = {
         "english": "English documents: how much of each position the document embedding keeps.",
@@ -109,7 +133,19 @@ def _write_index(out: Path, parts) -> Path:
     }
     sections = []
     for folder, model, result, _paths, seconds in parts:
-        configs = sorted({f"{cfg} (n={n})" for n, cfg, _ in result.headline_frame().index})
+        hf = result.headline_frame()
+        configs = sorted({f"{cfg} (n={n})" for n, cfg, _ in hf.index})
+        headline = (
+            to_html(
+                Table(
+                    "β_p of σ (position p vs position 1) per instance, stock vs calibrated",
+                    hf,
+                    f"Marks: {MARK_LEGEND}. G: the clusters the marks rest on.",
+                )
+            )
+            if len(hf)
+            else ""
+        )
         html = render_string(
             _INDEX,
             what=what.get(folder, ""),
@@ -117,6 +153,9 @@ def _write_index(out: Path, parts) -> Path:
             configs=", ".join(configs),
             seconds=f"{seconds:.0f}",
             href=f"{folder}/report.html",
+            numbers=_headline_numbers(result),
+            headline=headline,
+            few=result.few_clusters_message(),
         )
         sections.append(Section(f"{folder}: {model}", html))
     return write_report(out / "report.html", "posfair demo", sections, subtitle="stock vs the default calibration")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,8 +27,15 @@ from posfair.fairness.language_report import LANGUAGE_ALT, language_section, sav
 from posfair.fairness.ols import MARK_LEGEND
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
-from posfair.report.plots import ProfileSeries, profile_grid, save_figure, tradeoff_scatter
-from posfair.report.tables import Table, to_html, to_markdown, write_table
+from posfair.report.plots import (
+    ProfileSeries,
+    display_labels,
+    profile_grid,
+    relabel,
+    save_figure,
+    tradeoff_scatter,
+)
+from posfair.report.tables import Table, shared_caption, to_html, to_markdown, write_table
 from posfair.run_folder import RunFolder
 
 if TYPE_CHECKING:
@@ -44,10 +52,37 @@ COLORS = ("#1f4e9c", "#b2182b", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 
 
 # -- figures ---------------------------------------------------------------------------------------
+_MIXED = re.compile(r"^\[(?P<lead>[^,\]]+), (?P<later>[^,\]]+), \.\.\., [^,\]]+\]$")
+
+
+def config_title(config: str, n: int | None = None) -> str:
+    """A language configuration as a figure names it: ``en``; a mixed one (``[de, en, ..., en]``) spelled out for
+    one ``n`` (``[de, en, en]``), or in words where the panel spans several (``de first, then en``)."""
+    m = _MIXED.match(str(config))
+    if not m:
+        return str(config)
+    if n is None:
+        return f"{m['lead']} first, then {m['later']}"
+    return "[" + ", ".join([m["lead"]] + [m["later"]] * (int(n) - 1)) + "]"
+
+
+def _corpus_words(name: str) -> str:
+    return "the bundled corpus (Debian documentation)" if name == "bundled" else f"corpus {name}"
+
+
+def _names(result: AuditResult) -> dict[str, str]:
+    return display_labels([STOCK_LABEL, *(c["label"] for c in result.calibrations)])
+
+
+def _subtitle(result: AuditResult) -> str:
+    return relabel(result.figure_subtitle(), _names(result))
+
+
 def profile_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
     """Mean sigma / tau per position with 95% intervals over segment sets; grid n x config; variants overlaid."""
     obs = result.observations
     rows, cols = sorted(obs["n"].unique()), result.configs
+    names = _names(result)
     series = []
     variants = [(STOCK_LABEL, "main")] + [
         (cal, setting) for cal, s in result.variants if cal != STOCK_LABEL and s == setting
@@ -55,7 +90,7 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
     noop = set(result.noop_calibrations())
     for k, (cal, s) in enumerate(variants):
         d = obs[(obs["calibration"] == cal) & (obs["setting"] == s)]
-        label = cal if s == "main" else f"{cal} (control)"
+        label = names.get(cal, cal) if s == "main" else f"{names.get(cal, cal)} (control)"
         if cal in noop:  # identical to stock: named in the legend, not drawn over the stock line
             label += f" — {NOOP_LABEL}, = stock"
         for m, style in (("sigma", "-"), ("tau", "--")):
@@ -74,16 +109,18 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
                 )
     base = obs[(obs["calibration"] == STOCK_LABEL) & (obs["setting"] == "main")]
     bars = pd.DataFrame({"row": base["n"], "col": base["config"], "x": base["position"], "bar": base["seg_tokens"]})
+    measures = " and ".join(x for m, x in (("sigma", "σ"), ("tau", "τ")) if m in result.measures)
     return profile_grid(
         series,
         rows=rows,
         cols=cols,
         bars=bars,
         row_label=lambda n: f"n = {n}",
+        col_label=config_title,
         ylabel="cosine similarity",
         bar_label="mean tokens",
-        title=title,
-        subtitle=result.figure_subtitle(),
+        title=title or f"{measures} per segment position",
+        subtitle=_subtitle(result),
     )
 
 
@@ -91,10 +128,11 @@ def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "")
     """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
     fid = result.fidelity()
     fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK_LABEL)]
+    names = _names(result)
     points = pd.DataFrame(
         {
-            "panel": [f"n = {n}, {c}" for n, c in zip(fid["n"], fid["config"], strict=True)],
-            "label": fid["calibration"],
+            "panel": [f"n = {n}, {config_title(c, n)}" for n, c in zip(fid["n"], fid["config"], strict=True)],
+            "label": [names.get(c, c) for c in fid["calibration"]],
             "x": fid["spread"],
             "y": fid["recall"],
             "reference": fid["calibration"] == STOCK_LABEL,
@@ -104,14 +142,14 @@ def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "")
         points,
         xlabel="σ profile spread (max - min over positions)",
         ylabel="own-segment recall@n",
-        title=title,
-        subtitle=result.figure_subtitle(),
+        title=title or "What flattening costs: σ spread against own-segment recall",
+        subtitle=_subtitle(result),
     )
 
 
 # -- HTML sections ---------------------------------------------------------------------------------
 _INFERENCE = """\
-{% if inference %}<p class="inference">Inference: {{ inference }}.</p>{% endif %}
+{% if inference %}<p class="inference">Inference: {{ inference.rstrip(".") }}.</p>{% endif %}
 {% if few %}<p class="warning">Few clusters: {{ few }}</p>{% endif %}
 """
 
@@ -129,7 +167,9 @@ _PROFILES = """\
 length in tokens per position; rows: n, columns: language configuration.</p>"""
 
 _TABLES = """\
-{{ inference | safe }}
+{% if common %}<p class="inference">Every table below: {{ common }}</p>
+{% if few %}<p class="warning">Few clusters: {{ few }}</p>{% endif %}
+{% else %}{{ inference | safe }}{% endif %}
 {% for t in tables %}
 {% if t.detail %}<details class="detail"><summary>{{ t.title }}</summary>{{ t.html | safe }}</details>{% else %}{{ t.html | safe }}{% endif %}
 {% endfor %}"""
@@ -138,7 +178,9 @@ _FIDELITY = """\
 <p>A flat σ profile can hide a collapse: if calibration makes every document embedding alike, each document \
 is equally similar to its segments but no more than to anything else. The margin, own-segment recall and \
 drift show what the flattening costs.</p>
-{{ table | safe }}"""
+{{ table | safe }}
+{% if stock_only %}<p>Stock model only: no calibration to set against it, so no trade-off figure (add \
+<code>--calibration default</code> to draw one).</p>{% endif %}"""
 
 _DOCUMENTS = """\
 {{ table | safe }}
@@ -190,12 +232,21 @@ def report_sections(
     )
     fig_section = Section("Profiles", render_string(_PROFILES), figures=[f for f in figures if f.alt != FIDELITY_ALT])
     coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
+    detail = [t.name.endswith("_detail") for t in coef_tables]
+    # the method, inference and marks once above the tables, each table's own words under it
+    common, captions = shared_caption([t.caption for t in coef_tables], among=[not d for d in detail])
+    few = result.few_clusters_message()
     tables = Section(
         "OLS tables",
         render_string(
             _TABLES,
             inference=inference,
-            tables=[dict(detail=t.name.endswith("_detail"), title=t.title, html=to_html(t)) for t in coef_tables],
+            common=common,
+            few=few,
+            tables=[
+                dict(detail=d, title=t.title, html=to_html(t, caption=c))
+                for t, d, c in zip(coef_tables, detail, captions, strict=True)
+            ],
         ),
     )
     fidelity = []
@@ -203,10 +254,15 @@ def report_sections(
         table = to_html(fidelity_table(result.fidelity(), result.model["name"]))
         fidelity = [
             Section(
-                "Fidelity", render_string(_FIDELITY, table=table), figures=[f for f in figures if f.alt == FIDELITY_ALT]
+                "Fidelity",
+                render_string(_FIDELITY, table=table, stock_only=not result.calibrations),
+                figures=[f for f in figures if f.alt == FIDELITY_ALT],
             )
         ]
-    sampling = pd.DataFrame(result.sampling).drop(columns=["notes"], errors="ignore")
+    # the notes print under the table, "instance" repeats n and the configuration, an empty column (no families) goes
+    sampling = pd.DataFrame(result.sampling).drop(columns=["notes", "instance"], errors="ignore")
+    sampling = sampling.drop(columns=[c for c in sampling.columns if (sampling[c].isna() | (sampling[c] == "")).all()])
+    sampling = sampling.rename(columns={"config": "configuration", "limit": "token limit"})
     documents = Section(
         "Documents",
         render_string(
@@ -290,9 +346,10 @@ def _write_result(
         )
         figures.append(FigureRef(png, cap))
     if result.has_fidelity:
+        paths["fidelity"] = atomic_write_text(out / "fidelity.csv", result.fidelity().to_csv(index=False))
+    if result.has_fidelity and result.calibrations:  # stock only: no trade-off to draw (the section says so)
         png = save_figure(fidelity_figure(result), out / "figures" / "fidelity")
         paths["figure:fidelity"] = out / "figures" / "fidelity.png"
-        paths["fidelity"] = atomic_write_text(out / "fidelity.csv", result.fidelity().to_csv(index=False))
         figures.append(
             FigureRef(
                 png,

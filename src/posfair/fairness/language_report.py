@@ -29,7 +29,7 @@ from posfair.fairness.language import (
 from posfair.fairness.ols import MARK_LEGEND
 from posfair.io import atomic_write_text
 from posfair.report.html import FigureRef, Section, render_string
-from posfair.report.plots import heatmaps, save_figure
+from posfair.report.plots import display_labels, heatmaps, relabel, save_figure
 from posfair.report.tables import Table, to_html, write_table
 
 if TYPE_CHECKING:
@@ -81,16 +81,17 @@ def _figure(result: AuditResult, n: int):
     obs = result.observations
     langs = grid_languages(obs)
     panels = []
+    names = display_labels(dict.fromkeys(obs["calibration"]))  # the prior's digest left out (report.plots)
     for cal in dict.fromkeys(obs["calibration"]):
         values, labels = grid_matrices(beta2_grid(result.coefficients, calibration=cal, n=n), langs, clusters=True)
-        panels.append((cal if cal != STOCK_LABEL else "stock", values, labels))
+        panels.append((names[cal] if cal != STOCK_LABEL else "stock", values, labels))
     return heatmaps(
         panels,
         xlabel="later language",
         ylabel="lead language",
         colorbar="β2 of σ",
-        title=f"β2 (position 2 vs 1), n = {n}",
-        subtitle=result.figure_subtitle(),
+        title=f"β2 of σ (position 2 vs 1) per lead and later language, n = {n}",
+        subtitle=relabel(result.figure_subtitle(), names),
     )
 
 

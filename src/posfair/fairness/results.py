@@ -229,7 +229,9 @@ class AuditResult:
         ]
         corpus = self.corpus.get("name") or ""
         limit = f" · token limit {self.model['limit']}" if self.model.get("limit") else ""
-        head = f"{self.model.get('name', '')}{limit}" + (f" · corpus {corpus}" if corpus else "")
+        if corpus:  # "bundled" alone reads as an adjective: the bundled corpus named by what it is
+            corpus = "bundled corpus (Debian documentation)" if corpus == "bundled" else f"corpus {corpus}"
+        head = f"{self.model.get('name', '')}{limit}" + (f" · {corpus}" if corpus else "")
         return head + ("\n" + "; ".join(words) if words else " · stock only")
 
     def inference_text(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ __all__ = [
     "new_figure",
     "finish",
     "layout_problems",
+    "LEGEND_ONLY",
+    "place_label",
+    "figure_heading",
+    "display_labels",
+    "relabel",
 ]
 
 
@@ -79,28 +85,115 @@ def _break_after_slashes(line: str, chars: int) -> list[str]:
     return [*out, line]
 
 
-def finish(fig: Figure, *, title: str = "", subtitle: str = "", handles=None, labels=None, fontsize: float = 8) -> None:
-    """The one layout of every figure: constrained layout, the legend below the panels in as many columns as
-    fit the figure's width, the title and a subtitle (the model, the token limit, the calibrations in words)
-    wrapped to the width above; the figure grows by the room these take, so every text lies inside the canvas
-    and the panels keep their size (:func:`layout_problems` checks)."""
+#: point sizes of a figure's texts: the title above the panels' titles, the subtitle and the note below them
+TITLE_SIZE, PANEL_TITLE_SIZE, SUBTITLE_SIZE, NOTE_SIZE = 10.5, 9.0, 8.0, 7.5
+#: the narrowest figure (inches): a heading wraps to the width, so a one-panel figure gets room for one
+MIN_WIDTH = 6.0
+_PAD = 0.06  # inches between the canvas edge, the heading / note and the panels
+
+
+def finish(
+    fig: Figure, *, title: str = "", subtitle: str = "", note: str = "", handles=None, labels=None, fontsize: float = 8
+) -> None:
+    """The one layout of every figure: a bold title over a one-line subtitle (what the figure is of: the model, the
+    token limit), the panels (constrained layout) with the legend below them in as many columns as fit the
+    width, and a note in small type under the legend (the calibrations in words, the choice, the constraint).
+
+    The subtitle's first line stays under the title; its further lines join ``note``: a long description reads
+    under the figure, as a caption does, instead of pushing the panels down.  The figure is at least
+    :data:`MIN_WIDTH` wide and grows by the room these texts take, so every text lies inside the canvas and the
+    panels keep their size (:func:`layout_problems` checks).  The title is the figure's ``suptitle``;
+    :func:`figure_heading` returns every text of the heading and the note."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig.set_layout_engine("constrained")
+    if fig.get_figwidth() < MIN_WIDTH:
+        fig.set_figwidth(MIN_WIDTH)
     width = fig.get_figwidth()
-    extra = 0.0
-    if handles:
-        longest = max(len(str(label)) for label in labels)
-        col_in = (longest * fontsize * 0.62 + 4 * fontsize) / 72  # text + the line handle and spacing
-        ncol = max(1, min(len(handles), int((width - 0.3) // col_in)))
-        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
-        extra += -(-len(handles) // ncol) * fontsize * 1.5 / 72
-    size = 9 if subtitle else 10
-    heading = "\n".join(
-        x for x in (_wrap(title, width, size) if title else "", _wrap(subtitle, width, size) if subtitle else "") if x
-    )
-    if heading:
-        fig.suptitle(heading, fontsize=size)
-        extra += (heading.count("\n") + 1) * size * 1.35 / 72
-    fig.set_figheight(fig.get_figheight() + extra)
+    lines = subtitle.split("\n")  # an empty first line: no subtitle, only a note
+    subtitle, note = lines[0].strip(), "\n".join([x for x in lines[1:] if x.strip()] + ([note] if note else []))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    legend, legend_h = None, 0.0
+    if handles:  # as many columns as fit the width, measured
+        for ncol in range(len(handles), 0, -1):
+            if legend is not None:
+                legend.remove()
+            legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+            legend.set_in_layout(False)
+            box = legend.get_window_extent(renderer)
+            if box.width / fig.dpi <= width - 0.2:
+                break
+        legend_h = box.height / fig.dpi
+    panel_size = max([PANEL_TITLE_SIZE] + [ax.title.get_fontsize() for ax in fig.axes if ax.get_title()])
+    title_size = max(TITLE_SIZE, panel_size + 1.5)  # the figure's title never smaller than a panel's
+    if not title and subtitle:  # no title: the subtitle heads the figure, in the title's size
+        title, subtitle = subtitle, ""
+    texts = []  # (text, size, weight, colour) from the top
+    if title:
+        texts.append((_wrap(title, width - 0.2, title_size), title_size, "bold", "0.1"))
+    if subtitle:
+        texts.append((_wrap(subtitle, width - 0.2, SUBTITLE_SIZE), SUBTITLE_SIZE, "normal", "0.25"))
+    top = _PAD + sum((t.count("\n") + 1) * size * 1.3 / 72 for t, size, _, _ in texts)
+    note = _wrap(note, width - 0.3, NOTE_SIZE) if note else ""
+    note_h = _PAD + (note.count("\n") + 1) * NOTE_SIZE * 1.3 / 72 if note else 0.0
+    bottom = note_h + legend_h + _PAD
+    height = fig.get_figheight() + top + bottom
+    fig.set_figheight(height)
+    y = 1 - _PAD / height
+    for k, (text, size, weight, colour) in enumerate(texts):
+        kw = dict(fontsize=size, fontweight=weight, color=colour, va="top", ha="center", in_layout=False)
+        if k == 0:
+            fig.suptitle(text, x=0.5, y=y, **kw)
+        else:
+            fig.text(0.5, y, text, **kw)
+        y -= (text.count("\n") + 1) * size * 1.3 / 72 / height
+    if legend is not None:  # under the panels, over the note
+        legend.set_bbox_to_anchor((0.5, (note_h + _PAD / 2) / height), transform=fig.transFigure)
+    if note:
+        fig.text(0.15 / width, _PAD / height, note, fontsize=NOTE_SIZE, color="0.3", va="bottom", ha="left",
+                 in_layout=False)  # fmt: skip
+    # the panels in the band between the heading and the legend: (left, bottom, width, height)
+    fig.get_layout_engine().set(rect=(0, bottom / height, 1, 1 - (top + _PAD / 2 + bottom) / height))
+
+
+def figure_heading(fig: Figure) -> str:
+    """Every figure-level text (the title, the subtitle, the note under the legend) as one line of words, a path
+    broken after a ``/`` joined back: what a test reads to know what the figure says it is of."""
+    texts = [fig._suptitle] if fig._suptitle is not None else []
+    texts += [t for t in fig.texts if t is not fig._suptitle]  # (a suptitle is one of fig.texts too)
+    return " ".join(" ".join(t.get_text().replace("/\n", "/") for t in texts).split())
+
+
+_PRIOR = re.compile(r"-prior\d+x\d+\.[0-9a-f]+")
+_SPECIAL = re.compile(r"-bos1-eos1(?:-bw(?P<bw>[^-\s]+))?(?:-ew(?P<ew>[^-\s]+))?")
+
+
+def _short(label: str) -> str:
+    def special(m: re.Match) -> str:
+        bw, ew = m.group("bw") or "original", m.group("ew") or "equal"
+        return f"-special={bw}" if bw == ew else m.group(0)
+
+    return _SPECIAL.sub(special, _PRIOR.sub("-prior", label))
+
+
+def display_labels(labels) -> dict[str, str]:
+    """A figure's name for each calibration label: the variant as the command line spells it, without the
+    prior's digest (``B16-L0.5-a1-prior20x6.679b15`` -> ``B16-L0.5-a1-prior``, ``-bos1-eos1-eworiginal`` ->
+    ``-special=original``); a label whose short form would name two settings of the figure stays whole."""
+    labels = list(dict.fromkeys(str(x) for x in labels))
+    short = {lab: _short(lab) for lab in labels}
+    counts: dict[str, int] = {}
+    for v in short.values():
+        counts[v] = counts.get(v, 0) + 1
+    return {lab: (v if counts[v] == 1 else lab) for lab, v in short.items()}
+
+
+def relabel(text: str, names: dict[str, str]) -> str:
+    """``text`` with every label of ``names`` replaced by its figure name (longest labels first)."""
+    for lab in sorted(names, key=len, reverse=True):
+        if names[lab] != lab:
+            text = text.replace(lab, names[lab])
+    return text
 
 
 def spread_labels(fig: Figure, tries: int = 12) -> None:
@@ -144,9 +237,24 @@ def spread_labels(fig: Figure, tries: int = 12) -> None:
                 t.set_visible(False)
 
 
+#: the gid of a legend-only artist (a profile that is named but not drawn): no "empty legend entry"
+LEGEND_ONLY = "legend-only"
+#: the most a figure's heading (title and subtitle) may take: lines, and share of the figure's height
+MAX_HEADING_LINES, MAX_HEADING_SHARE = 3, 0.2
+
+
 def layout_problems(fig: Figure) -> list[str]:
-    """What would make the figure hard to read, drawn at its real size: texts outside the canvas, and overlapping
-    titles, axis labels, legend entries and annotations (tick labels are matplotlib's own business)."""
+    """What would make the figure hard to read, drawn at its real size (one line each):
+
+    * ``outside the canvas``: a text cut by the image's edge;
+    * ``overlap``: two texts on each other (titles, axis labels, legend entries, annotations, the heading and
+      the note; a tick label against any of these; tick labels among themselves are matplotlib's business);
+    * ``heading``: a title and subtitle of more than :data:`MAX_HEADING_LINES` lines or more than
+      :data:`MAX_HEADING_SHARE` of the height;
+    * ``clipped marker``: a scatter marker cut by its panel's edge;
+    * ``covers data``: a text on an opaque box (a label such as "chosen: ...") over drawn points or line vertices;
+    * ``empty legend entry``: a legend naming an artist that draws no point.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Annotation, Text
 
@@ -170,17 +278,94 @@ def layout_problems(fig: Figure) -> list[str]:
     problems, boxes = [], []
     for t in texts:
         bb = t.get_window_extent(renderer)
+        patch = t.get_bbox_patch()
+        if patch is not None:  # the box drawn around the text (e.g. a label's white frame) is part of it
+            bb = bb.union([bb, patch.get_window_extent(renderer)])
         if bb.x0 < canvas.x0 - 1 or bb.y0 < canvas.y0 - 1 or bb.x1 > canvas.x1 + 1 or bb.y1 > canvas.y1 + 1:
             problems.append(f"outside the canvas: {t.get_text()!r}")
-        if id(t) not in ticks and (isinstance(t, Annotation) or t.get_text() != ""):
-            boxes.append((t, bb))
+        boxes.append((t, bb))
     cells = {id(t) for ax in fig.axes for t in ax.texts if not isinstance(t, Annotation)}  # heatmap cell values
     for i, (a, ba) in enumerate(boxes):
         for b, bb in boxes[i + 1 :]:
-            if id(a) in cells and id(b) in cells:
+            if (id(a) in cells and id(b) in cells) or (id(a) in ticks and id(b) in ticks):
                 continue
             if ba.overlaps(bb) and ba.intersection(ba, bb).width > 1 and ba.intersection(ba, bb).height > 1:
                 problems.append(f"overlap: {a.get_text()!r} / {b.get_text()!r}")
+    problems += _heading_problems(fig, renderer) + _data_problems(fig, renderer, boxes)
+    return problems
+
+
+def _heading_problems(fig: Figure, renderer) -> list[str]:
+    heading = [fig._suptitle] if fig._suptitle is not None else []
+    heading += [t for t in fig.texts if t is not fig._suptitle]  # (a suptitle is one of fig.texts too)
+    heading = [t for t in heading if t.get_text().strip() and t.get_visible()]
+    heading = [t for t in heading if t.get_va() == "top"]  # the note under the legend is anchored at its bottom
+    if not heading:
+        return []
+    lines = sum(t.get_text().count("\n") + 1 for t in heading)
+    top = max(t.get_window_extent(renderer).y1 for t in heading)
+    share = (top - min(t.get_window_extent(renderer).y0 for t in heading)) / fig.bbox.height
+    if lines > MAX_HEADING_LINES or share > MAX_HEADING_SHARE:
+        return [f"heading: {lines} lines, {share:.0%} of the height"]
+    return []
+
+
+def _data_points(ax) -> np.ndarray:
+    """Display coordinates of every drawn point of ``ax``: scatter offsets and line vertices."""
+    from matplotlib.collections import PathCollection
+
+    pts = [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections
+           if isinstance(c, PathCollection) and c.get_visible() and len(c.get_offsets())]  # fmt: skip
+    for line in ax.get_lines():
+        xy = np.asarray(line.get_xydata(), dtype=float)
+        if line.get_visible() and len(xy) and not line.get_label().startswith("_"):
+            pts.append(line.get_transform().transform(xy))
+    pts = [p[np.isfinite(p).all(axis=1)] for p in pts]
+    return np.concatenate(pts) if pts else np.zeros((0, 2))
+
+
+def _data_problems(fig: Figure, renderer, boxes) -> list[str]:
+    from matplotlib.collections import PathCollection
+
+    problems = []
+    scale = fig.dpi / 72
+    for ax in fig.axes:
+        box = ax.bbox
+        for c in ax.collections:
+            if (
+                not isinstance(c, PathCollection)
+                or not c.get_visible()
+                or not c.get_clip_on()
+                or not len(c.get_offsets())
+            ):
+                continue
+            xy = c.get_offset_transform().transform(c.get_offsets())
+            sizes = np.broadcast_to(np.asarray(c.get_sizes(), dtype=float), (len(xy),))
+            r = np.sqrt(sizes) / 2 * scale  # a marker of size s points² spans about sqrt(s) points
+            inside = (xy[:, 0] - r >= box.x0 - 0.5) & (xy[:, 0] + r <= box.x1 + 0.5)
+            inside &= (xy[:, 1] - r >= box.y0 - 0.5) & (xy[:, 1] + r <= box.y1 + 0.5)
+            visible = (xy[:, 0] >= box.x0) & (xy[:, 0] <= box.x1) & (xy[:, 1] >= box.y0) & (xy[:, 1] <= box.y1)
+            if (visible & ~inside).any():
+                problems.append(f"clipped marker: {c.get_label()!r} at the edge of {ax.get_title()!r}")
+        pts = _data_points(ax)
+        for t, _ in boxes:
+            patch = t.get_bbox_patch()
+            if patch is None or t.axes is not ax or patch.get_facecolor()[3] < 0.5:
+                continue
+            bb = _text_box(t, renderer)
+            hidden = int(((pts[:, 0] > bb.x0) & (pts[:, 0] < bb.x1) & (pts[:, 1] > bb.y0) & (pts[:, 1] < bb.y1)).sum())
+            if hidden:
+                problems.append(f"covers data: {t.get_text()!r} over {hidden} point(s)")
+    drawn = {}
+    for ax in fig.axes:
+        for a in [*(c for c in ax.collections if isinstance(c, PathCollection)), *ax.get_lines()]:
+            n = len(a.get_offsets()) if isinstance(a, PathCollection) else len(np.atleast_1d(a.get_xdata(orig=False)))
+            if not a.get_label().startswith("_"):
+                drawn[a.get_label()] = drawn.get(a.get_label(), 0) + (1 if a.get_gid() == LEGEND_ONLY else n)
+    for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]:
+        for text in legend.get_texts():
+            if drawn.get(text.get_text(), 1) == 0:
+                problems.append(f"empty legend entry: {text.get_text()!r}")
     return problems
 
 
@@ -235,7 +420,9 @@ def profile_grid(
     axes = fig.subplots(nr, nc, squeeze=False, sharey=True)
 
     hidden = {
-        s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x") for s in series if not s.draw
+        s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x", gid=LEGEND_ONLY)
+        for s in series
+        if not s.draw
     }
     series = [s for s in series if s.draw]
     stats = [(s, cluster_mean_ci(s.data)) for s in series]
@@ -316,8 +503,13 @@ def tradeoff_scatter(
     for ax, panel in zip(axes[0], panels, strict=False):  # no points: one empty panel
         d = points[points["panel"] == panel]
         ref = d["reference"].astype(bool)
-        ax.scatter(d.loc[~ref, "x"], d.loc[~ref, "y"], s=22, color="#1f4e9c", alpha=0.8, label="calibrated", zorder=2)
-        ax.scatter(d.loc[ref, "x"], d.loc[ref, "y"], s=140, marker="*", color="black", label="stock", zorder=3)
+        if (~ref).any():  # a stock-only panel names no "calibrated" points it does not draw
+            ax.scatter(
+                d.loc[~ref, "x"], d.loc[~ref, "y"], s=22, color="#1f4e9c", alpha=0.8, label="calibrated", zorder=2
+            )
+        if ref.any():
+            ax.scatter(d.loc[ref, "x"], d.loc[ref, "y"], s=140, marker="*", color="black", label="stock", zorder=3)
+        ax.margins(0.12)  # a marker at the edge of the data is drawn whole
         if "highlight" in d.columns and d["highlight"].astype(bool).any():
             hi = d["highlight"].astype(bool)
             ax.scatter(
@@ -349,8 +541,11 @@ def tradeoff_scatter(
         ax.set_ylabel(ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, lw=0.5)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    finish(fig, title=title, subtitle=subtitle, handles=handles, labels=labels)
+    legend = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(lab, h)
+    finish(fig, title=title, subtitle=subtitle, handles=list(legend.values()), labels=list(legend))
     spread_labels(fig)
     return fig
 
@@ -431,23 +626,22 @@ def front_lines(
         ax.scatter([r["x"]], [r["y"]], s=160, marker="*", color="black", label="stock", zorder=4)
         ax.annotate(str(r["label"]), (r["x"], r["y"]), fontsize=8, xytext=(5, -10), textcoords="offset points")
     hi = points[points["highlight"].astype(bool) & ~ref] if "highlight" in points.columns else points.iloc[0:0]
-    y0, y1 = ax.get_ylim()
-    x0, x1 = ax.get_xlim()
+    chosen = []
     for r in hi.itertuples(index=False):
         ax.scatter([r.x], [r.y], s=190, facecolors="none", edgecolors="#b2182b", linewidths=1.8, zorder=5)
-        dy = -26 if r.y > y0 + 0.8 * (y1 - y0) else 14  # keep the label inside the axes
-        ha = "right" if r.x > x0 + 0.6 * (x1 - x0) else "left"
-        ax.annotate(
-            f"chosen: {r.label}",
-            (r.x, r.y),
-            fontsize=8,
-            xytext=(12 if ha == "left" else -12, dy),
-            textcoords="offset points",
-            ha=ha,
-            zorder=6,
-            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
-            arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8),
+        chosen.append(
+            ax.annotate(
+                f"chosen: {r.label}",
+                (r.x, r.y),
+                fontsize=8,
+                xytext=(12, 14),
+                textcoords="offset points",
+                zorder=6,
+                bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#b2182b", lw=0.8),
+                arrowprops=dict(arrowstyle="-", color="#b2182b", lw=0.8),
+            )
         )
+    ax.margins(0.08)
     if threshold is not None:
         ax.axhline(threshold[0], color="#b2182b", lw=1.0, ls="--", label=threshold[1], zorder=1)
     ax.set_xlabel(xlabel, fontsize=9)
@@ -456,7 +650,47 @@ def front_lines(
     ax.grid(alpha=0.3, lw=0.5)
     handles, labels = ax.get_legend_handles_labels()
     finish(fig, title=title, subtitle=subtitle, handles=handles, labels=labels)
+    for label in chosen:
+        place_label(fig, label)
     return fig
+
+
+def _text_box(t, renderer):
+    """The window extent of a text and the box drawn around it, without an annotation's arrow."""
+    from matplotlib.text import Text
+
+    bb = Text.get_window_extent(t, renderer)
+    patch = t.get_bbox_patch()
+    if patch is not None:
+        t.update_bbox_position_size(renderer)
+        bb = bb.union([bb, patch.get_window_extent(renderer)])
+    return bb
+
+
+def place_label(fig: Figure, label) -> None:
+    """Move an annotation (its text offset from its point) to the place around the point, inside its panel, that
+    hides the fewest drawn points and texts (a box over a front would hide the front)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = label.axes
+    pts = _data_points(ax)
+    others = [t.get_window_extent(renderer) for t in ax.texts if t is not label and t.get_visible()]
+    best = None
+    for k, (dx, dy) in enumerate([(12, 14), (12, -22), (-12, 14), (-12, -22), (24, 30), (24, -38), (-24, 30),
+                                  (-24, -38), (40, 0), (-40, 0), (12, 48), (12, -56), (-12, 48), (-12, -56)]):  # fmt: skip
+        label.set_position((dx, dy))
+        label.set_horizontalalignment("left" if dx >= 0 else "right")
+        bb = _text_box(label, renderer)  # the text and its box, not the thin line to the point
+        outside = not (ax.bbox.x0 <= bb.x0 and bb.x1 <= ax.bbox.x1 and ax.bbox.y0 <= bb.y0 and bb.y1 <= ax.bbox.y1)
+        hidden = int(((pts[:, 0] > bb.x0) & (pts[:, 0] < bb.x1) & (pts[:, 1] > bb.y0) & (pts[:, 1] < bb.y1)).sum())
+        cost = (outside, hidden + sum(bb.overlaps(o) for o in others), k)
+        if best is None or cost < best[0]:
+            best = (cost, (dx, dy))
+    label.set_position(best[1])
+    label.set_horizontalalignment("left" if best[1][0] >= 0 else "right")
 
 
 def save_figure(fig: Figure, path_stem: str | os.PathLike, dpi: int = 130) -> bytes:

@@ -24,7 +24,7 @@ import pandas as pd
 from posfair.io import atomic_write_text
 from posfair.report.html import render_fragment
 
-__all__ = ["Table", "to_markdown", "to_csv", "to_latex", "to_html", "write_table", "latex_escape"]
+__all__ = ["Table", "to_markdown", "to_csv", "to_latex", "to_html", "shared_caption", "write_table", "latex_escape"]
 
 
 @dataclass
@@ -168,12 +168,36 @@ def to_latex(table: Table, label: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_html(table: Table) -> str:
-    """An HTML ``<table>`` fragment (escaped); the first row of each group is marked for a rule."""
+def to_html(table: Table, caption: str | None = None) -> str:
+    """An HTML ``<table>`` fragment (escaped) under its title, in a box that scrolls sideways rather than run past
+    the page; the first row of each group is marked for a rule.  Column names are read by people here:
+    ``topics_available`` is headed "topics available" (the CSV and Markdown keep the names).  ``caption``: what
+    to print under the table instead of the table's own (e.g. its caption less what the page says once)."""
     header, body = table.rows()
     return render_fragment(
-        "table.html.j2", title=table.title, caption=table.caption, header=header, body=body, n_lead=table.n_lead
+        "table.html.j2",
+        title=table.title,
+        caption=table.caption if caption is None else caption,
+        header=[h.replace("_", " ") for h in header],
+        body=body,
+        n_lead=table.n_lead,
     )
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def shared_caption(captions: list[str], among: list[bool] | None = None) -> tuple[str, list[str]]:
+    """The sentences every caption has (said once, above the tables), and each caption without them, in order:
+    a page of tables of one kind need not repeat its 60-word method note under every table.  ``among``: which
+    captions decide what is shared (e.g. the tables shown, not those folded away); every caption loses it."""
+    split = [_SENTENCE_END.split(c.strip()) if c.strip() else [] for c in captions]
+    deciding = [x for x, keep in zip(split, among or [True] * len(split), strict=True) if keep]
+    if len(deciding) < 2 or not all(deciding):
+        return "", list(captions)
+    common = [x for x in deciding[0] if all(x in other for other in deciding[1:])]
+    rest = [" ".join(x for x in sentences if x not in common) for sentences in split]
+    return " ".join(common), rest
 
 
 def write_table(table: Table, directory: str | os.PathLike, stem: str | None = None) -> dict[str, Path]:

@@ -318,14 +318,15 @@ def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
             ax.plot(xs, [100 * (r.groups[g] - stock.groups[g]) for _, r in pts], marker="o", ms=3, label=g)
         ax.plot(xs, [100 * (r.metrics["harm"] - stock.metrics["harm"]) for _, r in pts], "k--", lw=1.5, label="Harm")
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_title(f"{section}, B={basket_size}")
-        ax.set_xlabel("strength")
+        ax.set_title(f"{section}, B={basket_size}", fontsize=9)
+        ax.set_xlabel("strength", fontsize=8)
     axes[0][0].set_ylabel("nDCG@10 change vs stock")
     handles, labels = axes[0][-1].get_legend_handles_labels()
     words = f"baskets of {basket_size} tokens, strength 0 = the stock model"
     head = " · ".join(x for x in (stock.model, f"token limit {stock.token_limit}" if stock.token_limit else "") if x)
-    subtitle = " · ".join(x for x in (head, f"{len(stock.query_ids)} queries", words) if x)
-    finish(fig, title=stock.benchmark, subtitle=subtitle, handles=handles, labels=labels)
+    subtitle = " · ".join(x for x in (head, f"{len(stock.query_ids)} queries") if x) + f"\n{words}"  # words: the note
+    finish(fig, title=f"nDCG@10 change against strength: {stock.benchmark}", subtitle=subtitle, handles=handles,
+           labels=labels)  # fmt: skip
     return fig
 
 

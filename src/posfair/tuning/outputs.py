@@ -11,7 +11,7 @@ from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.io import atomic_write_text
 from posfair.model import FairModel
-from posfair.report.plots import front_lines, save_figure, tradeoff_scatter
+from posfair.report.plots import display_labels, front_lines, relabel, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.objectives import DEV, TEST, format_effect
 from posfair.tuning.trials import TuneResult
@@ -163,10 +163,11 @@ def test_table(result: TuneResult) -> Table:
 
 def tradeoff_figure(result: TuneResult):
     f = result.frame(DEV)
+    names = display_labels(f["label"])
     points = pd.DataFrame(
         {
             "panel": "dev split",
-            "label": f["label"],
+            "label": [names[x] for x in f["label"]],
             "x": f[result.score],
             "y": f[result.guard],
             "reference": f["label"] == "stock",
@@ -177,8 +178,8 @@ def tradeoff_figure(result: TuneResult):
         points,
         xlabel=_NAMES.get(result.score, result.score),
         ylabel=_NAMES.get(result.guard, result.guard),
-        title=f"{result.objective['name']} objective: every setting tried",
-        subtitle=tuning_subtitle(result),
+        title=f"Every setting tried on the dev split ({result.objective['name']} objective)",
+        subtitle=relabel(tuning_subtitle(result), names),
         annotate=True,
         threshold=_feasibility(result),
     )
@@ -192,7 +193,7 @@ def tuning_subtitle(result: TuneResult) -> str:
     )
     choice = "chosen: stock" if result.chosen is STOCK else f"chosen {result.chosen_label}: {result.chosen.describe()}"
     limit = f"{result.guard} at most {result.max_drop:g} below stock (dashed line)"
-    return "\n".join(x for x in (head, f"{choice}; constraint: {limit}") if x)
+    return f"{head}\n{choice}; constraint: {limit}"  # the first line under the title, the second under the legend
 
 
 def _feasibility(result: TuneResult) -> tuple[float, str] | None:
@@ -208,10 +209,11 @@ def fronts_figure(result: TuneResult):
     """The dev-split Pareto front of every variant on one plot, stock starred, the chosen setting labelled."""
     f = result.frame(DEV)
     stock = f["label"] == "stock"
+    names = display_labels(f["label"])
     points = pd.DataFrame(
         {
             "series": f["variant"],
-            "label": f["label"],
+            "label": [names[x] for x in f["label"]],
             "x": f[result.score],
             "y": f[result.guard],
             "on_front": f.get("on_variant_front", f["on_front"]),
@@ -223,8 +225,8 @@ def fronts_figure(result: TuneResult):
         points,
         xlabel=_NAMES.get(result.score, result.score),
         ylabel=_NAMES.get(result.guard, result.guard),
-        title=f"Pareto fronts per calibration variant (dev split, {result.objective['name']} objective)",
-        subtitle=tuning_subtitle(result),
+        title=f"Pareto front of each calibration variant (dev split, {result.objective['name']} objective)",
+        subtitle=relabel(tuning_subtitle(result), names),
         threshold=_feasibility(result),
     )
 

@@ -1,0 +1,135 @@
+"""The audit's report page and figures read by what they show (issue 40): every table inside the page, the method
+note once, titles above the panels in a larger type than theirs, the data drawn equal to the audit's numbers, and
+a stock-only run that draws no trade-off of one point."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+
+from fairness.conftest import tiny_corpus
+from posfair import Calibration
+from posfair.fairness.experiment import AuditSettings
+from posfair.fairness.pipeline import audit
+
+CAL = Calibration(basket_size=4, layers=1.0, strength=1.0)
+SETTINGS = AuditSettings(n_values=(3,), configs=("de:en",), target_docs=18, min_segment_tokens=1, max_segment_tokens=60,
+                         batch_size=8, chunk_size=8)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model, tmp_path_factory):
+    """(calibrated audit, stock-only audit) of a mixed de:en instance of 3 segment sets."""
+    model, corpus = tiny_model("bert-mean"), tiny_corpus(topics=9)
+    cache = tmp_path_factory.mktemp("cache")
+    return audit(model, corpus, SETTINGS, [CAL], cache_dir=cache), audit(model, corpus, SETTINGS, [], cache_dir=cache)
+
+
+def _section(html: str, title: str) -> str:
+    start = html.index(f">{title}</h2>")
+    end = html.find("<h2>", start)
+    return html[start : end if end > 0 else len(html)]
+
+
+def test_the_report_page_keeps_its_tables_inside_and_says_the_method_once(results):
+    from posfair.report.html import render_report
+
+    result = results[0]
+    html = render_report("audit", result.report_sections())
+    # every table in a box that scrolls sideways instead of running past the page; titles above, not in, a table
+    assert html.count('<table class="coef">') == html.count('<div class="scroll"><table class="coef">') > 5
+    assert "<caption>" not in html and "div.scroll { max-width: 100%; overflow-x: auto; }" in html
+    # cells and short headers stay on one line ("max |β|", "B4-L1.0-a1 (control)"); the calibration JSON wraps
+    assert "th.nw, table.coef td { white-space: nowrap; }" in html and "pre { white-space: pre-wrap;" in html
+    assert '<th class="nw">max |β|</th>' in html and f"<td>{CAL.label()} (control)</td>" in html
+    # sampling: the columns named in words, the empty family column left out
+    sampling = _section(html, "Documents")
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", sampling)
+    assert "topics available" in headers and "segments outside window" in headers and "configuration" in headers
+    assert not [h for h in headers if "_" in h] and "family" not in headers
+    # the method, inference and marks (60 words) once above the OLS tables, not under each of them
+    ols = _section(html, "OLS tables")
+    assert ols.count("Inference: CR1 cluster-robust") == 1  # the tables' method note, once above them
+    assert ols.count("Statistical significance") == 1 and ols.count("positional fairness (sigma") >= 2
+
+
+def test_the_profile_figure_draws_the_cluster_means_under_a_title_larger_than_its_panels(results):
+    from posfair.fairness.audit_report import profile_figure
+    from posfair.report.plots import figure_heading, layout_problems
+
+    result = results[0]
+    fig = profile_figure(result)
+    assert layout_problems(fig) == []
+    obs = result.observations
+    drawn = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    for cal in ("stock", CAL.label()):
+        for m, mark in (("sigma", "σ"), ("tau", "τ")):
+            d = obs[(obs.calibration == cal) & (obs.setting == "main")]
+            expected = d.groupby(["position", "set_id"])[m].mean().groupby("position").mean()  # set means, then mean
+            line = drawn[f"{mark} {cal}"]
+            np.testing.assert_allclose(line.get_xdata(), expected.index.to_numpy())
+            np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
+    panel = fig.axes[0]
+    assert panel.get_title() == "de first, then en"  # not "[de, en, ..., en]" over rows of any n
+    assert fig._suptitle.get_fontsize() > max(ax.title.get_fontsize() for ax in fig.axes if ax.get_title())
+    heading_lines = sum(t.get_text().count("\n") + 1 for t in fig.texts if t.get_va() == "top")
+    assert heading_lines <= 3, figure_heading(fig)
+    bundled = copy.copy(result)
+    bundled.corpus = {**result.corpus, "name": "bundled"}
+    assert "bundled corpus (Debian documentation)" in figure_heading(profile_figure(bundled))
+
+
+def test_the_fidelity_figure_draws_each_variants_spread_and_recall(results):
+    from matplotlib.collections import PathCollection
+
+    from posfair.fairness.audit_report import fidelity_figure
+    from posfair.report.plots import layout_problems
+
+    result = results[0]
+    fig = fidelity_figure(result)
+    assert layout_problems(fig) == []
+    (ax,) = fig.axes
+    assert ax.get_title() == "n = 3, [de, en, en]"
+    points = {c.get_label(): c.get_offsets() for c in ax.collections if isinstance(c, PathCollection)}
+    obs = result.observations
+    for cal, label in (("stock", "stock"), (CAL.label(), "calibrated")):
+        d = obs[(obs.calibration == cal) & (obs.setting == "main")]
+        means = d.groupby("position")["sigma"].mean()
+        recall = d.drop_duplicates("doc_id")["recall"].mean()
+        np.testing.assert_allclose(points[label], [[means.max() - means.min(), recall]])
+
+
+def test_a_stock_only_audit_draws_no_trade_off_and_says_why(results, tmp_path):
+    from posfair.fairness.audit_report import fidelity_figure
+    from posfair.report.plots import layout_problems
+
+    stock_only = results[1]
+    fig = fidelity_figure(stock_only)
+    assert layout_problems(fig) == []
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert legend == ["stock"]  # no "calibrated" entry without points
+    paths = stock_only.save(tmp_path / "out")
+    assert not (tmp_path / "out" / "figures" / "fidelity.png").exists() and "figure:fidelity" not in paths
+    assert "Stock model only: no calibration to set against it" in paths["report"].read_text()
+    assert (tmp_path / "out" / "fidelity.csv").is_file()
+
+
+def test_the_demo_index_gives_each_parts_headline_numbers(results, tmp_path):
+    from posfair.cli.demo import _write_index
+
+    result = results[0]
+    index = _write_index(tmp_path, [("english", "tiny", result, {}, 12.0)]).read_text()
+    obs = result.observations
+    for cal in ("stock", CAL.label()):
+        d = obs[(obs.calibration == cal) & (obs.setting == "main")]
+        means = d.groupby("position")["sigma"].mean()
+        assert f"{means.max() - means.min():.3f}" in index  # the σ profile spread
+        assert f"{d.drop_duplicates('doc_id')['recall'].mean():.3f}" in index  # own-segment recall@n
+    coefs = result.coefficients
+    beta2 = coefs[(coefs.measure == "sigma") & (coefs.setting == "main") & (coefs.position == 2)]
+    for estimate in beta2["estimate"]:
+        assert f"{estimate:.3f}" in index.replace("−", "-")
+    assert 'href="english/report.html"' in index
