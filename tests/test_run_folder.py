@@ -161,3 +161,22 @@ def test_a_store_that_is_the_folder_itself_makes_everything_state(tmp_path):
             pass
     assert rf.removed == [] and (tmp_path / "ns" / "part-1.arrow").exists()
     assert json.loads((tmp_path / MANIFEST).read_text())["files"] == {}
+
+
+def test_the_corpus_fingerprint_reads_content_with_missing_values():
+    import numpy as np
+    import pandas as pd
+
+    from posfair.corpus import corpus_content_fingerprint
+
+    a = pd.DataFrame({"id": ["t1", "t2"], "lang": ["en", "en"], "text": ["x", "y"], "title": ["T", None]})
+    b = a.copy()
+    b.loc[1, "title"] = np.nan
+    assert corpus_content_fingerprint(a) == corpus_content_fingerprint(b)  # one missing value, however spelled
+    assert corpus_content_fingerprint(a) == corpus_content_fingerprint(a.iloc[::-1])  # row order is not content
+    c = a.copy()
+    c.loc[1, "title"] = "None"
+    assert corpus_content_fingerprint(c) != corpus_content_fingerprint(a)  # the text "None" is not a missing title
+    d = a.copy()
+    d.loc[0, "text"] = "x "
+    assert corpus_content_fingerprint(d) != corpus_content_fingerprint(a)

@@ -64,12 +64,20 @@ def corpus_content_fingerprint(corpus: pd.DataFrame) -> str:
     h.update(json.dumps(cols).encode("utf-8"))
     order = [c for c in ("lang", "id") if c in corpus.columns]
     rows = corpus.sort_values(order, kind="stable") if order else corpus
-    for row in rows[cols].astype(str).itertuples(index=False):
+    for row in rows[cols].itertuples(index=False):
         for v in row:
-            h.update(v.encode("utf-8"))
+            # a missing value (None, NaN, pd.NA: pandas' str columns keep NaN through astype(str)) is one token
+            h.update(b"\x02" if _missing(v) else str(v).encode("utf-8"))
             h.update(b"\x00")
         h.update(b"\x01")
     return h.hexdigest()[:20]
+
+
+def _missing(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or an array: not a missing scalar
+        return False
 
 
 def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame:
