@@ -301,7 +301,7 @@ MISTAKES = [
     (
         "audit-clusters",
         "audit --clusters bogus -o {t}/out",
-        "--clusters bogus: must be one of set+topic, set, component",
+        "--clusters bogus: must be one of conservative, set+topic, set, component",
         None,
     ),
     (

@@ -54,7 +54,7 @@ def test_two_way_cr1_against_pyfixest_statsmodels_and_the_formula(seed):
     d = _reused(seed)
     st = cluster_structure(d["set"], d["topic"], "set+topic")
     assert st.shared_topics > 0 and st.codes.ndim == 2  # the data really reuse topics
-    fit = _quiet(d["y"], d["position"], d["set"], n=3, topics=d["topic"])
+    fit = _quiet(d["y"], d["position"], d["set"], n=3, topics=d["topic"], inference=Inference(clusters="set+topic"))
     X = position_design(d["position"].to_numpy(), 3)
     y = d["y"].to_numpy()
     u = y - X @ fit.params
@@ -92,7 +92,7 @@ def test_disjoint_sets_two_way_is_exactly_one_way():
     d = _reused(5, sets=4, topics=12, n=3)
     # make the sets disjoint: topics renamed per set
     d["topic"] = d["set"] + "/" + d["topic"]
-    two = _quiet(d["y"], d["position"], d["set"], n=3, topics=d["topic"])
+    two = _quiet(d["y"], d["position"], d["set"], n=3, topics=d["topic"], inference=Inference(clusters="set+topic"))
     one = _quiet(d["y"], d["position"], d["set"], n=3, topics=d["topic"], inference=Inference(clusters="set"))
     np.testing.assert_array_equal(two.bse, one.bse)
     np.testing.assert_array_equal(two.pvalues, one.pvalues)

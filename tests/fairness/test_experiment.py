@@ -169,7 +169,8 @@ def test_coefficients_match_observations(result):
         cov_type="cluster", cov_kwds={"groups": g["set_id"].astype("category").cat.codes}, use_t=True
     )
     assert b2["se"] == pytest.approx(ref.bse[1], rel=1e-10) and b2["p"] == pytest.approx(ref.pvalues[1], rel=1e-8)
-    assert b2["inference"] == "CR1 set+topic t(G-1)" and b2["cluster_by"].startswith("set+topic (")
+    # the default, conservative: no topic in two sets here, so the sets (and it says so)
+    assert b2["inference"] == "CR1 conservative t(G-1)" and b2["cluster_by"].startswith("sets (")
     assert result.settings["inference"] == "cluster" and result.settings["bootstrap_weights"] == "webb"
     t = result.tables()[0]
     assert list(t.frame.columns) == ["en", "[de, en, ..., en]"]

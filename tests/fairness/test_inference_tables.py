@@ -44,7 +44,7 @@ def obs():
 def _fit_quiet(obs, inference=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FewClustersWarning)
-        return fit_all(obs, ["sigma"], inference)
+        return fit_all(obs, ["sigma"], inference or Inference(clusters="set+topic"))
 
 
 def test_fit_all_matches_statsmodels_and_reports_g(obs):
@@ -91,7 +91,7 @@ def test_tables_show_g_inference_se_p(obs):
         f" {hit['mark']}" if hit["mark"] else ""
     )
     d = coefficient_detail_table(coefs, **kw)
-    assert list(d.frame.columns) == ["estimate", "SE", "t", "p", "mark", "G", "inference"]
+    assert list(d.frame.columns) == ["estimate", "SE", "t", "p", "mark", "G", "clusters", "inference"]
     row = d.frame.loc[(4, "en", "β2 (2 vs. 1)")]
     assert row["G"] == "6" and row["inference"] == "CR1 set+topic t(G-1)"
     assert float(row["p"]) == pytest.approx(hit["p"], rel=5e-3)  # 3 significant digits
@@ -101,7 +101,7 @@ def test_tables_show_g_inference_se_p(obs):
 
 
 def test_wild_inference_in_tables(obs):
-    inf = Inference("wild", draws=199, weights="webb", seed=2)
+    inf = Inference("wild", draws=199, weights="webb", seed=2, clusters="set+topic")
     coefs = _fit_quiet(obs[obs["n"] == 4], inf)
     assert set(coefs["inference"]) == {"wild WCR11 set+topic webb B=199 seed=2"}
     assert (coefs["p"] >= 1 / 200).all()
@@ -114,7 +114,8 @@ def test_report_and_headline_carry_g_and_warning(obs, tmp_path):
     result = AuditResult(model={"name": "m"}, corpus={"name": "c"}, settings={"inference": "cluster"}, calibrations=[],
                          observations=obs, coefficients=coefs, sampling=[])  # fmt: skip
     hf = result.headline_frame()
-    assert hf.loc[(4, "en", "beta_2"), "G"] == 6 and hf.loc[(3, "en", "beta_2"), "G"] == 24
+    # G and what a cluster is (set+topic asked for: two-way, which equals the sets here)
+    assert hf.loc[(4, "en", "beta_2"), "G"] == "6 two-way" and hf.loc[(3, "en", "beta_2"), "G"] == "24 two-way"
     html = render_report("t", result.report_sections([]))
     assert '<p class="warning">Few clusters: 2 of 4 instances rest on fewer than 20 clusters' in html
     assert "Student&#x27;s t with G-1 degrees of freedom" in html or "Student's t with G-1 degrees of freedom" in html

@@ -178,9 +178,61 @@ def test_report_has_the_language_section(result, tmp_path):
     assert "The margin subtracts" in (tmp_path / "out" / "tables" / "language_effects_margin_n3.md").read_text()
 
 
+def _components(sets, topics) -> np.ndarray:
+    """Connected components of the set-topic graph by breadth-first search (independent of posfair's union-find)."""
+    edges: dict[str, set[str]] = {}
+    for s, t in zip(sets, topics, strict=True):
+        edges.setdefault(f"s:{s}", set()).add(f"t:{t}")
+        edges.setdefault(f"t:{t}", set()).add(f"s:{s}")
+    label: dict[str, int] = {}
+    for start in sorted(edges):
+        if start in label:
+            continue
+        label[start], queue = len(set(label.values())), [start]
+        while queue:
+            for nxt in edges[queue.pop()]:
+                if nxt not in label:
+                    label[nxt] = label[start]
+                    queue.append(nxt)
+    return np.array([label[f"s:{s}"] for s in sets])
+
+
+def test_pooled_language_regression_default_is_the_wider_of_two_way_and_components(result):
+    """Two 'families' (the grid and a copy with its own sets and topics, other noise): the sets form 2 components; per
+    term the default takes the wider 95 % interval of statsmodels' two-way and component fits and names it."""
+    obs = result.observations
+    rng = np.random.default_rng(0)
+    copy = obs.assign(set_id=obs["set_id"] + "#b", topic=obs["topic"] + "#b", doc_id=obs["doc_id"].astype(str) + "#b")
+    copy["sigma"] = copy["sigma"] + rng.normal(0, 0.02, len(copy))
+    both = pd.concat([obs.assign(doc_id=obs["doc_id"].astype(str)), copy], ignore_index=True)
+    fit = fit_language_ols(both, n=3)  # the default
+    assert fit.inference == "CR1 conservative t(G-1)"
+    two, g = _direct_fit(both, "stock", False)
+    comp = _components(g["set_id"], g["topic"])
+    assert len(set(comp)) == 2
+    by_comp = _direct_fit(both, "stock", False, clusters="set")[0].model.fit(
+        cov_type="cluster", cov_kwds={"groups": comp}, use_t=True
+    )
+    G_two = min(g["set_id"].nunique(), g["topic"].nunique())
+    names = {f"later:{lang}": f"C(lang, Treatment('en'))[T.{lang}]" for lang in ("de", "fr")}
+    se_two = pd.Series(_psd_se(two), index=two.params.index)
+    for k, name in enumerate(fit.names):
+        if name not in names:
+            continue
+        i = names[name]
+        widths = {"two": stats.t.ppf(0.975, G_two - 1) * se_two[i], "comp": stats.t.ppf(0.975, 1) * by_comp.bse[i]}
+        use = "comp" if widths["comp"] >= widths["two"] else "two"
+        se, G = (by_comp.bse[i], 2) if use == "comp" else (se_two[i], G_two)
+        assert fit.bse[k] == pytest.approx(se, rel=1e-8) and fit.G[k] == G
+        assert fit.pvalues[k] == pytest.approx(2 * stats.t.sf(abs(fit.params[k] / se), G - 1), rel=1e-6)
+        assert fit.clusters_used[k].startswith("components (2 of" if use == "comp" else "set+topic (")
+    frame = fit.to_frame()
+    assert frame["cluster_by"].tolist() == list(fit.clusters_used) and frame["clusters"].tolist() == list(fit.G)
+
+
 def test_monolingual_instances_only_leave_out_the_lead_dummies(result):
     obs = result.observations[result.observations["lead_lang"] == result.observations["later_lang"]]
-    fit = fit_language_ols(obs, n=3)
+    fit = fit_language_ols(obs, n=3, clusters="set+topic")
     assert not fit.lead_controls and not any(nm.startswith("lead:") for nm in fit.names)
     g = obs[(obs["calibration"] == "stock") & (obs["position"] >= 2)]
     groups = np.column_stack([pd.factorize(g["set_id"])[0], pd.factorize(g["topic"])[0]])  # set and topic

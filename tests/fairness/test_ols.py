@@ -76,9 +76,9 @@ def test_ols_against_direct_numpy():
 
 @pytest.mark.parametrize("sets", [2, 6, 30])
 def test_cluster_inference_equals_statsmodels(sets):
-    """Default: CR1 + t(G-1), against statsmodels called directly (cov_type='cluster', use_t=True)."""
+    """CR1 + t(G-1) (set+topic asked for), against statsmodels called directly (cov_type='cluster', use_t=True)."""
     y, pos, cl, tp = _data(seed=sets, sets=sets, perms=24)
-    fit = _quiet(y, pos, cl, topics=tp, n=4)
+    fit = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference(clusters="set+topic"))
     X = pd.DataFrame({"const": 1.0, **{f"pos{p}": (pos == p).astype(float) for p in range(2, 5)}})
     codes = pd.Series(cl).astype("category").cat.codes.to_numpy()
     ref = sm.OLS(y, X).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
@@ -113,16 +113,20 @@ def test_few_clusters_warning_names_g():
 def test_two_clusters_are_not_absurdly_significant():
     """The `--docs 48` case: n=4 on 2 segment sets (24 orderings each), a clear positional effect."""
     y, pos, cl, tp = _data(seed=3, sets=2, perms=24, slope=0.03, noise=0.002)
-    fit = _quiet(y, pos, cl, topics=tp, n=4)
+    fit = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference(clusters="set+topic"))
     t = fit.tvalues[1:]
     normal = 2 * stats.norm.sf(np.abs(t))
     assert normal.max() < 1e-50  # what the normal approximation claimed
     np.testing.assert_allclose(fit.pvalues[1:], 2 * stats.t.sf(np.abs(t), df=1), rtol=1e-8)
     assert fit.pvalues[1:].min() > 1e-4  # t(1): p ~ 0.64 / |t|, not exp(-t^2 / 2)
-    rad = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=999, weights="rademacher"))
+    rad = _quiet(
+        y, pos, cl, topics=tp, n=4, inference=Inference("wild", clusters="set+topic", draws=999, weights="rademacher")
+    )
     assert rad.inference == "wild WCR11 set+topic rademacher all 2^2"
     assert (rad.pvalues >= 0.5).all()  # 4 sign vectors, two of them tie with the sample
-    webb = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=999, weights="webb", seed=1))
+    webb = _quiet(
+        y, pos, cl, topics=tp, n=4, inference=Inference("wild", clusters="set+topic", draws=999, weights="webb", seed=1)
+    )
     assert (webb.pvalues > 0.05).all()
 
 
@@ -191,7 +195,7 @@ def _reference_pvalues(y, pos, cl, n, weights, draws, seed):
 )
 def test_wild_bootstrap_against_hand_written(sets, weights, draws, seed):
     y, pos, cl, tp = _data(seed=sets, sets=sets, perms=6, slope=0.004)
-    inf = Inference("wild", draws=draws, weights=weights, seed=seed)
+    inf = Inference("wild", clusters="set+topic", draws=draws, weights=weights, seed=seed)
     fit = _quiet(y, pos, cl, topics=tp, n=4, inference=inf)
     ref = _reference_pvalues(y, pos, cl, 4, weights, draws, seed)
     np.testing.assert_allclose(fit.pvalues, ref, rtol=0, atol=1e-12)
@@ -213,7 +217,14 @@ def test_wild_bootstrap_against_wildboottest_api():
 
     y, pos, cl, tp = _data(seed=4, sets=25, perms=6, slope=0.003)
     B, seed = 999, 11
-    fit = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=B, weights="webb", seed=seed))
+    fit = _quiet(
+        y,
+        pos,
+        cl,
+        topics=tp,
+        n=4,
+        inference=Inference("wild", clusters="set+topic", draws=B, weights="webb", seed=seed),
+    )
     X = pd.DataFrame({"const": 1.0, **{f"pos{p}": (pos == p).astype(float) for p in range(2, 5)}})
     codes = pd.Series(cl).astype("category").cat.codes.to_numpy()
     for j, name in enumerate(X.columns):
@@ -228,14 +239,21 @@ def test_wild_bootstrap_against_wildboottest_api():
 
 def test_wild_bootstrap_is_seeded():
     y, pos, cl, tp = _data(seed=1, sets=8, perms=6, slope=0.004)
-    a = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=499, seed=3))
-    b = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=499, seed=3))
-    c = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", draws=499, seed=4))
+    a = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", clusters="set+topic", draws=499, seed=3))
+    b = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", clusters="set+topic", draws=499, seed=3))
+    c = _quiet(y, pos, cl, topics=tp, n=4, inference=Inference("wild", clusters="set+topic", draws=499, seed=4))
     np.testing.assert_array_equal(a.pvalues, b.pvalues)
     assert not np.array_equal(a.pvalues, c.pvalues)
     # weights go to segment sets by id: the row order of the observations does not matter
     order = np.random.default_rng(0).permutation(len(y))
-    d = _quiet(y[order], pos[order], cl[order], topics=tp[order], n=4, inference=Inference("wild", draws=499, seed=3))
+    d = _quiet(
+        y[order],
+        pos[order],
+        cl[order],
+        topics=tp[order],
+        n=4,
+        inference=Inference("wild", clusters="set+topic", draws=499, seed=3),
+    )
     np.testing.assert_array_equal(a.pvalues, d.pvalues)
 
 
@@ -245,11 +263,11 @@ def test_inference_validation():
     with pytest.raises(ValueError, match="inference must be one of cluster, wild; got 'bogus'"):
         Inference("bogus")
     with pytest.raises(ValueError, match="weights must be one of webb, rademacher"):
-        Inference("wild", weights="mammen")
+        Inference("wild", clusters="set+topic", weights="mammen")
     with pytest.raises(ValueError, match="draws must be an integer >= 99"):
-        Inference("wild", draws=10)
+        Inference("wild", clusters="set+topic", draws=10)
     with pytest.raises(ValueError, match="seed"):
-        Inference("wild", seed=-1)
+        Inference("wild", clusters="set+topic", seed=-1)
 
 
 def test_design_matrix():
@@ -290,6 +308,8 @@ def test_ols_errors():
     with pytest.raises(ValueError, match="at least 2 clusters"):
         fit_position_ols(y, pos, np.zeros(len(y)), topics=tp)
     with pytest.raises(ValueError, match="set\\+topic needs the topic of every observation"):
+        fit_position_ols(y, pos, cl, inference=Inference(clusters="set+topic"))
+    with pytest.raises(ValueError, match="clustering 'conservative' needs the topic of every observation"):
         fit_position_ols(y, pos, cl)
     with pytest.raises(ValueError, match="positions must cover"):
         fit_position_ols(y[pos < 3], pos[pos < 3], cl[pos < 3], topics=tp[pos < 3], n=3)
@@ -299,7 +319,10 @@ def test_ols_errors():
         fit_position_ols(bad, pos, cl)
 
 
-@pytest.mark.parametrize("inference", ["cluster", Inference("wild", draws=199, weights="webb", seed=1)])
+@pytest.mark.parametrize(
+    "inference",
+    [Inference(clusters="set+topic"), Inference("wild", clusters="set+topic", draws=199, weights="webb", seed=1)],
+)
 def test_results_object_summary_and_ci_columns(inference):
     """statsmodels' results object stays reachable: summary() and conf_int() work, and conf_int is the CI columns."""
     y, pos, cl, tp = _data(seed=3, sets=8)

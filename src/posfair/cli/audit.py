@@ -101,7 +101,7 @@ def audit(
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
     inference: Inference = "cluster",
-    clusters: Clusters = "set+topic",
+    clusters: Clusters = "conservative",
     bootstrap_draws: BootstrapDraws = None,
     bootstrap_weights: BootstrapWeights = None,
     bootstrap_seed: BootstrapSeed = None,

@@ -242,7 +242,7 @@ def installed(module: str, option: str, hint: str) -> None:
 
 
 def inference_settings(
-    inference: str, draws: int | None, weights: str | None, seed: int | None, clusters: str = "set+topic"
+    inference: str, draws: int | None, weights: str | None, seed: int | None, clusters: str = "conservative"
 ) -> dict:
     """``--inference`` and the bootstrap options as AuditSettings keywords; a bootstrap option without ``wild`` is refused."""
     given = {"--bootstrap-draws": draws, "--bootstrap-weights": weights, "--bootstrap-seed": seed}

@@ -166,7 +166,7 @@ def demo(
     docs: Docs = DEMO_SETTINGS["target_docs"],
     cache: Cache = None,
     inference: Inference = "cluster",
-    clusters: Clusters = "set+topic",
+    clusters: Clusters = "conservative",
     bootstrap_draws: BootstrapDraws = None,
     bootstrap_weights: BootstrapWeights = None,
     bootstrap_seed: BootstrapSeed = None,

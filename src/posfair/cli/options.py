@@ -487,11 +487,12 @@ Clusters = Annotated[
     str,
     typer.Option(
         "--clusters",
-        parser=choice("set+topic", "set", "component"),
-        metavar="set+topic|set|component",
-        help="What is a cluster: 'set+topic' = two-way by segment set and topic (a topic drawn into two sets ties "
-        "them; equals 'set' when no topic is shared), 'set' = segment sets (the papers'), 'component' = sets "
-        "joined by shared topics.",
+        parser=choice("conservative", "set+topic", "set", "component"),
+        metavar="conservative|set+topic|set|component",
+        help="What is a cluster: 'conservative' = per coefficient the wider interval of 'set+topic' and "
+        "'component', each with its own G, the one used named in every table (the sets when no topic is shared); "
+        "'set+topic' = two-way by segment set and topic (a topic drawn into two sets ties them; equals 'set' when "
+        "no topic is shared), 'set' = segment sets (the papers'), 'component' = sets joined by shared topics.",
     ),
 ]
 BootstrapDraws = Annotated[

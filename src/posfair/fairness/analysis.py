@@ -17,6 +17,7 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
+from posfair.fairness.clusters import cluster_kind
 from posfair.fairness.experiment import FIDELITY, MEASURES
 from posfair.fairness.measures import profile_slope, profile_spread
 from posfair.fairness.ols import FEW_CLUSTERS, FewClustersWarning, Inference, PositionOLS, fit_position_ols
@@ -26,6 +27,8 @@ __all__ = [
     "fit_instance",
     "few_clusters",
     "few_clusters_message",
+    "clusters_used_text",
+    "headline_clusters",
     "fidelity_summary",
     "coverage_summary",
     "coverage_messages",
@@ -125,11 +128,13 @@ def fit_instance(
 
 
 def few_clusters(coefs: pd.DataFrame) -> pd.DataFrame:
-    """The instances (n, config) whose regressions rest on fewer than 20 segment sets, with G."""
+    """The instances (n, config) whose regressions rest on fewer than 20 segment sets, with G (the fewest clusters
+    any of the instance's intervals rests on)."""
     if not len(coefs) or "clusters" not in coefs:
         return pd.DataFrame(columns=["n", "config", "clusters"])
     c = coefs[coefs["clusters"] < FEW_CLUSTERS]
-    return c.drop_duplicates(["n", "config", "clusters"])[["n", "config", "clusters"]].reset_index(drop=True)
+    c = c.groupby(["n", "config"], sort=False, as_index=False)["clusters"].min()
+    return c[["n", "config", "clusters"]].reset_index(drop=True)
 
 
 def few_clusters_message(coefs: pd.DataFrame) -> str | None:
@@ -145,6 +150,28 @@ def few_clusters_message(coefs: pd.DataFrame) -> str | None:
         f"Their p-values ({labels}) are approximate with so few clusters; more documents (more segment sets) "
         "or --inference wild give sturdier tests."
     )
+
+
+def clusters_used_text(coefs: pd.DataFrame) -> str:
+    """Which clustering the intervals of ``coefs`` used, counted: `` Intervals (β_p, p ≥ 2): 12 components (G = 2),
+    36 sets (G = 16), of 48 (column cluster_by of coefficients.csv).`` ("" without ``cluster_by``)."""
+    if "cluster_by" not in coefs or not len(coefs):
+        return ""
+    c = coefs[coefs["position"] > 1] if "position" in coefs else coefs
+    kinds = pd.Series([cluster_kind(b) for b in c["cluster_by"]], index=c.index)
+    counts = pd.DataFrame({"kind": kinds, "G": c["clusters"].astype(int)}).value_counts(sort=False)
+    parts = [f"{int(k)} {kind} (G = {g})" for (kind, g), k in counts.items()]
+    return f"Intervals (β_p, p ≥ 2): {', '.join(parts)}, of {len(c)} (column cluster_by of coefficients.csv)."
+
+
+def headline_clusters(coefs: pd.DataFrame) -> str:
+    """The G of one headline row (every calibration's β_p): ``16 sets``, or ``stock: 2 components; cal: 16 two-way``
+    where the calibrations' intervals used different clusterings."""
+    kinds = [cluster_kind(b) for b in coefs["cluster_by"]] if "cluster_by" in coefs else [""] * len(coefs)
+    cells = [f"{int(g)} {k}".strip() for g, k in zip(coefs["clusters"], kinds, strict=True)]
+    if len(set(cells)) == 1:
+        return cells[0]
+    return "; ".join(f"{cal}: {cell}" for cal, cell in zip(coefs["calibration"], cells, strict=True))
 
 
 def fidelity_summary(

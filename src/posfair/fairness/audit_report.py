@@ -382,6 +382,14 @@ def _write_result(
             "sampling": result.sampling,
             "timings": result.timings,
             "headline": result.headline(),
+            "inference": result.inference_text(),
+            # per coefficient: the clusters its interval and p-value rest on (G) and what a cluster is
+            "intervals": [
+                {k: (int(v) if k in ("n", "position", "clusters") else v) for k, v in r.items()}
+                for r in result.coefficients[
+                    ["calibration", "setting", "measure", "n", "config", "position", "clusters", "cluster_by"]
+                ].to_dict("records")
+            ],
         },
     )
     paths["report"] = write_report(

@@ -14,6 +14,7 @@ import pandas as pd
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import few_clusters, is_noop, share_of
+from posfair.fairness.clusters import cluster_kind
 from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference
 from posfair.report.tables import Table
 
@@ -111,7 +112,9 @@ def coefficient_table(
         g_row = []
         for c in configs:
             hit = sub[(sub["n"] == n) & (sub["config"] == c)]
-            g_row.append(str(int(hit["clusters"].iloc[0])) if len(hit) else "")
+            # one G per instance, or each coefficient's (β0/β2/...) where their intervals used different clusterings
+            gs = [str(int(g)) for g in hit.sort_values("position")["clusters"]]
+            g_row.append("/".join(gs) if len(set(gs)) > 1 else "".join(gs[:1]))
         cells.append(g_row)
         if coverage is not None:
             index.append((int(n), SHARE_ROW))
@@ -157,10 +160,11 @@ def coefficient_detail_table(
                         _fmt_p(r.p),
                         "" if r.position == 1 else r.mark,
                         str(int(r.clusters)),
+                        cluster_kind(r.cluster_by) if hasattr(r, "cluster_by") else "",
                         r.inference,
                     ]
                 )
-    columns = ["estimate", "SE", "t", "p", "mark", "G", "inference"]
+    columns = ["estimate", "SE", "t", "p", "mark", "G", "clusters", "inference"]
     frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "configuration", "coefficient"]))
     variant = calibration if setting == "main" else f"{calibration}, control"
     return Table(
@@ -175,11 +179,20 @@ def coefficient_detail_table(
 
 
 def _cluster_counts(sub: pd.DataFrame) -> str:
-    """`` (n=3 en: set+topic (48 sets, 144 topics); ...)``: what a cluster is in each instance, with the counts."""
+    """`` (n=3 en: set+topic (48 sets, 144 topics); ...)``: what a cluster is in each instance, with the counts;
+    where its coefficients' intervals used different clusterings (``conservative``), each coefficient's."""
     if "cluster_by" not in sub or not len(sub):
         return ""
-    per = sub.drop_duplicates(["n", "config"])
-    return " (" + "; ".join(f"n={r.n} {r.config}: {r.cluster_by}" for r in per.itertuples(index=False)) + ")"
+    parts = []
+    for (n, config), g in sub.groupby(["n", "config"], sort=False):
+        if g["cluster_by"].nunique() == 1:
+            parts.append(f"n={n} {config}: {g['cluster_by'].iloc[0]}")
+        else:
+            each = ", ".join(
+                f"{_coef_label(r.position).split(' ')[0]} G={int(r.clusters)} {r.cluster_by}" for r in g.itertuples()
+            )
+            parts.append(f"n={n} {config}: {each}")
+    return " (" + "; ".join(parts) + ")"
 
 
 FIDELITY_CAPTION = (

@@ -6,7 +6,13 @@ segments) or show the same *topic* (one corpus id, in any language): a topic dra
 sets, or into two instances of a language grid, ties those sets together.  Three ways to
 cluster (:data:`CLUSTERINGS`):
 
-``set+topic`` (the default)
+``conservative`` (the default)
+    Per coefficient (or any linear combination, or ratio) the wider of the two intervals below, two-way
+    ``set+topic`` and ``component``, at t(G-1) with that clustering's own G (:func:`conservative_choice`, the
+    rule :func:`joint_ols` applies and :func:`fit_clustered` gives every coefficient of one fit): a cluster
+    structure of its own is not one of :data:`STRUCTURES`, it says per interval which clustering it used.  When
+    no topic is in two sets both are the one-way set clustering (components = sets) and it says so.
+``set+topic``
     Two-way cluster-robust covariance (Cameron, Gelbach and Miller 2011):
     ``V = V_set + V_topic - V_set∩topic``, each term CR1 with its own ``G/(G-1) * (N-1)/(N-K)``
     correction, exactly statsmodels' ``cov_type="cluster"`` with two group columns; p-values from
@@ -20,9 +26,10 @@ cluster (:data:`CLUSTERINGS`):
     One-way CR1 by connected component of the set-topic graph (sets joined by a shared topic):
     valid under any sharing, but a grid whose sets all hang together has G = 1 or 2.
 
-:func:`cluster_structure` builds the codes and counts; :func:`clustered_ols` is the one fit
-that the positional regression (:mod:`posfair.fairness.ols`) and the pooled language
-regression (:mod:`posfair.fairness.language`) both use.
+:func:`cluster_structure` builds the codes and counts of one of :data:`STRUCTURES`; :func:`fit_clustered` is
+the one fit that the positional regression (:mod:`posfair.fairness.ols`) and the pooled language regression
+(:mod:`posfair.fairness.language`) both use, for every clustering (``conservative`` through :func:`joint_ols`, the
+others through :func:`clustered_ols`).
 
 Intervals on what the data can bear (:func:`joint_ols`, :class:`JointFit`): several outcomes on
 one design (e.g. σ stock and σ calibrated of the same documents) with their *joint* CR1
@@ -49,7 +56,13 @@ from posfair.errors import PosfairInputError
 
 __all__ = [
     "CLUSTERINGS",
+    "STRUCTURES",
+    "DEFAULT_CLUSTERS",
     "ClusterStructure",
+    "ClusteredFit",
+    "fit_clustered",
+    "conservative_choice",
+    "cluster_kind",
     "cluster_structure",
     "clustered_ols",
     "connected_components",
@@ -62,7 +75,11 @@ __all__ = [
     "fieller",
 ]
 
-CLUSTERINGS = ("set+topic", "set", "component")
+#: the cluster structures (codes of one clustering)
+STRUCTURES = ("set+topic", "set", "component")
+#: what an audit's intervals may be clustered by: a structure, or per interval the wider of two-way and components
+CLUSTERINGS = ("conservative", *STRUCTURES)
+DEFAULT_CLUSTERS = "conservative"
 
 
 @dataclass(frozen=True)
@@ -139,9 +156,9 @@ def connected_components(sets, topics) -> np.ndarray:
 
 
 def cluster_structure(sets, topics=None, by: str = "set+topic") -> ClusterStructure:
-    """Codes and counts for clustering by ``by`` (:data:`CLUSTERINGS`); ``topics`` is needed unless ``by="set"``."""
-    if by not in CLUSTERINGS:
-        raise PosfairInputError(f"clusters must be one of {', '.join(CLUSTERINGS)}; got {by!r}")
+    """Codes and counts for clustering by ``by`` (:data:`STRUCTURES`); ``topics`` is needed unless ``by="set"``."""
+    if by not in STRUCTURES:
+        raise PosfairInputError(f"cluster structures are {', '.join(STRUCTURES)}; got {by!r}")
     sets = np.asarray(sets).astype(str)
     s = _codes(sets)
     n_sets = int(s.max()) + 1 if len(s) else 0
@@ -246,6 +263,39 @@ def fieller(num: float, den: float, v_num: float, v_den: float, cov: float, crit
     return float((b - root) / a), float((b + root) / a)
 
 
+def conservative_choice(
+    two: ClusterStructure, comp: ClusterStructure, widths: dict[str, float], two_label: str = ""
+) -> tuple[str, str]:
+    """The one rule of ``conservative`` clustering: which of two-way (``two``) and component (``comp``) clustering an
+    interval uses, and why in words with its counts -- the one with the wider interval (``widths``: per ``"set+topic"``
+    and ``"component"`` the interval's width at t(G-1) with that clustering's own G; inf = unbounded).
+
+    No topic in two sets: both are the one-way set clustering (``"component"``, said to be the sets).  One connected
+    component: components give no cluster-robust interval, two-way is used and said to assume the topics' dependence
+    additive.  Ties go to the components.  ``two_label``: the two-way fit's label (names the eigenvalue fix if any).
+    """
+    if two.shared_topics == 0:
+        return "component", f"sets ({two.n_sets} sets, no topic in two sets: two-way = components = sets)"
+    fix = f"; {PSD_FIX_NOTE}" if PSD_FIX_NOTE in two_label else ""
+    if comp.n_components < 2:
+        return "set+topic", (
+            f"set+topic ({two.n_sets} sets, {two.n_topics} topics; the sets form 1 connected component, which "
+            f"gives no cluster-robust interval: two-way, which assumes the topics' dependence is additive{fix})"
+        )
+    if widths["component"] >= widths["set+topic"]:
+        return "component", f"components ({comp.n_components} of {comp.n_sets} sets sharing topics; wider than two-way)"
+    return "set+topic", (
+        f"set+topic ({two.n_sets} sets, {two.n_topics} topics; wider than the {comp.n_components} components{fix})"
+    )
+
+
+def cluster_kind(label: str) -> str:
+    """The short name of the clustering an interval's label (:attr:`Interval.clusters`, ``cluster_by``) names:
+    ``sets``, ``components`` or ``two-way``."""
+    head = str(label).split(" ", 1)[0]
+    return {"set": "sets", "component": "components", "set+topic": "two-way"}.get(head, head)
+
+
 @dataclass(frozen=True)
 class Interval:
     """One quantity with its interval, under the clustering that gave the wider interval (:class:`JointFit`).
@@ -264,6 +314,7 @@ class Interval:
     clusters: str
     p: float = float("nan")
     other: tuple[float, float] = (float("nan"), float("nan"))
+    by: str = ""  # the structure used: "component" or "set+topic"
 
     @property
     def bounded(self) -> bool:
@@ -308,21 +359,9 @@ class JointFit:
         return float(stats.t.ppf(0.5 + self.level / 2, G - 1)) if G >= 2 else float("inf")
 
     def _choose(self, widths: dict[str, float]) -> tuple[str, str]:
-        """(the clustering used, why) -- the wider interval; the components where they tie (they are then the sets)."""
-        two, comp = self.variants["set+topic"][0], self.variants["component"][0]
-        if two.shared_topics == 0:
-            return "component", f"sets ({two.n_sets} sets, no topic in two sets: two-way = components = sets)"
-        if comp.n_components < 2:
-            return "set+topic", (
-                f"set+topic ({two.n_sets} sets, {two.n_topics} topics; the sets form 1 connected component, which "
-                "gives no cluster-robust interval: two-way, which assumes the topics' dependence is additive)"
-            )
-        use = "component" if widths["component"] >= widths["set+topic"] else "set+topic"
-        if use == "component":
-            return use, f"components ({comp.n_components} of {comp.n_sets} sets sharing topics; wider than two-way)"
-        fix = f"; {PSD_FIX_NOTE}" if PSD_FIX_NOTE in self.variants["set+topic"][2] else ""
-        return use, (
-            f"set+topic ({two.n_sets} sets, {two.n_topics} topics; wider than the {comp.n_components} components{fix})"
+        """(the clustering used, why): :func:`conservative_choice` of the two variants."""
+        return conservative_choice(
+            self.variants["set+topic"][0], self.variants["component"][0], widths, self.variants["set+topic"][2]
         )
 
     def linear(self, a: np.ndarray) -> Interval:
@@ -337,7 +376,7 @@ class JointFit:
         se, lo, hi, G = got[use]
         other = next((got[k] for k in got if k != use), got[use])
         p = float(2 * stats.t.sf(abs(est / se), G - 1)) if se > 0 and G >= 2 else float("nan")
-        return Interval(est, se, lo, hi, G, why, p, (other[1], other[2]))
+        return Interval(est, se, lo, hi, G, why, p, (other[1], other[2]), use)
 
     def ratio(self, a_num: np.ndarray, a_den: np.ndarray) -> Interval:
         """``(a_num . params) / (a_den . params)`` with Fieller's interval under the more conservative clustering."""
@@ -352,7 +391,7 @@ class JointFit:
         use, why = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
         se, lo, hi, G = got[use]
         other = next((got[k] for k in got if k != use), got[use])
-        return Interval(est, se, lo, hi, G, why, float("nan"), (other[1], other[2]))
+        return Interval(est, se, lo, hi, G, why, float("nan"), (other[1], other[2]), use)
 
 
 def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -> JointFit:
@@ -378,3 +417,134 @@ def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -
             V, label = fixed, f"{label}; {PSD_FIX_NOTE}"
         variants[by] = (st, V, label)
     return JointFit(beta.T.ravel(), X.shape[1], variants, level)
+
+
+# -- one fit for every clustering ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusteredFit:
+    """One OLS fit with per-coefficient cluster-robust inference (:func:`fit_clustered`).
+
+    ``G``, ``clusters`` (the label: what a cluster is, with its counts, e.g. ``components (5 of 8 sets sharing
+    topics; wider than two-way)``) and ``used`` (the structure: ``set``, ``set+topic`` or ``component``) are per
+    coefficient: under ``conservative`` each coefficient has the clustering of its wider interval; under a structure
+    all have that one.  ``ci``: the 95 % intervals, t(G-1) with each coefficient's G.  ``results``: statsmodels'
+    results object per structure fitted (its ``bse`` / ``pvalues`` are that clustering's, for every coefficient).
+    """
+
+    by: str
+    params: np.ndarray
+    bse: np.ndarray
+    tvalues: np.ndarray
+    pvalues: np.ndarray
+    ci: np.ndarray
+    G: np.ndarray
+    clusters: tuple[str, ...]
+    used: tuple[str, ...]
+    structures: dict[str, ClusterStructure]
+    results: dict[str, Any]
+
+    @property
+    def n_clusters(self) -> int:
+        """The fewest clusters any coefficient's interval rests on."""
+        return int(self.G.min())
+
+    @property
+    def main(self) -> str:
+        """The structure most coefficients used (ties: the components)."""
+        counts = {u: self.used.count(u) for u in dict.fromkeys(self.used)}
+        top = max(counts.values())
+        return "component" if counts.get("component") == top else max(counts, key=counts.get)
+
+    @property
+    def result(self) -> Any:
+        """statsmodels' results object of :attr:`main` (coefficients whose interval used another clustering differ
+        from it: :meth:`notes` names them)."""
+        return self.results[self.main]
+
+    def conf_int(self, alpha: float = 0.05) -> np.ndarray:
+        """(k, 2): each coefficient's interval at t(G-1) of its own clustering (the one chosen at 95 %)."""
+        if alpha == 0.05:
+            return self.ci.copy()
+        crit = stats.t.ppf(1 - alpha / 2, self.G - 1)
+        return np.column_stack([self.params - crit * self.bse, self.params + crit * self.bse])
+
+    def notes(self, names: list[str]) -> list[str]:
+        """Lines for statsmodels' summary: the clustering of every coefficient whose interval is not :attr:`main`'s."""
+        other = [
+            f"{nm}: G = {g}, {lab}"
+            for nm, g, lab, u in zip(names, self.G, self.clusters, self.used, strict=True)
+            if u != self.main
+        ]
+        if not other:
+            return []
+        return [f"This summary is the {self.main} clustering's; these coefficients' intervals use another:", *other]
+
+
+def _too_few(label: str, G: int) -> PosfairInputError:
+    return PosfairInputError(
+        f"clustered standard errors need at least 2 clusters; clustering by {label} gives G = {G} "
+        "(draw more segment sets)"
+    )
+
+
+def fit_clustered(y, X, sets, topics=None, by: str = DEFAULT_CLUSTERS) -> ClusteredFit:
+    """OLS of ``y`` on ``X`` with CR1 standard errors and t(G-1) inference clustered by ``by`` (:data:`CLUSTERINGS`).
+
+    A structure (``set+topic``, ``set``, ``component``): :func:`clustered_ols`, one clustering for every coefficient.
+    ``conservative``: per coefficient the wider interval of two-way and component clustering by the rule of
+    :func:`joint_ols` (:func:`conservative_choice`), with the G and the label of the clustering used; the covariance
+    of each is checked against statsmodels' fit of the same clustering.
+    """
+    if by not in CLUSTERINGS:
+        raise PosfairInputError(f"clusters must be one of {', '.join(CLUSTERINGS)}; got {by!r}")
+    y = np.asarray(y, dtype=np.float64)
+    X = np.asarray(X, dtype=np.float64)
+    k = X.shape[1]
+    if by != "conservative":
+        st = cluster_structure(sets, topics, by)
+        res, label = clustered_ols(y, X, st)
+        return ClusteredFit(
+            by,
+            np.asarray(res.params),
+            np.asarray(res.bse),
+            np.asarray(res.tvalues),
+            np.asarray(res.pvalues),
+            np.asarray(res.conf_int()),
+            np.full(k, st.G, dtype=np.int64),
+            (label,) * k,
+            (by,) * k,
+            {by: st},
+            {by: res},
+        )
+    if topics is None:
+        raise ValueError("clustering 'conservative' needs the topic of every observation")
+    joint = joint_ols(X, y, sets, topics)
+    two, comp = joint.variants["set+topic"][0], joint.variants["component"][0]
+    if two.G < 2 and comp.G < 2:
+        raise _too_few(f"{two.label()} or {comp.label()}", max(two.G, comp.G))
+    results = {}
+    for name, (st, V, _label) in joint.variants.items():
+        if st.G < 2:
+            continue
+        res, _ = clustered_ols(y, X, st)
+        if not np.allclose(np.asarray(res.cov_params()), V[:k, :k], rtol=1e-6, atol=1e-14):  # checked, not assumed
+            raise RuntimeError(f"the {name} covariance of joint_ols differs from statsmodels' fit")
+        results[name] = res
+    got = [joint.linear(joint.coef(0, j)) for j in range(k)]
+    if two.shared_topics == 0:  # one-way by set: the same fit under either name
+        results.setdefault("component", results.get("set+topic"))
+    return ClusteredFit(
+        by,
+        np.array([g.estimate for g in got]),
+        np.array([g.se for g in got]),
+        np.array([g.estimate / g.se if g.se > 0 else np.nan for g in got]),
+        np.array([g.p for g in got]),
+        np.array([[g.ci_low, g.ci_high] for g in got]),
+        np.array([g.G for g in got], dtype=np.int64),
+        tuple(g.clusters for g in got),
+        tuple(g.by for g in got),
+        {"set+topic": two, "component": comp},
+        results,
+    )

@@ -108,9 +108,10 @@ class AuditSettings:
         inference: how the OLS p-values are computed: ``"cluster"`` (CR1 cluster-robust
             standard errors, t with G-1 degrees of freedom) or ``"wild"`` (wild cluster
             bootstrap, see :mod:`posfair.fairness.ols`).
-        clusters: what is a cluster: ``"set+topic"`` (two-way by segment set and topic, the default;
-            equal to the papers' set clustering when no topic is in two sets), ``"set"`` (the papers')
-            or ``"component"`` (see :mod:`posfair.fairness.clusters`).
+        clusters: what is a cluster: ``"conservative"`` (the default: per coefficient the wider interval of
+            two-way set+topic and component clustering, each with its own G, and which one it used; the papers' set
+            clustering when no topic is in two sets), ``"set+topic"`` (two-way by segment set and topic), ``"set"``
+            (the papers') or ``"component"`` (see :mod:`posfair.fairness.clusters`).
         bootstrap_draws / bootstrap_weights / bootstrap_seed: the wild bootstrap's draws B,
             weights (``"webb"`` or ``"rademacher"``; Rademacher enumerates all 2^G sign
             vectors when 2^G < B) and seed (recorded for every run, used only with ``"wild"``).
@@ -134,7 +135,7 @@ class AuditSettings:
     retention: bool | None = None
     control: bool = True
     inference: str = "cluster"
-    clusters: str = "set+topic"
+    clusters: str = "conservative"
     bootstrap_draws: int = 9999
     bootstrap_weights: str = "webb"
     bootstrap_seed: int = 0

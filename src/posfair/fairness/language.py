@@ -17,9 +17,10 @@ positional OLS; this module reads two things from it:
   language at the same position and under the same lead language.  Without mixed instances
   (monolingual ones only) the lead language is the later one and its dummies are left out
   (``lead_controls`` False).  Standard errors are CR1
-  cluster-robust, clustered as the audit's inference says (default two-way by segment set and
-  topic: the instances of a grid draw their sets from the same topics, so sets of different
-  instances share topics; see :mod:`posfair.fairness.clusters`), p-values from t(G-1).  With ``control_length`` the segment's own
+  cluster-robust, clustered as the audit's inference says (default ``conservative``: per term the
+  wider interval of two-way set+topic and connected-component clustering, each with its own G --
+  the instances of a grid draw their sets from the same topics, so sets of different instances
+  share topics; see :mod:`posfair.fairness.clusters`), p-values from t(G-1).  With ``control_length`` the segment's own
   token count (centred) enters too, so that a language whose script tokenises into more
   pieces is not mistaken for a language effect; :func:`segment_tokens` gives the mean tokens
   per segment per language to read beside the effects.
@@ -36,7 +37,7 @@ import pandas as pd
 
 from posfair.errors import PosfairInputError
 from posfair.fairness.audit_tables import format_estimate
-from posfair.fairness.clusters import cluster_structure, clustered_ols
+from posfair.fairness.clusters import cluster_kind, fit_clustered
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, Inference, describe_inference, significance_mark
 from posfair.report.tables import Table
@@ -84,6 +85,9 @@ class LanguageOLS:
     cluster_by: str = ""
     inference: str = ""
     result: Any = field(default=None, compare=False, repr=False)
+    G: np.ndarray | None = None  # per term (None: n_clusters for every term)
+    clusters_used: tuple[str, ...] | None = None  # per term what a cluster is in its interval (None: cluster_by)
+    ci: np.ndarray | None = None  # (terms, 2) 95 % intervals, t(G-1)
 
     def to_frame(self) -> pd.DataFrame:
         kind = [nm.split(":", 1)[0] for nm in self.names]
@@ -99,9 +103,11 @@ class LanguageOLS:
                 "p": self.pvalues,
                 "mark": [significance_mark(p) for p in self.pvalues],
                 "nobs": self.nobs,
-                "clusters": self.n_clusters,
-                "cluster_by": self.cluster_by,
+                "clusters": self.G if self.G is not None else self.n_clusters,
+                "cluster_by": list(self.clusters_used) if self.clusters_used is not None else self.cluster_by,
                 "inference": self.inference,
+                "ci_low": self.ci[:, 0] if self.ci is not None else np.nan,
+                "ci_high": self.ci[:, 1] if self.ci is not None else np.nan,
                 "reference": self.reference,
                 "length_adjusted": self.control_length,
                 "lead_controls": self.lead_controls,
@@ -151,7 +157,8 @@ def fit_language_ols(
 ) -> LanguageOLS:
     """The pooled language regression (module docstring) on the later segments of every instance with ``n``.
 
-    ``clusters``: ``"set+topic"`` (default), ``"set"`` or ``"component"`` (:mod:`posfair.fairness.clusters`).
+    ``clusters``: ``"conservative"`` (default: per term the wider of two-way and component clustering),
+    ``"set+topic"``, ``"set"`` or ``"component"`` (:func:`posfair.fairness.clusters.fit_clustered`).
     """
     o = observations
     g = o[(o["calibration"] == calibration) & (o["setting"] == setting) & (o["n"] == n) & (o["position"] >= 2)]
@@ -178,24 +185,27 @@ def fit_language_ols(
             f"the pooled language regression (n={n}) is not identified: {X.shape[1]} terms but rank {rank} "
             "(language and position dummies collinear; use a full language grid)"
         )
-    structure = cluster_structure(g["set_id"].to_numpy(), g["topic"].to_numpy() if "topic" in g else None, clusters)
     y = g[measure].to_numpy(dtype=float)
-    res, cluster_by = clustered_ols(y, X, structure)
+    fit = fit_clustered(y, X, g["set_id"].to_numpy(), g["topic"].to_numpy() if "topic" in g else None, clusters)
+    labels = list(dict.fromkeys(fit.clusters))
     return LanguageOLS(
         n=int(n),
         reference=reference,
         names=names,
-        params=np.asarray(res.params),
-        bse=np.asarray(res.bse),
-        tvalues=np.asarray(res.tvalues),
-        pvalues=np.asarray(res.pvalues),
+        params=fit.params,
+        bse=fit.bse,
+        tvalues=fit.tvalues,
+        pvalues=fit.pvalues,
         nobs=len(y),
-        n_clusters=structure.G,
+        n_clusters=fit.n_clusters,
         control_length=control_length,
         lead_controls=lead_controls,
-        cluster_by=cluster_by,
+        cluster_by=labels[0] if len(labels) == 1 else "; ".join(f"{cluster_kind(c)}: {c}" for c in labels),
         inference=Inference(clusters=clusters).label(),
-        result=res,
+        result=fit.result,
+        G=fit.G,
+        clusters_used=fit.clusters,
+        ci=fit.ci,
     )
 
 
@@ -246,6 +256,8 @@ def language_effects(
                     t=np.nan,
                     p=np.nan,
                     mark="",
+                    ci_low=np.nan,
+                    ci_high=np.nan,
                     is_reference=True,
                 )
                 f = pd.concat([ref, f], ignore_index=True)
@@ -387,9 +399,7 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
         f"{'lead-language dummies' if e['lead_controls'].all() else 'lead-language dummies (left out where collinear: monolingual instances only)'} "
         "(length-adj.: plus the segment's centred token count). "
         f"{MARK_LEGEND}. Inference: {describe_inference(e['inference'] if 'inference' in e else [LANGUAGE_INFERENCE])}; "
-        f"G = {int(g.max()) if len(g) else 0} clusters"
-        + (f" ({e['cluster_by'].iloc[0]})" if "cluster_by" in e and len(e) else "")
-        + f", N = {int(e['nobs'].max()) if len(e) else 0} later segments. Mean tokens per segment: the model's "
+        f"{_clusters_text(e)}, N = {int(e['nobs'].max()) if len(e) else 0} later segments. Mean tokens per segment: the model's "
         "tokenizer, no special tokens, each distinct segment once."
     )
     if len(g) and g.max() < FEW_CLUSTERS:
@@ -406,6 +416,26 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
         caption,
         f"language_effects{suffix}_n{n}",
     )
+
+
+def _clusters_text(e: pd.DataFrame) -> str:
+    """``G = 200 clusters (sets (...))`` -- or, where the languages' intervals used different clusterings, each
+    clustering with its G and the languages that used it."""
+    e = e[~e["is_reference"]] if "is_reference" in e else e
+    if not len(e):
+        return "G = 0 clusters"
+    if "cluster_by" not in e:
+        return f"G = {int(e['clusters'].max())} clusters"
+    if e[["clusters", "cluster_by"]].drop_duplicates().shape[0] == 1:
+        return f"G = {int(e['clusters'].iloc[0])} clusters ({e['cluster_by'].iloc[0]})"
+    parts = []
+    for (G, by), g in e.groupby(["clusters", "cluster_by"], sort=False):
+        cells = [
+            f"{', '.join(sorted(set(c['language'])))} ({cal}{', length-adj.' if adj else ''})"
+            for (cal, adj), c in g.groupby(["calibration", "length_adjusted"], sort=False)
+        ]
+        parts.append(f"G = {int(G)}, {by}: {'; '.join(cells)}")
+    return "each interval under the wider clustering -- " + " | ".join(parts)
 
 
 def calibration_effect_table(coefficients: pd.DataFrame, effects: pd.DataFrame, *, model: str) -> Table:

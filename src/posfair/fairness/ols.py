@@ -2,22 +2,26 @@
 
 ``y = beta_0 + sum_{p=2..n} beta_p * 1{position = p} + e``; position 1 is the
 baseline.  What is a cluster (:attr:`Inference.clusters`, see :mod:`posfair.fairness.clusters`):
-``set+topic`` (default: two-way by segment set and topic, which equals the papers' one-way
-set clustering exactly when no topic is in two sets), ``set`` (the papers') or ``component``.
+``conservative`` (default: per coefficient the wider interval of two-way set+topic and
+connected-component clustering, each at t(G-1) with its own G, and which one it used; the one-way
+set clustering, said so, when no topic is in two sets), ``set+topic`` (two-way by segment set and
+topic), ``set`` (the papers') or ``component``.
 Two kinds of inference (:class:`Inference`):
 
 ``cluster`` (the default)
     CR1 cluster-robust covariance as in statsmodels ``cov_type="cluster"`` (small-sample
     correction ``G/(G-1) * (N-1)/(N-K)`` per clustering dimension) and p-values from Student's
     t with ``G - 1`` degrees of freedom (statsmodels ``use_t=True``), G = number of clusters
-    (for two-way: the smaller of the set and topic counts).  With few
+    (for two-way: the smaller of the set and topic counts; under ``conservative`` the G of the
+    clustering each coefficient's interval used).  With few
     clusters the normal approximation is far too optimistic: a run whose n=4 instance rests
     on G = 2 sets gets p ~ 1e-272 from the normal and p ~ 0.02 from t(1) for the same t.
 
 ``wild``
     Wild cluster bootstrap-t (WCR11 in the terms of MacKinnon, Nielsen & Webb: null imposed,
     CR1 variance in every draw) computed with the ``wildboottest`` package, one test per
-    coefficient (H0: beta = 0), bootstrap clusters = the clusters (one-way).  Two-way
+    coefficient (H0: beta = 0), bootstrap clusters = the clusters (one-way; under ``conservative``
+    the clustering that coefficient's interval used).  Two-way
     (``set+topic``): the same WCR11 bootstrap computed here (:func:`wild_tests`), weights drawn
     per cluster of the dimension with fewer clusters and the two-way CR1 variance in every draw
     (MacKinnon, Nielsen and Webb 2021); on one-way clusters it reproduces wildboottest
@@ -53,7 +57,15 @@ import pandas as pd
 from wildboottest.wildboottest import WildboottestCL
 
 from posfair.errors import PosfairInputError
-from posfair.fairness.clusters import CLUSTERINGS, PSD_FIX_NOTE, ClusterStructure, cluster_structure, clustered_ols
+from posfair.fairness.clusters import (
+    CLUSTERINGS,
+    DEFAULT_CLUSTERS,
+    PSD_FIX_NOTE,
+    ClusteredFit,
+    ClusterStructure,
+    cluster_kind,
+    fit_clustered,
+)
 
 __all__ = [
     "PositionOLS",
@@ -112,15 +124,16 @@ class Inference:
         weights: ``"webb"`` or ``"rademacher"`` (wild only; Rademacher enumerates all 2^G
             sign vectors when 2^G < draws).
         seed: seed of the bootstrap weights (wild only).
-        clusters: what is a cluster: ``"set+topic"`` (two-way, the default), ``"set"`` (the papers')
-            or ``"component"`` (see :mod:`posfair.fairness.clusters`).
+        clusters: what is a cluster: ``"conservative"`` (the default: per coefficient the wider of two-way
+            and component clustering), ``"set+topic"`` (two-way), ``"set"`` (the papers') or ``"component"``
+            (see :mod:`posfair.fairness.clusters`).
     """
 
     method: str = "cluster"
     draws: int = 9999
     weights: str = "webb"
     seed: int = 0
-    clusters: str = "set+topic"
+    clusters: str = DEFAULT_CLUSTERS
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -185,6 +198,11 @@ class Inference:
 
 #: what each clustering means, in words (captions)
 CLUSTERS_IN_WORDS = {
+    "conservative": (
+        "per coefficient the wider interval of two-way clustering by segment set and topic and clustering by "
+        "connected component of segment sets sharing a topic, each with its own G; which one, and its G, per "
+        "coefficient (cluster_by); where no topic is in two sets both are the segment sets"
+    ),
     "set+topic": "two-way clusters by segment set and topic (Cameron, Gelbach and Miller; G = the smaller count)",
     "set": "clusters = segment sets",
     "component": "clusters = connected components of segment sets sharing a topic",
@@ -239,9 +257,21 @@ class PositionOLS:
     nobs: int
     n_clusters: int
     tvalues: np.ndarray | None = None
-    inference: str = "CR1 set+topic t(G-1)"
+    inference: str = "CR1 conservative t(G-1)"
     cluster_by: str = ""  # e.g. "set+topic (90 sets, 53 topics)"
     result: Any = field(default=None, compare=False, repr=False)
+    fit: ClusteredFit | None = field(default=None, compare=False, repr=False)
+    inference_each: tuple[str, ...] | None = None  # per coefficient, where the bootstraps' clusters differ
+
+    @property
+    def G(self) -> np.ndarray:
+        """Per coefficient the clusters its interval and p-value rest on."""
+        return self.fit.G if self.fit is not None else np.full(self.n, self.n_clusters)
+
+    @property
+    def clusters_used(self) -> list[str]:
+        """Per coefficient what a cluster is in its interval, with the counts (e.g. ``components (5 of 8 sets ...)``)."""
+        return list(self.fit.clusters) if self.fit is not None else [self.cluster_by] * self.n
 
     @property
     def names(self) -> list[str]:
@@ -252,19 +282,28 @@ class PositionOLS:
         return [significance_mark(p) for p in self.pvalues]
 
     def conf_int(self, alpha: float = 0.05) -> np.ndarray:
-        """CR1 confidence intervals from t(G-1) (statsmodels), shape (n, 2)."""
+        """CR1 confidence intervals from t(G-1), shape (n, 2): statsmodels' under one clustering; under
+        ``conservative`` each coefficient's under the clustering its interval used (its own G)."""
+        if self.fit is not None:
+            return self.fit.conf_int(alpha)
         return np.asarray(self.result.conf_int(alpha))
 
     def summary(self, alpha: float = 0.05):
         """statsmodels' summary of the CR1 fit, the coefficients named ``beta_0, beta_2, ...``.
 
-        Its p-values are those of t(G-1) also under wild inference (see :attr:`pvalues`).
+        Its p-values are those of t(G-1) also under wild inference (see :attr:`pvalues`).  Under ``conservative`` it
+        is the fit of the clustering most coefficients used, and a note names every coefficient whose interval used
+        the other (its numbers are in :attr:`bse`, :attr:`pvalues`, :meth:`conf_int`).
         """
-        return self.result.summary(xname=self.names, alpha=alpha)
+        out = self.result.summary(xname=self.names, alpha=alpha)
+        notes = self.fit.notes(self.names) if self.fit is not None else []
+        if notes:
+            out.add_extra_txt(notes)
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per coefficient; ``ci_low`` / ``ci_high``: the 95% interval of :meth:`conf_int`."""
-        ci = self.conf_int() if self.result is not None else np.full((self.n, 2), np.nan)
+        ci = self.conf_int() if self.result is not None or self.fit is not None else np.full((self.n, 2), np.nan)
         return pd.DataFrame(
             {
                 "coef": self.names,
@@ -275,9 +314,9 @@ class PositionOLS:
                 "p": self.pvalues,
                 "mark": self.marks,
                 "nobs": self.nobs,
-                "clusters": self.n_clusters,
-                "cluster_by": self.cluster_by,
-                "inference": self.inference,
+                "clusters": self.G,
+                "cluster_by": self.clusters_used,
+                "inference": list(self.inference_each) if self.inference_each else self.inference,
                 "ci_low": ci[:, 0],
                 "ci_high": ci[:, 1],
             }
@@ -418,8 +457,9 @@ def fit_position_ols(
     """Fit the positional OLS with cluster-robust SEs.
 
     ``clusters``: the segment-set id of every observation; ``topics``: its topic (corpus id), needed
-    for ``inference.clusters`` ``"set+topic"`` (the default) and ``"component"``.
-    ``inference``: :class:`Inference` (or ``"cluster"`` / ``"wild"``); default CR1 two-way + t(G-1).
+    for ``inference.clusters`` ``"conservative"`` (the default), ``"set+topic"`` and ``"component"``.
+    ``inference``: :class:`Inference` (or ``"cluster"`` / ``"wild"``); default CR1 + t(G-1), per coefficient
+    the wider of two-way and component clustering (:func:`posfair.fairness.clusters.fit_clustered`).
     ``warn``: emit a :class:`FewClustersWarning` when G < :data:`FEW_CLUSTERS` (callers that fit
     many regressions warn once for all of them instead).
     """
@@ -437,32 +477,40 @@ def fit_position_ols(
         raise ValueError(f"positions must cover 1..{n}; got {sorted(present)}")
     # cluster codes in sorted order of the ids (as wildboottest orders them): bootstrap weights go to
     # clusters by id, so the p-values do not depend on the row order of the observations
-    structure = cluster_structure(clusters, topics, inference.clusters)
-    n_clusters = structure.G
+    X = position_design(positions, n)
+    fit = fit_clustered(y, X, clusters, topics, inference.clusters)
+    n_clusters = fit.n_clusters
     if warn and n_clusters < FEW_CLUSTERS:
         warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=2)
-    X = position_design(positions, n)
-    res, cluster_by = clustered_ols(y, X, structure)
-    tvalues, pvalues = np.asarray(res.tvalues), np.asarray(res.pvalues)
-    boot_G = int(structure.bootstrap_codes.max()) + 1
+    tvalues, pvalues = fit.tvalues, fit.pvalues.copy()
+    labels_each = [inference.label(int(fit.structures[u].bootstrap_codes.max()) + 1) for u in fit.used]
     if inference.method == "wild":
-        if structure.codes.ndim == 1:
-            t_wild, pvalues = _wildboottest_tests(X, y, structure.codes, inference)
-        else:
-            t_wild, pvalues = wild_tests(X, y, structure, inference)
-        # (after the eigenvalue fix of a two-way covariance the fit's t differ from the raw ones the bootstrap uses)
-        if PSD_FIX_NOTE not in cluster_by and not np.allclose(t_wild, tvalues, rtol=1e-6, atol=1e-9):
-            raise RuntimeError(f"wild bootstrap t statistics {t_wild} differ from the CR1 fit's {tvalues}")
-        log.debug("wild bootstrap (%s): G=%d, p=%s", inference.label(boot_G), boot_G, pvalues)
+        # per coefficient the bootstrap of the clustering its interval used
+        for used in dict.fromkeys(fit.used):
+            structure = fit.structures[used]
+            pick = np.array([u == used for u in fit.used])
+            if structure.codes.ndim == 1:
+                t_wild, p_wild = _wildboottest_tests(X, y, structure.codes, inference)
+            else:
+                t_wild, p_wild = wild_tests(X, y, structure, inference)
+            # (after the eigenvalue fix of a two-way covariance the fit's t differ from the raw ones the bootstrap uses)
+            fixed = any(PSD_FIX_NOTE in c for c, u in zip(fit.clusters, fit.used, strict=True) if u == used)
+            if not fixed and not np.allclose(t_wild[pick], tvalues[pick], rtol=1e-6, atol=1e-9):
+                raise RuntimeError(f"wild bootstrap t statistics {t_wild} differ from the CR1 fit's {tvalues}")
+            pvalues[pick] = p_wild[pick]
+            log.debug("wild bootstrap (%s, %s): p=%s", inference.label(), used, p_wild)
+    labels = list(dict.fromkeys(fit.clusters))
     return PositionOLS(
         n=n,
-        params=np.asarray(res.params),
-        bse=np.asarray(res.bse),
+        params=fit.params,
+        bse=fit.bse,
         pvalues=np.asarray(pvalues),
         nobs=len(y),
         n_clusters=n_clusters,
         tvalues=tvalues,
-        inference=inference.label(boot_G),
-        cluster_by=cluster_by,
-        result=res,
+        inference="; ".join(dict.fromkeys(labels_each)),
+        inference_each=tuple(labels_each) if len(set(labels_each)) > 1 else None,
+        cluster_by=labels[0] if len(labels) == 1 else "; ".join(f"{cluster_kind(c)}: {c}" for c in labels),
+        result=fit.result,
+        fit=fit,
     )

@@ -23,10 +23,12 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import (
+    clusters_used_text,
     coverage_summary,
     few_clusters_message,
     fidelity_summary,
     fit_instance,
+    headline_clusters,
     is_noop,
 )
 from posfair.fairness.audit_tables import (
@@ -82,7 +84,7 @@ class AuditResult:
             draws=s.get("bootstrap_draws", d.draws),
             weights=s.get("bootstrap_weights", d.weights),
             seed=s.get("bootstrap_seed", d.seed),
-            clusters=s.get("clusters", d.clusters),
+            clusters=s.get("clusters", "set"),  # a run saved before clusters were chosen clustered by set
         )
 
     def coefficient(
@@ -198,9 +200,9 @@ class AuditResult:
         hf = c.pivot_table(
             index=["n", "config", "coef"], columns="calibration", values="cell", aggfunc="first", sort=False
         )
-        if len(hf):  # G: the clusters the marks of the row rest on
-            g = c.groupby(["n", "config"])["clusters"].max()
-            hf["G"] = [int(g.loc[(n, cfg)]) for n, cfg, _ in hf.index]
+        if len(hf):  # G: the clusters the marks of the row rest on, and what a cluster is (analysis.headline_clusters)
+            g = c.groupby(["n", "config", "coef"]).apply(headline_clusters, include_groups=False)
+            hf["G"] = [g.loc[key] for key in hf.index]
         return hf
 
     def family_findings(self) -> pd.DataFrame:
@@ -237,7 +239,9 @@ class AuditResult:
     def inference_text(self) -> str:
         """What the p-values rest on (from the coefficients' inference labels)."""
         c = self.coefficients
-        return describe_inference(c["inference"]) if "inference" in c and len(c) else ""
+        if "inference" not in c or not len(c):
+            return ""
+        return f"{describe_inference(c['inference'])}. {clusters_used_text(c)}".rstrip(". ") + "."
 
     # -- figures, report, files (posfair.fairness.audit_report) -------------------------------------
     def figure(self, setting: str = "main", title: str = "") -> Figure:
