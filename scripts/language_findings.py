@@ -15,7 +15,13 @@ Reads two language-grid audits (``--language-grid all``) and two position audits
    clustering, G the clusters really used.  "toward 0" only when the coefficient keeps its sign
    and the change's interval lies on the side of 0 (:func:`posfair.fairness.families.change_direction`);
 4. with two position audits, the second model's stock β_p over the first's (Fieller's interval,
-   independent audits), and per model Cochran's Q across the families.
+   independent audits), and per model Cochran's Q across the families;
+5. from each grid audit's observations, per document family (a grid run ``--by-family``) and pooled:
+   the language effects (stock, length-adjusted, margin, calibrated) and their change under
+   calibration (calibrated minus stock on the same later segments, one joint fit), each with its
+   95 % interval under the audit's default clustering (per term the wider of two-way and
+   component clustering, G and the clustering named; :func:`language_effects_by_family`);
+6. the grid summary of 2. per family and pooled (β2 of every instance refitted per family).
 
     python scripts/language_findings.py --grid "multilingual-e5-small=grid-e5" --grid "all-MiniLM-L6-v2=grid-minilm" \\
         --positions "multilingual-e5-small=pos-e5" --positions "all-MiniLM-L6-v2=pos-minilm"
@@ -24,13 +30,23 @@ Reads two language-grid audits (``--language-grid all``) and two position audits
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from posfair.fairness.analysis import fit_all
+from posfair.fairness.clusters import cluster_kind, joint_ols
+from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import family_findings, heterogeneity, interval_of, model_ratio
-from posfair.fairness.ols import significance_mark
+from posfair.fairness.language import (
+    calibration_effect_table,
+    fit_language_ols,
+    language_design,
+    language_effects,
+)
+from posfair.fairness.ols import FewClustersWarning, significance_mark
 
 
 def _pairs(values: list[str]) -> list[tuple[str, Path]]:
@@ -166,6 +182,97 @@ def heterogeneity_lines(folders: list[tuple[str, Path]], found: dict[str, pd.Dat
     return "\n".join(lines)
 
 
+def _ci(x) -> str:
+    """``+0.019 [+0.010, +0.028]`` of an estimate and its interval (``unbounded`` where it is)."""
+    lo, hi = x["ci_low"], x["ci_high"]
+    inner = f"{lo:+.3f}, {hi:+.3f}" if np.isfinite(lo) and np.isfinite(hi) else "unbounded"
+    return f"{x['estimate']:+.3f} [{inner}]"
+
+
+def _families(obs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Each document family's observations (an audit run ``--by-family``), then all of them as ``pooled``."""
+    fams = sorted(f for f in obs["family"].astype(str).unique() if f) if "family" in obs else []
+    return [(f, obs[obs["family"].astype(str) == f]) for f in fams] + [("pooled", obs)]
+
+
+def language_effects_by_family(obs: pd.DataFrame, n: int = 3) -> pd.DataFrame:
+    """Per family and pooled, per later language (reference English): the pooled language regression's effect stock,
+    stock length-adjusted, stock on the margin and calibrated, and the change (calibrated minus stock on the same
+    later segments), each with its 95 % interval under the audit's default clustering (per term the wider of two-way
+    set+topic and connected-component clustering, :func:`posfair.fairness.clusters.fit_clustered`; the change from
+    the joint fit of both, :func:`posfair.fairness.clusters.joint_ols`), G and the clustering used."""
+    obs = obs[(obs["setting"] == "main") & (obs["n"] == n)]
+    cal = sorted(set(obs["calibration"]) - {STOCK_LABEL})[0]
+    rows = []
+    for family, o in _families(obs):
+        fits = {
+            "stock": fit_language_ols(o, n=n),
+            "length-adj.": fit_language_ols(o, n=n, control_length=True),
+            "margin": fit_language_ols(o, n=n, measure="margin"),
+            "calibrated": fit_language_ols(o, n=n, calibration=cal),
+        }
+        # the change: stock and calibrated σ of the same later segments on one design, their joint covariance
+        later = o[o["position"] >= 2]
+        keys = ["doc_id", "position"]
+        paired = later[later["calibration"] == STOCK_LABEL].merge(
+            later[later["calibration"] == cal][[*keys, "sigma"]], on=keys, suffixes=("", "_cal"), validate="1:1"
+        )
+        X, names = language_design(paired, n, fits["stock"].reference, False, fits["stock"].lead_controls)
+        joint = joint_ols(X, paired[["sigma", "sigma_cal"]].to_numpy(), paired["set_id"], paired["topic"])
+        for j, term in enumerate(names):
+            if not term.startswith("later:"):
+                continue
+            row = {"family": family, "language": term.split(":", 1)[1]}
+            for what, fit in fits.items():
+                k = fit.names.index(term)
+                row[what] = {
+                    "estimate": fit.params[k], "p": fit.pvalues[k], "ci_low": fit.ci[k, 0], "ci_high": fit.ci[k, 1],
+                    "G": int(fit.G[k]), "clusters": fit.clusters_used[k],
+                }  # fmt: skip
+            change = joint.linear(joint.coef(1, j) - joint.coef(0, j))
+            row["change"] = change.to_dict()
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def language_family_table(grids: list[tuple[str, Path]]) -> str:
+    """Markdown: per model, later language and family, the language effects and the change with their intervals."""
+    lines = [
+        "| model | language | family | stock | length-adj. | margin | calibrated | change (cal. − stock) | G (clusters) |",
+        "|:--|:--|:--|:--|:--|:--|:--|:--|:--|",
+    ]
+    for name, folder in grids:
+        eff = language_effects_by_family(_observations(folder))
+        for _, r in eff.sort_values(["language"], kind="stable").iterrows():
+            cells = [_ci(r[w]) for w in ("stock", "length-adj.", "margin", "calibrated", "change")]
+            gs = dict.fromkeys(f"{r[w]['G']} {cluster_kind(r[w]['clusters'])}" for w in ("stock", "change"))
+            lines.append(f"| {name} | {r['language']} | {r['family']} | " + " | ".join(cells) + f" | {', '.join(gs)} |")
+    return "\n".join(lines)
+
+
+def grid_summary_by_family(grids: list[tuple[str, Path]]) -> str:
+    """Markdown: the grid summary (mean β2 monolingual and mixed, mean |β2|, cells with p < 0.05 under the audit's
+    default clustering, the spread of the language effects) per model, family and calibration."""
+    lines = [
+        "| model | family | calibration | mean β2 mono | mean β2 mixed | mean abs β2 | cells p < .05 | language spread |",
+        "|:--|:--|:--|--:|--:|--:|--:|--:|",
+    ]
+    for name, folder in grids:
+        obs = _observations(folder)
+        obs = obs[obs["setting"] == "main"]
+        for family, o in _families(obs):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FewClustersWarning)
+                coefs = fit_all(o, ["sigma"])
+            eff = language_effects(o)
+            for _, r in calibration_effect_table(coefs, eff, model=name).frame.reset_index().iterrows():
+                lines.append(
+                    f"| {name} | {family} | {r['calibration']} | {r['mean β2 monolingual']} | {r['mean β2 mixed']} | "
+                    f"{r['mean |β2| (all cells)']} | {r['significant cells']} | {r['language-effect spread (max - min)']} |"
+                )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", action="append", default=[], metavar="NAME=FOLDER", help="a --language-grid audit folder")
@@ -174,6 +281,8 @@ def main() -> None:
     if args.grid:
         print(language_table(_pairs(args.grid)), end="\n\n")
         print(grid_summary(_pairs(args.grid)), end="\n\n")
+        print(language_family_table(_pairs(args.grid)), end="\n\n")
+        print(grid_summary_by_family(_pairs(args.grid)), end="\n\n")
     if args.positions:
         folders = _pairs(args.positions)
         found = findings(folders)

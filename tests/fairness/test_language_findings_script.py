@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import statsmodels.api as sm
 
 from posfair.fairness.ols import position_design
@@ -64,3 +65,72 @@ def test_change_interval_is_the_audits_clusters_and_a_flip_is_not_toward_zero(tm
     assert lo > 0  # the change is clearly up ...
     assert f"[{lo:+.3f}, {hi:+.3f}] past 0 (sign flipped)" in row  # ... but past 0, not toward it
     assert "toward 0" not in row
+
+
+def _grid_observations(seed=0):
+    """A by-family language grid (en, de, fr; n = 3): per family 4 sets of 3 of its 6 topics per instance (so the
+    instances' sets share topics within a family, never across), stock and calibrated σ and the margin."""
+    rng = np.random.default_rng(seed)
+    lang_effect = {"en": 0.0, "de": 0.03, "fr": -0.02}
+    rows = []
+    for family in ("faq", "guide"):
+        topic_effect = rng.normal(0, 0.05, 6)
+        for lead, later in itertools.product(lang_effect, repeat=2):
+            for s in range(4):
+                pick = rng.choice(6, 3, replace=False)
+                set_id = f"{family}-{lead}-{later}-s{s}"
+                for j, perm in enumerate(itertools.permutations(range(3))):
+                    for p, k in enumerate(perm, start=1):
+                        lang = lead if p == 1 else later
+                        base = 0.6 - 0.02 * (p - 1) + lang_effect[lang] + topic_effect[pick[k]] + rng.normal(0, 0.02)
+                        for cal, shift in (("stock", 0.0), ("B128-L0.5-a0.5", 0.01 * (p - 1))):
+                            sigma = base + shift + rng.normal(0, 0.005)
+                            rows.append(
+                                {"calibration": cal, "setting": "main", "n": 3, "family": family,
+                                 "config": f"[{lead}, {later}, ..., {later}]" if lead != later else lead,
+                                 "config_key": f"{lead}-{later}" if lead != later else lead,
+                                 "doc_id": f"{set_id}-p{j}", "set_id": set_id, "topic": f"{family}-t{pick[k]}",
+                                 "position": p, "lang": lang, "lead_lang": lead, "later_lang": later,
+                                 "seg_tokens": 50 + 5 * (lang == "de") + rng.integers(0, 5), "sigma": sigma,
+                                 "margin": sigma - 0.3}
+                            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_language_change_per_family_is_the_wider_of_components_and_two_way():
+    obs = _grid_observations()
+    eff = _script().language_effects_by_family(obs)
+    assert set(eff["family"]) == {"faq", "guide", "pooled"} and set(eff["language"]) == {"de", "fr"}
+    import statsmodels.formula.api as smf
+    from scipy import stats
+
+    for family in ("faq", "pooled"):
+        o = obs if family == "pooled" else obs[obs["family"] == family]
+        later = o[o["position"] >= 2]
+        wide = later.pivot_table(
+            index=["doc_id", "position", "set_id", "topic", "lang", "lead_lang"], columns="calibration", values="sigma"
+        ).reset_index()
+        wide["diff"] = wide["B128-L0.5-a0.5"] - wide["stock"]
+        model = smf.ols("diff ~ C(lang, Treatment('en')) + C(position) + C(lead_lang, Treatment('en'))", data=wide)
+        comp = wide["set_id"].str.split("-").str[0].map({"faq": 0, "guide": 1})  # by hand: one component per family
+        two = np.column_stack([pd.factorize(wide["set_id"])[0], pd.factorize(wide["topic"])[0]])
+        fits = {}
+        if family == "pooled":
+            fits["components"] = (model.fit(cov_type="cluster", cov_kwds={"groups": comp}, use_t=True), 2)
+        fits["two-way"] = (
+            model.fit(cov_type="cluster", cov_kwds={"groups": two}, use_t=True),
+            min(wide["set_id"].nunique(), wide["topic"].nunique()),
+        )
+        row = eff[(eff["family"] == family) & (eff["language"] == "de")].iloc[0]["change"]
+        term = "C(lang, Treatment('en'))[T.de]"
+        widths = {k: stats.t.ppf(0.975, G - 1) * f.bse[term] for k, (f, G) in fits.items()}
+        use = max(widths, key=widths.get)
+        f, G = fits[use]
+        assert row["estimate"] == pytest.approx(f.params[term], abs=1e-10)
+        assert row["G"] == G
+        if "positive semi-definite" in row["clusters"]:  # the joint two-way covariance needed the eigenvalue fix
+            assert use == "two-way" and row["se"] != pytest.approx(f.bse[term], rel=1e-6)
+        else:
+            assert row["se"] == pytest.approx(f.bse[term], rel=1e-6)
+        # one family's sets are one connected component: two-way, said so; pooled: the wider, named
+        assert row["clusters"].startswith("components (2 of" if use == "components" else "set+topic (")
