@@ -45,7 +45,7 @@ _SECTION = """\
 <p>Language bias: for every lead language (position 1) and later language (positions 2..n), β<sub>2</sub> of σ \
 per instance (heatmaps, one panel per calibration; the diagonal holds the monolingual baselines), and the effect of \
 the later segments' language at equal position from one regression pooled over all instances (language, position \
-and lead-language dummies, clustered by segment set). Scripts tokenise differently: the mean tokens per segment \
+and lead-language dummies; each interval clustered as its caption says). Scripts tokenise differently: the mean tokens per segment \
 per language stand beside the effects, and the length-adjusted columns add the segment's token count to the \
 regression. The same regression on the margin (σ minus the document's mean cosine to the other segment sets) \
 separates a language being represented from its texts merely lying close together. {{ legend }}.</p>
