@@ -180,3 +180,17 @@ def test_the_corpus_fingerprint_reads_content_with_missing_values():
     d = a.copy()
     d.loc[0, "text"] = "x "
     assert corpus_content_fingerprint(d) != corpus_content_fingerprint(a)
+
+
+def test_independent_parts_of_one_folder_keep_each_others_files(tmp_path):
+    """A benchmark's domains are built one at a time into one folder: each domain is a part with its own records;
+    building domain b neither removes nor reports domain a's files."""
+    with RunFolder(tmp_path, "build-benchmark", {"domain": "a"}, part="a"):
+        atomic_write_text(tmp_path / "eng-Latn" / "a" / "corpus.parquet", "a")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunFolderWarning)
+        with RunFolder(tmp_path, "build-benchmark", {"domain": "b"}, part="b", state=["eng-Latn/a"]) as rf:
+            atomic_write_text(tmp_path / "eng-Latn" / "b" / "corpus.parquet", "b")
+    assert rf.removed == [] and (tmp_path / "eng-Latn" / "a" / "corpus.parquet").read_text() == "a"
+    assert list(json.loads((tmp_path / "posfair-run.b.json").read_text())["files"]) == ["eng-Latn/b/corpus.parquet"]
+    assert list(json.loads((tmp_path / "posfair-run.a.json").read_text())["files"]) == ["eng-Latn/a/corpus.parquet"]

@@ -48,6 +48,15 @@ log = logging.getLogger(__name__)
 MANIFEST = "posfair-run.json"
 #: written while a run is open (one line per file written): what a killed run made
 JOURNAL = ".posfair-run.journal"
+
+
+def _records(name: str) -> bool:
+    """Whether a file name is a run folder's own record (a manifest or journal, of the folder or of one part)."""
+    return (name.startswith("posfair-run") and name.endswith(".json")) or (
+        name.startswith(".posfair-run") and name.endswith(".journal")
+    )
+
+
 #: the format of posfair's result files; part of every result key, so results of another format are never reused
 RESULT_FORMAT = 1
 
@@ -79,13 +88,25 @@ class RunFolder:
 
     ``state``: the folders of resumable state with its own content check: a ``str`` names a sub-folder of ``root``
     (``"cache"``), a ``Path`` is a location as a user gives it (relative to the working directory), counted when it
-    lies inside ``root``.  Use as a context manager around everything the run writes; :attr:`changed` names the parts
+    lies inside ``root``.  ``part``: one of several independent runs in one folder (a benchmark's domains), with
+    its own records (``posfair-run.<part>.json``); the other parts' files are then its ``state``.  Use as a context manager around everything the run writes; :attr:`changed` names the parts
     of the key that differ from the folder's previous run (empty when it matched or there was none), and
     :attr:`files` / :attr:`removed` / :attr:`kept` say what the run wrote, removed and left alone.
     """
 
-    def __init__(self, root: str | os.PathLike, command: str, key: Mapping[str, Any], *, state: Iterable[Any] = ()):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        command: str,
+        key: Mapping[str, Any],
+        *,
+        state: Iterable[Any] = (),
+        part: str | None = None,
+    ):
         self.root = Path(root)
+        # one part of a folder that holds several independent runs (a benchmark's domains): its own records
+        self.manifest = MANIFEST if part is None else f"posfair-run.{part}.json"
+        self.journal = JOURNAL if part is None else f".posfair-run.{part}.journal"
         self.command = command
         self.key = _canonical(dict(key) | {"result_format": RESULT_FORMAT})
         self.fingerprint = content_fingerprint(self.key)
@@ -105,7 +126,7 @@ class RunFolder:
         old = self._read_manifest()
         if old is not None and old.get("command") not in (None, self.command):
             raise PosfairInputError(
-                f"{self.root}: holds the results of 'posfair {old['command']}' ({MANIFEST}); "
+                f"{self.root}: holds the results of 'posfair {old['command']}' ({self.manifest}); "
                 f"'posfair {self.command}' writes into another folder"
             )
         self.previous = {str(k): str(v) for k, v in ((old or {}).get("files") or {}).items()}
@@ -120,7 +141,7 @@ class RunFolder:
                 stacklevel=user_stacklevel(),
             )
         self.root.mkdir(parents=True, exist_ok=True)
-        self._journal = open(self.root / JOURNAL, "a", encoding="utf-8")  # noqa: SIM115 (closed in __exit__)
+        self._journal = open(self.root / self.journal, "a", encoding="utf-8")  # noqa: SIM115 (closed in __exit__)
         self._observing = observing_writes(self._note)
         self._observing.__enter__()
         return self
@@ -135,7 +156,7 @@ class RunFolder:
         return p.as_posix().rstrip("/") or "."
 
     def _read_manifest(self) -> dict[str, Any] | None:
-        path = self.root / MANIFEST
+        path = self.root / self.manifest
         if not path.exists():
             return None
         try:
@@ -151,7 +172,7 @@ class RunFolder:
 
     def _read_journal(self) -> dict[str, str]:
         """Files a killed run wrote (each line: sha256, a tab, the relative path; a torn last line is ignored)."""
-        path = self.root / JOURNAL
+        path = self.root / self.journal
         if not path.exists():
             return {}
         out = {}
@@ -166,7 +187,7 @@ class RunFolder:
         rel = self._relative(Path(path).absolute())
         if rel is None:
             return False  # another folder's file: not this run's
-        if rel.rsplit("/", 1)[-1] in (MANIFEST, JOURNAL) or self._in_state(rel):
+        if _records(rel.rsplit("/", 1)[-1]) or self._in_state(rel):
             return True  # this run's or a nested run's own record; state with its own content check
         digest = file_sha256(path)
         self.files[rel] = digest
@@ -189,7 +210,7 @@ class RunFolder:
         else:  # a failed run: every file posfair made stays listed (the next run can tell them from a user's)
             files = dict(sorted((self.previous | self.files).items()))
         atomic_write_json(
-            self.root / MANIFEST,
+            self.root / self.manifest,
             {
                 "format": RESULT_FORMAT,
                 "command": self.command,
@@ -200,7 +221,7 @@ class RunFolder:
                 "state": self.state,
             },
         )
-        (self.root / JOURNAL).unlink(missing_ok=True)
+        (self.root / self.journal).unlink(missing_ok=True)
 
     def _remove_stale(self) -> None:
         for rel, digest in sorted(self.previous.items()):
@@ -239,11 +260,13 @@ class RunFolder:
             rel_dir = "" if rel_dir == "." else rel_dir + "/"
             # state folders and nested run folders (a part of this run with its own manifest) are not this run's files
             dirnames[:] = sorted(
-                d for d in dirnames if not self._in_state(rel_dir + d) and not (Path(dirpath) / d / MANIFEST).exists()
+                d
+                for d in dirnames
+                if not self._in_state(rel_dir + d) and next((Path(dirpath) / d).glob("posfair-run*.json"), None) is None
             )
             for name in sorted(filenames):
                 rel = rel_dir + name
-                if rel in (MANIFEST, JOURNAL) or rel in self.files or rel in self.kept or self._in_state(rel):
+                if _records(name) or rel in self.files or rel in self.kept or self._in_state(rel):
                     continue
                 if name.startswith(".") and name.endswith(".tmp"):
                     continue  # another writer's temporary file
@@ -254,7 +277,7 @@ class RunFolder:
             warnings.warn(
                 f"{self.root}: {len(foreign)} files were not written by this {self.command} and are kept "
                 f"({changed}the others not made by posfair or by a version without {MANIFEST}): {shown}; "
-                f"this run's files are listed in {MANIFEST}",
+                f"this run's files are listed in {self.manifest}",
                 RunFolderWarning,
                 stacklevel=user_stacklevel(),
             )

@@ -17,7 +17,7 @@ from posfair.errors import PosfairInputError
 # (id, command line ({t} = the test's folder), a fragment the error line must contain, environment)
 MISTAKES = [
     # encode
-    ("encode-no-input", "encode -o {t}/o.npy", "missing option '--input'", None),
+    ("encode-no-input", "encode -o {t}/o.npy", "missing option '--corpus'", None),
     ("encode-missing-input", "encode -i {t}/missing.txt -o {t}/o.npy", "{t}/missing.txt does not exist", None),
     ("encode-not-utf8", "encode -i {t}/latin1.txt -o {t}/o.npy", "{t}/latin1.txt: line 1 is not UTF-8 text", None),
     ("encode-empty-input", "encode -i {t}/empty.txt -o {t}/o.npy", "{t}/empty.txt: no texts to embed", None),

@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from test_vocabulary import COMMANDS, options  # noqa: E402  (tests/cli is on the path as the test's folder)
+from tests.cli.test_vocabulary import COMMANDS, options
 from typer.testing import CliRunner
 
 from posfair.cli import aliases

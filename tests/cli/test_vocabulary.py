@@ -45,6 +45,7 @@ DIFFERENT_DEFAULTS = {
     "--benchmark": {"tune": "optional: --objective retrieval builds one from --corpus"},
     "--cache": {"encode": "a temporary folder next to the output, removed after success"},
     "--calibration": {"audit": "repeatable: () = stock only", "retrieval": "repeatable: () = stock only"},
+    "--ray-address": {"serve": "a server always runs on Ray: its own local instance (embed: not on Ray without it)"},
 }
 #: options whose help differs between commands, on purpose: {flag: {command: why}}
 DIFFERENT_HELP = {
@@ -62,6 +63,7 @@ DIFFERENT_HELP = {
     "--cache": {"encode": "temporary by default"},
     "--lang": {"retrieval": "one language", "sweep": "one language", "tune": "one language"},
     "--docs": {"tune": "says how the tuner splits the sets"},
+    "--ray-address": {"serve": "no 'local': without the option the server starts an instance of its own"},
 }
 
 
@@ -88,11 +90,13 @@ def test_one_option_name_has_one_default_and_one_help_text():
 
 
 def test_calibration_options_describe_a_calibration_and_profile_options_a_profile():
-    """--layers / --basket-size / --strength set a calibration (encode, embed); the attention profile's own
+    """--layers / --basket-size / --strength set a calibration (encode, embed, serve); the attention profile's own
     layers and basket are --profile-layers / --profile-basket-size; the grids are --baskets / --layer-sets /
     --strengths."""
     opts = options()
-    assert set(opts["--layers"]) == set(opts["--basket-size"]) == set(opts["--strength"]) == {"encode", "embed"}
+    assert (
+        set(opts["--layers"]) == set(opts["--basket-size"]) == set(opts["--strength"]) == {"encode", "embed", "serve"}
+    )
     assert set(opts["--profile-layers"]) == set(opts["--profile-basket-size"]) == {"attention"}
     assert set(opts["--layer-sets"]) == set(opts["--baskets"]) == set(opts["--strengths"]) == {"sweep", "tune"}
     assert "--max-docs" not in opts

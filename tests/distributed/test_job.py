@@ -281,7 +281,7 @@ def test_cli_names_a_damaged_shard_in_one_warning_line(tmp_path, texts, tiny_spe
         f"warning: damaged cache shard {shard} (not a complete Arrow IPC file: 70 bytes, cut short or overwritten): "
         f"moved to {shard}.damaged-1; its vectors are recomputed"
     ]
-    assert "1 shards written, 2 already present" in res.stdout
+    assert "1 shard written, 2 already present" in res.stdout
     np.testing.assert_array_equal(stored(tmp_path / "s", spec.load_model(), texts[:12]), before)
 
 

@@ -18,7 +18,7 @@ from posfair.tuning.outputs import summary_text
 from posfair.tuning.trials import ConstraintWarning
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_constraint_check import UnitObjective  # noqa: E402
+from tests.tuning.test_constraint_check import UnitObjective
 
 SPACE = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=0)
 

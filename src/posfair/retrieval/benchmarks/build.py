@@ -90,7 +90,9 @@ def build_from_corpus(
     }
     # the benchmark is made from the corpus's content, the construction and the documents cut (which hold the token counts)
     key = {"corpus": corpus_content_fingerprint(corpus), "construction": record, "documents": docs}
-    with RunFolder(out, "build-benchmark", key):
+    # each domain is a run of its own (a benchmark may hold several, built one at a time): the others are left alone
+    others = sorted({f"{d.parent.name}/{d.name}" for d in out.glob("*/*") if d.is_dir() and d.name != domain})
+    with RunFolder(out, "build-benchmark", key, state=others, part=domain):
         for lang, sub in per_lang.items():
             _write_language(out / posir_lang(lang) / domain, sub, doc_ids, docs, n_tokens.get(lang))
         atomic_write_json(out / "benchmark.json", record)
