@@ -396,6 +396,6 @@ def _write_result(
         out / "report.html",
         title or f"Positional-fairness audit: {result.model['name']}",
         report_sections(result, figures, extra_sections),
-        subtitle=f"corpus {result.corpus.get('name', '')} · {len(result.observations):,} observations",
+        subtitle=f"{_corpus_words(result.corpus.get('name', ''))} · {len(result.observations):,} observations",
     )
     return paths
