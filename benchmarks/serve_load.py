@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--model", default="bundled")
     ap.add_argument("--max-seq-length", type=int, default=512)
     ap.add_argument("--texts", type=int, default=192, help="texts per measured load (C=1 runs a third of them)")
+    ap.add_argument("--max-batch-tokens", type=int, default=None, help="the server's --max-batch-tokens (its default)")
     args = ap.parse_args()
 
     import posfair
@@ -111,6 +112,8 @@ def main() -> None:
     posfair_cmd = [str(Path(sys.executable).with_name("posfair"))]
     cmd = [*posfair_cmd, "serve", "--model", args.model, "--max-seq-length", str(args.max_seq_length), "--port",
            str(port), "--calibration", "default", "--request-calibration"]  # fmt: skip
+    if args.max_batch_tokens:
+        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
     log = tempfile.NamedTemporaryFile("w+", suffix=".log")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
