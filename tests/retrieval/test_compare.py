@@ -54,9 +54,9 @@ def test_changes_and_intervals_by_hand():
     assert d.loc["sea", "ndcg_verdict"] == "no difference shown"
     table = differences_table([stock, better, same])
     assert table.frame.loc["late", "nDCG@10 vs stock"] == "higher" and "2000 draws, seed 0" in table.caption
-    assert table.frame.loc["late", "PSI vs stock"] == "lower" and table.frame.loc["late", "ΔPSI [95 % interval]"].startswith(
-        "-0.378 ["
-    )
+    assert table.frame.loc["late", "PSI vs stock"] == "lower" and table.frame.loc[
+        "late", "ΔPSI [95 % interval]"
+    ].startswith("-0.378 [")
 
 
 def test_verdict_and_refusals():

@@ -33,12 +33,12 @@ from posfair.fairness.measures import sets_slope
 from posfair.fairness.pipeline import corpus_fingerprint
 from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
-from posfair.run_folder import RESULT_FORMAT
 from posfair.model_info import display_name
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.compare import harm_change
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+from posfair.run_folder import RESULT_FORMAT
 from posfair.store import EmbeddingStore
 
 __all__ = [
