@@ -284,5 +284,5 @@ def test_verify_command_sets_damaged_shards_aside_and_says_so(tmp_path):
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
     bad = runner.invoke(app, ["verify", str(ns.path)])  # one namespace folder works too
     assert bad.exit_code == 1, bad.output
-    assert f"set aside: {victim}.damaged-1" in bad.output and "1 damaged shard(s) set aside" in bad.output
+    assert f"set aside: {victim}.damaged-1" in bad.output and "1 damaged shard set aside" in bad.output
     assert not victim.exists() and EmbeddingStore(tmp_path / "store").namespace(model="m").missing(keys) == held

@@ -199,6 +199,7 @@ def test_save_writes_everything(result, tmp_path):
         "p",
         "mark",
         "G",
+        "clusters",
         "inference",
     ]
     assert "Few clusters:" in html  # the tiny audit rests on a handful of segment sets

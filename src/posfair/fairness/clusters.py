@@ -535,13 +535,24 @@ def fit_clustered(y, X, sets, topics=None, by: str = DEFAULT_CLUSTERS) -> Cluste
     got = [joint.linear(joint.coef(0, j)) for j in range(k)]
     if two.shared_topics == 0:  # one-way by set: the same fit under either name
         results.setdefault("component", results.get("set+topic"))
+    # the numbers of each coefficient are statsmodels' own under the clustering chosen for it (the results object a
+    # reader gets back, AuditResult.ols, gives the table's numbers to the last bit); the choice is joint_ols's rule
+    cols = []
+    for j, g in enumerate(got):
+        res = results.get(g.by)
+        if res is None:
+            cols.append((g.estimate, g.se, g.estimate / g.se if g.se > 0 else np.nan, g.p, g.ci_low, g.ci_high))
+            continue
+        ci = np.asarray(res.conf_int())[j]
+        cols.append((res.params[j], res.bse[j], res.tvalues[j], res.pvalues[j], ci[0], ci[1]))
+    cols = np.asarray(cols, dtype=np.float64)
     return ClusteredFit(
         by,
-        np.array([g.estimate for g in got]),
-        np.array([g.se for g in got]),
-        np.array([g.estimate / g.se if g.se > 0 else np.nan for g in got]),
-        np.array([g.p for g in got]),
-        np.array([[g.ci_low, g.ci_high] for g in got]),
+        cols[:, 0],
+        cols[:, 1],
+        cols[:, 2],
+        cols[:, 3],
+        cols[:, 4:6],
         np.array([g.G for g in got], dtype=np.int64),
         tuple(g.clusters for g in got),
         tuple(g.by for g in got),

@@ -30,7 +30,9 @@ from scipy import stats
 from posfair.fairness.clusters import Interval, fieller, joint_ols
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.ols import position_design
-from posfair.report.tables import Table
+from posfair.io import atomic_write_json
+from posfair.report.html import Section, render_string
+from posfair.report.tables import Table, to_html, write_table
 
 if TYPE_CHECKING:
     from posfair.fairness.results import AuditResult
@@ -350,8 +352,6 @@ def family_tables(result: AuditResult) -> list[Table]:
 
 def family_section(result: AuditResult):
     """The report section ``Families`` (None for an audit not run by family)."""
-    from posfair.report.html import Section, render_string
-    from posfair.report.tables import to_html
 
     tables = family_tables(result)
     if not tables:
@@ -364,8 +364,6 @@ def family_section(result: AuditResult):
 
 def save_families(result: AuditResult, out: Path) -> dict[str, Path]:
     """``families.json`` and the two tables (md/csv/tex) of an audit run by family; {} otherwise."""
-    from posfair.io import atomic_write_json
-    from posfair.report.tables import write_table
 
     paths: dict[str, Path] = {}
     if len(families_of(result.observations)) < 2:

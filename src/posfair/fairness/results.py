@@ -39,6 +39,7 @@ from posfair.fairness.audit_tables import (
     format_estimate,
 )
 from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK_LABEL
+from posfair.fairness.families import family_findings, heterogeneity
 from posfair.fairness.ols import Inference, PositionOLS, describe_inference
 from posfair.report.html import FigureRef, Section
 from posfair.report.tables import Table
@@ -208,14 +209,10 @@ class AuditResult:
     def family_findings(self) -> pd.DataFrame:
         """Per document family and pooled: β_p stock and calibrated, the change and the share removed with their
         intervals (:func:`posfair.fairness.families.family_findings`; pooled rows only for an audit not run by family)."""
-        from posfair.fairness.families import family_findings
-
         return family_findings(self.observations, [c["label"] for c in self.calibrations])
 
     def family_heterogeneity(self) -> pd.DataFrame:
         """Cochran's Q across the document families (:func:`posfair.fairness.families.heterogeneity`)."""
-        from posfair.fairness.families import heterogeneity
-
         return heterogeneity(self.family_findings())
 
     def few_clusters_message(self) -> str | None:
