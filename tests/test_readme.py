@@ -203,7 +203,9 @@ def _check_ray_embed(cmd: str, res: subprocess.CompletedProcess, session: Path |
     from posfair.retrieval.benchmarks import load_benchmark
     from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
-    assert "engine: a local Ray instance, 2 workers\n" in res.stdout and "2 worker(s)" in res.stdout, res.stdout
+    assert "engine: a local Ray instance, 2 workers\n" in res.stdout and "2 workers, padding waste" in res.stdout, (
+        res.stdout
+    )
     assert session is not None, "the command started no Ray instance of its own"
     left = session_settles(session)
     assert not left, f"the command's Ray instance outlived it: {left}"

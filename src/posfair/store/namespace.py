@@ -99,7 +99,8 @@ def _note_other_code(path: Path, meta: dict[str, Any]) -> None:
     if others:
         warnings.warn(
             f"embedding store {path.parent}: no vectors yet for model fingerprint {meta.get('model')}; "
-            f"{len(others)} namespace(s) of the same settings were made by other posfair code ({', '.join(others[:3])}"
+            f"{len(others)} {'namespace' if len(others) == 1 else 'namespaces'} of the same settings "
+            f"{'was' if len(others) == 1 else 'were'} made by other posfair code ({', '.join(others[:3])}"
             f"{', ...' if len(others) > 3 else ''}): posfair does not reuse them, so if they hold this model's "
             "embeddings (posfair's model fingerprint no longer depends on the model folder's path), these are "
             "computed again; delete those folders to reclaim their space",
