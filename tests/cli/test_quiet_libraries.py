@@ -7,6 +7,7 @@ import sys
 
 import datasets.utils as datasets_tqdm
 import huggingface_hub.utils as hub_utils
+import transformers
 from transformers.utils import logging as transformers_logging
 
 import posfair
@@ -29,7 +30,9 @@ def test_no_weight_loading_bar_inside_a_command(tiny_model_path, capsys, monkeyp
     assert "Loading weights" not in capsys.readouterr().err
     assert transformers_logging.is_progress_bar_enabled() and not datasets_tqdm.are_progress_bars_disabled()
     posfair.load_model(path, pooling=pooling)  # a library call outside a command: transformers' own bar
-    assert "Loading weights" in capsys.readouterr().err
+    shown = capsys.readouterr().err
+    if int(transformers.__version__.split(".")[0]) >= 5:  # transformers 4.x draws no weight-loading bar at all
+        assert "Loading weights" in shown
 
 
 def test_debug_keeps_every_bar(monkeypatch):
