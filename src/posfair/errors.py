@@ -54,7 +54,8 @@ class _FileError(OSError):
 
     @staticmethod
     def describe(cause: OSError) -> str:
-        raise NotImplementedError
+        """The cause in words (the subclasses say more for the errors of their kind)."""
+        return cause.strerror or str(cause)
 
     def __str__(self) -> str:
         return self.strerror
