@@ -122,7 +122,7 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
 
     import posfair
     import posfair.calibration.fused
-    from posfair.compat import preprocess
+    from posfair.model.compat import preprocess
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
     pooling = _pooling(config)
@@ -181,7 +181,7 @@ def interleaved(
 
     import posfair
     import posfair.calibration.fused
-    from posfair.compat import preprocess
+    from posfair.model.compat import preprocess
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
     real = folder.startswith("bundled")

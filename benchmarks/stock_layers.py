@@ -1,6 +1,6 @@
 """What sharing the stock layers saves when the same texts are encoded stock and then calibrated.
 
-``posfair.stock_layers``: below a calibration's first calibrated layer every layer is stock, so a
+``posfair.model.stock_layers``: below a calibration's first calibrated layer every layer is stock, so a
 pipeline that encodes texts stock and then with calibrations (the audit, the demo, retrieval and
 sweep) computes those layers once.  This script measures it in one run, on a bundled model
 (``--model``: ``bundled`` = all-MiniLM-L6-v2, 6 layers; ``bundled:multilingual-e5-small``, 12 layers)

@@ -38,11 +38,7 @@ LEVELS = [
         (
             "posfair.model",
             "posfair.bundled",
-            "posfair.calibrated_transformer",
-            "posfair.stock_layers",
-            "posfair.model_info",
             "posfair.store",
-            "posfair.hub",
             "posfair.corpus",
         ),
     ),

@@ -1,4 +1,4 @@
-"""posfair.compat on the installed stack (CI runs it on transformers 4.x and 5.x): the names that
+"""posfair.model.compat on the installed stack (CI runs it on transformers 4.x and 5.x): the names that
 differ between sentence-transformers 5.x and 6.x behave alike, and the version gate is right."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sentence_transformers
 import torch
 import transformers
 
-from posfair import compat
+from posfair.model import compat
 
 
 def test_the_installed_stack_is_one_of_the_supported_pairs():

@@ -23,10 +23,11 @@ from tests.retrieval.conftest import aligned_corpus
 from transformers import TrainerCallback
 
 import posfair
-from posfair import Calibration, compat
+from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.fairness.experiment import AuditSettings
 from posfair.fairness.pipeline import PositionalFairnessEvaluator
+from posfair.model import compat
 from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 
@@ -137,7 +138,7 @@ def test_saving_a_calibrated_model_writes_its_usage_snippet_calibrated(tiny_mode
     lose the snippet; it now encodes calibrated, as the model does, and the module is posfair's again after."""
     import logging
 
-    from posfair.calibrated_transformer import CalibratedTransformer
+    from posfair.model.calibrated_transformer import CalibratedTransformer
 
     path, pooling = tiny_model_path("bert-mean")
     model = posfair.load_model(path, pooling=pooling, device="cpu").set_calibration(CAL)

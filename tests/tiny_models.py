@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer, BertConfig, ModernBertConfig, Qwen3Config, XLMRobertaConfig
 
-from posfair.compat import TRANSFORMERS_5
 from posfair.model import bundled_model_path
+from posfair.model.compat import TRANSFORMERS_5
 
 VOCAB = 30522  # the bundled WordPiece vocabulary
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128)

@@ -33,10 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from posfair import compat
 from posfair.calibration import Calibration
 from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice
-from posfair.model import input_reported, token_limit
+from posfair.model import compat, input_reported, token_limit
 from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 __all__ = [
@@ -152,7 +151,7 @@ def model_limit(model: Any, max_seq_length: int | None = None) -> int:
 
 @contextlib.contextmanager
 def sharing_stock_layers(model: Any, calibrations: Sequence[Any], into: Any = None) -> Iterator[Any]:
-    """``model.sharing_stock_layers(calibrations, into=into)`` (``posfair.stock_layers``) for a posfair model; for
+    """``model.sharing_stock_layers(calibrations, into=into)`` (``posfair.model.stock_layers``) for a posfair model; for
     any other model, or with nothing to share, a block that shares nothing (yields None).  Encode stock first, then
     the calibrations, on the same texts."""
     share = getattr(model, "sharing_stock_layers", None)

@@ -9,8 +9,9 @@ import torch
 
 import posfair
 import posfair.model as pm
-from posfair import Calibration, compat
+from posfair import Calibration
 from posfair.calibration import STOCK
+from posfair.model import compat
 from reference import reference_mode
 from tiny_models import ARCHS, eager_attention, expected_mechanism, skip_without_registry
 

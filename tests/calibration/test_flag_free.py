@@ -25,8 +25,9 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
 import posfair
-from posfair import Calibration, compat
+from posfair import Calibration
 from posfair.calibration import STOCK
+from posfair.model import compat
 from tiny_models import ARCHS
 
 LONG = "Calibration gives later baskets as much attention as early ones. " * 8

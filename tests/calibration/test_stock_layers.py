@@ -1,4 +1,4 @@
-"""Stock layers shared between the stock pass and calibrated passes (``posfair.stock_layers``): the same
+"""Stock layers shared between the stock pass and calibrated passes (``posfair.model.stock_layers``): the same
 numbers, bit for bit, as encoding without sharing, on every tiny architecture and attention path; the
 lower layers really are skipped; a batch that cannot be shared is computed in full and counted."""
 

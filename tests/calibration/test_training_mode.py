@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import posfair
-from posfair import Calibration, compat
+from posfair import Calibration
 from posfair.calibration import STOCK
+from posfair.model import compat
 from tiny_models import build_tiny_model
 
 TEXTS = [

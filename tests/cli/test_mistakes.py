@@ -504,7 +504,7 @@ def test_an_output_folder_named_like_a_file_is_refused_before_anything_is_encode
 def test_the_hub_is_probed_once_and_fast(files, monkeypatch):
     import time
 
-    from posfair import hub
+    from posfair.model import hub
 
     calls = []
     real = hub.probe_hub
@@ -529,7 +529,7 @@ def test_the_hub_is_probed_once_and_fast(files, monkeypatch):
 def test_the_library_refuses_an_unreachable_hub_id_by_name(monkeypatch):
     import posfair
     from posfair.errors import PosfairInputError
-    from posfair.hub import ModelNotFound
+    from posfair.model.hub import ModelNotFound
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
@@ -570,7 +570,7 @@ def test_the_script_goes_through_the_same_boundary(files, capsys):
 
 
 def test_a_hub_id_in_the_cache_is_not_refused_offline(tmp_path, monkeypatch):
-    from posfair.hub import check_model_source
+    from posfair.model.hub import check_model_source
 
     snapshot = tmp_path / "models--some-org--some-model" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posfair.fairness.experiment import AuditSettings, make_model_info
-from posfair.model_info import display_name
+from posfair.model.info import display_name
 
 
 def test_the_audit_names_the_model_as_load_model_did(minilm):

@@ -7,7 +7,8 @@ import re
 import pytest
 from tests.retrieval.conftest import aligned_corpus
 
-from posfair import Calibration, stock_layers
+from posfair import Calibration
+from posfair.model import stock_layers
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.sweep import run_sweep
 from posfair.store import EmbeddingStore

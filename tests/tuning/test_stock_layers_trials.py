@@ -1,4 +1,4 @@
-"""The tuner's trials share the stock layers below each trial's first calibrated layer (``posfair.stock_layers``):
+"""The tuner's trials share the stock layers below each trial's first calibrated layer (``posfair.model.stock_layers``):
 kept from the first trial's stock pass, used by every later trial, released after the search; the same numbers."""
 
 import sys
@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from posfair import Calibration, stock_layers
+from posfair import Calibration
+from posfair.model import stock_layers
 from posfair.tuning import DEV, FairnessObjective, default_fairness_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))

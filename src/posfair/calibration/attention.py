@@ -6,7 +6,7 @@ one module each:
 ``registry`` (:mod:`posfair.calibration.registry`; transformers 5.x: BERT,
 XLM-RoBERTa, ModernBERT, Qwen3, most current architectures; transformers 4.x:
 Qwen3 and the other architectures that dispatch through ``ALL_ATTENTION_FUNCTIONS``
--- see :mod:`posfair.compat`).  The model's attention implementation is switched to
+-- see :mod:`posfair.model.compat`).  The model's attention implementation is switched to
 a name registered in transformers' ``AttentionInterface``; the registered function
 runs the stock kernel and recomputes the calibrated rows explicitly.
 

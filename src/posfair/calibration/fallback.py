@@ -2,7 +2,7 @@
 
 Remote-code models (gte-multilingual-base's ``NewAttention``, jina-v3, ...) -- and, on
 transformers 4.x, BERT, XLM-RoBERTa and ModernBERT, which pick their own attention
-classes there (:mod:`posfair.compat`) -- compute attention inside their own modules: a softmax (``nn.functional.softmax``,
+classes there (:mod:`posfair.model.compat`) -- compute attention inside their own modules: a softmax (``nn.functional.softmax``,
 ``torch.softmax``, ``Tensor.softmax``, an ``nn.Softmax`` module) or a
 ``scaled_dot_product_attention`` call.  posfair finds each layer's attention module
 structurally (:func:`find_layer_attention_modules`) and :func:`install` gives it two

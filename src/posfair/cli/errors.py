@@ -80,14 +80,14 @@ def naming(
 
     A message that already starts with the value (a file name: ``corpus.jsonl: line 3 ...``)
     names it well enough and is kept as it is.  A model that cannot be found
-    (:class:`posfair.hub.ModelNotFound`) is named by its reason.
+    (:class:`posfair.model.hub.ModelNotFound`) is named by its reason.
     """
     try:
         yield
     except (PosfairWriteError, PosfairReadError):  # a file the system would not let posfair write or read:
         raise  # not the option's fault
     except errors as exc:
-        reason = getattr(exc, "reason", None)  # posfair.hub.ModelNotFound
+        reason = getattr(exc, "reason", None)  # posfair.model.hub.ModelNotFound
         message = reason if isinstance(reason, str) else _message(exc)
         if value is not None and message.startswith(str(value)):
             raise PosfairInputError(message) from exc

@@ -39,7 +39,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from posfair import compat
 from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
@@ -50,7 +49,7 @@ from posfair.distributed.ray_engine import ray_available as ray_available
 from posfair.distributed.ray_engine import require_ray, run_ray
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, plan_shards, process_shard
-from posfair.model import FairModel
+from posfair.model import FairModel, compat
 from posfair.store import (
     EmbeddingStore,
     embedding_meta,

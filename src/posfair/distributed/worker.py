@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
-from posfair import compat
 from posfair._stack import user_stacklevel
 from posfair.distributed.batching import length_aware_batches, padded_tokens
 from posfair.distributed.spec import EmbedSpec
-from posfair.model import FairModel
+from posfair.model import FairModel, compat
 from posfair.store import embedding_settings, run_settings, shard_path, text_key, write_shard
 
 __all__ = ["Shard", "encode_shard", "plan_shards", "process_shard", "shard_id"]

@@ -384,7 +384,7 @@ def run_instances(
     """Embed (through the cache) and measure every instance; returns (observations, timings).
 
     Each instance is encoded stock first, and the stock layers below the calibrations' first calibrated
-    layers are computed once for all of them (``posfair.stock_layers``; the same numbers); ``stock_layers``:
+    layers are computed once for all of them (``posfair.model.stock_layers``; the same numbers); ``stock_layers``:
     a ``FairModel.stock_layers_keeper()`` whose kept outputs serve (and outlive) this call, as the tuner's
     trials do.
 

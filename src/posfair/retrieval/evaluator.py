@@ -32,7 +32,7 @@ from posfair.errors import PosfairInputError
 from posfair.evaluator_base import PosfairEvaluator, metric_name_part, run_tag
 from posfair.io import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
-from posfair.model_info import display_name
+from posfair.model.info import display_name
 from posfair.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
@@ -136,7 +136,7 @@ class RetrievalResult:
     late: dict[str, Any] | None = None
     #: where each query was searched: "domain" (its own domain's documents) or "corpus" (every document)
     search_scope: str = "domain"
-    #: the model's one name (posfair.model_info.display_name) and the token limit it encoded with ("" / 0: not recorded)
+    #: the model's one name (posfair.model.info.display_name) and the token limit it encoded with ("" / 0: not recorded)
     model: str = ""
     token_limit: int = 0
     #: per positional group, the indices of its queries (for paired intervals by group; empty: not recorded)

@@ -214,7 +214,7 @@ def run_sweep(
         atomic_write_json(out / SWEEP_FILE, manifest)
         if former.name == FORMER_SWEEP_FILE:  # its content checked above and now in retrieval.json
             former.unlink(missing_ok=True)
-        # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.stock_layers)
+        # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.model.stock_layers)
         with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
             _stock_pass_if_worth_it(model, evaluators, out)
             for ev in evaluators:

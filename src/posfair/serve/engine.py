@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from posfair import compat
 from posfair.calibration import STOCK, Calibration
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import encode_shard
 from posfair.encoding import PromptedTokenizer
+from posfair.model import compat
 from posfair.serve.openai_api import ApiError, EmbeddingRequest, bad
 from posfair.spans import contextualised_segments, join_segments, token_segment_index
 

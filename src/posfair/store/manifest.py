@@ -40,7 +40,7 @@ __all__ = ["ManifestMismatch", "open_namespace_dir", "rebuilt_settings", "scan_n
 # settings that must be recorded and equal; the others are compared when both sides know them
 _STRICT = ("format", "namespace", "posfair_version", "code_hash")
 # recorded only, never compared ("model" is the name given on the command line: the same model under another path,
-# copied or renamed, has the same fingerprint, which hashes content only (posfair.model_info.model_fingerprint))
+# copied or renamed, has the same fingerprint, which hashes content only (posfair.model.info.model_fingerprint))
 _RECORDED = ("model", "corpora")
 
 

@@ -33,7 +33,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 2
 # the modules whose code determines an embedding (a change may change the vectors)
-_CODE_MODULES = ("posfair.model", "posfair.calibrated_transformer", "posfair.model_info", "posfair.calibration")
+_CODE_MODULES = ("posfair.model", "posfair.calibration")
 
 
 def canonical(obj: Any) -> Any:

@@ -33,7 +33,7 @@ from posfair.fairness.measures import sets_slope
 from posfair.fairness.pipeline import corpus_fingerprint
 from posfair.fairness.results import AuditResult
 from posfair.model import model_fingerprint
-from posfair.model_info import display_name
+from posfair.model.info import display_name
 from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.compare import harm_change

@@ -36,14 +36,14 @@ from typing import Any
 
 import torch
 
-from posfair import compat, stock_layers
 from posfair.calibration import attention as att
 from posfair.calibration import fallback, transformers4
 from posfair.calibration.choice import STOCK, Resolved, check_choice
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 from posfair.calibration.state import CONFIG_CALIBRATION_KEY, CONFIG_POOLING_KEY
-from posfair.compat import Transformer
 from posfair.io import atomic_write_json, atomic_write_text
+from posfair.model import compat, stock_layers
+from posfair.model.compat import Transformer
 
 __all__ = [
     "CalibratedTransformer",
@@ -148,7 +148,9 @@ class CalibratedTransformer(Transformer):
             return
         try:
             compat.set_attn_implementation(model, att.ATTN_SDPA)
-        except Exception:  # remote code, or BERT-family on transformers 4.x (see posfair.compat): fallback interception
+        except (
+            Exception
+        ):  # remote code, or BERT-family on transformers 4.x (see posfair.model.compat): fallback interception
             self._posfair_mode = "fallback"
             return
         if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
@@ -240,7 +242,7 @@ class CalibratedTransformer(Transformer):
         """ "registry" or "fallback": how calibration reaches this model's attention."""
         return self._mode()
 
-    # -- stock layers shared between stock and calibrated passes (posfair.stock_layers) --------------
+    # -- stock layers shared between stock and calibrated passes (posfair.model.stock_layers) --------------
     def layer_stack(self):
         """The model's stack of transformer layers (None if not found structurally)."""
         cached = self.__dict__.get("_posfair_layer_stack")

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import torch
 
-from posfair import compat
+from posfair.model import compat
 
 __all__ = ["config_content", "display_name", "model_fingerprint", "position_limit", "token_limit"]
 

@@ -1,12 +1,12 @@
 """The encoder users call: :func:`load_model` and :class:`FairModel`.
 
 ``FairModel`` is a :class:`sentence_transformers.SentenceTransformer`; its input
-module is a :class:`~posfair.calibrated_transformer.CalibratedTransformer` (a
+module is a :class:`~posfair.model.calibrated_transformer.CalibratedTransformer` (a
 sentence-transformers ``Transformer`` that knows how to calibrate its model's
 attention and stores a default calibration in ``sentence_bert_config.json``).
 ``encode`` takes an extra ``calibration`` argument; everything else is
 sentence-transformers.  The token-limit rule and the cache fingerprint of any
-model live in :mod:`posfair.model_info`; this module re-exports them, and
+model live in :mod:`posfair.model.info`; this module re-exports them, and
 ``CalibratedTransformer``, as the public ``posfair.model`` names.
 """
 
@@ -26,10 +26,20 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from posfair import compat, stock_layers
 from posfair._stack import user_stacklevel
 from posfair.bundled import bundled_model, is_bundled_name
-from posfair.calibrated_transformer import (
+from posfair.calibration.attention import Recorder
+from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice, resolve
+from posfair.calibration.coverage import (
+    CalibrationCoverage,
+    CalibrationFallbackWarning,
+    calibration_coverage,
+    fallback_warnings_enabled,
+    quiet_fallback,
+)
+from posfair.calibration.params import POOLINGS
+from posfair.model import compat, stock_layers
+from posfair.model.calibrated_transformer import (
     MODULE_CLASSES,
     CalibratedTransformer,
     attention_recording,
@@ -43,19 +53,9 @@ from posfair.calibrated_transformer import (
     write_flag_free,
     write_model_card_note,
 )
-from posfair.calibration.attention import Recorder
-from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice, resolve
-from posfair.calibration.coverage import (
-    CalibrationCoverage,
-    CalibrationFallbackWarning,
-    calibration_coverage,
-    fallback_warnings_enabled,
-    quiet_fallback,
-)
-from posfair.calibration.params import POOLINGS
-from posfair.compat import Transformer
-from posfair.hub import check_model_source
-from posfair.model_info import model_fingerprint, position_limit, token_limit
+from posfair.model.compat import Transformer
+from posfair.model.hub import check_model_source
+from posfair.model.info import model_fingerprint, position_limit, token_limit
 from posfair.spans import added_token_count
 
 __all__ = [
@@ -206,7 +206,7 @@ class FairModel(SentenceTransformer):
         once: a stock ``encode`` of some texts keeps, per batch, the output of the layer below each
         calibration's first calibrated layer, and a later ``encode`` of the same texts (same batches)
         with one of ``calibrations`` starts there.  Bit-identical to encoding without the block
-        (``posfair.stock_layers``); at most ``budget_bytes`` are kept (in CPU memory).  Yields the
+        (``posfair.model.stock_layers``); at most ``budget_bytes`` are kept (in CPU memory).  Yields the
         counts (``.summary()``), or None when nothing can be shared (no calibration starts above
         layer 0, or no layer stack found).
 
@@ -585,7 +585,7 @@ def load_model(
         )
     bundled = bundled_model(name_or_path) if is_bundled else None
     path = str(bundled.path) if bundled is not None else os.fspath(name_or_path)
-    if bundled is None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.hub)
+    if bundled is None:  # a missing folder, or a hub id that cannot be fetched now, fails at once (posfair.model.hub)
         hub_kw = {k: st_kwargs.get(k) for k in ("cache_folder", "revision")}
         check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=bundled is None and trust_remote_code, **st_kwargs)
