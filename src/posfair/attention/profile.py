@@ -147,89 +147,114 @@ def attention_profile(
     Raises ValueError for layers outside the model, ``basket_size < 1`` and documents
     longer than the model's ``max_seq_length`` (they would be truncated).
     """
-    if isinstance(basket_size, bool) or not isinstance(basket_size, (int, np.integer)) or basket_size < 1:
-        raise PosfairInputError(f"basket_size must be an integer >= 1; got {basket_size!r}")
-    if batch_size < 1:
-        raise PosfairInputError(f"batch_size must be >= 1; got {batch_size}")
-    num_layers = model.num_layers
-    chosen = resolve_layers(layers, num_layers)
-    pooling = model.pooling or "cls"
-    queries = queries or ("all" if pooling == "mean" else "pool")
-    if queries not in ("pool", "all"):
-        raise PosfairInputError(f"queries must be 'pool' or 'all'; got {queries!r}")
+    _check_sizes(basket_size, batch_size)
+    chosen = resolve_layers(layers, model.num_layers)
+    queries = _resolve_queries(model, queries)
     texts, spans = _doc_inputs(documents, segments)
     tok = model_tokenizer(model)  # the model's default prompt in front, as encode has it
     lengths = _lengths_within_limit(model, tok, texts)
     calibration = check_choice(calibration, model_default=False)
-    cal_dict = None if calibration is STOCK else calibration.to_dict()
     n_calibrated = None if calibration is STOCK else _calibrated_count(model, calibration, lengths, label)
-    if label is None:
-        label = calibration.label()
     profile = AttentionProfile(
-        num_layers=num_layers,
+        num_layers=model.num_layers,
         layers=chosen,
         basket_size=int(basket_size),
         n_bins=n_bins,
-        pooling=pooling,
+        pooling=model.pooling or "cls",
         queries=queries,
-        label=label,
+        label=calibration.label() if label is None else label,
         group=group,
         model=model_name,
         fingerprint=model.fingerprint,
         token_limit=int(model.max_seq_length or model.position_limit or 0),
-        calibration=cal_dict,
+        calibration=None if calibration is STOCK else calibration.to_dict(),
         n_calibrated=n_calibrated,
     )
+    _record_profile(model, calibration, profile, tok, texts, spans, batch_size, progress, show_progress_bar)
+    return profile
+
+
+def _check_sizes(basket_size: Any, batch_size: int) -> None:
+    """PosfairInputError for a basket size that is not an integer >= 1 or a batch size < 1."""
+    if isinstance(basket_size, bool) or not isinstance(basket_size, (int, np.integer)) or basket_size < 1:
+        raise PosfairInputError(f"basket_size must be an integer >= 1; got {basket_size!r}")
+    if batch_size < 1:
+        raise PosfairInputError(f"batch_size must be >= 1; got {batch_size}")
+
+
+def _resolve_queries(model: FairModel, queries: str | None) -> str:
+    """The query rows recorded: as given, else "all" for a mean-pooled model and "pool" for the others."""
+    queries = queries or ("all" if (model.pooling or "cls") == "mean" else "pool")
+    if queries not in ("pool", "all"):
+        raise PosfairInputError(f"queries must be 'pool' or 'all'; got {queries!r}")
+    return queries
+
+
+class _BatchRows:
+    """The attention recorder of the model's passes: one batch's rows of every layer, averaged over heads."""
+
+    def __init__(self, num_layers: int):
+        self.every = list(range(num_layers))
+        self.rows: dict[int, np.ndarray] = {}
+
+    def __call__(self, layer: int, rows) -> None:
+        self.rows[layer] = rows.float().mean(1).double().cpu().numpy()  # (B, K)
+
+    def forward(self, model: FairModel, tok, batch: list[str], device) -> tuple[np.ndarray, Any]:
+        """Run ``model`` on ``batch``: the rows of every layer (L, B, K) and the batch's encoding; RuntimeError when
+        the pass left a layer unrecorded."""
+        enc = tok(
+            batch,
+            padding=True,
+            truncation=False,
+            return_tensors="pt",
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        features = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        features["modality"] = "text"
+        self.rows.clear()
+        model(features)
+        missing = [layer for layer in self.every if layer not in self.rows]
+        if missing:
+            raise RuntimeError(f"the attention recorder saw no rows for layers {missing}")
+        return np.stack([self.rows[layer] for layer in self.every]), enc
+
+
+def _record_profile(
+    model: FairModel,
+    calibration: Calibration | Stock,
+    profile: AttentionProfile,
+    tok,
+    texts: list[str],
+    spans: list,
+    batch_size: int,
+    progress: Callable[[int], None] | None,
+    show_progress_bar: bool | None,
+) -> None:
+    """Run ``model`` under ``calibration`` over ``texts`` in batches, adding each batch's rows to ``profile``."""
+    name = f"{profile.label}" + (f" ({profile.group})" if profile.group else "")
     log.info(
-        "attention profile %s%s: %d documents, layers %s of %d",
-        label,
-        f" ({group})" if group else "",
-        len(texts),
-        list(chosen),
-        num_layers,
+        "attention profile %s: %d documents, layers %s of %d", name, len(texts), list(profile.layers), model.num_layers
     )
     device = next(model.parameters()).device
-    buffer: dict[int, np.ndarray] = {}
-
-    def recorder(layer: int, rows) -> None:
-        buffer[layer] = rows.float().mean(1).double().cpu().numpy()  # (B, K)
-
-    every = list(range(num_layers))
+    recorder = _BatchRows(model.num_layers)
     bar = None
     if progress is None and progress_enabled(show_progress_bar, log):
-        bar = tqdm(total=len(texts), desc=f"attention {label}" + (f" ({group})" if group else ""), unit="doc")
+        bar = tqdm(total=len(texts), desc=f"attention {name}", unit="doc")
         progress = bar.update
     with (
         torch.no_grad(),
         model.using(calibration),
-        model.recording_attention(recorder, every, queries=queries),
+        model.recording_attention(recorder, recorder.every, queries=profile.queries),
         bar if bar is not None else contextlib.nullcontext(),
     ):
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
-            enc = tok(
-                batch,
-                padding=True,
-                truncation=False,
-                return_tensors="pt",
-                return_offsets_mapping=True,
-                return_special_tokens_mask=True,
-            )
-            features = {
-                k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
-            }
-            features["modality"] = "text"
-            buffer.clear()
-            model(features)
-            missing = [layer for layer in every if layer not in buffer]
-            if missing:
-                raise RuntimeError(f"the attention recorder saw no rows for layers {missing}")
-            _add_batch(
-                profile, np.stack([buffer[layer] for layer in every]), enc, spans[b0 : b0 + len(batch)]
-            )  # rows: (L, B, K)
+            rows, enc = recorder.forward(model, tok, batch, device)
+            _add_batch(profile, rows, enc, spans[b0 : b0 + len(batch)])
             if progress is not None:
                 progress(len(batch))
-    return profile
 
 
 def _lengths_within_limit(model: FairModel, tok, texts: list[str]) -> np.ndarray:
