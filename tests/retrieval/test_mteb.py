@@ -349,6 +349,33 @@ def test_calibration_that_changes_nothing_is_reported(model):
     assert enc.calibrated_share == 0.0
 
 
+@pytest.mark.parametrize("way", ["encoder", "FairModel", "task API"])
+def test_show_progress_bar_false_draws_no_bar_and_warns_nothing(model, capfd, way):
+    """``show_progress_bar=False`` is kept: no "Standardizing text corpus format" bar (MTEB's map converting a
+    corpus, whose bar no option turns off: posfair's plain-text corpus reaches the model in MTEB's format without
+    it) and no warning a user would see (MTEB asks every model its dimension by sentence-transformers 5.x's name,
+    a FutureWarning on 6.x); the numbers are still posfair's evaluator's."""
+    bench = tiny_benchmark(a=[1, 1, 1, 0], b=[0, 0, 0, 1])
+    (task,) = pm.tasks(bench)
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every warning each time, not once per place
+        warnings.filterwarnings("ignore", category=DeprecationWarning)  # as Python's own filters outside __main__
+        if way == "task API":
+            scores = task.evaluate(pm.encoder(model, STOCK), encode_kwargs={"show_progress_bar": False})
+            got = {s: scores[s]["ndcg_at_10"] for s in task.hf_subsets}
+        else:
+            results = mteb.evaluate(
+                pm.encoder(model, STOCK) if way == "encoder" else model, [task], cache=None, show_progress_bar=False
+            )
+            got = dict(next(iter(pm.position_scores(results, [task]).values())).groups)
+    err = capfd.readouterr().err
+    assert "Standardizing" not in err and "examples/s" not in err and "it/s" not in err, err
+    assert [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught] == []
+    ref = posfair_metrics(bench, model)
+    assert got == pytest.approx({"a": ref["ndcg@10[a]"], "b": ref["ndcg@10[b]"]}, abs=TOL)
+
+
 def test_bad_inputs(model, bench, tasks, mteb_runs):
     with pytest.raises(PosfairInputError, match="'rows'"):
         pm.tasks(bench, grouping="rows")

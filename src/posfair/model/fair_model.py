@@ -168,6 +168,12 @@ class FairModel(SentenceTransformer):
             """The dimension of ``encode``'s output (sentence-transformers 6.x's name, on 5.x too)."""
             return compat.embedding_dimension(self)
 
+    else:  # 6.x: the 5.x name answers too, without 6.x's rename warning (MTEB 2.x asks every model it wraps by it)
+
+        def get_sentence_embedding_dimension(self) -> int | None:
+            """The dimension of ``encode``'s output (sentence-transformers 5.x's name, on 6.x too)."""
+            return self.get_embedding_dimension()
+
     # -- calibration ----------------------------------------------------------------------------
     def set_calibration(self, calibration: Resolved) -> FairModel:
         """Change **this model in place**: set its default calibration (``STOCK`` clears it).

@@ -36,6 +36,7 @@ from posfair.errors import PosfairInputError
 from posfair.evaluator_base import metric_name_part
 from posfair.model import FairModel
 from posfair.mteb.protocol import PositionalEncoder
+from posfair.mteb.search import searcher
 from posfair.mteb.subsets import (
     _BIN,
     _BUCKET,
@@ -124,7 +125,9 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
     _direct: tuple[Any, Any] | None = None  # (MTEB's wrapper of a FairModel, the posfair encoder standing in for it)
 
     def _evaluate_subset(self, model: Any, data_split: Any, **kwargs: Any) -> Any:
-        return super()._evaluate_subset(self._posfair_encoder(model), data_split, **kwargs)
+        # the corpus reaches the model in MTEB's document format without MTEB's converting map (and its progress
+        # bar, drawn whatever show_progress_bar says): posfair.mteb.search
+        return super()._evaluate_subset(searcher(self._posfair_encoder(model)), data_split, **kwargs)
 
     def _posfair_encoder(self, model: Any) -> Any:
         """A FairModel given to ``mteb.evaluate`` directly arrives in MTEB's SentenceTransformer wrapper,
