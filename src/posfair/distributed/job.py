@@ -148,6 +148,50 @@ def embed_texts(
     cal = spec.calibration_obj
     shards = plan_shards(texts, shard_size)
     all_keys = [k for s in shards for k in s.keys]
+    ns_dir, present = _open_namespace(model, spec, cal, store_root, all_keys, corpus_source, text_field, add_corpus)
+    share = _calibrated_share(model, spec, cal, shards)
+    todo, skipped = _shards_to_encode(shards, ns_dir, present)
+    logger.info(
+        "%d distinct texts in %d shards: %d to encode (%s engine), %d already in %s",
+        len(all_keys),
+        len(shards),
+        len(todo),
+        engine,
+        skipped,
+        ns_dir,
+    )
+    if progress is not None:
+        progress(len(all_keys) - sum(len(s.keys) for s in todo))
+    tally = _Tally(skipped, todo, progress)
+    n = 1
+    if todo:
+        if engine == "local":
+            n = _run_local(model, spec, ns_dir, todo, tally, after_shard)
+        else:
+            n = run_ray(spec, ns_dir, todo, tally, after_shard, model.fingerprint, ray_address, workers)
+    return tally.report(
+        namespace=str(ns_dir),
+        engine=engine,
+        workers=n,
+        shards=len(shards),
+        texts=len(all_keys),
+        seconds=time.perf_counter() - t0,
+        calibrated_share=share,
+    )
+
+
+def _open_namespace(
+    model: FairModel,
+    spec: EmbedSpec,
+    cal,
+    store_root: str | os.PathLike,
+    all_keys: list[str],
+    corpus_source: str,
+    text_field: str,
+    add_corpus: bool,
+) -> tuple[Path, set[str]]:
+    """The job's namespace folder, checked against the job's settings and corpus (ManifestMismatch before any work;
+    damaged shards set aside), its manifest written, and which of ``all_keys`` it holds already."""
     dim = compat.embedding_dimension(model)
     meta = embedding_meta(model.fingerprint, cal, spec.prompt)
     ns_dir = EmbeddingStore(store_root).namespace_dir(**meta)
@@ -162,17 +206,24 @@ def embed_texts(
     found, _ = stored.locate(all_keys)
     present = {k for k, s in zip(all_keys, found, strict=True) if s >= 0}
     manifest = record_corpus(ns_dir, manifest, corpus, len(present) == len(all_keys), add_corpus)
-    manifest = write_manifest(ns_dir, manifest)
+    write_manifest(ns_dir, manifest)
+    return ns_dir, present
 
-    share = None
-    if cal is not STOCK:  # counted once for the corpus (token lengths only), not per shard
-        coverage = model.calibration_coverage([t for s in shards for t in s.texts], cal, prompt=spec.prompt)
-        share = coverage.share
-        if coverage.message() is not None:
-            warnings.warn(
-                f"posfair embed: {coverage.message()}", CalibrationFallbackWarning, stacklevel=user_stacklevel()
-            )
 
+def _calibrated_share(model: FairModel, spec: EmbedSpec, cal, shards: list[Shard]) -> float | None:
+    """The share of the corpus's texts ``cal`` changes (None for a stock job), counted once for the corpus (token
+    lengths only), not per shard; one warning when it is not all of them."""
+    if cal is STOCK:
+        return None
+    coverage = model.calibration_coverage([t for s in shards for t in s.texts], cal, prompt=spec.prompt)
+    if coverage.message() is not None:
+        warnings.warn(f"posfair embed: {coverage.message()}", CalibrationFallbackWarning, stacklevel=user_stacklevel())
+    return coverage.share
+
+
+def _shards_to_encode(shards: list[Shard], ns_dir: Path, present: set[str]) -> tuple[list[Shard], int]:
+    """The shards left to encode, each cut to its texts not in the store yet, and how many shards are skipped (their
+    file exists, or the store holds all their texts)."""
     todo: list[Shard] = []
     skipped = 0
     for s in shards:
@@ -184,44 +235,34 @@ def embed_texts(
             skipped += 1
             continue
         todo.append(Shard(s.id, tuple(s.keys[i] for i in missing), tuple(s.texts[i] for i in missing)))
-    logger.info(
-        "%d distinct texts in %d shards: %d to encode (%s engine), %d already in %s",
-        len(all_keys),
-        len(shards),
-        len(todo),
-        engine,
-        skipped,
-        ns_dir,
-    )
-    if progress is not None:
-        progress(len(all_keys) - sum(len(s.keys) for s in todo))
-    totals = {"written": 0, "skipped": skipped, "texts": 0, "tokens": 0, "padded": 0}
-    sizes = {s.id: len(s.keys) for s in todo}
+    return todo, skipped
 
-    def on_result(res: dict) -> None:
-        totals[str(res["status"])] += 1
+
+class _Tally:
+    """The shard results as they come in (the ``on_result`` of both executors): shards written and skipped, texts,
+    tokens and padded tokens encoded; ``progress`` gets each finished shard's number of texts."""
+
+    def __init__(self, skipped: int, todo: list[Shard], progress: Callable[[int], None] | None):
+        self.totals = {"written": 0, "skipped": skipped, "texts": 0, "tokens": 0, "padded": 0}
+        self.sizes = {s.id: len(s.keys) for s in todo}
+        self.progress = progress
+
+    def __call__(self, res: dict) -> None:
+        self.totals[str(res["status"])] += 1
         for k in ("texts", "tokens", "padded"):
-            totals[k] += int(res[k])
-        if progress is not None:
-            progress(sizes[str(res["shard"])])
+            self.totals[k] += int(res[k])
+        if self.progress is not None:
+            self.progress(self.sizes[str(res["shard"])])
 
-    n = 1
-    if todo:
-        if engine == "local":
-            n = _run_local(model, spec, ns_dir, todo, on_result, after_shard)
-        else:
-            n = run_ray(spec, ns_dir, todo, on_result, after_shard, model.fingerprint, ray_address, workers)
-    return EmbedReport(
-        namespace=str(ns_dir),
-        engine=engine,
-        workers=n,
-        shards=len(shards),
-        written=totals["written"],
-        skipped=totals["skipped"],
-        texts=len(all_keys),
-        encoded=totals["texts"],
-        tokens=totals["tokens"],
-        padded=totals["padded"],
-        seconds=time.perf_counter() - t0,
-        calibrated_share=share,
-    )
+    def report(self, **job) -> EmbedReport:
+        """The job's report: ``job`` (namespace, engine, workers, shards, texts, seconds, calibrated_share) and the
+        counts tallied."""
+        t = self.totals
+        return EmbedReport(
+            **job,
+            written=t["written"],
+            skipped=t["skipped"],
+            encoded=t["texts"],
+            tokens=t["tokens"],
+            padded=t["padded"],
+        )
