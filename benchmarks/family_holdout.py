@@ -36,10 +36,10 @@ import posfair
 from posfair.calibration import STOCK
 from posfair.corpus import load_corpus
 from posfair.fairness.measures import reversal_text
+from posfair.stats.intervals import interval_verdict
 from posfair.store import EmbeddingStore
 from posfair.tuning import DEV, TEST, FairnessObjective, default_fairness_settings, tune
 from posfair.tuning.objectives import corpus_families
-from posfair.tuning.trials import interval_verdict
 
 GOAL_REMOVED = 0.80
 

@@ -34,9 +34,9 @@ from posfair.corpus import load_corpus
 from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 from posfair.retrieval.compare import differences_from_stock
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+from posfair.stats.intervals import interval_verdict
 from posfair.store import EmbeddingStore
 from posfair.tuning import DEV, TEST, RetrievalObjective, tune
-from posfair.tuning.trials import interval_verdict
 
 
 def main() -> None:

@@ -37,16 +37,12 @@ import numpy as np
 import pandas as pd
 
 from posfair.fairness.analysis import fit_all
-from posfair.fairness.clusters import cluster_kind, joint_ols
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import family_findings, heterogeneity, interval_of, model_ratio
-from posfair.fairness.language import (
-    calibration_effect_table,
-    fit_language_ols,
-    language_design,
-    language_effects,
-)
-from posfair.fairness.ols import FewClustersWarning, significance_mark
+from posfair.fairness.language import fit_language_ols, language_design, language_effects
+from posfair.fairness.language_tables import calibration_effect_table
+from posfair.stats.clusters import cluster_kind, joint_ols
+from posfair.stats.inference import FewClustersWarning, significance_mark
 
 
 def _pairs(values: list[str]) -> list[tuple[str, Path]]:
@@ -199,8 +195,8 @@ def language_effects_by_family(obs: pd.DataFrame, n: int = 3) -> pd.DataFrame:
     """Per family and pooled, per later language (reference English): the pooled language regression's effect stock,
     stock length-adjusted, stock on the margin and calibrated, and the change (calibrated minus stock on the same
     later segments), each with its 95 % interval under the audit's default clustering (per term the wider of two-way
-    set+topic and connected-component clustering, :func:`posfair.fairness.clusters.fit_clustered`; the change from
-    the joint fit of both, :func:`posfair.fairness.clusters.joint_ols`), G and the clustering used."""
+    set+topic and connected-component clustering, :func:`posfair.stats.clusters.fit_clustered`; the change from
+    the joint fit of both, :func:`posfair.stats.clusters.joint_ols`), G and the clustering used."""
     obs = obs[(obs["setting"] == "main") & (obs["n"] == n)]
     cal = sorted(set(obs["calibration"]) - {STOCK_LABEL})[0]
     rows = []

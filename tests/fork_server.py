@@ -105,7 +105,7 @@ def serve(fd: int, answers) -> None:
 if __name__ == "__main__":
     import posfair.cli
     import posfair.encoding  # noqa: F401  torch, transformers, sentence-transformers
-    import posfair.fairness.ols  # noqa: F401  statsmodels
+    import posfair.stats.position_ols  # noqa: F401  statsmodels
 
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # anything the imports print goes to stderr, not into the answers

@@ -1,5 +1,5 @@
 """Test data: audit observations whose segment sets share topics by hand (one place for the tests of
-posfair.fairness.clusters, joint_ols and the conservative clustering)."""
+posfair.stats.clusters, joint_ols and the conservative clustering)."""
 
 import itertools
 

@@ -28,7 +28,7 @@ LEVELS = [
             "posfair.errors",
             "posfair.progress",
             "posfair.spans",
-            "posfair.intervals",
+            "posfair.stats",
             "posfair.calibration",
             "posfair.report",
         ),

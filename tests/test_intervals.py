@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from posfair.intervals import grouped_interval, paired_mean_interval
+from posfair.stats.intervals import grouped_interval, paired_mean_interval
 from posfair.tuning.objectives import FairnessObjective
 
 

@@ -11,8 +11,10 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from posfair.fairness.clusters import cluster_structure, connected_components
-from posfair.fairness.ols import FewClustersWarning, Inference, fit_position_ols, position_design, wild_tests
+from posfair.stats.clusters import cluster_structure, connected_components
+from posfair.stats.inference import FewClustersWarning, Inference
+from posfair.stats.position_ols import fit_position_ols, position_design
+from posfair.stats.wild import wild_tests
 
 
 def _reused(seed=0, sets=10, topics=14, n=3, noise=0.02):
@@ -158,7 +160,7 @@ def test_two_way_wild_bootstrap_against_a_slow_loop():
 
 def test_own_wild_bootstrap_equals_wildboottest_on_one_way_clusters():
     """wild_tests on one-way clusters reproduces wildboottest (all 2^G Rademacher vectors: no RNG involved)."""
-    from posfair.fairness.ols import _wildboottest_tests
+    from posfair.stats.wild import _wildboottest_tests
 
     d = _reused(8, sets=7, topics=21, noise=0.2)
     X = position_design(d["position"].to_numpy(), 3)

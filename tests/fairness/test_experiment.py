@@ -265,7 +265,7 @@ def _cached_counts(message: str) -> tuple[int, ...]:
     return tuple(int(x) for x in m.groups())
 
 
-@pytest.mark.filterwarnings("ignore::posfair.fairness.ols.FewClustersWarning")
+@pytest.mark.filterwarnings("ignore::posfair.stats.inference.FewClustersWarning")
 def test_progress_callback_bars_and_logging(model, corpus, tmp_path, capsys, caplog):
     """audit() reports progress through a callback or tqdm (never rich) and logs what it encodes and what was cached."""
     calls = []

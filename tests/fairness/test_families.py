@@ -17,8 +17,9 @@ from posfair import Calibration
 from posfair.cli import app
 from posfair.fairness.experiment import AuditSettings
 from posfair.fairness.families import POOLED, cochran_q, families_of, family_findings, heterogeneity
-from posfair.fairness.ols import FewClustersWarning, position_design
 from posfair.fairness.pipeline import audit
+from posfair.stats.inference import FewClustersWarning
+from posfair.stats.position_ols import position_design
 
 CAL = Calibration(basket_size=8, layers=0.5, strength=1.0)
 SETTINGS = dict(n_values=(3,), configs=("en",), target_docs=18, min_segment_tokens=1, max_segment_tokens=60,

@@ -9,10 +9,10 @@ import statsmodels.api as sm
 
 from posfair.fairness.analysis import few_clusters_message, fit_all
 from posfair.fairness.audit_tables import coefficient_detail_table, coefficient_table
-from posfair.fairness.ols import FewClustersWarning, Inference, significance_mark
 from posfair.fairness.results import AuditResult
 from posfair.report.html import render_report
 from posfair.report.tables import to_csv, to_latex, to_markdown
+from posfair.stats.inference import FewClustersWarning, Inference, significance_mark
 
 
 def _observations(sets_by_n=None, seed=0):

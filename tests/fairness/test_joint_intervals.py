@@ -1,4 +1,4 @@
-"""Intervals under the clusters the data really has (posfair.fairness.clusters.joint_ols): the joint CR1 covariance
+"""Intervals under the clusters the data really has (posfair.stats.clusters.joint_ols): the joint CR1 covariance
 against statsmodels, component clustering against a hand-made one, the more conservative of component and two-way,
 Fieller's ratio interval, and the "toward 0" sign rule."""
 
@@ -8,9 +8,9 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from posfair.fairness.clusters import fieller, joint_ols
 from posfair.fairness.families import change_direction
-from posfair.fairness.ols import position_design
+from posfair.stats.clusters import fieller, joint_ols
+from posfair.stats.position_ols import position_design
 from shared_topics import shared_topic_table as _table
 
 

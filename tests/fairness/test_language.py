@@ -15,16 +15,10 @@ from posfair import encoding as enc
 from posfair.errors import PosfairInputError
 from posfair.fairness.documents import LanguageConfig, language_grid
 from posfair.fairness.experiment import AuditSettings, build_instances
-from posfair.fairness.language import (
-    beta2_grid,
-    fit_language_ols,
-    grid_matrices,
-    has_language_grid,
-    language_effects,
-    segment_tokens,
-)
-from posfair.fairness.ols import FewClustersWarning
+from posfair.fairness.language import fit_language_ols, has_language_grid, language_effects, segment_tokens
+from posfair.fairness.language_tables import beta2_grid, grid_matrices
 from posfair.fairness.pipeline import audit
+from posfair.stats.inference import FewClustersWarning
 
 LANGS = ("en", "de", "fr")
 CAL = Calibration(basket_size=8, layers=0.5, strength=1.0)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import statsmodels.api as sm
 
-from posfair.fairness.ols import position_design
+from posfair.stats.position_ols import position_design
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "language_findings.py"
 

@@ -7,14 +7,8 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from posfair.fairness.ols import (
-    FEW_CLUSTERS,
-    FewClustersWarning,
-    Inference,
-    fit_position_ols,
-    position_design,
-    significance_mark,
-)
+from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, significance_mark
+from posfair.stats.position_ols import fit_position_ols, position_design
 
 
 def _data(seed=0, n=4, sets=30, perms=6, slope=0.03, noise=0.02):

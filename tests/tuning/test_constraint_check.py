@@ -11,7 +11,7 @@ import pytest
 from posfair.calibration import STOCK
 from posfair.tuning import DEV, TEST, FunctionObjective, SearchSpace, run_search
 from posfair.tuning.outputs import summary_markdown
-from posfair.tuning.trials import CHECK_DRAWS, ConstraintWarning, meets_constraint
+from posfair.tuning.verdicts import CHECK_DRAWS, ConstraintWarning, meets_constraint
 
 SPACE = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=0)
 
@@ -124,7 +124,7 @@ def test_every_trial_carries_its_interval_and_the_constraint_judged_on_it(tmp_pa
         f = res.frame(split).set_index("label")
         for t in (t for t in res.trials if t.split == split and not t.stock):
             d = (obj.guard_units(t.calibration, split) - obj.guard_units(STOCK, split)).to_numpy()
-            rng = np.random.default_rng(0)  # posfair.intervals' seed and draws: resample units with replacement
+            rng = np.random.default_rng(0)  # posfair.stats.intervals' seed and draws: resample units with replacement
             means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(CHECK_DRAWS)]
             lo, hi = np.quantile(means, 0.025), np.quantile(means, 0.975)
             row = f.loc[t.label]
@@ -152,7 +152,7 @@ def test_per_unit_scores_without_their_reader_are_refused_by_name():
     """An objective that gives score_units but no score_effect is told which method it lacks, not left to a bare
     NotImplementedError; with score_effect its interval comes out of the same bootstrap."""
     from posfair import Calibration
-    from posfair.tuning.trials import score_effect_interval
+    from posfair.tuning.verdicts import score_effect_interval
 
     class Units(FunctionObjective):
         def score_units(self, calibration, split):

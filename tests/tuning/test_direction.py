@@ -10,12 +10,12 @@ import pytest
 from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.fairness.measures import profile_slope, sets_slope, slope_direction
-from posfair.intervals import grouped_interval
+from posfair.stats.intervals import grouped_interval
 from posfair.tuning import DEV, TEST, FairnessObjective, SearchSpace, default_fairness_settings, tune
 from posfair.tuning.outputs import summary_markdown
 from posfair.tuning.outputs import test_table as tuning_test_table
-from posfair.tuning.trials import CHECK_DRAWS, CHECK_SEED, score_effect_interval
-from posfair.tuning.trials import test_score_effect as chosen_test_effect
+from posfair.tuning.verdicts import CHECK_DRAWS, CHECK_SEED, score_effect_interval
+from posfair.tuning.verdicts import test_score_effect as chosen_test_effect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402

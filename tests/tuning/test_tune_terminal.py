@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from posfair.calibration import STOCK
 from posfair.cli import app
 from posfair.tuning import SearchSpace, run_search, tune
-from posfair.tuning import trials as trials_mod
+from posfair.tuning import verdicts as trials_mod
 from posfair.tuning.outputs import summary_text
-from posfair.tuning.trials import ConstraintWarning
+from posfair.tuning.verdicts import ConstraintWarning
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tests.tuning.test_constraint_check import UnitObjective

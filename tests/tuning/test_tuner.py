@@ -345,10 +345,10 @@ def test_the_retrieval_tuner_gives_harm_changes_with_intervals(model, tmp_path):
     """The retrieval objective's score effect is Harm's change from stock (the rule `posfair retrieval` compares
     with), per trial with its interval over the split's queries resampled within their groups, and for the chosen
     setting on the test split: equal to the difference of the two trials' Harm as the evaluator computed it."""
-    from posfair.intervals import grouped_interval
     from posfair.retrieval.compare import harm_change
+    from posfair.stats.intervals import grouped_interval
     from posfair.tuning.outputs import test_table
-    from posfair.tuning.trials import test_score_effect
+    from posfair.tuning.verdicts import test_score_effect
 
     bench = build_corpus_benchmark(model, tiny_corpus(topics=24), tmp_path / "bench")
     obj = RetrievalObjective(model, bench, store=tmp_path / "cache")

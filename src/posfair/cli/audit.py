@@ -243,8 +243,8 @@ def run_audit(
     from posfair.cli.errors import data_errors
     from posfair.cli.progress import console, progress_bars
     from posfair.cli.tables import print_table
-    from posfair.fairness.ols import FewClustersWarning
     from posfair.fairness.pipeline import audit as run
+    from posfair.stats.inference import FewClustersWarning
 
     cache = cache or out / "cache"
     t0 = time.perf_counter()

@@ -249,7 +249,7 @@ def inference_settings(
     extra = [k for k, v in given.items() if v is not None]
     if inference != "wild" and extra:
         raise PosfairInputError(f"{', '.join(extra)} applies only to --inference wild (got --inference {inference})")
-    from posfair.fairness.ols import Inference as InferenceSpec  # the defaults live with the OLS code
+    from posfair.stats.inference import Inference as InferenceSpec  # the defaults live with the OLS code
 
     d = InferenceSpec()
     return dict(

@@ -123,9 +123,9 @@ def _headline_numbers(result) -> list[str]:
 
 
 def _write_index(out: Path, parts) -> Path:
-    from posfair.fairness.ols import MARK_LEGEND
     from posfair.report.html import Section, render_string, write_report
     from posfair.report.tables import Table, to_html
+    from posfair.stats.inference import MARK_LEGEND
 
     what = {
         "english": "English documents: how much of each position the document embedding keeps.",

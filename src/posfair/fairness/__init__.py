@@ -2,10 +2,11 @@
 
 :mod:`~posfair.fairness.documents` (instances, segment sets, orderings) ->
 :mod:`~posfair.fairness.experiment` (encoding through the cache, observations) ->
-:mod:`~posfair.fairness.ols` / :mod:`~posfair.fairness.analysis` (regressions, fidelity,
+:mod:`~posfair.fairness.analysis` (the regressions of :mod:`posfair.stats`, fidelity,
 coverage) -> :mod:`~posfair.fairness.results` (:class:`AuditResult`) ->
 :mod:`~posfair.fairness.audit_tables` / :mod:`~posfair.fairness.audit_report` (tables, figures, HTML,
-files); the language grid: :mod:`~posfair.fairness.language` / :mod:`~posfair.fairness.language_report`;
+files); the language grid: :mod:`~posfair.fairness.language` (regressions) / :mod:`~posfair.fairness.language_tables` /
+:mod:`~posfair.fairness.language_report`;
 :mod:`~posfair.fairness.pipeline` runs it all (``audit()``, the sentence-transformers evaluator).
 The attention diagnosis and the prior estimator are :mod:`posfair.attention`.
 """
@@ -21,9 +22,9 @@ __all__, __getattr__, __dir__ = lazy_exports(
         "AuditResult": ".results",
         "LanguageConfig": ".documents",
         "language_grid": ".documents",
-        "fit_position_ols": ".ols",
-        "Inference": ".ols",
-        "FewClustersWarning": ".ols",
+        "fit_position_ols": "posfair.stats.position_ols",
+        "Inference": "posfair.stats.inference",
+        "FewClustersWarning": "posfair.stats.inference",
         "language_effects": ".language",
     },
 )

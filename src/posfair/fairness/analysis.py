@@ -17,10 +17,11 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
-from posfair.fairness.clusters import cluster_kind
 from posfair.fairness.experiment import FIDELITY, MEASURES
 from posfair.fairness.measures import profile_slope, profile_spread
-from posfair.fairness.ols import FEW_CLUSTERS, FewClustersWarning, Inference, PositionOLS, fit_position_ols
+from posfair.stats.clusters import cluster_kind
+from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference
+from posfair.stats.position_ols import PositionOLS, fit_position_ols
 
 __all__ = [
     "fit_all",
@@ -75,11 +76,11 @@ def fit_all(
 ) -> pd.DataFrame:
     """OLS per (calibration, setting, measure, n, config): long table of coefficients.
 
-    ``inference``: :class:`~posfair.fairness.ols.Inference` (default CR1 + t(G-1)).  Columns
+    ``inference``: :class:`~posfair.stats.inference.Inference` (default CR1 + t(G-1)).  Columns
     ``clusters`` (G, the clusters the p-values rest on), ``cluster_by`` (what a cluster is, with the counts) and ``inference`` (a short label) say what each p-value rests
     on; ``ci_low`` / ``ci_high`` are the 95% CR1 t(G-1) intervals of statsmodels' fit (whose
     results object :func:`fit_instance` returns).  ``warn``: one
-    :class:`~posfair.fairness.ols.FewClustersWarning` naming every instance with G < 20 (see
+    :class:`~posfair.stats.inference.FewClustersWarning` naming every instance with G < 20 (see
     :func:`few_clusters`).
     """
     inference = Inference.coerce(inference)

@@ -24,7 +24,6 @@ from posfair.fairness.audit_tables import coverage_table, fidelity_table
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import family_section, save_families
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
-from posfair.fairness.ols import MARK_LEGEND
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import (
@@ -37,6 +36,7 @@ from posfair.report.plots import (
 )
 from posfair.report.tables import Table, shared_caption, to_html, to_markdown, write_table
 from posfair.run_folder import RunFolder
+from posfair.stats.inference import MARK_LEGEND
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

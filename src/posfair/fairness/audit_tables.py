@@ -14,9 +14,9 @@ import pandas as pd
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import few_clusters, is_noop, share_of
-from posfair.fairness.clusters import cluster_kind
-from posfair.fairness.ols import FEW_CLUSTERS, MARK_LEGEND, describe_inference
 from posfair.report.tables import Table
+from posfair.stats.clusters import cluster_kind
+from posfair.stats.inference import FEW_CLUSTERS, MARK_LEGEND, describe_inference
 
 __all__ = [
     "coefficient_table",

@@ -44,9 +44,9 @@ from posfair.fairness.documents import (
     token_segment_index,
 )
 from posfair.fairness.measures import contextualised_segments, fidelity_measures, rowwise_cosine
-from posfair.fairness.ols import Inference
 from posfair.model import model_fingerprint
 from posfair.model_info import display_name
+from posfair.stats.inference import Inference
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
 __all__ = ["AuditSettings", "ModelInfo", "run_instances", "build_instances", "STOCK_LABEL", "MEASURES", "FIDELITY"]
@@ -107,11 +107,11 @@ class AuditSettings:
         control: add the semantic-fidelity control rows for every calibration.
         inference: how the OLS p-values are computed: ``"cluster"`` (CR1 cluster-robust
             standard errors, t with G-1 degrees of freedom) or ``"wild"`` (wild cluster
-            bootstrap, see :mod:`posfair.fairness.ols`).
+            bootstrap, see :mod:`posfair.stats.position_ols`).
         clusters: what is a cluster: ``"conservative"`` (the default: per coefficient the wider interval of
             two-way set+topic and component clustering, each with its own G, and which one it used; the papers' set
             clustering when no topic is in two sets), ``"set+topic"`` (two-way by segment set and topic), ``"set"``
-            (the papers') or ``"component"`` (see :mod:`posfair.fairness.clusters`).
+            (the papers') or ``"component"`` (see :mod:`posfair.stats.clusters`).
         bootstrap_draws / bootstrap_weights / bootstrap_seed: the wild bootstrap's draws B,
             weights (``"webb"`` or ``"rademacher"``; Rademacher enumerates all 2^G sign
             vectors when 2^G < B) and seed (recorded for every run, used only with ``"wild"``).
@@ -166,7 +166,7 @@ class AuditSettings:
 
     @property
     def inference_spec(self) -> Inference:
-        """The :class:`~posfair.fairness.ols.Inference` of these settings."""
+        """The :class:`~posfair.stats.inference.Inference` of these settings."""
         return Inference(
             method=self.inference,
             draws=self.bootstrap_draws,

@@ -11,7 +11,7 @@ families, :func:`family_findings` gives
 * the share removed, ``1 - β_p calibrated / β_p stock``, with Fieller's interval,
 
 every interval from one joint fit of stock and calibrated σ on the position dummies
-(:func:`posfair.fairness.clusters.joint_ols`), under the more conservative of component and two-way clustering (the
+(:func:`posfair.stats.clusters.joint_ols`), under the more conservative of component and two-way clustering (the
 row says which, and its G).  :func:`heterogeneity` tests whether the families agree: Cochran's Q on the per-family
 estimates weighted by their inverse squared standard errors, ``Q ~ chi2(k - 1)`` for k families, with
 ``I² = max(0, (Q - (k - 1)) / Q)``.
@@ -27,12 +27,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from posfair.fairness.clusters import Interval, fieller, joint_ols
 from posfair.fairness.experiment import STOCK_LABEL
-from posfair.fairness.ols import position_design
 from posfair.io import atomic_write_json
 from posfair.report.html import Section, render_string
 from posfair.report.tables import Table, to_html, write_table
+from posfair.stats.clusters import Interval, fieller, joint_ols
+from posfair.stats.position_ols import position_design
 
 if TYPE_CHECKING:
     from posfair.fairness.results import AuditResult

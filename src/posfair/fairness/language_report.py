@@ -15,22 +15,20 @@ import numpy as np
 import pandas as pd
 
 from posfair.fairness.experiment import STOCK_LABEL
-from posfair.fairness.language import (
+from posfair.fairness.language import has_language_grid, language_effects, segment_tokens
+from posfair.fairness.language_tables import (
     beta2_grid,
     beta2_table,
     calibration_effect_table,
     grid_languages,
     grid_matrices,
-    has_language_grid,
     language_effect_table,
-    language_effects,
-    segment_tokens,
 )
-from posfair.fairness.ols import MARK_LEGEND
 from posfair.io import atomic_write_text
 from posfair.report.html import FigureRef, Section, render_string
 from posfair.report.plots import display_labels, heatmaps, relabel, save_figure
 from posfair.report.tables import Table, to_html, write_table
+from posfair.stats.inference import MARK_LEGEND
 
 if TYPE_CHECKING:
     from posfair.fairness.results import AuditResult

@@ -40,9 +40,10 @@ from posfair.fairness.audit_tables import (
 )
 from posfair.fairness.experiment import FIDELITY, MEASURES, STOCK_LABEL
 from posfair.fairness.families import family_findings, heterogeneity
-from posfair.fairness.ols import Inference, PositionOLS, describe_inference
 from posfair.report.html import FigureRef, Section
 from posfair.report.tables import Table
+from posfair.stats.inference import Inference, describe_inference
+from posfair.stats.position_ols import PositionOLS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -78,7 +79,7 @@ class AuditResult:
 
     @property
     def inference(self) -> Inference:
-        """The :class:`~posfair.fairness.ols.Inference` of the run (from its settings)."""
+        """The :class:`~posfair.stats.inference.Inference` of the run (from its settings)."""
         s, d = self.settings, Inference()
         return Inference(
             method=s.get("inference", d.method),

@@ -4,7 +4,7 @@ For each evaluated setting other than stock: the change of aggregate nDCG@10 (me
 per-query differences, resampled over queries) and of Harm (the harmonic mean of the group
 means, queries resampled within each positional group), both x100, and of PSI (1 - min / max
 of the group means, same resampling; lower = less sensitive to the answer's position), each
-with a 95 % percentile interval from :mod:`posfair.intervals` (seeded).  A setting is called
+with a 95 % percentile interval from :mod:`posfair.stats.intervals` (seeded).  A setting is called
 higher or lower than stock only when its interval excludes 0.
 """
 
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from posfair.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
 from posfair.report.tables import Table
 from posfair.retrieval.evaluator import RetrievalResult
 from posfair.retrieval.metrics import harmonic_mean, psi
+from posfair.stats.intervals import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, grouped_interval, paired_mean_interval
 
 __all__ = ["differences_from_stock", "differences_table", "harm_change", "verdict"]
 

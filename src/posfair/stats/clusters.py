@@ -27,7 +27,7 @@ cluster (:data:`CLUSTERINGS`):
     valid under any sharing, but a grid whose sets all hang together has G = 1 or 2.
 
 :func:`cluster_structure` builds the codes and counts of one of :data:`STRUCTURES`; :func:`fit_clustered` is
-the one fit that the positional regression (:mod:`posfair.fairness.ols`) and the pooled language regression
+the one fit that the positional regression (:mod:`posfair.stats.position_ols`) and the pooled language regression
 (:mod:`posfair.fairness.language`) both use, for every clustering (``conservative`` through :func:`joint_ols`, the
 others through :func:`clustered_ols`).
 

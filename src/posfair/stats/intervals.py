@@ -9,11 +9,20 @@ over the draws.  Numpy only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_DRAWS", "BOOTSTRAP_SEED", "bootstrap_indices", "paired_mean_interval", "grouped_interval"]
+__all__ = [
+    "BOOTSTRAP_DRAWS",
+    "BOOTSTRAP_SEED",
+    "bootstrap_indices",
+    "paired_mean_interval",
+    "grouped_interval",
+    "interval_verdict",
+    "units_to_resolve",
+]
 
 #: draws and seed of every paired bootstrap (recorded beside each interval)
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 2000, 0
@@ -53,3 +62,26 @@ def grouped_interval(
     values = values[np.isfinite(values)]
     tail = (1 - level) / 2
     return float(np.quantile(values, tail)), float(np.quantile(values, 1 - tail))
+
+
+#: z for a two-sided 95 % normal interval, in the number of units a constraint needs (:func:`units_to_resolve`)
+_Z95 = 1.959963984540054
+
+
+def units_to_resolve(sd: float, max_drop: float) -> int | None:
+    """How many units a paired comparison needs before its 95 % interval is no wider than ``±max_drop``
+    (normal approximation, ``n = (1.96 sd / max_drop)^2``, ``sd`` = the paired differences' standard deviation);
+    None when ``max_drop`` is 0 (no finite sample resolves it)."""
+    if max_drop <= 0:
+        return None
+    return max(2, math.ceil((_Z95 * sd / max_drop) ** 2))
+
+
+def interval_verdict(low: float, high: float, limit: float) -> str:
+    """An interval judged against a limit (a guard's constraint): ``holds`` (the whole interval above ``limit``), ``broken``
+    (the whole interval below), else ``unresolved`` (the data cannot tell)."""
+    if low >= limit - 1e-12:
+        return "holds"
+    if high < limit:
+        return "broken"
+    return "unresolved"

@@ -3,9 +3,11 @@
 ``posfair.tuning.tune(model, corpus)`` (library), :class:`CalibrationTuner` (evaluator
 style), ``posfair tune`` (command line, :mod:`posfair.cli.tune`).
 
-Modules: :mod:`.trials` (search space, trials, Pareto front, :func:`run_search`),
-:mod:`.objectives` (fairness, retrieval, any function), :mod:`.tuner` (:func:`tune`,
-:class:`CalibrationTuner`), :mod:`.outputs` (tables, figure, tuned model).
+Modules: :mod:`.space` (:class:`SearchSpace`, :class:`Trial`), :mod:`.trials` (the search:
+:func:`run_search`), :mod:`.front` (the Pareto front), :mod:`.verdicts` (the test split's
+intervals and verdicts), :mod:`.result` (:class:`TuneResult`), :mod:`.objectives` (fairness,
+retrieval, any function), :mod:`.tuner` (:func:`tune`, :class:`CalibrationTuner`),
+:mod:`.outputs` (tables, figure, tuned model).
 """
 
 from posfair._lazy import lazy_exports
@@ -28,6 +30,9 @@ __all__, __getattr__, __dir__ = lazy_exports(
             ".objectives",
         ),
         **dict.fromkeys(["save_tuned_model", "write_outputs"], ".outputs"),
-        **dict.fromkeys(["SearchSpace", "Trial", "TuneResult", "pareto_front", "run_search"], ".trials"),
+        **dict.fromkeys(["SearchSpace", "Trial"], ".space"),
+        "TuneResult": ".result",
+        "pareto_front": ".front",
+        "run_search": ".trials",
     },
 )

@@ -14,7 +14,7 @@ from posfair.model import FairModel
 from posfair.report.plots import display_labels, front_lines, relabel, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.objectives import DEV, TEST, format_effect
-from posfair.tuning.trials import TuneResult
+from posfair.tuning.result import TuneResult
 
 __all__ = [
     "skipped_note",

@@ -30,7 +30,10 @@ from posfair.tuning.objectives import (
     split_topics,
 )
 from posfair.tuning.outputs import save_tuned_model, summary_markdown, write_outputs
-from posfair.tuning.trials import RESULTS_FILE, ConstraintWarning, SearchSpace, TuneResult, run_search
+from posfair.tuning.result import TuneResult
+from posfair.tuning.space import SearchSpace
+from posfair.tuning.trials import RESULTS_FILE, run_search
+from posfair.tuning.verdicts import ConstraintWarning
 
 __all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner"]
 

@@ -1,0 +1,258 @@
+"""What the held-out test split says about the chosen setting, with intervals, and the sentences that say it.
+
+The constraint rule (:func:`meets_constraint`, one rule for the dev choice and the test check), the paired bootstrap
+intervals of every trial's guard change and score effect (:func:`trial_intervals`; the resampling itself is
+:mod:`posfair.stats.intervals`), the σ profile's direction (:func:`slope_interval`), and the verdicts of the test
+split: :func:`check_test_constraint` / :func:`constraint_verdict` and :func:`test_score_effect` /
+:func:`direction_text`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from posfair.calibration import STOCK
+from posfair.calibration.choice import Resolved
+from posfair.fairness.measures import slope_direction
+from posfair.stats.intervals import (
+    BOOTSTRAP_DRAWS,
+    BOOTSTRAP_SEED,
+    grouped_interval,
+    paired_mean_interval,
+    units_to_resolve,
+)
+from posfair.tuning.objectives import TEST, Objective
+
+if TYPE_CHECKING:
+    from posfair.tuning.result import TuneResult
+
+__all__ = [
+    "CHECK_DRAWS",
+    "CHECK_SEED",
+    "ConstraintWarning",
+    "SLOPE_KEYS",
+    "check_test_constraint",
+    "constraint_verdict",
+    "direction_text",
+    "guard_change_interval",
+    "meets_constraint",
+    "score_effect_interval",
+    "slope_interval",
+    "test_score_effect",
+    "trial_intervals",
+]
+
+
+def meets_constraint(guard: float, stock_guard: float, max_drop: float) -> bool:
+    """The constraint, one rule for the dev choice and the test check: the guard metric (higher is better)
+    at most ``max_drop`` below stock's on the same split."""
+    return bool(guard >= stock_guard - max_drop - 1e-12)
+
+
+class ConstraintWarning(UserWarning):
+    """The setting chosen on the dev split breaks the constraint on the held-out test split."""
+
+
+#: paired bootstrap of the test split's guard change: draws and seed (recorded with the check)
+CHECK_DRAWS, CHECK_SEED = BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
+
+
+def guard_change_interval(objective: Objective, calibration: Resolved, split: str) -> dict[str, Any] | None:
+    """The guard's change (``calibration`` minus stock) on ``split`` per unit, paired: its mean, 95 % bootstrap
+    interval, unit count and standard deviation; None when the objective gives no per-unit guard or < 2 units.
+    One rule for the test check (:func:`check_test_constraint`) and every trial's row (:func:`trial_intervals`)."""
+    a, b = objective.guard_units(STOCK, split), objective.guard_units(calibration, split)
+    if a is None or b is None:
+        return None
+    paired = (b - a).dropna()
+    if len(paired) < 2:
+        return None
+    low, high = paired_mean_interval(paired.to_numpy(), draws=CHECK_DRAWS, seed=CHECK_SEED)
+    return {
+        "change": float(paired.mean()),
+        "low": low,
+        "high": high,
+        "units": len(paired),
+        "sd": float(paired.std(ddof=1)),
+    }
+
+
+def score_effect_interval(objective: Objective, calibration: Resolved, split: str) -> dict[str, Any] | None:
+    """``calibration``'s effect on the score on ``split`` (:meth:`Objective.score_effect`: the share of stock's
+    score removed, or a higher-is-better score's change), with its 95 % bootstrap interval over the objective's
+    units (:meth:`Objective.score_units`); None without per-unit scores."""
+    if calibration is STOCK:
+        return None
+    groups = objective.score_units(calibration, split)
+    if groups is None:
+        return None
+    low, high = grouped_interval(groups, objective.score_effect, draws=CHECK_DRAWS, seed=CHECK_SEED)
+    out = {"effect": objective.score_effect(groups), "low": low, "high": high, "units": sum(len(g) for g in groups)}
+    if objective.has_slope:
+        out.update(slope_interval(objective, groups))
+    return out
+
+
+#: the keys :func:`slope_interval` adds to a score interval (and so to the trial intervals and the test effect)
+SLOPE_KEYS = ("stock_slope", "slope", "slope_low", "slope_high", "direction")
+
+
+def slope_interval(objective: Objective, groups: list[np.ndarray]) -> dict[str, Any]:
+    """The calibrated profile's slope on position with its 95 % bootstrap interval over the same units and draws
+    as the score's (:func:`score_effect_interval`), stock's slope, and the direction judged on that interval
+    (:func:`~posfair.fairness.measures.slope_direction`: as stock / unresolved / reversed)."""
+    stock, slope = objective.score_slope(groups, 0), objective.score_slope(groups, 1)
+    low, high = grouped_interval(groups, lambda gs: objective.score_slope(gs, 1), draws=CHECK_DRAWS, seed=CHECK_SEED)
+    return {
+        "stock_slope": stock,
+        "slope": slope,
+        "slope_low": low,
+        "slope_high": high,
+        "direction": slope_direction(stock, low, high),
+    }
+
+
+def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[str, Any]]:
+    """For every calibrated trial of both splits (keyed ``"<split>:<trial key>"``): the guard's change from stock
+    with its paired interval and the effect on the score (:func:`score_effect_interval`) with its interval -- what the trial, front
+    and variant tables show beside each setting, by the helpers of the test check."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in result.trials:
+        if t.stock:
+            continue
+        row: dict[str, Any] = {}
+        g = guard_change_interval(objective, t.calibration, t.split)
+        if g is not None:
+            row.update(guard_change=g["change"], guard_low=g["low"], guard_high=g["high"], units=g["units"])
+        r = score_effect_interval(objective, t.calibration, t.split)
+        if r is not None:
+            row.update(effect=r["effect"], effect_low=r["low"], effect_high=r["high"], units=r["units"])
+            row.update({k: r[k] for k in SLOPE_KEYS if k in r})
+        if row:
+            out[f"{t.split}:{t.key}"] = row
+    return out
+
+
+def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
+    """The chosen setting's effect on the score on the held-out test split (:meth:`Objective.score_effect`: the
+    share of stock's score it removes, or the change of a higher-is-better score), with a 95 % paired bootstrap
+    interval over the objective's units (:meth:`Objective.score_units`); None when stock was chosen or the
+    objective has no per-unit score (e.g. a function objective)."""
+    interval = score_effect_interval(objective, result.chosen, TEST)
+    if interval is None:
+        return None
+    effect, low, high, units = interval["effect"], interval["low"], interval["high"], interval["units"]
+    slope = {k: interval[k] for k in SLOPE_KEYS if k in interval}
+    out = slope | {
+        "score": result.score,
+        "stock": result.trial(STOCK, TEST).metrics[result.score],
+        "chosen": result.trial(result.chosen, TEST).metrics[result.score],
+        "effect_name": objective.effect,
+        "effect": effect,
+        "low": low,
+        "high": high,
+        "units": units,
+        "unit": objective.unit,
+        "draws": CHECK_DRAWS,
+        "seed": CHECK_SEED,
+    }
+    fmt = objective.format_effect
+    interval = f"[95 % interval {fmt(low)}, {fmt(high)} over {units} {objective.unit}]"
+    if objective.effect == "removed":
+        head = (
+            f"on the held-out test split the chosen setting removes {fmt(effect)} of stock's {result.score} {interval}"
+        )
+        gain, none = "a reduction", "no reduction (or an increase)"
+    else:
+        head = f"on the held-out test split the chosen setting changes {result.score} by {fmt(effect)} {interval}"
+        gain, none = "an improvement", "no improvement (or a loss)"
+    if low > 0 and slope.get("direction") == "reversed":  # less spread, but leaning the other way: not bias removed
+        out["verdict"] = f"{head}, but the σ profile now leans the other way beyond noise: not a reduction of bias"
+    elif low > 0:
+        out["verdict"] = f"{head}: {gain} the interval supports"
+    else:
+        out["verdict"] = f"{head}: the interval includes {none}, so none is shown"
+    if slope:
+        out["direction_text"] = direction_text(slope, units, objective.unit)
+    return out
+
+
+def direction_text(slope: dict[str, Any], units: int, unit: str) -> str:
+    """One sentence on a calibrated profile's direction (:func:`slope_interval`'s keys)."""
+    what = {
+        "as stock": "it still leans as stock's does",
+        "unresolved": "which way it leans is unresolved (the interval includes 0: flat, or too few units to tell)",
+        "reversed": "REVERSED beyond noise: bias the other way, not bias removed",
+    }[slope["direction"]]
+    return (
+        f"its σ slope on position is {slope['slope']:+.4f} [95 % interval {slope['slope_low']:+.4f}, "
+        f"{slope['slope_high']:+.4f} over {units} {unit}], stock's {slope['stock_slope']:+.4f}: {what}"
+    )
+
+
+def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
+    """Does the chosen setting keep the constraint on the held-out test split?
+
+    The guard's change (chosen minus stock, test split) against ``-max_drop`` by :func:`meets_constraint`,
+    and a 95 % interval of that change: a paired bootstrap over the objective's units (segment sets for the
+    fairness objective, queries for retrieval; :meth:`Objective.guard_units`), seeded.  None when stock
+    was chosen (nothing to check).
+    """
+    if result.chosen is STOCK:
+        return None
+    guard = result.guard
+    stock_t, chosen_t = result.trial(STOCK, TEST), result.trial(result.chosen, TEST)
+    change = chosen_t.metrics[guard] - stock_t.metrics[guard]
+    out: dict[str, Any] = {
+        "guard": guard,
+        "stock": stock_t.metrics[guard],
+        "chosen": chosen_t.metrics[guard],
+        "change": change,
+        "limit": -result.max_drop,
+        "holds": meets_constraint(chosen_t.metrics[guard], stock_t.metrics[guard], result.max_drop),
+        "low": None,
+        "high": None,
+        "units": None,
+        "unit": None,
+        "units_needed": None,
+        "draws": CHECK_DRAWS,
+        "seed": CHECK_SEED,
+    }
+    g = guard_change_interval(objective, result.chosen, TEST)
+    if g is not None:
+        out.update(low=g["low"], high=g["high"], units=g["units"], unit=objective.unit)
+        out["units_needed"] = units_to_resolve(g["sd"], result.max_drop)
+    out["verdict"] = constraint_verdict(out)
+    return out
+
+
+def constraint_verdict(check: dict[str, Any]) -> str:
+    """One sentence on a :func:`check_test_constraint`: holds / holds within noise / broken."""
+    limit, change = check["limit"], check["change"]
+    # in points (x100), as --max-recall-drop / --max-ndcg-drop give the limit
+    interval = (
+        ""
+        if check["low"] is None
+        else f" [95 % interval {100 * check['low']:+.1f}, {100 * check['high']:+.1f} over {check['units']} {check['unit']}]"
+    )
+    head = (
+        f"on the held-out test split {check['guard']} changed by {100 * change:+.1f} points{interval}, "
+        f"limit {100 * limit:+.1f}: "
+    )
+    if not check["holds"]:
+        return head + "the constraint is BROKEN on the test split (the dev choice does not carry over)"
+    if check["low"] is not None and check["low"] < limit:
+        needed = check.get("units_needed")
+        size = (
+            f" (an interval of ±{-100 * limit:.1f} points needs about {needed} {check['unit']}; this split has {check['units']})"
+            if needed
+            else ""
+        )
+        return (
+            head
+            + "the constraint holds, but the interval reaches beyond the limit: this split is too small to confirm it"
+            + size
+        )
+    return head + "the constraint holds"
