@@ -37,7 +37,7 @@ import pandas as pd
 
 from posfair.errors import PosfairInputError
 from posfair.fairness.experiment import STOCK_LABEL
-from posfair.stats.clusters import cluster_kind, fit_clustered
+from posfair.stats.clusters import fit_clustered
 from posfair.stats.inference import Inference, significance_mark
 
 __all__ = [
@@ -177,7 +177,6 @@ def fit_language_ols(
         )
     y = g[measure].to_numpy(dtype=float)
     fit = fit_clustered(y, X, g["set_id"].to_numpy(), g["topic"].to_numpy() if "topic" in g else None, clusters)
-    labels = list(dict.fromkeys(fit.clusters))
     return LanguageOLS(
         n=int(n),
         reference=reference,
@@ -190,7 +189,7 @@ def fit_language_ols(
         n_clusters=fit.n_clusters,
         control_length=control_length,
         lead_controls=lead_controls,
-        cluster_by=labels[0] if len(labels) == 1 else "; ".join(f"{cluster_kind(c)}: {c}" for c in labels),
+        cluster_by=fit.cluster_by(),
         inference=Inference(clusters=clusters).label(),
         result=fit.result,
         G=fit.G,

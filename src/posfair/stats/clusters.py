@@ -44,7 +44,7 @@ clustering and G is the number of sets.  The audit's family findings
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,7 @@ __all__ = [
     "fit_clustered",
     "conservative_choice",
     "cluster_kind",
+    "KINDS",
     "cluster_structure",
     "clustered_ols",
     "connected_components",
@@ -196,12 +197,13 @@ def psd_fixed(V: np.ndarray) -> np.ndarray | None:
     return (U * np.clip(w, 0, None)) @ U.T
 
 
-def clustered_ols(y: np.ndarray, X: np.ndarray, structure: ClusterStructure) -> tuple[Any, str]:
+def clustered_ols(y: np.ndarray, X: np.ndarray, structure: ClusterStructure) -> tuple[Any, str, np.ndarray | None]:
     """statsmodels OLS with the covariance of ``structure`` and t(G-1) inference; its degrees of freedom checked.
 
-    Returns the results object and the clustering's label (:meth:`ClusterStructure.label`, plus
-    :data:`PSD_FIX_NOTE` when a two-way covariance had negative eigenvalues and was fixed: the
-    results object's ``bse``, ``pvalues`` and ``conf_int`` then use the fixed covariance).
+    Returns the results object (statsmodels' own, never modified), the clustering's label
+    (:meth:`ClusterStructure.label`, plus :data:`PSD_FIX_NOTE` when a two-way covariance had negative eigenvalues and
+    was fixed) and the fixed covariance (None: no fix needed; the numbers are then the results object's own, else
+    :func:`t_numbers` of the fixed covariance).
     """
     if structure.G < 2:
         raise PosfairInputError(
@@ -214,12 +216,23 @@ def clustered_ols(y: np.ndarray, X: np.ndarray, structure: ClusterStructure) -> 
             f"statsmodels used {getattr(res, 'df_resid_inference', None)} degrees of freedom, expected G-1 = {structure.G - 1}"
         )
     label = structure.label()
-    if structure.codes.ndim == 2 and (fixed := psd_fixed(np.asarray(res.cov_params()))) is not None:
-        # statsmodels' own way of giving a results object another covariance (as its fit_constrained does)
-        res._results.cov_params_default = fixed
-        res._results._cache = {}
+    fixed = psd_fixed(np.asarray(res.cov_params())) if structure.codes.ndim == 2 else None
+    if fixed is not None:
         label += f"; {PSD_FIX_NOTE}"
-    return res, label
+    return res, label, fixed
+
+
+def t_numbers(params: np.ndarray, cov: np.ndarray, G: int, alpha: float = 0.05) -> tuple[np.ndarray, ...]:
+    """(standard errors, t, p, (k, 2) intervals) of ``params`` under the covariance ``cov`` at t(G-1), computed as
+    statsmodels computes them from its own covariance (``use_t=True``, ``df_resid_inference = G - 1``): the same
+    numbers to the last bit, without giving statsmodels' results object another covariance."""
+    params = np.asarray(params)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bse = np.sqrt(np.diag(cov))
+        tvalues = params / bse
+    pvalues = stats.t.sf(np.abs(tvalues), G - 1) * 2
+    q = stats.t.ppf(1 - alpha / 2, G - 1)
+    return bse, tvalues, pvalues, np.column_stack([params - q * bse, params + q * bse])
 
 
 # -- intervals under the more conservative of component and two-way clustering ---------------------------------------
@@ -263,8 +276,13 @@ def fieller(num: float, den: float, v_num: float, v_den: float, cov: float, crit
     return float((b - root) / a), float((b + root) / a)
 
 
+#: what a cluster is, in one word, per structure (the ``kind`` of an interval; :func:`cluster_kind` reads it back
+#: from a saved label)
+KINDS = {"set": "sets", "component": "components", "set+topic": "two-way"}
+
+
 def conservative_choice(
-    two: ClusterStructure, comp: ClusterStructure, widths: dict[str, float], two_label: str = ""
+    two: ClusterStructure, comp: ClusterStructure, widths: dict[str, float], two_fixed: bool = False
 ) -> tuple[str, str]:
     """The one rule of ``conservative`` clustering: which of two-way (``two``) and component (``comp``) clustering an
     interval uses, and why in words with its counts -- the one with the wider interval (``widths``: per ``"set+topic"``
@@ -272,11 +290,12 @@ def conservative_choice(
 
     No topic in two sets: both are the one-way set clustering (``"component"``, said to be the sets).  One connected
     component: components give no cluster-robust interval, two-way is used and said to assume the topics' dependence
-    additive.  Ties go to the components.  ``two_label``: the two-way fit's label (names the eigenvalue fix if any).
+    additive.  Ties go to the components.  ``two_fixed``: whether the two-way covariance needed the eigenvalue fix
+    (:func:`psd_fixed`; the label then names it).
     """
     if two.shared_topics == 0:
         return "component", f"sets ({two.n_sets} sets, no topic in two sets: two-way = components = sets)"
-    fix = f"; {PSD_FIX_NOTE}" if PSD_FIX_NOTE in two_label else ""
+    fix = f"; {PSD_FIX_NOTE}" if two_fixed else ""
     if comp.n_components < 2:
         return "set+topic", (
             f"set+topic ({two.n_sets} sets, {two.n_topics} topics; the sets form 1 connected component, which "
@@ -289,11 +308,17 @@ def conservative_choice(
     )
 
 
+def choice_kind(by: str, two: ClusterStructure) -> str:
+    """The one-word kind (``sets``, ``components``, ``two-way``) of a :func:`conservative_choice` that used ``by``:
+    ``sets`` where no topic is in two sets (both clusterings are the sets)."""
+    return "sets" if two.shared_topics == 0 else KINDS[by]
+
+
 def cluster_kind(label: str) -> str:
-    """The short name of the clustering an interval's label (:attr:`Interval.clusters`, ``cluster_by``) names:
-    ``sets``, ``components`` or ``two-way``."""
+    """The short name of the clustering a *saved* interval label (``cluster_by`` of ``coefficients.csv``) names:
+    ``sets``, ``components`` or ``two-way`` (a fit carries it typed: :attr:`Interval.kind`, :attr:`ClusteredFit.kinds`)."""
     head = str(label).split(" ", 1)[0]
-    return {"set": "sets", "component": "components", "set+topic": "two-way"}.get(head, head)
+    return KINDS.get(head, head)
 
 
 @dataclass(frozen=True)
@@ -315,6 +340,7 @@ class Interval:
     p: float = float("nan")
     other: tuple[float, float] = (float("nan"), float("nan"))
     by: str = ""  # the structure used: "component" or "set+topic"
+    kind: str = ""  # what a cluster is, in one word: "sets", "components" or "two-way" (:func:`choice_kind`)
 
     @property
     def bounded(self) -> bool:
@@ -341,13 +367,15 @@ class JointFit:
     """OLS fits of ``m`` outcomes on one design with their joint covariance under two clusterings (:func:`joint_ols`).
 
     ``params``: (m * K,) the coefficients stacked outcome by outcome; ``variants``: per clustering
-    (``"set+topic"``, ``"component"``) its :class:`ClusterStructure`, joint covariance and label.
+    (``"set+topic"``, ``"component"``) its :class:`ClusterStructure`, joint covariance and label; ``fixed``: the
+    clusterings whose covariance needed the eigenvalue fix (:func:`psd_fixed`).
     """
 
     params: np.ndarray
     K: int
     variants: dict[str, tuple[ClusterStructure, np.ndarray, str]]
     level: float = 0.95
+    fixed: frozenset[str] = frozenset()
 
     def coef(self, outcome: int, j: int) -> np.ndarray:
         """The weight vector picking coefficient ``j`` of outcome ``outcome``."""
@@ -361,7 +389,7 @@ class JointFit:
     def _choose(self, widths: dict[str, float]) -> tuple[str, str]:
         """(the clustering used, why): :func:`conservative_choice` of the two variants."""
         return conservative_choice(
-            self.variants["set+topic"][0], self.variants["component"][0], widths, self.variants["set+topic"][2]
+            self.variants["set+topic"][0], self.variants["component"][0], widths, "set+topic" in self.fixed
         )
 
     def linear(self, a: np.ndarray) -> Interval:
@@ -376,7 +404,8 @@ class JointFit:
         se, lo, hi, G = got[use]
         other = next((got[k] for k in got if k != use), got[use])
         p = float(2 * stats.t.sf(abs(est / se), G - 1)) if se > 0 and G >= 2 else float("nan")
-        return Interval(est, se, lo, hi, G, why, p, (other[1], other[2]), use)
+        kind = choice_kind(use, self.variants["set+topic"][0])
+        return Interval(est, se, lo, hi, G, why, p, (other[1], other[2]), use, kind)
 
     def ratio(self, a_num: np.ndarray, a_den: np.ndarray) -> Interval:
         """``(a_num . params) / (a_den . params)`` with Fieller's interval under the more conservative clustering."""
@@ -391,7 +420,8 @@ class JointFit:
         use, why = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
         se, lo, hi, G = got[use]
         other = next((got[k] for k in got if k != use), got[use])
-        return Interval(est, se, lo, hi, G, why, float("nan"), (other[1], other[2]), use)
+        kind = choice_kind(use, self.variants["set+topic"][0])
+        return Interval(est, se, lo, hi, G, why, float("nan"), (other[1], other[2]), use, kind)
 
 
 def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -> JointFit:
@@ -405,7 +435,7 @@ def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -
     Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
     beta = np.linalg.lstsq(X, Y, rcond=None)[0]  # (K, m)
     U = Y - X @ beta
-    variants = {}
+    variants, fixed_by = {}, set()
     for by in ("set+topic", "component"):
         st = cluster_structure(sets, topics, by)
         if st.G < 2:
@@ -415,8 +445,9 @@ def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -
         label = st.label()
         if by == "set+topic" and st.codes.ndim == 2 and (fixed := psd_fixed(V)) is not None:
             V, label = fixed, f"{label}; {PSD_FIX_NOTE}"
+            fixed_by.add(by)
         variants[by] = (st, V, label)
-    return JointFit(beta.T.ravel(), X.shape[1], variants, level)
+    return JointFit(beta.T.ravel(), X.shape[1], variants, level, frozenset(fixed_by))
 
 
 # -- one fit for every clustering ------------------------------------------------------------------------------------
@@ -429,8 +460,11 @@ class ClusteredFit:
     ``G``, ``clusters`` (the label: what a cluster is, with its counts, e.g. ``components (5 of 8 sets sharing
     topics; wider than two-way)``) and ``used`` (the structure: ``set``, ``set+topic`` or ``component``) are per
     coefficient: under ``conservative`` each coefficient has the clustering of its wider interval; under a structure
-    all have that one.  ``ci``: the 95 % intervals, t(G-1) with each coefficient's G.  ``results``: statsmodels'
-    results object per structure fitted (its ``bse`` / ``pvalues`` are that clustering's, for every coefficient).
+    all have that one; ``kinds``: per coefficient that clustering in one word (``sets``, ``components``,
+    ``two-way``).  ``ci``: the 95 % intervals, t(G-1) with each coefficient's G.  ``results``: statsmodels' results
+    object per structure fitted (its ``bse`` / ``pvalues`` are that clustering's, for every coefficient), never
+    modified; ``fixed``: per structure whose two-way covariance needed the eigenvalue fix (:func:`psd_fixed`) the
+    fixed covariance, whose numbers (:meth:`numbers`) replace the results object's.
     """
 
     by: str
@@ -444,6 +478,21 @@ class ClusteredFit:
     used: tuple[str, ...]
     structures: dict[str, ClusterStructure]
     results: dict[str, Any]
+    kinds: tuple[str, ...] = ()
+    fixed: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def psd_fixed(self) -> tuple[bool, ...]:
+        """Per coefficient whether the covariance of its interval needed the eigenvalue fix."""
+        return tuple(u in self.fixed for u in self.used)
+
+    def numbers(self, by: str, alpha: float = 0.05) -> tuple[np.ndarray, ...]:
+        """(params, se, t, p, (k, 2) intervals) of every coefficient under the structure ``by``: statsmodels' own, or
+        where its covariance was fixed, :func:`t_numbers` of the fixed one."""
+        res = self.results[by]
+        if by in self.fixed:
+            return (np.asarray(res.params), *t_numbers(res.params, self.fixed[by], self.structures[by].G, alpha))
+        return tuple(np.asarray(x) for x in (res.params, res.bse, res.tvalues, res.pvalues, res.conf_int(alpha)))
 
     @property
     def n_clusters(self) -> int:
@@ -469,6 +518,12 @@ class ClusteredFit:
             return self.ci.copy()
         crit = stats.t.ppf(1 - alpha / 2, self.G - 1)
         return np.column_stack([self.params - crit * self.bse, self.params + crit * self.bse])
+
+    def cluster_by(self) -> str:
+        """What a cluster is, for a table's ``cluster_by``: the one clustering's label, or each label after its kind
+        (``components: components (2 of 8 sets ...); two-way: set+topic (...)``)."""
+        kinds = dict(zip(self.clusters, self.kinds, strict=True))  # label -> kind, in order of first use
+        return next(iter(kinds)) if len(kinds) == 1 else "; ".join(f"{k}: {c}" for c, k in kinds.items())
 
     def notes(self, names: list[str]) -> list[str]:
         """Lines for statsmodels' summary: the clustering of every coefficient whose interval is not :attr:`main`'s."""
@@ -504,58 +559,61 @@ def fit_clustered(y, X, sets, topics=None, by: str = DEFAULT_CLUSTERS) -> Cluste
     k = X.shape[1]
     if by != "conservative":
         st = cluster_structure(sets, topics, by)
-        res, label = clustered_ols(y, X, st)
-        return ClusteredFit(
+        res, label, fixed = clustered_ols(y, X, st)
+        fit = ClusteredFit(
             by,
-            np.asarray(res.params),
-            np.asarray(res.bse),
-            np.asarray(res.tvalues),
-            np.asarray(res.pvalues),
-            np.asarray(res.conf_int()),
+            *(np.empty(0),) * 5,
             np.full(k, st.G, dtype=np.int64),
             (label,) * k,
             (by,) * k,
             {by: st},
             {by: res},
+            (KINDS[by],) * k,
+            {} if fixed is None else {by: fixed},
         )
+        params, bse, tvalues, pvalues, ci = fit.numbers(by)
+        return replace(fit, params=params, bse=bse, tvalues=tvalues, pvalues=pvalues, ci=ci)
     if topics is None:
         raise ValueError("clustering 'conservative' needs the topic of every observation")
     joint = joint_ols(X, y, sets, topics)
     two, comp = joint.variants["set+topic"][0], joint.variants["component"][0]
     if two.G < 2 and comp.G < 2:
         raise _too_few(f"{two.label()} or {comp.label()}", max(two.G, comp.G))
-    results = {}
+    results, fixed = {}, {}
     for name, (st, V, _label) in joint.variants.items():
         if st.G < 2:
             continue
-        res, _ = clustered_ols(y, X, st)
-        if not np.allclose(np.asarray(res.cov_params()), V[:k, :k], rtol=1e-6, atol=1e-14):  # checked, not assumed
+        res, _, fix = clustered_ols(y, X, st)
+        cov = np.asarray(res.cov_params()) if fix is None else fix
+        if not np.allclose(cov, V[:k, :k], rtol=1e-6, atol=1e-14):  # checked, not assumed
             raise RuntimeError(f"the {name} covariance of joint_ols differs from statsmodels' fit")
         results[name] = res
+        if fix is not None:
+            fixed[name] = fix
     got = [joint.linear(joint.coef(0, j)) for j in range(k)]
     if two.shared_topics == 0:  # one-way by set: the same fit under either name
         results.setdefault("component", results.get("set+topic"))
-    # the numbers of each coefficient are statsmodels' own under the clustering chosen for it (the results object a
-    # reader gets back, AuditResult.ols, gives the table's numbers to the last bit); the choice is joint_ols's rule
-    cols = []
-    for j, g in enumerate(got):
-        res = results.get(g.by)
-        if res is None:
-            cols.append((g.estimate, g.se, g.estimate / g.se if g.se > 0 else np.nan, g.p, g.ci_low, g.ci_high))
-            continue
-        ci = np.asarray(res.conf_int())[j]
-        cols.append((res.params[j], res.bse[j], res.tvalues[j], res.pvalues[j], ci[0], ci[1]))
-    cols = np.asarray(cols, dtype=np.float64)
-    return ClusteredFit(
+    fit = ClusteredFit(
         by,
-        cols[:, 0],
-        cols[:, 1],
-        cols[:, 2],
-        cols[:, 3],
-        cols[:, 4:6],
+        *(np.empty(0),) * 5,
         np.array([g.G for g in got], dtype=np.int64),
         tuple(g.clusters for g in got),
         tuple(g.by for g in got),
         {"set+topic": two, "component": comp},
         results,
+        tuple(g.kind for g in got),
+        fixed,
     )
+    # the numbers of each coefficient are statsmodels' own under the clustering chosen for it (the results object a
+    # reader gets back, AuditResult.ols, gives the table's numbers to the last bit; of a fixed two-way covariance,
+    # computed as statsmodels computes them); the choice is joint_ols's rule
+    numbers = {name: fit.numbers(name) for name in results if results[name] is not None}
+    cols = []
+    for j, g in enumerate(got):
+        if g.by not in numbers:
+            cols.append((g.estimate, g.se, g.estimate / g.se if g.se > 0 else np.nan, g.p, g.ci_low, g.ci_high))
+            continue
+        params, bse, tvalues, pvalues, ci = numbers[g.by]
+        cols.append((params[j], bse[j], tvalues[j], pvalues[j], ci[j][0], ci[j][1]))
+    cols = np.asarray(cols, dtype=np.float64)
+    return replace(fit, params=cols[:, 0], bse=cols[:, 1], tvalues=cols[:, 2], pvalues=cols[:, 3], ci=cols[:, 4:6])

@@ -45,6 +45,7 @@ Two kinds of inference (:class:`Inference`):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,7 @@ from posfair.stats.clusters import CLUSTERINGS, DEFAULT_CLUSTERS
 
 __all__ = [
     "Inference",
+    "InferenceLabel",
     "describe_inference",
     "significance_mark",
     "few_clusters_text",
@@ -149,20 +151,25 @@ class Inference:
         """Whether the wild bootstrap enumerates all 2^G Rademacher vectors (as wildboottest does)."""
         return self.method == "wild" and self.weights == "rademacher" and 2**n_clusters < self.draws
 
+    def used(self, n_clusters: int | None = None) -> InferenceLabel:
+        """The inference a fit on ``n_clusters`` bootstrap clusters used, typed (decides whether Rademacher weights
+        are enumerated)."""
+        if self.method == "cluster":
+            return InferenceLabel("cluster", self.clusters)
+        if n_clusters is not None and self.enumerates(n_clusters):
+            return InferenceLabel("wild", self.clusters, "rademacher", enumerated=n_clusters)
+        return InferenceLabel("wild", self.clusters, self.weights, self.draws, self.seed)
+
     def label(self, n_clusters: int | None = None) -> str:
         """Short label for tables: ``CR1 set+topic t(G-1)`` or ``wild WCR11 set webb B=9999 seed=0`` (or ``... all 2^G``).
 
         ``n_clusters``: the bootstrap's cluster count (decides whether Rademacher weights are enumerated).
         """
-        if self.method == "cluster":
-            return f"CR1 {self.clusters} t(G-1)"
-        if n_clusters is not None and self.enumerates(n_clusters):
-            return f"wild WCR11 {self.clusters} rademacher all 2^{n_clusters}"
-        return f"wild WCR11 {self.clusters} {self.weights} B={self.draws} seed={self.seed}"
+        return self.used(n_clusters).text()
 
     def describe(self) -> str:
         """A sentence for captions and reports."""
-        return describe_inference([self.label()])
+        return self.used().sentence()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,35 +194,82 @@ CLUSTERS_IN_WORDS = {
 }
 
 
-def _label_clusters(label: str, prefix: str) -> str | None:
-    rest = label.removeprefix(prefix).split(" ", 1)[0]
-    return rest if rest in CLUSTERINGS else None
+_CLUSTERS = "|".join(re.escape(c) for c in sorted(CLUSTERINGS, key=len, reverse=True))
+_CR1 = re.compile(rf"CR1 (?P<clusters>{_CLUSTERS}) t\(G-1\)")
+_WILD = re.compile(
+    rf"wild WCR11 (?:(?P<clusters>{_CLUSTERS}) )?(?:rademacher all 2\^(?P<G>\d+)"
+    rf"|(?P<weights>{'|'.join(BOOTSTRAP_WEIGHTS)}) B=(?P<draws>\d+) seed=(?P<seed>\d+))"
+)
 
 
-def describe_inference(labels) -> str:
-    """A sentence for captions from the short labels of :meth:`Inference.label` found in a table."""
-    labels = list(dict.fromkeys(str(x) for x in labels))
-    parts = []
-    for lab in labels:
-        if lab == "CR1 t(G-1)":  # a run saved before clusters were named
-            lab = "CR1 set t(G-1)"
-        if lab.startswith("CR1 ") and (by := _label_clusters(lab, "CR1 ")):
-            parts.append(
+@dataclass(frozen=True)
+class InferenceLabel:
+    """The inference one fit used, typed: :meth:`text` is the short label a table's ``inference`` column holds
+    (:meth:`Inference.label`), :meth:`parse` the one reader of a saved label (it round-trips :meth:`text`),
+    :meth:`sentence` the same in words for captions.
+
+    ``method``: ``"cluster"`` or ``"wild"``; ``clusters``: one of :data:`~posfair.stats.clusters.CLUSTERINGS`;
+    wild only: ``weights``, ``draws``, ``seed``, and ``enumerated`` = G where all 2^G Rademacher sign vectors were
+    enumerated (then draws and seed play no part).
+    """
+
+    method: str
+    clusters: str
+    weights: str = ""
+    draws: int = 0
+    seed: int = 0
+    enumerated: int | None = None
+
+    def text(self) -> str:
+        if self.method == "cluster":
+            return f"CR1 {self.clusters} t(G-1)"
+        return f"wild WCR11 {self.clusters} {self._draws_text()}"
+
+    def _draws_text(self) -> str:
+        if self.enumerated is not None:
+            return f"rademacher all 2^{self.enumerated}"
+        return f"{self.weights} B={self.draws} seed={self.seed}"
+
+    @classmethod
+    def parse(cls, label: str) -> InferenceLabel | None:
+        """The typed value of a saved label (None: not a label :meth:`text` writes); labels of runs saved before
+        clusters were named (``CR1 t(G-1)``, ``wild WCR11 webb ...``) read as clustered by set."""
+        label = str(label)
+        if label == "CR1 t(G-1)":
+            return cls("cluster", "set")
+        if m := _CR1.fullmatch(label):
+            return cls("cluster", m["clusters"])
+        if (m := _WILD.fullmatch(label)) is None:
+            return None
+        clusters = m["clusters"] or "set"
+        if m["G"] is not None:
+            return cls("wild", clusters, "rademacher", enumerated=int(m["G"]))
+        return cls("wild", clusters, m["weights"], int(m["draws"]), int(m["seed"]))
+
+    def sentence(self) -> str:
+        """This inference in words (captions, reports)."""
+        by = self.clusters
+        if self.method == "cluster":
+            return (
                 f"CR1 cluster-robust standard errors ({CLUSTERS_IN_WORDS[by]}; correction G/(G-1) * (N-1)/(N-K) per "
                 "dimension), p-values from Student's t with G-1 degrees of freedom"
             )
-        elif lab.startswith("wild WCR11 "):
-            by = _label_clusters(lab, "wild WCR11 ") or "set"
-            rest = lab.removeprefix("wild WCR11 ").removeprefix(f"{by} ")
-            parts.append(
-                "CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, CR1 "
-                f"variance in every draw, {CLUSTERS_IN_WORDS[by]}; weights per cluster"
-                + (" of the dimension with fewer clusters" if by == "set+topic" else "")
-                + f"; {rest}; p = share of |t*| ≥ |t| with the observed statistic counted as one draw, or over all "
-                "2^G Rademacher sign vectors where enumerated)"
-            )
-        else:
-            parts.append(lab)
+        return (
+            "CR1 cluster-robust standard errors; p-values from a wild cluster bootstrap-t (WCR11: null imposed, CR1 "
+            f"variance in every draw, {CLUSTERS_IN_WORDS[by]}; weights per cluster"
+            + (" of the dimension with fewer clusters" if by == "set+topic" else "")
+            + f"; {self._draws_text()}; p = share of |t*| ≥ |t| with the observed statistic counted as one draw, or "
+            "over all 2^G Rademacher sign vectors where enumerated)"
+        )
+
+
+def describe_inference(labels) -> str:
+    """A sentence for captions from the short labels of :meth:`Inference.label` found in a (saved) table: each read
+    back by :meth:`InferenceLabel.parse` (a label it does not know is kept as it is)."""
+    parts = []
+    for lab in dict.fromkeys(str(x) for x in labels):
+        used = InferenceLabel.parse(lab)
+        parts.append(used.sentence() if used is not None else lab)
     return "; ".join(dict.fromkeys(parts))
 
 

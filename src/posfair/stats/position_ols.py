@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from statsmodels.iolib.summary import summary_params
 
-from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, cluster_kind, fit_clustered
+from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, fit_clustered
 from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, few_clusters_text, significance_mark
 from posfair.stats.wild import _wildboottest_tests, wild_tests
 
@@ -82,9 +83,21 @@ class PositionOLS:
 
         Its p-values are those of t(G-1) also under wild inference (see :attr:`pvalues`).  Under ``conservative`` it
         is the fit of the clustering most coefficients used, and a note names every coefficient whose interval used
-        the other (its numbers are in :attr:`bse`, :attr:`pvalues`, :meth:`conf_int`).
+        the other (its numbers are in :attr:`bse`, :attr:`pvalues`, :meth:`conf_int`).  Where that clustering's
+        two-way covariance needed the eigenvalue fix, the coefficient table is rebuilt from the fixed covariance (the
+        numbers of :attr:`bse`, ...; statsmodels' results object itself is left as statsmodels made it) and a note
+        says that the F-statistic of the header is statsmodels' before the fix.
         """
         out = self.result.summary(xname=self.names, alpha=alpha)
+        if self.fit is not None and self.fit.main in self.fit.fixed:
+            numbers = self.fit.numbers(self.fit.main, alpha)
+            out.tables[1] = summary_params((self.result, *numbers), xname=self.names, alpha=alpha, use_t=True)
+            out.add_extra_txt(
+                [
+                    f"The coefficients use the {self.fit.main} covariance after the eigenvalue fix ({PSD_FIX_NOTE}); "
+                    "the F-statistic above is of statsmodels' covariance before it."
+                ]
+            )
         notes = self.fit.notes(self.names) if self.fit is not None else []
         if notes:
             out.add_extra_txt(notes)
@@ -172,12 +185,11 @@ def fit_position_ols(
             else:
                 t_wild, p_wild = wild_tests(X, y, structure, inference)
             # (after the eigenvalue fix of a two-way covariance the fit's t differ from the raw ones the bootstrap uses)
-            fixed = any(PSD_FIX_NOTE in c for c, u in zip(fit.clusters, fit.used, strict=True) if u == used)
+            fixed = used in fit.fixed
             if not fixed and not np.allclose(t_wild[pick], tvalues[pick], rtol=1e-6, atol=1e-9):
                 raise RuntimeError(f"wild bootstrap t statistics {t_wild} differ from the CR1 fit's {tvalues}")
             pvalues[pick] = p_wild[pick]
             log.debug("wild bootstrap (%s, %s): p=%s", inference.label(), used, p_wild)
-    labels = list(dict.fromkeys(fit.clusters))
     return PositionOLS(
         n=n,
         params=fit.params,
@@ -188,7 +200,7 @@ def fit_position_ols(
         tvalues=tvalues,
         inference="; ".join(dict.fromkeys(labels_each)),
         inference_each=tuple(labels_each) if len(set(labels_each)) > 1 else None,
-        cluster_by=labels[0] if len(labels) == 1 else "; ".join(f"{cluster_kind(c)}: {c}" for c in labels),
+        cluster_by=fit.cluster_by(),
         result=fit.result,
         fit=fit,
     )
