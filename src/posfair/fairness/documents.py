@@ -362,6 +362,49 @@ def build_instance(
     ``family``: draw only from the topics of this family (``corpus["family"]``, see
     :func:`prepare_corpus`); its name prefixes the set ids and enters the sampling seed.
     """
+    _check_instance_args(corpus, n, target_docs, config)
+    pool = _topic_pool(
+        corpus, n, config, tokenizer, limit, family, token_lengths, min_segment_tokens, max_segment_tokens, window_ratio
+    )
+    report = SamplingReport(
+        n=n,
+        config=config.name,
+        limit=limit,
+        topics_available=len(pool.topics_all),
+        segments_outside_window=len(pool.topics_all) - len(pool.topics),
+        sets_wanted=sets_for(target_docs, n),
+        family=family,
+    )
+    where = f", family {family}" if family else ""
+    if len(pool.topics) < n:
+        raise PosfairInputError(
+            f"instance (n={n}, {config.name}{where}): only {len(pool.topics)} topics are present in "
+            f"{list(config.needed)} with segments of {pool.low}..{pool.cap} tokens (of {len(pool.topics_all)} topics in "
+            f"all needed languages); need at least {n}"
+        )
+    rng = np.random.default_rng(_seed_for(seed, n, config.key, *((family,) if family else ())))
+    prefix = f"{family}/" if family else ""
+    chosen, docs, attempts = _draw_sets(pool, n, config, tokenizer, limit, rng, prefix, report, max_attempts_per_set)
+    _note_shared_topics(report, chosen, len(pool.topics), n)
+    report.sets_used, report.documents, report.exhausted = len(chosen), len(docs), len(chosen) < report.sets_wanted
+    if not chosen:
+        seg_lens = sorted(pool.lengths[(t, config.langs(n)[0])] for t in pool.topics)
+        raise PosfairInputError(
+            f"instance (n={n}, {config.name}{where}): no segment set fits the model limit of {limit} tokens "
+            f"({report.sets_skipped_too_long} sets tried were too long; median segment length {seg_lens[len(seg_lens) // 2]} tokens). "
+            "Use shorter segments (max segment tokens), a smaller n, or a model with a longer limit."
+        )
+    if report.exhausted:
+        report.notes.append(
+            f"only {len(chosen)} of {report.sets_wanted} segment sets found that fit {limit} tokens "
+            f"after {attempts} draws ({report.sets_skipped_too_long} too long)"
+        )
+    sets = [SegmentSet(f"{prefix}n{n}-{config.key}-s{i:05d}", t) for i, t in enumerate(chosen)]
+    return Instance(n=n, config=config, sets=sets, documents=docs, report=report, family=family)
+
+
+def _check_instance_args(corpus: pd.DataFrame, n: int, target_docs: int, config: LanguageConfig) -> None:
+    """``n``, the target document count and the configuration's languages, checked before any work."""
     if n < 2:
         raise PosfairInputError(f"n (segments per document) must be >= 2; got {n}")
     if target_docs < 1:
@@ -372,6 +415,35 @@ def build_instance(
             raise PosfairInputError(
                 f"unknown language {lang!r} for configuration {config.name}: the corpus has {sorted(langs_present)}"
             )
+
+
+@dataclass
+class _TopicPool:
+    """The topics an instance may draw from: ``topics_all`` (present in every needed language), ``topics`` (those
+    whose segments all lie in the length window ``[low, cap]``), their texts and token lengths."""
+
+    topics_all: list[str]
+    topics: list[str]
+    text_of: dict[tuple[str, str], str]
+    lengths: dict[tuple[str, str], int]
+    n_special: int
+    low: int
+    cap: int
+
+
+def _topic_pool(
+    corpus: pd.DataFrame,
+    n: int,
+    config: LanguageConfig,
+    tokenizer,
+    limit: int,
+    family: str,
+    token_lengths: dict[tuple[str, str], int] | None,
+    min_segment_tokens: int | None,
+    max_segment_tokens: int | None,
+    window_ratio: float,
+) -> _TopicPool:
+    """The topics of ``config``'s languages (of ``family`` when given) and which of them fit the length window."""
     sub = corpus[corpus["lang"].isin(config.needed)]
     if family:
         if "family" not in sub:
@@ -385,48 +457,48 @@ def build_instance(
     n_special = added_token_count(tokenizer)
     low, cap = _length_window(limit, n, n_special, min_segment_tokens, max_segment_tokens, window_ratio)
     topics = [t for t in topics_all if all(low <= lengths[(t, lang)] <= cap for lang in config.needed)]
-    sets_wanted = sets_for(target_docs, n)
-    report = SamplingReport(
-        n=n,
-        config=config.name,
-        limit=limit,
-        topics_available=len(topics_all),
-        segments_outside_window=len(topics_all) - len(topics),
-        sets_wanted=sets_wanted,
-        family=family,
-    )
-    where = f", family {family}" if family else ""
-    if len(topics) < n:
-        raise PosfairInputError(
-            f"instance (n={n}, {config.name}{where}): only {len(topics)} topics are present in {list(config.needed)} "
-            f"with segments of {low}..{cap} tokens (of {len(topics_all)} topics in all needed languages); need at least {n}"
-        )
+    return _TopicPool(topics_all, topics, text_of, lengths, n_special, low, cap)
 
-    rng = np.random.default_rng(_seed_for(seed, n, config.key, *((family,) if family else ())))
-    prefix = f"{family}/" if family else ""
-    lang_seq = config.langs(n)
+
+def _draw_sets(
+    pool: _TopicPool,
+    n: int,
+    config: LanguageConfig,
+    tokenizer,
+    limit: int,
+    rng: np.random.Generator,
+    prefix: str,
+    report: SamplingReport,
+    max_attempts_per_set: int,
+) -> tuple[list[tuple[str, ...]], list[Document], int]:
+    """Draw segment sets until ``report.sets_wanted`` fit ``limit`` (or the attempts or the distinct sets run out):
+    the sets (sorted topics), their documents and the draws made; sets skipped as too long are counted in ``report``.
+
+    Unused topics first while at least ``n`` remain and fewer than ``max_attempts_per_set`` draws in a row from
+    them failed; then any usable topic."""
+    topics, lang_seq = pool.topics, config.langs(n)
     chosen: list[tuple[str, ...]] = []
     seen: set[frozenset[str]] = set()
     used: set[str] = set()
     docs: list[Document] = []
-    attempts, max_attempts = 0, max_attempts_per_set * sets_wanted
+    attempts, max_attempts = 0, max_attempts_per_set * report.sets_wanted
     fresh_failures = 0  # draws in a row from unused topics that did not fit
     total_sets = math.comb(len(topics), n)
-    while len(chosen) < sets_wanted and attempts < max_attempts and len(seen) < total_sets:
+    while len(chosen) < report.sets_wanted and attempts < max_attempts and len(seen) < total_sets:
         attempts += 1
         fresh = [t for t in topics if t not in used]
         disjoint = len(fresh) >= n and fresh_failures < max_attempts_per_set
-        pool = fresh if disjoint else topics
-        pick = tuple(pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False)))
+        draw_from = fresh if disjoint else topics
+        pick = tuple(draw_from[i] for i in sorted(rng.choice(len(draw_from), size=n, replace=False)))
         if frozenset(pick) in seen:
             fresh_failures += disjoint
             continue
         seen.add(frozenset(pick))
-        if _shortest_ordering(pick, lang_seq, lengths, n_special) > limit:
+        if _shortest_ordering(pick, lang_seq, pool.lengths, pool.n_special) > limit:
             report.sets_skipped_too_long += 1
             fresh_failures += disjoint
             continue
-        cand = _set_documents(pick, f"{prefix}n{n}-{config.key}-s{len(chosen):05d}", lang_seq, text_of, tokenizer)
+        cand = _set_documents(pick, f"{prefix}n{n}-{config.key}-s{len(chosen):05d}", lang_seq, pool.text_of, tokenizer)
         if max(d.n_tokens for d in cand) > limit:
             report.sets_skipped_too_long += 1
             fresh_failures += disjoint
@@ -435,6 +507,11 @@ def build_instance(
         chosen.append(pick)
         used.update(pick)
         docs += cand
+    return chosen, docs, attempts
+
+
+def _note_shared_topics(report: SamplingReport, chosen: list[tuple[str, ...]], usable: int, n: int) -> None:
+    """Count the topics used and the sets that share a topic with another set, with a note when any do."""
     holders: dict[str, int] = {}
     for pick in chosen:
         for t in pick:
@@ -444,21 +521,6 @@ def build_instance(
     if report.sets_sharing_topics:
         report.notes.append(
             f"{report.sets_sharing_topics} of {len(chosen)} segment sets share a topic with another set "
-            f"({len(topics)} usable topics; {len(chosen)} disjoint sets of {n} need {len(chosen) * n}): their "
+            f"({usable} usable topics; {len(chosen)} disjoint sets of {n} need {len(chosen) * n}): their "
             "observations are not independent, which clustering by set and topic accounts for"
         )
-    report.sets_used, report.documents, report.exhausted = len(chosen), len(docs), len(chosen) < sets_wanted
-    if not chosen:
-        seg_lens = sorted(lengths[(t, lang_seq[0])] for t in topics)
-        raise PosfairInputError(
-            f"instance (n={n}, {config.name}{where}): no segment set fits the model limit of {limit} tokens "
-            f"({report.sets_skipped_too_long} sets tried were too long; median segment length {seg_lens[len(seg_lens) // 2]} tokens). "
-            "Use shorter segments (max segment tokens), a smaller n, or a model with a longer limit."
-        )
-    if report.exhausted:
-        report.notes.append(
-            f"only {len(chosen)} of {sets_wanted} segment sets found that fit {limit} tokens "
-            f"after {attempts} draws ({report.sets_skipped_too_long} too long)"
-        )
-    sets = [SegmentSet(f"{prefix}n{n}-{config.key}-s{i:05d}", t) for i, t in enumerate(chosen)]
-    return Instance(n=n, config=config, sets=sets, documents=docs, report=report, family=family)
