@@ -245,11 +245,34 @@ def test_a_result_does_not_import_its_renderer_at_module_level(result):
 
 
 def test_module_names_do_not_collide():
-    """One module name, one meaning: no two library modules share a file name (packages' __init__ aside)."""
+    """One module name, one meaning: no two modules share a file name (packages' __init__ aside), the command
+    line's included (``posfair/cli/errors.py`` beside ``posfair/errors.py`` read as one module in a traceback)."""
     from collections import Counter
 
-    names = Counter(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "cli" not in p.parts)
+    names = Counter(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
     assert sorted(n for n, c in names.items() if c > 1) == []
+
+
+def command_modules() -> dict[str, str]:
+    """{command name: the module of its function}, read off the Typer application's registered commands."""
+    from posfair.cli.app import app
+
+    return {c.name: c.callback.__module__ for c in app.registered_commands}
+
+
+def test_each_command_is_one_module_named_as_the_command():
+    commands = command_modules()
+    assert len(commands) >= 10 and len(set(commands.values())) == len(commands)
+    assert {name: module.rpartition(".")[2] for name, module in commands.items()} == {
+        name: name.replace("-", "_") for name in commands
+    }
+
+
+@pytest.mark.parametrize("module", sorted(set(command_modules().values())))
+def test_a_command_module_imports_no_other_command(module):
+    """What two commands share lives in a CLI-internal module (posfair.cli.inputs, posfair.cli.runs ...)."""
+    others = set(command_modules().values()) - {module}
+    assert sorted(GRAPH[module] & others) == []
 
 
 #: the packages whose ``__init__`` is a front door: it exports the area's public names (``__all__``)
@@ -317,3 +340,65 @@ def test_the_readme_imports_only_from_front_doors():
                         mod = importlib.import_module(alias.name)
                         assert Path(mod.__file__).name == "__init__.py", f"README imports the module {alias.name}"
     assert seen >= 5
+
+
+def package_inits() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("__init__.py"))}
+
+
+def uses_lazy_exports(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "lazy_exports" for n in ast.walk(tree))
+
+
+#: packages whose ``__init__`` imports its public names: posfair.cli exports ``app``, also the name of its submodule
+#: posfair.cli.app (importing a submodule sets the package attribute of that name, so a lazy ``app`` would turn into
+#: the module); the command line imports every command anyway
+EAGER_PACKAGES = {"posfair.cli"}
+LAZY_PACKAGES = sorted(name for name, tree in package_inits().items() if uses_lazy_exports(tree))
+
+
+def test_one_lazy_export_mechanism():
+    """A package's public names load through posfair._lazy.lazy_exports: no hand-written ``__getattr__``, and no
+    ``__init__`` importing the names it exports at import time (an eager front door)."""
+    assert {"posfair", "posfair.retrieval", "posfair.store", "posfair.serve"} <= set(LAZY_PACKAGES)
+    for name, tree in package_inits().items():
+        if name in EAGER_PACKAGES:
+            continue
+        defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        assert "__getattr__" not in defined, name
+        annotations_only = type_checking_only(tree)
+        eager = {
+            alias.asname or alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom) and id(node) not in annotations_only
+            for alias in node.names
+        }
+        public = {
+            elt.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and "__all__" in ast.unparse(node.targets[0])
+            for elt in ast.walk(node.value)
+            if isinstance(elt, ast.Constant) and isinstance(elt.value, str)
+        }
+        assert sorted(eager & public) == [], f"{name} imports its public names eagerly"
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_the_type_checking_imports_are_the_lazy_exports(package):
+    """What IDEs and pyright read (the ``if TYPE_CHECKING:`` imports) names exactly the names the package exports,
+    each from a module that defines it: the same object the package hands out at run time."""
+    import importlib
+
+    tree = package_inits()[package]
+    seen: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if id(node) in type_checking_only(tree) and isinstance(node, ast.ImportFrom):
+            seen.update({alias.asname or alias.name: node.module for alias in node.names})
+    mod = importlib.import_module(package)
+    assert sorted(seen) == sorted(mod._EXPORTS)
+    submodules = {
+        p.stem for p in MODULES[package].parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    assert sorted(set(seen) & submodules) == []  # importing such a submodule would replace the lazy name by the module
+    for name, source in seen.items():
+        assert getattr(importlib.import_module(source), name) is getattr(mod, name), (package, name)

@@ -6,8 +6,25 @@ modelling code is imported, so a calibrated folder saved by posfair loads calibr
 with plain ``SentenceTransformer(path)`` or ``AutoModel.from_pretrained(path)``.
 """
 
+from typing import TYPE_CHECKING
+
 from posfair import _post_import
 from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.attention import attention_profile, estimate_prior  # noqa: F401
+    from posfair.calibration import MODEL_DEFAULT, STOCK, Calibration, CalibrationFallbackWarning  # noqa: F401
+    from posfair.corpus import load_corpus  # noqa: F401
+    from posfair.fairness import AuditResult, AuditSettings, LanguageConfig, PositionalFairnessEvaluator, audit  # noqa: F401
+    from posfair.model import FairModel, load_model  # noqa: F401
+    from posfair.retrieval import (  # noqa: F401
+        PositionalRetrievalEvaluator,
+        RetrievalResult,
+        build_from_corpus,
+        load_benchmark,
+        run_sweep,
+    )
+    from posfair.tuning import CalibrationTuner, tune  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -6,7 +6,7 @@ transformers, torch, MTEB, datasets), so ``python -W error`` tracebacks, warning
 ``file:line`` Python prints name the user's line that called posfair (a script's ``model.encode(...)`` or
 ``mteb.evaluate(...)``), not ``posfair/fairness/pipeline.py``.  Frames of the command line (``posfair.cli``)
 count as the caller: a command's warnings are printed as one line by
-:func:`posfair.cli.errors.one_line_warnings`, which shows only posfair's own.
+:func:`posfair.cli.error_boundary.one_line_warnings`, which shows only posfair's own.
 """
 
 from __future__ import annotations

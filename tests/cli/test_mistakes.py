@@ -1,7 +1,7 @@
 """The table of user mistakes: each exits 2 with one line ``error: ...`` naming the option, file or value.
 
 Every case runs in process through the application's error boundary
-(``posfair.cli.errors.PosfairGroup.main``, what the ``posfair`` script runs).
+(``posfair.cli.error_boundary.PosfairGroup.main``, what the ``posfair`` script runs).
 Mistakes are caught before any work: only the few that depend on the model
 (its layers, its position limit) load it, and they use the bundled model.
 """

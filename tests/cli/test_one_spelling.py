@@ -50,7 +50,7 @@ def test_strength_is_strength_and_docs_help_names_the_tuner_only_in_tune():
 
 def test_audit_without_languages_audits_english(monkeypatch, tmp_path):
     """Bare `posfair audit` runs English documents, as attention and estimate-prior do (it refused before)."""
-    import posfair.cli.audit as audit_module
+    import posfair.cli.runs as audit_module
     from posfair.cli import checks
 
     seen = {}
@@ -93,7 +93,7 @@ def test_tunes_default_grid_leaves_out_baskets_the_token_limit_cannot_fill():
 
 def test_a_retrieval_folder_of_an_older_posfair_resumes_from_its_sweep_json(tmp_path):
     from posfair.errors import PosfairInputError
-    from posfair.retrieval import sweep
+    from posfair.retrieval import resumable_sweep as sweep
 
     key = {k: f"v-{k}" for k in sweep._SWEEP_KEY} | {"benchmark": {"name": "b", "fingerprint": "f"}}
     (tmp_path / "sweep.json").write_text(json.dumps(key | {"settings": ["stock"]}))
@@ -104,7 +104,7 @@ def test_a_retrieval_folder_of_an_older_posfair_resumes_from_its_sweep_json(tmp_
 
 
 def test_the_demo_names_the_model_before_each_parts_progress(monkeypatch, tmp_path, capsys):
-    import posfair.cli.audit as audit_module
+    import posfair.cli.runs as audit_module
     from posfair.cli import checks, demo
 
     monkeypatch.setattr(checks, "load_model", lambda name, **k: SimpleNamespace(display_name=f"model of {name}"))

@@ -11,7 +11,7 @@ import transformers
 from transformers.utils import logging as transformers_logging
 
 import posfair
-from posfair.cli.errors import one_line_warnings
+from posfair.cli.error_boundary import one_line_warnings
 
 
 def test_no_weight_loading_bar_inside_a_command(tiny_model_path, capsys, monkeypatch):

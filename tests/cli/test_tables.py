@@ -7,8 +7,8 @@ import io
 
 from rich.console import Console
 
-from posfair.cli.progress import console
-from posfair.cli.tables import print_table, table_text
+from posfair.cli.terminal_progress import console
+from posfair.cli.terminal_tables import print_table, table_text
 
 BOX = set("─│┃━┏┓┗┛┡┩╇╋┳┻┼├┤╭╮╰╯")
 HEADER = ["n", "configuration", "coef", "stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.abc123", "G"]
@@ -58,7 +58,7 @@ def test_piped_output_is_plain_and_unwrapped(monkeypatch):
 def test_progress_into_a_log_is_one_whole_line_per_bar(capsys):
     """Piped or redirected (pytest's capture is not a terminal): no bars, no box drawing, no cut
     descriptions; a bar is written once, when it completes, or at the end as far as it got."""
-    from posfair.cli.progress import progress_bars
+    from posfair.cli.terminal_progress import progress_bars
 
     long = "aligned[eng-Latn]: documents (late-mean (64-token windows)) " + "x" * 60
     with progress_bars() as bar:

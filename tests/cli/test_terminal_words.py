@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posfair.cli import app
 from posfair.cli.attention import _cell
-from posfair.cli.tables import plural
+from posfair.cli.terminal_tables import plural
 
 
 def test_build_benchmark_prints_a_sentence_not_its_settings_file(tmp_path):

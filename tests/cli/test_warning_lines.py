@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 import posfair
-from posfair.cli.errors import one_line_warnings
+from posfair.cli.error_boundary import one_line_warnings
 from posfair.store import DamagedShardWarning
 
 INSIDE = str(Path(posfair.__file__).parent / "encoding.py")

@@ -15,7 +15,7 @@ from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator, RetrievalResult
 from posfair.retrieval.result_tables import bucket_table, group_table, to_latex, to_markdown
-from posfair.retrieval.sweep import run_sweep
+from posfair.retrieval.resumable_sweep import run_sweep
 
 # the bundled MiniLM is mean-pooled: a document is calibrated iff its token count n >= B + 1
 PARTIAL = Calibration(basket_size=147, layers=0.5, strength=1.0)  # documents of 145, 146, 148, 150 tokens -> 2 of 4

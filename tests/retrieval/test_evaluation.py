@@ -10,7 +10,7 @@ from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.evaluator import QWEN3_QUERY_PROMPT, PositionalRetrievalEvaluator, default_query_prompt
 from posfair.retrieval.result_tables import bucket_table, group_table, to_latex, to_markdown
 from posfair.retrieval.sea import SegmentEmbedAverage
-from posfair.retrieval.sweep import paper_grid, run_sweep, strength_sweep
+from posfair.retrieval.resumable_sweep import paper_grid, run_sweep, strength_sweep
 from posfair.store import EmbeddingStore
 
 CAL = Calibration(basket_size=16, layers=0.5, strength=0.5)

@@ -10,7 +10,7 @@ from tests.retrieval.conftest import build_cli_benchmark
 from typer.testing import CliRunner
 
 from posfair.cli import app
-from posfair.cli.tables import table_text
+from posfair.cli.terminal_tables import table_text
 
 
 def test_every_output_names_a_setting_one_way_and_every_column_is_explained(tmp_path):

@@ -10,7 +10,7 @@ from tests.retrieval.conftest import aligned_corpus
 from posfair import Calibration
 from posfair.model import stock_layers
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
-from posfair.retrieval.sweep import run_sweep
+from posfair.retrieval.resumable_sweep import run_sweep
 from posfair.store import EmbeddingStore
 
 #: MiniLM has 6 layers: first calibrated layers 5 and 3 save 8 layers against the stock pass's 6
@@ -32,7 +32,7 @@ def _figures(results):
 def test_a_sweep_over_stored_stock_documents_shares_their_stock_layers(model, bench, tmp_path, caplog, monkeypatch):
     store = EmbeddingStore(tmp_path / "cache")
     run_sweep(model, bench, [Calibration(basket_size=16, layers=0.5, strength=1.0)], tmp_path / "first", store=store)
-    with caplog.at_level(logging.DEBUG, logger="posfair.retrieval.sweep"):
+    with caplog.at_level(logging.DEBUG, logger="posfair.retrieval.resumable_sweep"):
         got = run_sweep(model, bench, CALS, tmp_path / "second", store=store)
     said = caplog.text
     assert "a stock pass over the documents (stored already)" in said
@@ -40,7 +40,7 @@ def test_a_sweep_over_stored_stock_documents_shares_their_stock_layers(model, be
     assert shared and int(shared[1]) > 0 and int(shared[2]) == 0, said
     # fewer layers saved than a stock pass costs (one calibration starting at layer 3): no stock pass
     caplog.clear()
-    with caplog.at_level(logging.DEBUG, logger="posfair.retrieval.sweep"):
+    with caplog.at_level(logging.DEBUG, logger="posfair.retrieval.resumable_sweep"):
         run_sweep(
             model, bench, [Calibration(basket_size=32, layers=0.5, strength=1.0)], tmp_path / "third", store=store
         )

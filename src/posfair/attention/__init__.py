@@ -8,16 +8,25 @@ the report section).  :mod:`~posfair.attention.prior` estimates the positional p
 ``prior`` calibration variant divides by (``estimate_prior()``), from the same recorded rows.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from posfair._lazy import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
-    "posfair.attention",
-    {
-        "attention_profile": ".profile",
-        "resolve_layers": ".profile",
-        "AttentionProfile": ".record",
-        "write_attention_report": ".render",
-        "estimate_prior": ".prior",
-        "PriorEstimate": ".prior",
-    },
-)
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.attention.prior import PriorEstimate, estimate_prior  # noqa: F401
+    from posfair.attention.profile import attention_profile, resolve_layers  # noqa: F401
+    from posfair.attention.record import AttentionProfile  # noqa: F401
+    from posfair.attention.render import write_attention_report  # noqa: F401
+
+_EXPORTS = {
+    "attention_profile": ".profile",
+    "resolve_layers": ".profile",
+    "AttentionProfile": ".record",
+    "write_attention_report": ".render",
+    "estimate_prior": ".prior",
+    "PriorEstimate": ".prior",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.attention", _EXPORTS)

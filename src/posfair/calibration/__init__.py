@@ -1,15 +1,24 @@
 """Attention calibration: the parameters object, the pure basket math, and its wiring into attention."""
 
-from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice
-from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
-from posfair.calibration.params import Calibration, ResolvedCalibration
+from __future__ import annotations
 
-__all__ = [
-    "Calibration",
-    "STOCK",
-    "MODEL_DEFAULT",
-    "CalibrationChoice",
-    "ResolvedCalibration",
-    "CalibrationFallbackWarning",
-    "quiet_fallback",
-]
+from typing import TYPE_CHECKING
+
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice  # noqa: F401
+    from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback  # noqa: F401
+    from posfair.calibration.params import Calibration, ResolvedCalibration  # noqa: F401
+
+_EXPORTS = {
+    "MODEL_DEFAULT": ".choice",
+    "STOCK": ".choice",
+    "CalibrationChoice": ".choice",
+    "CalibrationFallbackWarning": ".coverage",
+    "quiet_fallback": ".coverage",
+    "Calibration": ".params",
+    "ResolvedCalibration": ".params",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.calibration", _EXPORTS)

@@ -18,16 +18,16 @@ from posfair.cli import (
     demo,
     embed,
     encode,
-    prior,
+    estimate_prior,
     retrieval,
     serve,
     sweep,
     tune,
     verify,
 )
-from posfair.cli.errors import PosfairGroup, one_line_warnings
+from posfair.cli.error_boundary import PosfairGroup, one_line_warnings
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "app", "main"]
 
 app = typer.Typer(
     name="posfair",
@@ -48,7 +48,7 @@ def root(
 ) -> None:
     """Measure and repair positional bias in text-embedding models."""
     # every command prints library warnings (e.g. a damaged cache shard set aside) as one "warning: ..." line;
-    # --debug itself is read by the error boundary (posfair.cli.errors), which sees it before this runs
+    # --debug itself is read by the error boundary (posfair.cli.error_boundary), which sees it before this runs
     ctx.with_resource(one_line_warnings())
     if version:
         from posfair import __version__
@@ -57,20 +57,23 @@ def root(
         raise typer.Exit()
 
 
-for name, function in (
-    ("encode", encode.encode),
-    ("embed", embed.embed),
-    ("serve", serve.serve),
-    ("audit", audit.audit),
-    ("demo", demo.demo),
-    ("attention", attention.attention),
-    ("retrieval", retrieval.retrieval),
-    ("sweep", sweep.sweep),
-    ("build-benchmark", build_benchmark.build_benchmark),
-    ("tune", tune.tune),
-    ("verify", verify.verify),
-    ("estimate-prior", prior.estimate_prior_command),
-):
+#: every command, by its name on the command line: one module of posfair.cli each (``estimate-prior`` is
+#: posfair/cli/estimate_prior.py); the modules beside them (options, parsers, checks, ...) are shared helpers
+COMMANDS = {
+    "encode": encode.encode,
+    "embed": embed.embed,
+    "serve": serve.serve,
+    "audit": audit.audit,
+    "demo": demo.demo,
+    "attention": attention.attention,
+    "retrieval": retrieval.retrieval,
+    "sweep": sweep.sweep,
+    "build-benchmark": build_benchmark.build_benchmark,
+    "tune": tune.tune,
+    "verify": verify.verify,
+    "estimate-prior": estimate_prior.estimate_prior_command,
+}
+for name, function in COMMANDS.items():
     app.command(name=name)(function)
 
 

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from posfair.cli import checks
+from posfair.cli.inputs import build_documents
 from posfair.cli.options import (
     DOCS_DEFAULT,
     BatchSize,
@@ -25,23 +26,6 @@ from posfair.cli.options import (
     TrustRemoteCode,
 )
 from posfair.cli.parsers import layers_text
-
-
-def build_documents(model, corpus, lang: str, n: int, max_docs: int, seed: int = 0):
-    """Monolingual segment-set documents (the audit's builder): all orderings of random sets."""
-    from posfair.encoding import model_tokenizer
-    from posfair.fairness.documents import LanguageConfig, build_instance, prepare_corpus
-
-    inst = build_instance(
-        prepare_corpus(corpus),
-        n,
-        LanguageConfig.mono(lang),
-        tokenizer=model_tokenizer(model),
-        limit=int(model.max_seq_length),
-        target_docs=max_docs,
-        seed=seed,
-    )
-    return inst.documents[:max_docs]
 
 
 def run_attention(
@@ -148,10 +132,10 @@ def attention(
     from rich.markup import escape
 
     from posfair.attention.profile import resolve_layers
-    from posfair.cli.audit import load_corpus
-    from posfair.cli.errors import data_errors, naming
-    from posfair.cli.progress import console, progress_bars
-    from posfair.cli.tables import print_table
+    from posfair.cli.error_boundary import data_errors, naming
+    from posfair.cli.inputs import load_corpus
+    from posfair.cli.terminal_progress import console, progress_bars
+    from posfair.cli.terminal_tables import print_table
 
     checks.output_folder(out)
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)

@@ -1,18 +1,17 @@
 """``posfair audit``: a model's positional fairness on an aligned corpus, stock vs calibrations.
 
-:func:`run_audit` (the work and the summary printed after it) is shared with ``posfair demo``.
+The run itself and its summary (:func:`posfair.cli.runs.run_audit`) are shared with ``posfair demo``.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from posfair.cli import checks
+from posfair.cli import checks, runs
+from posfair.cli.inputs import load_corpus
 from posfair.cli.options import (
     DOCS_DEFAULT,
     BatchSize,
@@ -35,10 +34,6 @@ from posfair.cli.options import (
     TrustRemoteCode,
 )
 from posfair.cli.parsers import comma_list, integer, joined, lang_code, mixed_config
-
-SUMMARY_CAPTION = (
-    "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: clusters the p-values rest on"
-)
 
 
 def audit(
@@ -126,7 +121,7 @@ def audit(
     ] = None,
 ) -> None:
     """Audit a model's positional fairness on an aligned corpus (stock vs calibrations). Resumable."""
-    from posfair.cli.errors import PosfairInputError
+    from posfair.cli.error_boundary import PosfairInputError
     from posfair.fairness.documents import LanguageConfig
     from posfair.fairness.documents import language_grid as grid_configs
 
@@ -185,12 +180,14 @@ def audit(
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
     checks.check_calibrations(fm, calibration)
     name = fm.display_name
-    run_audit(fm, data, settings, list(calibration), out, cache, name, corpus or "bundled", "Positional-fairness audit")
+    runs.run_audit(
+        fm, data, settings, list(calibration), out, cache, name, corpus or "bundled", "Positional-fairness audit"
+    )
 
 
 def check_families(data, field: str, corpus: str) -> list[str]:
     """The families of ``--family-field`` in the corpus; input errors when the column is absent or holds one family."""
-    from posfair.cli.errors import PosfairInputError
+    from posfair.cli.error_boundary import PosfairInputError
 
     if field not in data.columns:
         raise PosfairInputError(
@@ -206,97 +203,3 @@ def check_families(data, field: str, corpus: str) -> list[str]:
             f"--by-family: corpus {corpus} has one family in {field!r} ({', '.join(families)}); there is nothing to compare"
         )
     return families
-
-
-def load_corpus(corpus: str | None, langs: list[str] | None = None, **kwargs: Any):
-    """``--corpus`` loaded (with the languages the command needs); CorpusError names the file, field, rows or languages."""
-    from posfair.corpus import load_corpus as load
-
-    return load(None if corpus in (None, "bundled") else corpus, langs=langs or None, **kwargs)
-
-
-def summary_table(result) -> tuple[list[str], list[list[str]]]:
-    """The headline coefficients of an audit: header and rows (n, configuration, coef, each variant, G)."""
-    hf = result.headline_frame()
-    header = ["n", "configuration", "coef", *[str(c) for c in hf.columns]]
-    rows = [[str(n), cfg, coef, *[str(v) for v in row.tolist()]] for (n, cfg, coef), row in hf.iterrows()]
-    return header, rows
-
-
-FAMILY_CAPTION = "95 % intervals, t(G-1), the wider of component and two-way clustering · families.json"
-LANGUAGE_CAPTION = "marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report"
-
-
-def language_summary_tables(result) -> list:
-    """The language effects at equal position (per n) as report tables; none without a language grid."""
-    from posfair.fairness.language_report import language_tables
-
-    return [t for t in language_tables(result) if t.name.startswith(("language_effects", "language_calibrations"))]
-
-
-def run_audit(
-    model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str
-):
-    """Run the audit with progress bars, save its results and report in ``out``, print the summary."""
-    from rich.markup import escape
-
-    from posfair.cli.errors import data_errors
-    from posfair.cli.progress import console, progress_bars
-    from posfair.cli.tables import print_table
-    from posfair.fairness.pipeline import audit as run
-    from posfair.stats.inference import FewClustersWarning
-
-    cache = cache or out / "cache"
-    t0 = time.perf_counter()
-    with progress_bars(complete_on_exit=True) as bar, data_errors():  # e.g. too few segment sets for the settings
-        with warnings.catch_warnings():  # the few-clusters warning is printed below, once, as a line of the summary
-            warnings.simplefilter("ignore", FewClustersWarning)
-            result = run(
-                model,
-                corpus,
-                settings,
-                calibrations,
-                cache_dir=cache,
-                model_name=model_name,
-                corpus_name=corpus_name,
-                progress=bar,
-            )
-    paths = result.save(out, title=title, state=[cache])
-    elapsed = time.perf_counter() - t0
-    con = console()
-    header, rows = summary_table(result)
-    print_table(con, f"{title} ({elapsed:.0f} s)", header, rows, caption=SUMMARY_CAPTION, keys=3)
-    con.print(f"inference: {escape(result.inference_text())}")
-    for t in language_summary_tables(result):
-        header, body = t.rows()
-        print_table(con, t.title, header, body, caption=LANGUAGE_CAPTION)
-    from posfair.fairness.families import family_tables
-
-    for t in family_tables(result):  # an audit run --by-family: each family, pooled, and Cochran's Q across them
-        header, body = t.rows()
-        print_table(con, t.title, header, body, caption=FAMILY_CAPTION)
-    cov = result.coverage()
-    cov = cov[cov["calibrated_share"].notna()]
-    for label, g in cov.groupby("calibration", sort=False):
-        docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
-        style = "yellow" if done < docs else "default"
-        con.print(
-            f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]"
-        )
-        words = next((c.describe() for c in calibrations if c.label() == label), None)
-        if words:
-            con.print(f"{escape(label)}: {escape(words)}")
-    few = result.few_clusters_message()
-    if few:
-        con.print(f"[yellow]warning: {escape(few)}[/yellow]")
-    for s in result.sampling:
-        line = f"{s['instance']}: {s['documents']} documents from {s['sets_used']} segment sets"
-        if s["sets_skipped_too_long"]:
-            line += f", {s['sets_skipped_too_long']} sets skipped (longer than {s['limit']} tokens)"
-        if s["segments_outside_window"]:
-            line += f", {s['segments_outside_window']} topics outside the segment-length window"
-        con.print(escape(line))
-        for note in s.get("notes", []):
-            con.print(f"  [yellow]{escape(note)}[/yellow]")
-    con.print(f"report: [bold]{escape(str(paths['report']))}[/bold]")
-    return result, paths, elapsed

@@ -62,9 +62,9 @@ def build_benchmark(
     # pandas, the corpus loader and the model are imported here, when the command runs, so that --help stays fast
     import json
 
-    from posfair.cli.audit import load_corpus
-    from posfair.cli.errors import PosfairInputError, data_errors, input_error
-    from posfair.cli.progress import console
+    from posfair.cli.error_boundary import PosfairInputError, data_errors, input_error
+    from posfair.cli.inputs import load_corpus
+    from posfair.cli.terminal_progress import console
     from posfair.retrieval.benchmarks import build_from_corpus
 
     outside = [lang for lang in budget_langs if lang not in langs]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from posfair.cli.errors import PosfairInputError, input_error, naming
+from posfair.cli.error_boundary import PosfairInputError, input_error, naming
 from posfair.cli.parsers import calibration_text
 
 __all__ = [

@@ -53,8 +53,8 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
 
 def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict | None):
     from posfair.calibration import Calibration
-    from posfair.cli.audit import run_audit
-    from posfair.cli.progress import console
+    from posfair.cli.runs import run_audit
+    from posfair.cli.terminal_progress import console
     from posfair.corpus import load_corpus
     from posfair.fairness.documents import LanguageConfig
     from posfair.fairness.experiment import AuditSettings
@@ -176,6 +176,6 @@ def demo(
     checks.output_folder(out)
     checks.cache_folder(cache)
     run_demo(out, docs, cache, inference_kw)
-    from posfair.cli.progress import console
+    from posfair.cli.terminal_progress import console
 
     console().print(f"demo report: [bold]{out / 'report.html'}[/bold]")

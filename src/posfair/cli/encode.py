@@ -80,7 +80,7 @@ def encode(
     ] = 512,
 ) -> None:
     """Embed texts, stock or calibrated. Resumable: rerun the same command after an interruption."""
-    from posfair.cli.errors import input_error
+    from posfair.cli.error_boundary import input_error
     from posfair.io import read_texts
 
     # everything the user gave is checked before the heavy imports, the model or anything is written
@@ -124,7 +124,7 @@ def encode(
 def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_size, chunk_size, normalize) -> None:
     import numpy as np
 
-    from posfair.cli.progress import progress_bars
+    from posfair.cli.terminal_progress import progress_bars
     from posfair.encoding import encode_cached, l2_normalize
     from posfair.io import atomic_save_npy, atomic_write_parquet
     from posfair.store import EmbeddingStore, embedding_namespace, text_key

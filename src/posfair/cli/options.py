@@ -4,7 +4,7 @@ A command declares an option as ``model: Model = None``: the alias carries the
 flag names and the help text, the default stays in the command's signature
 (batch sizes and output folders differ by command).  A bad value is refused
 while the command line is parsed, before any work, with one ``error:`` line
-naming the option (see :mod:`posfair.cli.errors`).
+naming the option (see :mod:`posfair.cli.error_boundary`).
 
 The vocabulary:
 

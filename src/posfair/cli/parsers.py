@@ -1,7 +1,7 @@
 """The parsers of option values: each takes the text given on the command line (or a default).
 
 A parser raises ``typer.BadParameter`` with what is wrong and the value; the error
-boundary (:mod:`posfair.cli.errors`) prints it as one line ``error: --option value:
+boundary (:mod:`posfair.cli.error_boundary`) prints it as one line ``error: --option value:
 ...`` with exit code 2, before the command runs.  Lists: :func:`comma_list` parses
 one occurrence (``en,de``), :func:`joined` (the option's callback) joins repeated
 occurrences.  Imports only typer and the standard library; the calibration parsers

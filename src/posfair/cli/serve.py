@@ -91,7 +91,7 @@ def serve(
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
-    from posfair.cli.errors import PosfairInputError, input_error
+    from posfair.cli.error_boundary import PosfairInputError, input_error
     from posfair.serve.runner import SERVE_INSTALL_HINT, serve_available
 
     if not serve_available():
@@ -176,7 +176,7 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
 
 def _check_port(host: str, port: int) -> None:
     """``--host`` resolves and ``--port`` is free there (before anything is loaded)."""
-    from posfair.cli.errors import input_error
+    from posfair.cli.error_boundary import input_error
 
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

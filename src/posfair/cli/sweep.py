@@ -72,15 +72,15 @@ def sweep(
     device: Device = None,
 ) -> None:
     """Calibration sweep (the papers' grid and/or a fine strength sweep); resumable: rerun the same command."""
-    from posfair.cli.errors import PosfairInputError, naming
-    from posfair.cli.retrieval import run_benchmark
+    from posfair.cli.error_boundary import PosfairInputError, naming
+    from posfair.cli.runs import run_benchmark
 
     if not grid and not fine:
         raise PosfairInputError("nothing to sweep: --no-grid without --fine")
 
     def calibrations() -> list:
         # the grid code lives with the pipeline (torch, transformers): imported when run_benchmark has checked the rest
-        from posfair.retrieval.sweep import paper_grid, strength_sweep
+        from posfair.retrieval.resumable_sweep import paper_grid, strength_sweep
 
         cals = paper_grid(list(baskets), list(layers), list(strengths)) if grid else []
         if fine:

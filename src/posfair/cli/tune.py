@@ -53,235 +53,202 @@ def fit_space(space, token_limit: int | None):
     return dataclasses.replace(space, basket_sizes=kept), dropped
 
 
+Objective = Annotated[
+    str,
+    typer.Option(
+        "--objective",
+        parser=choice("fairness", "retrieval"),
+        metavar="fairness|retrieval",
+        help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10).",
+    ),
+]
+MaxRecallDrop = Annotated[
+    float,
+    typer.Option(
+        "--max-recall-drop",
+        parser=number(0, 100),
+        metavar="POINTS",
+        help="Fairness: most own-segment recall@n may fall below stock (points, 0..100).",
+    ),
+]
+MaxNdcgDrop = Annotated[
+    float,
+    typer.Option(
+        "--max-ndcg-drop",
+        parser=number(0, 100),
+        metavar="POINTS",
+        help="Retrieval: most aggregate nDCG@10 may fall below stock (points, 0..100).",
+    ),
+]
+Score = Annotated[
+    str,
+    typer.Option(
+        "--score",
+        parser=choice("spread", "max-beta"),
+        metavar="spread|max-beta",
+        help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|).",
+    ),
+]
+Variants = Annotated[
+    list[str],
+    list_option(
+        "--variants",
+        choice(*VARIANTS),
+        "VARIANT,...",
+        "Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
+        "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share), "
+        "or a combination joined with + (prior+special, self+special, prior+self, prior+self+special).",
+    ),
+]
+SelfShares = Annotated[
+    list[float],
+    list_option(
+        "--self-shares", number(0, 1), "RHO,...", "Self-attention shares tried by the self variant (default 0.5,1)."
+    ),
+]
+SpecialShares = Annotated[
+    list[str],
+    list_option(
+        "--special-shares",
+        special_share,
+        "SHARE,...",
+        "BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
+    ),
+]
+TrailingPolicies = Annotated[
+    list[str],
+    list_option(
+        "--trailing",
+        choice(*TRAILING),
+        "POLICY,...",
+        "What a short last basket gets, tried at every grid point: basket (the papers': as much as a full "
+        "basket), merge (joined to the basket before it), weighted (mass in proportion to its keys) (default basket).",
+    ),
+]
+StrengthSchedules = Annotated[
+    list[str],
+    list_option(
+        "--schedule",
+        choice(*SCHEDULES),
+        "SCHEDULE,...",
+        "How the strength is spread over the calibrated layers, tried at every grid point: flat (the papers': "
+        "the strength in each), rising (k-th of K layers: strength k/K), falling (strength (K-k+1)/K) (default flat).",
+    ),
+]
+FineRounds = Annotated[
+    int,
+    typer.Option(
+        "--fine-rounds",
+        parser=integer(0),
+        metavar="N",
+        help="Rounds of strength bisection around the best grid setting.",
+    ),
+]
+TunerDocs = Annotated[
+    int,
+    typer.Option(
+        "--docs",
+        parser=integer(1),
+        metavar="N",
+        help="Target documents per instance (each ordering of a segment set is a document; the tuner splits the "
+        "sets into dev and test). The default runs in minutes on a CPU; the papers use ~1,000 (--docs 1000).",
+    ),
+]
+TestFraction = Annotated[
+    float,
+    typer.Option(
+        "--test-fraction",
+        parser=number(0, 1, low_open=True, high_open=True),
+        metavar="F",
+        help="Share of segment sets (fairness) or documents' queries (retrieval) held out, in (0, 1).",
+    ),
+]
+TestFamily = Annotated[
+    str | None,
+    typer.Option(
+        "--test-family",
+        metavar="FAMILY",
+        help="Hold out this document family of the corpus (its 'source' column; the bundled corpus: debian-faq, "
+        "installation-guide) as the test split and tune on the others (fairness objective; run once per "
+        "family to cross-validate). Default: --test-fraction of the topics.",
+    ),
+]
+SaveModel = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-model",
+        metavar="FOLDER",
+        help="Save the model with the chosen calibration persisted into this folder.",
+    ),
+]
+SaveModelAnyway = Annotated[
+    bool,
+    typer.Option(
+        "--save-model-anyway",
+        help="With --save-model: save the chosen setting even when it fails on the held-out test split (the "
+        "constraint broken, or the σ profile reversed beyond noise); without it such a setting is not saved "
+        f"and the command exits with {EXIT_NOT_SAVED}.",
+    ),
+]
+
+
 def tune(
     model: Model = None,
     corpus: Corpus = None,
-    objective: Annotated[
-        str,
-        typer.Option(
-            "--objective",
-            parser=choice("fairness", "retrieval"),
-            metavar="fairness|retrieval",
-            help="fairness (flatten σ, keep own-segment recall) or retrieval (raise Harm of nDCG@10, keep nDCG@10).",
-        ),
-    ] = "fairness",
+    objective: Objective = "fairness",
     benchmark: OptionalBenchmark = None,
-    max_recall_drop: Annotated[
-        float,
-        typer.Option(
-            "--max-recall-drop",
-            parser=number(0, 100),
-            metavar="POINTS",
-            help="Fairness: most own-segment recall@n may fall below stock (points, 0..100).",
-        ),
-    ] = 2.0,
-    max_ndcg_drop: Annotated[
-        float,
-        typer.Option(
-            "--max-ndcg-drop",
-            parser=number(0, 100),
-            metavar="POINTS",
-            help="Retrieval: most aggregate nDCG@10 may fall below stock (points, 0..100).",
-        ),
-    ] = 2.0,
-    score: Annotated[
-        str,
-        typer.Option(
-            "--score",
-            parser=choice("spread", "max-beta"),
-            metavar="spread|max-beta",
-            help="Fairness score to minimise: spread (σ profile max - min) or max-beta (max |β_p|).",
-        ),
-    ] = "spread",
+    max_recall_drop: MaxRecallDrop = 2.0,
+    max_ndcg_drop: MaxNdcgDrop = 2.0,
+    score: Score = "spread",
     space: SpaceChoice = "default",
     baskets: Baskets = (),
     layers: LayerSets = (),
     strengths: Strengths = (),
-    variants: Annotated[
-        list[str],
-        list_option(
-            "--variants",
-            choice(*VARIANTS),
-            "VARIANT,...",
-            "Calibration variants searched jointly at every grid point: uniform (the papers' equal mass per basket), "
-            "prior (positional prior, estimated on the dev split), self (self-attention share), special (BOS/EOS share), "
-            "or a combination joined with + (prior+special, self+special, prior+self, prior+self+special).",
-        ),
-    ] = (),
-    self_shares: Annotated[
-        list[float],
-        list_option(
-            "--self-shares", number(0, 1), "RHO,...", "Self-attention shares tried by the self variant (default 0.5,1)."
-        ),
-    ] = (),
-    special_shares: Annotated[
-        list[str],
-        list_option(
-            "--special-shares",
-            special_share,
-            "SHARE,...",
-            "BOS/EOS shares tried by the special variant: original, equal or numbers in [0, 1) (default original).",
-        ),
-    ] = (),
-    trailing_policies: Annotated[
-        list[str],
-        list_option(
-            "--trailing",
-            choice(*TRAILING),
-            "POLICY,...",
-            "What a short last basket gets, tried at every grid point: basket (the papers': as much as a full "
-            "basket), merge (joined to the basket before it), weighted (mass in proportion to its keys) (default basket).",
-        ),
-    ] = (),
-    strength_schedules: Annotated[
-        list[str],
-        list_option(
-            "--schedule",
-            choice(*SCHEDULES),
-            "SCHEDULE,...",
-            "How the strength is spread over the calibrated layers, tried at every grid point: flat (the papers': "
-            "the strength in each), rising (k-th of K layers: strength k/K), falling (strength (K-k+1)/K) (default flat).",
-        ),
-    ] = (),
-    fine_rounds: Annotated[
-        int,
-        typer.Option(
-            "--fine-rounds",
-            parser=integer(0),
-            metavar="N",
-            help="Rounds of strength bisection around the best grid setting.",
-        ),
-    ] = 2,
+    variants: Variants = (),
+    self_shares: SelfShares = (),
+    special_shares: SpecialShares = (),
+    trailing_policies: TrailingPolicies = (),
+    strength_schedules: StrengthSchedules = (),
+    fine_rounds: FineRounds = 2,
     n: Ns = (3,),
     lang: Lang = "en",
-    docs: Annotated[
-        int,
-        typer.Option(
-            "--docs",
-            parser=integer(1),
-            metavar="N",
-            help="Target documents per instance (each ordering of a segment set is a document; the tuner splits the "
-            "sets into dev and test). The default runs in minutes on a CPU; the papers use ~1,000 (--docs 1000).",
-        ),
-    ] = DOCS_DEFAULT,
-    test_fraction: Annotated[
-        float,
-        typer.Option(
-            "--test-fraction",
-            parser=number(0, 1, low_open=True, high_open=True),
-            metavar="F",
-            help="Share of segment sets (fairness) or documents' queries (retrieval) held out, in (0, 1).",
-        ),
-    ] = 0.5,
-    test_family: Annotated[
-        str | None,
-        typer.Option(
-            "--test-family",
-            metavar="FAMILY",
-            help="Hold out this document family of the corpus (its 'source' column; the bundled corpus: debian-faq, "
-            "installation-guide) as the test split and tune on the others (fairness objective; run once per "
-            "family to cross-validate). Default: --test-fraction of the topics.",
-        ),
-    ] = None,
+    docs: TunerDocs = DOCS_DEFAULT,
+    test_fraction: TestFraction = 0.5,
+    test_family: TestFamily = None,
     seed: Seed = 0,
     batch_size: BatchSize = 32,
     out: OutTune = Path("posfair-tune"),
     cache: Cache = None,
-    save_model: Annotated[
-        Path | None,
-        typer.Option(
-            "--save-model",
-            metavar="FOLDER",
-            help="Save the model with the chosen calibration persisted into this folder.",
-        ),
-    ] = None,
-    save_model_anyway: Annotated[
-        bool,
-        typer.Option(
-            "--save-model-anyway",
-            help="With --save-model: save the chosen setting even when it fails on the held-out test split (the "
-            "constraint broken, or the σ profile reversed beyond noise); without it such a setting is not saved "
-            f"and the command exits with {EXIT_NOT_SAVED}.",
-        ),
-    ] = False,
+    save_model: SaveModel = None,
+    save_model_anyway: SaveModelAnyway = False,
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
 ) -> None:
     """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
-    from posfair.cli.audit import load_corpus
-    from posfair.cli.errors import PosfairInputError, data_errors, naming
-    from posfair.cli.progress import console
+    from posfair.cli.error_boundary import data_errors
+    from posfair.cli.terminal_progress import console
 
-    if benchmark is not None and objective != "retrieval":
-        raise PosfairInputError(f"--benchmark {benchmark} applies only to --objective retrieval")
-    if benchmark is not None:
-        checks.benchmark_source(benchmark)
-    checks.output_folder(out)
-    checks.cache_folder(cache)
-    if save_model is not None:
-        checks.output_folder(save_model, "--save-model")
-    elif save_model_anyway:
-        raise PosfairInputError("--save-model-anyway: applies only with --save-model FOLDER")
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_id = _check_options(
+        objective, benchmark, out, cache, save_model, save_model_anyway, model, trust_remote_code, device
+    )
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
-    from posfair.tuning import SearchSpace, default_fairness_settings
+    from posfair.tuning import default_fairness_settings
     from posfair.tuning.outputs import summary_text
     from posfair.tuning.tuner import tune as run_tune
 
-    space_name = space
-    base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
-    space = SearchSpace(
-        basket_sizes=tuple(baskets) or base.basket_sizes,
-        layer_sets=tuple(layers) or base.layer_sets,
-        strengths=tuple(strengths) or base.strengths,
-        fine_rounds=fine_rounds,
-        variants=tuple(variants) or ("uniform",),
-        self_shares=tuple(self_shares) or base.self_shares,
-        special_shares=tuple(special_shares) or base.special_shares,
-        trailings=tuple(trailing_policies) or base.trailings,
-        schedules=tuple(strength_schedules) or base.schedules,
-    )
-    df = bench = settings = None
-    if objective == "retrieval" and benchmark is not None:
-        from posfair.retrieval.benchmarks import load_benchmark
-
-        with naming("--benchmark", benchmark):
-            bench = load_benchmark(benchmark)
-        from posfair.cli.retrieval import _say_size
-
-        _say_size(bench)  # the tuner halves it into dev and test
-    else:
-        df = load_corpus(corpus, [lang])
-    if test_family is not None:
-        from posfair.tuning.objectives import corpus_families
-
-        if objective != "fairness":
-            raise PosfairInputError(f"--test-family {test_family}: applies only to --objective fairness")
-        families = corpus_families(df)
-        if test_family not in families or len(families) < 2:
-            known = ", ".join(families) if families else "none (no 'source' column)"
-            raise PosfairInputError(
-                f"--test-family {test_family}: not a document family of the corpus (families: {known}; "
-                "holding one out needs at least 2)"
-            )
+    grid = _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares,
+                         trailing_policies, strength_schedules)  # fmt: skip
+    df, bench = _load_data(objective, benchmark, corpus, lang, test_family)
     fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    settings = None
     if objective == "fairness":
         settings = default_fairness_settings(
             n_values=tuple(n), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
         )
     con = console()
     if not baskets:  # the --space grid: basket sizes no document of this model can fill are left out up front
-        space, dropped = fit_space(space, fm.max_seq_length)
-        if dropped:
-            con.print(
-                f"basket sizes {', '.join(map(str, dropped))} left out of the --space {space_name} grid: at the "
-                f"model's {fm.max_seq_length}-token limit no document has a basket to calibrate (--baskets tries them)",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
+        grid = _fit_to_model(grid, space, fm.max_seq_length, con)
     t0 = time.perf_counter()
     with data_errors():  # e.g. too few segment sets to split into dev and test
         result = run_tune(
@@ -290,7 +257,7 @@ def tune(
             objective=objective,
             benchmark=bench,
             settings=settings,
-            space=space,
+            space=grid,
             max_drop=(max_recall_drop if objective == "fairness" else max_ndcg_drop) / 100,
             score={"spread": "spread", "max-beta": "max_abs_beta"}[score] if objective == "fairness" else None,
             test_fraction=test_fraction,
@@ -312,3 +279,85 @@ def tune(
             flush=True,
         )
         raise typer.Exit(EXIT_NOT_SAVED)
+
+
+def _check_options(objective, benchmark, out, cache, save_model, save_model_anyway, model, trust_remote_code, device):
+    """The options ``tune`` refuses and the folders it checks, before any work; the model's source."""
+    from posfair.cli.error_boundary import PosfairInputError
+
+    if benchmark is not None and objective != "retrieval":
+        raise PosfairInputError(f"--benchmark {benchmark} applies only to --objective retrieval")
+    if benchmark is not None:
+        checks.benchmark_source(benchmark)
+    checks.output_folder(out)
+    checks.cache_folder(cache)
+    if save_model is not None:
+        checks.output_folder(save_model, "--save-model")
+    elif save_model_anyway:
+        raise PosfairInputError("--save-model-anyway: applies only with --save-model FOLDER")
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
+    checks.device(device)
+    return model_id
+
+
+def _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares, trailings,
+                  schedules):  # fmt: skip
+    """The grid searched: ``--space`` (default or paper) with each axis given on the command line in its place."""
+    from posfair.tuning import SearchSpace
+
+    base = SearchSpace.paper(fine_rounds) if space == "paper" else SearchSpace(fine_rounds=fine_rounds)
+    return SearchSpace(
+        basket_sizes=tuple(baskets) or base.basket_sizes,
+        layer_sets=tuple(layers) or base.layer_sets,
+        strengths=tuple(strengths) or base.strengths,
+        fine_rounds=fine_rounds,
+        variants=tuple(variants) or ("uniform",),
+        self_shares=tuple(self_shares) or base.self_shares,
+        special_shares=tuple(special_shares) or base.special_shares,
+        trailings=tuple(trailings) or base.trailings,
+        schedules=tuple(schedules) or base.schedules,
+    )
+
+
+def _load_data(objective: str, benchmark, corpus, lang: str, test_family: str | None):
+    """``(corpus frame, benchmark)``, one of them None: the benchmark of the retrieval objective (its size said),
+    else the corpus in ``lang``; ``--test-family`` checked against the corpus's families."""
+    from posfair.cli.error_boundary import PosfairInputError, naming
+    from posfair.cli.inputs import load_corpus, say_benchmark_size
+
+    df = bench = None
+    if objective == "retrieval" and benchmark is not None:
+        from posfair.retrieval.benchmarks import load_benchmark
+
+        with naming("--benchmark", benchmark):
+            bench = load_benchmark(benchmark)
+        say_benchmark_size(bench)  # the tuner halves it into dev and test
+    else:
+        df = load_corpus(corpus, [lang])
+    if test_family is not None:
+        from posfair.tuning.objectives import corpus_families
+
+        if objective != "fairness":
+            raise PosfairInputError(f"--test-family {test_family}: applies only to --objective fairness")
+        families = corpus_families(df)
+        if test_family not in families or len(families) < 2:
+            known = ", ".join(families) if families else "none (no 'source' column)"
+            raise PosfairInputError(
+                f"--test-family {test_family}: not a document family of the corpus (families: {known}; "
+                "holding one out needs at least 2)"
+            )
+    return df, bench
+
+
+def _fit_to_model(grid, space_name: str, token_limit: int, con):
+    """:func:`fit_space` with the basket sizes it leaves out said on the console."""
+    grid, dropped = fit_space(grid, token_limit)
+    if dropped:
+        con.print(
+            f"basket sizes {', '.join(map(str, dropped))} left out of the --space {space_name} grid: at the "
+            f"model's {token_limit}-token limit no document has a basket to calibrate (--baskets tries them)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    return grid

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from posfair.cli.errors import input_error
-from posfair.cli.tables import plural
+from posfair.cli.error_boundary import input_error
+from posfair.cli.terminal_tables import plural
 
 
 def store_folder(path: Path) -> Path:

@@ -10,38 +10,47 @@
   (:mod:`posfair.corpus.posir_layout`, which reads that layout's tables: :func:`read_posir`).
 """
 
-from posfair.corpus.aligned import (
-    REQUIRED_FIELDS,
-    CorpusError,
-    bundled_corpus_path,
-    corpus_content_fingerprint,
-    load_corpus,
-    validate_corpus,
-)
-from posfair.corpus.filters import (
-    default_length_window,
-    filter_by_length,
-    filter_by_reference_length,
-    token_lengths,
-    topics_in_all,
-)
-from posfair.corpus.posir_layout import posir_lang, read_posir
-from posfair.corpus.texts import read_benchmark_texts, read_corpus_texts
+from __future__ import annotations
 
-__all__ = [
-    "REQUIRED_FIELDS",
-    "CorpusError",
-    "bundled_corpus_path",
-    "corpus_content_fingerprint",
-    "default_length_window",
-    "filter_by_length",
-    "filter_by_reference_length",
-    "load_corpus",
-    "posir_lang",
-    "read_benchmark_texts",
-    "read_corpus_texts",
-    "read_posir",
-    "token_lengths",
-    "topics_in_all",
-    "validate_corpus",
-]
+from typing import TYPE_CHECKING
+
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.corpus.aligned import (  # noqa: F401
+        REQUIRED_FIELDS,
+        CorpusError,
+        bundled_corpus_path,
+        corpus_content_fingerprint,
+        load_corpus,
+        validate_corpus,
+    )
+    from posfair.corpus.filters import (  # noqa: F401
+        default_length_window,
+        filter_by_length,
+        filter_by_reference_length,
+        token_lengths,
+        topics_in_all,
+    )
+    from posfair.corpus.posir_layout import posir_lang, read_posir  # noqa: F401
+    from posfair.corpus.texts import read_benchmark_texts, read_corpus_texts  # noqa: F401
+
+_EXPORTS = {
+    "REQUIRED_FIELDS": ".aligned",
+    "CorpusError": ".aligned",
+    "bundled_corpus_path": ".aligned",
+    "corpus_content_fingerprint": ".aligned",
+    "load_corpus": ".aligned",
+    "validate_corpus": ".aligned",
+    "default_length_window": ".filters",
+    "filter_by_length": ".filters",
+    "filter_by_reference_length": ".filters",
+    "token_lengths": ".filters",
+    "topics_in_all": ".filters",
+    "posir_lang": ".posir_layout",
+    "read_posir": ".posir_layout",
+    "read_benchmark_texts": ".texts",
+    "read_corpus_texts": ".texts",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.corpus", _EXPORTS)

@@ -14,29 +14,38 @@ The texts of a corpus are read by :func:`posfair.corpus.read_corpus_texts` (also
 importable from here).
 """
 
-from posfair.corpus.texts import read_corpus_texts
-from posfair.distributed.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste
-from posfair.distributed.corpus_record import corpus_fingerprint
-from posfair.distributed.job import EmbedReport, embed_texts
-from posfair.distributed.ray_engine import RAY_INSTALL_HINT, ray_available
-from posfair.distributed.spec import EmbedSpec
-from posfair.distributed.worker import Shard, plan_shards, process_shard
-from posfair.store import ManifestMismatch
+from __future__ import annotations
 
-__all__ = [
-    "RAY_INSTALL_HINT",
-    "EmbedReport",
-    "EmbedSpec",
-    "ManifestMismatch",
-    "Shard",
-    "corpus_fingerprint",
-    "embed_texts",
-    "fixed_batches",
-    "length_aware_batches",
-    "padded_tokens",
-    "padding_waste",
-    "plan_shards",
-    "process_shard",
-    "ray_available",
-    "read_corpus_texts",
-]
+from typing import TYPE_CHECKING
+
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.corpus.texts import read_corpus_texts  # noqa: F401
+    from posfair.distributed.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste  # noqa: F401
+    from posfair.distributed.corpus_record import corpus_fingerprint  # noqa: F401
+    from posfair.distributed.job import EmbedReport, embed_texts  # noqa: F401
+    from posfair.distributed.ray_engine import RAY_INSTALL_HINT, ray_available  # noqa: F401
+    from posfair.distributed.spec import EmbedSpec  # noqa: F401
+    from posfair.distributed.worker import Shard, plan_shards, process_shard  # noqa: F401
+    from posfair.store import ManifestMismatch  # noqa: F401
+
+_EXPORTS = {
+    "read_corpus_texts": "posfair.corpus.texts",
+    "fixed_batches": ".batching",
+    "length_aware_batches": ".batching",
+    "padded_tokens": ".batching",
+    "padding_waste": ".batching",
+    "corpus_fingerprint": ".corpus_record",
+    "EmbedReport": ".job",
+    "embed_texts": ".job",
+    "RAY_INSTALL_HINT": ".ray_engine",
+    "ray_available": ".ray_engine",
+    "EmbedSpec": ".spec",
+    "Shard": ".worker",
+    "plan_shards": ".worker",
+    "process_shard": ".worker",
+    "ManifestMismatch": "posfair.store",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.distributed", _EXPORTS)

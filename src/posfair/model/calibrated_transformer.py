@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from posfair.calibration import attention as att
+from posfair.calibration import attention_wiring as att
 from posfair.calibration import fallback, transformers4
 from posfair.calibration.choice import STOCK, Resolved, check_choice
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration

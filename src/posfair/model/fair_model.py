@@ -28,7 +28,7 @@ from sentence_transformers import SentenceTransformer
 
 from posfair._stack import user_stacklevel
 from posfair.bundled import bundled_model, is_bundled_name
-from posfair.calibration.attention import Recorder
+from posfair.calibration.attention_wiring import Recorder
 from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice, resolve
 from posfair.calibration.coverage import (
     CalibrationCoverage,

@@ -76,21 +76,29 @@ record of the model), so the protocol is the same either way.
 
 from __future__ import annotations
 
-from posfair.mteb.protocol import PositionalEncoder, encoder
-from posfair.mteb.scores import PositionScores, position_scores
-from posfair.mteb.subsets import MAIN_SCORE as MAIN_SCORE  # kept importable from posfair.mteb (not in __all__)
-from posfair.mteb.subsets import SPLIT as SPLIT
-from posfair.mteb.subsets import MissingGroupWarning
-from posfair.mteb.task import GROUPINGS, PositionalRetrievalTask, benchmark_digest, tasks
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "GROUPINGS",
-    "MissingGroupWarning",
-    "PositionScores",
-    "PositionalEncoder",
-    "PositionalRetrievalTask",
-    "benchmark_digest",
-    "encoder",
-    "position_scores",
-    "tasks",
-]
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.mteb.protocol import PositionalEncoder, encoder  # noqa: F401
+    from posfair.mteb.scores import PositionScores, position_scores  # noqa: F401
+    from posfair.mteb.subsets import MAIN_SCORE, SPLIT, MissingGroupWarning  # noqa: F401
+    from posfair.mteb.task import GROUPINGS, PositionalRetrievalTask, benchmark_digest, tasks  # noqa: F401
+
+_EXPORTS = {
+    "PositionalEncoder": ".protocol",
+    "encoder": ".protocol",
+    "PositionScores": ".scores",
+    "position_scores": ".scores",
+    "MAIN_SCORE": ".subsets",
+    "SPLIT": ".subsets",
+    "MissingGroupWarning": ".subsets",
+    "GROUPINGS": ".task",
+    "PositionalRetrievalTask": ".task",
+    "benchmark_digest": ".task",
+    "tasks": ".task",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.mteb", _EXPORTS)
+__all__ = [n for n in __all__ if n not in ("MAIN_SCORE", "SPLIT")]  # importable from posfair.mteb, not public

@@ -2,7 +2,7 @@
 
 :func:`paper_grid` is the grid of Tables 1 and 2 (basket size x layer set x strength);
 :func:`strength_sweep` the fine strength series of Figure 3.  The retrieval sweep
-(:func:`posfair.retrieval.sweep.run_sweep`) and the tuner's
+(:func:`posfair.retrieval.resumable_sweep.run_sweep`) and the tuner's
 :meth:`posfair.tuning.SearchSpace.paper` both take their values from here.
 """
 

@@ -11,17 +11,26 @@ Ray Serve is optional (the extra ``serve``); only :mod:`~posfair.serve.deploymen
 server import it.
 """
 
-from posfair.serve.openai_api import MAX_BODY_BYTES, MAX_INPUTS, ApiError, EmbeddingRequest, parse_request
-from posfair.serve.runner import SERVE_INSTALL_HINT, ServerSettings, serve_available, serve_model
+from __future__ import annotations
 
-__all__ = [
-    "MAX_BODY_BYTES",
-    "MAX_INPUTS",
-    "SERVE_INSTALL_HINT",
-    "ApiError",
-    "EmbeddingRequest",
-    "ServerSettings",
-    "parse_request",
-    "serve_available",
-    "serve_model",
-]
+from typing import TYPE_CHECKING
+
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.serve.openai_api import MAX_BODY_BYTES, MAX_INPUTS, ApiError, EmbeddingRequest, parse_request  # noqa: F401
+    from posfair.serve.runner import SERVE_INSTALL_HINT, ServerSettings, serve_available, serve_model  # noqa: F401
+
+_EXPORTS = {
+    "MAX_BODY_BYTES": ".openai_api",
+    "MAX_INPUTS": ".openai_api",
+    "ApiError": ".openai_api",
+    "EmbeddingRequest": ".openai_api",
+    "parse_request": ".openai_api",
+    "SERVE_INSTALL_HINT": ".runner",
+    "ServerSettings": ".runner",
+    "serve_available": ".runner",
+    "serve_model": ".runner",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.serve", _EXPORTS)

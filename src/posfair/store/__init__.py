@@ -54,64 +54,73 @@ the checksum rule), :mod:`~posfair.store.manifest` (the settings check, opening 
 namespace folder), :mod:`~posfair.store.namespace` (namespaces and the store).
 """
 
-from posfair.store.keyindex import INDEX, ShardSet, key_hashes
-from posfair.store.manifest import (
-    ManifestMismatch,
-    open_namespace_dir,
-    rebuilt_settings,
-    scan_namespace,
-    write_manifest,
-)
-from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key, verify_store
-from posfair.store.settings import (
-    MANIFEST,
-    MANIFEST_FORMAT,
-    calibration_tag,
-    code_version,
-    embedding_meta,
-    embedding_settings,
-    run_settings,
-)
-from posfair.store.shards import (
-    SHARD_FORMAT,
-    SHARD_SUFFIX,
-    DamagedShard,
-    DamagedShardWarning,
-    ShardFile,
-    read_shard,
-    set_aside,
-    shard_path,
-    write_shard,
-)
+from __future__ import annotations
 
-__all__ = [
-    "EmbeddingStore",
-    "Namespace",
-    "ManifestMismatch",
-    "DamagedShardWarning",
-    "DamagedShard",
-    "MANIFEST",
-    "MANIFEST_FORMAT",
-    "SHARD_FORMAT",
-    "write_shard",
-    "read_shard",
-    "set_aside",
-    "open_namespace_dir",
-    "scan_namespace",
-    "rebuilt_settings",
-    "write_manifest",
-    "ShardSet",
-    "ShardFile",
-    "INDEX",
-    "SHARD_SUFFIX",
-    "key_hashes",
-    "shard_path",
-    "run_settings",
-    "code_version",
-    "embedding_meta",
-    "embedding_settings",
-    "text_key",
-    "embedding_namespace",
-    "verify_store",
-    "calibration_tag",
-]
+from typing import TYPE_CHECKING
+
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.store.keyindex import INDEX, ShardSet, key_hashes  # noqa: F401
+    from posfair.store.manifest import (  # noqa: F401
+        ManifestMismatch,
+        open_namespace_dir,
+        rebuilt_settings,
+        scan_namespace,
+        write_manifest,
+    )
+    from posfair.store.namespace import EmbeddingStore, Namespace, embedding_namespace, text_key, verify_store  # noqa: F401
+    from posfair.store.settings import (  # noqa: F401
+        MANIFEST,
+        MANIFEST_FORMAT,
+        calibration_tag,
+        code_version,
+        embedding_meta,
+        embedding_settings,
+        run_settings,
+    )
+    from posfair.store.shards import (  # noqa: F401
+        SHARD_FORMAT,
+        SHARD_SUFFIX,
+        DamagedShard,
+        DamagedShardWarning,
+        ShardFile,
+        read_shard,
+        set_aside,
+        shard_path,
+        write_shard,
+    )
+
+_EXPORTS = {
+    "INDEX": ".keyindex",
+    "ShardSet": ".keyindex",
+    "key_hashes": ".keyindex",
+    "ManifestMismatch": ".manifest",
+    "open_namespace_dir": ".manifest",
+    "rebuilt_settings": ".manifest",
+    "scan_namespace": ".manifest",
+    "write_manifest": ".manifest",
+    "EmbeddingStore": ".namespace",
+    "Namespace": ".namespace",
+    "embedding_namespace": ".namespace",
+    "text_key": ".namespace",
+    "verify_store": ".namespace",
+    "MANIFEST": ".settings",
+    "MANIFEST_FORMAT": ".settings",
+    "calibration_tag": ".settings",
+    "code_version": ".settings",
+    "embedding_meta": ".settings",
+    "embedding_settings": ".settings",
+    "run_settings": ".settings",
+    "SHARD_FORMAT": ".shards",
+    "SHARD_SUFFIX": ".shards",
+    "DamagedShard": ".shards",
+    "DamagedShardWarning": ".shards",
+    "ShardFile": ".shards",
+    "read_shard": ".shards",
+    "set_aside": ".shards",
+    "shard_path": ".shards",
+    "write_shard": ".shards",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.store", _EXPORTS)

@@ -29,33 +29,42 @@ Modules: :mod:`.benchmark` (the :class:`RetrievalBenchmark` object), :mod:`.sour
 (:func:`build_from_corpus`).
 """
 
-from posfair.retrieval.benchmarks.benchmark import (
-    MIN_QUERIES_PER_GROUP,
-    BenchmarkSize,
-    BenchmarkSizeWarning,
-    RetrievalBenchmark,
-    resolution_points,
-)
-from posfair.retrieval.benchmarks.build import build_from_corpus
-from posfair.retrieval.benchmarks.load import BENCHMARK_NAMES, load_benchmark
-from posfair.retrieval.benchmarks.posir import POSIR_HUB_ID, POSIR_LANGS, load_posir, posir_lang
-from posfair.retrieval.benchmarks.posq import FINEWEB_HUB_ID, SQUAD_HUB_ID, load_fineweb_posq, load_squad_posq
+from __future__ import annotations
 
-__all__ = [
-    "MIN_QUERIES_PER_GROUP",
-    "BenchmarkSize",
-    "BenchmarkSizeWarning",
-    "RetrievalBenchmark",
-    "resolution_points",
-    "SQUAD_HUB_ID",
-    "FINEWEB_HUB_ID",
-    "POSIR_HUB_ID",
-    "POSIR_LANGS",
-    "BENCHMARK_NAMES",
-    "load_squad_posq",
-    "load_fineweb_posq",
-    "load_posir",
-    "load_benchmark",
-    "build_from_corpus",
-    "posir_lang",
-]
+from typing import TYPE_CHECKING
+
+from posfair._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.retrieval.benchmarks.benchmark import (  # noqa: F401
+        MIN_QUERIES_PER_GROUP,
+        BenchmarkSize,
+        BenchmarkSizeWarning,
+        RetrievalBenchmark,
+        resolution_points,
+    )
+    from posfair.retrieval.benchmarks.build import build_from_corpus  # noqa: F401
+    from posfair.retrieval.benchmarks.load import BENCHMARK_NAMES, load_benchmark  # noqa: F401
+    from posfair.retrieval.benchmarks.posir import POSIR_HUB_ID, POSIR_LANGS, load_posir, posir_lang  # noqa: F401
+    from posfair.retrieval.benchmarks.posq import FINEWEB_HUB_ID, SQUAD_HUB_ID, load_fineweb_posq, load_squad_posq  # noqa: F401
+
+_EXPORTS = {
+    "MIN_QUERIES_PER_GROUP": ".benchmark",
+    "BenchmarkSize": ".benchmark",
+    "BenchmarkSizeWarning": ".benchmark",
+    "RetrievalBenchmark": ".benchmark",
+    "resolution_points": ".benchmark",
+    "build_from_corpus": ".build",
+    "BENCHMARK_NAMES": ".load",
+    "load_benchmark": ".load",
+    "POSIR_HUB_ID": ".posir",
+    "POSIR_LANGS": ".posir",
+    "load_posir": ".posir",
+    "posir_lang": ".posir",
+    "FINEWEB_HUB_ID": ".posq",
+    "SQUAD_HUB_ID": ".posq",
+    "load_fineweb_posq": ".posq",
+    "load_squad_posq": ".posq",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.retrieval.benchmarks", _EXPORTS)

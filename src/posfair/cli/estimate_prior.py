@@ -48,10 +48,9 @@ def estimate_prior_command(
     from rich.markup import escape
 
     from posfair.calibration.params import Calibration
-    from posfair.cli.attention import build_documents
-    from posfair.cli.audit import load_corpus
-    from posfair.cli.errors import data_errors
-    from posfair.cli.progress import console
+    from posfair.cli.error_boundary import data_errors
+    from posfair.cli.inputs import build_documents, load_corpus
+    from posfair.cli.terminal_progress import console
     from posfair.io import atomic_write_text
 
     checks.output_file(out, (".json",))

@@ -1,0 +1,232 @@
+"""The runs two commands share: :func:`run_audit` (``posfair audit``, ``posfair demo``) and :func:`run_benchmark`
+(``posfair retrieval``, ``posfair sweep``) -- the work, its progress and the summary printed after it.
+
+A CLI-internal module (no command): the commands import it, never each other.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+from posfair.cli import checks
+from posfair.cli.inputs import say_benchmark_size
+from posfair.errors import install_hint
+
+__all__ = ["run_audit", "run_benchmark", "query_prompt", "summary_table", "language_summary_tables"]
+
+SUMMARY_CAPTION = (
+    "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: clusters the p-values rest on"
+)
+
+
+def summary_table(result) -> tuple[list[str], list[list[str]]]:
+    """The headline coefficients of an audit: header and rows (n, configuration, coef, each variant, G)."""
+    hf = result.headline_frame()
+    header = ["n", "configuration", "coef", *[str(c) for c in hf.columns]]
+    rows = [[str(n), cfg, coef, *[str(v) for v in row.tolist()]] for (n, cfg, coef), row in hf.iterrows()]
+    return header, rows
+
+
+FAMILY_CAPTION = "95 % intervals, t(G-1), the wider of component and two-way clustering · families.json"
+LANGUAGE_CAPTION = "marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · β2 heatmaps in the report"
+
+
+def language_summary_tables(result) -> list:
+    """The language effects at equal position (per n) as report tables; none without a language grid."""
+    from posfair.fairness.language_report import language_tables
+
+    return [t for t in language_tables(result) if t.name.startswith(("language_effects", "language_calibrations"))]
+
+
+def run_audit(
+    model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str
+):
+    """Run the audit with progress bars, save its results and report in ``out``, print the summary."""
+    from rich.markup import escape
+
+    from posfair.cli.error_boundary import data_errors
+    from posfair.cli.terminal_progress import console, progress_bars
+    from posfair.cli.terminal_tables import print_table
+    from posfair.fairness.pipeline import audit as run
+    from posfair.stats.inference import FewClustersWarning
+
+    cache = cache or out / "cache"
+    t0 = time.perf_counter()
+    with progress_bars(complete_on_exit=True) as bar, data_errors():  # e.g. too few segment sets for the settings
+        with warnings.catch_warnings():  # the few-clusters warning is printed below, once, as a line of the summary
+            warnings.simplefilter("ignore", FewClustersWarning)
+            result = run(
+                model,
+                corpus,
+                settings,
+                calibrations,
+                cache_dir=cache,
+                model_name=model_name,
+                corpus_name=corpus_name,
+                progress=bar,
+            )
+    paths = result.save(out, title=title, state=[cache])
+    elapsed = time.perf_counter() - t0
+    con = console()
+    header, rows = summary_table(result)
+    print_table(con, f"{title} ({elapsed:.0f} s)", header, rows, caption=SUMMARY_CAPTION, keys=3)
+    con.print(f"inference: {escape(result.inference_text())}")
+    for t in language_summary_tables(result):
+        header, body = t.rows()
+        print_table(con, t.title, header, body, caption=LANGUAGE_CAPTION)
+    from posfair.fairness.families import family_tables
+
+    for t in family_tables(result):  # an audit run --by-family: each family, pooled, and Cochran's Q across them
+        header, body = t.rows()
+        print_table(con, t.title, header, body, caption=FAMILY_CAPTION)
+    cov = result.coverage()
+    cov = cov[cov["calibrated_share"].notna()]
+    for label, g in cov.groupby("calibration", sort=False):
+        docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
+        style = "yellow" if done < docs else "default"
+        con.print(
+            f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]"
+        )
+        words = next((c.describe() for c in calibrations if c.label() == label), None)
+        if words:
+            con.print(f"{escape(label)}: {escape(words)}")
+    few = result.few_clusters_message()
+    if few:
+        con.print(f"[yellow]warning: {escape(few)}[/yellow]")
+    for s in result.sampling:
+        line = f"{s['instance']}: {s['documents']} documents from {s['sets_used']} segment sets"
+        if s["sets_skipped_too_long"]:
+            line += f", {s['sets_skipped_too_long']} sets skipped (longer than {s['limit']} tokens)"
+        if s["segments_outside_window"]:
+            line += f", {s['segments_outside_window']} topics outside the segment-length window"
+        con.print(escape(line))
+        for note in s.get("notes", []):
+            con.print(f"  [yellow]{escape(note)}[/yellow]")
+    con.print(f"report: [bold]{escape(str(paths['report']))}[/bold]")
+    return result, paths, elapsed
+
+
+def query_prompt(text: str) -> str | None:
+    """``--query-prompt``: ``auto``, ``none`` or a string in which ``\\n`` and other escapes are read."""
+    from posfair.cli.error_boundary import input_error
+
+    if text.lower() == "none":
+        return None
+    if text == "auto":
+        return "auto"
+    try:
+        return text.encode().decode("unicode_escape")
+    except UnicodeDecodeError as exc:
+        raise input_error("--query-prompt", repr(text), f"bad escape ({exc.reason})") from None
+
+
+def run_benchmark(
+    *,
+    model,
+    benchmark,
+    calibrations,
+    out,
+    cache,
+    sea,
+    stock,
+    prompt,
+    batch_size,
+    top_k,
+    faiss,
+    search_scope="domain",
+    max_seq_length,
+    trust_remote_code,
+    device,
+    lang,
+    corpus_lang,
+    domains,
+    late=(),
+    late_chunks="semantic",
+) -> None:
+    """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
+
+    ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
+    """
+    from posfair.cli.error_boundary import PosfairInputError, naming
+
+    if not stock and not calibrations and not sea and not late:
+        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration, --sea or --late")
+    if late_chunks != "semantic" and not late:
+        raise PosfairInputError(f"--late-chunks {late_chunks}: applies only with --late max,mean")
+    if out is not None:
+        checks.output_folder(out)
+    checks.cache_folder(cache)
+    checks.benchmark_source(benchmark)
+    if sea:
+        checks.installed("chonkie", "--sea", install_hint("retrieval"))
+    if late and late_chunks == "semantic":
+        checks.installed("chonkie", "--late with --late-chunks semantic", install_hint("retrieval"))
+    if faiss:
+        checks.installed("faiss", "--faiss", "pip install faiss-cpu")
+    prompt = query_prompt(prompt)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
+    checks.device(device)
+    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
+
+    from posfair.calibration.coverage import NOOP_LABEL
+    from posfair.cli.terminal_progress import console, progress_bars
+    from posfair.cli.terminal_tables import print_frame
+    from posfair.retrieval.benchmarks import load_benchmark
+    from posfair.retrieval.compare import differences_table
+    from posfair.retrieval.late import LateChunking
+    from posfair.retrieval.result_tables import bucket_table, group_table, results_table
+    from posfair.retrieval.resumable_sweep import BUCKETS_TITLE, GROUPS_TITLE, noop_settings, run_sweep
+    from posfair.retrieval.sea import SegmentEmbedAverage
+    from posfair.store import EmbeddingStore
+
+    calibrations = calibrations() if callable(calibrations) else list(calibrations)
+    with naming("--benchmark", benchmark):
+        bench = load_benchmark(benchmark, lang=lang, corpus_lang=corpus_lang, domains=list(domains) or None)
+    say_benchmark_size(bench)
+    fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
+    checks.check_calibrations(fm, calibrations)
+    with progress_bars() as bar:
+        results = run_sweep(
+            fm,
+            bench,
+            calibrations,
+            out,
+            include_stock=stock,
+            sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
+            late=LateChunking.variants(late, late_chunks, batch_size=batch_size) if late else (),
+            store=EmbeddingStore(cache) if cache else None,
+            query_prompt=prompt,
+            batch_size=batch_size,
+            top_k=top_k,
+            use_faiss=faiss,
+            progress=bar,
+            search_scope=search_scope,
+        )
+    con = console()
+    legend: list[str] = []
+    for build, present in (
+        (group_table, any(r.groups for r in results)),
+        (bucket_table, any(r.buckets for r in results)),
+    ):
+        if present:
+            title = (GROUPS_TITLE if build is group_table else BUCKETS_TITLE).format(benchmark=results[0].benchmark)
+            table = results_table(build(results))
+            print_frame(con, title, table.frame)
+            legend += [line for line in table.caption.splitlines() if line not in legend]
+    if legend:  # once for both tables (the files' tables carry it each)
+        con.print("\n".join(legend), markup=False, highlight=False, soft_wrap=True)
+    differences = differences_table(results)
+    if differences is not None:
+        print_frame(con, differences.title, differences.frame, caption=differences.caption)
+    noop = noop_settings(results)
+    if noop:
+        n_cal = sum(r.method == "calibrated" for r in results)
+        con.print(
+            f"{len(noop)} of {n_cal} calibrations change no document of this benchmark ({NOOP_LABEL}; every document is shorter "
+            f"than one basket or exactly one basket) and were not evaluated: {', '.join(noop)}",
+            markup=False,
+            highlight=False,
+        )
+    con.print(f"results in {out}", markup=False, highlight=False)
