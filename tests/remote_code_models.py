@@ -268,18 +268,26 @@ def _import_modeling(folder: Path):
 
 
 def build_remote_model(
-    folder: Path, attention_kind: str = "functional", seed: int = 0, initializer_range: float = 0.15, **config
+    folder: Path,
+    attention_kind: str = "functional",
+    seed: int = 0,
+    initializer_range: float = 0.15,
+    model_type: str = "posfair_tiny_remote",
+    **config,
 ) -> Path:
     """Write a tiny remote-code model (hidden 64, 4 layers, 4 heads) to ``folder``; returns the folder.
 
     ``initializer_range`` is larger than BERT's 0.02 so attention rows are far from
     uniform and calibration at different strengths gives clearly different embeddings.
+    ``model_type``: what its config declares (gte's remote code declares ``"new"``, jina-v3's ``"xlm-roberta"``).
     """
     if attention_kind not in (*KINDS, UNPADDED_KIND):
         raise ValueError(f"attention_kind must be one of {(*KINDS, UNPADDED_KIND)}; got {attention_kind!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{MODULE_NAME}.py").write_text(MODELING)
+    (folder / f"{MODULE_NAME}.py").write_text(
+        MODELING.replace('model_type = "posfair_tiny_remote"', f"model_type = {model_type!r}")
+    )
     mod = _import_modeling(folder)
     cfg = mod.TinyRemoteConfig(attention_kind=attention_kind, initializer_range=initializer_range, **config)
     cfg.auto_map = {"AutoConfig": f"{MODULE_NAME}.TinyRemoteConfig", "AutoModel": f"{MODULE_NAME}.TinyRemoteModel"}

@@ -7,6 +7,7 @@ inside functions alike), so a function-local import cannot hide an edge.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ LEVELS = [
             "posfair._stack",
             "posfair.io",
             "posfair.run_folder",
-            "posfair.compat",
+            "posfair.model.compat",  # the stack differences: a leaf the calibration backends use
+            "posfair.model.backends",  # the table of backends: a stdlib-only leaf that the dispatch reads
             "posfair.errors",
             "posfair.progress",
             "posfair.spans",
@@ -402,3 +404,65 @@ def test_the_type_checking_imports_are_the_lazy_exports(package):
     assert sorted(set(seen) & submodules) == []  # importing such a submodule would replace the lazy name by the module
     for name, source in seen.items():
         assert getattr(importlib.import_module(source), name) is getattr(mod, name), (package, name)
+
+
+# -- the table of backends (posfair.model.backends) -------------------------------------------------------------
+
+BACKENDS_TABLE = "posfair.model.backends"
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+
+
+def test_only_the_backend_table_names_transformers_modelling_modules():
+    """Which transformers modelling modules posfair hooks or extends is said once: in the table of backends
+    (compat, the stack differences, may name what moved between stacks)."""
+    named = [
+        f"{module}:{line}"
+        for module, path in MODULES.items()
+        if module not in (BACKENDS_TABLE, "posfair.model.compat")
+        for line, value in _string_constants(path)
+        if re.search(r"(?<![\w.])transformers\.models\.", value)  # not sentence_transformers.models
+    ]
+    assert named == []
+
+
+def test_the_attention_names_are_defined_once():
+    """``ATTN_SDPA`` / ``ATTN_EAGER`` are assigned, and their strings written, in the table of backends only."""
+    assigned, written = [], []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                assigned += [module for t in targets if isinstance(t, ast.Name) and t.id in ("ATTN_SDPA", "ATTN_EAGER")]
+        written += [module for _, value in _string_constants(path) if value in ("posfair_sdpa", "posfair_eager")]
+    assert sorted(assigned) == [BACKENDS_TABLE] * 2 and sorted(written) == [BACKENDS_TABLE] * 2
+
+
+def test_only_compat_reads_the_library_versions():
+    """The stack (transformers / sentence-transformers version) is read in posfair.model.compat only."""
+    reads = [
+        f"{module}:{node.lineno}"
+        for module, path in MODULES.items()
+        if module != "posfair.model.compat"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "__version__"
+        and ast.unparse(node.value) in ("transformers", "sentence_transformers")
+    ]
+    assert reads == []
+
+
+def test_the_backend_table_imports_only_the_standard_library():
+    """``import posfair`` reads the table before torch: it imports nothing else (and is at the base level)."""
+    import sys
+
+    assert level(BACKENDS_TABLE) == 0
+    imported = imports_of(MODULES[BACKENDS_TABLE])
+    assert sorted(m for m in imported if m.split(".")[0] not in sys.stdlib_module_names) == []

@@ -11,13 +11,31 @@ import contextlib
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoTokenizer, BertConfig, ModernBertConfig, Qwen3Config, XLMRobertaConfig
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    BertConfig,
+    Gemma2Config,
+    Gemma3TextConfig,
+    GemmaConfig,
+    LlamaConfig,
+    MistralConfig,
+    ModernBertConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    RobertaConfig,
+    XLMRobertaConfig,
+)
 
 from posfair.model import bundled_model_path
+from posfair.model.backends import FALLBACK, REGISTRY, backend_for
 from posfair.model.compat import TRANSFORMERS_5
 
 VOCAB = 30522  # the bundled WordPiece vocabulary
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128)
+# decoders with grouped-query attention
+DECODER = dict(**COMMON, num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=0)
 
 
 def _configs():
@@ -57,18 +75,35 @@ def _configs():
             ),
             "lasttoken",
         ),
+        # the other rows of the table of backends (posfair.model.backends), for its route test
+        "roberta": (RobertaConfig(**COMMON, max_position_embeddings=514, pad_token_id=1), "cls"),
+        "qwen2": (Qwen2Config(**{k: v for k, v in DECODER.items() if k != "head_dim"}), "lasttoken"),
+        "llama": (LlamaConfig(**DECODER), "lasttoken"),
+        "mistral": (MistralConfig(**DECODER), "lasttoken"),
+        "gemma": (GemmaConfig(**DECODER), "lasttoken"),
+        "gemma2": (Gemma2Config(**DECODER, sliding_window=16), "lasttoken"),
+        "gemma3_text": (Gemma3TextConfig(**DECODER, sliding_window=16), "lasttoken"),
+        "phi3": (Phi3Config(**{k: v for k, v in DECODER.items() if k != "head_dim"}), "lasttoken"),
     }
 
 
-ARCHS = tuple(_configs())
-# Architectures that dispatch through transformers' attention registry on transformers 4.x
-# (BERT, XLM-RoBERTa and ModernBERT pick their own attention classes there: posfair's fallback).
-REGISTRY_ON_4X = ("qwen3",)
+#: the architectures the engine's tests run on
+ARCHS = ("bert", "xlmr", "bert-mean", "modernbert", "qwen3")
+#: every tiny model: ARCHS and one of each other row of the table of backends (tests/test_backends.py)
+ALL_ARCHS = tuple(_configs())
+
+
+def model_type(arch: str) -> str:
+    """The ``config.model_type`` of the tiny ``arch``."""
+    return _configs()[arch][0].model_type
 
 
 def expected_mechanism(arch: str) -> str:
-    """How posfair reaches ``arch``'s attention on the installed stack: "registry" or "fallback"."""
-    return "registry" if TRANSFORMERS_5 or arch in REGISTRY_ON_4X else "fallback"
+    """How posfair reaches ``arch``'s attention on the installed stack, "registry" or "fallback": its row of
+    the table of backends (posfair.model.backends) says."""
+    route = backend_for(model_type(arch)).route(TRANSFORMERS_5)
+    assert route in (REGISTRY, FALLBACK), f"{arch}: the table of backends has no fixed route ({route})"
+    return route
 
 
 def build_tiny_model(arch: str, folder: Path, seed: int = 0, **overrides: object) -> tuple[Path, str]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from posfair import _post_import
 from posfair._lazy import lazy_exports
+from posfair.model import backends as _backends
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.attention import attention_profile, estimate_prior  # noqa: F401
@@ -62,26 +63,7 @@ __all__, __getattr__, __dir__ = lazy_exports("posfair", _EXPORTS)
 __all__ = [*__all__, "__version__"]
 
 
-def _register_attention(_module) -> None:
-    from posfair.calibration.registry import register
-
-    register()
-
-
-def _extend_attention_table(module) -> None:  # transformers 4.x only (posfair.calibration.transformers4)
-    from posfair.calibration import transformers4
-
-    transformers4.extend(module)
-
-
-_post_import.when_imported("transformers.modeling_utils", _register_attention)
-# hooked here, before anything imports them: a modelling module imports transformers.modeling_utils while it
-# is itself being imported, so a hook added from _register_attention would come too late for it
-for _name in (
-    "bert.modeling_bert",
-    "roberta.modeling_roberta",
-    "xlm_roberta.modeling_xlm_roberta",
-    "modernbert.modeling_modernbert",
-):
-    _post_import.when_imported(f"transformers.models.{_name}", _extend_attention_table)
-del _name
+# posfair's attention reaches transformers as soon as transformers' modelling code is imported, whoever imports
+# it: the table of backends says which modules, once imported, run which route's hook (the registry's
+# registration; on transformers 4.x, the BERT family's attention tables); hooked here, before anything imports them
+_backends.install_import_hooks(_post_import.when_imported)

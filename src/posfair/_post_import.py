@@ -7,7 +7,8 @@ attention functions with transformers at the moment transformers' modelling code
 imported -- whoever imports it, in whatever order -- through a finder on ``sys.meta_path``
 that wraps only the named modules' loaders.  Nothing else about importing changes, and
 nothing of torch or transformers is patched: the callbacks use transformers' own
-registries (see :mod:`posfair.calibration.registry`).
+registries (see :mod:`posfair.calibration.registry`).  Which modules, and which route's hook
+each runs, is the table of backends' (:func:`posfair.model.backends.import_hooks`).
 """
 
 from __future__ import annotations

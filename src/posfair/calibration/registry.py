@@ -2,7 +2,7 @@
 
 Used for transformers 5.x (BERT, XLM-RoBERTa, ModernBERT, Qwen3, most current
 architectures) and, on transformers 4.x, Qwen3 and the other architectures that
-dispatch through ``ALL_ATTENTION_FUNCTIONS`` (see :mod:`posfair.model.compat`).  The
+dispatch through ``ALL_ATTENTION_FUNCTIONS`` (which ones: :mod:`posfair.model.backends`).  The
 model's attention implementation is switched to a name registered in
 transformers' ``AttentionInterface`` (and, for its masks, ``AttentionMaskInterface``).
 The registered function calls the stock SDPA kernel for all rows; in calibrated
@@ -26,19 +26,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import transformers
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-from posfair.calibration import transformers4
 from posfair.calibration.kernels import attend, check_supported, explicit_attention
 from posfair.calibration.state import active_state, config_state
+from posfair.model.backends import ATTN_EAGER, ATTN_SDPA  # the names (ATTN_EAGER: the explicit full-matrix path)
 
-__all__ = ["ATTN_SDPA", "ATTN_EAGER", "register"]
-
-ATTN_SDPA = "posfair_sdpa"
-ATTN_EAGER = "posfair_eager"  # explicit full-matrix path: the slow reference and the "naive" benchmark baseline
+__all__ = ["ATTN_SDPA", "ATTN_EAGER", "on_import", "register"]
 
 
 def _make_attention_function(base: str) -> Callable:
@@ -95,8 +91,10 @@ def register() -> None:
     """Register posfair's attention functions (and their mask builders) with transformers.
 
     Runs when transformers' modelling code is first imported after ``import posfair``
-    (see ``posfair/__init__.py``), so calibrated folders load with plain
-    ``SentenceTransformer(path)``; idempotent."""
+    (:func:`on_import`, hooked by ``posfair/__init__.py`` from :mod:`posfair.model.backends`), so
+    calibrated folders load with plain ``SentenceTransformer(path)``; idempotent.  (On transformers 4.x
+    the BERT family's own attention tables are extended by their own hooks:
+    :mod:`posfair.calibration.transformers4`.)"""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -106,8 +104,10 @@ def register() -> None:
     # attention_mask=None and padding would be silently ignored.
     AttentionMaskInterface.register(ATTN_SDPA, sdpa_mask)
     AttentionMaskInterface.register(ATTN_EAGER, eager_mask)
-    if (
-        int(transformers.__version__.split(".")[0]) < 5
-    ):  # BERT-family tables of transformers 4.x (posfair.calibration.transformers4)
-        transformers4.install()
     _REGISTERED = True
+
+
+def on_import(_module) -> None:
+    """The hook ``posfair/__init__.py`` runs once ``transformers.modeling_utils`` is imported
+    (:func:`posfair.model.backends.import_hooks`)."""
+    register()

@@ -5,8 +5,9 @@ A calibrated folder saved by posfair names ``attn_implementation="posfair_sdpa"`
 these architectures through its registry, so the registered function is all it takes.
 On transformers 4.x they pick their attention from a table of their own, keyed by the
 implementation name (``BERT_SELF_ATTENTION_CLASSES``, ``MODERNBERT_ATTENTION_FUNCTION``,
-...).  :func:`install` adds a ``"posfair_sdpa"`` entry to each table when its modelling
-module is imported (a new key: the stock entries are untouched): the stock SDPA class /
+...).  :func:`extend` adds a ``"posfair_sdpa"`` entry to each table when its modelling
+module is imported (a new key: the stock entries are untouched; which tables: the rows of
+:mod:`posfair.model.backends`): the stock SDPA class /
 function, run inside the fallback backend's per-layer interception
 (:class:`~posfair.calibration.fallback.LayerMode`), which lets the stock SDPA kernel
 compute all rows and recomputes the pooling row explicitly (or the layer in tiles).
@@ -27,23 +28,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from posfair import _post_import
 from posfair.calibration.fallback import LayerMode
 from posfair.calibration.state import active_state, config_state, forward_state
+from posfair.model.backends import ATTN_SDPA, attention_tables
 
-__all__ = ["MODEL_TYPES", "extend", "install"]
+__all__ = ["extend", "on_import"]
 
-ATTN_SDPA = "posfair_sdpa"  # the registry's name (posfair.calibration.registry.ATTN_SDPA)
-
-# modelling module -> (table, whether its entries are classes or functions)
-_TABLES = {
-    "transformers.models.bert.modeling_bert": ("BERT_SELF_ATTENTION_CLASSES", "class"),
-    "transformers.models.roberta.modeling_roberta": ("ROBERTA_SELF_ATTENTION_CLASSES", "class"),
-    "transformers.models.xlm_roberta.modeling_xlm_roberta": ("XLM_ROBERTA_SELF_ATTENTION_CLASSES", "class"),
-    "transformers.models.modernbert.modeling_modernbert": ("MODERNBERT_ATTENTION_FUNCTION", "function"),
-}
-#: the ``model_type`` s whose calibrated folders load flag-free on transformers 4.x through these tables
-MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "modernbert"})
+# modelling module -> (table, whether its entries are classes or functions): rows of the table of backends
+_TABLES = attention_tables()
 
 
 def calibrated_call(
@@ -140,7 +132,7 @@ def __getattr__(name: str):  # unpickling in a fresh process: build the class fr
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def install() -> None:
-    """Add posfair's entry to each architecture's attention table (now or when its module is imported)."""
-    for module_name in _TABLES:
-        _post_import.when_imported(module_name, extend)
+def on_import(module) -> None:
+    """The hook ``posfair/__init__.py`` runs once an attention table's modelling module is imported
+    (:func:`posfair.model.backends.import_hooks`)."""
+    extend(module)

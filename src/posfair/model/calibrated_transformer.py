@@ -15,8 +15,8 @@ pooling token's attention rows.  Both are context variables, so concurrent
 threads each see their own.
 
 Saving and loading: ``FairModel.save`` writes the module as the stock ``Transformer``
-(:func:`stock_module_type`).  With a default calibration, for the architectures in
-:data:`FLAG_FREE_MODEL_TYPES`, :func:`write_flag_free` then records the calibration in
+(:func:`stock_module_type`).  With a default calibration, for the architectures whose row in
+:mod:`posfair.model.backends` says ``flag_free``, :func:`write_flag_free` then records the calibration in
 the folder's ``config.json`` with ``attn_implementation="posfair_sdpa"``, so plain
 ``SentenceTransformer(path)`` loads it calibrated after ``import posfair``; when such a
 folder is loaded as a ``FairModel``, this module takes the calibration over from the
@@ -37,12 +37,12 @@ from typing import Any
 import torch
 
 from posfair.calibration import attention_wiring as att
-from posfair.calibration import fallback, transformers4
+from posfair.calibration import fallback
 from posfair.calibration.choice import STOCK, Resolved, check_choice
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 from posfair.calibration.state import CONFIG_CALIBRATION_KEY, CONFIG_POOLING_KEY
 from posfair.io import atomic_write_json, atomic_write_text
-from posfair.model import compat, stock_layers
+from posfair.model import backends, compat, stock_layers
 from posfair.model.compat import Transformer
 
 __all__ = [
@@ -145,12 +145,13 @@ class CalibratedTransformer(Transformer):
         self._refresh_identity()
         base = getattr(model.config, "_attn_implementation", None)
         if base in (att.ATTN_SDPA, att.ATTN_EAGER):
+            return  # already posfair's (a calibrated folder): the probe tells the route it takes
+        if self.backend_row.route(compat.TRANSFORMERS_5) == backends.FALLBACK:  # the table of backends says so
+            self._posfair_mode = "fallback"
             return
         try:
             compat.set_attn_implementation(model, att.ATTN_SDPA)
-        except (
-            Exception
-        ):  # remote code, or BERT-family on transformers 4.x (see posfair.model.compat): fallback interception
+        except Exception:  # a model of no row that cannot switch (remote code, ...): the fallback interception
             self._posfair_mode = "fallback"
             return
         if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
@@ -169,6 +170,14 @@ class CalibratedTransformer(Transformer):
         if self._posfair_mode == "checked-fallback":
             self._posfair_mode = "fallback"
         self._attention_modules = None
+
+    @property
+    def backend_row(self) -> backends.Backend:
+        """This model's row in the table of backends (:mod:`posfair.model.backends`): remote code is a model
+        whose class is not transformers' own."""
+        model = self.auto_model
+        remote = not type(model).__module__.startswith("transformers.")
+        return backends.backend_for(getattr(model.config, "model_type", None), remote_code=remote)
 
     @property
     def posfair_calibration(self) -> dict | None:
@@ -363,27 +372,12 @@ def calibrated_while_saving(modules) -> Iterator[None]:
             m.__class__ = Transformer
 
 
-#: ``model_type`` s whose calibrated folders load calibrated with plain ``SentenceTransformer(path)`` on both
-#: stacks: architectures that dispatch through transformers' attention registry on 4.x and 5.x alike, and
-#: the BERT family, whose 4.x attention tables posfair extends (posfair.calibration.transformers4)
-FLAG_FREE_MODEL_TYPES = transformers4.MODEL_TYPES | {
-    "qwen2",
-    "qwen3",
-    "llama",
-    "mistral",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-}
-
-
 def flag_free(module: CalibratedTransformer) -> bool:
     """Whether ``module`` saves as a flag-free calibrated folder (:func:`write_flag_free`); else a
     calibrated save names :class:`CalibratedTransformer` in ``modules.json`` (the previous format:
     it loads with ``posfair.load_model``, or with ``trust_remote_code=True`` on sentence-transformers 6)."""
     config = module.auto_model.config
-    return getattr(config, "model_type", None) in FLAG_FREE_MODEL_TYPES and not getattr(config, "auto_map", None)
+    return module.backend_row.flag_free and not getattr(config, "auto_map", None)
 
 
 def write_flag_free(folder: Path, module: CalibratedTransformer) -> None:

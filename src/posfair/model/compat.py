@@ -24,7 +24,8 @@ What differs:
   differs: on 4.x BERT, XLM-RoBERTa and ModernBERT choose their attention classes
   themselves (BERT's ``BertSdpaSelfAttention`` calls SDPA, its eager class computes the
   softmax inline), so posfair reaches them through the scoped fallback
-  (:mod:`posfair.calibration.fallback`); Qwen3 uses the registry on both.
+  (:mod:`posfair.calibration.fallback`); Qwen3 uses the registry on both.  Which route each
+  architecture takes on each stack is the table of :mod:`posfair.model.backends`.
 """
 
 from __future__ import annotations
