@@ -67,3 +67,39 @@ def test_root_cause_skips_rays_wrappers():
             raise RuntimeError("UDF failed to process a data block.\nmore text") from inner
     except RuntimeError as outer:  # no traceback text anywhere: the deepest exception
         assert root_cause(outer) == ("KeyError", "'k'")
+
+
+def test_the_workers_exception_is_found_by_type_not_by_its_text():
+    """Ray attaches the worker's exception object (``RayTaskError.cause``; Ray Data's ``UserCodeException`` over it):
+    it is the root cause, whatever a line of the traceback text looks like."""
+    exceptions = pytest.importorskip("ray.exceptions")
+    try:
+        try:
+            raise ValueError("bad batch")
+        except ValueError as inner:
+            raise exceptions.UserCodeException("UDF failed to process a data block.") from inner
+    except exceptions.UserCodeException as user_code:
+        text = "Traceback ...\nposfair.store.ManifestMismatch: a line of text that only looks like a refusal\n"
+        task_error = exceptions.RayTaskError("MapBatches(ShardEncoder)", text, user_code)
+    assert root_cause(task_error) == ("ValueError", "bad batch")
+    assert root_cause(task_error.as_instanceof_cause()) == ("ValueError", "bad batch")
+
+
+def test_a_lost_replica_is_told_by_rays_exception_class():
+    ray = pytest.importorskip("ray")
+    from posfair.distributed.ray_engine import _lost_worker
+
+    died = ray.exceptions.ActorDiedError()
+    assert _lost_worker(ray, died) == "ActorDiedError: The actor died unexpectedly before finishing this task."
+    assert _lost_worker(ray, RuntimeError("wrapped")) is None
+    try:
+        raise RuntimeError("the pool failed") from ray.exceptions.WorkerCrashedError()
+    except RuntimeError as wrapped:
+        assert _lost_worker(ray, wrapped).startswith("WorkerCrashedError: The worker died unexpectedly")
+    # a constructor that raised (e.g. the fingerprint refusal) lost no process: not a lost replica
+    init_failed = ray.exceptions.ActorDiedError.from_task_error(
+        ray.exceptions.RayTaskError("__init__", "ValueError: no", ValueError("no"))
+    )
+    assert _lost_worker(ray, init_failed) is None
+    # text that reads like a death is not one
+    assert _lost_worker(ray, RuntimeError("The actor died unexpectedly before finishing this task.")) is None

@@ -111,19 +111,28 @@ _REGISTRY_CLASS = None
 
 
 def _registry_class(ray):
-    """A zero-CPU actor holding the handles of a job's replicas (so the driver can kill them)."""
+    """A zero-CPU actor holding the handles of a job's replicas (so the driver can kill them) and their refusals
+    (a :class:`ManifestMismatch` raised in a replica's constructor reaches the driver as this record, not as text)."""
     global _REGISTRY_CLASS
     if _REGISTRY_CLASS is None:
 
         class Replicas:
             def __init__(self) -> None:
                 self.handles: dict[str, Any] = {}
+                self.refused: list[str] = []
 
             def add(self, actor_id: str, handle) -> None:
                 self.handles[actor_id] = handle
 
             def all(self) -> list:
                 return list(self.handles.values())
+
+            def refuse(self, message: str) -> None:
+                """A replica refused to write here (a settings error, not a crash): the driver raises it as such."""
+                self.refused.append(message)
+
+            def refusals(self) -> list[str]:
+                return list(self.refused)
 
         _REGISTRY_CLASS = ray.remote(num_cpus=0, max_restarts=0)(Replicas)
     return _REGISTRY_CLASS
@@ -160,10 +169,13 @@ class ShardEncoder:
         self.after_shard = after_shard
         self.model = self.spec.load_model(device)
         if self.model.fingerprint != fingerprint:
-            raise ManifestMismatch(
+            message = (
                 f"worker model fingerprint {self.model.fingerprint} differs from the driver's {fingerprint}: "
                 "install the same model files and library versions on every node"
             )
+            if registry is not None:
+                ray.get(registry.refuse.remote(message))
+            raise ManifestMismatch(message)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = []
@@ -205,14 +217,41 @@ def _kill_job_actors(ray, registry, free_before: Mapping[str, float]) -> int:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def _raised_in_worker(exc: BaseException) -> BaseException | None:
+    """The worker's own exception under Ray's wrappers, found by type: a ``RayTaskError`` holds it as ``cause``
+    (Ray Data wraps it once more in a ``UserCodeException`` whose ``__cause__`` it is); None when no exception
+    outside Ray's own classes is attached (e.g. an actor whose constructor raised: Ray keeps only its text)."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        ray_class = type(e).__module__.startswith("ray.")
+        if not ray_class and not _is_ray_error(e):
+            return e
+        todo += [getattr(e, "cause", None), e.__cause__]
+    return None
+
+
+def _is_ray_error(e: BaseException) -> bool:
+    """Ray's own exception, or a worker's exception re-raised as Ray's dual class (``RayTaskError(ValueError)``)."""
+    return any(c.__module__.startswith("ray.") for c in type(e).__mro__ if c is not object and c is not type(e))
+
+
 def root_cause(exc: BaseException) -> tuple[str, str]:
     """``(type name, message)`` of the exception raised in the worker under a Ray error.
 
-    Ray's task errors carry the worker's traceback in their text: the worker's own
+    The worker's exception object, when Ray attached it (:func:`_raised_in_worker`).  Otherwise
+    Ray's task errors carry the worker's traceback in their text only: the worker's own
     exception is the last ``Type: message`` line there that is not one of Ray's
     wrappers (``ray.exceptions.*``).  Wrappers without such text are followed
     through ``__cause__``; failing all that, the deepest exception itself.
     """
+    found = _raised_in_worker(exc)
+    if found is not None and found is not exc:
+        text = _ANSI.sub("", str(found)).strip()
+        return type(found).__name__, text.splitlines()[0] if text else ""
     chain = [exc]
     while chain[-1].__cause__ is not None and len(chain) < 20:
         chain.append(chain[-1].__cause__)
@@ -279,8 +318,14 @@ class WorkerLost(RuntimeError):
 
 def _lost_worker(ray, exc: BaseException) -> str | None:
     """What Ray says about a replica whose process died, if that is what ``exc`` (or an exception under it)
-    reports; ``None`` for anything else (an error raised by the shard function, a settings error)."""
-    kinds = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
+    reports, by Ray's exception classes; ``None`` for anything else (an error raised by the shard function, a
+    settings error)."""
+    kinds = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.OutOfMemoryError,
+        ray.exceptions.NodeDiedError,
+    )
     seen, todo = set(), [exc]
     while todo:
         e = todo.pop()
@@ -289,12 +334,10 @@ def _lost_worker(ray, exc: BaseException) -> str | None:
         seen.add(id(e))
         # an actor whose constructor raised (e.g. a fingerprint refusal) did not lose its process: not replaced
         if isinstance(e, kinds) and not getattr(e, "actor_init_failed", False):
-            text = " ".join(_ANSI.sub("", str(e)).split())
-            # Ray's first sentence and the worker's exit type, e.g. "The actor died unexpectedly before finishing
-            # this task. ... Worker exit type: SYSTEM_ERROR"; not its paragraph of common causes
-            first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
-            exit_type = re.search(r"Worker exit type: (\w+)", text)
-            return f"{type(e).__name__}: {first}" + (f" (worker exit type {exit_type.group(1)})" if exit_type else "")
+            # Ray's first line, e.g. "The actor died unexpectedly before finishing this task."; not the lines of
+            # details and common causes under it
+            text = _ANSI.sub("", str(e)).strip()
+            return f"{type(e).__name__}: {text.splitlines()[0] if text else 'no message'}"
         todo += [e.__cause__, e.__context__]
     return None
 
@@ -378,24 +421,34 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
         compute=ray.data.ActorPoolStrategy(size=plan.workers, max_tasks_in_flight_per_actor=_IN_FLIGHT_PER_WORKER),
         **plan.resources,
     )
-    failure = None
+    failure: BaseException | None = None
+    refused: list[str] = []
     try:
         for row in out.iter_rows():
             on_result({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
     except Exception as exc:  # noqa: BLE001 -- re-raised below, without Ray's internals attached
-        failure = root_cause(exc)
-        lost = _lost_worker(ray, exc)
-        if lost is not None:
-            failure = ("WorkerLost", lost)
+        failure = exc
+        refused = _refusals(ray, registry)
     finally:
         _kill_job_actors(ray, registry, free)  # also on KeyboardInterrupt
     if failure is not None:
-        kind, message = failure
-        if kind == ManifestMismatch.__name__:  # a replica refused to write here: a settings error, not a crash
-            raise ManifestMismatch(message)
-        if kind == "WorkerLost":
-            raise WorkerLost(message)
+        if refused:  # a replica refused to write here: a settings error, not a crash
+            raise ManifestMismatch(refused[0])
+        if isinstance(_raised_in_worker(failure), ManifestMismatch):  # one raised while a replica works, as such
+            raise ManifestMismatch(str(_raised_in_worker(failure)))
+        lost = _lost_worker(ray, failure)
+        if lost is not None:
+            raise WorkerLost(lost)
+        kind, message = root_cause(failure)
         raise RuntimeError(
             f"the Ray embedding job failed; finished shards are kept, rerun to resume: {kind}: {message}"
         )
     return plan.workers
+
+
+def _refusals(ray, registry) -> list[str]:
+    """The refusals the job's replicas recorded (:meth:`ShardEncoder.__init__`); none when the registry is gone."""
+    try:
+        return ray.get(registry.refusals.remote(), timeout=_CLEANUP_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 -- the registry is unreachable: no refusal is known
+        return []
