@@ -59,29 +59,43 @@ def _remote_row(name: str) -> backends.Backend:
     return backend_for(REMOTE[name][0], remote_code=True)
 
 
+def _probed_mechanism(monkeypatch, path, **load) -> str:
+    """The route posfair's probe finds for the model at ``path`` with no row for it (the table's default)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(backends, "BACKENDS", ())
+        module = posfair.load_model(path, **load).transformer_module
+        assert module.backend_row is DEFAULT
+        return module.mechanism
+
+
 # the engine's architectures (tiny_models.ARCHS) are checked the same way by tests/calibration/test_engine.py
 # (test_fast_path_matches_independent_reference: ``model.mechanism == expected_mechanism(arch)``)
 @pytest.mark.parametrize("arch", [a for a in ALL_ARCHS if a not in ARCHS])
-def test_each_architecture_takes_its_rows_route(arch, tiny_model_path):
+def test_each_architecture_takes_its_rows_route(arch, tiny_model_path, monkeypatch):
+    """The row's route is the one the dispatch takes, and the one the probe alone finds (a row saying
+    "fallback" is not a registry route left unused)."""
     row = backend_for(model_type(arch))
     assert row is not DEFAULT, f"{arch} ({model_type(arch)}) has no row in the table of backends"
     path, pooling = tiny_model_path(arch)
     module = posfair.load_model(path, pooling=pooling).transformer_module
     assert module.backend_row is row
     assert module.mechanism == row.route(TRANSFORMERS_5) == expected_mechanism(arch)
+    assert _probed_mechanism(monkeypatch, path, pooling=pooling) == row.route(TRANSFORMERS_5)
 
 
 @pytest.mark.parametrize("name", sorted(REMOTE))
-def test_remote_code_takes_its_rows_route(name, tmp_path):
+def test_remote_code_takes_its_rows_route(name, tmp_path, monkeypatch):
     declared, kind = REMOTE[name]
     row = _remote_row(name)
     assert (row is DEFAULT) == (name == "other")
     build_remote_model(tmp_path / "m", kind, model_type=declared)
-    module = posfair.load_model(tmp_path / "m", trust_remote_code=True, pooling="cls").transformer_module
+    load = dict(trust_remote_code=True, pooling="cls")
+    module = posfair.load_model(tmp_path / "m", **load).transformer_module
     assert module.backend_row is row
     # the default probes; this model's own softmax / SDPA is never reached through the registry
     want = row.route(TRANSFORMERS_5)
     assert module.mechanism == (FALLBACK if want == PROBE else want)
+    assert _probed_mechanism(monkeypatch, tmp_path / "m", **load) == FALLBACK
 
 
 def test_every_row_is_exercised():
