@@ -91,18 +91,18 @@ def test_tables_report_and_figure_carry_the_share(run, lengths, partial, tmp_pat
     tables = {t.name: t for t in result.tables()}
     noop_sigma = tables[f"sigma_{NOOP.label()}_main"]
     assert NOOP_LABEL in noop_sigma.title
-    assert noop_sigma.frame.loc[(3, "calibrated_share"), "en"] == "0.000"
-    assert tables[f"sigma_{partial.label()}_main"].frame.loc[(3, "calibrated_share"), "en"] == f"{k / n:.3f}"
-    assert tables["sigma_stock_main"].frame.loc[(3, "calibrated_share"), "en"] == "—"
+    assert noop_sigma.frame.loc[(3, "calibrated share"), "en"] == "0.000"
+    assert tables[f"sigma_{partial.label()}_main"].frame.loc[(3, "calibrated share"), "en"] == f"{k / n:.3f}"
+    assert tables["sigma_stock_main"].frame.loc[(3, "calibrated share"), "en"] == "—"
     coverage = tables["coverage"].frame
     assert coverage.loc[(partial.label(), 3, "en")].tolist() == [str(n), str(k), f"{k / n:.3f}"]
     assert tables["fidelity"].frame["calibrated_share"].tolist()[0] == "—"  # the stock row
     paths = result.save(tmp_path)
     for kind in ("md", "csv", "tex"):
         assert "calibrated" in paths[f"table:coverage.{kind}"].read_text()
-    assert "calibrated\\_share" in paths[f"table:sigma_{partial.label()}_main.tex"].read_text()
+    assert "calibrated share" in paths[f"table:sigma_{partial.label()}_main.tex"].read_text()
     html = paths["report"].read_text()
-    assert "calibrated_share" in html and f"calibration {NOOP.label()}: calibrated share 0.000" in html
+    assert "calibrated share" in html and f"calibration {NOOP.label()}: calibrated share 0.000" in html
     # the profile figure: the no-op variant is named in the legend but not drawn over the stock line
     fig = result.figure()
     legend = [t.get_text() for t in fig.legends[0].get_texts()]

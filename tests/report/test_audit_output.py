@@ -8,6 +8,7 @@ import copy
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fairness.conftest import tiny_corpus
@@ -53,7 +54,7 @@ def test_the_report_page_keeps_its_tables_inside_and_says_the_method_once(result
     # the method, inference and marks (60 words) once above the OLS tables, not under each of them
     ols = _section(html, "OLS tables")
     assert ols.count("Inference: CR1 cluster-robust") == 1  # the tables' method note, once above them
-    assert ols.count("Statistical significance") == 1 and ols.count("positional fairness (sigma") >= 2
+    assert ols.count("Statistical significance") == 1 and ols.count("positional fairness (σ") >= 2
 
 
 def test_the_profile_figure_draws_the_cluster_means_under_a_title_larger_than_its_panels(results):
@@ -133,3 +134,91 @@ def test_the_demo_index_gives_each_parts_headline_numbers(results, tmp_path):
     for estimate in beta2["estimate"]:
         assert f"{estimate:.3f}" in index.replace("−", "-")
     assert 'href="english/report.html"' in index
+
+
+def _tables(html: str) -> str:
+    """Every table of the page (headers and cells), tags left out."""
+    return " ".join(re.sub(r"<[^>]+>", " ", t) for t in re.findall(r"<table.*?</table>", html, flags=re.S))
+
+
+def _words(html: str) -> str:
+    """What a reader of the page reads: its text without the style sheet and the tags."""
+    return re.sub(r"<[^>]+>", " ", re.sub(r"<style.*?</style>", "", html, flags=re.S))
+
+
+def test_sigma_and_tau_are_written_one_way_in_tables_captions_and_figures(results):
+    """One vocabulary (issue 40 item 7): the OLS captions say σ and τ as the headline, the fidelity table and the
+    figures do, never "sigma" / "tau"."""
+    from matplotlib.text import Text
+
+    from posfair.fairness.audit_report import fidelity_figure, profile_figure
+    from posfair.report.html import render_report
+
+    result = results[0]
+    assert set(result.measures) == {"sigma", "tau"}
+    words = _words(render_report("audit", result.report_sections()))
+    assert "positional fairness (σ = cos(document, standalone segment))" in words
+    assert "information retention (τ = cos(standalone, contextualised segment))" in words
+    assert re.findall(r"\b(?:sigma|tau)\b", words) == []
+    for fig in (profile_figure(result), fidelity_figure(result)):
+        texts = (
+            " ".join(t.get_text() for t in fig.findobj(Text))
+            + " "
+            + " ".join(line.get_label() for ax in fig.axes for line in ax.get_lines())
+        )
+        assert "σ" in texts and re.findall(r"\b(?:sigma|tau)\b", texts) == []
+
+
+def test_the_headline_and_ols_tables_name_their_rows_in_words(results, tmp_path):
+    """The headline names its rows as the OLS tables do ("β2 (2 vs. 1)", not "beta_2"; "configuration",
+    "coefficient"), and the OLS tables' share row is "calibrated share", explained in the caption; the demo
+    index's headline too.  The cells are the audit's coefficients."""
+    from posfair.cli.demo import _write_index
+    from posfair.fairness.audit_tables import format_estimate
+    from posfair.report.html import render_report
+
+    result = results[0]
+    html = render_report("audit", result.report_sections())
+    index = _write_index(tmp_path, [("mixed", "tiny", result, {}, 12.0)]).read_text()
+    coefs = result.coefficients
+    main = coefs[(coefs.measure == "sigma") & (coefs.setting == "main")]
+    for page in (_section(html, "Summary"), index):
+        headline = page[page.index("β_p") :]
+        headline = headline[: headline.index("</table>")]
+        headers = re.findall(r"<th[^>]*>([^<]*)</th>", headline)
+        assert headers[:3] == ["n", "configuration", "coefficient"], headers
+        rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", headline, re.S)]
+        rows = [r for r in rows if r]
+        assert [r[2] for r in rows] == ["β2 (2 vs. 1)", "β3 (3 vs. 1)"]
+        for r, p in zip(rows, (2, 3), strict=True):
+            for k, cal in enumerate(("stock", CAL.label())):
+                hit = main[(main.calibration == cal) & (main.position == p)].iloc[0]
+                assert r[3 + k] == format_estimate(hit["estimate"], hit["mark"], 3)
+    assert "beta_" not in _words(html) and "beta_" not in _words(index)
+    ols = _section(html, "OLS tables")
+    assert "<td>calibrated share</td>" in ols and "calibrated_share" not in _words(html)
+    assert "calibrated share: the fraction of the instance's documents the calibration changed" in ols.replace(
+        "&#x27;", "'"
+    )
+
+
+def test_a_short_mixed_configuration_is_written_out_in_every_table(results):
+    """n = 3: "[de, en, en]" in every table of the page (headline, OLS, detail, fidelity, coverage, sampling), not
+    "[de, en, ..., en]", which is longer; the ellipsis only where it saves room (n = 5) or the column holds
+    several n."""
+    from posfair.report.html import render_report
+
+    result = results[0]
+    html = render_report("audit", result.report_sections())
+    tables = _tables(html[: html.index(">Run parameters</h2>")])  # (the settings as given are the run's record)
+    assert "[de, en, ..., en]" not in tables and tables.count("[de, en, en]") >= 6
+    from posfair.fairness.audit_tables import coefficient_table, config_label  # the rule itself
+
+    assert config_label("[de, en, ..., en]", 4) == "[de, en, en, en]"  # as long as the ellipsis: written out
+    assert config_label("[de, en, ..., en]", 5) == "[de, en, ..., en]"  # shorter than [de, en, en, en, en]
+    assert config_label("[de, en, ..., en]") == "[de, en, ..., en]" and config_label("en", 3) == "en"
+    two_n = result.coefficients.assign(n=5)
+    two_n = pd.concat([result.coefficients, two_n])
+    kw = dict(model="m", measure="sigma", calibration="stock", setting="main", configs=["[de, en, ..., en]"])
+    assert list(coefficient_table(result.coefficients, **kw).frame.columns) == ["[de, en, en]"]
+    assert list(coefficient_table(two_n, **kw).frame.columns) == ["[de, en, ..., en]"]  # n = 3 and 5 in one column

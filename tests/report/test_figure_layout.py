@@ -218,3 +218,43 @@ def test_a_stock_only_scatter_names_no_calibrated_points_and_headings_outrank_pa
     note = [t for t in fig.texts if t.get_va() == "bottom"]
     assert len(note) == 1 and "baskets of 128 tokens" in note[0].get_text()
     assert note[0].get_window_extent().y1 < min(lg.get_window_extent().y0 for lg in fig.legends) + 1
+
+
+def _shown_yticks(ax) -> list[float]:
+    lo, hi = ax.get_ylim()
+    return [float(t) for t in ax.get_yticks() if lo <= t <= hi]
+
+
+def test_a_recall_axis_labels_no_value_above_one_and_draws_every_point_whole():
+    """Recall lives in [0, 1]: the tuner's trade-off and fronts (recall the guard) and a trade-off scatter given
+    ``ybounds`` label no tick above 1 and keep their margin beyond 1 to what the markers need, while every point
+    drawn is the metric's value, in view and whole (issue 40 item 7: the axis went to 1.06)."""
+    from posfair.calibration import STOCK
+    from posfair.tuning import FunctionObjective, SearchSpace, run_search
+    from posfair.tuning.outputs import fronts_figure, tradeoff_figure
+
+    def metrics(cal, split):  # every setting at recall 1, as the bundled corpus gives them
+        if cal is STOCK:
+            return {"score": 0.13, "recall": 1.0}
+        return {"score": 0.1 * cal.strength + 0.01 * (cal.basket_size == 64), "recall": 1.0}
+
+    space = SearchSpace(basket_sizes=(16, 64), layer_sets=(0.5,), strengths=(0.5, 1.0), fine_rounds=1)
+    res = run_search(FunctionObjective(metrics, guard="recall"), space, max_drop=0.02)
+    dev = res.frame("dev")
+    for fig in (tradeoff_figure(res), fronts_figure(res)):
+        assert layout_problems(fig) == []  # (markers whole, labels inside)
+        ax = fig.axes[0]
+        lo, hi = ax.get_ylim()
+        assert _shown_yticks(ax) and max(_shown_yticks(ax)) <= 1.0 and hi - 1.0 < 0.1 * (hi - lo)
+        drawn = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections if len(c.get_offsets())])
+        assert set(np.round(drawn, 12)) == set(np.round(dev["recall"], 12))  # the data drawn are the data
+        assert lo <= drawn.min() and drawn.max() <= hi
+    # both bounds: data at 0 and at 1
+    points = pd.DataFrame({"panel": "p", "label": ["a", "b", "stock"], "x": [0.1, 0.2, 0.3], "y": [0.0, 0.5, 1.0],
+                           "reference": [False, False, True]})  # fmt: skip
+    fig = tradeoff_scatter(points, xlabel="spread", ylabel="recall", subtitle=SUBTITLE, ybounds=(0.0, 1.0))
+    assert layout_problems(fig) == []
+    ax = fig.axes[0]
+    assert min(_shown_yticks(ax)) >= 0.0 and max(_shown_yticks(ax)) <= 1.0
+    assert ax.get_ylim()[0] < 0.0 < 1.0 < ax.get_ylim()[1]  # room for the markers at 0 and 1, and no more:
+    assert ax.get_ylim()[1] - 1.0 < 0.1 and -ax.get_ylim()[0] < 0.1

@@ -123,8 +123,9 @@ def _headline_numbers(result) -> list[str]:
 
 
 def _write_index(out: Path, parts) -> Path:
+    from posfair.fairness.audit_tables import config_label, headline_table
     from posfair.report.html import Section, render_string, write_report
-    from posfair.report.tables import Table, to_html
+    from posfair.report.tables import to_html
     from posfair.stats.inference import MARK_LEGEND
 
     what = {
@@ -134,12 +135,12 @@ def _write_index(out: Path, parts) -> Path:
     sections = []
     for folder, model, result, _paths, seconds in parts:
         hf = result.headline_frame()
-        configs = sorted({f"{cfg} (n={n})" for n, cfg, _ in hf.index})
+        configs = sorted({f"{config_label(cfg, n)} (n={n})" for n, cfg, _ in hf.index})
         headline = (
             to_html(
-                Table(
-                    "β_p of σ (position p vs position 1) per instance, stock vs calibrated",
+                headline_table(
                     hf,
+                    "β_p of σ (position p vs position 1) per instance, stock vs calibrated",
                     f"Marks: {MARK_LEGEND}. G: the clusters the marks rest on.",
                 )
             )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +19,7 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
-from posfair.fairness.audit_tables import coverage_table, fidelity_table
+from posfair.fairness.audit_tables import MIXED_CONFIG, config_label, coverage_table, fidelity_table, headline_table
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import family_section, save_families
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
@@ -52,18 +51,16 @@ COLORS = ("#1f4e9c", "#b2182b", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 
 
 # -- figures ---------------------------------------------------------------------------------------
-_MIXED = re.compile(r"^\[(?P<lead>[^,\]]+), (?P<later>[^,\]]+), \.\.\., [^,\]]+\]$")
-
-
 def config_title(config: str, n: int | None = None) -> str:
-    """A language configuration as a figure names it: ``en``; a mixed one (``[de, en, ..., en]``) spelled out for
-    one ``n`` (``[de, en, en]``), or in words where the panel spans several (``de first, then en``)."""
-    m = _MIXED.match(str(config))
+    """A language configuration as a figure names it: ``en``; a mixed one (``[de, en, ..., en]``) for one ``n`` as
+    the tables write it (:func:`~posfair.fairness.audit_tables.config_label`: ``[de, en, en]``), or in words where
+    the panel spans several (``de first, then en``)."""
+    m = MIXED_CONFIG.match(str(config))
     if not m:
         return str(config)
     if n is None:
         return f"{m['lead']} first, then {m['later']}"
-    return "[" + ", ".join([m["lead"]] + [m["later"]] * (int(n) - 1)) + "]"
+    return config_label(config, n)
 
 
 def _corpus_words(name: str) -> str:
@@ -142,6 +139,7 @@ def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "")
         points,
         xlabel="σ profile spread (max - min over positions)",
         ylabel="own-segment recall@n",
+        ybounds=(0.0, 1.0),
         title=title or "What flattening costs: σ spread against own-segment recall",
         subtitle=_subtitle(result),
     )
@@ -207,9 +205,9 @@ def report_sections(
     inference = render_string(_INFERENCE, inference=result.inference_text(), few=result.few_clusters_message())
     hf = result.headline_frame()
     headline = to_html(
-        Table(
-            "Headline: β_p (position p vs position 1) per instance", hf if len(hf) else pd.DataFrame(), name="headline"
-        )
+        headline_table(hf, "Headline: β_p (position p vs position 1) per instance")
+        if len(hf)
+        else Table("Headline: β_p (position p vs position 1) per instance", pd.DataFrame(), name="headline")
     )
     coverage = dict(coverage_notes=[], coverage="")
     if result.calibrations:  # the calibrated-share table, with a warning line per calibration that left documents stock
@@ -262,6 +260,8 @@ def report_sections(
     # the notes print under the table, "instance" repeats n and the configuration, an empty column (no families) goes
     sampling = pd.DataFrame(result.sampling).drop(columns=["notes", "instance"], errors="ignore")
     sampling = sampling.drop(columns=[c for c in sampling.columns if (sampling[c].isna() | (sampling[c] == "")).all()])
+    if {"n", "config"} <= set(sampling.columns):  # each instance's configuration as the tables write it
+        sampling["config"] = [config_label(c, n) for c, n in zip(sampling["config"], sampling["n"], strict=True)]
     sampling = sampling.rename(columns={"config": "configuration", "limit": "token limit"})
     documents = Section(
         "Documents",
@@ -368,7 +368,7 @@ def _write_result(
     )
     paths["headline"] = atomic_write_text(
         out / "headline.md",
-        to_markdown(Table("β_p (σ, position p vs position 1), stock vs calibrated", hf, caption, "headline"))
+        to_markdown(headline_table(hf, "β_p (σ, position p vs position 1), stock vs calibrated", caption))
         if len(hf)
         else "",
     )

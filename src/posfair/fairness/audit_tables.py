@@ -8,6 +8,8 @@ Markdown, CSV, LaTeX and HTML.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -23,6 +25,10 @@ __all__ = [
     "coefficient_detail_table",
     "fidelity_table",
     "coverage_table",
+    "headline_table",
+    "config_label",
+    "MIXED_CONFIG",
+    "coef_label",
     "MEASURE_TITLES",
     "CLUSTER_ROW",
     "SHARE_ROW",
@@ -31,12 +37,34 @@ __all__ = [
     "format_estimate",
 ]
 
-MEASURE_TITLES = {
-    "sigma": "positional fairness (sigma = cos(document, standalone segment))",
-    "tau": "information retention (tau = cos(standalone, contextualised segment))",
+MEASURE_TITLES = {  # σ and τ as every table, caption and figure of the report writes them
+    "sigma": "positional fairness (σ = cos(document, standalone segment))",
+    "tau": "information retention (τ = cos(standalone, contextualised segment))",
 }
 CLUSTER_ROW = "G (clusters)"
-SHARE_ROW = "calibrated_share"
+SHARE_ROW = "calibrated share"
+#: the legend line of the rows under each n block of :func:`coefficient_table`
+SHARE_LEGEND = "calibrated share: the fraction of the instance's documents the calibration changed (— for stock)"
+
+#: a mixed configuration's key, ``[LEAD, LATER, ..., LATER]``
+MIXED_CONFIG = re.compile(r"^\[(?P<lead>[^,\]]+), (?P<later>[^,\]]+), \.\.\., [^,\]]+\]$")
+
+
+def config_label(config: str, n: int | None = None) -> str:
+    """A language configuration as a table writes it for instances of ``n`` segments: a mixed one
+    (``[de, en, ..., en]``) in full where that is no longer (``[de, en, en]`` for n = 3, ``[de, en, en, en]``
+    for n = 4), the ellipsis only where it saves room or ``n`` is not one number; a monolingual one as it is."""
+    m = MIXED_CONFIG.match(str(config))
+    if not m or n is None:
+        return str(config)
+    full = "[" + ", ".join([m["lead"]] + [m["later"]] * (int(n) - 1)) + "]"
+    return full if len(full) <= len(str(config)) else str(config)
+
+
+def coef_label(coef: str | int) -> str:
+    """A coefficient as the tables name it: ``beta_2`` or 2 -> ``β2 (2 vs. 1)``, ``beta_0`` or 1 -> ``β0 (intercept)``."""
+    position = int(str(coef).removeprefix("beta_")) if not isinstance(coef, (int, np.integer)) else int(coef)
+    return _coef_label(1 if position == 0 else position)
 
 
 def format_estimate(estimate: float, mark: str, digits: int) -> str:
@@ -57,7 +85,7 @@ def _few_note(sub: pd.DataFrame) -> str:
     few = few_clusters(sub)
     if not len(few):
         return ""
-    which = ", ".join(f"n={r.n} {r.config} (G={r.clusters})" for r in few.itertuples(index=False))
+    which = ", ".join(f"n={r.n} {config_label(r.config, r.n)} (G={r.clusters})" for r in few.itertuples(index=False))
     return f" Fewer than {FEW_CLUSTERS} segment sets, p-values approximate: {which}."
 
 
@@ -85,13 +113,14 @@ def coefficient_table(
     digits: int = 3,
     coverage: pd.DataFrame | None = None,
 ) -> Table:
-    """The paper's Table 1 layout: rows (n, beta_k), columns language configurations.
+    """The paper's Table 1 layout: rows (n, β_k), columns language configurations (:func:`config_label`:
+    written out where the table is of one n).
 
     Each n block ends with a row ``G (clusters)``: the clusters every p-value (mark) of the
     block rests on; the caption names the inference and the instances with G < 20.  With
-    ``coverage`` (:func:`~posfair.fairness.analysis.coverage_summary`) a row ``calibrated_share``
-    follows: the fraction of the instance's documents the calibration changed ("—" for stock); a
-    calibration that changed none is marked "no-op: nothing calibrated" in the title (its
+    ``coverage`` (:func:`~posfair.fairness.analysis.coverage_summary`) a row ``calibrated share``
+    follows: the fraction of the instance's documents the calibration changed ("—" for stock), said
+    in the caption; a calibration that changed none is marked "no-op: nothing calibrated" in the title (its
     coefficients are the stock ones).
     """
     sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
@@ -119,7 +148,9 @@ def coefficient_table(
         if coverage is not None:
             index.append((int(n), SHARE_ROW))
             cells.append([format_share(share_of(coverage, calibration, n, c)) for c in configs])
-    frame = pd.DataFrame(cells, columns=configs, index=_index(index, ["n", "coefficient"]))
+    ns = sorted({int(n) for n in sub["n"]})
+    columns = [config_label(c, ns[0] if len(ns) == 1 else None) for c in configs]
+    frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "coefficient"]))
     variant = calibration if setting == "main" else f"{calibration}, control: calibrated documents vs stock segments"
     if coverage is not None and is_noop(coverage, calibration):
         variant += f" — {NOOP_LABEL}, identical to stock"
@@ -130,6 +161,7 @@ def coefficient_table(
             f"{MEASURE_TITLES[measure]}. OLS on position dummies (position 1 = baseline), cluster-robust standard "
             f"errors; G = the clusters the p-values rest on{_cluster_counts(sub)}. {_inference_caption(sub)} "
             f"Statistical significance: {MARK_LEGEND}.{_few_note(sub)}"
+            + (f" {SHARE_LEGEND}." if coverage is not None else "")
         ),
         name=f"{measure}_{metric_name_part(calibration)}_{setting}",
     )
@@ -151,7 +183,7 @@ def coefficient_detail_table(
     for n in sorted(sub["n"].unique()):
         for c in configs:
             for r in sub[(sub["n"] == n) & (sub["config"] == c)].sort_values("position").itertuples(index=False):
-                index.append((int(n), c, _coef_label(r.position)))
+                index.append((int(n), config_label(c, n), _coef_label(r.position)))
                 cells.append(
                     [
                         format_estimate(r.estimate, "", digits),
@@ -186,12 +218,12 @@ def _cluster_counts(sub: pd.DataFrame) -> str:
     parts = []
     for (n, config), g in sub.groupby(["n", "config"], sort=False):
         if g["cluster_by"].nunique() == 1:
-            parts.append(f"n={n} {config}: {g['cluster_by'].iloc[0]}")
+            parts.append(f"n={n} {config_label(config, n)}: {g['cluster_by'].iloc[0]}")
         else:
             each = ", ".join(
                 f"{_coef_label(r.position).split(' ')[0]} G={int(r.clusters)} {r.cluster_by}" for r in g.itertuples()
             )
-            parts.append(f"n={n} {config}: {each}")
+            parts.append(f"n={n} {config_label(config, n)}: {each}")
     return " (" + "; ".join(parts) + ")"
 
 
@@ -218,7 +250,7 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
     for r in summary.itertuples(index=False):
         s = pd.Series(r._asdict())
         variant = r.calibration if r.setting == "main" else f"{r.calibration} (control)"
-        index.append((int(r.n), r.config, variant))
+        index.append((int(r.n), config_label(r.config, r.n), variant))
         cells.append(
             [
                 _profile(s, "sigma"),
@@ -252,7 +284,7 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
 
 
 COVERAGE_CAPTION = (
-    "calibrated_share: fraction of the instance's documents whose embedding the calibration changes. A document whose "
+    "calibrated share: fraction of the instance's documents whose embedding the calibration changes. A document whose "
     "content (its tokens minus the isolated BOS/EOS keys) is shorter than one basket is encoded stock (the authors' rule), "
     "and so is one of exactly one basket when no isolated key is reweighted (calibration is then the identity). "
     f"Share 0 = {NOOP_LABEL}: the calibrated figures are the stock ones. Standalone segments follow the same rule."
@@ -262,7 +294,7 @@ COVERAGE_CAPTION = (
 def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
     """:func:`~posfair.fairness.analysis.coverage_summary` formatted: rows (calibration, n, configuration)."""
     cov = coverage[coverage["calibrated_share"].notna()]
-    index = [(r.calibration, int(r.n), r.config) for r in cov.itertuples(index=False)]
+    index = [(r.calibration, int(r.n), config_label(r.config, r.n)) for r in cov.itertuples(index=False)]
     cells = [
         [str(int(r.documents)), str(int(r.calibrated)), format_share(r.calibrated_share)]
         for r in cov.itertuples(index=False)
@@ -275,3 +307,17 @@ def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
     return Table(
         title=f"Calibrated share per configuration ({model})", frame=frame, caption=COVERAGE_CAPTION, name="coverage"
     )
+
+
+def headline_table(hf: pd.DataFrame, title: str, caption: str = "", name: str = "headline") -> Table:
+    """:meth:`~posfair.fairness.results.AuditResult.headline_frame` as a reader reads it: rows (n, configuration,
+    coefficient) named as the OLS tables name them (``[de, en, en]``, ``β2 (2 vs. 1)``), not by the frame's keys
+    (``[de, en, ..., en]``, ``beta_2``)."""
+    frame = hf.copy()
+    if len(frame):
+        frame.index = _index(
+            [(int(n), config_label(c, n), coef_label(k)) for n, c, k in frame.index],
+            ["n", "configuration", "coefficient"],
+        )
+    frame.columns = [str(c) for c in frame.columns]
+    return Table(title, frame, caption, name)

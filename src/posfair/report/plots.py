@@ -486,6 +486,7 @@ def tradeoff_scatter(
     panel_label: Callable[[object], str] = str,
     annotate: bool = True,
     threshold: tuple[float, str] | None = None,
+    ybounds: tuple[float, float] | None = None,
 ) -> Figure:
     """One panel per ``panel``, one point per row: columns ``panel, label, x, y, reference`` (bool).
 
@@ -495,7 +496,8 @@ def tradeoff_scatter(
     bool column ``highlight`` rings points (e.g. a chosen setting) in red.  Panels share their y axis (a
     1-point difference looks like one), point labels are moved off each other (a label that finds no free
     place is left out, its point still drawn), and ``threshold = (y, label)`` draws a dashed line (e.g. the
-    constraint's feasibility limit).
+    constraint's feasibility limit).  ``ybounds``: the values y can take (a recall: ``(0, 1)``), see
+    :func:`keep_within`.
     """
     panels = list(dict.fromkeys(points["panel"]))
     fig = new_figure((min(4.2 * max(1, len(panels)) + 0.4, 12.0), 3.8 if len(panels) <= 3 else 4.2))
@@ -546,6 +548,8 @@ def tradeoff_scatter(
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(lab, h)
     finish(fig, title=title, subtitle=subtitle, handles=list(legend.values()), labels=list(legend))
+    if ybounds is not None:
+        keep_within(axes[0][0], ybounds)  # (the panels share their y axis)
     spread_labels(fig)
     return fig
 
@@ -603,13 +607,14 @@ def front_lines(
     title: str = "",
     subtitle: str = "",
     threshold: tuple[float, str] | None = None,
+    ybounds: tuple[float, float] | None = None,
 ) -> Figure:
     """Several Pareto fronts on one axes: columns ``series, label, x, y, on_front, reference, highlight`` (bools).
 
     Every point of a series is a faint dot in the series' colour; its front (``on_front``)
     is joined by a line in order of ``x``; reference points (the stock model) are one
     black star; ``highlight`` points (the chosen setting) are ringed in red and labelled
-    in a box so the label stays legible over the lines.
+    in a box so the label stays legible over the lines.  ``ybounds``: the values y can take (:func:`keep_within`).
     """
     fig = new_figure((7.2, 4.8))
     ax = fig.subplots()
@@ -650,9 +655,43 @@ def front_lines(
     ax.grid(alpha=0.3, lw=0.5)
     handles, labels = ax.get_legend_handles_labels()
     finish(fig, title=title, subtitle=subtitle, handles=handles, labels=labels)
+    if ybounds is not None:
+        keep_within(ax, ybounds)
     for label in chosen:
         place_label(fig, label)
     return fig
+
+
+def keep_within(ax, bounds: tuple[float, float]) -> None:
+    """The y axis of a quantity that lives in ``bounds`` (a recall in [0, 1]): matplotlib's margin beyond a bound
+    is cut to the room the largest marker needs to be drawn whole, and no tick beyond a bound is labelled (there
+    is no recall of 1.02).  Call it once the figure's layout is set (after :func:`finish`): the room is measured
+    in points on the drawn axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PathCollection
+
+    lo, hi = bounds
+    a, b = ax.get_ylim()
+    if a < lo or b > hi:
+        fig = ax.figure
+        FigureCanvasAgg(fig)
+        fig.canvas.draw()  # the axes' height after the layout
+        sizes = [float(np.max(c.get_sizes())) for c in ax.collections
+                 if isinstance(c, PathCollection) and len(c.get_offsets()) and len(c.get_sizes())]  # fmt: skip
+        room = np.sqrt(max(sizes, default=0.0)) / 2 + 1.5  # the largest marker's radius and a little, in points
+        f = min(room / (ax.bbox.height * 72 / fig.dpi), 0.25)  # as a share of the axis
+        # new limits A, B: B = hi + f (B - A) where the top is cut, A = lo - f (B - A) where the bottom is
+        if a < lo and b > hi:
+            span = (hi - lo) / (1 - 2 * f)
+            a, b = lo - f * span, hi + f * span
+        elif b > hi:
+            b = (hi - f * a) / (1 - f)
+        else:
+            a = (lo - f * b) / (1 - f)
+        ax.set_ylim(a, b)
+    eps = 1e-9 * max(1.0, abs(hi - lo))
+    ax.set_yticks([min(max(t, lo), hi) for t in ax.get_yticks() if lo - eps <= t <= hi + eps])  # 1.0000000002 is 1
+    ax.set_ylim(a, b)  # (set_yticks may widen the view to its ticks)
 
 
 def _text_box(t, renderer):

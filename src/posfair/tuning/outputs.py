@@ -43,6 +43,8 @@ _NAMES = {
     "psi": "PSI",
     "ndcg@10": "nDCG@10",
 }
+#: the values a guard metric can take: its figures' axis labels none beyond them
+_BOUNDS = {"recall": (0.0, 1.0), "ndcg@10": (0.0, 1.0)}
 
 
 def _columns(result: TuneResult, frame: pd.DataFrame) -> list[str]:
@@ -182,6 +184,7 @@ def tradeoff_figure(result: TuneResult):
         subtitle=relabel(tuning_subtitle(result), names),
         annotate=True,
         threshold=_feasibility(result),
+        ybounds=_BOUNDS.get(result.guard),
     )
 
 
@@ -228,6 +231,7 @@ def fronts_figure(result: TuneResult):
         title=f"Pareto front of each calibration variant (dev split, {result.objective['name']} objective)",
         subtitle=relabel(tuning_subtitle(result), names),
         threshold=_feasibility(result),
+        ybounds=_BOUNDS.get(result.guard),
     )
 
 
