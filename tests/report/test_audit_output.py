@@ -202,6 +202,15 @@ def test_the_headline_and_ols_tables_name_their_rows_in_words(results, tmp_path)
     )
 
 
+def test_the_terminal_summary_names_its_rows_as_the_report_does(results):
+    """``posfair audit``'s terminal table: configuration and coefficient as in the report's headline."""
+    from posfair.cli.runs import summary_table
+
+    header, rows = summary_table(results[0])
+    assert header[:3] == ["n", "configuration", "coefficient"]
+    assert [r[1:3] for r in rows] == [["[de, en, en]", "β2 (2 vs. 1)"], ["[de, en, en]", "β3 (3 vs. 1)"]]
+
+
 def test_a_short_mixed_configuration_is_written_out_in_every_table(results):
     """n = 3: "[de, en, en]" in every table of the page (headline, OLS, detail, fidelity, coverage, sampling), not
     "[de, en, ..., en]", which is longer; the ellipsis only where it saves room (n = 5) or the column holds

@@ -22,9 +22,12 @@ SUMMARY_CAPTION = (
 
 
 def summary_table(result) -> tuple[list[str], list[list[str]]]:
-    """The headline coefficients of an audit: header and rows (n, configuration, coef, each variant, G)."""
-    hf = result.headline_frame()
-    header = ["n", "configuration", "coef", *[str(c) for c in hf.columns]]
+    """The headline coefficients of an audit: header and rows (n, configuration, coefficient, each variant, G), the
+    rows named as the report's headline names them (``[de, en, en]``, ``β2 (2 vs. 1)``)."""
+    from posfair.fairness.audit_tables import headline_table
+
+    hf = headline_table(result.headline_frame(), "").frame
+    header = ["n", "configuration", "coefficient", *[str(c) for c in hf.columns]]
     rows = [[str(n), cfg, coef, *[str(v) for v in row.tolist()]] for (n, cfg, coef), row in hf.iterrows()]
     return header, rows
 
