@@ -168,15 +168,7 @@ def run_sweep(
     out = Path(out_dir)
     store = store or EmbeddingStore(out / "embeddings")
     fp = model_fingerprint(model)
-    settings: list[DocumentStrategy] = []
-    if include_stock:
-        settings.append(STOCK)
-    if sea is not None:
-        settings.append(sea)
-    settings += list({lc.key(): lc for lc in late}.values())
-    settings += list({c.key(): c for c in calibrations}.values())
-    if not settings:
-        raise ValueError("nothing to run: no calibration, stock run disabled, no SEA and no late chunking")
+    settings = _sweep_settings(calibrations, include_stock, sea, late)
     evaluators = [
         PositionalRetrievalEvaluator(
             benchmark,
@@ -194,7 +186,51 @@ def run_sweep(
         )
         for documents in settings
     ]
-    manifest = {
+    manifest = _sweep_manifest(model, fp, benchmark, evaluators, top_k, search_scope)
+    key = {k: manifest[k] for k in _SWEEP_KEY}
+    manifest["settings"] = _check_resumable(out, key, manifest["settings"])
+    sweep_fp = content_fingerprint(key)
+    state = ["runs", *([store.root] if hasattr(store, "root") else [])]
+    with RunFolder(out, "retrieval", key, state=state):
+        _write_key_file(out, manifest)
+        results, shared = _evaluate_settings(model, evaluators, settings, out, sweep_fp)
+        _report_partial_runs(results, benchmark)
+        write_results(results, out)
+    if shared is not None:
+        logger.debug("%s: %s", benchmark.name, shared.summary())
+    return results
+
+
+def _sweep_settings(
+    calibrations: Sequence[Calibration],
+    include_stock: bool,
+    sea: SegmentEmbedAverage | None,
+    late: Sequence[LateChunking],
+) -> list[DocumentStrategy]:
+    """The sweep's settings in their order: stock, SEA, each late-chunking strategy, each calibration (duplicates
+    dropped); ValueError when there is none."""
+    settings: list[DocumentStrategy] = []
+    if include_stock:
+        settings.append(STOCK)
+    if sea is not None:
+        settings.append(sea)
+    settings += list({lc.key(): lc for lc in late}.values())
+    settings += list({c.key(): c for c in calibrations}.values())
+    if not settings:
+        raise ValueError("nothing to run: no calibration, stock run disabled, no SEA and no late chunking")
+    return settings
+
+
+def _sweep_manifest(
+    model: Any,
+    fp: str,
+    benchmark: RetrievalBenchmark,
+    evaluators: list[PositionalRetrievalEvaluator],
+    top_k: int,
+    search_scope: str,
+) -> dict[str, Any]:
+    """What the sweep's results are computed from (its key, :data:`_SWEEP_KEY`) and its settings' run names."""
+    return {
         "model": fp,
         "max_seq_length": model.max_seq_length,
         "benchmark": benchmark.summary() | {"fingerprint": benchmark.fingerprint()},
@@ -204,37 +240,42 @@ def run_sweep(
         "result_format": RESULT_FORMAT,
         "settings": [_run_name(e) for e in evaluators],
     }
-    key = {k: manifest[k] for k in _SWEEP_KEY}
-    manifest["settings"] = _check_resumable(out, key, manifest["settings"])
-    sweep_fp = content_fingerprint(key)
-    state = ["runs", *([store.root] if hasattr(store, "root") else [])]
+
+
+def _write_key_file(out: Path, manifest: dict[str, Any]) -> None:
+    """Write retrieval.json; a former sweep.json is removed (its content was checked and is now in retrieval.json)."""
+    former = _key_file(out)
+    atomic_write_json(out / SWEEP_FILE, manifest)
+    if former.name == FORMER_SWEEP_FILE:
+        former.unlink(missing_ok=True)
+
+
+def _evaluate_settings(
+    model: Any,
+    evaluators: list[PositionalRetrievalEvaluator],
+    settings: list[DocumentStrategy],
+    out: Path,
+    sweep_fp: str,
+) -> tuple[list[RetrievalResult], Any]:
+    """Each setting's result: read back from ``runs/`` when this sweep finished it, else evaluated (a no-op
+    calibration recorded, not evaluated) and written there.  Also returns the stock layers shared (or None)."""
     results = []
-    with RunFolder(out, "retrieval", key, state=state):
-        former = _key_file(out)
-        atomic_write_json(out / SWEEP_FILE, manifest)
-        if former.name == FORMER_SWEEP_FILE:  # its content checked above and now in retrieval.json
-            former.unlink(missing_ok=True)
-        # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.model.stock_layers)
-        with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
-            _stock_pass_if_worth_it(model, evaluators, out)
-            for ev in evaluators:
-                run_path = out / "runs" / f"{_run_name(ev)}.json"
-                done = _finished_run(run_path, sweep_fp)
-                if done is not None:
-                    results.append(done)
-                    continue
-                share = ev.calibrated_share(model)
-                logger.info(
-                    "%s: %s%s", benchmark.name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else ""
-                )
-                result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
-                atomic_write_json(run_path, result.to_dict() | {"sweep": sweep_fp})
-                results.append(result)
-        _report_partial_runs(results, benchmark)
-        write_results(results, out)
-    if shared is not None:
-        logger.debug("%s: %s", benchmark.name, shared.summary())
-    return results
+    # stock runs first: its layers below the calibrations' first calibrated layer serve them all (posfair.model.stock_layers)
+    with sharing_stock_layers(model, [c for c in settings if isinstance(c, Calibration)]) as shared:
+        _stock_pass_if_worth_it(model, evaluators, out)
+        for ev in evaluators:
+            run_path = out / "runs" / f"{_run_name(ev)}.json"
+            done = _finished_run(run_path, sweep_fp)
+            if done is not None:
+                results.append(done)
+                continue
+            share = ev.calibrated_share(model)
+            name = ev.benchmark.name
+            logger.info("%s: %s%s", name, ev.setting, f" ({NOOP_LABEL}, not evaluated)" if share == 0 else "")
+            result = ev.noop_result(share) if share == 0 else ev.evaluate(model)
+            atomic_write_json(run_path, result.to_dict() | {"sweep": sweep_fp})
+            results.append(result)
+    return results, shared
 
 
 #: what a sweep's results are computed from besides each setting: a folder holding a sweep of other values is refused
