@@ -664,11 +664,12 @@ def front_lines(
 
 def keep_within(ax, bounds: tuple[float, float]) -> None:
     """The y axis of a quantity that lives in ``bounds`` (a recall in [0, 1]): matplotlib's margin beyond a bound
-    is cut to the room the largest marker needs to be drawn whole, and no tick beyond a bound is labelled (there
-    is no recall of 1.02).  Call it once the figure's layout is set (after :func:`finish`): the room is measured
+    is cut to the room the largest marker needs to be drawn whole (and a point's label, where the axes label
+    points), and no tick beyond a bound is labelled (there is no recall of 1.02).  Call it once the figure's layout is set (after :func:`finish`): the room is measured
     in points on the drawn axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import PathCollection
+    from matplotlib.text import Annotation
 
     lo, hi = bounds
     a, b = ax.get_ylim()
@@ -679,6 +680,8 @@ def keep_within(ax, bounds: tuple[float, float]) -> None:
         sizes = [float(np.max(c.get_sizes())) for c in ax.collections
                  if isinstance(c, PathCollection) and len(c.get_offsets()) and len(c.get_sizes())]  # fmt: skip
         room = np.sqrt(max(sizes, default=0.0)) / 2 + 1.5  # the largest marker's radius and a little, in points
+        labels = [t.get_fontsize() for t in ax.texts if isinstance(t, Annotation)]
+        room = max(room, max(labels, default=0.0) + 8)  # a point's label above it, as below it, inside the axes
         f = min(room / (ax.bbox.height * 72 / fig.dpi), 0.25)  # as a share of the axis
         # new limits A, B: B = hi + f (B - A) where the top is cut, A = lo - f (B - A) where the bottom is
         if a < lo and b > hi:
