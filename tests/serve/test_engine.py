@@ -127,3 +127,46 @@ def test_a_server_without_request_calibration_refuses_another_one_but_takes_its_
     )
     assert stock.status == 400 and stock.error["error"]["code"] == "calibration_not_allowed"
     assert own.status == 200
+
+
+def test_documents_batched_together_get_each_ones_late_chunking_in_fewer_passes(tiny):
+    """Documents of several /v1/segments requests answered by one segments_many share forward passes (the 96-token
+    budget: the four short ones in one pass, the long one alone); each answer equals the same document's late
+    chunking alone (stock: posfair's LateChunking; calibrated: segments() of that request alone)."""
+    from posfair.retrieval.late import LateChunking
+    from posfair.spans import join_segments
+
+    model, spec = tiny
+    engine = Engine(model, spec, request_calibration=True)
+    docs = [[t[:24] for t in texts_of(2 + k % 3, seed=10 + k)] for k in range(4)]  # short: 4 of them fit one pass
+    docs.append([t[:80] for t in texts_of(5, seed=30)])  # long: a pass of its own
+    reqs = [EmbeddingRequest(tuple(d), calibration="stock") for d in docs]
+    reqs += [EmbeddingRequest(tuple(d), calibration="8,1,1,queries=all") for d in (docs[4], docs[0])]  # calibrated
+    prepared = [engine.document(r) for r in reqs]
+    # per calibration, the long one alone (two of it exceed 96 padded tokens), then the short ones: 2 + 2 passes
+    assert 4 * max(p.tokens for p in prepared[:4]) <= 96 < 2 * prepared[4].tokens
+    answers = engine.segments_many(prepared)
+    assert {(a.batch_requests, a.forward_passes) for a in answers} == {(len(reqs), 4)}
+    for d, ans in zip(docs, answers[:5], strict=True):
+        doc, spans = join_segments(d)
+        want = LateChunking(chunks=8)._compute(model, [doc], [spans])[0]
+        np.testing.assert_allclose(ans.vectors, want, rtol=0, atol=1e-5)
+        assert ans.tokens == len(model.tokenizer(doc)["input_ids"])
+    for req, ans in zip(reqs[5:], answers[5:], strict=True):
+        alone = engine.segments(req)
+        assert (alone.batch_requests, alone.forward_passes) == (1, 1)
+        np.testing.assert_allclose(ans.vectors, alone.vectors, rtol=0, atol=1e-5)
+    assert np.abs(answers[5].vectors - answers[4].vectors).max() > 1e-4  # calibrated
+
+
+def test_a_running_serve_instance_is_joined_only_where_it_listens_and_with_no_conflicting_application():
+    from posfair.serve.runner import RunningServe, serve_conflict
+
+    assert serve_conflict("127.0.0.1", 8000, None) is None  # no Serve there: this server starts it
+    assert serve_conflict("127.0.0.1", 8000, RunningServe("127.0.0.1", 8000, {"other": "/other"})) is None
+    moved = serve_conflict("0.0.0.0", 9000, RunningServe("127.0.0.1", 8000, {}))
+    assert "listening at http://127.0.0.1:8000, not at http://0.0.0.0:9000" in moved and "--port 8000" in moved
+    ours = serve_conflict("127.0.0.1", 8000, RunningServe("127.0.0.1", 8000, {"posfair-encoder": None}))
+    assert "with a posfair server (application 'posfair-encoder')" in ours
+    root = serve_conflict("127.0.0.1", 8000, RunningServe("127.0.0.1", 8000, {"shop": "/", "b": "/b"}))
+    assert "application 'shop' takes the route '/'" in root

@@ -2,9 +2,12 @@
 
 The server is the command as a shell runs it (forked by tests/forked.py), on a local Ray instance of its own, one
 replica, serving a seeded tiny BERT saved as a sentence-transformers folder with e5-style prompts (``query: ``,
-``passage: `` the default), calibrated 16,0.5,0.5, with an API key and per-request calibrations.  Every vector is
-checked against ``encode_cached`` of the same texts, model, calibration and prompt in this process.  The last two
-tests kill the replica (SIGKILL, with requests in flight) and stop the server (SIGTERM): they run in file order.
+``passage: `` the default), calibrated 16,0.5,0.5, with an API key, per-request calibrations and ``--truncate``
+(texts over the 64-token limit are truncated; the refusal of such a text without it is checked on the engine, in
+test_engine.py).  The fixture watches it start: its URL printed as soon as the gateway answers, then 503 until the
+model is loaded.  Every vector is checked against ``encode_cached`` of the same texts, model, calibration and prompt
+in this process.  The last two tests kill the replica (SIGKILL, with requests in flight) and stop the server
+(SIGTERM): they run in file order.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -27,6 +31,7 @@ from forked import run_forked, server
 from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.encoding import encode_cached
+from posfair.serve.deployments import BATCH_HEADER, PASSES_HEADER, TRUNCATED_HEADER
 from posfair.serve.openai_api import MAX_BODY_BYTES
 from ray_sessions import session_of, session_processes, session_settles, sessions
 
@@ -52,9 +57,9 @@ def free_port() -> int:
 class Server:
     stopped = False
 
-    def __init__(self, run, url, session, health_seen, model, name):
-        self.run, self.url, self.session, self.health_seen, self.model, self.name = (
-            run, url, session, health_seen, model, name)  # fmt: skip
+    def __init__(self, run, url, session, loading, model, name):
+        self.run, self.url, self.session, self.loading, self.model, self.name = (
+            run, url, session, loading, model, name)  # fmt: skip
 
     def post(self, path: str, payload, key: str | None = KEY, raw: bytes | None = None, timeout: float = 60):
         """(status, headers, JSON body) of a POST."""
@@ -75,12 +80,13 @@ class Server:
 
 
 def fetch(req, timeout):
-    """(status, headers, JSON body or the text of a body that is not JSON)."""
+    """(status, headers (names in lower case), JSON body or the text of a body that is not JSON)."""
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, headers, raw = r.status, dict(r.headers), r.read()
+            status, headers, raw = r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        status, headers, raw = e.code, dict(e.headers), e.read()
+        status, headers, raw = e.code, e.headers, e.read()
+    headers = {k.lower(): v for k, v in headers.items()}
     try:
         return status, headers, json.loads(raw)
     except ValueError:
@@ -133,22 +139,33 @@ def srv(model_folder, local_model, tmp_path_factory):
     port = free_port()
     os.environ[KEY_VAR] = KEY
     args = ["serve", "--model", str(model_folder), "--max-seq-length", str(LIMIT), "--calibration", "16,0.5,0.5",
-            "--port", str(port), "--api-key-env", KEY_VAR, "--request-calibration", "--max-batch-tokens", "256"]  # fmt: skip
+            "--port", str(port), "--api-key-env", KEY_VAR, "--request-calibration", "--max-batch-tokens", "256",
+            "--truncate"]  # fmt: skip
     before = sessions()
     run = server().start(args, tmp_path_factory.mktemp("serve-cwd"))
-    url, seen, srv = f"http://127.0.0.1:{port}", [], None
+    url, srv = f"http://127.0.0.1:{port}", None
     try:
         deadline = time.monotonic() + 240
-        while "serving" not in (run.out.read_text() if run.out.exists() else ""):
-            assert time.monotonic() < deadline, "the server did not start in time"
+
+        def printed(what: str) -> bool:
+            assert time.monotonic() < deadline, f"the server did not print {what!r} in time"
             err = run.err.read_text() if run.err.exists() else ""
             assert "error:" not in err, err
-            try:
-                seen.append(fetch(urllib.request.Request(url + "/health"), 10)[0])
-            except OSError:  # not listening yet
-                pass
-            time.sleep(0.3)
-        srv = Server(run, url, session_of(run.pid, before), seen, local_model, str(model_folder))
+            return what in (run.out.read_text() if run.out.exists() else "")
+
+        while not printed(f"listening on {url}"):
+            time.sleep(0.1)
+        # from the URL on: /health and /v1/embeddings, in turn, until /health answers 200 (the model is loaded)
+        loading, payload = [], {"model": str(model_folder), "input": "a text"}
+        auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        while not loading or loading[-2][:2] != ("/health", 200):
+            for path, data in (("/health", None), ("/v1/embeddings", json.dumps(payload).encode())):
+                loading.append((path, *fetch(urllib.request.Request(url + path, data=data, headers=auth), 30)))
+            assert time.monotonic() < deadline, loading[-2:]
+            time.sleep(0.1)
+        while not printed("serving"):
+            time.sleep(0.1)
+        srv = Server(run, url, session_of(run.pid, before), loading, local_model, str(model_folder))
         yield srv
     finally:
         os.environ.pop(KEY_VAR, None)
@@ -158,9 +175,22 @@ def srv(model_folder, local_model, tmp_path_factory):
 
 
 def test_health_and_models(srv):
-    assert srv.url in srv.run.out.read_text() and "Ctrl-C stops it" in srv.run.out.read_text()
-    assert srv.health_seen[-1] == 200 and set(srv.health_seen) <= {404, 503, 200}, srv.health_seen
+    out = srv.run.out.read_text()
+    assert "Ctrl-C stops it" in out and out.index(f"listening on {srv.url}") < out.index(f"at {srv.url} "), out
     assert srv.get("/health", key=None)[0] == 200
+
+
+def test_the_url_is_printed_while_the_model_loads_and_answers_503_until_it_is_loaded(srv):
+    """From the moment the URL is printed, /health and /v1/embeddings answer 503 (OpenAI's error shape) while the
+    model replicas load, then 200: never 404 (no gateway yet), never a 200 before the model is loaded."""
+    statuses = [status for _, status, _, _ in srv.loading]
+    assert set(statuses) <= {503, 200} and statuses[0] == 503, statuses
+    assert statuses == sorted(statuses, key=lambda s: s == 200), statuses  # 503 ... 503 200 ... 200
+    for path in ("/health", "/v1/embeddings"):
+        first = next(x for x in srv.loading if x[0] == path)
+        assert first[1] == 503 and first[3]["error"]["code"] == "service_unavailable", first
+        assert set(first[3]["error"]) == {"message", "type", "param", "code"}
+        assert "loading" in first[3]["error"]["message"] and first[2].get("retry-after") == "1"
     status, _, body = srv.get("/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == [srv.name]
 
@@ -236,6 +266,75 @@ def test_segments_are_late_chunking_of_the_whole_document(srv):
     assert body["usage"]["prompt_tokens"] == len(enc["input_ids"])
 
 
+def truncated(model, text: str, prompt: str = "passage: ") -> str:
+    """The longest start of ``text`` whose tokens, with the prompt and the special tokens, fit the token limit."""
+    enc = model.tokenizer(prompt + text, return_offsets_mapping=True, truncation=True, max_length=LIMIT)
+    cut = text[: max(e for s, e in enc["offset_mapping"] if e > s) - len(prompt)]
+    assert len(model.tokenizer(prompt + cut)["input_ids"]) == LIMIT < len(model.tokenizer(prompt + text)["input_ids"])
+    return cut
+
+
+def test_truncate_encodes_the_truncated_text_and_says_so_in_a_header(srv):
+    """--truncate: a text over the 64-token limit gets the vector encode gives the start of it that fits, the
+    answer's X-Posfair-Truncated header counts such texts, and usage counts the tokens encoded."""
+    long, short = "word " * 100, "a short text"
+    status, headers, body = srv.post("/v1/embeddings", {"model": srv.name, "input": [long, short]})
+    assert status == 200 and headers.get(TRUNCATED_HEADER.lower()) == "1", (status, headers, body)
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    want = encode_cached(srv.model, [truncated(srv.model, long), short], calibration=CAL)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == LIMIT + len(srv.model.tokenizer("passage: " + short)["input_ids"])
+    status, headers, _ = srv.post("/v1/embeddings", {"model": srv.name, "input": [short]})
+    assert status == 200 and TRUNCATED_HEADER.lower() not in headers
+
+
+def test_truncate_gives_a_long_documents_segments_late_chunking_of_its_start(srv):
+    """--truncate at /v1/segments: a document over the limit is cut there (the header says 1), each segment's
+    vector is the late chunking of the document's start that fits (its last segment cut short)."""
+    from posfair.retrieval.late import LateChunking
+    from posfair.spans import join_segments
+
+    segs = ["The first section of the report. " * 4, "The second section, cut by the limit. " * 4]
+    doc, spans = join_segments(segs)
+    cut = truncated(srv.model, doc)
+    status, headers, body = srv.post("/v1/segments", {"model": srv.name, "input": segs, "calibration": "stock"})
+    assert status == 200 and headers.get(TRUNCATED_HEADER.lower()) == "1", (status, headers, body)
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    want = LateChunking(chunks=8)._compute(srv.model, [cut], [[(a, min(b, len(cut))) for a, b in spans]])[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == LIMIT
+
+
+def test_segments_requests_arriving_together_share_forward_passes(srv):
+    """12 /v1/segments requests at once (stock and the server's calibration, in turn): each gets the vectors it gets
+    alone (and, stock, posfair's late chunking), in fewer forward passes than requests -- each answer says how many
+    requests its batch held and how many passes that batch took, so the passes add up to sum(passes / requests)."""
+    from posfair.retrieval.late import LateChunking
+    from posfair.spans import join_segments
+
+    rng = np.random.default_rng(7)
+    words = "late chunking pools the token states of a whole document over each of its segments".split()
+    docs = [[" ".join(rng.choice(words, size=int(rng.integers(2, 7)))) for _ in range(2 + i % 3)] for i in range(12)]
+    payloads = [
+        {"model": srv.name, "input": d, **({"calibration": "stock"} if i % 2 else {})} for i, d in enumerate(docs)
+    ]
+    alone = [srv.post("/v1/segments", p) for p in payloads]
+    with ThreadPoolExecutor(len(payloads)) as pool:
+        together = list(pool.map(lambda p: srv.post("/v1/segments", p), payloads))
+    for i, (a, t) in enumerate(zip(alone, together, strict=True)):
+        assert a[0] == t[0] == 200, (a, t)
+        vecs = [np.array([d["embedding"] for d in x[2]["data"]], dtype=np.float32) for x in (a, t)]
+        np.testing.assert_allclose(vecs[1], vecs[0], rtol=0, atol=1e-5)
+        if i % 2:
+            doc, spans = join_segments(docs[i])
+            want = LateChunking(chunks=8)._compute(srv.model, [doc], [spans])[0]
+            np.testing.assert_allclose(vecs[1], want, rtol=0, atol=1e-5)
+    assert {(a[1][BATCH_HEADER.lower()], a[1][PASSES_HEADER.lower()]) for a in alone} == {("1", "1")}
+    sizes = [int(t[1][BATCH_HEADER.lower()]) for t in together]
+    passes = sum(Fraction(int(t[1][PASSES_HEADER.lower()]), int(t[1][BATCH_HEADER.lower()])) for t in together)
+    assert max(sizes) > 1 and passes.denominator == 1 and passes < len(payloads), (sizes, passes)
+
+
 def test_bad_requests_get_the_openai_error_shape(srv):
     name = srv.name
     cases = [
@@ -243,7 +342,6 @@ def test_bad_requests_get_the_openai_error_shape(srv):
         (dict(payload={"model": name, "input": 7}), 400, "input"),
         (dict(payload={"model": name, "input": []}), 400, "input"),
         (dict(payload={"model": name, "input": ["a"] * 2049}), 400, "input"),
-        (dict(payload={"model": name, "input": ["word " * 100]}), 400, "input"),  # over the 64-token limit
         (dict(payload={"model": name, "input": "x", "prompt_name": "nope"}), 400, "prompt_name"),
         (dict(payload={"model": name, "input": "x", "calibration": "16,0.5,0.5,prior=/etc/hosts"}), 400, "calibration"),
         (dict(payload={"model": name, "input": "x", "calibration": "16,99,1"}), 400, "calibration"),
@@ -259,8 +357,9 @@ def test_bad_requests_get_the_openai_error_shape(srv):
     # a body over the limit is refused on its declared length, before it is read
     status, body = declared_body(srv, MAX_BODY_BYTES + 1)
     assert status == 413 and body["error"]["code"] == "request_too_large", body
-    over, _, body = srv.post("/v1/segments", {"model": name, "input": ["word " * 40, "more " * 40]})
-    assert over == 400 and body["error"]["code"] == "context_length_exceeded"
+    # --truncate: a segment wholly beyond the 64-token limit has no token state to pool
+    over, _, body = srv.post("/v1/segments", {"model": name, "input": ["word " * 70, "more"]})
+    assert over == 400 and body["error"]["param"] == "input" and "beyond the token limit" in body["error"]["message"]
 
 
 def test_no_request_text_is_logged(srv):
@@ -278,6 +377,21 @@ def test_no_request_text_is_logged(srv):
             except OSError:
                 pass
     assert not found, found
+
+
+def test_a_serve_instance_already_on_the_cluster_is_named_and_refused(srv, tmp_path):
+    """--ray-address with Ray Serve already running there (this module's server): refused with one error line naming
+    the instance's address and the posfair server on it, exit 2, before the model loads; that server is untouched.
+    (Serve elsewhere on a cluster, without a posfair server: test_engine.py, on serve_conflict.)"""
+    (gcs_port,) = [p.read_text().strip() for p in srv.session.glob("gcs_server_port_*")]
+    address = f"127.0.0.1:{gcs_port}"
+    with pytest.MonkeyPatch.context() as mp:  # a local Ray instance uses token authentication (~/.ray/auth_token)
+        mp.setenv("RAY_AUTH_MODE", "token")
+        res = run_forked(["serve", "--model", srv.name, "--ray-address", address, "--port", str(free_port())], tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith(f"error: --ray-address {address}: "), res
+    assert f"Ray Serve already runs on this cluster, listening at {srv.url} with a posfair server" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "starting" not in res.stdout, res
+    assert srv.get("/health", key=None)[0] == 200
 
 
 def cpu_seconds(pid: int) -> float:

@@ -50,7 +50,12 @@ def serve(
             "--ray-address",
             metavar="ADDRESS",
             show_default="a local Ray instance of its own",
-            help="Serve on a running Ray cluster: 'auto' or 'ray://host:port'.",
+            help=(
+                "Serve on a running Ray cluster: 'auto' or 'ray://host:port'. A Ray Serve instance already running "
+                "there keeps the address it started with, so posfair serves there only at that --host/--port, "
+                "beside no other posfair server and no application on route '/'; otherwise it refuses (exit 2) "
+                "before loading anything, naming the instance's address."
+            ),
         ),
     ] = None,
     max_batch_tokens: Annotated[
@@ -59,7 +64,10 @@ def serve(
             "--max-batch-tokens",
             parser=integer(1),
             metavar="TOKENS",
-            help="Padded-token budget of one forward pass (requests arriving together share passes).",
+            help=(
+                "Padded-token budget of one forward pass; requests arriving together share passes (a batch of "
+                "/v1/segments requests holds documents of at most this many tokens in all)."
+            ),
         ),
     ] = 16384,
     api_key_env: Annotated[
@@ -106,6 +114,8 @@ def serve(
     cal = checks.calibration(calibration, basket_size, layers, strength)
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
+    if ray_address is not None and ray_address != "local":
+        _check_cluster(ray_address, host, port)
     # the model is loaded here once: its layers, pooling and token limit are checked before Ray starts
     fm = checks.load_model(
         model_id, device="cpu", trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
@@ -132,9 +142,10 @@ def serve(
 
 def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
     """Start the server with the checked options ``opts`` (the command's, by name) and serve until stopped."""
+    from posfair.cli.error_boundary import input_error
     from posfair.distributed.spec import EmbedSpec
     from posfair.serve.deployments import key_digest
-    from posfair.serve.runner import ServerSettings, serve_model
+    from posfair.serve.runner import ServeConflict, ServerSettings, serve_model
 
     spec = EmbedSpec(
         model=model_id,
@@ -163,6 +174,9 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
     where = "a local Ray instance" if opts["ray_address"] in (None, "local") else f"Ray at {opts['ray_address']}"
     typer.echo(f"starting: {settings.served_name} ({label}, {limit} tokens), {opts['replicas']} replica(s) on {where}")
 
+    def listening(url: str) -> None:
+        typer.echo(f"listening on {url}; loading the model (GET /health and the API answer 503 until it is ready)")
+
     def ready(url: str) -> None:
         typer.echo(
             f"serving {settings.served_name} at {url} (POST /v1/embeddings, POST /v1/segments, GET /v1/models, "
@@ -170,8 +184,31 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
             nl=True,
         )
 
-    serve_model(settings, ready)
+    try:
+        serve_model(settings, ready, on_listening=listening)
+    except ServeConflict as exc:  # the cluster changed since the command checked it
+        raise input_error("--ray-address", opts["ray_address"], str(exc)) from None
     typer.echo("stopped")
+
+
+def _check_cluster(address: str, host: str, port: int) -> None:
+    """A Ray cluster answers at ``--ray-address`` and a server on ``--host``/``--port`` can run beside what Ray
+    Serve runs there already (:func:`posfair.serve.runner.serve_conflict`), before anything is loaded."""
+    from posfair.cli.error_boundary import input_error
+    from posfair.serve.runner import cluster_conflict
+
+    try:
+        conflict = cluster_conflict(address, host, port)
+    except (ConnectionError, ValueError) as exc:  # none running there; an address Ray cannot read
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise input_error(
+            "--ray-address",
+            address,
+            f"cannot join a Ray cluster there ({why}; with token authentication, set "
+            "RAY_AUTH_MODE=token and its token as for Ray's own commands)",
+        ) from None
+    if conflict is not None:
+        raise input_error("--ray-address", address, conflict)
 
 
 def _check_port(host: str, port: int) -> None:

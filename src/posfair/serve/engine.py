@@ -6,10 +6,14 @@
   padded-token budget, exactly as ``posfair embed`` batches a shard -- and handed back per request.
   A request that cannot be served (a text over the token limit without ``--truncate``, an unknown
   prompt, a calibration the server does not allow) gets its own error; the others are unaffected.
-* :meth:`Engine.segments` answers ``/v1/segments``: one document given as its segments, joined by
-  :func:`posfair.spans.join_segments`, encoded once (calibrated or stock), each segment's vector the
-  mean of its final token states (:func:`posfair.spans.contextualised_segments`), as posfair's
-  late chunking pools them.
+* :meth:`Engine.segments_many` answers many ``/v1/segments`` requests at once: each one document given as
+  its segments, joined by :func:`posfair.spans.join_segments` and tokenised by :meth:`Engine.document`
+  (before it joins a batch: its token count is its size in Ray Serve's batch); the documents of a
+  batch are pooled per (calibration, prompt) and cut into forward passes by
+  :func:`posfair.distributed.batching.length_aware_batches` (sorted by length, each pass within the
+  padded-token budget); each segment's vector is the mean of its document's final token states over its
+  tokens (:func:`posfair.spans.contextualised_segments`), as posfair's late chunking pools them.
+  Every answer says how many requests its batch held and how many forward passes it took.
 
 The vectors are ``encode``'s (float32, as the model returns them): the same texts, model, calibration
 and prompt give ``posfair encode``'s vectors, to summation order whatever the batching.
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from posfair.calibration import STOCK, Calibration
+from posfair.distributed.batching import length_aware_batches
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import encode_shard
 from posfair.encoding import PromptedTokenizer
@@ -34,7 +39,7 @@ from posfair.model import compat
 from posfair.serve.openai_api import ApiError, EmbeddingRequest, bad
 from posfair.spans import contextualised_segments, join_segments, token_segment_index
 
-__all__ = ["Answer", "Engine"]
+__all__ = ["Answer", "Document", "Engine"]
 
 
 @dataclasses.dataclass
@@ -46,6 +51,8 @@ class Answer:
     truncated: int = 0
     error: dict | None = None
     status: int = 200
+    batch_requests: int = 0  # /v1/segments: the requests answered by the same batch (this one included)
+    forward_passes: int = 0  # /v1/segments: the forward passes that batch took
 
     @classmethod
     def refused(cls, err: ApiError) -> Answer:
@@ -59,6 +66,24 @@ class _Prepared:
     prompt: str | None  # None: the model's default prompt
     tokens: np.ndarray  # per text, as encoded (prompt and special tokens included, after truncation)
     truncated: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """A ``/v1/segments`` request checked and tokenised (:meth:`Engine.document`): what its forward pass needs."""
+
+    text: str  # the joined segments, stripped as sentence-transformers strips a text
+    cal: Any  # Calibration or STOCK
+    prompt: str | None  # None: the model's default prompt
+    ids: tuple[int, ...]  # its tokens in the forward pass (prompt and special tokens included, after truncation)
+    segment_of: np.ndarray  # each token's segment, or -1
+    n_segments: int
+    truncated: int  # 1 when the document was cut at the token limit
+    size: int  # its share of a batch's token budget: its tokens, at most the whole budget
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
 
 
 def _cal_key(cal: Any) -> str:
@@ -177,13 +202,15 @@ class Engine:
 
     # -- /v1/segments -----------------------------------------------------------------------------
     def segments(self, req: EmbeddingRequest) -> Answer:
-        """Late chunking of one document given as its segments (see the module's description)."""
+        """Late chunking of one document given as its segments (a batch of one; see the module's description)."""
         try:
-            return self._segments(req)
+            doc = self.document(req)
         except ApiError as err:
             return Answer.refused(err)
+        return self.segments_many([doc])[0]
 
-    def _segments(self, req: EmbeddingRequest) -> Answer:
+    def document(self, req: EmbeddingRequest) -> Document:
+        """A ``/v1/segments`` request's document, joined, checked and tokenised; :class:`ApiError` (400) if refused."""
         cal = self.calibration_for(req.calibration)
         prompt = self.prompt_for(req.prompt_name)
         joined, spans = join_segments(list(req.texts))
@@ -218,16 +245,54 @@ class Engine:
                 "they have no token state to pool",
                 "input",
             )
+        ids = tuple(int(i) for i in enc["input_ids"][0])
+        return Document(
+            doc, cal, prompt, ids, idx, len(spans), int(n > self.limit), min(len(ids), self.spec.max_tokens)
+        )
+
+    def segments_many(self, docs: Sequence[Document]) -> list[Answer]:
+        """One answer per document; documents of the same calibration and prompt share forward passes."""
+        answers: list[Answer | None] = [None] * len(docs)
+        groups: dict[tuple[str, str | None], list[int]] = {}
+        for i, d in enumerate(docs):
+            groups.setdefault((_cal_key(d.cal), d.prompt), []).append(i)
+        passes = 0
+        for members in groups.values():
+            for batch in length_aware_batches([docs[i].tokens for i in members], self.spec.max_tokens):
+                chosen = [members[j] for j in batch]
+                first = docs[chosen[0]]
+                outs = self._token_states([docs[i].text for i in chosen], first.cal, first.prompt)
+                passes += 1
+                for i, out in zip(chosen, outs, strict=True):
+                    answers[i] = self._pooled(docs[i], out)
+        for a in answers:
+            a.batch_requests, a.forward_passes = len(docs), passes  # type: ignore[union-attr]
+        return answers  # type: ignore[return-value]
+
+    def _token_states(self, texts: list[str], cal: Any, prompt: str | None) -> list[dict]:
+        """The model's outputs for ``texts`` in one forward pass (token states, attention mask, input ids per text)."""
         with self._lock, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
             kwargs = {"prompt": prompt} if prompt is not None else {}
-            out = self.model.encode(
-                [doc], output_value=None, convert_to_numpy=False, show_progress_bar=False, calibration=cal, **kwargs
-            )[0]
+            return self.model.encode(
+                texts,
+                output_value=None,
+                convert_to_numpy=False,
+                show_progress_bar=False,
+                batch_size=len(texts),
+                calibration=cal,
+                **kwargs,
+            )
+
+    @staticmethod
+    def _pooled(doc: Document, out: dict) -> Answer:
+        """A document's segment vectors: the mean of its final token states over each segment's tokens."""
         valid = out["attention_mask"].bool().cpu().numpy()
         ids = out["input_ids"].cpu().numpy()[valid]
-        if list(ids) != list(enc["input_ids"][0]):
-            raise ApiError(500, "the model tokenised the document differently from its tokenizer", "server_error")
+        if tuple(int(i) for i in ids) != doc.ids:
+            return Answer.refused(
+                ApiError(500, "the model tokenised the document differently from its tokenizer", "server_error")
+            )
         states = out["token_embeddings"].float().cpu().numpy()[valid]
-        vectors = contextualised_segments(states, idx, len(spans)).astype(np.float32)
-        return Answer(vectors, int(len(ids)), int(n > self.limit))
+        vectors = contextualised_segments(states, doc.segment_of, doc.n_segments).astype(np.float32)
+        return Answer(vectors, doc.tokens, doc.truncated)
