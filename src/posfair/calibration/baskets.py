@@ -59,7 +59,12 @@ the formula above):
 :func:`basket_weights` is the formula on per-basket masses (what each basket and isolated key
 weighs afterwards); :func:`calibrate_rows` (whole rows), :func:`calibrate_span_` (in place, many
 rows of one span) and the fused kernel (:mod:`posfair.calibration.fused`) all call it, and all
-decide whether a row is calibrated with :func:`posfair.calibration.rule.engine_calibrates`.
+decide whether a row is calibrated with :func:`posfair.calibration.rule.engine_calibrates` and count
+baskets with :func:`posfair.calibration.rule.basket_count`.
+
+Every function takes the settings as one value, a :class:`~posfair.calibration.params.BasketSettings`
+(:meth:`ResolvedCalibration.baskets <posfair.calibration.params.ResolvedCalibration.baskets>` builds it
+for a layer), or its fields as keywords (``calibrate_rows(w, 0, 4, basket_size=2, strength=0.5)``).
 
 The function is vectorised over any leading dimensions (batch, heads, query
 rows) and is independent of torch's autograd state and of any model.
@@ -68,10 +73,11 @@ rows) and is independent of torch's autograd state and of any model.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
-from posfair.calibration.params import Share
+from posfair.calibration.params import BasketSettings, Share
 from posfair.calibration.rule import basket_count, engine_calibrates
 
 __all__ = ["basket_centres", "basket_weights", "calibrate_rows", "calibrate_span_", "prior_at"]
@@ -135,17 +141,10 @@ def calibrate_rows(
     weights: torch.Tensor,
     start: torch.Tensor | int,
     end: torch.Tensor | int,
+    settings: BasketSettings | None = None,
     *,
-    basket_size: int,
-    strength: float = 1.0,
-    isolate_bos: bool = False,
-    isolate_eos: bool = False,
-    bos_weight: Share = "original",
-    eos_weight: Share = "equal",
-    prior: Sequence[float] | torch.Tensor | None = None,
-    self_share: float | None = None,
     self_key: torch.Tensor | int | None = None,
-    trailing: str = "basket",
+    **fields,
 ) -> torch.Tensor:
     """Calibrate attention rows.
 
@@ -153,67 +152,49 @@ def calibrate_rows(
         weights: post-softmax attention, shape ``(..., K)``.
         start, end: first / last valid key index of each row (inclusive),
             broadcastable to ``weights.shape[:-1]``.
-        basket_size, strength, isolate_bos, isolate_eos, bos_weight, eos_weight:
-            see the module docstring and :class:`posfair.Calibration`.
-        prior: the positional-prior variant's density vector for this layer (None: equal mass per basket).
-        self_share, self_key: the self-attention-share variant: rho and the index of each
-            row's own key (broadcastable to ``weights.shape[:-1]``; required with ``self_share``).
-        trailing: the trailing-basket policy (``"basket"``, ``"merge"`` or ``"weighted"``).
+        settings: the calibration in this layer (see the module docstring and :class:`posfair.Calibration`),
+            or its fields as keywords (``basket_size=4, strength=0.5, ...``; :class:`BasketSettings`' defaults).
+        self_key: with a self-attention share, the index of each row's own key (broadcastable to
+            ``weights.shape[:-1]``; required then).
 
     Returns:
         A tensor of the shape of ``weights`` (float64 stays float64; lower precisions are computed in float32).
     """
-    if basket_size < 1:
-        raise ValueError(f"basket_size must be >= 1; got {basket_size}")
-    if not 0.0 <= strength <= 1.0:
-        raise ValueError(f"strength must be in [0, 1]; got {strength}")
+    cal = BasketSettings.given(settings, fields)
     a = weights if weights.dtype in (torch.float32, torch.float64) else weights.float()
-    lead, K = a.shape[:-1], a.shape[-1]
+    lead = a.shape[:-1]
     dev = a.device
     start = torch.as_tensor(start, device=dev).long().expand(lead).unsqueeze(-1)
     end = torch.as_tensor(end, device=dev).long().expand(lead).unsqueeze(-1)
-    B = int(basket_size)
-    if self_share is not None:
+    if cal.self_share is not None:
         if self_key is None:
             raise ValueError("self_share needs self_key (the index of each row's own key)")
-        return _self_share_rows(
-            a,
-            start,
-            end,
-            self_key,
-            float(self_share),
-            strength,
-            dict(
-                basket_size=B,
-                isolate_bos=isolate_bos,
-                isolate_eos=isolate_eos,
-                bos_weight=bos_weight,
-                eos_weight=eos_weight,
-                prior=prior,
-                trailing=trailing,
-            ),
-        )
+        return _self_share_rows(a, start, end, self_key, cal)
+    return _calibrate(a, start, end, cal)
 
+
+def _calibrate(a: torch.Tensor, start: torch.Tensor, end: torch.Tensor, cal: BasketSettings) -> torch.Tensor:
+    """:func:`calibrate_rows` without a self-attention share; ``start`` / ``end`` (..., 1)."""
+    lead, K = a.shape[:-1], a.shape[-1]
+    dev = a.device
+    B = cal.basket_size
     keys = torch.arange(K, device=dev)
-    c_start = start + int(isolate_bos)
-    c_end = end - int(isolate_eos)
+    c_start = start + int(cal.isolate_bos)
+    c_end = end - int(cal.isolate_eos)
     n_content = c_end - c_start + 1  # (..., 1)
     active = engine_calibrates(n_content, B)  # rows to calibrate
 
     content = (keys >= c_start) & (keys <= c_end)
-    n_slots = (K + B - 1) // B  # content baskets; one more slot below for every other key
+    n_slots = basket_count(K, B)  # the most baskets a row of K keys holds; one more slot below for every other key
     basket = torch.where(content, torch.div(keys - c_start, B, rounding_mode="floor"), n_slots).clamp(0, n_slots)
     mass = torch.zeros((*lead, n_slots + 1), device=dev, dtype=a.dtype)
     mass.scatter_add_(-1, basket, torch.where(content, a, torch.zeros((), device=dev)))
     mass = mass[..., :n_slots]
-    n_baskets = torch.div(n_content.clamp(min=1) + B - 1, B, rounding_mode="floor").to(a.dtype).squeeze(-1)
-    bos = a.gather(-1, start.clamp(0, K - 1)).squeeze(-1) if isolate_bos else None
-    eos = a.gather(-1, end.clamp(0, K - 1)).squeeze(-1) if isolate_eos else None
-    p = None if prior is None else prior_at(prior, basket_centres(n_content, n_slots, B, a.dtype, trailing))
-    policy = {} if trailing == "basket" else dict(trailing=trailing, n_content=n_content.squeeze(-1), basket_size=B)
-    w, bos_v, eos_v = basket_weights(
-        mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=p, **policy
-    )
+    n_baskets = basket_count(n_content.clamp(min=1), B).to(a.dtype).squeeze(-1)  # slots ("basket" policy)
+    bos = a.gather(-1, start.clamp(0, K - 1)).squeeze(-1) if cal.isolate_bos else None
+    eos = a.gather(-1, end.clamp(0, K - 1)).squeeze(-1) if cal.isolate_eos else None
+    p = None if cal.prior is None else prior_at(cal.prior, basket_centres(n_content, n_slots, B, a.dtype, cal.trailing))
+    w, bos_v, eos_v = basket_weights(mass, n_baskets, bos, eos, cal, prior=p, n_content=n_content.squeeze(-1))
     # each key of basket b is scaled by w_b / m_b (proportions inside the basket kept); other keys carry 0
     factor = torch.where(
         mass > 0, w / mass.clamp(min=torch.finfo(a.dtype).tiny), torch.zeros((), device=dev, dtype=a.dtype)
@@ -227,9 +208,10 @@ def calibrate_rows(
     return torch.where(active, out, a)
 
 
-def _self_share_rows(a, start, end, self_key, rho: float, strength: float, kw: dict) -> torch.Tensor:
+def _self_share_rows(a, start, end, self_key, cal: BasketSettings) -> torch.Tensor:
     """The self-attention-share variant of :func:`calibrate_rows` (see the module docstring)."""
     lead, K = a.shape[:-1], a.shape[-1]
+    rho = float(cal.self_share)
     sk = torch.as_tensor(self_key, device=a.device).long().expand(lead).unsqueeze(-1)
     inside = (sk >= start) & (sk <= end)  # (..., 1)
     idx = sk.clamp(0, K - 1)
@@ -238,34 +220,27 @@ def _self_share_rows(a, start, end, self_key, rho: float, strength: float, kw: d
     own = (keys == sk) & inside  # (..., K)
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     a0 = torch.where(own, zero, a)
-    core = calibrate_rows(a0, start.squeeze(-1), end.squeeze(-1), strength=1.0, **kw)  # rows too short stay a0
+    core = _calibrate(a0, start, end, replace(cal, strength=1.0, self_share=None))  # rows too short stay a0
     rest = torch.where(own, zero, core)
     rest_sum = rest.sum(-1, keepdim=True)
     tiny = torch.finfo(a.dtype).tiny
     rest = torch.where(rest_sum > 0, rest / rest_sum.clamp(min=tiny) * (1.0 - rho * a_self), zero)
-    cal = torch.where(own, rho * a_self, rest)
-    total = cal.sum(-1, keepdim=True)
-    cal = torch.where(total > 0, cal / total.clamp(min=tiny), a)
-    n_content = (end - int(kw["isolate_eos"])) - (start + int(kw["isolate_bos"])) + 1
-    active = engine_calibrates(n_content, kw["basket_size"])
-    return torch.where(active, strength * cal + (1.0 - strength) * a, a)
+    cal_rows = torch.where(own, rho * a_self, rest)
+    total = cal_rows.sum(-1, keepdim=True)
+    cal_rows = torch.where(total > 0, cal_rows / total.clamp(min=tiny), a)
+    n_content = (end - int(cal.isolate_eos)) - (start + int(cal.isolate_bos)) + 1
+    active = engine_calibrates(n_content, cal.basket_size)
+    return torch.where(active, cal.strength * cal_rows + (1.0 - cal.strength) * a, a)
 
 
 def calibrate_span_(
     probs: torch.Tensor,
     start: int,
     end: int,
+    settings: BasketSettings | None = None,
     *,
-    basket_size: int,
-    strength: float = 1.0,
-    isolate_bos: bool = False,
-    isolate_eos: bool = False,
-    bos_weight: Share = "original",
-    eos_weight: Share = "equal",
-    prior: Sequence[float] | torch.Tensor | None = None,
-    self_share: float | None = None,
     row_offset: int = 0,
-    trailing: str = "basket",
+    **fields,
 ) -> torch.Tensor:
     """:func:`calibrate_rows` in place, for many rows that share one valid span ``[start, end]``.
 
@@ -278,29 +253,16 @@ def calibrate_span_(
     (written back in place); the rows along dimension -2 are the query positions
     ``row_offset, row_offset + 1, ...`` (each row's own key, for ``self_share``).
     """
-    if prior is not None or self_share is not None:
+    cal = BasketSettings.given(settings, fields)
+    if cal.has_variants:
         T = probs.shape[-2]
         rows = torch.arange(row_offset, row_offset + T, device=probs.device)
-        cal = calibrate_rows(
-            probs,
-            start,
-            end,
-            basket_size=basket_size,
-            strength=strength,
-            isolate_bos=isolate_bos,
-            isolate_eos=isolate_eos,
-            bos_weight=bos_weight,
-            eos_weight=eos_weight,
-            prior=prior,
-            self_share=self_share,
-            self_key=rows.expand(probs.shape[:-1]) if self_share is not None else None,
-            trailing=trailing,
-        )
-        probs.copy_(cal)
+        self_key = rows.expand(probs.shape[:-1]) if cal.self_share is not None else None
+        probs.copy_(calibrate_rows(probs, start, end, cal, self_key=self_key))
         return probs
-    B = int(basket_size)
-    c_start = start + int(isolate_bos)
-    c_end = end - int(isolate_eos)
+    B = cal.basket_size
+    c_start = start + int(cal.isolate_bos)
+    c_end = end - int(cal.isolate_eos)
     C = c_end - c_start + 1
     if not engine_calibrates(C, B):
         return probs
@@ -310,19 +272,9 @@ def calibrate_span_(
     mass = body.sum(-1)
     if tail:
         mass = torch.cat([mass, content[..., n_full * B :].sum(-1, keepdim=True)], dim=-1)
-    bos = probs[..., start].clone() if isolate_bos else None
-    eos = probs[..., end].clone() if isolate_eos else None
-    policy = {} if trailing == "basket" else dict(trailing=trailing, n_content=C, basket_size=B)
-    w, bos_v, eos_v = basket_weights(
-        mass,
-        n_full + (1 if tail else 0),
-        bos,
-        eos,
-        strength=strength,
-        bos_weight=bos_weight,
-        eos_weight=eos_weight,
-        **policy,
-    )
+    bos = probs[..., start].clone() if cal.isolate_bos else None
+    eos = probs[..., end].clone() if cal.isolate_eos else None
+    w, bos_v, eos_v = basket_weights(mass, basket_count(C, B), bos, eos, cal, n_content=C)
     one = torch.ones((), dtype=probs.dtype, device=probs.device)
     mult = torch.where(mass > 0, w / mass.clamp(min=torch.finfo(probs.dtype).tiny), one)  # a basket of mass 0 stays 0
     body.mul_(mult[..., :n_full].unsqueeze(-1))
@@ -340,14 +292,11 @@ def basket_weights(
     n_baskets: torch.Tensor | int,
     bos: torch.Tensor | None = None,
     eos: torch.Tensor | None = None,
+    settings: BasketSettings | None = None,
     *,
-    strength: float = 1.0,
-    bos_weight: Share = "original",
-    eos_weight: Share = "equal",
     prior: torch.Tensor | None = None,
-    trailing: str = "basket",
     n_content: torch.Tensor | int | None = None,
-    basket_size: int | None = None,
+    **fields,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The basket formula on masses: what each slot and isolated key weighs after calibration.
 
@@ -360,46 +309,44 @@ def basket_weights(
     renormalised) + bos_value * e_bos + eos_value * e_eos``, exactly what :func:`calibrate_span_`
     produces (renormalisation and the strength blend included; a basket of mass 0 stays 0).
     The caller decides whether the row is calibrated at all (``C >= basket_size``); this
-    function assumes it is.  ``prior``: the positional-prior variant's density at each slot's
-    basket centre (broadcastable to ``mass``; :func:`prior_at` of :func:`basket_centres`), None
-    for equal mass per basket.
+    function assumes it is.
 
-    ``trailing``: the trailing-basket policy (module docstring).  ``"basket"``: every slot is a
-    basket.  ``"merge"`` / ``"weighted"`` need ``n_content`` (C per row, broadcastable to
-    ``mass.shape[:-1]``) and ``basket_size``: with ``"merge"`` a last slot shorter than B forms one
-    basket with the slot before it (the merged basket's weight is shared by its two slots in
-    proportion to their masses, which keeps the proportions inside it); with ``"weighted"`` a slot
-    of ``n`` keys counts ``n / B`` baskets.
+    ``settings``: the calibration (its strength, the isolated keys' weights, the trailing-basket
+    policy and the basket size; not its prior vector), or those fields as keywords (``strength=0.5,
+    bos_weight="equal"``; ``basket_size`` is read only by the ``"merge"`` / ``"weighted"`` policies).
+    ``prior``: the positional-prior variant's density at each slot's basket centre (broadcastable to
+    ``mass``; :func:`prior_at` of :func:`basket_centres`), None for equal mass per basket.
+
+    The trailing-basket policy (module docstring): ``"basket"``: every slot is a basket.
+    ``"merge"`` / ``"weighted"`` need ``n_content`` (C per row, broadcastable to ``mass.shape[:-1]``):
+    with ``"merge"`` a last slot shorter than B forms one basket with the slot before it (the merged
+    basket's weight is shared by its two slots in proportion to their masses, which keeps the
+    proportions inside it); with ``"weighted"`` a slot of ``n`` keys counts ``n / B`` baskets.
     """
-    if trailing == "basket":
-        return _basket_weights(
-            mass, n_baskets, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=prior
-        )
-    if n_content is None or basket_size is None:
-        raise ValueError(f"trailing={trailing!r} needs n_content and basket_size")
-    B = int(basket_size)
+    if settings is None:
+        trailing = fields.get("trailing", "basket")
+        if trailing != "basket" and (n_content is None or fields.get("basket_size") is None):
+            raise ValueError(f"trailing={trailing!r} needs n_content and basket_size")
+        if fields.get("basket_size") is None:
+            fields["basket_size"] = 1  # read only by the "merge" / "weighted" policies
+    cal = BasketSettings.given(settings, fields)
+    shares = dict(strength=cal.strength, bos_weight=cal.bos_weight, eos_weight=cal.eos_weight, prior=prior)
+    if cal.trailing == "basket":
+        return _basket_weights(mass, n_baskets, bos, eos, **shares)
+    if n_content is None:
+        raise ValueError(f"trailing={cal.trailing!r} needs n_content and basket_size")
+    B = cal.basket_size
     lead = mass.shape[:-1]
     C = torch.as_tensor(n_content, device=mass.device).long().expand(lead)
     n_slots = torch.as_tensor(n_baskets, device=mass.device).round().long().expand(lead)
-    if trailing == "weighted":
+    if cal.trailing == "weighted":
         j = torch.arange(mass.shape[-1], device=mass.device)
         keys = (C.unsqueeze(-1) - j * B).clamp(0, B)  # keys in each slot (0 beyond the row)
         units = keys.to(mass.dtype) / B
         n_units = (C.to(mass.dtype) / B).clamp(min=1.0)  # C / B baskets in all
-        return _basket_weights(
-            mass,
-            n_units,
-            bos,
-            eos,
-            strength=strength,
-            bos_weight=bos_weight,
-            eos_weight=eos_weight,
-            prior=prior,
-            units=units,
-            in_row=keys > 0,
-        )
-    if trailing != "merge":
-        raise ValueError(f"trailing must be 'basket', 'merge' or 'weighted'; got {trailing!r}")
+        return _basket_weights(mass, n_units, bos, eos, **shares, units=units, in_row=keys > 0)
+    if cal.trailing != "merge":
+        raise ValueError(f"trailing must be 'basket', 'merge' or 'weighted'; got {cal.trailing!r}")
     n_b = basket_count(C, B, "merge")  # baskets after merging: n_slots or n_slots - 1
     merging = (n_b < n_slots).unsqueeze(-1)  # (..., 1): the last slot joins the one before
     last = (n_slots - 1).clamp(min=0).unsqueeze(-1)
@@ -408,9 +355,7 @@ def basket_weights(
     m_last = mass.gather(-1, last)
     merged = mass.scatter_add(-1, prev, torch.where(merging, m_last, zero))
     merged = merged.scatter(-1, last, torch.where(merging, zero, m_last))  # per basket; slot `last` is then empty
-    w, bos_v, eos_v = _basket_weights(
-        merged, n_b, bos, eos, strength=strength, bos_weight=bos_weight, eos_weight=eos_weight, prior=prior
-    )
+    w, bos_v, eos_v = _basket_weights(merged, n_b, bos, eos, **shares)
     # the merged basket's weight, shared by its two slots in proportion to their masses
     m_merged = merged.gather(-1, prev)
     factor = torch.where(m_merged > 0, w.gather(-1, prev) / m_merged.clamp(min=torch.finfo(mass.dtype).tiny), zero)

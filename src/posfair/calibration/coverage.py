@@ -66,34 +66,18 @@ class CalibrationFallbackWarning(UserWarning):
     """Some texts of an ``encode`` call were encoded stock although a calibration was given."""
 
 
-def _settings(calibration: AnyCalibration, pooling: str | None) -> dict:
-    """The fields of :func:`posfair.calibration.rule.row_changes` for ``calibration`` (isolation resolved)."""
+def _concrete(calibration: AnyCalibration, pooling: str | None) -> AnyCalibration:
+    """``calibration`` with the keys it isolates decided (a Calibration by ``pooling``): what
+    :func:`posfair.calibration.rule.row_changes` reads."""
     if isinstance(calibration, ResolvedCalibration):
-        bos, eos = calibration.isolate_bos, calibration.isolate_eos
-    elif isinstance(calibration, Calibration):
+        return calibration
+    if isinstance(calibration, Calibration):
         if pooling is None:
             raise ValueError(
                 "a Calibration needs the model's pooling to tell which keys it isolates (or pass a ResolvedCalibration)"
             )
-        bos, eos = calibration.isolation(pooling)
-    else:
-        raise TypeError(f"calibration must be a Calibration or ResolvedCalibration; got {type(calibration).__name__}")
-    return dict(
-        basket_size=int(calibration.basket_size),
-        strength=float(calibration.strength),
-        isolate_bos=bool(bos),
-        isolate_eos=bool(eos),
-        bos_weight=calibration.bos_weight,
-        eos_weight=calibration.eos_weight,
-        self_share=calibration.self_share,
-        trailing=calibration.trailing,
-    )
-
-
-def _content_tokens(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
-    """Content keys ``C`` of texts whose valid span has ``n_tokens`` tokens (specials and prompt included)."""
-    kw = _settings(calibration, pooling)
-    return np.asarray(n_tokens, dtype=np.int64) - int(kw["isolate_bos"]) - int(kw["isolate_eos"])
+        return calibration.pooled(pooling)
+    raise TypeError(f"calibration must be a Calibration or ResolvedCalibration; got {type(calibration).__name__}")
 
 
 def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
@@ -105,12 +89,12 @@ def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None 
     ``max_seq_length``, with special tokens and any prompt).  ``pooling`` is needed only for an
     unresolved :class:`~posfair.Calibration` (it decides which keys are isolated).
     """
-    kw = _settings(calibration, pooling)
-    C = _content_tokens(calibration, n_tokens, pooling)
+    cal = _concrete(calibration, pooling)
+    C = np.asarray(n_tokens, dtype=np.int64) - int(cal.isolate_bos) - int(cal.isolate_eos)  # content keys
     out = np.full(C.shape, ONE_BASKET, dtype=np.int8)
-    out[row_changes(C, **kw)] = CALIBRATED
-    out[~engine_calibrates(C, kw["basket_size"])] = SHORTER
-    if kw["strength"] == 0.0:
+    out[row_changes(C, cal)] = CALIBRATED
+    out[~engine_calibrates(C, cal.basket_size)] = SHORTER
+    if float(cal.strength) == 0.0:
         out[...] = STRENGTH_ZERO
     return out
 

@@ -224,17 +224,16 @@ class LayerMode(TorchFunctionMode):
         exact = out.dtype in (torch.float32, torch.float64)
         res = out
         if self.calibrate:
-            kw = st.calibration.basket_kwargs(self.layer)
+            settings = st.calibration.baskets(self.layer)
             if st.calibration.queries == "all":
                 # every row of a sequence shares its span (padding query rows too: harmless, never pooled)
                 res = (out.clone() if out.requires_grad else out) if exact else out.float()
                 for i, (s, e) in enumerate(zip(st.start.tolist(), st.end.tolist(), strict=True)):
-                    calibrate_span_(res[i], s, e, **kw)
+                    calibrate_span_(res[i], s, e, settings)
             else:
                 rows = st.pool_rows().to(dev)
-                if st.calibration.self_share is not None:
-                    kw["self_key"] = rows.view(B, 1)
-                cal = calibrate_rows(out[b, :, rows], start.view(B, 1), end.view(B, 1), **kw)  # float32 / float64
+                self_key = rows.view(B, 1) if settings.self_share is not None else None
+                cal = calibrate_rows(out[b, :, rows], start.view(B, 1), end.view(B, 1), settings, self_key=self_key)
                 res = out.clone() if out.requires_grad else out
                 res[b, :, rows] = cal.to(out.dtype)
         if self.record:

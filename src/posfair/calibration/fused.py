@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
-from posfair.calibration.rule import engine_calibrates
+from posfair.calibration.rule import basket_count, engine_calibrates
 from posfair.calibration.state import ForwardState
 
 __all__ = ["ENABLED", "FUSED_TILE_BYTES", "Pairs", "applicable", "basket_attention", "exact"]
@@ -132,51 +132,59 @@ def basket_attention(
     0-based index (a per-layer positional prior); ``tile_rows`` / ``heads_per_call``: the
     blocking of :func:`_blocks`, chosen automatically when None.
     """
-    p = Pairs(query, key, value, state, layer)
-    B, H, L, D, K, kv_heads, g = p.B, p.H, p.L, p.D, p.K, p.kv_heads, p.g
-    Bs, nb, S, dev, dt = p.Bs, p.nb, p.S, p.dev, p.dt
+    p = Pairs(query, key, value, state, layer)  # the shapes checked, the baskets laid out
+    keys, values = _per_basket(key, p), _per_basket(value, p)
+    rows, group = _blocks(p.B * p.H, p.L, p.nb * p.D * 4, tile_rows, heads_per_call)
+    out = torch.empty(p.B * p.H, p.L, p.D, dtype=value.dtype, device=p.dev)
+    for g0, g1, t0, t1, o, lse, qt in _basket_outputs(query, keys, values, _slot_mask(p), scaling, rows, group):
+        out[g0:g1, t0:t1] = p.combine(o, lse, qt, scaling, g0, g1)
+    return out.view(p.B, p.H, p.L, p.D).transpose(1, 2).contiguous()
 
-    # content keys / values gathered so that basket j is slots [j*Bs, (j+1)*Bs) for every sequence
-    slot = torch.arange(S, device=dev)
+
+def _per_basket(x: torch.Tensor, p: Pairs) -> torch.Tensor:
+    """Keys or values (B, Hkv, K, D) laid out per basket, (B*H, nb, Bs, D): basket j of every sequence is its
+    content keys ``j*Bs .. (j+1)*Bs - 1`` (slots past the content hold any key; :func:`_slot_mask` masks them)."""
+    B, kv_heads, g, S, D = p.B, p.kv_heads, p.g, p.S, p.D
     c0 = int(p.c_start[0])
-    same_start = bool((p.c_start == c0).all())  # batch 1, right padding: a slice, not a gather
+    if bool((p.c_start == c0).all()):  # batch 1, right padding: a slice, not a gather
+        got = x[:, :, c0 : c0 + S]
+        if got.shape[2] < S:  # the last basket runs past the keys: masked slots
+            got = torch.cat([got, got.new_zeros(B, kv_heads, S - got.shape[2], D)], dim=2)
+    else:
+        idx = (p.c_start[:, None] + torch.arange(S, device=p.dev)[None, :]).clamp(max=p.K - 1)
+        got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
+    return got[:, :, None].expand(B, kv_heads, g, S, D).reshape(B * p.H, p.nb, p.Bs, D)
 
-    def per_head_baskets(x: torch.Tensor) -> torch.Tensor:  # (B, Hkv, K, D) -> (B*H, nb, Bs, D)
-        if same_start:
-            got = x[:, :, c0 : c0 + S]
-            if got.shape[2] < S:  # the last basket runs past the keys: masked slots
-                got = torch.cat([got, got.new_zeros(B, kv_heads, S - got.shape[2], D)], dim=2)
-        else:
-            idx = (p.c_start[:, None] + slot[None, :]).clamp(max=K - 1)
-            got = x.gather(2, idx[:, None, :, None].expand(B, kv_heads, S, D))
-        return got[:, :, None].expand(B, kv_heads, g, S, D).reshape(B * H, nb, Bs, D)
 
-    kb, vb = per_head_baskets(key), per_head_baskets(value)
-    mask = None
-    if not bool(p.valid.all()):
-        add = torch.where(p.valid, torch.zeros((), dtype=dt, device=dev), torch.finfo(dt).min)
-        mask = add.view(B, 1, nb, 1, Bs).expand(B, H, nb, 1, Bs).reshape(B * H, nb, 1, Bs)
+def _slot_mask(p: Pairs) -> torch.Tensor | None:
+    """The additive mask (B*H, nb, 1, Bs) of the slots past each sequence's content; None when every slot holds one."""
+    if bool(p.valid.all()):
+        return None
+    add = torch.where(p.valid, torch.zeros((), dtype=p.dt, device=p.dev), torch.finfo(p.dt).min)
+    return add.view(p.B, 1, p.nb, 1, p.Bs).expand(p.B, p.H, p.nb, 1, p.Bs).reshape(p.B * p.H, p.nb, 1, p.Bs)
 
-    rows, group = _blocks(B * H, L, nb * D * 4, tile_rows, heads_per_call)
+
+def _basket_outputs(query, keys, values, mask, scaling: float, rows: int, group: int):
+    """Per block of ``group`` (sequence, head) pairs x ``rows`` query rows, CPU flash attention's per-basket
+    outputs: yields ``(g0, g1, t0, t1, o, lse, qt)`` with ``o`` (G, nb, T, D), ``lse`` (G, nb, T) and the block's
+    queries ``qt`` (G, T, D) -- the baskets laid out as a head dimension, the queries expanded across them."""
+    B, H, L, D = query.shape
+    nb = keys.shape[1]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     qf = query.reshape(B * H, L, D)
-    out = torch.empty(B * H, L, D, dtype=value.dtype, device=dev)
     for g0 in range(0, B * H, group):
         g1 = min(B * H, g0 + group)
-        G = g1 - g0
         for t0 in range(0, L, rows):
             t1 = min(L, t0 + rows)
-            T = t1 - t0
             qt = qf[g0:g1, t0:t1]
             o, lse = flash(
-                qt.unsqueeze(1).expand(G, nb, T, D),
-                kb[g0:g1],
-                vb[g0:g1],
+                qt.unsqueeze(1).expand(g1 - g0, nb, t1 - t0, D),
+                keys[g0:g1],
+                values[g0:g1],
                 attn_mask=None if mask is None else mask[g0:g1],
                 scale=scaling,
-            )  # (G, nb, T, D), (G, nb, T)
-            out[g0:g1, t0:t1] = p.combine(o, lse, qt, scaling, g0, g1)
-    return out.view(B, H, L, D).transpose(1, 2).contiguous()
+            )
+            yield g0, g1, t0, t1, o, lse, qt
 
 
 class Pairs:
@@ -190,48 +198,44 @@ class Pairs:
         kv_heads = key.shape[1]
         if H % kv_heads:
             raise ValueError(f"query heads ({H}) are not a multiple of key/value heads ({kv_heads})")
-        g = H // kv_heads
-        cal = state.calibration
-        Bs = int(cal.basket_size)
-        iso_b, iso_e = bool(cal.isolate_bos), bool(cal.isolate_eos)
-        dev, dt = query.device, query.dtype
+        self.settings = cal = state.calibration.baskets(layer)
+        Bs = cal.basket_size
+        dev = query.device
         start = state.start.to(dev).long()
         end = state.end.to(dev).long()
-        c_start = start + int(iso_b)
-        C = (end - int(iso_e) - c_start + 1).clamp(min=0)  # content keys per sequence
-        nb = max(1, -(-int(C.max()) // Bs))
-        S = nb * Bs
-        self.B, self.H, self.L, self.D, self.K, self.kv_heads, self.g = B, H, L, D, K, kv_heads, g
-        self.Bs, self.nb, self.S, self.dev, self.dt = Bs, nb, S, dev, dt
-        self.iso_b, self.iso_e = iso_b, iso_e
-        self.c_start, self.C = c_start, C
-        self.valid = torch.arange(S, device=dev)[None, :] < C[:, None]  # (B, S): slots holding a content key
+        self.c_start = start + int(cal.isolate_bos)
+        self.C = C = (end - int(cal.isolate_eos) - self.c_start + 1).clamp(min=0)  # content keys per sequence
+        self.nb = nb = int(basket_count(int(C.max()), Bs))
+        self.B, self.H, self.L, self.D, self.K, self.kv_heads, self.g = B, H, L, D, K, kv_heads, H // kv_heads
+        self.Bs, self.S, self.dev, self.dt = Bs, nb * Bs, dev, query.dtype
+        self.valid = torch.arange(self.S, device=dev)[None, :] < C[:, None]  # (B, S): slots holding a content key
+        per_head = self.per_head
+        self.active = per_head(engine_calibrates(C, Bs)).view(B * H, 1, 1)  # shorter than one basket: stock
+        self.n_b = per_head(basket_count(C, Bs).to(torch.float32)).view(B * H, 1)
+        self.n_content = per_head(C).view(B * H, 1)
+        self.isolated = self._isolated(key, value, start, end)
+        self.prior = None
+        if cal.prior is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
+            prior = prior_at(cal.prior, basket_centres(C.view(B, 1), nb, Bs, torch.float32, cal.trailing))
+            self.prior = per_head(prior).view(B * H, 1, nb)
 
-        def iso_key(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B*H, D) float32
+    def _isolated(self, key: torch.Tensor, value: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> list:
+        """(key vector, value vector, present) per isolated key, each (B*H, ...) float32: BOS, then EOS (absent
+        where it is the BOS key)."""
+        B, H, D, kv_heads, g, dev = self.B, self.H, self.D, self.kv_heads, self.g, self.dev
+
+        def pick(pos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B*H, D) float32
             picked = x[torch.arange(B, device=dev), :, pos]  # (B, Hkv, D)
             return picked[:, :, None].expand(B, kv_heads, g, D).reshape(B * H, D).float()
 
-        per_head = self.per_head
-        self.active = per_head(engine_calibrates(C, Bs)).view(B * H, 1, 1)  # shorter than one basket: stock
-        self.n_b = per_head(torch.div(C + Bs - 1, Bs, rounding_mode="floor").clamp(min=1).to(torch.float32)).view(
-            B * H, 1
-        )
-        self.isolated = []  # (key vector, value vector, present) per (sequence, head)
+        iso_b, iso_e = self.settings.isolate_bos, self.settings.isolate_eos
+        out = []
         if iso_b:
-            present = torch.ones(B * H, dtype=torch.bool, device=dev)
-            self.isolated.append((iso_key(start, key), iso_key(start, value), present))
+            out.append((pick(start, key), pick(start, value), torch.ones(B * H, dtype=torch.bool, device=dev)))
         if iso_e:
-            present = ~(iso_b & (start == end)) if iso_b else torch.ones(B, dtype=torch.bool, device=dev)
-            self.isolated.append((iso_key(end, key), iso_key(end, value), per_head(present)))
-        self.kw = kw = cal.basket_kwargs(layer)
-        trailing = kw.get("trailing", "basket")
-        # the trailing-basket policy works on the per-slot masses (basket_weights), given each row's content length
-        self.policy = {} if trailing == "basket" else dict(trailing=trailing, basket_size=Bs)
-        self.n_content = per_head(C).view(B * H, 1)
-        self.prior = None
-        if kw.get("prior") is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
-            prior = prior_at(kw["prior"], basket_centres(C.view(B, 1), nb, Bs, torch.float32, trailing))
-            self.prior = per_head(prior).view(B * H, 1, nb)
+            present = ~(start == end) if iso_b else torch.ones(B, dtype=torch.bool, device=dev)
+            out.append((pick(end, key), pick(end, value), self.per_head(present)))
+        return out
 
     def per_head(self, x: torch.Tensor) -> torch.Tensor:
         """(B, ...) per sequence -> (B*H, ...) per (sequence, head)."""
@@ -244,7 +248,7 @@ class Pairs:
         """The calibrated rows (G, T, D), float32, of pairs ``g0:g1`` from their per-basket outputs ``o``
         (G, nb, T, D; overwritten) and log-sum-exps ``lse`` (G, nb, T); ``qt`` (G, T, D): their queries."""
         G = g1 - g0
-        kw, iso_b, iso_e = self.kw, self.iso_b, self.iso_e
+        cal = self.settings
         lse = lse.transpose(1, 2)  # (G, T, nb)
         iso_scores = []
         for kvec, _, present in self.isolated:
@@ -256,13 +260,11 @@ class Pairs:
         w, bos_v, eos_v = basket_weights(
             mass,
             self.n_b[g0:g1],
-            iso_mass[0] if iso_b else None,
-            iso_mass[-1] if iso_e else None,
-            strength=kw["strength"],
-            bos_weight=kw["bos_weight"],
-            eos_weight=kw["eos_weight"],
+            iso_mass[0] if cal.isolate_bos else None,
+            iso_mass[-1] if cal.isolate_eos else None,
+            cal,
             prior=None if self.prior is None else self.prior[g0:g1],
-            **(self.policy and dict(self.policy, n_content=self.n_content[g0:g1])),
+            n_content=self.n_content[g0:g1],
         )
         on = self.active[g0:g1]
         w = torch.where(on, w, mass)

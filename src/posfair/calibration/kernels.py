@@ -173,11 +173,9 @@ def pool_row_attention(
         mask = causal[:, None, None, None, :]
     probs = _explicit_probs(q, key, mask, scaling)  # (B, Hkv, g, 1, K)
     if calibrate:
-        cal = state.calibration
-        kw = cal.basket_kwargs(module.layer_idx)
-        if cal.self_share is not None:
-            kw["self_key"] = rows.view(B, 1, 1, 1)
-        probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), **kw)
+        cal = state.calibration.baskets(module.layer_idx)
+        self_key = rows.view(B, 1, 1, 1) if cal.self_share is not None else None
+        probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), cal, self_key=self_key)
     if record:
         state.recorder(module.layer_idx, probs.reshape(B, H, -1))
     if dropout:
@@ -236,11 +234,9 @@ def explicit_attention(
         if calibrate_rows_mode == "all" and not naive:
             # fast path: every row of a sequence shares its span; padding query rows are calibrated
             # too, which is harmless (their outputs only reach masked keys and are never pooled)
-            kw = state.calibration.basket_kwargs(module.layer_idx)
-            if state.calibration.has_variants:
-                kw["row_offset"] = t0
+            cal = state.calibration.baskets(module.layer_idx)
             for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist(), strict=True)):
-                calibrate_span_(probs[b], s_b, e_b, **kw)
+                calibrate_span_(probs[b], s_b, e_b, cal, row_offset=t0)
         elif calibrate_rows_mode == "pool" and state is not None:
             # only the pooling row is calibrated (what a hook on eager weights does)
             pool = state.pool_rows().to(query.device)
@@ -249,17 +245,15 @@ def explicit_attention(
                 b_idx = torch.arange(B, device=query.device)
                 r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
                 row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
-                kw = state.calibration.basket_kwargs(module.layer_idx)
-                if state.calibration.self_share is not None:
-                    kw["self_key"] = pool.view(B, 1, 1)
-                cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), **kw)
+                settings = state.calibration.baskets(module.layer_idx)
+                self_key = pool.view(B, 1, 1) if settings.self_share is not None else None
+                cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), settings, self_key=self_key)
                 probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
         elif calibrate_rows_mode == "all" and state is not None:
             rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
-            kw = state.calibration.basket_kwargs(module.layer_idx)
-            if state.calibration.self_share is not None:
-                kw["self_key"] = rows
-            cal = calibrate_rows(probs, start, end, **kw)
+            settings = state.calibration.baskets(module.layer_idx)
+            self_key = rows if settings.self_share is not None else None
+            cal = calibrate_rows(probs, start, end, settings, self_key=self_key)
             probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)
         if rec_sum is not None:
             if state.record_queries == "all":

@@ -1,21 +1,36 @@
 """The calibration parameters object.
 
 ``Calibration`` is immutable and validated on construction.  Fields left as
-``None`` are resolved against a concrete model (its pooling and its number of
+:data:`POOLING_DECIDES` are resolved against a concrete model (its pooling and its number of
 layers) by :meth:`Calibration.resolve`, which returns a :class:`ResolvedCalibration`
-holding only concrete values.  Definitions: ``docs/definitions.md``, section 1.
+holding only concrete values; :meth:`ResolvedCalibration.baskets` turns that into the one value the
+basket formula takes in one layer (:class:`BasketSettings`).  Definitions: ``docs/definitions.md``, section 1.
+
+Inside :class:`Calibration` ``None`` means one thing: *off* (no positional prior, no self-attention
+share).  The settings a model's pooling decides (``isolate_bos``, ``isolate_eos``, ``queries``) hold
+:data:`POOLING_DECIDES` until resolved; the constructor still takes ``None`` for them (and stores
+:data:`POOLING_DECIDES`), and :meth:`Calibration.to_dict` writes ``None``, so keys are unchanged.
+
+The string forms -- :meth:`Calibration.label` (short, for tables), :meth:`Calibration.describe` (in
+words), :meth:`Calibration.spec` (the command-line form, which :meth:`Calibration.parse` reads back
+exactly) -- are all written from one table of the settings beyond ``B,layers,alpha``
+(:data:`_FORMS`); :meth:`Calibration.key` is a digest of :meth:`Calibration.to_dict`.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from numbers import Integral, Real
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 Share = Literal["equal", "original"] | float
 #: the parts a variant is made of, in the order a combination names them
@@ -42,8 +57,24 @@ Schedule = Literal["flat", "rising", "falling"]
 SCHEDULES: tuple[str, ...] = ("flat", "rising", "falling")
 
 
-#: the calibration fields whose command-line value is one of a few names (``trailing=merge``, ``schedule=rising``)
-_NAMED_FIELDS: dict[str, tuple[str, ...]] = {"trailing": TRAILING, "schedule": SCHEDULES}
+class PoolingDecides(enum.Enum):
+    """The type of :data:`POOLING_DECIDES` (an enum, so it survives copying between processes as itself)."""
+
+    POOLING_DECIDES = "pooling decides"
+
+    def __repr__(self) -> str:
+        return "POOLING_DECIDES"
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "the truth value of POOLING_DECIDES is not defined: resolve the calibration for a pooling first"
+        )
+
+
+#: the value of ``isolate_bos`` / ``isolate_eos`` / ``queries`` left to the model's pooling (``None`` is accepted
+#: for it); :meth:`Calibration.resolve` replaces it (CLS pooling isolates BOS, last-token pooling BOS and EOS,
+#: mean pooling nothing; "all" query rows for mean pooling, the pooling row otherwise)
+POOLING_DECIDES: Final = PoolingDecides.POOLING_DECIDES
 
 
 def scheduled_strength(strength: float, schedule: str, rank: int, count: int) -> float:
@@ -180,13 +211,15 @@ class Calibration:
             a sequence of ints = explicit 0-based layer indices.
         strength: alpha in [0, 1]; 0 = the stock model, 1 = full calibration.
         isolate_bos / isolate_eos: keep the first / last valid key out of the
-            baskets.  ``None``: CLS pooling isolates BOS; last-token pooling
-            isolates BOS and EOS; mean pooling isolates nothing.
+            baskets.  :data:`POOLING_DECIDES` (default; ``None`` is taken for it): CLS
+            pooling isolates BOS; last-token pooling isolates BOS and EOS; mean pooling
+            isolates nothing.
         bos_weight / eos_weight: mass given to an isolated key: ``"equal"``
             (1 / n_total, the papers' formulation), ``"original"`` (the key is
             left alone) or a float in [0, 1).
         queries: ``"pool"`` (the pooling token's row) or ``"all"`` (every valid
-            row).  ``None``: "pool" for CLS / last-token pooling, "all" for mean.
+            row).  :data:`POOLING_DECIDES` (default; ``None`` is taken for it): "pool"
+            for CLS / last-token pooling, "all" for mean.
         prior: *positional-prior calibration* (a :class:`PositionalPrior`, or its dict):
             instead of giving every content basket the same mass, each basket's mass is
             divided by the prior's value at its relative position and the content is
@@ -227,16 +260,21 @@ class Calibration:
     command line's ``special=`` does the same.  New fields are written by
     :meth:`to_dict` (hence :meth:`key`) only when set, so settings without them keep
     their keys and labels.
+
+    ``None`` means *off* (``prior``, ``self_share``); a setting the model's pooling decides
+    holds :data:`POOLING_DECIDES`.  String forms: :meth:`label` (short), :meth:`describe`
+    (words), :meth:`spec` (the command line; :meth:`parse` reads it back), all from one
+    table; :meth:`key` digests :meth:`to_dict`.
     """
 
     basket_size: int = 128
     layers: int | float | tuple[int, ...] = 0.5
     strength: float = 0.5
-    isolate_bos: bool | None = None
-    isolate_eos: bool | None = None
+    isolate_bos: bool | PoolingDecides = POOLING_DECIDES
+    isolate_eos: bool | PoolingDecides = POOLING_DECIDES
     bos_weight: Share = "original"
     eos_weight: Share = "equal"
-    queries: Literal["pool", "all"] | None = None
+    queries: Literal["pool", "all"] | PoolingDecides = POOLING_DECIDES
     prior: PositionalPrior | None = None
     self_share: float | None = None
     trailing: Trailing = "basket"
@@ -289,12 +327,15 @@ class Calibration:
             raise ValueError(
                 f"bos_weight + eos_weight = {fixed} leaves no attention mass for the content baskets; their sum must be < 1"
             )
+        for name in ("isolate_bos", "isolate_eos", "queries"):  # None: the pooling decides
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, POOLING_DECIDES)
         for name in ("isolate_bos", "isolate_eos"):
             v = getattr(self, name)
-            if v is not None and not isinstance(v, bool):
-                raise ValueError(f"{name} must be True, False or None; got {v!r}")
-        if self.queries not in (None, "pool", "all"):
-            raise ValueError(f"queries must be 'pool', 'all' or None; got {self.queries!r}")
+            if v is not POOLING_DECIDES and not isinstance(v, bool):
+                raise ValueError(f"{name} must be True, False or None (the pooling decides); got {v!r}")
+        if self.queries is not POOLING_DECIDES and self.queries not in ("pool", "all"):
+            raise ValueError(f"queries must be 'pool', 'all' or None (the pooling decides); got {self.queries!r}")
         if self.prior is not None:
             object.__setattr__(self, "prior", PositionalPrior.from_dict(self.prior))
         rho = self.self_share
@@ -331,7 +372,7 @@ class Calibration:
     @property
     def special_share(self) -> Share | None:
         """The special-token share set by :meth:`with_special` (BOS and EOS isolated with one weight), else None."""
-        if self.isolate_bos and self.isolate_eos and self.bos_weight == self.eos_weight:
+        if self.isolate_bos is True and self.isolate_eos is True and self.bos_weight == self.eos_weight:
             return self.bos_weight
         return None
 
@@ -362,17 +403,27 @@ class Calibration:
             k = max(1, math.floor(self.layers * num_layers))
         return tuple(range(num_layers - k, num_layers))
 
-    def isolation(self, pooling: str) -> tuple[bool, bool]:
-        """``(isolate_bos, isolate_eos)`` for a model with ``pooling`` (fields left None follow the pooling)."""
+    def pooled(self, pooling: str) -> Calibration:
+        """This setting with every value :data:`POOLING_DECIDES` made concrete for a model with ``pooling``:
+        CLS pooling isolates BOS, last-token pooling BOS and EOS, mean pooling nothing; mean pooling calibrates
+        every query row (``"all"``), the others the pooling row (``"pool"``).  The one place the pooling decides."""
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}; got {pooling!r}")
-        isolate_bos = self.isolate_bos if self.isolate_bos is not None else pooling in ("cls", "lasttoken")
-        isolate_eos = self.isolate_eos if self.isolate_eos is not None else pooling == "lasttoken"
-        return isolate_bos, isolate_eos
+        decided = dict(
+            isolate_bos=pooling in ("cls", "lasttoken"),
+            isolate_eos=pooling == "lasttoken",
+            queries="all" if pooling == "mean" else "pool",
+        )
+        return replace(self, **{k: v for k, v in decided.items() if getattr(self, k) is POOLING_DECIDES})
+
+    def isolation(self, pooling: str) -> tuple[bool, bool]:
+        """``(isolate_bos, isolate_eos)`` for a model with ``pooling`` (:meth:`pooled`)."""
+        concrete = self.pooled(pooling)
+        return concrete.isolate_bos, concrete.isolate_eos
 
     def resolve(self, pooling: str, num_layers: int) -> ResolvedCalibration:
-        isolate_bos, isolate_eos = self.isolation(pooling)
-        queries = self.queries or ("all" if pooling == "mean" else "pool")
+        """This setting for a model with ``pooling`` and ``num_layers`` layers (:meth:`pooled`, :meth:`layer_indices`)."""
+        concrete = self.pooled(pooling)
         layers = self.layer_indices(num_layers)
         if self.prior is not None and self.prior.layers is not None:
             missing = [i for i in layers if i not in self.prior.layers]
@@ -380,36 +431,22 @@ class Calibration:
                 raise ValueError(
                     f"the positional prior covers layers {list(self.prior.layers)} but the calibration also calibrates layers {missing}"
                 )
-        return ResolvedCalibration(
-            basket_size=self.basket_size,
-            layers=layers,
-            strength=self.strength,
-            isolate_bos=isolate_bos,
-            isolate_eos=isolate_eos,
-            bos_weight=self.bos_weight,
-            eos_weight=self.eos_weight,
-            queries=queries,
-            pooling=pooling,
-            prior=self.prior,
-            self_share=self.self_share,
-            trailing=self.trailing,
-            schedule=self.schedule,
-        )
+        values = {f.name: getattr(concrete, f.name) for f in fields(Calibration)}
+        return ResolvedCalibration(**{**values, "layers": layers, "pooling": pooling})
 
-    # -- (de)serialisation -----------------------------------------------------------------
+    # -- (de)serialisation and the string forms (one table, :data:`_FORMS`) ---------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values; ``prior``, ``self_share``, ``trailing`` and ``schedule`` only when not the default
-        (so older settings keep their keys)."""
+        """Plain JSON values; :data:`POOLING_DECIDES` as ``null``; the fields added after the first release
+        (``prior``, ``self_share``, ``trailing``, ``schedule``) only when not the default (so older settings keep
+        their keys)."""
         d = asdict(self)
         if isinstance(d["layers"], tuple):
             d["layers"] = list(d["layers"])
-        for name in ("prior", "self_share"):
-            if d[name] is None:
-                del d[name]
-        if d["trailing"] == "basket":
-            del d["trailing"]
-        if d["schedule"] == "flat":
-            del d["schedule"]
+        for form in _FORMS:
+            if d[form.field] is POOLING_DECIDES:
+                d[form.field] = None
+            if not form.keyed_at_default and form.at_default(getattr(self, form.field)):
+                del d[form.field]
         if self.prior is not None:
             d["prior"] = self.prior.to_dict()
         return d
@@ -428,37 +465,19 @@ class Calibration:
         return cls(**d)
 
     def key(self) -> str:
-        """A short stable identifier (used in cache keys and file names)."""
+        """A short stable identifier of :meth:`to_dict` (used in cache keys and file names)."""
         blob = json.dumps(self.to_dict(), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def _given(self) -> list[tuple[_Form, Any]]:
+        """The settings beyond ``B,layers,alpha`` that are not at their default, in :data:`_FORMS` order."""
+        return [(form, v) for form in _FORMS if not form.at_default(v := getattr(self, form.field))]
+
     def label(self) -> str:
-        """A human-readable label, e.g. ``B128-L0.5-a0.5``."""
-        if isinstance(self.layers, tuple):
-            layers = "L" + "+".join(str(i) for i in self.layers)
-        else:
-            layers = f"L{self.layers}"
-        extra = []
-        if self.queries:
-            extra.append(self.queries)
-        if self.isolate_bos is not None:
-            extra.append(f"bos{int(self.isolate_bos)}")
-        if self.isolate_eos is not None:
-            extra.append(f"eos{int(self.isolate_eos)}")
-        if self.bos_weight != "original":
-            extra.append(f"bw{self.bos_weight}")
-        if self.eos_weight != "equal":
-            extra.append(f"ew{self.eos_weight}")
-        if self.prior is not None:
-            extra.append(f"prior{self.prior.bins}x{len(self.prior.values)}.{self.prior.digest()}")
-        if self.self_share is not None:
-            extra.append(f"self{self.self_share:g}")
-        if self.trailing != "basket":
-            extra.append(f"trail{self.trailing}")
-        if self.schedule != "flat":
-            extra.append(self.schedule)
-        tail = ("-" + "-".join(extra)) if extra else ""
-        return f"B{self.basket_size}-{layers}-a{self.strength:g}{tail}"
+        """The short form for tables, e.g. ``B128-L0.5-a0.5``, ``B16-L1-a1-bos1-eos1-bw0.1-ew0.1`` (a prior by its
+        shape and digest; not read back: :meth:`spec` is the form that parses)."""
+        head = [f"B{self.basket_size}", f"L{_layers_text(self.layers)}", f"a{self.strength:g}"]
+        return "-".join(head + [form.label(v) for form, v in self._given()])
 
     def describe(self) -> str:
         """The calibration in words, for a person beside its :meth:`label`, e.g. "baskets of 128 tokens, the
@@ -470,46 +489,24 @@ class Calibration:
         else:
             layers = "the last layer" if self.layers == 1 else f"the last {self.layers} layers"
         parts = [f"baskets of {self.basket_size} tokens", layers, f"strength {self.strength:g}"]
-        if self.queries == "all":
-            parts.append("every query row")
-        elif self.queries == "pool":
-            parts.append("the pooling row only")
-        if self.isolate_bos is not None:
-            parts.append(f"BOS {'in its own basket' if self.isolate_bos else 'in the first basket'}")
-        if self.isolate_eos is not None:
-            parts.append(f"EOS {'in its own basket' if self.isolate_eos else 'in the last basket'}")
-        mass = {"original": "keeps its original mass", "equal": "gets a basket's equal share"}
-        for name, weight, default in (("BOS", self.bos_weight, "original"), ("EOS", self.eos_weight, "equal")):
-            if weight != default:
-                parts.append(f"{name} {mass[weight] if isinstance(weight, str) else f'gets {weight:g} of the row'}")
-        if self.prior is not None:
-            parts.append(f"each basket divided by the positional prior ({self.prior.bins} bins)")
-        if self.self_share is not None:
-            parts.append(f"keeping {self.self_share:g} of each row's self-attention")
-        if self.trailing == "merge":
-            parts.append("a last basket shorter than B merged into the one before")
-        elif self.trailing == "weighted":
-            parts.append("each basket's mass in proportion to its size")
-        if self.schedule != "flat":
-            parts.append(
-                f"the strength {self.schedule} linearly over the calibrated layers (full in the "
-                f"{'last' if self.schedule == 'rising' else 'first'})"
-            )
-        return ", ".join(parts)
+        return ", ".join(parts + [form.words(v) for form, v in self._given()])
 
     @classmethod
     def parse(cls, spec: str) -> Calibration:
-        """Parse the CLI form ``B,layers,alpha[,VARIANT=VALUE...]`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``,
+        """Parse the command-line form ``B,LAYERS,ALPHA[,NAME=VALUE...]`` (e.g. ``128,0.5,0.5``, ``512,1,1.0``,
         ``128,6+7+8,1``, ``16,1.0,1,prior=prior.json``) or ``default`` (the robust default
-        ``Calibration()``, i.e. ``128,0.5,0.5``).
+        ``Calibration()``, i.e. ``128,0.5,0.5``); what :meth:`spec` writes reads back to the same setting.
 
-        ``layers``: an int (last k layers), a float with a dot (fraction), or
-        ``+``-separated explicit 0-based indices.  Variants (any combination):
+        ``LAYERS``: an int (last k layers), a float with a dot (fraction), or ``+``-separated explicit
+        0-based indices (one index: ``5+``).  Settings (any combination, each once):
         ``prior=FILE`` (a positional prior, the JSON written by ``posfair estimate-prior``),
         ``self=RHO`` (self-attention share in [0, 1]), ``special=SHARE`` (BOS and EOS
         isolated, each given ``original``, ``equal`` or a float share), ``trailing=POLICY``
         (what a last basket shorter than B gets: ``basket``, ``merge`` or ``weighted``),
-        ``schedule=SCHEDULE`` (the strength over the calibrated layers: ``flat``, ``rising`` or ``falling``).
+        ``schedule=SCHEDULE`` (the strength over the calibrated layers: ``flat``, ``rising`` or ``falling``);
+        and the fields ``special=`` sets, one by one (``isolate_bos=true|false``, ``isolate_eos=true|false``,
+        ``bos_weight=SHARE``, ``eos_weight=SHARE``), and ``queries=pool|all`` (the last three left out: the
+        model's pooling decides).
         """
         if spec.strip().lower() == "default":
             return cls()
@@ -519,7 +516,7 @@ class Calibration:
         if len(head) != 3 or parts[:3] != head:
             raise ValueError(
                 f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5), optionally followed by "
-                f"prior=FILE, self=RHO, special=SHARE, trailing=POLICY or schedule=SCHEDULE, or 'default'; got {spec!r}"
+                f"{_KNOWN_SETTINGS}, or 'default'; got {spec!r}"
             )
         b, layers_s, a = head
         try:
@@ -532,61 +529,215 @@ class Calibration:
         except ValueError:
             raise ValueError(f"strength in calibration spec {spec!r} must be a number; got {a!r}") from None
         kw: dict[str, Any] = {}
-        given: set[str] = set()  # the spec's own names (self= is stored as self_share, special= as four fields)
+        given: list[str] = []  # the spec's own names (self= is stored as self_share, special= as four fields)
         for item in tail:
             name, _, value = (x.strip() for x in item.partition("="))
             if name in given:
                 raise ValueError(f"calibration spec {spec!r} gives {name}= twice")
-            given.add(name)
-            if name == "prior":
-                kw["prior"] = load_prior(value)
-            elif name == "self":
-                try:
-                    kw["self_share"] = float(value)
-                except ValueError:
-                    raise ValueError(
-                        f"self= in calibration spec {spec!r} must be a number in [0, 1]; got {value!r}"
-                    ) from None
-            elif name == "special":
-                share: Any = value
-                if value not in ("original", "equal"):
-                    try:
-                        share = float(value)
-                    except ValueError:
-                        raise ValueError(
-                            f"special= in calibration spec {spec!r} must be 'original', 'equal' or a float in [0, 1); got {value!r}"
-                        ) from None
-                kw.update(isolate_bos=True, isolate_eos=True, bos_weight=share, eos_weight=share)
-            elif name in _NAMED_FIELDS:
-                allowed = _NAMED_FIELDS[name]
-                if value not in allowed:
-                    raise ValueError(
-                        f"{name}= in calibration spec {spec!r} must be {', '.join(allowed[:-1])} or {allowed[-1]}; "
-                        f"got {value!r}"
-                    )
-                kw[name] = value
+            given.append(name)
+            where = f"{name}= in calibration spec {spec!r}"
+            if name == "special":
+                share = _read_share(value, where)
+                kw.update({f: share if "weight" in f else True for f in _SPECIAL_FIELDS})
+            elif name in _FORM_BY_NAME:
+                form = _FORM_BY_NAME[name]
+                kw[form.field] = form.read(value, where)
             else:
-                raise ValueError(
-                    f"unknown variant {name!r} in calibration spec {spec!r} "
-                    f"(known: prior=FILE, self=RHO, special=SHARE, trailing=POLICY, schedule=SCHEDULE)"
-                )
+                raise ValueError(f"unknown variant {name!r} in calibration spec {spec!r} (known: {_KNOWN_SETTINGS})")
+        both = [n for n in given if n in _SPECIAL_FIELDS]
+        if "special" in given and both:
+            raise ValueError(
+                f"calibration spec {spec!r} gives special= and {'= and '.join(both)}=: special= sets "
+                f"{', '.join(_SPECIAL_FIELDS)} (give special= or those fields)"
+            )
         return cls(basket_size=basket, layers=layers, strength=strength, **kw)
 
     def spec(self, prior_file: str = "PRIOR.json") -> str:
-        """The command-line form of this setting (``prior_file`` stands for the prior's file)."""
-        layers = "+".join(str(i) for i in self.layers) if isinstance(self.layers, tuple) else str(self.layers)
-        out = [str(self.basket_size), layers, f"{self.strength:g}"]
-        if self.prior is not None:
-            out.append(f"prior={prior_file}")
-        if self.self_share is not None:
-            out.append(f"self={self.self_share:g}")
-        if self.special_share is not None:
-            out.append(f"special={self.special_share}")
-        if self.trailing != "basket":
-            out.append(f"trailing={self.trailing}")
-        if self.schedule != "flat":
-            out.append(f"schedule={self.schedule}")
+        """The command-line form of this setting, which :meth:`parse` reads back to it: ``Calibration.parse(
+        c.spec(f)) == c`` when the file ``f`` holds ``c``'s prior (``prior_file`` stands for the prior's file)."""
+        out = [str(self.basket_size), _layers_text(self.layers, exact=True), _number(self.strength)]
+        given = dict((form.field, v) for form, v in self._given())
+        special = self.special_share
+        for name in _SPEC_ORDER:
+            if name == "special":
+                if special is not None:
+                    out.append(f"special={special}")
+            elif name in given and not (special is not None and name in _SPECIAL_FIELDS):
+                form = _FORM_BY_FIELD[name]
+                out.append(f"{form.name}={prior_file if name == 'prior' else form.text(given[name])}")
         return ",".join(out)
+
+
+# -- the string forms: one row per setting beyond B,layers,alpha -------------------------------------------
+
+
+def _layers_text(layers: int | float | tuple[int, ...], exact: bool = False) -> str:
+    """``layers`` as written in a label (``6``, ``0.5``, ``3+4+5``) or, ``exact``, on the command line, where one
+    explicit index is ``5+`` (``5`` would be the last 5 layers)."""
+    if not isinstance(layers, tuple):
+        return str(layers)
+    return "+".join(str(i) for i in layers) + ("+" if exact and len(layers) == 1 else "")
+
+
+def _number(x: float) -> str:
+    """A number on the command line: ``%g`` when that reads back exactly, else every digit (``repr``)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
+
+
+def _mass_words(weight: Share) -> str:
+    if weight == "original":
+        return "keeps its original mass"
+    if weight == "equal":
+        return "gets a basket's equal share"
+    return f"gets {weight:g} of the row"
+
+
+def _read_share(value: str, where: str) -> Share:
+    if value in ("original", "equal"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{where} must be 'original', 'equal' or a float in [0, 1); got {value!r}") from None
+
+
+def _read_rho(value: str, where: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{where} must be a number in [0, 1]; got {value!r}") from None
+
+
+def _read_bool(value: str, where: str) -> bool:
+    if value not in ("true", "false"):
+        raise ValueError(f"{where} must be true or false; got {value!r}")
+    return value == "true"
+
+
+def _read_one_of(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
+    def read(value: str, where: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"{where} must be {', '.join(allowed[:-1])} or {allowed[-1]}; got {value!r}")
+        return value
+
+    return read
+
+
+@dataclass(frozen=True)
+class _Form:
+    """How one setting beyond ``B,layers,alpha`` is written in each string form of :class:`Calibration`."""
+
+    field: str  # the Calibration field
+    default: Any  # no form writes the field at this value
+    label: Callable[[Any], str]  # its token in label() (``B128-L0.5-a0.5-<token>``)
+    words: Callable[[Any], str]  # its phrase in describe()
+    name: str  # NAME in spec()'s and parse()'s NAME=VALUE
+    hint: str  # VALUE in error messages (``trailing=POLICY``)
+    read: Callable[[str, str], Any]  # parse()'s reading of VALUE (the second argument names it in errors)
+    text: Callable[[Any], str] = str  # spec()'s VALUE
+    keyed_at_default: bool = True  # to_dict (hence key) writes it at its default (the fields older than keys)
+
+    def at_default(self, value: Any) -> bool:
+        return value is self.default or (isinstance(value, str) and value == self.default)
+
+
+_WORDS_QUERIES = {"all": "every query row", "pool": "the pooling row only"}
+_WORDS_TRAILING = {
+    "merge": "a last basket shorter than B merged into the one before",
+    "weighted": "each basket's mass in proportion to its size",
+}
+
+#: every setting beyond ``B,layers,alpha``, in the order label() and describe() write them
+_FORMS: tuple[_Form, ...] = (
+    _Form(
+        "queries", POOLING_DECIDES, str, _WORDS_QUERIES.__getitem__, "queries", "ROWS", _read_one_of(("pool", "all"))
+    ),
+    _Form(
+        "isolate_bos",
+        POOLING_DECIDES,
+        lambda v: f"bos{int(v)}",
+        lambda v: f"BOS {'in its own basket' if v else 'in the first basket'}",
+        "isolate_bos",
+        "BOOL",
+        _read_bool,
+        text=lambda v: str(v).lower(),
+    ),
+    _Form(
+        "isolate_eos",
+        POOLING_DECIDES,
+        lambda v: f"eos{int(v)}",
+        lambda v: f"EOS {'in its own basket' if v else 'in the last basket'}",
+        "isolate_eos",
+        "BOOL",
+        _read_bool,
+        text=lambda v: str(v).lower(),
+    ),
+    _Form(
+        "bos_weight",
+        "original",
+        lambda v: f"bw{v}",
+        lambda v: f"BOS {_mass_words(v)}",
+        "bos_weight",
+        "SHARE",
+        _read_share,
+    ),
+    _Form(
+        "eos_weight", "equal", lambda v: f"ew{v}", lambda v: f"EOS {_mass_words(v)}", "eos_weight", "SHARE", _read_share
+    ),
+    _Form(
+        "prior",
+        None,
+        lambda v: f"prior{v.bins}x{len(v.values)}.{v.digest()}",
+        lambda v: f"each basket divided by the positional prior ({v.bins} bins)",
+        "prior",
+        "FILE",
+        lambda value, where: load_prior(value),
+        keyed_at_default=False,
+    ),
+    _Form(
+        "self_share",
+        None,
+        lambda v: f"self{v:g}",
+        lambda v: f"keeping {v:g} of each row's self-attention",
+        "self",
+        "RHO",
+        _read_rho,
+        text=_number,
+        keyed_at_default=False,
+    ),
+    _Form(
+        "trailing",
+        "basket",
+        lambda v: f"trail{v}",
+        _WORDS_TRAILING.__getitem__,
+        "trailing",
+        "POLICY",
+        _read_one_of(TRAILING),
+        keyed_at_default=False,
+    ),
+    _Form(
+        "schedule",
+        "flat",
+        str,
+        lambda v: (
+            f"the strength {v} linearly over the calibrated layers (full in the {'last' if v == 'rising' else 'first'})"
+        ),
+        "schedule",
+        "SCHEDULE",
+        _read_one_of(SCHEDULES),
+        keyed_at_default=False,
+    ),
+)
+_FORM_BY_FIELD = {form.field: form for form in _FORMS}
+_FORM_BY_NAME = {form.name: form for form in _FORMS}
+#: the fields ``special=SHARE`` sets (BOS and EOS isolated, both given SHARE)
+_SPECIAL_FIELDS = ("isolate_bos", "isolate_eos", "bos_weight", "eos_weight")
+#: the order spec() writes its settings in ("special" stands for the four fields it sets, when it can)
+_SPEC_ORDER = ("prior", "self_share", "special", *_SPECIAL_FIELDS, "queries", "trailing", "schedule")
+_KNOWN_SETTINGS = ", ".join(
+    "special=SHARE" if n == "special" else f"{_FORM_BY_FIELD[n].name}={_FORM_BY_FIELD[n].hint}" for n in _SPEC_ORDER
+)
 
 
 def load_prior(path: str) -> PositionalPrior:
@@ -610,12 +761,15 @@ def load_prior(path: str) -> PositionalPrior:
 
 
 def parse_layers(text: str) -> int | float | tuple[int, ...]:
-    """The CLI form of ``layers``: ``6`` (last 6), ``0.5`` (last half) or ``3+4+5`` (explicit indices)."""
+    """The CLI form of ``layers``: ``6`` (last 6), ``0.5`` (last half), ``3+4+5`` (explicit indices) or ``5+``
+    (the one index 5)."""
     text = text.strip()
     try:
         if "+" in text:
-            return tuple(int(x) for x in text.split("+"))
-        if "." in text:
+            return tuple(
+                int(x) for x in (text[:-1] if text.count("+") == 1 and text.endswith("+") else text).split("+")
+            )
+        if "." in text or "e" in text.lower():
             return float(text)
         return int(text)
     except ValueError:
@@ -626,7 +780,8 @@ def parse_layers(text: str) -> int | float | tuple[int, ...]:
 
 @dataclass(frozen=True)
 class ResolvedCalibration:
-    """A :class:`Calibration` made concrete for one model."""
+    """A :class:`Calibration` made concrete for one model (:meth:`Calibration.resolve`): the same fields, every one
+    concrete, and the model's ``pooling``."""
 
     basket_size: int
     layers: tuple[int, ...]
@@ -662,23 +817,76 @@ class ResolvedCalibration:
         ordered = sorted(self.layers)
         return scheduled_strength(self.strength, self.schedule, ordered.index(layer), len(ordered))
 
+    def baskets(self, layer: int | None = None) -> BasketSettings:
+        """What the basket formula reads in layer ``layer``: the strength there (:meth:`layer_strength`) and the
+        positional prior's vector there; every other field as it is (``layer`` None: a flat schedule and a prior
+        shared by every layer).  The one function that builds the kernels' :class:`BasketSettings`."""
+        same = {f.name: getattr(self, f.name) for f in fields(BasketSettings)}
+        prior = None if self.prior is None else self.prior.density(layer)
+        return BasketSettings(**{**same, "strength": self.layer_strength(layer), "prior": prior})
+
     def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
-        """The keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`) for this calibration
-        in layer ``layer`` (needed when the positional prior is per layer).  ``prior`` / ``self_share`` /
-        ``trailing`` are included only when set (not the default), so a default setting calls the basket
-        functions exactly as before."""
-        kw: dict[str, Any] = dict(
-            basket_size=self.basket_size,
-            strength=self.layer_strength(layer),
-            isolate_bos=self.isolate_bos,
-            isolate_eos=self.isolate_eos,
-            bos_weight=self.bos_weight,
-            eos_weight=self.eos_weight,
-        )
-        if self.prior is not None:
-            kw["prior"] = self.prior.density(layer)
-        if self.self_share is not None:
-            kw["self_share"] = self.self_share
-        if self.trailing != "basket":
-            kw["trailing"] = self.trailing
-        return kw
+        """:meth:`baskets` as the keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`);
+        ``prior`` / ``self_share`` / ``trailing`` are included only when set (:meth:`BasketSettings.kwargs`)."""
+        return self.baskets(layer).kwargs()
+
+
+#: marks the fields of :class:`BasketSettings` its keyword form leaves out at their default (the variants)
+_VARIANT = {"variant": True}
+
+
+@dataclass(frozen=True)
+class BasketSettings:
+    """What the basket formula reads: one calibration in one layer, every value concrete.
+
+    The one value the basket functions take (:func:`~posfair.calibration.baskets.calibrate_rows`,
+    :func:`~posfair.calibration.baskets.calibrate_span_`, :func:`~posfair.calibration.baskets.basket_weights`,
+    the fused and CUDA kernels) and that says which texts change
+    (:func:`posfair.calibration.rule.row_changes`).  Built from a calibration by
+    :meth:`ResolvedCalibration.baskets`; the basket functions also take its fields as keywords
+    (``calibrate_rows(w, s, e, basket_size=4, strength=0.5)``), with these defaults.  ``strength`` is the
+    strength in this layer (the schedule applied) and ``prior`` the positional prior's density vector in this
+    layer (None: equal mass per basket); the other fields are :class:`Calibration`'s.  A new setting the formula
+    reads is a field here (named as in :class:`Calibration`, which fills it) and its use in the formula.
+    """
+
+    basket_size: int
+    strength: float = 1.0
+    isolate_bos: bool = False
+    isolate_eos: bool = False
+    bos_weight: Share = "original"
+    eos_weight: Share = "equal"
+    prior: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
+    self_share: float | None = field(default=None, metadata=_VARIANT)
+    trailing: Trailing = field(default="basket", metadata=_VARIANT)
+
+    def __post_init__(self) -> None:
+        if self.basket_size < 1:
+            raise ValueError(f"basket_size must be >= 1; got {self.basket_size}")
+        if not 0.0 <= self.strength <= 1.0:
+            raise ValueError(f"strength must be in [0, 1]; got {self.strength}")
+
+    @classmethod
+    def given(cls, settings: BasketSettings | None, keywords: dict[str, Any]) -> BasketSettings:
+        """``settings``, or the value of the fields given as ``keywords`` (the basket functions' keyword form)."""
+        if settings is None:
+            return cls(**keywords)
+        if keywords:
+            raise TypeError(f"give BasketSettings or its fields as keywords, not both (got also {sorted(keywords)})")
+        return settings
+
+    def kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments of the basket functions; the variants (``prior``, ``self_share``,
+        ``trailing``) only when set, so a default setting calls them as it always did."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("variant") and (value is None or (isinstance(value, str) and value == f.default)):
+                continue
+            out[f.name] = value
+        return out
+
+    @property
+    def has_variants(self) -> bool:
+        """Whether a positional prior or a self-attention share is set."""
+        return self.prior is not None or self.self_share is not None

@@ -20,7 +20,12 @@ Both work on numpy arrays and torch tensors alike (comparison operators only).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posfair.calibration.params import BasketSettings, Calibration, ResolvedCalibration
+
+    Concrete = BasketSettings | ResolvedCalibration | Calibration
 
 __all__ = ["basket_count", "engine_calibrates", "one_basket_changes", "row_changes"]
 
@@ -48,39 +53,35 @@ def basket_count(n_content: Any, basket_size: int, trailing: str = "basket") -> 
     return n + (n < 1)  # max(n, 1), elementwise on ints, numpy arrays and torch tensors
 
 
-def one_basket_changes(
-    *, isolate_bos: bool, isolate_eos: bool, bos_weight: Any, eos_weight: Any, self_share: float | None
-) -> bool:
+def one_basket_changes(settings: Concrete) -> bool:
     """Whether the formula changes a row whose content is exactly one basket: an isolated key is
     given a new share, or a self-attention share below 1 takes mass from the row's own key."""
-    reweights = (isolate_bos and bos_weight != "original") or (isolate_eos and eos_weight != "original")
-    return bool(reweights or (self_share is not None and float(self_share) != 1.0))
+    s = _concrete(settings)
+    reweights = (s.isolate_bos and s.bos_weight != "original") or (s.isolate_eos and s.eos_weight != "original")
+    return bool(reweights or (s.self_share is not None and float(s.self_share) != 1.0))
 
 
-def row_changes(
-    n_content: Any,
-    *,
-    basket_size: int,
-    strength: float,
-    isolate_bos: bool,
-    isolate_eos: bool,
-    bos_weight: Any,
-    eos_weight: Any,
-    self_share: float | None = None,
-    trailing: str = "basket",
-) -> Any:
+def row_changes(n_content: Any, settings: Concrete) -> Any:
     """Whether calibration changes the rows of a text with ``n_content`` content keys (elementwise):
     the formula runs and either the content is more than one basket (:func:`basket_count`) or the
-    one basket's row is changed by :func:`one_basket_changes`; never at strength 0."""
-    B = int(basket_size)
+    one basket's row is changed by :func:`one_basket_changes`; never at strength 0.
+
+    ``settings``: a concrete setting -- the kernels' :class:`~posfair.calibration.params.BasketSettings`, a
+    :class:`~posfair.calibration.params.ResolvedCalibration`, or a :class:`~posfair.Calibration` whose pooling
+    is resolved (:meth:`~posfair.Calibration.pooled`); they name their fields alike."""
+    s = _concrete(settings)
+    B = int(s.basket_size)
     runs = engine_calibrates(n_content, B)
-    if float(strength) == 0.0:
+    if float(s.strength) == 0.0:
         return runs & False
-    one = one_basket_changes(
-        isolate_bos=isolate_bos,
-        isolate_eos=isolate_eos,
-        bos_weight=bos_weight,
-        eos_weight=eos_weight,
-        self_share=self_share,
-    )
-    return runs & ((basket_count(n_content, B, trailing) > 1) | one)
+    return runs & ((basket_count(n_content, B, s.trailing) > 1) | one_basket_changes(s))
+
+
+def _concrete(settings: Concrete) -> Concrete:
+    """``settings``, refused with a TypeError when the pooling has yet to decide which keys it isolates."""
+    if not (isinstance(settings.isolate_bos, bool) and isinstance(settings.isolate_eos, bool)):
+        raise TypeError(
+            "the rule needs concrete settings: resolve the calibration for the model's pooling first "
+            f"(isolate_bos={settings.isolate_bos!r}, isolate_eos={settings.isolate_eos!r})"
+        )
+    return settings
