@@ -158,8 +158,9 @@ BACKENDS: tuple[Backend, ...] = (
         REGISTRY,
         flag_free=True,
     ),
-    # transformers refuses any implementation named "*sdpa*" for Gemma 2 (no SDPA: its attention soft-caps the
-    # scores), posfair's registered name included; its eager attention's softmax is intercepted
+    # Gemma 2 soft-caps its attention scores: transformers 5.x refuses any implementation named "*sdpa*" for it,
+    # posfair's included, and on 4.x, which lets it switch, posfair's registry kernels refuse the soft-cap; the
+    # softmax of its eager attention (after the soft-cap) is intercepted instead.  Not flag-free
     Backend(("gemma2",), "Gemma 2", FALLBACK, FALLBACK),
     # remote code: the published modelling code computes its attention itself
     Backend(
