@@ -68,7 +68,7 @@ def test_fit_all_warns_once_with_counts(obs):
         fit_all(obs, ["sigma"])
     msgs = [str(w.message) for w in rec if issubclass(w.category, FewClustersWarning)]
     assert len(msgs) == 1
-    assert "2 of 4 instances" in msgs[0] and "n=4 en: G=6" in msgs[0] and "n=4 [de, en, ..., en]: G=6" in msgs[0]
+    assert "2 of 4 instances" in msgs[0] and "n=4 en: G=6" in msgs[0] and "n=4 [de, en, en, en]: G=6" in msgs[0]
     assert "n=3" not in msgs[0]  # 24 sets: enough
     many = _observations({3: 20})
     with warnings.catch_warnings():

@@ -212,15 +212,16 @@ def test_the_terminal_summary_names_its_rows_as_the_report_does(results):
 
 
 def test_a_short_mixed_configuration_is_written_out_in_every_table(results):
-    """n = 3: "[de, en, en]" in every table of the page (headline, OLS, detail, fidelity, coverage, sampling), not
-    "[de, en, ..., en]", which is longer; the ellipsis only where it saves room (n = 5) or the column holds
+    """n = 3: "[de, en, en]" in every table of the page (headline, OLS, detail, fidelity, coverage, sampling) and
+    its few-clusters line, not "[de, en, ..., en]", which is longer; the ellipsis only where it saves room (n = 5) or the column holds
     several n."""
     from posfair.report.html import render_report
 
     result = results[0]
     html = render_report("audit", result.report_sections())
-    tables = _tables(html[: html.index(">Run parameters</h2>")])  # (the settings as given are the run's record)
-    assert "[de, en, ..., en]" not in tables and tables.count("[de, en, en]") >= 6
+    page = html[: html.index(">Run parameters</h2>")]  # (the settings as given are the run's record)
+    assert _tables(page).count("[de, en, en]") >= 6 and "[de, en, ..., en]" not in _words(page)
+    assert "n=3 [de, en, en]: G=3" in result.few_clusters_message()  # the few-clusters line over the tables too
     from posfair.fairness.audit_tables import coefficient_table, config_label  # the rule itself
 
     assert config_label("[de, en, ..., en]", 4) == "[de, en, en, en]"  # as long as the ellipsis: written out

@@ -8,14 +8,13 @@ Markdown, CSV, LaTeX and HTML.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import few_clusters, is_noop, share_of
+from posfair.fairness.documents import MIXED_CONFIG, config_label
 from posfair.report.tables import Table
 from posfair.stats.clusters import cluster_kind
 from posfair.stats.inference import FEW_CLUSTERS, MARK_LEGEND, describe_inference
@@ -45,20 +44,6 @@ CLUSTER_ROW = "G (clusters)"
 SHARE_ROW = "calibrated share"
 #: the legend line of the rows under each n block of :func:`coefficient_table`
 SHARE_LEGEND = "calibrated share: the fraction of the instance's documents the calibration changed (— for stock)"
-
-#: a mixed configuration's key, ``[LEAD, LATER, ..., LATER]``
-MIXED_CONFIG = re.compile(r"^\[(?P<lead>[^,\]]+), (?P<later>[^,\]]+), \.\.\., [^,\]]+\]$")
-
-
-def config_label(config: str, n: int | None = None) -> str:
-    """A language configuration as a table writes it for instances of ``n`` segments: a mixed one
-    (``[de, en, ..., en]``) in full where that is no longer (``[de, en, en]`` for n = 3, ``[de, en, en, en]``
-    for n = 4), the ellipsis only where it saves room or ``n`` is not one number; a monolingual one as it is."""
-    m = MIXED_CONFIG.match(str(config))
-    if not m or n is None:
-        return str(config)
-    full = "[" + ", ".join([m["lead"]] + [m["later"]] * (int(n) - 1)) + "]"
-    return full if len(full) <= len(str(config)) else str(config)
 
 
 def coef_label(coef: str | int) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -40,6 +41,8 @@ __all__ = [
     "token_segment_index",
     "prepare_corpus",
     "language_grid",
+    "config_label",
+    "MIXED_CONFIG",
 ]
 
 
@@ -86,6 +89,22 @@ class LanguageConfig:
     @property
     def needed(self) -> tuple[str, ...]:
         return (self.lead,) if not self.mixed else (self.lead, self.later)
+
+
+#: a mixed configuration's key, ``[LEAD, LATER, ..., LATER]``
+MIXED_CONFIG = re.compile(r"^\[(?P<lead>[^,\]]+), (?P<later>[^,\]]+), \.\.\., [^,\]]+\]$")
+
+
+def config_label(config: str, n: int | None = None) -> str:
+    """A language configuration (:attr:`LanguageConfig.name`) as a reader reads it for instances of ``n``
+    segments: a mixed one (``[de, en, ..., en]``) in full where that is no longer (``[de, en, en]`` for n = 3,
+    ``[de, en, en, en]`` for n = 4), the ellipsis only where it saves room or ``n`` is not one number; a
+    monolingual one as it is."""
+    m = MIXED_CONFIG.match(str(config))
+    if not m or n is None:
+        return str(config)
+    full = "[" + ", ".join([m["lead"]] + [m["later"]] * (int(n) - 1)) + "]"
+    return full if len(full) <= len(str(config)) else str(config)
 
 
 def language_grid(langs: Sequence[str]) -> tuple[LanguageConfig, ...]:
