@@ -333,10 +333,11 @@ def serve_section(text: str) -> tuple[str, list[str], list[str]] | None:
     return cmds[0], cmds[1:], blocks("python", found.group(1))
 
 
-def run_serve_section(text: str, folder: Path) -> list[str]:
+def run_serve_section(text: str, folder: Path, while_up=None) -> list[str]:
     """Start the section's ``posfair serve`` (forked; its port swapped for a free one in every command and block),
-    wait for its URL, run each command (exit 0, an OpenAI answer on stdout) and each Python block against it, stop
-    it with SIGTERM (exit 0, its Ray instance gone); returns the commands' outputs."""
+    wait for its URL, run each command (exit 0, an OpenAI answer on stdout) and each Python block against it, then
+    ``while_up(base_url)`` if given, stop it with SIGTERM (exit 0, its Ray instance gone); returns the commands'
+    outputs."""
     import json
     import signal
     import socket
@@ -368,6 +369,8 @@ def run_serve_section(text: str, folder: Path) -> list[str]:
             outputs.append(res.stdout)
         for i, code in enumerate(pys):
             exec(compile(swap(code), f"README serve block {i + 1}", "exec"), {"__name__": "__readme__"})
+        if while_up is not None:
+            while_up(f"http://127.0.0.1:{free}")
         os.kill(run.pid, signal.SIGTERM)
         stopped = True
         res = server().wait(run, timeout=120)
@@ -382,5 +385,23 @@ def run_serve_section(text: str, folder: Path) -> list[str]:
 
 @pytest.mark.skipif(serve_section(README.read_text(encoding="utf-8")) is None, reason="the README has no serve section")
 def test_the_readme_serve_section(tmp_path):
-    """The README's ``posfair serve`` section as written: its server, its curl commands and openai block against it."""
-    run_serve_section(README.read_text(encoding="utf-8"), tmp_path)
+    """The README's ``posfair serve`` section as written: its server, its curl commands and openai block against it.
+
+    The section's server runs without ``--truncate`` (the module server of tests/serve runs with it), so the
+    over-limit refusal is checked over HTTP here: a text over the token limit gets 400 in OpenAI's error shape."""
+
+    def over_the_limit(base: str) -> None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        body = json.dumps({"model": "bundled", "input": ["short", "word " * 2000]}).encode()
+        request = urllib.request.Request(f"{base}/v1/embeddings", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 400 and "X-Posfair-Truncated" not in refused.value.headers
+        error = json.loads(refused.value.read())["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "input", error
+        assert set(error) == {"message", "type", "param", "code"}
+
+    run_serve_section(README.read_text(encoding="utf-8"), tmp_path, while_up=over_the_limit)
