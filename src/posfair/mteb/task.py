@@ -36,7 +36,7 @@ from posfair.errors import PosfairInputError
 from posfair.evaluator_base import metric_name_part
 from posfair.model import FairModel
 from posfair.mteb.protocol import PositionalEncoder
-from posfair.mteb.search import searcher
+from posfair.mteb.exact_search import searcher
 from posfair.mteb.subsets import (
     _BIN,
     _BUCKET,
@@ -126,7 +126,7 @@ class PositionalRetrievalTask(AbsTaskRetrieval):
 
     def _evaluate_subset(self, model: Any, data_split: Any, **kwargs: Any) -> Any:
         # the corpus reaches the model in MTEB's document format without MTEB's converting map (and its progress
-        # bar, drawn whatever show_progress_bar says): posfair.mteb.search
+        # bar, drawn whatever show_progress_bar says): posfair.mteb.exact_search
         return super()._evaluate_subset(searcher(self._posfair_encoder(model)), data_split, **kwargs)
 
     def _posfair_encoder(self, model: Any) -> Any:
