@@ -128,3 +128,17 @@ def test_cli_by_family(tmp_path, tiny_model_path, make_corpus):
     res = CliRunner().invoke(app, [*base, "--by-family", "--out", str(tmp_path / "o4")])
     assert res.exit_code == 2 and "has one family in 'source' (faq)" in res.output
     assert not (tmp_path / "o4").exists()
+
+
+def test_a_short_mixed_configuration_is_written_out_in_the_family_tables(result):
+    """The family and heterogeneity tables name a mixed configuration as every other table does: in full where
+    that is no longer than the ellipsis (n = 3: [de, en, en]), with the ellipsis where it saves room (n = 6)."""
+    from posfair.fairness.families import family_table, heterogeneity_table
+
+    found, het = result.family_findings(), result.family_heterogeneity()
+    for n, written in ((3, "[de, en, en]"), (6, "[de, en, ..., en]")):
+        mixed = found.assign(config="[de, en, ..., en]", n=n)
+        rows = family_table(mixed, "m").frame.index.get_level_values("configuration")
+        assert set(rows) == {written}
+        rows = heterogeneity_table(het.assign(config="[de, en, ..., en]", n=n), "m").frame.index
+        assert set(rows.get_level_values("configuration")) == {written}

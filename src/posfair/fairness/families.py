@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from posfair.fairness.documents import config_label
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.io import atomic_write_json
 from posfair.report.html import Section, render_string
@@ -260,7 +261,13 @@ def family_table(findings: pd.DataFrame, model: str) -> Table:
     for r in findings.itertuples(index=False):
         row = r._asdict()
         index.append(
-            (row["calibration"] or STOCK_LABEL, int(row["n"]), row["config"], f"β{row['position']}", row["family"])
+            (
+                row["calibration"] or STOCK_LABEL,
+                int(row["n"]),
+                config_label(row["config"], row["n"]),
+                f"β{row['position']}",
+                row["family"],
+            )
         )
         q = "change" if paired else "stock"
 
@@ -302,7 +309,9 @@ def heterogeneity_table(het: pd.DataFrame, model: str) -> Table:
     """:func:`heterogeneity` as a report table."""
     index, cells = [], []
     for r in het.itertuples(index=False):
-        index.append((r.calibration or STOCK_LABEL, int(r.n), r.config, f"β{r.position}", r.quantity))
+        index.append(
+            (r.calibration or STOCK_LABEL, int(r.n), config_label(r.config, r.n), f"β{r.position}", r.quantity)
+        )
         cells.append([f"{r.Q:.2f}", str(int(r.df)), f"{r.p:.3g}", f"{100 * r.I2:.0f} %", r.families])
     frame = pd.DataFrame(
         cells,
