@@ -139,6 +139,7 @@ def test_automodel_token_states_match(tiny_model_path, tmp_path):
     model = posfair.load_model(path, pooling=pooling)
     model.set_calibration(CAL).save(str(tmp_path / "m"))
     want = model.encode(TEXTS, output_value="token_embeddings")
+    stock = model.encode(TEXTS, output_value="token_embeddings", calibration=STOCK)
     hf = AutoModel.from_pretrained(str(tmp_path / "m")).eval()
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "m"))
     feats = tok(TEXTS, padding=True, truncation=True, max_length=model.max_seq_length, return_tensors="pt")
@@ -147,6 +148,12 @@ def test_automodel_token_states_match(tiny_model_path, tmp_path):
     for i, w in enumerate(want):
         n = int(feats["attention_mask"][i].sum())
         np.testing.assert_allclose(states[i, :n].numpy(), w.numpy(), atol=1e-5)
+    # calibrated where it must be: the long text's states are not the stock ones (both sides stock would pass above)
+    assert (want[0] - stock[0]).abs().max() > 1e-3
+    with torch.no_grad():  # and transformers without the folder's calibration gives the stock states
+        plain = AutoModel.from_pretrained(path, attn_implementation="eager").eval()(**feats).last_hidden_state
+    n = int(feats["attention_mask"][0].sum())
+    np.testing.assert_allclose(plain[0, :n].numpy(), stock[0].numpy(), atol=1e-5)
 
 
 def test_previous_format_still_loads(tmp_path):

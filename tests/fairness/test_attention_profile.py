@@ -210,6 +210,14 @@ def test_figures_and_report_section(tiny_model, tmp_path):
         for p in profiles:
             np.testing.assert_allclose(lines[p.label].get_ydata(), p.mean(view))
             np.testing.assert_allclose(lines[p.label].get_xdata(), np.arange(1, len(p.mean(view)) + 1))
+    # the basket figure: each profile's basket means as its line, its BOS / EOS means as its two bars
+    ax_special, ax_baskets = plot_baskets(profiles).axes[:2]
+    lines = {line.get_label(): line for line in ax_baskets.get_lines()}
+    heights = [bar.get_height() for bar in ax_special.patches]
+    for k, p in enumerate(profiles):
+        np.testing.assert_allclose(lines[p.label].get_ydata(), p.mean("basket"))
+        np.testing.assert_allclose(heights[2 * k : 2 * k + 2], p.stats("special")["mean"])
+    assert np.abs(profiles[1].mean("basket") - profiles[0].mean("basket")).max() > 1e-3  # calibrated is not stock
     images = [ax.get_images()[0].get_array() for ax in plot_layer_heatmap(profiles).axes if ax.get_images()]
     for image, p in zip(images, profiles, strict=True):
         np.testing.assert_allclose(np.ma.filled(image, np.nan), p.heatmap("basket"))

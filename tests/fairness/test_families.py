@@ -8,6 +8,7 @@ import json
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import statsmodels.api as sm
 from scipy import stats
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 from posfair import Calibration
 from posfair.cli import app
 from posfair.fairness.experiment import AuditSettings
-from posfair.fairness.families import POOLED, cochran_q, families_of, family_findings, heterogeneity
+from posfair.fairness.families import POOLED, QUANTITIES, cochran_q, families_of, family_findings, heterogeneity
 from posfair.fairness.pipeline import audit
 from posfair.stats.inference import FewClustersWarning
 from posfair.stats.position_ols import position_design
@@ -102,8 +103,20 @@ def test_saved_tables_json_and_report(result, tmp_path):
     data = json.loads(paths["families"].read_text())
     assert {r["family"] for r in data["findings"]} == {"faq", "guide", POOLED}
     assert {r["quantity"] for r in data["heterogeneity"]} == {"β stock", "β calibrated", "change", "share removed"}
-    assert (tmp_path / "out" / "tables" / "families.md").exists()
-    assert (tmp_path / "out" / "tables" / "families_heterogeneity.csv").exists()
+    # the heterogeneity written is Cochran's Q of the saved per-family findings, by hand, row for row in the table
+    found = pd.DataFrame(data["findings"])
+    found = found[found["family"] != POOLED]
+    quantity = {label: q for q, label in QUANTITIES.items()}
+    for h in data["heterogeneity"]:
+        g = found[(found["n"] == h["n"]) & (found["config"] == h["config"]) & (found["position"] == h["position"])]
+        g = g[g["calibration"].isna()] if h["calibration"] is None else g[g["calibration"] == h["calibration"]]
+        x, se = g[f"{quantity[h['quantity']]}_estimate"].to_numpy(), g[f"{quantity[h['quantity']]}_se"].to_numpy()
+        w = 1 / se**2
+        assert len(x) == 2 and h["Q"] == pytest.approx(np.sum(w * (x - np.sum(w * x) / np.sum(w)) ** 2), rel=1e-9)
+    table = pd.read_csv(tmp_path / "out" / "tables" / "families_heterogeneity.csv", dtype=str)
+    assert table["Q"].tolist() == [f"{h['Q']:.2f}" for h in data["heterogeneity"]]
+    md = (tmp_path / "out" / "tables" / "families.md").read_text()
+    assert all(f"{e:+.3f} [" in md for e in found["stock_estimate"])  # every family's β stock is in the table
     html = paths["report"].read_text()
     assert "Per document family" in html and "Heterogeneity across document families" in html
 

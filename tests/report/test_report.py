@@ -132,6 +132,11 @@ def test_profile_grid_and_report(tmp_path):
         expected = cell.groupby(["x", "cluster"])["value"].mean().groupby("x").mean()
         np.testing.assert_allclose(lines["stock"].get_xydata(), np.c_[expected.index, expected.to_numpy()])
         np.testing.assert_allclose(lines["cal"].get_ydata(), expected.to_numpy() + 0.05)
+    # the grey bars are the bars' per-position means (100 + x here), one bar per position, in the same panels
+    bar_axes = [ax for ax in fig.axes if ax.patches and not ax.get_lines()]
+    for ax, n in zip(bar_axes, [2, 2, 3, 3], strict=True):
+        drawn = [(p.get_x() + p.get_width() / 2, p.get_height()) for p in ax.patches]
+        np.testing.assert_allclose(drawn, [(x, 100 + x) for x in range(1, n + 1)])
     png = save_figure(fig, tmp_path / "fig")
     assert (tmp_path / "fig.png").read_bytes() == png
     assert (tmp_path / "fig.pdf").read_bytes()[:4] == b"%PDF"

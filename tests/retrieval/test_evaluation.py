@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 import json
 
@@ -9,8 +10,8 @@ from posfair import Calibration
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.evaluator import QWEN3_QUERY_PROMPT, PositionalRetrievalEvaluator, default_query_prompt
 from posfair.retrieval.result_tables import bucket_table, group_table, to_latex, to_markdown
-from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.resumable_sweep import paper_grid, run_sweep, strength_sweep
+from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.store import EmbeddingStore
 
 CAL = Calibration(basket_size=16, layers=0.5, strength=0.5)
@@ -133,6 +134,18 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     heading = figure_heading(fig)
     assert layout_problems(fig) == [] and "baskets of 16 tokens" in heading
     assert results[0].model and results[0].model in heading and f"token limit {model.max_seq_length}" in heading
+    # the curves are the results: per group and for Harm, 100 x (calibrated - stock) at strengths 0 (stock), .5, 1;
+    # on this small benchmark calibration leaves nDCG as stock's, so the calibrated points are moved by known amounts
+    stock = next(r for r in results if r.method == "stock")
+    moved = [r if r is stock else dataclasses.replace(
+        r, groups={g: v - 0.01 * (i + 1) * r.calibration["strength"] for i, (g, v) in enumerate(r.groups.items())},
+        metrics=r.metrics | {"harm": r.metrics["harm"] - 0.05 * r.calibration["strength"]}) for r in results]  # fmt: skip
+    by_strength = {Calibration.from_dict(r.calibration).strength: r for r in moved if r.method == "calibrated"}
+    drawn = {line.get_label(): line.get_xydata() for line in strength_figure(moved, 16).axes[0].get_lines()}
+    curves = {g: (lambda r, g=g: r.groups[g]) for g in stock.groups} | {"Harm": lambda r: r.metrics["harm"]}
+    for label, value in curves.items():
+        want = [(0.0, 0.0)] + [(s, 100 * (value(by_strength[s]) - value(stock))) for s in (0.5, 1.0)]
+        np.testing.assert_allclose(drawn[label], want, atol=1e-9, err_msg=label)
 
     calls = {"n": 0}
     original = model.encode

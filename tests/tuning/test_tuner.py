@@ -277,7 +277,13 @@ def test_evaluator_style_call(tmp_path):
     chosen = tuner.last_result.chosen
     assert metrics["tn_chosen_strength"] == pytest.approx(chosen.strength) and abs(chosen.strength - 0.7) < 0.02
     assert metrics["tn_test_chosen_score"] == pytest.approx(synthetic(chosen, TEST)["score"])
-    assert (tmp_path / "tn" / "tables" / "pareto.md").exists()
+    # the Pareto table lists the dev trials no other dev trial beats on both (lower score, higher guard), by brute force
+    dev = tuner.last_result.dev_trials()
+    front = {t.label for t in dev if not any(
+        o.metrics["score"] <= t.metrics["score"] and o.metrics["guard"] >= t.metrics["guard"]
+        and (o.metrics["score"], o.metrics["guard"]) != (t.metrics["score"], t.metrics["guard"]) for o in dev)}  # fmt: skip
+    table = pd.read_csv(tmp_path / "tn" / "tables" / "pareto.csv")
+    assert len(front) > 1 and set(table["setting"]) == front and len(table) == len(front)
 
 
 def test_search_logs_and_shows_progress(caplog, capsys):

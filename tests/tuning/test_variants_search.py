@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -23,7 +24,7 @@ from posfair.tuning import (
     pareto_front,
     run_search,
 )
-from posfair.tuning.outputs import write_outputs
+from posfair.tuning.outputs import fronts_figure, write_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fairness"))
 from conftest import tiny_corpus  # noqa: E402
@@ -150,7 +151,17 @@ def test_joint_search_fronts_and_test_confirmation(tmp_path):
     saved = json.loads((tmp_path / "tune.json").read_text())
     assert set(saved["fronts"]) == set(SPACE.variants) and saved["space"]["variants"] == list(SPACE.variants)
     paths = write_outputs(res, tmp_path / "out")
-    assert (tmp_path / "out" / "fronts.png").stat().st_size > 10_000 and "table:variants.md" in paths
+    assert (
+        paths["fronts"] == tmp_path / "out" / "fronts.png"
+        and paths["fronts"].is_file()
+        and "table:variants.md" in paths
+    )
+    # the fronts figure draws each variant's front: its line joins the front's settings (stock starred apart)
+    lines = {line.get_label(): line for line in fronts_figure(res).axes[0].get_lines()}
+    for v in SPACE.variants:
+        front = sorted((t.metrics["score"], t.metrics["guard"]) for t in res.fronts[v] if t.key != "stock")
+        assert front, v
+        np.testing.assert_allclose(lines[f"{v} front"].get_xydata(), front, err_msg=v)
     table = (tmp_path / "out" / "tables" / "variants.md").read_text()
     for c in res.variant_best.values():
         assert c.label() in table
