@@ -11,20 +11,32 @@ files); the language grid: :mod:`~posfair.fairness.language` (regressions) / :mo
 The attention diagnosis and the prior estimator are :mod:`posfair.attention`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from posfair._lazy import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
-    "posfair.fairness",
-    {
-        "audit": ".pipeline",
-        "PositionalFairnessEvaluator": ".pipeline",
-        "AuditSettings": ".experiment",
-        "AuditResult": ".results",
-        "LanguageConfig": ".documents",
-        "language_grid": ".documents",
-        "fit_position_ols": "posfair.stats.position_ols",
-        "Inference": "posfair.stats.inference",
-        "FewClustersWarning": "posfair.stats.inference",
-        "language_effects": ".language",
-    },
-)
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.fairness.documents import LanguageConfig, language_grid  # noqa: F401
+    from posfair.fairness.experiment import AuditSettings  # noqa: F401
+    from posfair.fairness.language import language_effects  # noqa: F401
+    from posfair.fairness.pipeline import PositionalFairnessEvaluator, audit  # noqa: F401
+    from posfair.fairness.results import AuditResult  # noqa: F401
+    from posfair.stats.inference import FewClustersWarning, Inference  # noqa: F401
+    from posfair.stats.position_ols import fit_position_ols  # noqa: F401
+
+_EXPORTS = {
+    "audit": ".pipeline",
+    "PositionalFairnessEvaluator": ".pipeline",
+    "AuditSettings": ".experiment",
+    "AuditResult": ".results",
+    "LanguageConfig": ".documents",
+    "language_grid": ".documents",
+    "fit_position_ols": "posfair.stats.position_ols",
+    "Inference": "posfair.stats.inference",
+    "FewClustersWarning": "posfair.stats.inference",
+    "language_effects": ".language",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.fairness", _EXPORTS)

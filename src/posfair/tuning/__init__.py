@@ -10,29 +10,49 @@ retrieval, any function), :mod:`.tuner` (:func:`tune`, :class:`CalibrationTuner`
 :mod:`.outputs` (tables, figure, tuned model).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from posfair._lazy import lazy_exports
 
-__all__, __getattr__, __dir__ = lazy_exports(
-    "posfair.tuning",
-    {
-        **dict.fromkeys(["CalibrationTuner", "make_objective", "tune"], ".tuner"),
-        **dict.fromkeys(
-            [
-                "DEV",
-                "TEST",
-                "FairnessObjective",
-                "FunctionObjective",
-                "Objective",
-                "RetrievalObjective",
-                "default_fairness_settings",
-                "split_ids",
-            ],
-            ".objectives",
-        ),
-        **dict.fromkeys(["save_tuned_model", "write_outputs"], ".outputs"),
-        **dict.fromkeys(["SearchSpace", "Trial"], ".space"),
-        "TuneResult": ".result",
-        "pareto_front": ".front",
-        "run_search": ".trials",
-    },
-)
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.tuning.front import pareto_front  # noqa: F401
+    from posfair.tuning.objectives import (  # noqa: F401
+        DEV,
+        TEST,
+        FairnessObjective,
+        FunctionObjective,
+        Objective,
+        RetrievalObjective,
+        default_fairness_settings,
+        split_ids,
+    )
+    from posfair.tuning.outputs import save_tuned_model, write_outputs  # noqa: F401
+    from posfair.tuning.result import TuneResult  # noqa: F401
+    from posfair.tuning.space import SearchSpace, Trial  # noqa: F401
+    from posfair.tuning.trials import run_search  # noqa: F401
+    from posfair.tuning.tuner import CalibrationTuner, make_objective, tune  # noqa: F401
+
+_EXPORTS = {
+    "CalibrationTuner": ".tuner",
+    "make_objective": ".tuner",
+    "tune": ".tuner",
+    "DEV": ".objectives",
+    "TEST": ".objectives",
+    "FairnessObjective": ".objectives",
+    "FunctionObjective": ".objectives",
+    "Objective": ".objectives",
+    "RetrievalObjective": ".objectives",
+    "default_fairness_settings": ".objectives",
+    "split_ids": ".objectives",
+    "save_tuned_model": ".outputs",
+    "write_outputs": ".outputs",
+    "SearchSpace": ".space",
+    "Trial": ".space",
+    "TuneResult": ".result",
+    "pareto_front": ".front",
+    "run_search": ".trials",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("posfair.tuning", _EXPORTS)
