@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING
 from posfair._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
-    from posfair.model.calibrated_transformer import CalibratedTransformer
-    from posfair.model.fair_model import (
+    from posfair.model.calibrated_transformer import CalibratedTransformer  # noqa: F401
+    from posfair.model.fair_model import (  # noqa: F401
         BUNDLED_MODEL_NAME,
         FairModel,
         bundled_model_path,
         input_reported,
         load_model,
     )
-    from posfair.model.info import display_name, model_fingerprint, position_limit, token_limit
+    from posfair.model.info import display_name, model_fingerprint, position_limit, token_limit  # noqa: F401
 
 _EXPORTS = {
     "load_model": ".fair_model",

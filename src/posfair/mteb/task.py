@@ -35,8 +35,8 @@ from posfair.calibration import MODEL_DEFAULT
 from posfair.errors import PosfairInputError
 from posfair.evaluator_base import metric_name_part
 from posfair.model import FairModel
-from posfair.mteb.protocol import PositionalEncoder
 from posfair.mteb.exact_search import searcher
+from posfair.mteb.protocol import PositionalEncoder
 from posfair.mteb.subsets import (
     _BIN,
     _BUCKET,
