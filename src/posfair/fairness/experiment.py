@@ -45,7 +45,7 @@ from posfair.fairness.documents import (
 )
 from posfair.fairness.measures import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.model import model_fingerprint
-from posfair.model_info import display_name
+from posfair.model.info import display_name
 from posfair.stats.inference import Inference
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
