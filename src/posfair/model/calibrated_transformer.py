@@ -114,6 +114,11 @@ class CalibratedTransformer(Transformer):
     Extra config keys (saved in ``sentence_bert_config.json``):
     ``posfair_calibration`` (a :class:`Calibration` as a dict, or None for none) and
     ``posfair_pooling`` ("cls" / "mean" / "lasttoken").
+
+    Texts are tokenised as given, on both stacks: nothing is stripped (sentence-transformers 6.x
+    strips nothing; 5.x's ``tokenize`` strips each text, which this class leaves out), so a text
+    ending in a space keeps the trailing "▁" token of a SentencePiece vocabulary, as the model's
+    tokenizer called on the text gives it.
     """
 
     config_keys = [*Transformer.config_keys, "posfair_calibration", "posfair_pooling"]
@@ -121,6 +126,11 @@ class CalibratedTransformer(Transformer):
     def __init__(self, *args, posfair_calibration: dict | None = None, posfair_pooling: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._posfair_init(posfair_calibration, posfair_pooling)
+
+    if not compat.ST_6:  # 5.x: its tokenize strips each text first; posfair's tokenises it as given (as 6.x does)
+
+        def tokenize(self, texts: list, padding: str | bool = True) -> dict[str, Any]:
+            return compat.tokenize_as_given(self, texts, padding)
 
     # -- setup -----------------------------------------------------------------------------
     def _posfair_init(self, calibration: dict | Calibration | None, pooling: str | None) -> None:

@@ -17,7 +17,8 @@ What differs:
   ``_load_with_module_classes``; 5.x imports the ``modules.json`` type by name.
 - Preparing inputs: 6.x has ``preprocess`` (prompt + tokenisation) and
   ``get_embedding_dimension``; 5.x prepends the prompt itself and calls ``tokenize``, and
-  names the dimension ``get_sentence_embedding_dimension``.
+  names the dimension ``get_sentence_embedding_dimension``.  5.x's ``tokenize`` strips each
+  text first, 6.x's does not: posfair tokenises texts as given on both (:func:`tokenize_as_given`).
 - transformers' attention registry (``AttentionInterface`` / ``AttentionMaskInterface``)
   exists on both, with the same signatures (:mod:`posfair.calibration.registry` uses it
   directly); which *architectures* dispatch through it
@@ -49,6 +50,7 @@ __all__ = [
     "set_pooling_mode",
     "load_with_module_classes",
     "preprocess",
+    "tokenize_as_given",
     "resolve_prompt",
     "embedding_dimension",
     "reaches_registry",
@@ -163,6 +165,30 @@ def preprocess(model, texts: list[str], prompt: str | None, **kwargs: Any) -> di
     if prompt:
         texts = [prompt + t for t in texts]
     return model.tokenize(texts, **kwargs)
+
+
+def tokenize_as_given(module, texts: list, padding: str | bool = True) -> dict[str, Any]:
+    """sentence-transformers 5.x's ``Transformer.tokenize`` of ``module`` without its strip: the texts (single,
+    ``{key: text}`` or pairs) tokenised as given, lower-cased if the module says so, truncated to its
+    ``max_seq_length``.  posfair tokenises texts as given on both stacks (6.x strips nothing; 5.x strips each
+    text first, so a text ending in a space lost the trailing "▁" token a SentencePiece vocabulary gives it)."""
+    output: dict[str, Any] = {}
+    if isinstance(texts[0], str):
+        columns = [list(texts)]
+    elif isinstance(texts[0], dict):
+        output["text_keys"] = [next(iter(lookup)) for lookup in texts]
+        columns = [[next(iter(lookup.values())) for lookup in texts]]
+    else:
+        columns = [[pair[0] for pair in texts], [pair[1] for pair in texts]]
+    columns = [[str(s) for s in col] for col in columns]
+    if module.do_lower_case:
+        columns = [[s.lower() for s in col] for col in columns]
+    output.update(
+        module.tokenizer(
+            *columns, padding=padding, truncation="longest_first", return_tensors="pt", max_length=module.max_seq_length
+        )
+    )
+    return output
 
 
 def embedding_dimension(model) -> int | None:
