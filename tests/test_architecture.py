@@ -466,3 +466,29 @@ def test_the_backend_table_imports_only_the_standard_library():
     assert level(BACKENDS_TABLE) == 0
     imported = imports_of(MODULES[BACKENDS_TABLE])
     assert sorted(m for m in imported if m.split(".")[0] not in sys.stdlib_module_names) == []
+
+
+def _readme_layout() -> str:
+    text = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Project layout")
+    return text[text.index("```text", start) : text.index("```\n", text.index("```text", start) + 7)]
+
+
+def test_the_readme_layout_names_every_package_and_module():
+    """README's "Project layout" block names every package of src/posfair, every module of each package (as the
+    word before its description) and every top-level module; and it names no module that does not exist."""
+    layout = _readme_layout()
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", layout))
+    missing = []
+    for path in sorted(PACKAGE.iterdir()):
+        if path.is_dir() and (path / "__init__.py").exists():
+            if f"{path.name}/" not in layout:
+                missing.append(f"{path.name}/")
+            missing += [f"{path.name}/{m.stem}" for m in sorted(path.glob("*.py"))
+                        if m.stem not in ("__init__", "__main__") and m.stem not in words]  # fmt: skip
+        elif path.suffix == ".py" and path.name not in layout:
+            missing.append(path.name)
+    assert not missing, f"README's project layout does not name: {missing}"
+    named = re.findall(r"\b([a-z_0-9]+\.py)\b", layout)
+    gone = [n for n in named if not any(PACKAGE.rglob(n)) and not (SRC.parent / "scripts" / n).exists()]
+    assert not gone, f"README's project layout names modules that do not exist: {gone}"
