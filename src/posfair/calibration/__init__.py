@@ -9,7 +9,12 @@ from posfair._lazy import lazy_exports
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice  # noqa: F401
     from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback  # noqa: F401
-    from posfair.calibration.params import Calibration, ResolvedCalibration  # noqa: F401
+    from posfair.calibration.params import (  # noqa: F401
+        POOLING_DECIDES,
+        BasketSettings,
+        Calibration,
+        ResolvedCalibration,
+    )
 
 _EXPORTS = {
     "MODEL_DEFAULT": ".choice",
@@ -19,6 +24,8 @@ _EXPORTS = {
     "quiet_fallback": ".coverage",
     "Calibration": ".params",
     "ResolvedCalibration": ".params",
+    "BasketSettings": ".params",
+    "POOLING_DECIDES": ".params",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports("posfair.calibration", _EXPORTS)
