@@ -1,3 +1,4 @@
+import base64
 import logging
 import re
 
@@ -184,9 +185,12 @@ def test_save_writes_everything(result, tmp_path):
     pd.testing.assert_frame_equal(obs, result.observations, check_dtype=False)
     html = paths["report"].read_text()
     assert "data:image/png;base64," in html and "OLS coefficients" in html and result.model["fingerprint"] in html
-    for stem in ("profiles_main", "profiles_control"):
-        assert (tmp_path / "out" / "figures" / f"{stem}.png").stat().st_size > 1000
-        assert (tmp_path / "out" / "figures" / f"{stem}.pdf").exists()
+    pngs = {}
+    for stem in ("profiles_main", "profiles_control"):  # what each draws: report/test_audit_output.py
+        pngs[stem] = (tmp_path / "out" / "figures" / f"{stem}.png").read_bytes()
+        assert "data:image/png;base64," + base64.b64encode(pngs[stem]).decode() in html  # the figure the report shows
+        assert (tmp_path / "out" / "figures" / f"{stem}.pdf").read_bytes()[:4] == b"%PDF"
+    assert pngs["profiles_main"] != pngs["profiles_control"]
     assert (tmp_path / "out" / "tables" / "sigma_stock_main.tex").read_text().startswith("\\begin{table}")
     detail = pd.read_csv(tmp_path / "out" / "tables" / "sigma_stock_main_detail.csv")
     assert list(detail.columns) == [

@@ -16,7 +16,7 @@ from posfair.errors import PosfairInputError
 from posfair.fairness.documents import LanguageConfig, language_grid
 from posfair.fairness.experiment import AuditSettings, build_instances
 from posfair.fairness.language import fit_language_ols, has_language_grid, language_effects, segment_tokens
-from posfair.fairness.language_tables import beta2_grid, grid_matrices
+from posfair.fairness.language_tables import beta2_grid, grid_languages, grid_matrices
 from posfair.fairness.pipeline import audit
 from posfair.stats.inference import FewClustersWarning
 
@@ -164,6 +164,13 @@ def test_report_has_the_language_section(result, tmp_path):
     assert layout_problems(fig) == []
     cells = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert cells and all("\nG=" in c for c in cells)
+    # the stock panel's cells are each instance's own regression: β2 of σ for lead (row) and later (column) language
+    stock = np.ma.filled(next(ax.get_images()[0].get_array() for ax in fig.axes if ax.get_images()), np.nan)
+    langs = grid_languages(result.observations)
+    assert stock.shape == (len(langs), len(langs)) == (3, 3)
+    for (i, lead), (j, later) in itertools.product(enumerate(langs), repeat=2):
+        config = lead if lead == later else f"[{lead}, {later}, ..., {later}]"
+        assert stock[i, j] == pytest.approx(result.ols(n=3, config=config).params[1], abs=1e-12), (lead, later)
     eff = pd.read_csv(tmp_path / "out" / "language_effects.csv")
     assert set(eff["language"]) == set(LANGS)
     assert set(eff["measure"]) == {"sigma", "margin"}
