@@ -11,81 +11,65 @@ from posfair.cli import checks
 from posfair.cli.options import Corpus, Langs, MaxSeqLength, Model, OutFolder, Seed, Unit
 from posfair.cli.parsers import comma_list, integer, joined, lang_code, name_part
 
+Sources = Annotated[
+    list[str],
+    typer.Option(
+        "--sources",
+        parser=comma_list(str),
+        callback=joined,
+        metavar="SOURCE,...",
+        show_default="all",
+        help="Values of the corpus' 'source' column to keep, comma-separated.",
+    ),
+]
+SegmentsPerDocument = Annotated[int, typer.Option("--k", parser=integer(1), metavar="K", help="Segments per document.")]
+BenchmarkName = Annotated[str, typer.Option("--name", parser=name_part, metavar="NAME", help="Benchmark name.")]
+Domain = Annotated[str, typer.Option("--domain", parser=name_part, metavar="DOMAIN", help="Domain folder name.")]
+MaxDocTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-doc-tokens",
+        parser=integer(0),
+        metavar="TOKENS",
+        show_default="the model's token limit minus its special tokens",
+        help="Document token budget without special tokens (segments over budget // k are dropped); 0 = no limit.",
+    ),
+]
+BudgetLangs = Annotated[
+    list[str],
+    typer.Option(
+        "--budget-langs",
+        parser=comma_list(lang_code),
+        callback=joined,
+        metavar="LANG,...",
+        show_default="all of --lang",
+        help="Languages whose documents must fit --max-doc-tokens, comma-separated.",
+    ),
+]
+
 
 def build_benchmark(
     out: OutFolder = Path("posfair-build-benchmark"),
     corpus: Corpus = None,
     unit: Unit = None,
-    sources: Annotated[
-        list[str],
-        typer.Option(
-            "--sources",
-            parser=comma_list(str),
-            callback=joined,
-            metavar="SOURCE,...",
-            show_default="all",
-            help="Values of the corpus' 'source' column to keep, comma-separated.",
-        ),
-    ] = (),
+    sources: Sources = (),
     langs: Langs = ("en",),
-    k: Annotated[int, typer.Option("--k", parser=integer(1), metavar="K", help="Segments per document.")] = 3,
+    k: SegmentsPerDocument = 3,
     seed: Seed = 0,
-    name: Annotated[str, typer.Option("--name", parser=name_part, metavar="NAME", help="Benchmark name.")] = "aligned",
-    domain: Annotated[
-        str, typer.Option("--domain", parser=name_part, metavar="DOMAIN", help="Domain folder name.")
-    ] = "all",
-    max_doc_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--max-doc-tokens",
-            parser=integer(0),
-            metavar="TOKENS",
-            show_default="the model's token limit minus its special tokens",
-            help="Document token budget without special tokens (segments over budget // k are dropped); 0 = no limit.",
-        ),
-    ] = None,
-    budget_langs: Annotated[
-        list[str],
-        typer.Option(
-            "--budget-langs",
-            parser=comma_list(lang_code),
-            callback=joined,
-            metavar="LANG,...",
-            show_default="all of --lang",
-            help="Languages whose documents must fit --max-doc-tokens, comma-separated.",
-        ),
-    ] = (),
+    name: BenchmarkName = "aligned",
+    domain: Domain = "all",
+    max_doc_tokens: MaxDocTokens = None,
+    budget_langs: BudgetLangs = (),
     model: Model = None,
     max_seq_length: MaxSeqLength = None,
 ) -> None:
     """Build a position-aware benchmark from an aligned corpus, saved in PosIR's layout (the model's tokenizer counts tokens)."""
     # pandas, the corpus loader and the model are imported here, when the command runs, so that --help stays fast
-    import json
-
-    from posfair.cli.error_boundary import PosfairInputError, data_errors, input_error
-    from posfair.cli.inputs import load_corpus
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.error_boundary import data_errors
     from posfair.retrieval.benchmarks import build_from_corpus
 
-    outside = [lang for lang in budget_langs if lang not in langs]
-    if outside:
-        raise input_error(
-            "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --lang {','.join(langs)}"
-        )
-    checks.output_folder(out)
-    model_id = checks.model_source(model)
-    df = load_corpus(corpus, list(langs), unit=unit)
-    if sources:
-        if "source" not in df.columns:
-            raise PosfairInputError(f"--sources given, but the corpus {corpus or 'bundled'} has no 'source' column")
-        unknown = sorted(set(sources) - set(df["source"].unique()))
-        if unknown:
-            raise input_error(
-                "--sources",
-                ",".join(sources),
-                f"unknown source(s) {unknown}; available: {sorted(df['source'].unique())}",
-            )
-        df = df[df["source"].isin(sources)]
+    model_id = _check_options(budget_langs, langs, out, model)
+    df = _load_corpus(corpus, langs, unit, sources)
     m = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=False, device="cpu")
     if max_doc_tokens is None:
         max_doc_tokens = m.max_seq_length - m.special_token_count()
@@ -103,8 +87,48 @@ def build_benchmark(
             budget_langs=list(budget_langs) or None,
             max_seq_length=m.max_seq_length,
         )
+    _say_built(path, k, langs)
+
+
+def _check_options(budget_langs, langs, out: Path, model) -> str:
+    """The options ``build-benchmark`` refuses and the folder it checks, before any work; the model's source."""
+    from posfair.cli.error_boundary import input_error
+
+    outside = [lang for lang in budget_langs if lang not in langs]
+    if outside:
+        raise input_error(
+            "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --lang {','.join(langs)}"
+        )
+    checks.output_folder(out)
+    return checks.model_source(model)
+
+
+def _load_corpus(corpus, langs, unit, sources):
+    """The corpus in ``langs``, kept to ``--sources`` when given (each checked against its 'source' column)."""
+    from posfair.cli.error_boundary import PosfairInputError, input_error
+    from posfair.cli.inputs import load_corpus
+
+    df = load_corpus(corpus, list(langs), unit=unit)
+    if sources:
+        if "source" not in df.columns:
+            raise PosfairInputError(f"--sources given, but the corpus {corpus or 'bundled'} has no 'source' column")
+        unknown = sorted(set(sources) - set(df["source"].unique()))
+        if unknown:
+            raise input_error(
+                "--sources",
+                ",".join(sources),
+                f"unknown source(s) {unknown}; available: {sorted(df['source'].unique())}",
+            )
+        df = df[df["source"].isin(sources)]
+    return df
+
+
+def _say_built(path: Path, k: int, langs) -> None:
+    """The benchmark written at ``path`` in a sentence, then each language's size (a warning when it is small)."""
+    import json
     import warnings
 
+    from posfair.cli.terminal_progress import console
     from posfair.retrieval.benchmarks import BenchmarkSizeWarning, load_benchmark
 
     info = json.loads((path / "benchmark.json").read_text())
