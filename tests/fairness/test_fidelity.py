@@ -1,5 +1,7 @@
 """The fidelity measures (margin, own-segment recall@n, drift) against direct NumPy computations."""
 
+import base64
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -155,6 +157,8 @@ def test_summary_tables_figure_and_report(result, tmp_path):
     assert "recall@n" in md and f"{stock['recall']:.3f}" in md and "(control)" in md
     html = paths["report"].read_text()
     assert "Fidelity" in html and "own-segment recall" in html
+    png = (tmp_path / "out" / "figures" / "fidelity.png").read_bytes()
+    assert "data:image/png;base64," + base64.b64encode(png).decode() in html  # the trade-off figure the report shows
     saved = pd.read_parquet(paths["observations"])
     assert {"margin", "recall", "drift", "other_cos"} <= set(saved.columns)
     pd.testing.assert_frame_equal(
