@@ -22,6 +22,68 @@ from posfair.cli.options import (
 )
 from posfair.cli.parsers import integer
 
+Host = Annotated[
+    str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on (127.0.0.1: this machine only).")
+]
+Port = Annotated[int, typer.Option("--port", parser=integer(1, 65535), metavar="PORT", help="Port to listen on.")]
+Replicas = Annotated[
+    int,
+    typer.Option(
+        "--replicas",
+        parser=integer(1),
+        metavar="N",
+        help="Model replicas (each its share of the CPUs, or one GPU).",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        show_default="a local Ray instance of its own",
+        help=(
+            "Serve on a running Ray cluster: 'auto' or 'ray://host:port'. A Ray Serve instance already running "
+            "there keeps the address it started with, so posfair serves there only at that --host/--port, "
+            "beside no other posfair server and no application on route '/'; otherwise it refuses (exit 2) "
+            "before loading anything, naming the instance's address."
+        ),
+    ),
+]
+MaxBatchTokens = Annotated[
+    int,
+    typer.Option(
+        "--max-batch-tokens",
+        parser=integer(1),
+        metavar="TOKENS",
+        help=(
+            "Padded-token budget of one forward pass; requests arriving together share passes (a batch of "
+            "/v1/segments requests holds documents of at most this many tokens in all)."
+        ),
+    ),
+]
+ApiKeyEnv = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key-env",
+        metavar="VAR",
+        help="Require 'Authorization: Bearer KEY', KEY being the value of this environment variable.",
+    ),
+]
+Truncate = Annotated[
+    bool,
+    typer.Option(
+        "--truncate",
+        help="Truncate texts over the token limit (the X-Posfair-Truncated header counts them) instead of refusing them.",
+    ),
+]
+RequestCalibration = Annotated[
+    bool,
+    typer.Option(
+        "--request-calibration",
+        help="Let a request choose its calibration ('stock', 'default' or a spec; never a prior file).",
+    ),
+]
+
 
 def serve(
     model: Model = None,
@@ -29,69 +91,14 @@ def serve(
     basket_size: BasketSize = None,
     layers: CalibrationLayers = None,
     strength: Strength = None,
-    host: Annotated[
-        str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on (127.0.0.1: this machine only).")
-    ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option("--port", parser=integer(1, 65535), metavar="PORT", help="Port to listen on.")
-    ] = 8000,
-    replicas: Annotated[
-        int,
-        typer.Option(
-            "--replicas",
-            parser=integer(1),
-            metavar="N",
-            help="Model replicas (each its share of the CPUs, or one GPU).",
-        ),
-    ] = 1,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            "--ray-address",
-            metavar="ADDRESS",
-            show_default="a local Ray instance of its own",
-            help=(
-                "Serve on a running Ray cluster: 'auto' or 'ray://host:port'. A Ray Serve instance already running "
-                "there keeps the address it started with, so posfair serves there only at that --host/--port, "
-                "beside no other posfair server and no application on route '/'; otherwise it refuses (exit 2) "
-                "before loading anything, naming the instance's address."
-            ),
-        ),
-    ] = None,
-    max_batch_tokens: Annotated[
-        int,
-        typer.Option(
-            "--max-batch-tokens",
-            parser=integer(1),
-            metavar="TOKENS",
-            help=(
-                "Padded-token budget of one forward pass; requests arriving together share passes (a batch of "
-                "/v1/segments requests holds documents of at most this many tokens in all)."
-            ),
-        ),
-    ] = 16384,
-    api_key_env: Annotated[
-        str | None,
-        typer.Option(
-            "--api-key-env",
-            metavar="VAR",
-            help="Require 'Authorization: Bearer KEY', KEY being the value of this environment variable.",
-        ),
-    ] = None,
-    truncate: Annotated[
-        bool,
-        typer.Option(
-            "--truncate",
-            help="Truncate texts over the token limit (the X-Posfair-Truncated header counts them) instead of refusing them.",
-        ),
-    ] = False,
-    request_calibration: Annotated[
-        bool,
-        typer.Option(
-            "--request-calibration",
-            help="Let a request choose its calibration ('stock', 'default' or a spec; never a prior file).",
-        ),
-    ] = False,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    replicas: Replicas = 1,
+    ray_address: RayAddress = None,
+    max_batch_tokens: MaxBatchTokens = 16384,
+    api_key_env: ApiKeyEnv = None,
+    truncate: Truncate = False,
+    request_calibration: RequestCalibration = False,
     max_seq_length: MaxSeqLength = None,
     pooling: Pooling = None,
     device: Device = None,
@@ -99,18 +106,8 @@ def serve(
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
-    from posfair.cli.error_boundary import PosfairInputError, input_error
-    from posfair.serve.runner import SERVE_INSTALL_HINT, serve_available
 
-    if not serve_available():
-        raise PosfairInputError(f"posfair serve runs on Ray Serve, which is not installed: {SERVE_INSTALL_HINT}")
-    key = None
-    if api_key_env is not None:
-        key = os.environ.get(api_key_env, "")
-        if not key.strip():
-            raise input_error("--api-key-env", api_key_env, "this environment variable is not set or empty")
-    if ray_address is None or ray_address == "local":
-        _check_port(host, port)
+    key = _check_key_and_port(api_key_env, ray_address, host, port)
     cal = checks.calibration(calibration, basket_size, layers, strength)
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
     checks.device(device)
@@ -138,6 +135,24 @@ def serve(
         key=key,
     )
     _serve(fm, model, model_id, cal, STOCK, opts)
+
+
+def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: str, port: int) -> str | None:
+    """Ray Serve is installed, ``--api-key-env`` names a set variable and, on a local Ray instance, ``--port`` is
+    free at ``--host`` (before anything is loaded); the API key (None without ``--api-key-env``)."""
+    from posfair.cli.error_boundary import PosfairInputError, input_error
+    from posfair.serve.runner import SERVE_INSTALL_HINT, serve_available
+
+    if not serve_available():
+        raise PosfairInputError(f"posfair serve runs on Ray Serve, which is not installed: {SERVE_INSTALL_HINT}")
+    key = None
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env, "")
+        if not key.strip():
+            raise input_error("--api-key-env", api_key_env, "this environment variable is not set or empty")
+    if ray_address is None or ray_address == "local":
+        _check_port(host, port)
+    return key
 
 
 def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
