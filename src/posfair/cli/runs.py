@@ -152,35 +152,18 @@ def run_benchmark(
 
     ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
     """
-    from posfair.cli.error_boundary import PosfairInputError, naming
+    from posfair.cli.error_boundary import naming
 
-    if not stock and not calibrations and not sea and not late:
-        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration, --sea or --late")
-    if late_chunks != "semantic" and not late:
-        raise PosfairInputError(f"--late-chunks {late_chunks}: applies only with --late max,mean")
-    if out is not None:
-        checks.output_folder(out)
-    checks.cache_folder(cache)
-    checks.benchmark_source(benchmark)
-    if sea:
-        checks.installed("chonkie", "--sea", install_hint("retrieval"))
-    if late and late_chunks == "semantic":
-        checks.installed("chonkie", "--late with --late-chunks semantic", install_hint("retrieval"))
-    if faiss:
-        checks.installed("faiss", "--faiss", "pip install faiss-cpu")
-    prompt = query_prompt(prompt)
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    prompt, model_id = _check_benchmark_options(
+        stock, calibrations, sea, late, late_chunks, out, cache, benchmark, faiss, prompt, model, trust_remote_code,
+        device,
+    )  # fmt: skip
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
 
-    from posfair.calibration.coverage import NOOP_LABEL
-    from posfair.cli.terminal_progress import console, progress_bars
-    from posfair.cli.terminal_tables import print_frame
+    from posfair.cli.terminal_progress import progress_bars
     from posfair.retrieval.benchmarks import load_benchmark
-    from posfair.retrieval.compare import differences_table
     from posfair.retrieval.late import LateChunking
-    from posfair.retrieval.result_tables import bucket_table, group_table, results_table
-    from posfair.retrieval.resumable_sweep import BUCKETS_TITLE, GROUPS_TITLE, noop_settings, run_sweep
+    from posfair.retrieval.resumable_sweep import run_sweep
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.store import EmbeddingStore
 
@@ -207,6 +190,45 @@ def run_benchmark(
             progress=bar,
             search_scope=search_scope,
         )
+    _print_benchmark_results(results, out)
+
+
+def _check_benchmark_options(stock, calibrations, sea, late, late_chunks, out, cache, benchmark, faiss, prompt, model,
+                             trust_remote_code, device):  # fmt: skip
+    """The options :func:`run_benchmark` refuses, the folders and extras it checks, before any work; ``(query
+    prompt, the model's source)``."""
+    from posfair.cli.error_boundary import PosfairInputError
+
+    if not stock and not calibrations and not sea and not late:
+        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration, --sea or --late")
+    if late_chunks != "semantic" and not late:
+        raise PosfairInputError(f"--late-chunks {late_chunks}: applies only with --late max,mean")
+    if out is not None:
+        checks.output_folder(out)
+    checks.cache_folder(cache)
+    checks.benchmark_source(benchmark)
+    if sea:
+        checks.installed("chonkie", "--sea", install_hint("retrieval"))
+    if late and late_chunks == "semantic":
+        checks.installed("chonkie", "--late with --late-chunks semantic", install_hint("retrieval"))
+    if faiss:
+        checks.installed("faiss", "--faiss", "pip install faiss-cpu")
+    prompt = query_prompt(prompt)
+    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
+    checks.device(device)
+    return prompt, model_id
+
+
+def _print_benchmark_results(results, out) -> None:
+    """The group and bucket tables (one legend for both), the differences, the calibrations that changed nothing and
+    where the results are."""
+    from posfair.calibration.coverage import NOOP_LABEL
+    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal_tables import print_frame
+    from posfair.retrieval.compare import differences_table
+    from posfair.retrieval.result_tables import bucket_table, group_table, results_table
+    from posfair.retrieval.resumable_sweep import BUCKETS_TITLE, GROUPS_TITLE, noop_settings
+
     con = console()
     legend: list[str] = []
     for build, present in (
