@@ -297,9 +297,24 @@ def tasks(
         PosfairInputError: an unknown grouping, a benchmark without the groups or PosIR
             columns it needs, duplicate query ids, an invalid language code or source.
     """
+    b, wanted = _checked_benchmark(
+        benchmark_or_source, grouping, lang=lang, corpus_lang=corpus_lang, domains=domains, convention=convention
+    )
+    langs = _languages(b, languages)
+    _warn_padded(b)
+    digest = benchmark_digest(b)
+    source = str(benchmark_or_source) if isinstance(benchmark_or_source, (str, Path)) else f"posfair:{b.name}"
+    return [_task(b, kind, name, langs, digest, source) for kind in wanted]
+
+
+def _checked_benchmark(
+    benchmark_or_source: Any, grouping: str, **load_kwargs: Any
+) -> tuple[RetrievalBenchmark, tuple[str, ...]]:
+    """The benchmark :func:`tasks` makes tasks of and the groupings wanted (``"auto"`` resolved); input errors for an
+    unknown grouping, duplicate query ids, non-integer qrels scores and groupings the benchmark cannot give."""
     if grouping not in GROUPINGS:
         raise PosfairInputError(f"grouping must be one of {GROUPINGS}; got {grouping!r}")
-    b = _load(benchmark_or_source, lang=lang, corpus_lang=corpus_lang, domains=domains, convention=convention)
+    b = _load(benchmark_or_source, **load_kwargs)
     if len(set(b.query_ids)) != len(b.query_ids):
         dup = sorted(q for q, n in Counter(b.query_ids).items() if n > 1)[:5]
         raise PosfairInputError(f"benchmark {b.name!r} has duplicate query ids (MTEB keys queries by id): {dup}")
@@ -316,7 +331,11 @@ def tasks(
         raise PosfairInputError(
             f"benchmark {b.name!r} has no PosIR length buckets and relative positions: grouping='relpos' needs them"
         )
-    langs = _languages(b, languages)
+    return b, wanted
+
+
+def _warn_padded(b: RetrievalBenchmark) -> None:
+    """A warning when documents start or end with white space (MTEB strips it before encoding)."""
     padded = sum(1 for t in b.corpus_texts if t != t.strip())
     if padded:
         warnings.warn(
@@ -325,36 +344,37 @@ def tasks(
             UserWarning,
             stacklevel=user_stacklevel(),
         )
-    digest = benchmark_digest(b)
-    source = str(benchmark_or_source) if isinstance(benchmark_or_source, (str, Path)) else f"posfair:{b.name}"
-    out = []
-    for kind in wanted:
-        labels: list[str] = []
-        if kind == "groups":
-            subsets, labels = _group_subsets(b)
-            what = "answer-position group"
-        else:
-            subsets = _relpos_subsets(b)
-            what = "PosIR length bucket and relative-position bin of the answer"
-        if not subsets:
-            raise PosfairInputError(f"benchmark {b.name!r}: no {kind} subset has any query")
-        task_name = f"{metric_name_part(name) if name else 'Posfair-' + (metric_name_part(b.name) or 'benchmark')}-{kind}-{digest[:10]}"
-        metadata = TaskMetadata(
-            name=task_name,
-            description=(
-                f"posfair position-aware retrieval on {b.name} ({len(b.query_ids)} queries, {len(b.corpus_ids)} documents): "
-                f"one subset per {what}; graded relevance (the qrels scores); data built in memory by posfair.mteb.tasks."
-            ),
-            dataset={"path": source, "revision": digest},
-            type="Retrieval",
-            category="t2t",
-            modalities=["text"],
-            eval_splits=[SPLIT],
-            eval_langs={s.name: list(langs) for s in subsets},
-            main_score=MAIN_SCORE,
-            annotations_creators="derived",
-            bibtex_citation="",
-        )
-        cls = type(f"PositionalRetrievalTask[{task_name}]", (PositionalRetrievalTask,), {"metadata": metadata})
-        out.append(cls(b, kind, subsets, labels))
-    return out
+
+
+def _task(
+    b: RetrievalBenchmark, kind: str, name: str | None, langs: list[str], digest: str, source: str
+) -> PositionalRetrievalTask:
+    """The task of one grouping (``kind``: groups or relpos) of ``b``, named and described for MTEB."""
+    labels: list[str] = []
+    if kind == "groups":
+        subsets, labels = _group_subsets(b)
+        what = "answer-position group"
+    else:
+        subsets = _relpos_subsets(b)
+        what = "PosIR length bucket and relative-position bin of the answer"
+    if not subsets:
+        raise PosfairInputError(f"benchmark {b.name!r}: no {kind} subset has any query")
+    task_name = f"{metric_name_part(name) if name else 'Posfair-' + (metric_name_part(b.name) or 'benchmark')}-{kind}-{digest[:10]}"
+    metadata = TaskMetadata(
+        name=task_name,
+        description=(
+            f"posfair position-aware retrieval on {b.name} ({len(b.query_ids)} queries, {len(b.corpus_ids)} documents): "
+            f"one subset per {what}; graded relevance (the qrels scores); data built in memory by posfair.mteb.tasks."
+        ),
+        dataset={"path": source, "revision": digest},
+        type="Retrieval",
+        category="t2t",
+        modalities=["text"],
+        eval_splits=[SPLIT],
+        eval_langs={s.name: list(langs) for s in subsets},
+        main_score=MAIN_SCORE,
+        annotations_creators="derived",
+        bibtex_citation="",
+    )
+    cls = type(f"PositionalRetrievalTask[{task_name}]", (PositionalRetrievalTask,), {"metadata": metadata})
+    return cls(b, kind, subsets, labels)
