@@ -174,17 +174,7 @@ def tune(
                 test_family=test_family,
             )
         )
-        folder = (
-            RunFolder(
-                work,
-                "tune",
-                {"objective": obj.describe(), "space": (space or SearchSpace()).to_dict(), "max_drop": max_drop},
-                state=["cache", store.root, "benchmark"],
-            )
-            if out_dir is not None
-            else contextlib.nullcontext()
-        )
-        with folder:
+        with _run_folder(work, obj, space, max_drop, store, out_dir):
             result = run_search(
                 obj,
                 space,
@@ -194,13 +184,41 @@ def tune(
                 show_progress_bar=show_progress_bar,
             )
             if out_dir is not None:
-                write_outputs(result, out_dir)
-                if isinstance(obj, FairnessObjective):
-                    cals = [] if result.chosen is STOCK else [result.chosen]
-                    obj.audit_result(cals, "test", corpus_name="tuning").save(
-                        Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
-                    )
+                _write_run_outputs(result, obj, out_dir)
         getattr(obj, "release", lambda: None)()  # the stock layers kept for the trials
+    _save_chosen(model, obj, result, save_model, save_anyway)
+    if save_model is not None and out_dir is not None:  # the summary says whether the model was saved
+        atomic_write_text(Path(out_dir) / "summary.md", summary_markdown(result))
+    return result
+
+
+def _run_folder(work: Path, obj: Objective, space: SearchSpace | None, max_drop: float, store: EmbeddingStore, out_dir):
+    """The resumable run folder of :func:`tune` (keyed by the objective, the space and the constraint), or a context
+    that does nothing without ``out_dir``."""
+    if out_dir is None:
+        return contextlib.nullcontext()
+    return RunFolder(
+        work,
+        "tune",
+        {"objective": obj.describe(), "space": (space or SearchSpace()).to_dict(), "max_drop": max_drop},
+        state=["cache", store.root, "benchmark"],
+    )
+
+
+def _write_run_outputs(result: TuneResult, obj: Objective, out_dir: str | Path) -> None:
+    """The tables, figure and summary in ``out_dir``; with the fairness objective also the chosen calibration's audit
+    on the test split (``test_audit``)."""
+    write_outputs(result, out_dir)
+    if isinstance(obj, FairnessObjective):
+        cals = [] if result.chosen is STOCK else [result.chosen]
+        obj.audit_result(cals, "test", corpus_name="tuning").save(
+            Path(out_dir) / "test_audit", title="Tuned calibration on the test split"
+        )
+
+
+def _save_chosen(model, obj: Objective, result: TuneResult, save_model, save_anyway: bool) -> None:
+    """With ``save_model``: the model saved with the chosen calibration, unless it fails on the held-out test split
+    and not ``save_anyway`` (then a :class:`ConstraintWarning` and ``result.save_refused`` say why)."""
     failed = result.failures()
     if save_model is not None and failed and not save_anyway:
         result.save_refused = f"{result.chosen_label} fails on the held-out test split: " + "; ".join(failed)
@@ -216,9 +234,6 @@ def tune(
         with enc.max_seq_length(model, info.limit if info is not None else model.max_seq_length):
             save_tuned_model(model, result.chosen, save_model)
         result.saved_model = str(save_model)
-    if save_model is not None and out_dir is not None:  # the summary says whether the model was saved
-        atomic_write_text(Path(out_dir) / "summary.md", summary_markdown(result))
-    return result
 
 
 class CalibrationTuner(PosfairEvaluator):
