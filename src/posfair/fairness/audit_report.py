@@ -203,50 +203,9 @@ def report_sections(
     """Summary, profiles, fidelity, OLS tables, documents, ``extra_sections``, run parameters."""
     figures = figures or []
     inference = render_string(_INFERENCE, inference=result.inference_text(), few=result.few_clusters_message())
-    hf = result.headline_frame()
-    headline = to_html(
-        headline_table(hf, "Headline: β_p (position p vs position 1) per instance")
-        if len(hf)
-        else Table("Headline: β_p (position p vs position 1) per instance", pd.DataFrame(), name="headline")
-    )
-    coverage = dict(coverage_notes=[], coverage="")
-    if result.calibrations:  # the calibrated-share table, with a warning line per calibration that left documents stock
-        cov = result.coverage()
-        coverage = dict(
-            coverage_notes=coverage_messages(cov), coverage=to_html(coverage_table(cov, result.model["name"]))
-        )
-    summary = Section(
-        "Summary",
-        render_string(
-            _SUMMARY,
-            legend=MARK_LEGEND,
-            inference=inference,
-            headline=headline,
-            model=result.model["name"],
-            limit=result.model.get("limit"),
-            words=[(c["label"], _words(c)) for c in result.calibrations],
-            **coverage,
-        ),
-    )
+    summary = _summary_section(result, inference)
     fig_section = Section("Profiles", render_string(_PROFILES), figures=[f for f in figures if f.alt != FIDELITY_ALT])
-    coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
-    detail = [t.name.endswith("_detail") for t in coef_tables]
-    # the method, inference and marks once above the tables, each table's own words under it
-    common, captions = shared_caption([t.caption for t in coef_tables], among=[not d for d in detail])
-    few = result.few_clusters_message()
-    tables = Section(
-        "OLS tables",
-        render_string(
-            _TABLES,
-            inference=inference,
-            common=common,
-            few=few,
-            tables=[
-                dict(detail=d, title=t.title, html=to_html(t, caption=c))
-                for t, d, c in zip(coef_tables, detail, captions, strict=True)
-            ],
-        ),
-    )
+    tables = _tables_section(result, inference)
     fidelity = []
     if result.has_fidelity:
         table = to_html(fidelity_table(result.fidelity(), result.model["name"]))
@@ -257,31 +216,8 @@ def report_sections(
                 figures=[f for f in figures if f.alt == FIDELITY_ALT],
             )
         ]
-    # the notes print under the table, "instance" repeats n and the configuration, an empty column (no families) goes
-    sampling = pd.DataFrame(result.sampling).drop(columns=["notes", "instance"], errors="ignore")
-    sampling = sampling.drop(columns=[c for c in sampling.columns if (sampling[c].isna() | (sampling[c] == "")).all()])
-    if {"n", "config"} <= set(sampling.columns):  # each instance's configuration as the tables write it
-        sampling["config"] = [config_label(c, n) for c, n in zip(sampling["config"], sampling["n"], strict=True)]
-    sampling = sampling.rename(columns={"config": "configuration", "limit": "token limit"})
-    documents = Section(
-        "Documents",
-        render_string(
-            _DOCUMENTS,
-            table=to_html(Table("Sampling per instance", sampling, name="sampling")),
-            notes=[n for s in result.sampling for n in s.get("notes", [])],
-        ),
-    )
-    params = Section(
-        "Run parameters",
-        render_string(
-            _PARAMETERS,
-            model=key_value_html(result.model),
-            corpus=key_value_html(result.corpus),
-            settings=key_value_html(result.settings),
-            calibrations=[(c["label"], _words(c), json.dumps(c, sort_keys=True)) for c in result.calibrations],
-            timings=key_value_html({k: f"{v:.1f}" for k, v in result.timings.items()}),
-        ),
-    )
+    documents = _documents_section(result)
+    params = _parameters_section(result)
     language = language_section(result, figures)
     fig_section.figures = [f for f in fig_section.figures if f.alt != LANGUAGE_ALT]
     return [
@@ -295,6 +231,90 @@ def report_sections(
         *(extra_sections or []),
         params,
     ]
+
+
+def _summary_section(result: AuditResult, inference: str) -> Section:
+    """The headline table, the inference words and, with calibrations, the calibrated-share table."""
+    hf = result.headline_frame()
+    headline = to_html(
+        headline_table(hf, "Headline: β_p (position p vs position 1) per instance")
+        if len(hf)
+        else Table("Headline: β_p (position p vs position 1) per instance", pd.DataFrame(), name="headline")
+    )
+    coverage = dict(coverage_notes=[], coverage="")
+    if result.calibrations:  # the calibrated-share table, with a warning line per calibration that left documents stock
+        cov = result.coverage()
+        coverage = dict(
+            coverage_notes=coverage_messages(cov), coverage=to_html(coverage_table(cov, result.model["name"]))
+        )
+    return Section(
+        "Summary",
+        render_string(
+            _SUMMARY,
+            legend=MARK_LEGEND,
+            inference=inference,
+            headline=headline,
+            model=result.model["name"],
+            limit=result.model.get("limit"),
+            words=[(c["label"], _words(c)) for c in result.calibrations],
+            **coverage,
+        ),
+    )
+
+
+def _tables_section(result: AuditResult, inference: str) -> Section:
+    """The OLS tables (fidelity and coverage have sections of their own), their shared words once above them."""
+    coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
+    detail = [t.name.endswith("_detail") for t in coef_tables]
+    # the method, inference and marks once above the tables, each table's own words under it
+    common, captions = shared_caption([t.caption for t in coef_tables], among=[not d for d in detail])
+    few = result.few_clusters_message()
+    return Section(
+        "OLS tables",
+        render_string(
+            _TABLES,
+            inference=inference,
+            common=common,
+            few=few,
+            tables=[
+                dict(detail=d, title=t.title, html=to_html(t, caption=c))
+                for t, d, c in zip(coef_tables, detail, captions, strict=True)
+            ],
+        ),
+    )
+
+
+def _documents_section(result: AuditResult) -> Section:
+    """The sampling per instance and its notes."""
+    # the notes print under the table, "instance" repeats n and the configuration, an empty column (no families) goes
+    sampling = pd.DataFrame(result.sampling).drop(columns=["notes", "instance"], errors="ignore")
+    sampling = sampling.drop(columns=[c for c in sampling.columns if (sampling[c].isna() | (sampling[c] == "")).all()])
+    if {"n", "config"} <= set(sampling.columns):  # each instance's configuration as the tables write it
+        sampling["config"] = [config_label(c, n) for c, n in zip(sampling["config"], sampling["n"], strict=True)]
+    sampling = sampling.rename(columns={"config": "configuration", "limit": "token limit"})
+    return Section(
+        "Documents",
+        render_string(
+            _DOCUMENTS,
+            table=to_html(Table("Sampling per instance", sampling, name="sampling")),
+            notes=[n for s in result.sampling for n in s.get("notes", [])],
+        ),
+    )
+
+
+def _parameters_section(result: AuditResult) -> Section:
+    """The model, corpus, settings, each calibration (in words and as a spec) and the timings."""
+    return Section(
+        "Run parameters",
+        render_string(
+            _PARAMETERS,
+            model=key_value_html(result.model),
+            corpus=key_value_html(result.corpus),
+            settings=key_value_html(result.settings),
+            calibrations=[(c["label"], _words(c), json.dumps(c, sort_keys=True)) for c in result.calibrations],
+            timings=key_value_html({k: f"{v:.1f}" for k, v in result.timings.items()}),
+        ),
+    )
 
 
 # -- files -----------------------------------------------------------------------------------------
