@@ -219,6 +219,7 @@ def explicit_attention(
     rec_sum = None
     if record and state is not None:
         rec_sum = torch.zeros(B, H, K, dtype=torch.float32, device=query.device)
+    start = end = None
     if state is not None:
         start = state.start.view(B, 1, 1, 1).to(query.device)
         end = state.end.view(B, 1, 1, 1).to(query.device)
@@ -229,44 +230,9 @@ def explicit_attention(
             c = _causal_additive(t0, t1, K, query.device)
             mask = c if mask is None else mask + c
         probs = _explicit_probs(q_all[:, :, :, t0:t1], key, mask, scaling)  # (B, Hkv, g, T, K)
-        if calibrate_rows_mode is not None and probs.requires_grad:
-            probs = probs.clone()  # calibrated in place below; softmax's backward needs its own output
-        if calibrate_rows_mode == "all" and not naive:
-            # fast path: every row of a sequence shares its span; padding query rows are calibrated
-            # too, which is harmless (their outputs only reach masked keys and are never pooled)
-            cal = state.calibration.baskets(module.layer_idx)
-            for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist(), strict=True)):
-                calibrate_span_(probs[b], s_b, e_b, cal, row_offset=t0)
-        elif calibrate_rows_mode == "pool" and state is not None:
-            # only the pooling row is calibrated (what a hook on eager weights does)
-            pool = state.pool_rows().to(query.device)
-            inside = (pool >= t0) & (pool < t1)
-            if bool(inside.any()):
-                b_idx = torch.arange(B, device=query.device)
-                r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
-                row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
-                settings = state.calibration.baskets(module.layer_idx)
-                self_key = pool.view(B, 1, 1) if settings.self_share is not None else None
-                cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), settings, self_key=self_key)
-                probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
-        elif calibrate_rows_mode == "all" and state is not None:
-            rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
-            settings = state.calibration.baskets(module.layer_idx)
-            self_key = rows if settings.self_share is not None else None
-            cal = calibrate_rows(probs, start, end, settings, self_key=self_key)
-            probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)
+        probs = _calibrate_tile(probs, module, state, calibrate_rows_mode, naive, start, end, t0, t1)
         if rec_sum is not None:
-            if state.record_queries == "all":
-                rows = torch.arange(t0, t1, device=query.device).view(1, 1, 1, -1)
-                valid = ((rows >= start) & (rows <= end)).unsqueeze(-1).float()
-                rec_sum += (probs * valid).sum(dim=3).reshape(B, H, K)
-            else:
-                pool = state.pool_rows().to(query.device)
-                inside = (pool >= t0) & (pool < t1)
-                if bool(inside.any()):
-                    idx = (pool - t0).clamp(0, t1 - t0 - 1)
-                    picked = probs[torch.arange(B, device=query.device), :, :, idx]  # (B, Hkv, g, K)
-                    rec_sum += picked.reshape(B, H, K) * inside.view(B, 1, 1).float()
+            _record_tile(rec_sum, probs, state, start, end, t0, t1)
         if dropout:
             probs = F.dropout(probs, p=dropout, training=True)
         o = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, Hkv, g, T, D)
@@ -277,6 +243,56 @@ def explicit_attention(
             rec_sum = rec_sum / n
         state.recorder(module.layer_idx, rec_sum)
     return out
+
+
+def _calibrate_tile(probs, module, state, mode: str | None, naive: bool, start, end, t0: int, t1: int) -> torch.Tensor:
+    """The probabilities (B, Hkv, g, T, K) of query rows ``t0:t1`` with the rows ``mode`` names calibrated ("all":
+    every valid row, "pool": the pooling row, None: none); ``start`` / ``end``: each sequence's span (B, 1, 1, 1)."""
+    B = probs.shape[0]
+    if mode is not None and probs.requires_grad:
+        probs = probs.clone()  # calibrated in place below; softmax's backward needs its own output
+    if mode == "all" and not naive:
+        # fast path: every row of a sequence shares its span; padding query rows are calibrated
+        # too, which is harmless (their outputs only reach masked keys and are never pooled)
+        cal = state.calibration.baskets(module.layer_idx)
+        for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist(), strict=True)):
+            calibrate_span_(probs[b], s_b, e_b, cal, row_offset=t0)
+    elif mode == "pool" and state is not None:
+        # only the pooling row is calibrated (what a hook on eager weights does)
+        pool = state.pool_rows().to(probs.device)
+        inside = (pool >= t0) & (pool < t1)
+        if bool(inside.any()):
+            b_idx = torch.arange(B, device=probs.device)
+            r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
+            row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
+            settings = state.calibration.baskets(module.layer_idx)
+            self_key = pool.view(B, 1, 1) if settings.self_share is not None else None
+            cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), settings, self_key=self_key)
+            probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
+    elif mode == "all" and state is not None:
+        rows = torch.arange(t0, t1, device=probs.device).view(1, 1, 1, -1)
+        settings = state.calibration.baskets(module.layer_idx)
+        self_key = rows if settings.self_share is not None else None
+        cal = calibrate_rows(probs, start, end, settings, self_key=self_key)
+        probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)
+    return probs
+
+
+def _record_tile(rec_sum: torch.Tensor, probs: torch.Tensor, state, start, end, t0: int, t1: int) -> None:
+    """Add the recorded rows of tile ``t0:t1`` to ``rec_sum`` (B, H, K), in place: every valid row's probabilities
+    (``record_queries="all"``, averaged at the end) or the pooling row's."""
+    B, H, K = rec_sum.shape
+    if state.record_queries == "all":
+        rows = torch.arange(t0, t1, device=probs.device).view(1, 1, 1, -1)
+        valid = ((rows >= start) & (rows <= end)).unsqueeze(-1).float()
+        rec_sum += (probs * valid).sum(dim=3).reshape(B, H, K)
+    else:
+        pool = state.pool_rows().to(probs.device)
+        inside = (pool >= t0) & (pool < t1)
+        if bool(inside.any()):
+            idx = (pool - t0).clamp(0, t1 - t0 - 1)
+            picked = probs[torch.arange(B, device=probs.device), :, :, idx]  # (B, Hkv, g, K)
+            rec_sum += picked.reshape(B, H, K) * inside.view(B, 1, 1).float()
 
 
 def attend(
