@@ -9,12 +9,9 @@ from posfair._lazy import lazy_exports
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice  # noqa: F401
     from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback  # noqa: F401
-    from posfair.calibration.params import (  # noqa: F401
-        POOLING_DECIDES,
-        BasketSettings,
-        Calibration,
-        ResolvedCalibration,
-    )
+    from posfair.calibration.params import Calibration  # noqa: F401
+    from posfair.calibration.resolved import BasketSettings, ResolvedCalibration  # noqa: F401
+    from posfair.calibration.setting_values import POOLING_DECIDES  # noqa: F401
 
 _EXPORTS = {
     "MODEL_DEFAULT": ".choice",
@@ -23,9 +20,9 @@ _EXPORTS = {
     "CalibrationFallbackWarning": ".coverage",
     "quiet_fallback": ".coverage",
     "Calibration": ".params",
-    "ResolvedCalibration": ".params",
-    "BasketSettings": ".params",
-    "POOLING_DECIDES": ".params",
+    "ResolvedCalibration": ".resolved",
+    "BasketSettings": ".resolved",
+    "POOLING_DECIDES": ".setting_values",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports("posfair.calibration", _EXPORTS)

@@ -14,80 +14,74 @@ share).  The settings a model's pooling decides (``isolate_bos``, ``isolate_eos`
 The string forms -- :meth:`Calibration.label` (short, for tables), :meth:`Calibration.describe` (in
 words), :meth:`Calibration.spec` (the command-line form, which :meth:`Calibration.parse` reads back
 exactly) -- are all written from one table of the settings beyond ``B,layers,alpha``
-(:data:`_FORMS`); :meth:`Calibration.key` is a digest of :meth:`Calibration.to_dict`.
+(:data:`posfair.calibration.spelling._FORMS`); :meth:`Calibration.key` is a digest of :meth:`Calibration.to_dict`.
+
+The parts live by job, and every name is also importable from here: the values a setting takes and
+:data:`POOLING_DECIDES` in :mod:`posfair.calibration.setting_values`, :class:`PositionalPrior` and :func:`load_prior`
+in :mod:`posfair.calibration.positional_prior`, the string forms' table and :func:`parse_layers` in
+:mod:`posfair.calibration.spelling`, :class:`ResolvedCalibration`, :class:`BasketSettings` and
+:func:`scheduled_strength` in :mod:`posfair.calibration.resolved`.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    import torch
-
-Share = Literal["equal", "original"] | float
-#: the parts a variant is made of, in the order a combination names them
-VARIANT_PARTS: tuple[str, ...] = ("prior", "self", "special")
-#: the variant names (what ``Calibration.variant`` reports and the tuner searches): the papers' formula, each
-#: part alone and every combination of parts, named by its parts joined with "+" in VARIANT_PARTS' order
-VARIANTS: tuple[str, ...] = (
-    "uniform",
-    "prior",
-    "self",
-    "special",
-    "prior+self",
-    "prior+special",
-    "self+special",
-    "prior+self+special",
+from posfair.calibration.positional_prior import PositionalPrior, load_prior
+from posfair.calibration.resolved import BasketSettings, ResolvedCalibration, scheduled_strength
+from posfair.calibration.setting_values import (
+    POOLING_DECIDES,
+    POOLINGS,
+    SCHEDULES,
+    TRAILING,
+    VARIANT_PARTS,
+    VARIANTS,
+    Pooling,
+    PoolingDecides,
+    Schedule,
+    Share,
+    Trailing,
 )
-Pooling = Literal["cls", "mean", "lasttoken"]
-POOLINGS: tuple[str, ...] = ("cls", "mean", "lasttoken")
-Trailing = Literal["basket", "merge", "weighted"]
-#: the trailing-basket policies (``Calibration.trailing``); the first is the papers' and the default
-TRAILING: tuple[str, ...] = ("basket", "merge", "weighted")
-Schedule = Literal["flat", "rising", "falling"]
-#: the per-layer strength schedules (``Calibration.schedule``); the first is the papers' and the default
-SCHEDULES: tuple[str, ...] = ("flat", "rising", "falling")
+from posfair.calibration.spelling import (
+    _FORM_BY_FIELD,
+    _FORM_BY_NAME,
+    _FORMS,
+    _KNOWN_SETTINGS,
+    _SPEC_ORDER,
+    _SPECIAL_FIELDS,
+    _Form,
+    _layers_text,
+    _number,
+    _read_share,
+    parse_layers,
+)
 
-
-class PoolingDecides(enum.Enum):
-    """The type of :data:`POOLING_DECIDES` (an enum, so it survives copying between processes as itself)."""
-
-    POOLING_DECIDES = "pooling decides"
-
-    def __repr__(self) -> str:
-        return "POOLING_DECIDES"
-
-    def __bool__(self) -> bool:
-        raise TypeError(
-            "the truth value of POOLING_DECIDES is not defined: resolve the calibration for a pooling first"
-        )
-
-
-#: the value of ``isolate_bos`` / ``isolate_eos`` / ``queries`` left to the model's pooling (``None`` is accepted
-#: for it); :meth:`Calibration.resolve` replaces it (CLS pooling isolates BOS, last-token pooling BOS and EOS,
-#: mean pooling nothing; "all" query rows for mean pooling, the pooling row otherwise)
-POOLING_DECIDES: Final = PoolingDecides.POOLING_DECIDES
-
-
-def scheduled_strength(strength: float, schedule: str, rank: int, count: int) -> float:
-    """The strength of the ``rank``-th (0-based, from the first) of ``count`` calibrated layers under ``schedule``:
-    ``"flat"`` alpha in every layer; ``"rising"`` alpha * (rank + 1) / count (full strength in the last calibrated
-    layer); ``"falling"`` alpha * (count - rank) / count (full strength in the first)."""
-    if schedule == "flat":
-        return strength
-    if schedule == "rising":
-        return strength * (rank + 1) / count
-    if schedule == "falling":
-        return strength * (count - rank) / count
-    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+__all__ = [
+    "POOLINGS",
+    "POOLING_DECIDES",
+    "SCHEDULES",
+    "TRAILING",
+    "VARIANTS",
+    "VARIANT_PARTS",
+    "BasketSettings",
+    "Calibration",
+    "Pooling",
+    "PoolingDecides",
+    "PositionalPrior",
+    "ResolvedCalibration",
+    "Schedule",
+    "Share",
+    "Trailing",
+    "load_prior",
+    "parse_layers",
+    "scheduled_strength",
+]
 
 
 def _check_share(name: str, value: Any) -> Share:
@@ -101,103 +95,6 @@ def _check_share(name: str, value: Any) -> Share:
     if not (0.0 <= value < 1.0) or math.isnan(value):
         raise ValueError(f"{name} must be in [0, 1) when given as a float; got {value}")
     return value
-
-
-def _finite_positive(name: str, values: Any) -> tuple[float, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ValueError(f"{name} must be a sequence of positive numbers; got {values!r}")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(float(v)) or float(v) <= 0:
-            raise ValueError(f"{name} must hold finite numbers > 0 (the prior divides by them); got {v!r}")
-        out.append(float(v))
-    if not out:
-        raise ValueError(f"{name} must not be empty")
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class PositionalPrior:
-    """The model's mean attention mass over *relative* position, by which positional-prior calibration divides.
-
-    ``values``: one vector per layer, each of ``bins`` positive numbers: the mean attention
-    *density* of the calibrated query rows over ``bins`` equal bins of relative content
-    position (bin ``r`` covers ``[r / bins, (r + 1) / bins)`` of the content keys; its scale
-    does not matter, only ratios between bins).  ``layers``: the 0-based layer of each vector;
-    ``None`` with a single vector = the same prior for every calibrated layer.
-    A row's basket ``b`` is given the prior's value at the basket's centre (relative
-    position of its middle key), linearly interpolated between bin centres and held constant
-    beyond the first / last bin centre (:func:`posfair.calibration.baskets.prior_at`), so a
-    prior estimated once serves documents of any length and any basket size.
-    Estimate one with :func:`posfair.attention.prior.estimate_prior`.
-    """
-
-    values: tuple[tuple[float, ...], ...]
-    layers: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        vals = self.values
-        if isinstance(vals, (str, bytes)) or not isinstance(vals, Sequence) or not vals:
-            raise ValueError("prior values must be a non-empty list of vectors (one per layer)")
-        vecs = tuple(_finite_positive(f"prior vector {i}", v) for i, v in enumerate(vals))
-        if len({len(v) for v in vecs}) != 1:
-            raise ValueError(f"prior vectors must all have the same number of bins; got {[len(v) for v in vecs]}")
-        object.__setattr__(self, "values", vecs)
-        layers = self.layers
-        if layers is None:
-            if len(vecs) != 1:
-                raise ValueError(f"a prior of {len(vecs)} vectors needs their layers (one 0-based index per vector)")
-        else:
-            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
-                raise ValueError(f"prior layers must be a list of 0-based layer indices; got {layers!r}")
-            idx = list(layers)
-            for i in idx:
-                if isinstance(i, bool) or not isinstance(i, Integral) or i < 0:
-                    raise ValueError(f"prior layers must be 0-based layer indices (ints >= 0); got {i!r}")
-            if len(idx) != len(vecs):
-                raise ValueError(f"prior has {len(vecs)} vectors for {len(idx)} layers")
-            if len(set(idx)) != len(idx):
-                raise ValueError(f"prior layers contain duplicates: {idx}")
-            object.__setattr__(self, "layers", tuple(int(i) for i in idx))
-
-    @property
-    def bins(self) -> int:
-        return len(self.values[0])
-
-    def density(self, layer: int | None) -> tuple[float, ...]:
-        """The vector of layer ``layer`` (the single vector when the prior is shared by all layers)."""
-        if self.layers is None:
-            return self.values[0]
-        if layer is None or layer not in self.layers:
-            raise ValueError(
-                f"the positional prior has no vector for layer {layer} (it covers layers {list(self.layers)})"
-            )
-        return self.values[self.layers.index(layer)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layers": None if self.layers is None else list(self.layers), "values": [list(v) for v in self.values]}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> PositionalPrior:
-        if isinstance(d, PositionalPrior):
-            return d
-        if not isinstance(d, dict):
-            raise ValueError(f"a positional prior must be a dict with 'values' (and 'layers'); got {type(d).__name__}")
-        unknown = set(d) - {"layers", "values", "bins"}
-        if unknown:
-            raise ValueError(f"unknown positional prior fields: {sorted(unknown)}")
-        if "values" not in d:
-            raise ValueError("a positional prior needs 'values' (one vector per layer)")
-        prior = cls(
-            values=tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in d["values"]), layers=d.get("layers")
-        )
-        if d.get("bins") is not None and d["bins"] != prior.bins:
-            raise ValueError(f"positional prior: 'bins' = {d['bins']} but the vectors have {prior.bins} values")
-        return prior
-
-    def digest(self) -> str:
-        """6 hex digits identifying the prior (in labels)."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:6]
 
 
 @dataclass(frozen=True)
@@ -566,327 +463,3 @@ class Calibration:
                 form = _FORM_BY_FIELD[name]
                 out.append(f"{form.name}={prior_file if name == 'prior' else form.text(given[name])}")
         return ",".join(out)
-
-
-# -- the string forms: one row per setting beyond B,layers,alpha -------------------------------------------
-
-
-def _layers_text(layers: int | float | tuple[int, ...], exact: bool = False) -> str:
-    """``layers`` as written in a label (``6``, ``0.5``, ``3+4+5``) or, ``exact``, on the command line, where one
-    explicit index is ``5+`` (``5`` would be the last 5 layers)."""
-    if not isinstance(layers, tuple):
-        return str(layers)
-    return "+".join(str(i) for i in layers) + ("+" if exact and len(layers) == 1 else "")
-
-
-def _number(x: float) -> str:
-    """A number on the command line: ``%g`` when that reads back exactly, else every digit (``repr``)."""
-    short = f"{x:g}"
-    return short if float(short) == x else repr(float(x))
-
-
-def _mass_words(weight: Share) -> str:
-    if weight == "original":
-        return "keeps its original mass"
-    if weight == "equal":
-        return "gets a basket's equal share"
-    return f"gets {weight:g} of the row"
-
-
-def _read_share(value: str, where: str) -> Share:
-    if value in ("original", "equal"):
-        return value
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{where} must be 'original', 'equal' or a float in [0, 1); got {value!r}") from None
-
-
-def _read_rho(value: str, where: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{where} must be a number in [0, 1]; got {value!r}") from None
-
-
-def _read_bool(value: str, where: str) -> bool:
-    if value not in ("true", "false"):
-        raise ValueError(f"{where} must be true or false; got {value!r}")
-    return value == "true"
-
-
-def _read_one_of(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
-    def read(value: str, where: str) -> str:
-        if value not in allowed:
-            raise ValueError(f"{where} must be {', '.join(allowed[:-1])} or {allowed[-1]}; got {value!r}")
-        return value
-
-    return read
-
-
-@dataclass(frozen=True)
-class _Form:
-    """How one setting beyond ``B,layers,alpha`` is written in each string form of :class:`Calibration`."""
-
-    field: str  # the Calibration field
-    default: Any  # no form writes the field at this value
-    label: Callable[[Any], str]  # its token in label() (``B128-L0.5-a0.5-<token>``)
-    words: Callable[[Any], str]  # its phrase in describe()
-    name: str  # NAME in spec()'s and parse()'s NAME=VALUE
-    hint: str  # VALUE in error messages (``trailing=POLICY``)
-    read: Callable[[str, str], Any]  # parse()'s reading of VALUE (the second argument names it in errors)
-    text: Callable[[Any], str] = str  # spec()'s VALUE
-    keyed_at_default: bool = True  # to_dict (hence key) writes it at its default (the fields older than keys)
-
-    def at_default(self, value: Any) -> bool:
-        return value is self.default or (isinstance(value, str) and value == self.default)
-
-
-_WORDS_QUERIES = {"all": "every query row", "pool": "the pooling row only"}
-_WORDS_TRAILING = {
-    "merge": "a last basket shorter than B merged into the one before",
-    "weighted": "each basket's mass in proportion to its size",
-}
-
-#: every setting beyond ``B,layers,alpha``, in the order label() and describe() write them
-_FORMS: tuple[_Form, ...] = (
-    _Form(
-        "queries", POOLING_DECIDES, str, _WORDS_QUERIES.__getitem__, "queries", "ROWS", _read_one_of(("pool", "all"))
-    ),
-    _Form(
-        "isolate_bos",
-        POOLING_DECIDES,
-        lambda v: f"bos{int(v)}",
-        lambda v: f"BOS {'in its own basket' if v else 'in the first basket'}",
-        "isolate_bos",
-        "BOOL",
-        _read_bool,
-        text=lambda v: str(v).lower(),
-    ),
-    _Form(
-        "isolate_eos",
-        POOLING_DECIDES,
-        lambda v: f"eos{int(v)}",
-        lambda v: f"EOS {'in its own basket' if v else 'in the last basket'}",
-        "isolate_eos",
-        "BOOL",
-        _read_bool,
-        text=lambda v: str(v).lower(),
-    ),
-    _Form(
-        "bos_weight",
-        "original",
-        lambda v: f"bw{v}",
-        lambda v: f"BOS {_mass_words(v)}",
-        "bos_weight",
-        "SHARE",
-        _read_share,
-    ),
-    _Form(
-        "eos_weight", "equal", lambda v: f"ew{v}", lambda v: f"EOS {_mass_words(v)}", "eos_weight", "SHARE", _read_share
-    ),
-    _Form(
-        "prior",
-        None,
-        lambda v: f"prior{v.bins}x{len(v.values)}.{v.digest()}",
-        lambda v: f"each basket divided by the positional prior ({v.bins} bins)",
-        "prior",
-        "FILE",
-        lambda value, where: load_prior(value),
-        keyed_at_default=False,
-    ),
-    _Form(
-        "self_share",
-        None,
-        lambda v: f"self{v:g}",
-        lambda v: f"keeping {v:g} of each row's self-attention",
-        "self",
-        "RHO",
-        _read_rho,
-        text=_number,
-        keyed_at_default=False,
-    ),
-    _Form(
-        "trailing",
-        "basket",
-        lambda v: f"trail{v}",
-        _WORDS_TRAILING.__getitem__,
-        "trailing",
-        "POLICY",
-        _read_one_of(TRAILING),
-        keyed_at_default=False,
-    ),
-    _Form(
-        "schedule",
-        "flat",
-        str,
-        lambda v: (
-            f"the strength {v} linearly over the calibrated layers (full in the {'last' if v == 'rising' else 'first'})"
-        ),
-        "schedule",
-        "SCHEDULE",
-        _read_one_of(SCHEDULES),
-        keyed_at_default=False,
-    ),
-)
-_FORM_BY_FIELD = {form.field: form for form in _FORMS}
-_FORM_BY_NAME = {form.name: form for form in _FORMS}
-#: the fields ``special=SHARE`` sets (BOS and EOS isolated, both given SHARE)
-_SPECIAL_FIELDS = ("isolate_bos", "isolate_eos", "bos_weight", "eos_weight")
-#: the order spec() writes its settings in ("special" stands for the four fields it sets, when it can)
-_SPEC_ORDER = ("prior", "self_share", "special", *_SPECIAL_FIELDS, "queries", "trailing", "schedule")
-_KNOWN_SETTINGS = ", ".join(
-    "special=SHARE" if n == "special" else f"{_FORM_BY_FIELD[n].name}={_FORM_BY_FIELD[n].hint}" for n in _SPEC_ORDER
-)
-
-
-def load_prior(path: str) -> PositionalPrior:
-    """A positional prior from a JSON file: the file ``posfair estimate-prior`` writes (``{"prior": {...}, ...}``),
-    a bare prior (``{"values": [...], "layers": [...]}``) or a calibration dict carrying one."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"prior file {path!r} does not exist")
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"prior file {path!r} is not valid JSON: {exc}") from None
-    if isinstance(d, dict) and isinstance(d.get("calibration"), dict) and "prior" in d["calibration"]:
-        d = d["calibration"]
-    if isinstance(d, dict) and "prior" in d:
-        d = d["prior"]
-    try:
-        return PositionalPrior.from_dict(d)
-    except ValueError as exc:
-        raise ValueError(f"prior file {path!r}: {exc}") from None
-
-
-def parse_layers(text: str) -> int | float | tuple[int, ...]:
-    """The CLI form of ``layers``: ``6`` (last 6), ``0.5`` (last half), ``3+4+5`` (explicit indices) or ``5+``
-    (the one index 5)."""
-    text = text.strip()
-    try:
-        if "+" in text:
-            return tuple(
-                int(x) for x in (text[:-1] if text.count("+") == 1 and text.endswith("+") else text).split("+")
-            )
-        if "." in text or "e" in text.lower():
-            return float(text)
-        return int(text)
-    except ValueError:
-        raise ValueError(
-            f"layers must be an int (last k layers), a fraction like 0.5, or indices like 3+4+5; got {text!r}"
-        ) from None
-
-
-@dataclass(frozen=True)
-class ResolvedCalibration:
-    """A :class:`Calibration` made concrete for one model (:meth:`Calibration.resolve`): the same fields, every one
-    concrete, and the model's ``pooling``."""
-
-    basket_size: int
-    layers: tuple[int, ...]
-    strength: float
-    isolate_bos: bool
-    isolate_eos: bool
-    bos_weight: Share
-    eos_weight: Share
-    queries: Literal["pool", "all"]
-    pooling: str
-    prior: PositionalPrior | None = None
-    self_share: float | None = None
-    trailing: Trailing = "basket"
-    schedule: Schedule = "flat"
-    layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "layer_set", frozenset(self.layers))
-
-    @property
-    def has_variants(self) -> bool:
-        """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does the prior, not the share)."""
-        return self.prior is not None or self.self_share is not None
-
-    def layer_strength(self, layer: int | None = None) -> float:
-        """The strength in layer ``layer`` (:func:`scheduled_strength` over the calibrated layers, in order)."""
-        if self.schedule == "flat":
-            return self.strength
-        if layer is None or layer not in self.layer_set:
-            raise ValueError(
-                f"a {self.schedule} strength schedule needs one of the calibrated layers {list(self.layers)}"
-            )
-        ordered = sorted(self.layers)
-        return scheduled_strength(self.strength, self.schedule, ordered.index(layer), len(ordered))
-
-    def baskets(self, layer: int | None = None) -> BasketSettings:
-        """What the basket formula reads in layer ``layer``: the strength there (:meth:`layer_strength`) and the
-        positional prior's vector there; every other field as it is (``layer`` None: a flat schedule and a prior
-        shared by every layer).  The one function that builds the kernels' :class:`BasketSettings`."""
-        same = {f.name: getattr(self, f.name) for f in fields(BasketSettings)}
-        prior = None if self.prior is None else self.prior.density(layer)
-        return BasketSettings(**{**same, "strength": self.layer_strength(layer), "prior": prior})
-
-    def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
-        """:meth:`baskets` as the keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`);
-        ``prior`` / ``self_share`` / ``trailing`` are included only when set (:meth:`BasketSettings.kwargs`)."""
-        return self.baskets(layer).kwargs()
-
-
-#: marks the fields of :class:`BasketSettings` its keyword form leaves out at their default (the variants)
-_VARIANT = {"variant": True}
-
-
-@dataclass(frozen=True)
-class BasketSettings:
-    """What the basket formula reads: one calibration in one layer, every value concrete.
-
-    The one value the basket functions take (:func:`~posfair.calibration.baskets.calibrate_rows`,
-    :func:`~posfair.calibration.baskets.calibrate_span_`, :func:`~posfair.calibration.baskets.basket_weights`,
-    the fused and CUDA kernels) and that says which texts change
-    (:func:`posfair.calibration.rule.row_changes`).  Built from a calibration by
-    :meth:`ResolvedCalibration.baskets`; the basket functions also take its fields as keywords
-    (``calibrate_rows(w, s, e, basket_size=4, strength=0.5)``), with these defaults.  ``strength`` is the
-    strength in this layer (the schedule applied) and ``prior`` the positional prior's density vector in this
-    layer (None: equal mass per basket); the other fields are :class:`Calibration`'s.  A new setting the formula
-    reads is a field here (named as in :class:`Calibration`, which fills it) and its use in the formula.
-    """
-
-    basket_size: int
-    strength: float = 1.0
-    isolate_bos: bool = False
-    isolate_eos: bool = False
-    bos_weight: Share = "original"
-    eos_weight: Share = "equal"
-    prior: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
-    self_share: float | None = field(default=None, metadata=_VARIANT)
-    trailing: Trailing = field(default="basket", metadata=_VARIANT)
-
-    def __post_init__(self) -> None:
-        if self.basket_size < 1:
-            raise ValueError(f"basket_size must be >= 1; got {self.basket_size}")
-        if not 0.0 <= self.strength <= 1.0:
-            raise ValueError(f"strength must be in [0, 1]; got {self.strength}")
-
-    @classmethod
-    def given(cls, settings: BasketSettings | None, keywords: dict[str, Any]) -> BasketSettings:
-        """``settings``, or the value of the fields given as ``keywords`` (the basket functions' keyword form)."""
-        if settings is None:
-            return cls(**keywords)
-        if keywords:
-            raise TypeError(f"give BasketSettings or its fields as keywords, not both (got also {sorted(keywords)})")
-        return settings
-
-    def kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments of the basket functions; the variants (``prior``, ``self_share``,
-        ``trailing``) only when set, so a default setting calls them as it always did."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.metadata.get("variant") and (value is None or (isinstance(value, str) and value == f.default)):
-                continue
-            out[f.name] = value
-        return out
-
-    @property
-    def has_variants(self) -> bool:
-        """Whether a positional prior or a self-attention share is set."""
-        return self.prior is not None or self.self_share is not None

@@ -1,0 +1,144 @@
+"""A calibration made concrete: :class:`ResolvedCalibration` (a
+:class:`~posfair.calibration.params.Calibration` for one model: :meth:`~posfair.calibration.params.Calibration.resolve`),
+:class:`BasketSettings` (what the basket formula reads in one layer: :meth:`ResolvedCalibration.baskets`) and
+:func:`scheduled_strength` (the strength of one calibrated layer under a schedule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+from posfair.calibration.positional_prior import PositionalPrior
+from posfair.calibration.setting_values import SCHEDULES, Schedule, Share, Trailing
+
+if TYPE_CHECKING:
+    import torch
+
+
+def scheduled_strength(strength: float, schedule: str, rank: int, count: int) -> float:
+    """The strength of the ``rank``-th (0-based, from the first) of ``count`` calibrated layers under ``schedule``:
+    ``"flat"`` alpha in every layer; ``"rising"`` alpha * (rank + 1) / count (full strength in the last calibrated
+    layer); ``"falling"`` alpha * (count - rank) / count (full strength in the first)."""
+    if schedule == "flat":
+        return strength
+    if schedule == "rising":
+        return strength * (rank + 1) / count
+    if schedule == "falling":
+        return strength * (count - rank) / count
+    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+
+
+@dataclass(frozen=True)
+class ResolvedCalibration:
+    """A :class:`Calibration` made concrete for one model (:meth:`Calibration.resolve`): the same fields, every one
+    concrete, and the model's ``pooling``."""
+
+    basket_size: int
+    layers: tuple[int, ...]
+    strength: float
+    isolate_bos: bool
+    isolate_eos: bool
+    bos_weight: Share
+    eos_weight: Share
+    queries: Literal["pool", "all"]
+    pooling: str
+    prior: PositionalPrior | None = None
+    self_share: float | None = None
+    trailing: Trailing = "basket"
+    schedule: Schedule = "flat"
+    layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_set", frozenset(self.layers))
+
+    @property
+    def has_variants(self) -> bool:
+        """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does the prior, not the share)."""
+        return self.prior is not None or self.self_share is not None
+
+    def layer_strength(self, layer: int | None = None) -> float:
+        """The strength in layer ``layer`` (:func:`scheduled_strength` over the calibrated layers, in order)."""
+        if self.schedule == "flat":
+            return self.strength
+        if layer is None or layer not in self.layer_set:
+            raise ValueError(
+                f"a {self.schedule} strength schedule needs one of the calibrated layers {list(self.layers)}"
+            )
+        ordered = sorted(self.layers)
+        return scheduled_strength(self.strength, self.schedule, ordered.index(layer), len(ordered))
+
+    def baskets(self, layer: int | None = None) -> BasketSettings:
+        """What the basket formula reads in layer ``layer``: the strength there (:meth:`layer_strength`) and the
+        positional prior's vector there; every other field as it is (``layer`` None: a flat schedule and a prior
+        shared by every layer).  The one function that builds the kernels' :class:`BasketSettings`."""
+        same = {f.name: getattr(self, f.name) for f in fields(BasketSettings)}
+        prior = None if self.prior is None else self.prior.density(layer)
+        return BasketSettings(**{**same, "strength": self.layer_strength(layer), "prior": prior})
+
+    def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
+        """:meth:`baskets` as the keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`);
+        ``prior`` / ``self_share`` / ``trailing`` are included only when set (:meth:`BasketSettings.kwargs`)."""
+        return self.baskets(layer).kwargs()
+
+
+#: marks the fields of :class:`BasketSettings` its keyword form leaves out at their default (the variants)
+_VARIANT = {"variant": True}
+
+
+@dataclass(frozen=True)
+class BasketSettings:
+    """What the basket formula reads: one calibration in one layer, every value concrete.
+
+    The one value the basket functions take (:func:`~posfair.calibration.baskets.calibrate_rows`,
+    :func:`~posfair.calibration.baskets.calibrate_span_`, :func:`~posfair.calibration.baskets.basket_weights`,
+    the fused and CUDA kernels) and that says which texts change
+    (:func:`posfair.calibration.rule.row_changes`).  Built from a calibration by
+    :meth:`ResolvedCalibration.baskets`; the basket functions also take its fields as keywords
+    (``calibrate_rows(w, s, e, basket_size=4, strength=0.5)``), with these defaults.  ``strength`` is the
+    strength in this layer (the schedule applied) and ``prior`` the positional prior's density vector in this
+    layer (None: equal mass per basket); the other fields are :class:`Calibration`'s.  A new setting the formula
+    reads is a field here (named as in :class:`Calibration`, which fills it) and its use in the formula.
+    """
+
+    basket_size: int
+    strength: float = 1.0
+    isolate_bos: bool = False
+    isolate_eos: bool = False
+    bos_weight: Share = "original"
+    eos_weight: Share = "equal"
+    prior: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
+    self_share: float | None = field(default=None, metadata=_VARIANT)
+    trailing: Trailing = field(default="basket", metadata=_VARIANT)
+
+    def __post_init__(self) -> None:
+        if self.basket_size < 1:
+            raise ValueError(f"basket_size must be >= 1; got {self.basket_size}")
+        if not 0.0 <= self.strength <= 1.0:
+            raise ValueError(f"strength must be in [0, 1]; got {self.strength}")
+
+    @classmethod
+    def given(cls, settings: BasketSettings | None, keywords: dict[str, Any]) -> BasketSettings:
+        """``settings``, or the value of the fields given as ``keywords`` (the basket functions' keyword form)."""
+        if settings is None:
+            return cls(**keywords)
+        if keywords:
+            raise TypeError(f"give BasketSettings or its fields as keywords, not both (got also {sorted(keywords)})")
+        return settings
+
+    def kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments of the basket functions; the variants (``prior``, ``self_share``,
+        ``trailing``) only when set, so a default setting calls them as it always did."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("variant") and (value is None or (isinstance(value, str) and value == f.default)):
+                continue
+            out[f.name] = value
+        return out
+
+    @property
+    def has_variants(self) -> bool:
+        """Whether a positional prior or a self-attention share is set."""
+        return self.prior is not None or self.self_share is not None
