@@ -111,3 +111,9 @@ def on_import(_module) -> None:
     """The hook ``posfair/__init__.py`` runs once ``transformers.modeling_utils`` is imported
     (:func:`posfair.model.backends.import_hooks`)."""
     register()
+
+
+# importing this module imports transformers.modeling_utils (AttentionInterface lives there); when nothing had
+# imported it before, its hook (posfair.model.backends.import_hooks) found this module incomplete and left the
+# registration to it, now that it is complete
+on_import(None)

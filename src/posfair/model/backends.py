@@ -61,6 +61,7 @@ This module imports nothing but the standard library (``import posfair`` reads i
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -208,6 +209,11 @@ def import_hooks() -> dict[str, str]:
 
 def _on_import(route: str) -> Callable[[object], None]:
     def run(module: object) -> None:
+        importing = sys.modules.get(ROUTE_MODULES[route])
+        if importing is not None and not hasattr(importing, "on_import"):
+            # the route's own module imported transformers' modelling code (``import posfair.calibration.registry``
+            # before anything else): it is not complete yet, and runs its hook itself when it is
+            return
         importlib.import_module(ROUTE_MODULES[route]).on_import(module)
 
     run.__qualname__ = f"on_import[{route}]"
