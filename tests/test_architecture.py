@@ -1,4 +1,5 @@
-"""The import graph runs one way: cli -> pipelines -> encoding / store / model -> calibration.
+"""The import graph runs one way: cli -> the front door (``posfair``) -> pipelines -> encoding / store / model ->
+calibration, with no exception.
 
 Every ``import`` statement of ``src/posfair`` is read with :mod:`ast` (module level and
 inside functions alike), so a function-local import cannot hide an edge.
@@ -15,6 +16,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "posfair"
 
+ROOT = "posfair"
 # lower levels never import higher ones; a level may import itself and anything below
 LEVELS = [
     (
@@ -25,8 +27,6 @@ LEVELS = [
             "posfair._stack",
             "posfair.io",
             "posfair.run_folder",
-            "posfair.model.compat",  # the stack differences: a leaf the calibration backends use
-            "posfair.model.backends",  # the table of backends: a stdlib-only leaf that the dispatch reads
             "posfair.errors",
             "posfair.progress",
             "posfair.spans",
@@ -57,6 +57,10 @@ LEVELS = [
             "posfair.serve",
         ),
     ),
+    # the package root: the lazy front door over the pipelines, its version, and the import hooks of the table of
+    # backends (posfair.calibration.backends); the command line reads its version.  Only the root itself: every
+    # module's name starts with "posfair."
+    ("front door", (ROOT,)),
     ("cli", ("posfair.cli",)),
 ]
 # the pipelines among themselves: tuning chooses a calibration with the fairness and retrieval objectives (and
@@ -107,20 +111,23 @@ def imports_of(path: Path) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
-            # "from posfair import encoding" imports the submodule posfair.encoding
-            out.update(f"{mod}.{a.name}" for a in node.names if (PACKAGE.parent / f"{mod}.{a.name}".replace(".", "/")).exists()
-                       or (PACKAGE.parent / (f"{mod}.{a.name}".replace(".", "/") + ".py")).exists())  # fmt: skip
+            # "from posfair import encoding" imports the submodule posfair.encoding; the package is an edge only
+            # where a name is one of its own (a package runs its __init__ whichever of its submodules is imported)
+            submodules = {f"{mod}.{a.name}" for a in node.names if (PACKAGE.parent / f"{mod}.{a.name}".replace(".", "/")).exists()
+                          or (PACKAGE.parent / (f"{mod}.{a.name}".replace(".", "/") + ".py")).exists()}  # fmt: skip
+            out.update(submodules)
+            if len(submodules) < len(node.names):
+                out.add(mod)
     return out
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-GRAPH = {name: {m for m in imports_of(p) if m.startswith("posfair.")} for name, p in MODULES.items()}
+GRAPH = {name: {m for m in imports_of(p) if m == ROOT or m.startswith("posfair.")} for name, p in MODULES.items()}
 
 
 def level(module: str) -> int | None:
     for i, (_, prefixes) in enumerate(LEVELS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
+        if any(module == p or (p != ROOT and module.startswith(p + ".")) for p in prefixes):
             return i
     return None
 
@@ -131,14 +138,12 @@ def area(module: str) -> str | None:
 
 def test_every_module_has_a_level():
     assert {"posfair.store", "posfair.model"} <= GRAPH["posfair.encoding"]  # the reader sees the edges at all
-    assert [m for m in MODULES if m != "posfair" and level(m) is None] == []
+    assert [m for m in MODULES if level(m) is None] == []  # the package root included
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_run_one_way(module):
     here = level(module)
-    if here is None:  # the package root: lazy re-exports only
-        return
     upward = [f"{m} ({LEVELS[level(m)][0]})" for m in sorted(GRAPH[module]) if level(m) is not None and level(m) > here]
     assert upward == [], f"{module} ({LEVELS[here][0]}) imports upward"
     mine = area(module)
@@ -406,9 +411,9 @@ def test_the_type_checking_imports_are_the_lazy_exports(package):
         assert getattr(importlib.import_module(source), name) is getattr(mod, name), (package, name)
 
 
-# -- the table of backends (posfair.model.backends) -------------------------------------------------------------
+# -- the table of backends (posfair.calibration.backends) -------------------------------------------------------
 
-BACKENDS_TABLE = "posfair.model.backends"
+BACKENDS_TABLE = "posfair.calibration.backends"
 
 
 def _string_constants(path: Path) -> list[tuple[int, str]]:
@@ -492,3 +497,15 @@ def test_the_readme_layout_names_every_package_and_module():
     named = re.findall(r"\b([a-z_0-9]+\.py)\b", layout)
     gone = [n for n in named if not any(PACKAGE.rglob(n)) and not (SRC.parent / "scripts" / n).exists()]
     assert not gone, f"README's project layout names modules that do not exist: {gone}"
+
+
+def test_the_version_is_read_from_the_installed_metadata():
+    """posfair's version is written once (pyproject.toml) and read from the package metadata: by the front door and
+    by the store's settings (which import nothing from the root above them)."""
+    import importlib.metadata
+
+    import posfair
+    from posfair.store.settings import code_version
+
+    assert posfair.__version__ == importlib.metadata.version("posfair") == code_version()["posfair_version"]
+    assert ROOT not in GRAPH["posfair.store.settings"]

@@ -1,4 +1,4 @@
-"""The table of backends (``posfair.model.backends``) is what the dispatch does and what the README says.
+"""The table of backends (``posfair.calibration.backends``) is what the dispatch does and what the README says.
 
 - every row's route is the one posfair's dispatch takes for a seeded tiny model of that architecture on
   the installed stack (CI runs this file on transformers 4.x and 5.x), and the dispatch reads the table
@@ -27,9 +27,8 @@ from sentence_transformers import SentenceTransformer
 
 import posfair
 from posfair import Calibration
-from posfair.calibration import STOCK
-from posfair.model import backends
-from posfair.model.backends import (
+from posfair.calibration import STOCK, backends
+from posfair.calibration.backends import (
     BACKENDS,
     DEFAULT,
     FALLBACK,

@@ -28,8 +28,8 @@ from transformers import (
     XLMRobertaConfig,
 )
 
+from posfair.calibration.backends import FALLBACK, REGISTRY, backend_for
 from posfair.model import bundled_model_path
-from posfair.model.backends import FALLBACK, REGISTRY, backend_for
 from posfair.model.compat import TRANSFORMERS_5
 
 VOCAB = 30522  # the bundled WordPiece vocabulary
@@ -75,7 +75,7 @@ def _configs():
             ),
             "lasttoken",
         ),
-        # the other rows of the table of backends (posfair.model.backends), for its route test
+        # the other rows of the table of backends (posfair.calibration.backends), for its route test
         "roberta": (RobertaConfig(**COMMON, max_position_embeddings=514, pad_token_id=1), "cls"),
         "qwen2": (Qwen2Config(**{k: v for k, v in DECODER.items() if k != "head_dim"}), "lasttoken"),
         "llama": (LlamaConfig(**DECODER), "lasttoken"),
@@ -100,7 +100,7 @@ def model_type(arch: str) -> str:
 
 def expected_mechanism(arch: str) -> str:
     """How posfair reaches ``arch``'s attention on the installed stack, "registry" or "fallback": its row of
-    the table of backends (posfair.model.backends) says."""
+    the table of backends (posfair.calibration.backends) says."""
     route = backend_for(model_type(arch)).route(TRANSFORMERS_5)
     assert route in (REGISTRY, FALLBACK), f"{arch}: the table of backends has no fixed route ({route})"
     return route

@@ -6,11 +6,12 @@ modelling code is imported, so a calibrated folder saved by posfair loads calibr
 with plain ``SentenceTransformer(path)`` or ``AutoModel.from_pretrained(path)``.
 """
 
+from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
 from posfair import _post_import
 from posfair._lazy import lazy_exports
-from posfair.model import backends as _backends
+from posfair.calibration import backends as _backends
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.attention import attention_profile, estimate_prior  # noqa: F401
@@ -27,7 +28,10 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is i
     )
     from posfair.tuning import CalibrationTuner, tune  # noqa: F401
 
-__version__ = "0.1.0"
+try:  # the installed package's metadata (pyproject.toml's version): the one place the version is written
+    __version__ = _metadata.version("posfair")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 #: the entry points, imported on first use (``from posfair import audit``); each area's package exports more
 _EXPORTS = {

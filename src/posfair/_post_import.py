@@ -8,7 +8,7 @@ imported -- whoever imports it, in whatever order -- through a finder on ``sys.m
 that wraps only the named modules' loaders.  Nothing else about importing changes, and
 nothing of torch or transformers is patched: the callbacks use transformers' own
 registries (see :mod:`posfair.calibration.registry`).  Which modules, and which route's hook
-each runs, is the table of backends' (:func:`posfair.model.backends.import_hooks`).
+each runs, is the table of backends' (:func:`posfair.calibration.backends.import_hooks`).
 """
 
 from __future__ import annotations

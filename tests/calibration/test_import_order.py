@@ -1,5 +1,5 @@
 """Whatever posfair module a program imports first, it imports, and posfair's attention ends up registered with
-transformers (the hook of posfair.model.backends runs once transformers' modelling code is imported; a route
+transformers (the hook of posfair.calibration.backends runs once transformers' modelling code is imported; a route
 module that itself imported that code registers when it is complete). Each order runs in a fresh interpreter."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 CHECK = (
     "from transformers import AttentionInterface\n"
-    "from posfair.model.backends import ATTN_SDPA\n"
+    "from posfair.calibration.backends import ATTN_SDPA\n"
     "assert ATTN_SDPA in AttentionInterface._global_mapping, 'not registered'\n"
     "from posfair.model import calibrated_transformer\n"
     "print('ok')\n"

@@ -2,7 +2,7 @@
 
 Used for transformers 5.x (BERT, XLM-RoBERTa, ModernBERT, Qwen3, most current
 architectures) and, on transformers 4.x, Qwen3 and the other architectures that
-dispatch through ``ALL_ATTENTION_FUNCTIONS`` (which ones: :mod:`posfair.model.backends`).  The
+dispatch through ``ALL_ATTENTION_FUNCTIONS`` (which ones: :mod:`posfair.calibration.backends`).  The
 model's attention implementation is switched to a name registered in
 transformers' ``AttentionInterface`` (and, for its masks, ``AttentionMaskInterface``).
 The registered function calls the stock SDPA kernel for all rows; in calibrated
@@ -30,9 +30,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from posfair.calibration.backends import ATTN_EAGER, ATTN_SDPA  # the names (ATTN_EAGER: the explicit full-matrix path)
 from posfair.calibration.kernels import attend, check_supported, explicit_attention
 from posfair.calibration.state import active_state, config_state
-from posfair.model.backends import ATTN_EAGER, ATTN_SDPA  # the names (ATTN_EAGER: the explicit full-matrix path)
 
 __all__ = ["ATTN_SDPA", "ATTN_EAGER", "on_import", "register"]
 
@@ -91,7 +91,7 @@ def register() -> None:
     """Register posfair's attention functions (and their mask builders) with transformers.
 
     Runs when transformers' modelling code is first imported after ``import posfair``
-    (:func:`on_import`, hooked by ``posfair/__init__.py`` from :mod:`posfair.model.backends`), so
+    (:func:`on_import`, hooked by ``posfair/__init__.py`` from :mod:`posfair.calibration.backends`), so
     calibrated folders load with plain ``SentenceTransformer(path)``; idempotent.  (On transformers 4.x
     the BERT family's own attention tables are extended by their own hooks:
     :mod:`posfair.calibration.transformers4`.)"""
@@ -109,11 +109,11 @@ def register() -> None:
 
 def on_import(_module) -> None:
     """The hook ``posfair/__init__.py`` runs once ``transformers.modeling_utils`` is imported
-    (:func:`posfair.model.backends.import_hooks`)."""
+    (:func:`posfair.calibration.backends.import_hooks`)."""
     register()
 
 
 # importing this module imports transformers.modeling_utils (AttentionInterface lives there); when nothing had
-# imported it before, its hook (posfair.model.backends.import_hooks) found this module incomplete and left the
+# imported it before, its hook (posfair.calibration.backends.import_hooks) found this module incomplete and left the
 # registration to it, now that it is complete
 on_import(None)

@@ -7,7 +7,7 @@ On transformers 4.x they pick their attention from a table of their own, keyed b
 implementation name (``BERT_SELF_ATTENTION_CLASSES``, ``MODERNBERT_ATTENTION_FUNCTION``,
 ...).  :func:`extend` adds a ``"posfair_sdpa"`` entry to each table when its modelling
 module is imported (a new key: the stock entries are untouched; which tables: the rows of
-:mod:`posfair.model.backends`): the stock SDPA class /
+:mod:`posfair.calibration.backends`): the stock SDPA class /
 function, run inside the fallback backend's per-layer interception
 (:class:`~posfair.calibration.fallback.LayerMode`), which lets the stock SDPA kernel
 compute all rows and recomputes the pooling row explicitly (or the layer in tiles).
@@ -28,9 +28,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from posfair.calibration.backends import ATTN_SDPA, attention_tables
 from posfair.calibration.fallback import LayerMode
 from posfair.calibration.state import active_state, config_state, forward_state
-from posfair.model.backends import ATTN_SDPA, attention_tables
 
 __all__ = ["extend", "on_import"]
 
@@ -134,5 +134,5 @@ def __getattr__(name: str):  # unpickling in a fresh process: build the class fr
 
 def on_import(module) -> None:
     """The hook ``posfair/__init__.py`` runs once an attention table's modelling module is imported
-    (:func:`posfair.model.backends.import_hooks`)."""
+    (:func:`posfair.calibration.backends.import_hooks`)."""
     extend(module)

@@ -4,13 +4,14 @@
   sentence-transformers ``SentenceTransformer`` whose ``encode`` takes ``calibration``);
 - :mod:`posfair.model.calibrated_transformer` -- :class:`CalibratedTransformer`, the input module that
   switches the model's attention to posfair's backend and stores a default calibration;
-- :mod:`posfair.model.backends` -- the table of which attention route calibrates which architecture on
-  which stack (read by the code that dispatches and by the README's support table);
 - :mod:`posfair.model.stock_layers` -- the stock layers below the first calibrated layer, computed once;
 - :mod:`posfair.model.info` -- token limits and the content fingerprint a cache is keyed by;
 - :mod:`posfair.model.hub` -- where a model comes from, checked before loading;
 - :mod:`posfair.model.compat` -- where the two supported stacks (transformers 4.x / 5.x) differ; a leaf that
-  imports nothing from posfair, so the calibration backends may use it.
+  imports nothing from posfair.
+
+Which attention route calibrates which architecture on which stack is the table of backends,
+:mod:`posfair.calibration.backends` (the calibration routes read it; this layer dispatches by it).
 
 Importing this package is light: the names below are imported from their module on first use.
 """

@@ -16,7 +16,7 @@ threads each see their own.
 
 Saving and loading: ``FairModel.save`` writes the module as the stock ``Transformer``
 (:func:`stock_module_type`).  With a default calibration, for the architectures whose row in
-:mod:`posfair.model.backends` says ``flag_free``, :func:`write_flag_free` then records the calibration in
+:mod:`posfair.calibration.backends` says ``flag_free``, :func:`write_flag_free` then records the calibration in
 the folder's ``config.json`` with ``attn_implementation="posfair_sdpa"``, so plain
 ``SentenceTransformer(path)`` loads it calibrated after ``import posfair``; when such a
 folder is loaded as a ``FairModel``, this module takes the calibration over from the
@@ -37,12 +37,12 @@ from typing import Any
 import torch
 
 from posfair.calibration import attention_wiring as att
-from posfair.calibration import fallback
+from posfair.calibration import backends, fallback
 from posfair.calibration.choice import STOCK, Resolved, check_choice
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 from posfair.calibration.state import CONFIG_CALIBRATION_KEY, CONFIG_POOLING_KEY
 from posfair.io import atomic_write_json, atomic_write_text
-from posfair.model import backends, compat, stock_layers
+from posfair.model import compat, stock_layers
 from posfair.model.compat import Transformer
 
 __all__ = [
@@ -183,7 +183,7 @@ class CalibratedTransformer(Transformer):
 
     @property
     def backend_row(self) -> backends.Backend:
-        """This model's row in the table of backends (:mod:`posfair.model.backends`): remote code is a model
+        """This model's row in the table of backends (:mod:`posfair.calibration.backends`): remote code is a model
         whose class is not transformers' own."""
         model = self.auto_model
         remote = not type(model).__module__.startswith("transformers.")

@@ -26,7 +26,7 @@ What differs:
   themselves (BERT's ``BertSdpaSelfAttention`` calls SDPA, its eager class computes the
   softmax inline), so posfair reaches them through the scoped fallback
   (:mod:`posfair.calibration.fallback`); Qwen3 uses the registry on both.  Which route each
-  architecture takes on each stack is the table of :mod:`posfair.model.backends`.
+  architecture takes on each stack is the table of :mod:`posfair.calibration.backends`.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
-from posfair import __version__
 from posfair.calibration.choice import STOCK, Resolved, check_choice
 
 __all__ = [
@@ -52,7 +52,16 @@ def code_version() -> dict[str, str]:
         for f in files:
             h.update(f.name.encode())
             h.update(f.read_bytes())
-    return {"posfair_version": __version__, "code_hash": h.hexdigest()[:16]}
+    return {"posfair_version": installed_version(), "code_hash": h.hexdigest()[:16]}
+
+
+def installed_version() -> str:
+    """posfair's version as installed (the package metadata, from pyproject.toml); ``"0+unknown"`` when posfair runs
+    from a source tree that was never installed."""
+    try:
+        return importlib.metadata.version("posfair")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def run_settings(meta: dict[str, Any], **extra: Any) -> dict[str, Any]:
