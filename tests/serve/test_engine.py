@@ -170,3 +170,137 @@ def test_a_running_serve_instance_is_joined_only_where_it_listens_and_with_no_co
     assert "with a posfair server (application 'posfair-encoder')" in ours
     root = serve_conflict("127.0.0.1", 8000, RunningServe("127.0.0.1", 8000, {"shop": "/", "b": "/b"}))
     assert "application 'shop' takes the route '/'" in root
+
+
+# -- issue 48: a hostile request ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("space", ["\t", "\n", "\u00a0", "\u3000", " ", "\r", "\v"])
+@pytest.mark.parametrize("existing", [True, False])
+def test_no_spelling_of_prior_makes_a_request_read_a_file(tiny, tmp_path, monkeypatch, space, existing):
+    """Defect 1: 'prior\\t=/path' (any white space Calibration.parse strips around a name) was let through by the
+    gateway and read by the replica (with --request-calibration: used as the prior; without: an existence oracle
+    and the file's keys in the error). Now the gateway and the replica refuse it alike, opening nothing, with the
+    same answer whether the file exists or not."""
+    import posfair.calibration.spelling as spelling
+
+    path = tmp_path / "secret.json"
+    if existing:
+        path.write_text(json.dumps({"bins": 4, "secret_key": 1}))
+    opened = []
+    monkeypatch.setattr(spelling, "load_prior", lambda value: opened.append(value))
+    spec = f"16,1.0,1,prior{space}={path}"
+    with pytest.raises(ApiError) as err:
+        parse_request(body(input="x", calibration=spec), "m")
+    assert err.value.status == 400 and err.value.param == "calibration"
+    assert "secret_key" not in err.value.message and "exist" not in err.value.message
+    model, spec_ = tiny
+    for allowed in (True, False):
+        (ans,) = Engine(model, spec_, request_calibration=allowed).embed_many(
+            [EmbeddingRequest(("a text",), calibration=spec)]
+        )
+        assert ans.status == 400 and ans.error["error"]["param"] == "calibration", ans.error
+        assert "secret_key" not in ans.error["error"]["message"]
+    assert opened == []
+
+
+def test_a_lone_surrogate_is_a_400_for_its_request_only(tiny):
+    """Defect 2: "\\ud800" in input reached the batched encoder, whose exception failed every request batched with
+    it (500 text/plain). Now the protocol refuses it (400, OpenAI's shape); and a request that reaches the replica
+    anyway fails alone (500 in OpenAI's shape) while the requests batched with it get their vectors."""
+    with pytest.raises(ApiError) as err:
+        parse_request(b'{"model": "m", "input": ["ok", "\\ud800"]}', "m")
+    assert err.value.status == 400 and err.value.param == "input" and "input 1" in err.value.message
+    model, spec = tiny
+    good = [EmbeddingRequest(tuple(texts_of(3, 40))), EmbeddingRequest(tuple(texts_of(2, 41)))]
+    answers = Engine(model, spec).embed_many([good[0], EmbeddingRequest(("fine", "bad \ud800")), good[1]])
+    assert answers[1].status == 500 and set(answers[1].error["error"]) == {"message", "type", "param", "code"}
+    for req, ans in zip(good, (answers[0], answers[2]), strict=True):
+        assert ans.status == 200
+        np.testing.assert_allclose(ans.vectors, encode_cached(model, list(req.texts), calibration=CAL), atol=1e-5)
+
+
+def test_a_forward_pass_that_fails_is_retried_per_request(tiny, monkeypatch):
+    """Per-request isolation: when the shared forward pass raises (here: a text the model cannot take, faked), each
+    request is encoded alone; only the one that fails alone gets an error, the others their own vectors. The same
+    for /v1/segments documents sharing a pass."""
+    model, spec = tiny
+    engine = Engine(model, spec, request_calibration=True)
+    real_encode, real_states = engine.encode, engine._token_states
+
+    def encode(texts, cal, prompt):
+        if any("poison" in t for t in texts):
+            raise RuntimeError("the model cannot take this text")
+        return real_encode(texts, cal, prompt)
+
+    def states(texts, cal, prompt):
+        if any("poison" in t for t in texts):
+            raise RuntimeError("the model cannot take this text")
+        return real_states(texts, cal, prompt)
+
+    monkeypatch.setattr(engine, "encode", encode)
+    monkeypatch.setattr(engine, "_token_states", states)
+    reqs = [EmbeddingRequest(tuple(texts_of(2, s))) for s in (50, 51, 52)]
+    reqs.insert(1, EmbeddingRequest(("a poison text",)))
+    answers = engine.embed_many(reqs)
+    assert [a.status for a in answers] == [200, 500, 200, 200]
+    for i in (0, 2, 3):
+        want = encode_cached(model, list(reqs[i].texts), calibration=CAL)
+        np.testing.assert_allclose(answers[i].vectors, want, rtol=0, atol=1e-5)
+    docs = [
+        engine.document(EmbeddingRequest(d, calibration="stock"))
+        for d in (("one", "two"), ("poison", "x"), ("three", "four"))
+    ]
+    seg = engine.segments_many(docs)
+    assert [a.status for a in seg] == [200, 500, 200]
+    np.testing.assert_allclose(
+        seg[2].vectors, engine.segments(EmbeddingRequest(("three", "four"), calibration="stock")).vectors, atol=1e-5
+    )
+
+
+def test_json_too_deep_a_number_too_long_and_a_huge_basket_are_400s(tiny):
+    """Defect 3: JSON nested 10,000 levels (RecursionError), 'dimensions' of 5,000 digits (ValueError) and a basket
+    of 10**22 (OverflowError in the replica) were 500 text/plain; now each is a 400 in OpenAI's shape."""
+    deep = b'{"model": "m", "input": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+    long_number = b'{"model": "m", "input": "x", "dimensions": ' + b"9" * 5000 + b"}"
+    for raw, says in ((deep, "nested too deeply"), (long_number, "number too long")):
+        with pytest.raises(ApiError) as err:
+            parse_request(raw, "m")
+        assert err.value.status == 400 and says in err.value.message
+    huge = f"{10**22},1,1"
+    with pytest.raises(ApiError) as err:
+        parse_request(body(input="x", calibration=huge), "m")
+    assert err.value.status == 400 and err.value.param == "calibration"
+    model, spec = tiny
+    (ans,) = Engine(model, spec, request_calibration=True).embed_many([EmbeddingRequest(("x",), calibration=huge)])
+    assert ans.status == 400 and ans.error["error"]["param"] == "calibration"
+
+
+def test_dimensions_is_the_models_own_width_or_refused(tiny):
+    """Defect 4: 'dimensions' was accepted and ignored (64 gave 384-wide vectors, so did 10**30). Now only the
+    model's own width (here 64) is served; another is a 400 naming it, and an absurd one is refused on reading."""
+    model, spec = tiny
+    engine = Engine(model, spec)
+    own, other = engine.embed_many(
+        [EmbeddingRequest(("a text",), dimensions=64), EmbeddingRequest(("a text",), dimensions=32)]
+    )
+    assert own.status == 200 and own.vectors.shape == (1, 64)
+    assert (
+        other.status == 400
+        and other.error["error"]["param"] == "dimensions"
+        and "64" in other.error["error"]["message"]
+    )
+    assert parse_request(body(input="x", dimensions=64), "m").dimensions == 64
+    for bad_value in (10**30, 0, "64", True, 6.4):
+        with pytest.raises(ApiError) as err:
+            parse_request(body(input="x", dimensions=bad_value), "m")
+        assert err.value.param == "dimensions"
+    with pytest.raises(ApiError):
+        engine.document(EmbeddingRequest(("a", "b"), dimensions=32))
+
+
+@pytest.mark.parametrize("text", ["\x00", "\x00\x00 \x00", "\u200b", " \t\n"])
+def test_a_text_of_only_control_characters_is_empty(text):
+    with pytest.raises(ApiError) as err:
+        parse_request(body(input=["ok", text]), "m")
+    assert err.value.param == "input" and "input 1 is empty" in err.value.message

@@ -118,8 +118,13 @@ def serve(
         model_id, device="cpu", trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
     )
     checks.check_calibrations(fm, [cal])
-    if calibration is None and basket_size is None and layers is None and strength is None:
-        cal = fm.resolve_calibration(MODEL_DEFAULT)  # a saved calibrated folder serves its own calibration
+    saved = fm.resolve_calibration(MODEL_DEFAULT)
+    if cal is STOCK and saved is not STOCK:  # as every command: stock unless --calibration (posfair encode -m FOLDER)
+        typer.echo(
+            f"note: the model folder was saved with calibration {saved.spec()}; without --calibration this server "
+            f"encodes stock, as posfair encode does (pass --calibration {saved.spec()} to serve that calibration)",
+            err=True,
+        )
     opts = dict(
         pooling=pooling,
         max_seq_length=max_seq_length,

@@ -272,6 +272,9 @@ class Encoder:
             doc = await asyncio.to_thread(self.engine.document, request)
         except ApiError as err:
             return Answer.refused(err)
+        except Exception as exc:  # noqa: BLE001 -- this request's own failure, answered in OpenAI's shape
+            logger.warning("a /v1/segments request failed in the model replica: %s", type(exc).__name__)
+            return Answer.refused(ApiError(500, "the model could not encode this request", "server_error"))
         return await self._segments_batch(doc)
 
     # max_batch_size is set per replica (__init__); a document is never over it (Document.size)

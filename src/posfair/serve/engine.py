@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,10 +37,12 @@ from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import encode_shard
 from posfair.encoding import PromptedTokenizer
 from posfair.model import compat
-from posfair.serve.openai_api import ApiError, EmbeddingRequest, bad
+from posfair.serve.openai_api import ApiError, EmbeddingRequest, bad, request_calibration
 from posfair.spans import contextualised_segments, join_segments, token_segment_index
 
 __all__ = ["Answer", "Document", "Engine"]
+
+logger = logging.getLogger("posfair.serve")
 
 
 @dataclasses.dataclass
@@ -86,6 +89,31 @@ class Document:
         return len(self.ids)
 
 
+def _failed(exc: BaseException) -> Answer:
+    """The answer to a request whose own computation failed (logged by type only: a message may quote a text)."""
+    logger.warning("a request failed in the model replica: %s", type(exc).__name__)
+    return Answer.refused(ApiError(500, "the model could not encode this request", "server_error"))
+
+
+def _isolated(members: list[int], compute: Callable[[list[int]], dict[int, Answer]]) -> dict[int, Answer]:
+    """``compute(members)``; if it fails, each member alone, so a failure is answered only to the request that
+    causes it (its own 500), never to the others that shared its forward pass."""
+    try:
+        return compute(members)
+    except Exception as exc:  # noqa: BLE001 -- retried one by one: the failure is found out, not spread
+        if len(members) == 1:
+            return {members[0]: _failed(exc)}
+    out: dict[int, Answer] = {}
+    for i in members:
+        out.update(_isolated([i], compute))
+    return out
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 def _cal_key(cal: Any) -> str:
     return "stock" if cal is STOCK else json.dumps(cal.to_dict(), sort_keys=True)
 
@@ -103,17 +131,23 @@ class Engine:
         self.truncate, self.request_calibration = truncate, request_calibration
         self.calibration = spec.calibration_obj
         self.limit = int(model.max_seq_length)
+        self.width = compat.embedding_dimension(model)
         self._lock = threading.Lock()  # one forward pass at a time (the model's calibration override is per block)
 
     # -- request settings -------------------------------------------------------------------------
     def calibration_for(self, text: str | None) -> Any:
-        """The calibration a request's ``calibration`` field asks for (None: the server's); 400 when refused."""
+        """The calibration a request's ``calibration`` field asks for (None: the server's); 400 when refused.  The
+        field is checked first as the gateway checks it (:func:`posfair.serve.openai_api.request_calibration`: no
+        ``prior=``, however spelt), so no request makes a replica open a file."""
         if text is None:
             return self.calibration
+        text = request_calibration(text)
         try:
-            cal = STOCK if text.strip().lower() == "stock" else Calibration.parse(text)
-        except ValueError as exc:
-            raise bad(f"'calibration': {exc}", "calibration") from None
+            cal = STOCK if text.lower() == "stock" else Calibration.parse(text)
+        except (ValueError, TypeError, ArithmeticError) as exc:  # OverflowError: a number too large for its field
+            raise bad(f"'calibration': {_one_line(exc)}", "calibration") from None
+        if cal is not STOCK and cal.prior is not None:  # unreachable past request_calibration; never served
+            raise bad("'calibration' cannot name a prior file (prior=FILE): a request reads no file", "calibration")
         if cal != self.calibration and not self.request_calibration:
             raise bad(
                 f"this server encodes with {self.label(self.calibration)} only; it was not started with "
@@ -124,9 +158,18 @@ class Engine:
         if cal is not STOCK:
             try:
                 self.model.transformer_module.resolve(cal)
-            except ValueError as exc:
-                raise bad(f"'calibration' does not fit the model: {exc}", "calibration") from None
+            except (ValueError, TypeError, ArithmeticError) as exc:
+                raise bad(f"'calibration' does not fit the model: {_one_line(exc)}", "calibration") from None
         return cal
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """A request's ``dimensions``: absent, or the model's own width (posfair does not shorten vectors); 400."""
+        if dimensions is not None and dimensions != self.width:
+            raise bad(
+                f"'dimensions' must be the model's own width {self.width} (posfair does not shorten vectors); "
+                f"got {dimensions}",
+                "dimensions",
+            )
 
     @staticmethod
     def label(cal: Any) -> str:
@@ -147,6 +190,7 @@ class Engine:
 
     def prepare(self, req: EmbeddingRequest) -> _Prepared:
         """A request's settings and token counts checked against the model; :class:`ApiError` (400) if refused."""
+        self.check_dimensions(req.dimensions)
         cal = self.calibration_for(req.calibration)
         prompt = self.prompt_for(req.prompt_name)
         full = self._full_prompt(prompt)
@@ -164,7 +208,9 @@ class Engine:
 
     # -- /v1/embeddings ---------------------------------------------------------------------------
     def embed_many(self, requests: Sequence[EmbeddingRequest]) -> list[Answer]:
-        """One answer per request; the texts of all the accepted ones share forward passes."""
+        """One answer per request; the texts of all the accepted ones share forward passes.  A request that fails
+        its checks gets its own 400; a forward pass that fails is retried request by request, so only a request
+        that fails alone gets an error (500) -- one request never changes another's answer."""
         answers: list[Answer | None] = [None] * len(requests)
         prepared: dict[int, _Prepared] = {}
         for i, req in enumerate(requests):
@@ -172,19 +218,26 @@ class Engine:
                 prepared[i] = self.prepare(req)
             except ApiError as err:
                 answers[i] = Answer.refused(err)
+            except Exception as exc:  # noqa: BLE001 -- this request's own failure (its answer), never the batch's
+                answers[i] = _failed(exc)
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, p in prepared.items():
             groups.setdefault((_cal_key(p.cal), p.prompt), []).append(i)
         for members in groups.values():
-            first = prepared[members[0]]
-            texts = [t for i in members for t in prepared[i].texts]
-            vectors = self.encode(texts, first.cal, first.prompt)
-            start = 0
-            for i in members:
-                p = prepared[i]
-                answers[i] = Answer(vectors[start : start + len(p.texts)], int(p.tokens.sum()), p.truncated)
-                start += len(p.texts)
+            for i, answer in _isolated(members, lambda ms: self._encode_members(ms, prepared)).items():
+                answers[i] = answer
         return answers  # type: ignore[return-value]
+
+    def _encode_members(self, members: list[int], prepared: dict[int, _Prepared]) -> dict[int, Answer]:
+        first = prepared[members[0]]
+        texts = [t for i in members for t in prepared[i].texts]
+        vectors = self.encode(texts, first.cal, first.prompt)
+        out, start = {}, 0
+        for i in members:
+            p = prepared[i]
+            out[i] = Answer(vectors[start : start + len(p.texts)], int(p.tokens.sum()), p.truncated)
+            start += len(p.texts)
+        return out
 
     def encode(self, texts: list[str], cal: Any, prompt: str | None) -> np.ndarray:
         """``texts`` encoded as ``posfair embed`` encodes a shard: length-sorted, token-budget batches."""
@@ -211,6 +264,7 @@ class Engine:
 
     def document(self, req: EmbeddingRequest) -> Document:
         """A ``/v1/segments`` request's document, joined, checked and tokenised; :class:`ApiError` (400) if refused."""
+        self.check_dimensions(req.dimensions)
         cal = self.calibration_for(req.calibration)
         prompt = self.prompt_for(req.prompt_name)
         joined, spans = join_segments(list(req.texts))
@@ -251,22 +305,26 @@ class Engine:
         )
 
     def segments_many(self, docs: Sequence[Document]) -> list[Answer]:
-        """One answer per document; documents of the same calibration and prompt share forward passes."""
+        """One answer per document; documents of the same calibration and prompt share forward passes (a pass that
+        fails is retried document by document, as :meth:`embed_many` retries)."""
         answers: list[Answer | None] = [None] * len(docs)
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, d in enumerate(docs):
             groups.setdefault((_cal_key(d.cal), d.prompt), []).append(i)
-        passes = 0
+        passes = [0]
+
+        def one_pass(chosen: list[int]) -> dict[int, Answer]:
+            first = docs[chosen[0]]
+            outs = self._token_states([docs[i].text for i in chosen], first.cal, first.prompt)
+            passes[0] += 1
+            return {i: self._pooled(docs[i], out) for i, out in zip(chosen, outs, strict=True)}
+
         for members in groups.values():
             for batch in length_aware_batches([docs[i].tokens for i in members], self.spec.max_tokens):
-                chosen = [members[j] for j in batch]
-                first = docs[chosen[0]]
-                outs = self._token_states([docs[i].text for i in chosen], first.cal, first.prompt)
-                passes += 1
-                for i, out in zip(chosen, outs, strict=True):
-                    answers[i] = self._pooled(docs[i], out)
+                for i, answer in _isolated([members[j] for j in batch], one_pass).items():
+                    answers[i] = answer
         for a in answers:
-            a.batch_requests, a.forward_passes = len(docs), passes  # type: ignore[union-attr]
+            a.batch_requests, a.forward_passes = len(docs), passes[0]  # type: ignore[union-attr]
         return answers  # type: ignore[return-value]
 
     def _token_states(self, texts: list[str], cal: Any, prompt: str | None) -> list[dict]:

@@ -1,0 +1,52 @@
+"""``posfair serve``'s command without Ray: what it starts a server with (the server itself is stubbed)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from posfair import Calibration
+
+CAL = Calibration.parse("16,0.5,0.5")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The settings ``posfair serve`` would serve with: ``serve_model`` recorded, not run."""
+    import posfair.serve.runner as runner
+
+    seen = []
+    monkeypatch.setattr(runner, "serve_model", lambda settings, *a, **k: seen.append(settings))
+    return seen
+
+
+def test_a_saved_calibrated_folder_is_served_as_encode_encodes_it(tiny_model_path, tmp_path, started):
+    """Defect 9: ``serve --model FOLDER`` served the folder's saved calibration while ``encode -m FOLDER`` encodes
+    stock and ``serve --help`` says the default is stock. One rule now: stock unless --calibration, with a note
+    naming the saved calibration; --calibration serves it."""
+    from typer.testing import CliRunner
+
+    import posfair
+    from posfair.cli import app
+
+    path, pooling = tiny_model_path("bert")
+    folder = tmp_path / "calibrated"
+    posfair.load_model(path, pooling=pooling).set_calibration(CAL).save(str(folder))
+    r = CliRunner().invoke(app, ["serve", "--model", str(folder), "--port", str(free_port())])
+    assert r.exit_code == 0, r.output
+    assert started[-1].spec.calibration is None and "(stock," in r.output, r.output
+    assert f"saved with calibration {CAL.spec()}" in r.output and f"--calibration {CAL.spec()}" in r.output
+    r = CliRunner().invoke(
+        app, ["serve", "--model", str(folder), "--port", str(free_port()), "--calibration", CAL.spec()]
+    )
+    assert r.exit_code == 0 and Calibration.from_dict(started[-1].spec.calibration) == CAL, r.output
+    assert "saved with" not in r.output
+    help_text = CliRunner().invoke(app, ["serve", "--help"]).output
+    assert "none (stock)" in " ".join(help_text.split()).replace("( ", "(")  # the default the command keeps
