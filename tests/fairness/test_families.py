@@ -146,7 +146,7 @@ def test_cli_by_family(tmp_path, tiny_model_path, make_corpus):
 def test_a_short_mixed_configuration_is_written_out_in_the_family_tables(result):
     """The family and heterogeneity tables name a mixed configuration as every other table does: in full where
     that is no longer than the ellipsis (n = 3: [de, en, en]), with the ellipsis where it saves room (n = 6)."""
-    from posfair.fairness.families import family_table, heterogeneity_table
+    from posfair.fairness.family_report import family_table, heterogeneity_table
 
     found, het = result.family_findings(), result.family_heterogeneity()
     for n, written in ((3, "[de, en, en]"), (6, "[de, en, ..., en]")):

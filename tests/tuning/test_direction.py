@@ -87,7 +87,7 @@ def test_the_tuner_reports_the_slope_with_its_interval_and_direction(model, tmp_
     res = tune(model, objective=obj, space=space, max_drop=1.0)  # each variant's best is evaluated on test too
     if res.chosen is STOCK:  # the tiny random model may keep stock: the uniform variant's best, measured the same way
         res = dataclasses.replace(res, chosen=res.variant_best["uniform"])
-        res.test_effect = chosen_test_effect(obj, res)
+        res.test_effect = chosen_test_effect(obj, res.trials, res.chosen, res.score)
     chosen = res.chosen
     want = score_effect_interval(obj, chosen, TEST)
     e = res.test_effect

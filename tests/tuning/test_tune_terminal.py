@@ -64,7 +64,7 @@ def test_a_profile_reversed_beyond_noise_is_a_failure_and_its_spread_is_not_call
     monkeypatch.setattr(trials_mod, "score_effect_interval", lambda obj, cal, split: dict(reversed_))
     obj = UnitObjective(test_drop=0.0)
     obj.effect, obj.format_effect = "removed", lambda v: f"{100 * v:.0f}%"
-    effect = trials_mod.test_score_effect(obj, res)
+    effect = trials_mod.test_score_effect(obj, res.trials, res.chosen, res.score)
     assert "the interval supports" not in effect["verdict"] and "not a reduction of bias" in effect["verdict"]
     res.test_effect = effect
     assert res.failures() == [

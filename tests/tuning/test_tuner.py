@@ -375,7 +375,7 @@ def test_the_retrieval_tuner_gives_harm_changes_with_intervals(model, tmp_path):
             assert (iv["effect_low"], iv["effect_high"]) == pytest.approx((low, high)) and low <= iv["effect"] <= high
     if res.chosen is STOCK:  # the tiny random model may keep stock: the effect of the variant's best, tested too
         res = dataclasses.replace(res, chosen=res.variant_best["uniform"])
-        res.test_effect = test_score_effect(obj, res)
+        res.test_effect = test_score_effect(obj, res.trials, res.chosen, res.score)
     eff = res.test_effect
     assert eff["effect_name"] == "Δharm" and eff["effect"] == pytest.approx(eff["chosen"] - eff["stock"])
     assert f"changes harm by {100 * eff['effect']:+.2f}" in eff["verdict"] and eff["unit"] == "queries"

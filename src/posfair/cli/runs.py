@@ -79,7 +79,7 @@ def run_audit(
     for t in language_summary_tables(result):
         header, body = t.rows()
         print_table(con, t.title, header, body, caption=LANGUAGE_CAPTION)
-    from posfair.fairness.families import family_tables
+    from posfair.fairness.family_report import family_tables
 
     for t in family_tables(result):  # an audit run --by-family: each family, pooled, and Cochran's Q across them
         header, body = t.rows()

@@ -3,10 +3,12 @@
 :mod:`~posfair.fairness.documents` (instances, segment sets, orderings) ->
 :mod:`~posfair.fairness.experiment` (encoding through the cache, observations) ->
 :mod:`~posfair.fairness.analysis` (the regressions of :mod:`posfair.stats`, fidelity,
-coverage) -> :mod:`~posfair.fairness.results` (:class:`AuditResult`) ->
+coverage) -> :mod:`~posfair.fairness.findings` (:class:`AuditFindings`: the numbers and their views) ->
 :mod:`~posfair.fairness.audit_tables` / :mod:`~posfair.fairness.audit_report` (tables, figures, HTML,
-files); the language grid: :mod:`~posfair.fairness.language` (regressions) / :mod:`~posfair.fairness.language_tables` /
-:mod:`~posfair.fairness.language_report`;
+files, read off the findings) -> :mod:`~posfair.fairness.results` (:class:`AuditResult`: the findings with their
+figures, report and files); the document families: :mod:`~posfair.fairness.families` (computing) /
+:mod:`~posfair.fairness.family_report` (rendering); the language grid: :mod:`~posfair.fairness.language`
+(regressions) / :mod:`~posfair.fairness.language_tables` / :mod:`~posfair.fairness.language_report`;
 :mod:`~posfair.fairness.pipeline` runs it all (``audit()``, the sentence-transformers evaluator).
 The attention diagnosis and the prior estimator are :mod:`posfair.attention`.
 """

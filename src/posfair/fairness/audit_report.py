@@ -1,6 +1,7 @@
 """The audit's figures, HTML report sections and files on disk (what :meth:`AuditResult.save` writes).
 
-Functions of an :class:`~posfair.fairness.results.AuditResult`; the generic
+Functions of an audit's :class:`~posfair.fairness.findings.AuditFindings` (never of the result that holds these
+methods: :mod:`posfair.fairness.results` imports this module, not the other way); the generic
 rendering (page assembly, tables, profile grids, saving figures) is the
 :mod:`posfair.report` package's.  The section markup is kept here as Jinja
 template strings, rendered with autoescaping by :func:`posfair.report.html.render_string`.
@@ -21,7 +22,7 @@ from posfair.calibration.coverage import NOOP_LABEL
 from posfair.fairness.analysis import coverage_messages
 from posfair.fairness.audit_tables import MIXED_CONFIG, config_label, coverage_table, fidelity_table, headline_table
 from posfair.fairness.experiment import STOCK_LABEL
-from posfair.fairness.families import family_section, save_families
+from posfair.fairness.family_report import family_section, save_families
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
 from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
@@ -40,7 +41,7 @@ from posfair.stats.inference import MARK_LEGEND
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from posfair.fairness.results import AuditResult
+    from posfair.fairness.findings import AuditFindings
 
 __all__ = ["profile_figure", "fidelity_figure", "report_sections", "save_result", "FIDELITY_ALT"]
 
@@ -67,15 +68,15 @@ def _corpus_words(name: str) -> str:
     return "the bundled corpus (Debian documentation)" if name == "bundled" else f"corpus {name}"
 
 
-def _names(result: AuditResult) -> dict[str, str]:
+def _names(result: AuditFindings) -> dict[str, str]:
     return display_labels([STOCK_LABEL, *(c["label"] for c in result.calibrations)])
 
 
-def _subtitle(result: AuditResult) -> str:
+def _subtitle(result: AuditFindings) -> str:
     return relabel(result.figure_subtitle(), _names(result))
 
 
-def profile_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
+def profile_figure(result: AuditFindings, setting: str = "main", title: str = "") -> Figure:
     """Mean sigma / tau per position with 95% intervals over segment sets; grid n x config; variants overlaid."""
     obs = result.observations
     rows, cols = sorted(obs["n"].unique()), result.configs
@@ -121,7 +122,7 @@ def profile_figure(result: AuditResult, setting: str = "main", title: str = "") 
     )
 
 
-def fidelity_figure(result: AuditResult, setting: str = "main", title: str = "") -> Figure:
+def fidelity_figure(result: AuditFindings, setting: str = "main", title: str = "") -> Figure:
     """Profile spread of σ against own-segment recall@n, one point per variant and instance, stock marked."""
     fid = result.fidelity()
     fid = fid[(fid["setting"] == setting) | (fid["calibration"] == STOCK_LABEL)]
@@ -198,7 +199,7 @@ def _words(calibration: dict) -> str:
 
 
 def report_sections(
-    result: AuditResult, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None
+    result: AuditFindings, figures: list[FigureRef] | None = None, extra_sections: list[Section] | None = None
 ) -> list[Section]:
     """Summary, profiles, fidelity, OLS tables, documents, ``extra_sections``, run parameters."""
     figures = figures or []
@@ -233,7 +234,7 @@ def report_sections(
     ]
 
 
-def _summary_section(result: AuditResult, inference: str) -> Section:
+def _summary_section(result: AuditFindings, inference: str) -> Section:
     """The headline table, the inference words and, with calibrations, the calibrated-share table."""
     hf = result.headline_frame()
     headline = to_html(
@@ -262,7 +263,7 @@ def _summary_section(result: AuditResult, inference: str) -> Section:
     )
 
 
-def _tables_section(result: AuditResult, inference: str) -> Section:
+def _tables_section(result: AuditFindings, inference: str) -> Section:
     """The OLS tables (fidelity and coverage have sections of their own), their shared words once above them."""
     coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
     detail = [t.name.endswith("_detail") for t in coef_tables]
@@ -284,7 +285,7 @@ def _tables_section(result: AuditResult, inference: str) -> Section:
     )
 
 
-def _documents_section(result: AuditResult) -> Section:
+def _documents_section(result: AuditFindings) -> Section:
     """The sampling per instance and its notes."""
     # the notes print under the table, "instance" repeats n and the configuration, an empty column (no families) goes
     sampling = pd.DataFrame(result.sampling).drop(columns=["notes", "instance"], errors="ignore")
@@ -302,7 +303,7 @@ def _documents_section(result: AuditResult) -> Section:
     )
 
 
-def _parameters_section(result: AuditResult) -> Section:
+def _parameters_section(result: AuditFindings) -> Section:
     """The model, corpus, settings, each calibration (in words and as a spec) and the timings."""
     return Section(
         "Run parameters",
@@ -319,7 +320,7 @@ def _parameters_section(result: AuditResult) -> Section:
 
 # -- files -----------------------------------------------------------------------------------------
 def save_result(
-    result: AuditResult,
+    result: AuditFindings,
     out_dir,
     *,
     extra_sections: list[Section] | None = None,
@@ -345,7 +346,7 @@ def save_result(
 
 
 def _write_result(
-    result: AuditResult, out: Path, extra_sections: list[Section] | None, title: str | None
+    result: AuditFindings, out: Path, extra_sections: list[Section] | None, title: str | None
 ) -> dict[str, Path]:
     paths: dict[str, Path] = {}
     paths["observations"] = atomic_write_parquet(out / "observations.parquet", result.observations)

@@ -31,7 +31,7 @@ from posfair.report.tables import Table, to_html, write_table
 from posfair.stats.inference import MARK_LEGEND
 
 if TYPE_CHECKING:
-    from posfair.fairness.results import AuditResult
+    from posfair.fairness.findings import AuditFindings
 
 __all__ = ["language_tables", "language_section", "save_language", "LANGUAGE_ALT"]
 
@@ -51,7 +51,7 @@ separates a language being represented from its texts merely lying close togethe
 {% endfor %}"""
 
 
-def language_tables(result: AuditResult) -> list[Table]:
+def language_tables(result: AuditFindings) -> list[Table]:
     """Grid tables (per calibration and n), the language effects per n, the per-calibration summary."""
     obs = result.observations
     if not has_language_grid(obs):
@@ -75,7 +75,7 @@ def _has(obs, column: str) -> bool:
     return column in obs and bool(np.isfinite(obs[column].to_numpy(dtype=float)).any())
 
 
-def _figure(result: AuditResult, n: int):
+def _figure(result: AuditFindings, n: int):
     obs = result.observations
     langs = grid_languages(obs)
     panels = []
@@ -93,7 +93,7 @@ def _figure(result: AuditResult, n: int):
     )
 
 
-def language_section(result: AuditResult, figures: list[FigureRef] | None = None) -> Section | None:
+def language_section(result: AuditFindings, figures: list[FigureRef] | None = None) -> Section | None:
     """The report section (None when the audit holds no language grid)."""
     tables = language_tables(result)
     if not tables:
@@ -102,7 +102,7 @@ def language_section(result: AuditResult, figures: list[FigureRef] | None = None
     return Section("Languages", html, figures=[f for f in (figures or []) if f.alt == LANGUAGE_ALT])
 
 
-def save_language(result: AuditResult, out: Path) -> tuple[dict[str, Path], list[FigureRef]]:
+def save_language(result: AuditFindings, out: Path) -> tuple[dict[str, Path], list[FigureRef]]:
     """Write the language tables, ``language_effects.csv`` and the heatmaps; (paths, figures for the report)."""
     paths: dict[str, Path] = {}
     figures: list[FigureRef] = []

@@ -16,7 +16,7 @@ from posfair.stats.intervals import (
     interval_verdict,
 )
 from posfair.tuning.objectives import DEV, TEST
-from posfair.tuning.space import Trial
+from posfair.tuning.space import Trial, find_trial
 from posfair.tuning.verdicts import meets_constraint
 
 __all__ = ["TuneResult"]
@@ -64,11 +64,7 @@ class TuneResult:
         return [t for t in self.trials if t.split == DEV]
 
     def trial(self, calibration: Resolved, split: str) -> Trial:
-        key = calibration.key()
-        for t in self.trials:
-            if t.key == key and t.split == split:
-                return t
-        raise KeyError(f"no {split} trial of {calibration.label()}")
+        return find_trial(self.trials, calibration, split)
 
     @property
     def chosen_label(self) -> str:

@@ -5,6 +5,7 @@ split, as ``tune.json`` stores it)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,7 +15,7 @@ from posfair.calibration.params import SCHEDULES, TRAILING, VARIANTS, Positional
 from posfair.errors import PosfairInputError
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
 
-__all__ = ["SearchSpace", "Trial"]
+__all__ = ["SearchSpace", "Trial", "find_trial"]
 
 
 def round_strength(x: float) -> float:
@@ -156,6 +157,15 @@ class SearchSpace:
         if self.schedules != ("flat",):
             d["schedules"] = list(self.schedules)
         return d
+
+
+def find_trial(trials: Sequence[Trial], calibration: Resolved, split: str) -> Trial:
+    """The trial of ``calibration`` on ``split`` among ``trials`` (KeyError if none)."""
+    key = calibration.key()
+    for t in trials:
+        if t.key == key and t.split == split:
+            return t
+    raise KeyError(f"no {split} trial of {calibration.label()}")
 
 
 @dataclass

@@ -327,9 +327,9 @@ def run_search(
             variant_best,
             effect=objective.effect,
         )
-        result.intervals = trial_intervals(objective, result)
-        result.test_check = check_test_constraint(objective, result)
-        result.test_effect = test_score_effect(objective, result)
+        result.intervals = trial_intervals(objective, result.trials)
+        result.test_check = check_test_constraint(objective, result.trials, result.chosen, result.guard, max_drop)
+        result.test_effect = test_score_effect(objective, result.trials, result.chosen, result.score)
         if result.test_effect is not None:
             search.say(result.test_effect["verdict"])
         if result.test_check is not None:

@@ -1,5 +1,8 @@
 """What the held-out test split says about the chosen setting, with intervals, and the sentences that say it.
 
+Pure: every verdict is computed from the objective, the trials and the chosen setting it is given (never from the
+search's :class:`~posfair.tuning.result.TuneResult`, which records them).
+
 The constraint rule (:func:`meets_constraint`, one rule for the dev choice and the test check), the paired bootstrap
 intervals of every trial's guard change and score effect (:func:`trial_intervals`; the resampling itself is
 :mod:`posfair.stats.intervals`), the σ profile's direction (:func:`slope_interval`), and the verdicts of the test
@@ -9,7 +12,8 @@ split: :func:`check_test_constraint` / :func:`constraint_verdict` and :func:`tes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,9 +28,7 @@ from posfair.stats.intervals import (
     units_to_resolve,
 )
 from posfair.tuning.objectives import TEST, Objective
-
-if TYPE_CHECKING:
-    from posfair.tuning.result import TuneResult
+from posfair.tuning.space import Trial, find_trial
 
 __all__ = [
     "CHECK_DRAWS",
@@ -114,12 +116,12 @@ def slope_interval(objective: Objective, groups: list[np.ndarray]) -> dict[str, 
     }
 
 
-def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[str, Any]]:
+def trial_intervals(objective: Objective, trials: Sequence[Trial]) -> dict[str, dict[str, Any]]:
     """For every calibrated trial of both splits (keyed ``"<split>:<trial key>"``): the guard's change from stock
     with its paired interval and the effect on the score (:func:`score_effect_interval`) with its interval -- what the trial, front
     and variant tables show beside each setting, by the helpers of the test check."""
     out: dict[str, dict[str, Any]] = {}
-    for t in result.trials:
+    for t in trials:
         if t.stock:
             continue
         row: dict[str, Any] = {}
@@ -135,20 +137,22 @@ def trial_intervals(objective: Objective, result: TuneResult) -> dict[str, dict[
     return out
 
 
-def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
+def test_score_effect(
+    objective: Objective, trials: Sequence[Trial], chosen: Resolved, score: str
+) -> dict[str, Any] | None:
     """The chosen setting's effect on the score on the held-out test split (:meth:`Objective.score_effect`: the
     share of stock's score it removes, or the change of a higher-is-better score), with a 95 % paired bootstrap
     interval over the objective's units (:meth:`Objective.score_units`); None when stock was chosen or the
     objective has no per-unit score (e.g. a function objective)."""
-    interval = score_effect_interval(objective, result.chosen, TEST)
+    interval = score_effect_interval(objective, chosen, TEST)
     if interval is None:
         return None
     effect, low, high, units = interval["effect"], interval["low"], interval["high"], interval["units"]
     slope = {k: interval[k] for k in SLOPE_KEYS if k in interval}
     out = slope | {
-        "score": result.score,
-        "stock": result.trial(STOCK, TEST).metrics[result.score],
-        "chosen": result.trial(result.chosen, TEST).metrics[result.score],
+        "score": score,
+        "stock": find_trial(trials, STOCK, TEST).metrics[score],
+        "chosen": find_trial(trials, chosen, TEST).metrics[score],
         "effect_name": objective.effect,
         "effect": effect,
         "low": low,
@@ -161,12 +165,10 @@ def test_score_effect(objective: Objective, result: TuneResult) -> dict[str, Any
     fmt = objective.format_effect
     interval = f"[95 % interval {fmt(low)}, {fmt(high)} over {units} {objective.unit}]"
     if objective.effect == "removed":
-        head = (
-            f"on the held-out test split the chosen setting removes {fmt(effect)} of stock's {result.score} {interval}"
-        )
+        head = f"on the held-out test split the chosen setting removes {fmt(effect)} of stock's {score} {interval}"
         gain, none = "a reduction", "no reduction (or an increase)"
     else:
-        head = f"on the held-out test split the chosen setting changes {result.score} by {fmt(effect)} {interval}"
+        head = f"on the held-out test split the chosen setting changes {score} by {fmt(effect)} {interval}"
         gain, none = "an improvement", "no improvement (or a loss)"
     if low > 0 and slope.get("direction") == "reversed":  # less spread, but leaning the other way: not bias removed
         out["verdict"] = f"{head}, but the σ profile now leans the other way beyond noise: not a reduction of bias"
@@ -192,7 +194,9 @@ def direction_text(slope: dict[str, Any], units: int, unit: str) -> str:
     )
 
 
-def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str, Any] | None:
+def check_test_constraint(
+    objective: Objective, trials: Sequence[Trial], chosen: Resolved, guard: str, max_drop: float
+) -> dict[str, Any] | None:
     """Does the chosen setting keep the constraint on the held-out test split?
 
     The guard's change (chosen minus stock, test split) against ``-max_drop`` by :func:`meets_constraint`,
@@ -200,18 +204,17 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
     fairness objective, queries for retrieval; :meth:`Objective.guard_units`), seeded.  None when stock
     was chosen (nothing to check).
     """
-    if result.chosen is STOCK:
+    if chosen is STOCK:
         return None
-    guard = result.guard
-    stock_t, chosen_t = result.trial(STOCK, TEST), result.trial(result.chosen, TEST)
+    stock_t, chosen_t = find_trial(trials, STOCK, TEST), find_trial(trials, chosen, TEST)
     change = chosen_t.metrics[guard] - stock_t.metrics[guard]
     out: dict[str, Any] = {
         "guard": guard,
         "stock": stock_t.metrics[guard],
         "chosen": chosen_t.metrics[guard],
         "change": change,
-        "limit": -result.max_drop,
-        "holds": meets_constraint(chosen_t.metrics[guard], stock_t.metrics[guard], result.max_drop),
+        "limit": -max_drop,
+        "holds": meets_constraint(chosen_t.metrics[guard], stock_t.metrics[guard], max_drop),
         "low": None,
         "high": None,
         "units": None,
@@ -220,10 +223,10 @@ def check_test_constraint(objective: Objective, result: TuneResult) -> dict[str,
         "draws": CHECK_DRAWS,
         "seed": CHECK_SEED,
     }
-    g = guard_change_interval(objective, result.chosen, TEST)
+    g = guard_change_interval(objective, chosen, TEST)
     if g is not None:
         out.update(low=g["low"], high=g["high"], units=g["units"], unit=objective.unit)
-        out["units_needed"] = units_to_resolve(g["sd"], result.max_drop)
+        out["units_needed"] = units_to_resolve(g["sd"], max_drop)
     out["verdict"] = constraint_verdict(out)
     return out
 
