@@ -123,14 +123,20 @@ class Reference:
                 scores = scores.masked_fill(~attention_mask, float("-inf"))
             else:
                 scores = scores + attention_mask.double()
+        T = getattr(self.cal, "temperature", None)
+        tempered = None  # TempScale: softmax(scores / T), from the scores (not from the probabilities)
+        if T is not None:
+            tempered = torch.nan_to_num(torch.softmax(scores / T, dim=-1), nan=0.0).numpy()
         w = self.calibrate_weights(
-            torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).numpy().copy(), module.layer_idx
+            torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).numpy().copy(), module.layer_idx, tempered
         )
         out = torch.matmul(torch.from_numpy(w), v)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
-    def calibrate_weights(self, w: np.ndarray, layer: int) -> np.ndarray:
-        """Calibrate (in place, float64) the chosen rows of post-softmax weights ``w`` (B, H, L, K)."""
+    def calibrate_weights(self, w: np.ndarray, layer: int, tempered: np.ndarray | None = None) -> np.ndarray:
+        """Calibrate (in place, float64) the chosen rows of post-softmax weights ``w`` (B, H, L, K).  With a
+        temperature T, a row whose content fills a basket is first replaced by ``tempered`` (softmax(scores / T));
+        without ``tempered`` (an eager softmax route: only its output is seen) by ``w ** (1 / T)`` renormalised."""
         cal = self.cal
         if cal is not None and layer in cal.layers:
             B, H = w.shape[:2]
@@ -143,9 +149,16 @@ class Reference:
                 prior = cal.prior.density(layer) if getattr(cal, "prior", None) is not None else None
                 self_share = getattr(cal, "self_share", None)
                 trailing = getattr(cal, "trailing", "basket")
-                strength = reference_layer_strength(cal, layer)
+                T = getattr(cal, "temperature", None)
+                content = (e - s + 1) - int(cal.isolate_bos) - int(cal.isolate_eos)
                 for h in range(H):
+                    strength = reference_head_strength(cal, layer, h)
                     for r in rows:
+                        if T is not None and content >= cal.basket_size:
+                            if tempered is not None:
+                                w[b, h, r] = tempered[b, h, r]
+                            else:
+                                w[b, h, r] = w[b, h, r] ** (1.0 / T) / (w[b, h, r] ** (1.0 / T)).sum()
                         w[b, h, r] = reference_calibrate_row(
                             w[b, h, r],
                             s,
@@ -279,6 +292,15 @@ def reference_layer_strength(cal, layer: int) -> float:
     ordered = sorted(cal.layers)
     k, K = ordered.index(layer) + 1, len(ordered)
     return {"flat": cal.strength, "rising": cal.strength * k / K, "falling": cal.strength * (K - k + 1) / K}[schedule]
+
+
+def reference_head_strength(cal, layer: int, head: int) -> float:
+    """The strength of head ``head`` in ``layer``: its per-head strength where ``head_strengths`` names the layer,
+    else the layer's (:func:`reference_layer_strength`)."""
+    for i, values in getattr(cal, "head_strengths", None) or ():
+        if i == layer:
+            return float(values[head])
+    return reference_layer_strength(cal, layer)
 
 
 def fast_and_reference(model, texts, cal):

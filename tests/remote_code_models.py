@@ -48,7 +48,7 @@ from transformers import AutoTokenizer
 
 from posfair.calibration import STOCK
 from posfair.model import bundled_model_path
-from reference import reference_calibrate_row, reference_layer_strength
+from reference import reference_calibrate_row, reference_head_strength
 
 KINDS = ("functional", "torch", "method", "module", "sdpa", "packed")
 UNPADDED_KIND = "unpadded"  # not in KINDS: calibrates single texts only (see the module docstring)
@@ -333,15 +333,20 @@ def _reference_forward(module, layer: int, resolved):
             scores = scores + attention_bias.double()
             valid = attention_bias.reshape(B, L) == 0
         w = torch.softmax(scores, dim=-1).numpy().copy()
+        T = getattr(resolved, "temperature", None)
+        tempered = None if T is None else torch.softmax(scores / T, dim=-1).numpy()  # TempScale, from the scores
         if resolved is not None and layer in resolved.layers:
             for b in range(B):
                 pos = valid[b].nonzero().flatten()
                 s, e = int(pos[0]), int(pos[-1])
                 rows = range(s, e + 1) if resolved.queries == "all" else [e if resolved.pooling == "lasttoken" else s]
+                content = (e - s + 1) - int(resolved.isolate_bos) - int(resolved.isolate_eos)
                 for h in range(H):
                     for r in rows:
+                        if tempered is not None and content >= resolved.basket_size:
+                            w[b, h, r] = tempered[b, h, r]
                         w[b, h, r] = reference_calibrate_row(
-                            w[b, h, r], s, e, resolved.basket_size, reference_layer_strength(resolved, layer),
+                            w[b, h, r], s, e, resolved.basket_size, reference_head_strength(resolved, layer, h),
                             resolved.isolate_bos, resolved.isolate_eos, resolved.bos_weight, resolved.eos_weight,
                             trailing=resolved.trailing,
                         )  # fmt: skip

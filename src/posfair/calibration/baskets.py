@@ -80,7 +80,7 @@ import torch
 from posfair.calibration.params import BasketSettings, Share
 from posfair.calibration.rule import basket_count, engine_calibrates
 
-__all__ = ["basket_centres", "basket_weights", "calibrate_rows", "calibrate_span_", "prior_at"]
+__all__ = ["basket_centres", "basket_weights", "calibrate_rows", "calibrate_span_", "prior_at", "temper_rows"]
 
 
 def prior_at(density: torch.Tensor | Sequence[float], positions: torch.Tensor) -> torch.Tensor:
@@ -166,11 +166,35 @@ def calibrate_rows(
     dev = a.device
     start = torch.as_tensor(start, device=dev).long().expand(lead).unsqueeze(-1)
     end = torch.as_tensor(end, device=dev).long().expand(lead).unsqueeze(-1)
+    if cal.temperature is not None:  # TempScale first: the row the formula sees (and blends with) is the tempered one
+        a = temper_rows(a, start, end, cal)
+        cal = replace(cal, temperature=None)
+        if isinstance(cal.strength, float) and cal.strength == 0.0:
+            return a  # TempScale alone
     if cal.self_share is not None:
         if self_key is None:
             raise ValueError("self_share needs self_key (the index of each row's own key)")
         return _self_share_rows(a, start, end, self_key, cal)
     return _calibrate(a, start, end, cal)
+
+
+def temper_rows(a: torch.Tensor, start: torch.Tensor, end: torch.Tensor, cal: BasketSettings) -> torch.Tensor:
+    """TempScale on post-softmax rows ``a`` (..., K): ``softmax(logits / T)``, computed as ``a ** (1 / T)``
+    renormalised (the same row: ``softmax(x)_k ** (1/T)`` is proportional to ``exp(x_k / T)``), on the rows the
+    formula runs on (:func:`~posfair.calibration.rule.engine_calibrates`); other rows unchanged.  ``start`` /
+    ``end``: (..., 1).  Keys of probability 0 (padding) stay 0."""
+    n_content = (end - int(cal.isolate_eos)) - (start + int(cal.isolate_bos)) + 1
+    active = engine_calibrates(n_content, cal.basket_size)
+    p = a.pow(1.0 / float(cal.temperature))
+    p = p / p.sum(-1, keepdim=True).clamp(min=torch.finfo(a.dtype).tiny)
+    return torch.where(active, p, a)
+
+
+def _blend(strength, calibrated: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
+    """``strength * calibrated + (1 - strength) * original`` over rows (..., n), ``strength`` a number or a tensor
+    broadcastable to the rows' leading dimensions (per-head strengths)."""
+    s = strength.unsqueeze(-1) if isinstance(strength, torch.Tensor) else strength
+    return s * calibrated + (1.0 - s) * original
 
 
 def _calibrate(a: torch.Tensor, start: torch.Tensor, end: torch.Tensor, cal: BasketSettings) -> torch.Tensor:
@@ -230,7 +254,7 @@ def _self_share_rows(a, start, end, self_key, cal: BasketSettings) -> torch.Tens
     cal_rows = torch.where(total > 0, cal_rows / total.clamp(min=tiny), a)
     n_content = (end - int(cal.isolate_eos)) - (start + int(cal.isolate_bos)) + 1
     active = engine_calibrates(n_content, cal.basket_size)
-    return torch.where(active, cal.strength * cal_rows + (1.0 - cal.strength) * a, a)
+    return torch.where(active, _blend(cal.strength, cal_rows, a), a)
 
 
 def calibrate_span_(
@@ -266,6 +290,11 @@ def calibrate_span_(
     C = c_end - c_start + 1
     if not engine_calibrates(C, B):
         return probs
+    if cal.temperature is not None:  # TempScale (as temper_rows): every row here shares the span
+        probs.pow_(1.0 / float(cal.temperature))
+        probs.div_(probs.sum(-1, keepdim=True).clamp(min=torch.finfo(probs.dtype).tiny))
+        if isinstance(cal.strength, float) and cal.strength == 0.0:
+            return probs  # TempScale alone
     n_full, tail = divmod(C, B)
     content = probs[..., c_start : c_end + 1]
     body = content[..., : n_full * B].unflatten(-1, (n_full, B))
@@ -407,7 +436,7 @@ def _basket_weights(
     total = target.sum(-1) + iso_total  # the calibrated row's sum before renormalisation
     ok = total > 0
     inv = torch.where(ok, 1.0 / total.clamp(min=tiny), zero)
-    w = torch.where(ok.unsqueeze(-1), strength * target * inv.unsqueeze(-1) + (1.0 - strength) * mass, mass)
+    w = torch.where(ok.unsqueeze(-1), _blend(strength, target * inv.unsqueeze(-1), mass), mass)
     values = []
     for orig, share in zip((o for o in (bos, eos) if o is not None), shares, strict=True):
         values.append(torch.where(ok, strength * share * inv + (1.0 - strength) * orig, orig))

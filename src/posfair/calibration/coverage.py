@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posfair.calibration.params import Calibration, ResolvedCalibration
-from posfair.calibration.rule import engine_calibrates, row_changes
+from posfair.calibration.rule import engine_calibrates, row_changes, strength_zero
 
 __all__ = [
     "CalibrationFallbackWarning",
@@ -94,7 +94,7 @@ def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None 
     out = np.full(C.shape, ONE_BASKET, dtype=np.int8)
     out[row_changes(C, cal)] = CALIBRATED
     out[~engine_calibrates(C, cal.basket_size)] = SHORTER
-    if float(cal.strength) == 0.0:
+    if strength_zero(cal):
         out[...] = STRENGTH_ZERO
     return out
 

@@ -118,6 +118,7 @@ def basket_attention(
         raise ValueError(f"kernel must be one of {KERNELS}; got {name!r}")
     partials = _sdpa_partials if name == "sdpa" else _flex_partials
     p = fused.Pairs(query, key, value, state, layer)
+    query = p.tempered(query)
     B, H, L, D, K, g, Bs, nb, S, dev = p.B, p.H, p.L, p.D, p.K, p.g, p.Bs, p.nb, p.S, p.dev
     row_bytes = nb * (D * query.element_size() + TABLE_BYTES)
     rows, group = _blocks(B * H, L, row_bytes, budget or block_bytes(query), tile_rows, pairs_per_call)

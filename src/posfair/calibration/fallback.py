@@ -228,9 +228,11 @@ class LayerMode(TorchFunctionMode):
             if st.calibration.queries == "all":
                 # every row of a sequence shares its span (padding query rows too: harmless, never pooled)
                 res = (out.clone() if out.requires_grad else out) if exact else out.float()
+                settings = settings.for_heads((res.shape[1], 1), res)
                 for i, (s, e) in enumerate(zip(st.start.tolist(), st.end.tolist(), strict=True)):
                     calibrate_span_(res[i], s, e, settings)
             else:
+                settings = settings.for_heads((out.shape[1],), out)
                 rows = st.pool_rows().to(dev)
                 self_key = rows.view(B, 1) if settings.self_share is not None else None
                 cal = calibrate_rows(out[b, :, rows], start.view(B, 1), end.view(B, 1), settings, self_key=self_key)

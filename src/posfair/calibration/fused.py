@@ -30,6 +30,8 @@ are float32.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -101,6 +103,8 @@ def exact(
     recording, no self-attention share, not causal, one dtype, a padding-only mask."""
     if record or dropout:
         return False
+    if torch.is_grad_enabled() and state.calibration.differentiable:
+        return False  # a fit: strengths autograd tracks go through the explicit path
     if state.calibration.self_share is not None:
         return False  # the own key's share would be a cancelling difference of basket outputs: the tiled path is exact
     if key.dtype != query.dtype or value.dtype != query.dtype:
@@ -133,6 +137,7 @@ def basket_attention(
     blocking of :func:`_blocks`, chosen automatically when None.
     """
     p = Pairs(query, key, value, state, layer)  # the shapes checked, the baskets laid out
+    query = p.tempered(query)
     keys, values = _per_basket(key, p), _per_basket(value, p)
     rows, group = _blocks(p.B * p.H, p.L, p.nb * p.D * 4, tile_rows, heads_per_call)
     out = torch.empty(p.B * p.H, p.L, p.D, dtype=value.dtype, device=p.dev)
@@ -205,15 +210,26 @@ class Pairs:
         end = state.end.to(dev).long()
         self.c_start = start + int(cal.isolate_bos)
         self.C = C = (end - int(cal.isolate_eos) - self.c_start + 1).clamp(min=0)  # content keys per sequence
-        self.nb = nb = int(basket_count(int(C.max()), Bs))
         self.B, self.H, self.L, self.D, self.K, self.kv_heads, self.g = B, H, L, D, K, kv_heads, H // kv_heads
-        self.Bs, self.S, self.dev, self.dt = Bs, nb * Bs, dev, query.dtype
-        self.valid = torch.arange(self.S, device=dev)[None, :] < C[:, None]  # (B, S): slots holding a content key
         per_head = self.per_head
         self.active = per_head(engine_calibrates(C, Bs)).view(B * H, 1, 1)  # shorter than one basket: stock
+        if cal.temperature is not None and cal.head_strength is None and float(cal.strength) == 0.0:
+            # TempScale alone: the basket formula returns every row as it is, so the content is laid out as one
+            # basket (one flash call per block, not one per basket of B keys); which rows are tempered stays B's rule
+            self.settings = cal = replace(cal, trailing="basket", prior=None)
+            Bs = max(1, int(C.max()))
+        self.nb = nb = int(basket_count(int(C.max()), Bs))
+        self.Bs, self.S, self.dev, self.dt = Bs, nb * Bs, dev, query.dtype
+        self.valid = torch.arange(self.S, device=dev)[None, :] < C[:, None]  # (B, S): slots holding a content key
         self.n_b = per_head(basket_count(C, Bs).to(torch.float32)).view(B * H, 1)
         self.n_content = per_head(C).view(B * H, 1)
         self.isolated = self._isolated(key, value, start, end)
+        self.strength = None  # per-head strengths, per (sequence, head) pair: (B*H,)
+        if cal.head_strength is not None:
+            vec = cal.for_heads((H,), torch.empty(0, dtype=torch.float32, device=dev)).strength
+            self.strength = vec.repeat(B)
+            self.settings = cal = replace(cal, head_strength=None)
+        self.seq_active = self.active.view(B, H)[:, 0]  # (B,): the sequences the formula runs on
         self.prior = None
         if cal.prior is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
             prior = prior_at(cal.prior, basket_centres(C.view(B, 1), nb, Bs, torch.float32, cal.trailing))
@@ -237,6 +253,15 @@ class Pairs:
             out.append((pick(end, key), pick(end, value), self.per_head(present)))
         return out
 
+    def tempered(self, query: torch.Tensor) -> torch.Tensor:
+        """``query`` (B, H, L, D) with TempScale's temperature folded in: the queries of the sequences the formula
+        runs on divided by T (``softmax(q k / T)``, the isolated keys' scores included); unchanged without one."""
+        T = self.settings.temperature
+        if T is None:
+            return query
+        factor = torch.where(self.seq_active, 1.0 / float(T), 1.0).to(query.dtype)
+        return query * factor.view(-1, 1, 1, 1)
+
     def per_head(self, x: torch.Tensor) -> torch.Tensor:
         """(B, ...) per sequence -> (B*H, ...) per (sequence, head)."""
         B, H = self.B, self.H
@@ -249,6 +274,8 @@ class Pairs:
         (G, nb, T, D; overwritten) and log-sum-exps ``lse`` (G, nb, T); ``qt`` (G, T, D): their queries."""
         G = g1 - g0
         cal = self.settings
+        if self.strength is not None:
+            cal = replace(cal, strength=self.strength[g0:g1].view(G, 1))
         lse = lse.transpose(1, 2)  # (G, T, nb)
         iso_scores = []
         for kvec, _, present in self.isolated:

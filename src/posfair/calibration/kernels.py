@@ -173,7 +173,7 @@ def pool_row_attention(
         mask = causal[:, None, None, None, :]
     probs = _explicit_probs(q, key, mask, scaling)  # (B, Hkv, g, 1, K)
     if calibrate:
-        cal = state.calibration.baskets(module.layer_idx)
+        cal = state.calibration.baskets(module.layer_idx).for_heads((kv_heads, groups, 1), probs)
         self_key = rows.view(B, 1, 1, 1) if cal.self_share is not None else None
         probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), cal, self_key=self_key)
     if record:
@@ -254,7 +254,7 @@ def _calibrate_tile(probs, module, state, mode: str | None, naive: bool, start, 
     if mode == "all" and not naive:
         # fast path: every row of a sequence shares its span; padding query rows are calibrated
         # too, which is harmless (their outputs only reach masked keys and are never pooled)
-        cal = state.calibration.baskets(module.layer_idx)
+        cal = state.calibration.baskets(module.layer_idx).for_heads((*probs.shape[1:3], 1), probs)
         for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist(), strict=True)):
             calibrate_span_(probs[b], s_b, e_b, cal, row_offset=t0)
     elif mode == "pool" and state is not None:
@@ -265,13 +265,13 @@ def _calibrate_tile(probs, module, state, mode: str | None, naive: bool, start, 
             b_idx = torch.arange(B, device=probs.device)
             r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
             row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
-            settings = state.calibration.baskets(module.layer_idx)
+            settings = state.calibration.baskets(module.layer_idx).for_heads(probs.shape[1:3], probs)
             self_key = pool.view(B, 1, 1) if settings.self_share is not None else None
             cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), settings, self_key=self_key)
             probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
     elif mode == "all" and state is not None:
         rows = torch.arange(t0, t1, device=probs.device).view(1, 1, 1, -1)
-        settings = state.calibration.baskets(module.layer_idx)
+        settings = state.calibration.baskets(module.layer_idx).for_heads((*probs.shape[1:3], 1), probs)
         self_key = rows if settings.self_share is not None else None
         cal = calibrate_rows(probs, start, end, settings, self_key=self_key)
         probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)

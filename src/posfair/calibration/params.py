@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
 from typing import Any, Literal
@@ -82,6 +82,31 @@ __all__ = [
     "parse_layers",
     "scheduled_strength",
 ]
+
+
+def _check_head_strengths(value: Any) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    """``head_strengths`` as stored: ``((layer, (s_head0, s_head1, ...)), ...)`` sorted by layer, every strength a
+    float in [0, 1]; given as a mapping (JSON's string keys are taken) or as those pairs."""
+    items = value.items() if isinstance(value, Mapping) else value
+    out: dict[int, tuple[float, ...]] = {}
+    for pair in items:
+        layer, values = pair
+        try:
+            i = int(layer)
+        except (TypeError, ValueError):
+            raise ValueError(f"head_strengths: a layer must be a 0-based index; got {layer!r}") from None
+        if isinstance(layer, bool) or i < 0 or i in out or (isinstance(layer, Real) and float(layer) != i):
+            raise ValueError(f"head_strengths: layer {layer!r} is not a new 0-based index")
+        strengths = tuple(values) if isinstance(values, Sequence) and not isinstance(values, str) else None
+        if not strengths:
+            raise ValueError(f"head_strengths[{i}] must be a non-empty sequence of strengths; got {values!r}")
+        for v in strengths:
+            if isinstance(v, bool) or not isinstance(v, Real) or not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"head_strengths[{i}]: every strength must be a number in [0, 1]; got {v!r}")
+        out[i] = tuple(float(v) for v in strengths)
+    if not out:
+        raise ValueError("head_strengths must name at least one layer (None: off)")
+    return tuple(sorted(out.items()))
 
 
 def _check_share(name: str, value: Any) -> Share:
@@ -150,6 +175,15 @@ class Calibration:
             ``strength * k / K``, full strength in the last.  ``"falling"``:
             ``strength * (K - k + 1) / K``, full strength in the first.  ``strength`` 0
             is the stock model under every schedule.
+        head_strengths: *per-head strengths*: a mapping layer -> one strength in [0, 1] per attention
+            head of that layer (``{4: (0.5, 1.0, ...), 5: ...}``; JSON's string keys are taken), which
+            replace the layer's strength head by head (the blend of step 7 with a per-head alpha); the
+            layers must be calibrated ones.  Stored as ``((layer, (s0, s1, ...)), ...)`` sorted by layer.
+            ``None`` (default): one strength per layer.  Fitted by :func:`posfair.repair.learned.fit_learned`.
+        temperature: *TempScale* (Zhou et al., ACL 2025): the calibrated query rows of the calibrated
+            layers become ``softmax(logits / T)`` before the basket formula (which then blends with the
+            tempered row; ``strength=0`` is TempScale alone), on the texts the formula runs on (content of at
+            least one basket).  ``None`` (default): off; 1 is the stock row.
 
     The third variant, *special-token mass* (a target share for the BOS / EOS keys
     distinct from the content baskets), is ``isolate_bos`` / ``isolate_eos`` with
@@ -176,6 +210,8 @@ class Calibration:
     self_share: float | None = None
     trailing: Trailing = "basket"
     schedule: Schedule = "flat"
+    head_strengths: Mapping[int, Sequence[float]] | tuple[tuple[int, tuple[float, ...]], ...] | None = None
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         b = self.basket_size
@@ -255,6 +291,13 @@ class Calibration:
                 f"schedule must be one of {', '.join(repr(t) for t in SCHEDULES)} (how the strength is spread over "
                 f"the calibrated layers); got {self.schedule!r}"
             )
+        if self.head_strengths is not None:
+            object.__setattr__(self, "head_strengths", _check_head_strengths(self.head_strengths))
+        T = self.temperature
+        if T is not None:
+            if isinstance(T, bool) or not isinstance(T, Real) or not math.isfinite(float(T)) or not float(T) > 0:
+                raise ValueError(f"temperature must be a finite number > 0 or None; got {T!r}")
+            object.__setattr__(self, "temperature", float(T))
 
     # -- variants -----------------------------------------------------------------------------
     @property
@@ -328,6 +371,9 @@ class Calibration:
                 raise ValueError(
                     f"the positional prior covers layers {list(self.prior.layers)} but the calibration also calibrates layers {missing}"
                 )
+        extra = [i for i, _ in self.head_strengths or () if i not in layers]
+        if extra:
+            raise ValueError(f"head_strengths are given for layers {extra}, which are not calibrated (layers {layers})")
         values = {f.name: getattr(concrete, f.name) for f in fields(Calibration)}
         return ResolvedCalibration(**{**values, "layers": layers, "pooling": pooling})
 
@@ -346,6 +392,8 @@ class Calibration:
                 del d[form.field]
         if self.prior is not None:
             d["prior"] = self.prior.to_dict()
+        if self.head_strengths is not None:
+            d["head_strengths"] = {str(i): list(v) for i, v in self.head_strengths}
         return d
 
     @classmethod
@@ -400,7 +448,9 @@ class Calibration:
         ``self=RHO`` (self-attention share in [0, 1]), ``special=SHARE`` (BOS and EOS
         isolated, each given ``original``, ``equal`` or a float share), ``trailing=POLICY``
         (what a last basket shorter than B gets: ``basket``, ``merge`` or ``weighted``),
-        ``schedule=SCHEDULE`` (the strength over the calibrated layers: ``flat``, ``rising`` or ``falling``);
+        ``schedule=SCHEDULE`` (the strength over the calibrated layers: ``flat``, ``rising`` or ``falling``),
+        ``heads=LAYER:S/S/...[+LAYER:S/S/...]`` (per-head strengths, e.g. ``heads=4:0.5/1/0+5:1/1/0.25``),
+        ``temp=T`` (TempScale's attention temperature);
         and the fields ``special=`` sets, one by one (``isolate_bos=true|false``, ``isolate_eos=true|false``,
         ``bos_weight=SHARE``, ``eos_weight=SHARE``), and ``queries=pool|all`` (the last three left out: the
         model's pooling decides).

@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from numbers import Real
 from typing import TYPE_CHECKING, Any, Literal
 
 from posfair.calibration.positional_prior import PositionalPrior
@@ -48,6 +50,8 @@ class ResolvedCalibration:
     self_share: float | None = None
     trailing: Trailing = "basket"
     schedule: Schedule = "flat"
+    head_strengths: tuple[tuple[int, Any], ...] | None = None
+    temperature: float | None = None
     layer_set: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,6 +61,20 @@ class ResolvedCalibration:
     def has_variants(self) -> bool:
         """Whether a positional prior or a self-attention share is set (the fused all-rows kernel does the prior, not the share)."""
         return self.prior is not None or self.self_share is not None
+
+    @property
+    def differentiable(self) -> bool:
+        """Whether some per-head strengths are tensors that autograd tracks (a fit in progress: the explicit path
+        computes such layers, never the per-basket kernels)."""
+        return any(getattr(v, "requires_grad", False) for _, v in self.head_strengths or ())
+
+    def head_strengths_in(self, layer: int | None) -> Any:
+        """The per-head strengths in layer ``layer`` (a tuple of floats, or a tensor during a fit), None where the
+        layer has none (its strength is :meth:`layer_strength`)."""
+        for i, values in self.head_strengths or ():
+            if i == layer:
+                return values
+        return None
 
     def layer_strength(self, layer: int | None = None) -> float:
         """The strength in layer ``layer`` (:func:`scheduled_strength` over the calibrated layers, in order)."""
@@ -73,9 +91,12 @@ class ResolvedCalibration:
         """What the basket formula reads in layer ``layer``: the strength there (:meth:`layer_strength`) and the
         positional prior's vector there; every other field as it is (``layer`` None: a flat schedule and a prior
         shared by every layer).  The one function that builds the kernels' :class:`BasketSettings`."""
-        same = {f.name: getattr(self, f.name) for f in fields(BasketSettings)}
+        same = {f.name: getattr(self, f.name) for f in fields(BasketSettings) if f.name != "head_strength"}
         prior = None if self.prior is None else self.prior.density(layer)
-        return BasketSettings(**{**same, "strength": self.layer_strength(layer), "prior": prior})
+        heads = self.head_strengths_in(layer)
+        return BasketSettings(
+            **{**same, "strength": self.layer_strength(layer), "prior": prior, "head_strength": heads}
+        )
 
     def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
         """:meth:`baskets` as the keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`);
@@ -111,21 +132,51 @@ class BasketSettings:
     prior: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
     self_share: float | None = field(default=None, metadata=_VARIANT)
     trailing: Trailing = field(default="basket", metadata=_VARIANT)
+    head_strength: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
+    temperature: float | None = field(default=None, metadata=_VARIANT)
 
     def __post_init__(self) -> None:
         if self.basket_size < 1:
             raise ValueError(f"basket_size must be >= 1; got {self.basket_size}")
-        if not 0.0 <= self.strength <= 1.0:
+        if isinstance(self.strength, Real) and not 0.0 <= self.strength <= 1.0:
             raise ValueError(f"strength must be in [0, 1]; got {self.strength}")
+        if self.temperature is not None and not float(self.temperature) > 0.0:
+            raise ValueError(f"temperature must be > 0; got {self.temperature}")
 
     @classmethod
     def given(cls, settings: BasketSettings | None, keywords: dict[str, Any]) -> BasketSettings:
         """``settings``, or the value of the fields given as ``keywords`` (the basket functions' keyword form)."""
         if settings is None:
-            return cls(**keywords)
-        if keywords:
+            settings = cls(**keywords)
+        elif keywords:
             raise TypeError(f"give BasketSettings or its fields as keywords, not both (got also {sorted(keywords)})")
+        if settings.head_strength is not None:
+            raise ValueError(
+                "per-head strengths reach the basket functions as a strength tensor laid out like the rows' heads: "
+                "call settings.for_heads(shape, rows) first"
+            )
         return settings
+
+    def head_vector(self, like: torch.Tensor) -> torch.Tensor:
+        """The per-head strengths as a 1-D tensor on ``like``'s device, in its dtype (float32 for a lower precision)."""
+        import torch
+
+        dt = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+        hs = self.head_strength
+        if isinstance(hs, torch.Tensor):
+            return hs.to(device=like.device, dtype=dt).reshape(-1)
+        return torch.tensor(hs, dtype=dt, device=like.device)
+
+    def for_heads(self, shape: Sequence[int], like: torch.Tensor) -> BasketSettings:
+        """This setting for the basket functions: per-head strengths (if any) as the ``strength`` tensor of ``shape``,
+        the heads laid out as the leading dimensions of the rows they blend (e.g. ``(kv_heads, groups, 1)`` for
+        rows ``(batch, kv_heads, groups, queries, keys)``); ``self`` when the layer has one strength."""
+        if self.head_strength is None:
+            return self
+        v = self.head_vector(like)
+        if v.numel() != math.prod(shape):
+            raise ValueError(f"{v.numel()} per-head strengths for a layer of {math.prod(shape)} attention heads")
+        return replace(self, strength=v.view(*shape), head_strength=None)
 
     def kwargs(self) -> dict[str, Any]:
         """The fields as keyword arguments of the basket functions; the variants (``prior``, ``self_share``,

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     Concrete = BasketSettings | ResolvedCalibration | Calibration
 
-__all__ = ["basket_count", "engine_calibrates", "one_basket_changes", "row_changes"]
+__all__ = ["basket_count", "engine_calibrates", "one_basket_changes", "row_changes", "strength_zero", "tempers"]
 
 
 def engine_calibrates(n_content: Any, basket_size: int) -> Any:
@@ -72,9 +72,30 @@ def row_changes(n_content: Any, settings: Concrete) -> Any:
     s = _concrete(settings)
     B = int(s.basket_size)
     runs = engine_calibrates(n_content, B)
-    if float(s.strength) == 0.0:
+    if strength_zero(s):
         return runs & False
+    if tempers(s):
+        return runs  # TempScale changes every row the formula runs on
     return runs & ((basket_count(n_content, B, s.trailing) > 1) | one_basket_changes(s))
+
+
+def tempers(settings: Concrete) -> bool:
+    """Whether TempScale's temperature (other than 1) changes the rows the formula runs on."""
+    T = getattr(settings, "temperature", None)
+    return T is not None and float(T) != 1.0
+
+
+def strength_zero(settings: Concrete) -> bool:
+    """Whether the setting returns every row as it was: strength 0, every per-head strength 0, no temperature
+    other than 1."""
+    if tempers(settings) or float(settings.strength) != 0.0:
+        return False
+    per_layer = getattr(settings, "head_strengths", None) or ()  # Calibration / ResolvedCalibration
+    values = [float(v) for _, layer in per_layer for v in layer]
+    one = getattr(settings, "head_strength", None)  # BasketSettings
+    if one is not None:
+        values += [float(v) for v in one]
+    return not any(values)
 
 
 def _concrete(settings: Concrete) -> Concrete:

@@ -7,6 +7,8 @@ written; and :func:`parse_layers`, the command-line form of ``layers``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,40 @@ def _read_one_of(allowed: tuple[str, ...]) -> Callable[[str, str], str]:
         return value
 
     return read
+
+
+def _heads_text(value: tuple[tuple[int, tuple[float, ...]], ...]) -> str:
+    """Per-head strengths on the command line: ``LAYER:S/S/...`` per layer, joined by ``+`` (``4:0.5/0/1+5:1/1/1``),
+    every number exact (:func:`_number`)."""
+    return "+".join(f"{i}:" + "/".join(_number(v) for v in values) for i, values in value)
+
+
+def _read_heads(value: str, where: str) -> dict[int, tuple[float, ...]]:
+    out: dict[int, tuple[float, ...]] = {}
+    try:
+        for part in value.split("+"):
+            layer, sep, values = part.partition(":")
+            if not sep or int(layer) in out:
+                raise ValueError
+            out[int(layer)] = tuple(float(v) for v in values.split("/"))
+    except ValueError:
+        raise ValueError(
+            f"{where} must be LAYER:S/S/...[+LAYER:S/S/...] (per-head strengths of each layer); got {value!r}"
+        ) from None
+    return out
+
+
+def _heads_label(value: tuple[tuple[int, tuple[float, ...]], ...]) -> str:
+    """``heads<layers>x<heads>.<digest>``: the per-head strengths by their shape and a digest of their values."""
+    digest = hashlib.sha256(json.dumps([[i, list(v)] for i, v in value]).encode()).hexdigest()[:8]
+    return f"heads{len(value)}x{len(value[0][1])}.{digest}"
+
+
+def _read_temperature(value: str, where: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{where} must be a number > 0; got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -174,13 +210,45 @@ _FORMS: tuple[_Form, ...] = (
         _read_one_of(SCHEDULES),
         keyed_at_default=False,
     ),
+    _Form(
+        "head_strengths",
+        None,
+        _heads_label,
+        lambda v: f"per-head strengths in layers {', '.join(str(i) for i, _ in v)}",
+        "heads",
+        "LAYER:S/S/...",
+        _read_heads,
+        text=_heads_text,
+        keyed_at_default=False,
+    ),
+    _Form(
+        "temperature",
+        None,
+        lambda v: f"T{v:g}",
+        lambda v: f"attention temperature {v:g} (TempScale)",
+        "temp",
+        "T",
+        _read_temperature,
+        text=_number,
+        keyed_at_default=False,
+    ),
 )
 _FORM_BY_FIELD = {form.field: form for form in _FORMS}
 _FORM_BY_NAME = {form.name: form for form in _FORMS}
 #: the fields ``special=SHARE`` sets (BOS and EOS isolated, both given SHARE)
 _SPECIAL_FIELDS = ("isolate_bos", "isolate_eos", "bos_weight", "eos_weight")
 #: the order spec() writes its settings in ("special" stands for the four fields it sets, when it can)
-_SPEC_ORDER = ("prior", "self_share", "special", *_SPECIAL_FIELDS, "queries", "trailing", "schedule")
+_SPEC_ORDER = (
+    "prior",
+    "self_share",
+    "special",
+    *_SPECIAL_FIELDS,
+    "queries",
+    "trailing",
+    "schedule",
+    "head_strengths",
+    "temperature",
+)
 _KNOWN_SETTINGS = ", ".join(
     "special=SHARE" if n == "special" else f"{_FORM_BY_FIELD[n].name}={_FORM_BY_FIELD[n].hint}" for n in _SPEC_ORDER
 )
