@@ -41,7 +41,7 @@ from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import family_findings, heterogeneity, interval_of, model_ratio
 from posfair.fairness.language import fit_language_ols, language_design, language_effects
 from posfair.fairness.language_tables import calibration_effect_table
-from posfair.stats.clusters import cluster_kind, joint_ols
+from posfair.stats.clusters import joint_ols
 from posfair.stats.inference import FewClustersWarning, significance_mark
 
 
@@ -223,7 +223,7 @@ def language_effects_by_family(obs: pd.DataFrame, n: int = 3) -> pd.DataFrame:
                 k = fit.names.index(term)
                 row[what] = {
                     "estimate": fit.params[k], "p": fit.pvalues[k], "ci_low": fit.ci[k, 0], "ci_high": fit.ci[k, 1],
-                    "G": int(fit.G[k]), "clusters": fit.clusters_used[k],
+                    "G": int(fit.G[k]), "clusters": fit.clusters_used[k], "kind": fit.kinds_used[k],
                 }  # fmt: skip
             change = joint.linear(joint.coef(1, j) - joint.coef(0, j))
             row["change"] = change.to_dict()
@@ -241,7 +241,7 @@ def language_family_table(grids: list[tuple[str, Path]]) -> str:
         eff = language_effects_by_family(_observations(folder))
         for _, r in eff.sort_values(["language"], kind="stable").iterrows():
             cells = [_ci(r[w]) for w in ("stock", "length-adj.", "margin", "calibrated", "change")]
-            gs = dict.fromkeys(f"{r[w]['G']} {cluster_kind(r[w]['clusters'])}" for w in ("stock", "change"))
+            gs = dict.fromkeys(f"{r[w]['G']} {r[w]['kind']}" for w in ("stock", "change"))
             lines.append(f"| {name} | {r['language']} | {r['family']} | " + " | ".join(cells) + f" | {', '.join(gs)} |")
     return "\n".join(lines)
 

@@ -73,3 +73,60 @@ def test_the_eigenvalue_fix_leaves_statsmodels_results_alone(by):
         fit.ci[two], np.column_stack([fresh.params - half, fresh.params + half])[two], rtol=1e-12
     )
     assert all(fit.psd_fixed[j] for j in two) and all("positive semi-definite" in fit.clusters[j] for j in two)
+
+
+def test_inference_values_are_typed_and_checked_when_made():
+    """The method, clustering and weights of an inference are values of their Literal types (the tuples listing them
+    are those types' arguments), and an InferenceLabel outside them is refused when made, not written as a label
+    no reader knows."""
+    from typing import get_args
+
+    from posfair.stats.clusters import STRUCTURES, Clustering, Structure
+    from posfair.stats.inference import BOOTSTRAP_WEIGHTS, INFERENCE_METHODS, BootstrapWeights, InferenceMethod
+
+    assert get_args(InferenceMethod) == INFERENCE_METHODS == ("cluster", "wild")
+    assert get_args(BootstrapWeights) == BOOTSTRAP_WEIGHTS and get_args(Clustering) == CLUSTERINGS
+    assert get_args(Structure) == STRUCTURES and set(CLUSTERINGS) == {"conservative", *STRUCTURES}
+    for bad in (("clustered", "set"), ("cluster", "sets"), ("cluster", "set", "webb"), ("wild", "set"),
+                ("wild", "set", "gauss", 999, 0)):  # fmt: skip
+        with pytest.raises(ValueError):
+            InferenceLabel(*bad)
+    assert InferenceLabel("wild", "component", "webb", 999, 0).text() == "wild WCR11 component webb B=999 seed=0"
+
+
+def test_the_conservative_choice_is_a_typed_value():
+    """conservative_choice says which structure an interval uses, what a cluster then is in one word, and why, as
+    fields (a ClusterChoice), not a pair of strings whose first word is read back."""
+    from posfair.stats.clusters import ClusterChoice, conservative_choice
+
+    sets = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    shared = cluster_structure(sets, ["x", "y", "y", "z", "u", "v", "v", "w"], "set+topic")
+    comp = cluster_structure(sets, ["x", "y", "y", "z", "u", "v", "v", "w"], "component")
+    wide_two = conservative_choice(shared, comp, {"set+topic": 2.0, "component": 1.0})
+    assert isinstance(wide_two, ClusterChoice) and (wide_two.by, wide_two.kind) == ("set+topic", "two-way")
+    wide_comp = conservative_choice(shared, comp, {"set+topic": 1.0, "component": 2.0})
+    assert (wide_comp.by, wide_comp.kind) == ("component", "components") and wide_comp.why.startswith("components (2")
+    disjoint = cluster_structure(sets, ["x", "y", "z", "t", "u", "v", "w", "q"], "set+topic")
+    alone = conservative_choice(disjoint, cluster_structure(sets, ["x", "y", "z", "t", "u", "v", "w", "q"],
+                                                            "component"), {"set+topic": 1.0, "component": 1.0})  # fmt: skip
+    assert (alone.by, alone.kind) == ("component", "sets")
+
+
+def test_the_coefficients_carry_the_kind_of_cluster_typed():
+    """Every coefficient row holds what a cluster is in one word (cluster_kind, the fit's own kinds); the captions
+    read that column and parse the cluster_by label only for a coefficients.csv saved before the column existed."""
+    from posfair.fairness.analysis import clusters_used_text, headline_clusters
+    from posfair.stats.position_ols import fit_position_ols
+
+    rng = np.random.default_rng(3)
+    sets = np.repeat([f"s{i}" for i in range(8)], 6)
+    topics = np.array([f"t{(i // 6 + k % 2) % 5}" for i, k in enumerate(range(48))])  # neighbouring sets share
+    positions = np.tile([1, 2, 3], 16)
+    fit = fit_position_ols(rng.normal(size=48), positions, sets, topics=topics, n=3, warn=False)
+    frame = fit.to_frame().assign(measure="sigma", calibration="stock")
+    assert frame["cluster_kind"].tolist() == list(fit.fit.kinds) and set(fit.fit.kinds) <= {"components", "two-way"}
+    text = clusters_used_text(frame)
+    relabelled = frame.assign(cluster_by="what a cluster is, in other words")  # the label's wording is free
+    assert clusters_used_text(relabelled) == text and headline_clusters(relabelled) == headline_clusters(frame)
+    old = frame.drop(columns="cluster_kind")  # a run saved before the column: its labels are read
+    assert clusters_used_text(old) == text

@@ -29,6 +29,7 @@ __all__ = [
     "fit_instance",
     "few_clusters",
     "few_clusters_message",
+    "cluster_kinds",
     "clusters_used_text",
     "headline_clusters",
     "fidelity_summary",
@@ -52,6 +53,7 @@ COEF_COLUMNS = [
     "nobs",
     "clusters",
     "cluster_by",
+    "cluster_kind",
     "inference",
     "ci_low",
     "ci_high",
@@ -154,13 +156,24 @@ def few_clusters_message(coefs: pd.DataFrame) -> str | None:
     )
 
 
+def cluster_kinds(coefs: pd.DataFrame) -> list[str]:
+    """Per coefficient row what a cluster is in its interval, in one word: the typed column ``cluster_kind``; for a
+    ``coefficients.csv`` saved before that column was written, read off its ``cluster_by`` label
+    (:func:`~posfair.stats.clusters.cluster_kind`); "" without either."""
+    if "cluster_kind" in coefs:
+        return [str(k) for k in coefs["cluster_kind"]]
+    if "cluster_by" in coefs:
+        return [cluster_kind(b) for b in coefs["cluster_by"]]
+    return [""] * len(coefs)
+
+
 def clusters_used_text(coefs: pd.DataFrame) -> str:
     """Which clustering the intervals of ``coefs`` used, counted: `` Intervals (β_p, p ≥ 2): 12 components (G = 2),
     36 sets (G = 16), of 48 (column cluster_by of coefficients.csv).`` ("" without ``cluster_by``)."""
     if "cluster_by" not in coefs or not len(coefs):
         return ""
     c = coefs[coefs["position"] > 1] if "position" in coefs else coefs
-    kinds = pd.Series([cluster_kind(b) for b in c["cluster_by"]], index=c.index)
+    kinds = pd.Series(cluster_kinds(c), index=c.index)
     counts = pd.DataFrame({"kind": kinds, "G": c["clusters"].astype(int)}).value_counts(sort=False)
     parts = [f"{int(k)} {kind} (G = {g})" for (kind, g), k in counts.items()]
     return f"Intervals (β_p, p ≥ 2): {', '.join(parts)}, of {len(c)} (column cluster_by of coefficients.csv)."
@@ -169,7 +182,7 @@ def clusters_used_text(coefs: pd.DataFrame) -> str:
 def headline_clusters(coefs: pd.DataFrame) -> str:
     """The G of one headline row (every calibration's β_p): ``16 sets``, or ``stock: 2 components; cal: 16 two-way``
     where the calibrations' intervals used different clusterings."""
-    kinds = [cluster_kind(b) for b in coefs["cluster_by"]] if "cluster_by" in coefs else [""] * len(coefs)
+    kinds = cluster_kinds(coefs)
     cells = [f"{int(g)} {k}".strip() for g, k in zip(coefs["clusters"], kinds, strict=True)]
     if len(set(cells)) == 1:
         return cells[0]

@@ -13,10 +13,9 @@ import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.evaluator_base import metric_name_part
-from posfair.fairness.analysis import few_clusters, is_noop, share_of
+from posfair.fairness.analysis import cluster_kinds, few_clusters, is_noop, share_of
 from posfair.fairness.documents import MIXED_CONFIG, config_label
 from posfair.report.tables import Table
-from posfair.stats.clusters import cluster_kind
 from posfair.stats.inference import FEW_CLUSTERS, MARK_LEGEND, describe_inference
 
 __all__ = [
@@ -164,6 +163,7 @@ def coefficient_detail_table(
 ) -> Table:
     """Every coefficient with its SE, t, p-value, mark, G and inference: rows (n, configuration, coefficient)."""
     sub = coefs[(coefs["measure"] == measure) & (coefs["calibration"] == calibration) & (coefs["setting"] == setting)]
+    sub = sub.assign(kind=cluster_kinds(sub))
     index, cells = [], []
     for n in sorted(sub["n"].unique()):
         for c in configs:
@@ -177,7 +177,7 @@ def coefficient_detail_table(
                         _fmt_p(r.p),
                         "" if r.position == 1 else r.mark,
                         str(int(r.clusters)),
-                        cluster_kind(r.cluster_by) if hasattr(r, "cluster_by") else "",
+                        r.kind,
                         r.inference,
                     ]
                 )

@@ -71,11 +71,7 @@ def family_table(findings: pd.DataFrame, model: str) -> Table:
         q = "change" if paired else "stock"
 
         def own_g(x: str, row=row, q=q) -> str:  # a quantity whose interval rests on other clusters than the row's
-            return (
-                ""
-                if row[f"{x}_G"] == row[f"{q}_G"]
-                else f" (G={int(row[f'{x}_G'])}, {row[f'{x}_clusters'].split(' (')[0]})"
-            )
+            return "" if row[f"{x}_G"] == row[f"{q}_G"] else f" (G={int(row[f'{x}_G'])}, {row[f'{x}_kind']})"
 
         cell = [_ci(row, "stock") + own_g("stock")]
         if paired:

@@ -37,7 +37,7 @@ import pandas as pd
 
 from posfair.errors import PosfairInputError
 from posfair.fairness.experiment import STOCK_LABEL
-from posfair.stats.clusters import fit_clustered
+from posfair.stats.clusters import Kind, fit_clustered
 from posfair.stats.inference import Inference, significance_mark
 
 __all__ = [
@@ -77,6 +77,7 @@ class LanguageOLS:
     result: Any = field(default=None, compare=False, repr=False)
     G: np.ndarray | None = None  # per term (None: n_clusters for every term)
     clusters_used: tuple[str, ...] | None = None  # per term what a cluster is in its interval (None: cluster_by)
+    kinds_used: tuple[Kind, ...] | None = None  # per term the same in one word: "sets", "components", "two-way"
     ci: np.ndarray | None = None  # (terms, 2) 95 % intervals, t(G-1)
 
     def to_frame(self) -> pd.DataFrame:
@@ -194,6 +195,7 @@ def fit_language_ols(
         result=fit.result,
         G=fit.G,
         clusters_used=fit.clusters,
+        kinds_used=fit.kinds,
         ci=fit.ci,
     )
 

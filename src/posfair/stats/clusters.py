@@ -45,7 +45,7 @@ clustering and G is the number of sets.  The audit's family findings
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,10 @@ from posfair.errors import PosfairInputError
 __all__ = [
     "CLUSTERINGS",
     "STRUCTURES",
+    "Clustering",
+    "Structure",
+    "Kind",
+    "ClusterChoice",
     "DEFAULT_CLUSTERS",
     "ClusterStructure",
     "ClusteredFit",
@@ -76,11 +80,15 @@ __all__ = [
     "fieller",
 ]
 
-#: the cluster structures (codes of one clustering)
-STRUCTURES = ("set+topic", "set", "component")
+#: a cluster structure (codes of one clustering)
+Structure = Literal["set+topic", "set", "component"]
 #: what an audit's intervals may be clustered by: a structure, or per interval the wider of two-way and components
-CLUSTERINGS = ("conservative", *STRUCTURES)
-DEFAULT_CLUSTERS = "conservative"
+Clustering = Literal["conservative", "set+topic", "set", "component"]
+#: what a cluster is, in one word (the ``kind`` of an interval)
+Kind = Literal["sets", "components", "two-way"]
+STRUCTURES: tuple[Structure, ...] = get_args(Structure)
+CLUSTERINGS: tuple[Clustering, ...] = get_args(Clustering)
+DEFAULT_CLUSTERS: Clustering = "conservative"
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class ClusterStructure:
     clusters the t degrees of freedom (``G - 1``) and the few-clusters warning use.
     """
 
-    by: str
+    by: Structure
     codes: np.ndarray
     n_sets: int
     n_topics: int
@@ -156,7 +164,7 @@ def connected_components(sets, topics) -> np.ndarray:
     return _codes(roots)
 
 
-def cluster_structure(sets, topics=None, by: str = "set+topic") -> ClusterStructure:
+def cluster_structure(sets, topics=None, by: Structure = "set+topic") -> ClusterStructure:
     """Codes and counts for clustering by ``by`` (:data:`STRUCTURES`); ``topics`` is needed unless ``by="set"``."""
     if by not in STRUCTURES:
         raise PosfairInputError(f"cluster structures are {', '.join(STRUCTURES)}; got {by!r}")
@@ -277,13 +285,26 @@ def fieller(num: float, den: float, v_num: float, v_den: float, cov: float, crit
 
 
 #: what a cluster is, in one word, per structure (the ``kind`` of an interval; :func:`cluster_kind` reads it back
-#: from a saved label)
-KINDS = {"set": "sets", "component": "components", "set+topic": "two-way"}
+#: from the label of a run saved before the kind was written beside it)
+KINDS: dict[Structure, Kind] = {"set": "sets", "component": "components", "set+topic": "two-way"}
+
+
+@dataclass(frozen=True)
+class ClusterChoice:
+    """Which clustering one interval uses under ``conservative`` (:func:`conservative_choice`).
+
+    ``by``: the structure whose interval is used (``"component"`` or ``"set+topic"``); ``kind``: what a cluster is
+    then, in one word (``"sets"`` where no topic is in two sets: both structures are the sets); ``why``: the label a
+    table shows, which clustering and why, with its counts."""
+
+    by: Structure
+    kind: Kind
+    why: str
 
 
 def conservative_choice(
     two: ClusterStructure, comp: ClusterStructure, widths: dict[str, float], two_fixed: bool = False
-) -> tuple[str, str]:
+) -> ClusterChoice:
     """The one rule of ``conservative`` clustering: which of two-way (``two``) and component (``comp``) clustering an
     interval uses, and why in words with its counts -- the one with the wider interval (``widths``: per ``"set+topic"``
     and ``"component"`` the interval's width at t(G-1) with that clustering's own G; inf = unbounded).
@@ -294,29 +315,35 @@ def conservative_choice(
     (:func:`psd_fixed`; the label then names it).
     """
     if two.shared_topics == 0:
-        return "component", f"sets ({two.n_sets} sets, no topic in two sets: two-way = components = sets)"
+        return ClusterChoice(
+            "component", "sets", f"sets ({two.n_sets} sets, no topic in two sets: two-way = components = sets)"
+        )
     fix = f"; {PSD_FIX_NOTE}" if two_fixed else ""
     if comp.n_components < 2:
-        return "set+topic", (
+        return ClusterChoice(
+            "set+topic",
+            "two-way",
             f"set+topic ({two.n_sets} sets, {two.n_topics} topics; the sets form 1 connected component, which "
-            f"gives no cluster-robust interval: two-way, which assumes the topics' dependence is additive{fix})"
+            f"gives no cluster-robust interval: two-way, which assumes the topics' dependence is additive{fix})",
         )
     if widths["component"] >= widths["set+topic"]:
-        return "component", f"components ({comp.n_components} of {comp.n_sets} sets sharing topics; wider than two-way)"
-    return "set+topic", (
-        f"set+topic ({two.n_sets} sets, {two.n_topics} topics; wider than the {comp.n_components} components{fix})"
+        return ClusterChoice(
+            "component",
+            "components",
+            f"components ({comp.n_components} of {comp.n_sets} sets sharing topics; wider than two-way)",
+        )
+    return ClusterChoice(
+        "set+topic",
+        "two-way",
+        f"set+topic ({two.n_sets} sets, {two.n_topics} topics; wider than the {comp.n_components} components{fix})",
     )
 
 
-def choice_kind(by: str, two: ClusterStructure) -> str:
-    """The one-word kind (``sets``, ``components``, ``two-way``) of a :func:`conservative_choice` that used ``by``:
-    ``sets`` where no topic is in two sets (both clusterings are the sets)."""
-    return "sets" if two.shared_topics == 0 else KINDS[by]
-
-
 def cluster_kind(label: str) -> str:
-    """The short name of the clustering a *saved* interval label (``cluster_by`` of ``coefficients.csv``) names:
-    ``sets``, ``components`` or ``two-way`` (a fit carries it typed: :attr:`Interval.kind`, :attr:`ClusteredFit.kinds`)."""
+    """The short name of the clustering the interval label of a run *saved before the kind was written beside it*
+    (``cluster_by`` of an old ``coefficients.csv``) names: ``sets``, ``components`` or ``two-way``.  A fit carries
+    it typed (:attr:`Interval.kind`, :attr:`ClusteredFit.kinds`) and so does every coefficient row since
+    (``cluster_kind``)."""
     head = str(label).split(" ", 1)[0]
     return KINDS.get(head, head)
 
@@ -339,8 +366,8 @@ class Interval:
     clusters: str
     p: float = float("nan")
     other: tuple[float, float] = (float("nan"), float("nan"))
-    by: str = ""  # the structure used: "component" or "set+topic"
-    kind: str = ""  # what a cluster is, in one word: "sets", "components" or "two-way" (:func:`choice_kind`)
+    by: Structure | None = None  # the structure used: "component" or "set+topic" (None: not of a JointFit)
+    kind: Kind | None = None  # what a cluster is, in one word: "sets", "components" or "two-way"
 
     @property
     def bounded(self) -> bool:
@@ -355,6 +382,7 @@ class Interval:
             f"{prefix}p": self.p,
             f"{prefix}G": self.G,
             f"{prefix}clusters": self.clusters,
+            f"{prefix}kind": self.kind,
         }
 
 
@@ -386,8 +414,8 @@ class JointFit:
     def _crit(self, G: int) -> float:
         return float(stats.t.ppf(0.5 + self.level / 2, G - 1)) if G >= 2 else float("inf")
 
-    def _choose(self, widths: dict[str, float]) -> tuple[str, str]:
-        """(the clustering used, why): :func:`conservative_choice` of the two variants."""
+    def _choose(self, widths: dict[str, float]) -> ClusterChoice:
+        """:func:`conservative_choice` of the two variants."""
         return conservative_choice(
             self.variants["set+topic"][0], self.variants["component"][0], widths, "set+topic" in self.fixed
         )
@@ -400,12 +428,11 @@ class JointFit:
             se = float(np.sqrt(max(a @ V @ a, 0.0)))
             half = self._crit(st.G) * se
             got[by] = (se, est - half, est + half, st.G)
-        use, why = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
-        se, lo, hi, G = got[use]
-        other = next((got[k] for k in got if k != use), got[use])
+        choice = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
+        se, lo, hi, G = got[choice.by]
+        other = next((got[k] for k in got if k != choice.by), got[choice.by])
         p = float(2 * stats.t.sf(abs(est / se), G - 1)) if se > 0 and G >= 2 else float("nan")
-        kind = choice_kind(use, self.variants["set+topic"][0])
-        return Interval(est, se, lo, hi, G, why, p, (other[1], other[2]), use, kind)
+        return Interval(est, se, lo, hi, G, choice.why, p, (other[1], other[2]), choice.by, choice.kind)
 
     def ratio(self, a_num: np.ndarray, a_den: np.ndarray) -> Interval:
         """``(a_num . params) / (a_den . params)`` with Fieller's interval under the more conservative clustering."""
@@ -417,11 +444,10 @@ class JointFit:
             lo, hi = fieller(num, den, vn, vd, c, self._crit(st.G))
             delta = np.sqrt(max(vn / den**2 + num**2 * vd / den**4 - 2 * num * c / den**3, 0.0)) if den else np.nan
             got[by] = (float(delta), lo, hi, st.G)
-        use, why = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
-        se, lo, hi, G = got[use]
-        other = next((got[k] for k in got if k != use), got[use])
-        kind = choice_kind(use, self.variants["set+topic"][0])
-        return Interval(est, se, lo, hi, G, why, float("nan"), (other[1], other[2]), use, kind)
+        choice = self._choose({k: _width(v[1], v[2]) for k, v in got.items()})
+        se, lo, hi, G = got[choice.by]
+        other = next((got[k] for k in got if k != choice.by), got[choice.by])
+        return Interval(est, se, lo, hi, G, choice.why, float("nan"), (other[1], other[2]), choice.by, choice.kind)
 
 
 def joint_ols(X: np.ndarray, Y: np.ndarray, sets, topics, level: float = 0.95) -> JointFit:
@@ -467,7 +493,7 @@ class ClusteredFit:
     fixed covariance, whose numbers (:meth:`numbers`) replace the results object's.
     """
 
-    by: str
+    by: Clustering
     params: np.ndarray
     bse: np.ndarray
     tvalues: np.ndarray
@@ -475,10 +501,10 @@ class ClusteredFit:
     ci: np.ndarray
     G: np.ndarray
     clusters: tuple[str, ...]
-    used: tuple[str, ...]
+    used: tuple[Structure, ...]
     structures: dict[str, ClusterStructure]
     results: dict[str, Any]
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[Kind, ...] = ()
     fixed: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -544,7 +570,7 @@ def _too_few(label: str, G: int) -> PosfairInputError:
     )
 
 
-def fit_clustered(y, X, sets, topics=None, by: str = DEFAULT_CLUSTERS) -> ClusteredFit:
+def fit_clustered(y, X, sets, topics=None, by: Clustering = DEFAULT_CLUSTERS) -> ClusteredFit:
     """OLS of ``y`` on ``X`` with CR1 standard errors and t(G-1) inference clustered by ``by`` (:data:`CLUSTERINGS`).
 
     A structure (``set+topic``, ``set``, ``component``): :func:`clustered_ols`, one clustering for every coefficient.

@@ -47,12 +47,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from posfair.errors import PosfairInputError
-from posfair.stats.clusters import CLUSTERINGS, DEFAULT_CLUSTERS
+from posfair.stats.clusters import CLUSTERINGS, DEFAULT_CLUSTERS, Clustering
 
 __all__ = [
     "Inference",
@@ -64,6 +64,8 @@ __all__ = [
     "MARK_LEGEND",
     "INFERENCE_METHODS",
     "BOOTSTRAP_WEIGHTS",
+    "InferenceMethod",
+    "BootstrapWeights",
     "FEW_CLUSTERS",
     "FewClustersWarning",
     "CLUSTERS_IN_WORDS",
@@ -74,8 +76,12 @@ MARKS: tuple[tuple[float, str], ...] = ((0.001, ""), (0.01, "◊"), (0.05, "□"
 NOT_SIGNIFICANT = "•"
 MARK_LEGEND = "all values p < 0.001 unless marked: ◊ p < 0.01, □ p < 0.05, • not significant (p ≥ 0.05)"
 
-INFERENCE_METHODS = ("cluster", "wild")
-BOOTSTRAP_WEIGHTS = ("webb", "rademacher")
+#: how p-values are computed: CR1 + t(G-1), or the wild cluster bootstrap
+InferenceMethod = Literal["cluster", "wild"]
+#: the wild bootstrap's weights
+BootstrapWeights = Literal["webb", "rademacher"]
+INFERENCE_METHODS: tuple[InferenceMethod, ...] = get_args(InferenceMethod)
+BOOTSTRAP_WEIGHTS: tuple[BootstrapWeights, ...] = get_args(BootstrapWeights)
 #: below this many clusters a fit warns: cluster-robust inference is unreliable with few clusters
 FEW_CLUSTERS = 20
 
@@ -109,11 +115,11 @@ class Inference:
             (see :mod:`posfair.stats.clusters`).
     """
 
-    method: str = "cluster"
+    method: InferenceMethod = "cluster"
     draws: int = 9999
-    weights: str = "webb"
+    weights: BootstrapWeights = "webb"
     seed: int = 0
-    clusters: str = DEFAULT_CLUSTERS
+    clusters: Clustering = DEFAULT_CLUSTERS
 
     def __post_init__(self) -> None:
         method = str(self.method).strip().lower()
@@ -210,15 +216,26 @@ class InferenceLabel:
 
     ``method``: ``"cluster"`` or ``"wild"``; ``clusters``: one of :data:`~posfair.stats.clusters.CLUSTERINGS`;
     wild only: ``weights``, ``draws``, ``seed``, and ``enumerated`` = G where all 2^G Rademacher sign vectors were
-    enumerated (then draws and seed play no part).
+    enumerated (then draws and seed play no part).  Checked when made: a value outside its type is an error, not a
+    label no reader knows.
     """
 
-    method: str
-    clusters: str
-    weights: str = ""
+    method: InferenceMethod
+    clusters: Clustering
+    weights: BootstrapWeights | None = None
     draws: int = 0
     seed: int = 0
     enumerated: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in INFERENCE_METHODS:
+            raise ValueError(f"inference method must be one of {INFERENCE_METHODS}; got {self.method!r}")
+        if self.clusters not in CLUSTERINGS:
+            raise ValueError(f"clusters must be one of {CLUSTERINGS}; got {self.clusters!r}")
+        if (self.weights is None) != (self.method == "cluster") or (
+            self.weights is not None and self.weights not in BOOTSTRAP_WEIGHTS
+        ):
+            raise ValueError(f"weights: one of {BOOTSTRAP_WEIGHTS} for the wild bootstrap only; got {self.weights!r}")
 
     def text(self) -> str:
         if self.method == "cluster":

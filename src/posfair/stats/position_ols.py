@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from statsmodels.iolib.summary import summary_params
 
-from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, fit_clustered
+from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, cluster_kind, fit_clustered
 from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, few_clusters_text, significance_mark
 from posfair.stats.wild import _wildboottest_tests, wild_tests
 
@@ -62,6 +62,12 @@ class PositionOLS:
     def clusters_used(self) -> list[str]:
         """Per coefficient what a cluster is in its interval, with the counts (e.g. ``components (5 of 8 sets ...)``)."""
         return list(self.fit.clusters) if self.fit is not None else [self.cluster_by] * self.n
+
+    @property
+    def kinds_used(self) -> list[str]:
+        """Per coefficient what a cluster is in its interval, in one word (``sets``, ``components``, ``two-way``): the
+        fit's typed kinds (a fit made by hand without one: read off :attr:`cluster_by`)."""
+        return list(self.fit.kinds) if self.fit is not None else [cluster_kind(self.cluster_by)] * self.n
 
     @property
     def names(self) -> list[str]:
@@ -118,6 +124,7 @@ class PositionOLS:
                 "nobs": self.nobs,
                 "clusters": self.G,
                 "cluster_by": self.clusters_used,
+                "cluster_kind": self.kinds_used,
                 "inference": list(self.inference_each) if self.inference_each else self.inference,
                 "ci_low": ci[:, 0],
                 "ci_high": ci[:, 1],
