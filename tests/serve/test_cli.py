@@ -41,12 +41,12 @@ def test_a_saved_calibrated_folder_is_served_as_encode_encodes_it(tiny_model_pat
     posfair.load_model(path, pooling=pooling).set_calibration(CAL).save(str(folder))
     r = CliRunner().invoke(app, ["serve", "--model", str(folder), "--port", str(free_port())])
     assert r.exit_code == 0, r.output
-    assert started[-1].spec.calibration is None and "(stock," in r.output, r.output
+    assert started[-1].args.calibration is None and "(stock," in r.output, r.output
     assert f"saved with calibration {CAL.spec()}" in r.output and f"--calibration {CAL.spec()}" in r.output
     r = CliRunner().invoke(
         app, ["serve", "--model", str(folder), "--port", str(free_port()), "--calibration", CAL.spec()]
     )
-    assert r.exit_code == 0 and Calibration.from_dict(started[-1].spec.calibration) == CAL, r.output
+    assert r.exit_code == 0 and Calibration.from_dict(started[-1].args.calibration) == CAL, r.output
     assert "saved with" not in r.output
     help_text = CliRunner().invoke(app, ["serve", "--help"]).output
     assert "none (stock)" in " ".join(help_text.split()).replace("( ", "(")  # the default the command keeps

@@ -45,7 +45,7 @@ LIMIT = 64
 KEY_VAR, KEY = "POSFAIR_TEST_SERVE_KEY", "test-key-0123"
 SECRET = "zanzibar-quokka-texts-are-never-logged"
 PROMPTS = {"query": "query: ", "passage": "passage: "}
-REPLICA = "ServeReplica:posfair-encoder"  # the encoder replica's process title
+REPLICA = "ServeReplica:posfair:PosfairEncoder"  # the encoder replica's process title
 
 
 def free_port() -> int:
@@ -182,15 +182,18 @@ def test_health_and_models(srv):
 
 def test_the_url_is_printed_while_the_model_loads_and_answers_503_until_it_is_loaded(srv):
     """From the moment the URL is printed, /health and /v1/embeddings answer 503 (OpenAI's error shape) while the
-    model replicas load, then 200: never 404 (no gateway yet), never a 200 before the model is loaded."""
+    model replicas load, then 200: never 404 (no gateway yet), never a 200 before the model is loaded.  (One
+    composed application: the gateway and the replica start together, and the tiny model loads within a second,
+    so the 503s may be over before the first request; the killed-replica test sees them while a replica loads.)"""
     statuses = [status for _, status, _, _ in srv.loading]
-    assert set(statuses) <= {503, 200} and statuses[0] == 503, statuses
+    assert set(statuses) <= {503, 200}, statuses
     assert statuses == sorted(statuses, key=lambda s: s == 200), statuses  # 503 ... 503 200 ... 200
     for path in ("/health", "/v1/embeddings"):
         first = next(x for x in srv.loading if x[0] == path)
-        assert first[1] == 503 and first[3]["error"]["code"] == "service_unavailable", first
-        assert set(first[3]["error"]) == {"message", "type", "param", "code"}
-        assert "loading" in first[3]["error"]["message"] and first[2].get("retry-after") == "1"
+        if first[1] == 503:
+            assert first[3]["error"]["code"] == "service_unavailable", first
+            assert set(first[3]["error"]) == {"message", "type", "param", "code"}
+            assert "loading" in first[3]["error"]["message"] and first[2].get("retry-after") == "1"
     status, _, body = srv.get("/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == [srv.name]
 
@@ -394,6 +397,117 @@ def test_a_serve_instance_already_on_the_cluster_is_named_and_refused(srv, tmp_p
     assert srv.get("/health", key=None)[0] == 200
 
 
+def raw_post(srv: Server, path: str, body: bytes, headers: dict | None = None):
+    """(status, headers, JSON body or text) of a POST of ``body`` as given, the key sent, JSON its type unless
+    ``headers`` says otherwise."""
+    head = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})}
+    return fetch(urllib.request.Request(srv.url + path, data=body, headers=head, method="POST"), 60)
+
+
+def test_hostile_requests_get_400_in_openai_shape_and_read_no_file(srv, tmp_path):
+    """Issue 48, defects 1-4 over HTTP: each of these was a 500 in plain text, a file read, or ignored; now a 400 in
+    OpenAI's error shape naming the field."""
+    secret = tmp_path / "prior.json"
+    secret.write_text(json.dumps({"secret_field": 1}))
+    name = srv.name
+    cases = [
+        (b'{"model": "' + name.encode() + b'", "input": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", None),
+        (json.dumps({"model": name, "input": "x"}).encode()[:-1] + b', "dimensions": ' + b"9" * 5000 + b"}", None),
+        (json.dumps({"model": name, "input": "x", "dimensions": 10**30}).encode(), "dimensions"),
+        (json.dumps({"model": name, "input": "x", "dimensions": 32}).encode(), "dimensions"),  # the model's is 64
+        (json.dumps({"model": name, "input": "x", "calibration": f"{10**22},1,1"}).encode(), "calibration"),
+        (json.dumps({"model": name, "input": ["ok", "\ud800"]}).encode(), "input"),
+        (json.dumps({"model": name, "input": ["ok", "\u0000"]}).encode(), "input"),
+    ]
+    for space in ("\t", "\n", "\u00a0", "\u3000"):
+        spec = f"16,1.0,1,prior{space}={secret}"
+        cases.append((json.dumps({"model": name, "input": "x", "calibration": spec}).encode(), "calibration"))
+    for raw, param in cases:
+        status, headers, body = raw_post(srv, "/v1/embeddings", raw)
+        assert status == 400 and headers["content-type"].startswith("application/json"), (raw[:80], status, body)
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["param"] == param, body
+        assert "secret_field" not in body["error"]["message"]
+    own, _ = srv.embed(["a text"], dimensions=64)
+    assert own.shape == (1, 64)
+
+
+def test_a_bad_request_never_fails_the_others_batched_with_it(srv):
+    """Defect 2: requests holding a lone surrogate, sent together with good ones, made the good ones batched with
+    them fail (500). Now each bad one gets its 400 and every good one its vectors."""
+    good = [texts_of(2, seed=60 + i) for i in range(12)]
+    bad = json.dumps({"model": srv.name, "input": ["fine", "\ud800 bad"]}).encode()
+    jobs = [("good", g) for g in good] + [("bad", None)] * 4
+    jobs = jobs[::2] + jobs[1::2]
+
+    def send(job):
+        kind, texts = job
+        if kind == "bad":
+            return kind, texts, raw_post(srv, "/v1/embeddings", bad)
+        return kind, texts, srv.post("/v1/embeddings", {"model": srv.name, "input": texts})
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(send, jobs))
+    for kind, texts, (status, _, body) in results:
+        if kind == "bad":
+            assert status == 400 and body["error"]["param"] == "input", body
+            continue
+        assert status == 200, body
+        got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, encode_cached(srv.model, texts, calibration=CAL), rtol=0, atol=1e-5)
+
+
+def test_only_json_from_no_web_page_and_no_redirect(srv):
+    """A web page cannot drive the server: a 'simple' cross-origin POST (text/plain) is refused (415), so is any
+    request with an Origin not allowed by --cors-origin (403; none by default), and the CORS preflight (403). A
+    compressed body is refused as such (415), and /v1/embeddings/ is a 404 in OpenAI's shape, not a 307 built
+    from the Host header."""
+    payload = json.dumps({"model": srv.name, "input": "a text"}).encode()
+    status, _, body = raw_post(srv, "/v1/embeddings", payload, {"Content-Type": "text/plain"})
+    assert status == 415 and body["error"]["code"] == "unsupported_media_type", body
+    status, _, body = raw_post(srv, "/v1/embeddings", payload, {"Origin": "https://evil.example"})
+    assert status == 403 and "--cors-origin" in body["error"]["message"], body
+    status, _, body = raw_post(srv, "/v1/embeddings", payload, {"Content-Encoding": "gzip"})
+    assert status == 415 and "compressed" in body["error"]["message"], body
+    pre = urllib.request.Request(
+        srv.url + "/v1/embeddings",
+        method="OPTIONS",
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+    )
+    status, headers, body = fetch(pre, 30)
+    assert status == 403 and "access-control-allow-origin" not in headers, (status, headers)
+    status, headers, body = raw_post(srv, "/v1/embeddings/", payload, {"Host": "evil.example"})
+    assert status == 404 and "location" not in headers and body["error"]["code"] == "not_found", (status, headers)
+
+
+def test_a_long_request_goes_in_parts_and_short_texts_are_counted(srv):
+    """A request of 150 texts (three parts on the way to the replica) gets encode's vectors in order; texts the
+    calibration (B=16) leaves stock, being shorter than one basket, are counted in X-Posfair-Stock-Short."""
+    from posfair.serve.deployments import SHORT_HEADER
+
+    texts = texts_of(150, seed=70)
+    status, headers, body = srv.post("/v1/embeddings", {"model": srv.name, "input": texts})
+    assert status == 200 and [d["index"] for d in body["data"]] == list(range(150))
+    got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
+    np.testing.assert_allclose(got, encode_cached(srv.model, texts, calibration=CAL), rtol=0, atol=1e-5)
+    cov = srv.model.calibration_coverage(texts, CAL, prompt="passage: ")
+    assert cov.fallen_back > 0 and headers.get(SHORT_HEADER.lower()) == str(cov.fallen_back), headers
+    lengths = [len(ids) for ids in srv.model.tokenizer(["passage: " + t for t in texts])["input_ids"]]
+    assert body["usage"]["prompt_tokens"] == sum(lengths)
+
+
+def test_the_key_is_in_no_ray_process_environment(srv):
+    """--api-key-env: the key is read by the command and kept out of the environment of every Ray process."""
+    procs = [p for p in session_processes(srv.session) if int(p.split()[0]) != srv.run.pid]  # posfair read it
+    assert any(REPLICA in p for p in procs), procs
+    for line in procs:
+        pid = line.split()[0]
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read()
+        except OSError:
+            continue
+        assert KEY.encode() not in env, line
+
+
 def cpu_seconds(pid: int) -> float:
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -421,7 +535,10 @@ def test_a_killed_replica_gives_503_in_flight_then_a_new_replica_answers(srv):
     sender.join(150)
     assert results and results[0][0] == 503, results[:1]
     assert results[0][2]["error"]["code"] == "service_unavailable"
-    assert srv.get("/health", key=None)[0] == 503  # while the new replica loads the model
+    status, headers, body = srv.get("/health", key=None)  # while the new replica loads the model: at once
+    assert status == 503 and body["error"]["code"] == "service_unavailable" and headers.get("retry-after") == "1"
+    status, _, body = srv.post("/v1/embeddings", {"model": srv.name, "input": texts}, timeout=10)
+    assert status == 503 and "loading" in body["error"]["message"], body  # answered, not queued (defect 8)
     deadline, statuses = time.monotonic() + 120, []
     while time.monotonic() < deadline:
         status, _, body = srv.post("/v1/embeddings", {"model": srv.name, "input": texts}, timeout=120)
@@ -437,9 +554,32 @@ def test_a_killed_replica_gives_503_in_flight_then_a_new_replica_answers(srv):
 
 
 def test_sigterm_stops_the_server_and_its_ray_instance(srv):
+    """SIGTERM: the server stops with "stopped", exit 0, its Ray instance gone; requests sent meanwhile get their
+    answer, or 503 in OpenAI's shape ("stopping"), or no connection -- never Ray's 404 text (defect 7)."""
+    seen, done = [], threading.Event()
+
+    def hammer():
+        while not done.is_set():
+            try:
+                seen.append(srv.post("/v1/embeddings", {"model": srv.name, "input": "a text"}, timeout=30))
+            except OSError:  # refused: the proxy is gone
+                seen.append((None, {}, None))
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=hammer)
+    sender.start()
+    time.sleep(0.3)
     os.kill(srv.run.pid, signal.SIGTERM)
     srv.stopped = True
-    res = server().wait(srv.run, timeout=120)
+    try:
+        res = server().wait(srv.run, timeout=120)
+    finally:
+        done.set()
+        sender.join(60)
+    for status, _, body in seen:
+        assert status in (200, 503, None), (status, body)
+        if status == 503:
+            assert body["error"]["code"] == "service_unavailable", body
     assert res.returncode == 0 and res.stdout.rstrip().endswith("stopped"), (res.stdout, res.stderr)
     left = session_settles(srv.session, timeout=60)
     assert not left, f"the server's Ray instance outlived it: {left}"

@@ -20,7 +20,7 @@ from posfair.cli.options import (
     Strength,
     TrustRemoteCode,
 )
-from posfair.cli.parsers import integer
+from posfair.cli.parsers import integer, number
 
 Host = Annotated[
     str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on (127.0.0.1: this machine only).")
@@ -76,6 +76,25 @@ Truncate = Annotated[
         help="Truncate texts over the token limit (the X-Posfair-Truncated header counts them) instead of refusing them.",
     ),
 ]
+CorsOrigin = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--cors-origin",
+        metavar="ORIGIN",
+        show_default="none: web pages cannot call the server",
+        help="A web page origin (e.g. https://app.example.org) allowed to call the API from a browser; repeat for "
+        "more, '*' for any.",
+    ),
+]
+RequestTimeout = Annotated[
+    float,
+    typer.Option(
+        "--request-timeout",
+        parser=number(0.001, 86400),
+        metavar="SECONDS",
+        help="The longest one request is served; past it the answer is 408 in OpenAI's error shape.",
+    ),
+]
 RequestCalibration = Annotated[
     bool,
     typer.Option(
@@ -103,6 +122,8 @@ def serve(
     pooling: Pooling = None,
     device: Device = None,
     trust_remote_code: TrustRemoteCode = False,
+    cors_origin: CorsOrigin = None,
+    request_timeout: RequestTimeout = 600.0,
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
@@ -138,7 +159,11 @@ def serve(
         truncate=truncate,
         request_calibration=request_calibration,
         key=key,
+        cors_origins=tuple(cors_origin or ()),
+        request_timeout=request_timeout,
     )
+    if api_key_env is not None:  # read: kept out of the environment every Ray process of this server inherits
+        os.environ.pop(api_key_env, None)
     _serve(fm, model, model_id, cal, STOCK, opts)
 
 
@@ -163,31 +188,28 @@ def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: 
 def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
     """Start the server with the checked options ``opts`` (the command's, by name) and serve until stopped."""
     from posfair.cli.error_boundary import input_error
-    from posfair.distributed.spec import EmbedSpec
-    from posfair.serve.deployments import key_digest
-    from posfair.serve.runner import ServeConflict, ServerSettings, serve_model
+    from posfair.serve import runner
+    from posfair.serve.application import AppArgs
+    from posfair.serve.openai_api import key_digest
 
-    spec = EmbedSpec(
-        model=model_id,
+    args = AppArgs(
+        model=(model or "bundled").strip() if model_id is None else model_id,
+        name=(model or "bundled").strip(),
         calibration=None if cal is stock else cal.to_dict(),
-        pooling=opts["pooling"],
         max_seq_length=opts["max_seq_length"],
-        trust_remote_code=opts["trust_remote_code"],
+        pooling=opts["pooling"],
         device=opts["device"],
-        max_tokens=opts["max_batch_tokens"],
-    )
-    settings = ServerSettings(
-        spec=spec,
-        served_name=(model or "bundled").strip(),
-        fingerprint=fm.fingerprint,
-        host=opts["host"],
-        port=opts["port"],
+        trust_remote_code=opts["trust_remote_code"],
         replicas=opts["replicas"],
-        ray_address=opts["ray_address"],
+        max_batch_tokens=opts["max_batch_tokens"],
         truncate=opts["truncate"],
         request_calibration=opts["request_calibration"],
-        key_sha256=key_digest(opts["key"]) if opts["key"] else None,
+        key_sha256=key_digest(opts["key"].strip()) if opts["key"] else None,
+        cors_origins=opts["cors_origins"],
+        request_timeout_s=opts["request_timeout"],
+        fingerprint=fm.fingerprint,
     )
+    settings = runner.ServerSettings(args=args, host=opts["host"], port=opts["port"], ray_address=opts["ray_address"])
     label = "stock" if cal is stock else f"calibration {cal.spec()}"
     limit = int(fm.max_seq_length)
     del fm  # the replicas load their own
@@ -204,11 +226,34 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
             nl=True,
         )
 
+    def note(line: str) -> None:
+        typer.echo(f"note: {line}", err=True)
+
     try:
-        serve_model(settings, ready, on_listening=listening)
-    except ServeConflict as exc:  # the cluster changed since the command checked it
+        runner.serve_model(settings, ready, on_listening=listening, on_note=note)
+    except runner.ServeConflict as exc:  # the cluster changed since the command checked it
         raise input_error("--ray-address", opts["ray_address"], str(exc)) from None
-    typer.echo("stopped")
+    except runner.ServerFailed as exc:
+        message = str(exc)
+        if message.startswith("--port "):  # taken since the command checked it: said as the check says it
+            _end(2, f"error: --port {opts['port']}: {message.partition(': ')[2]}")
+        _end(1, f"error: {message}")
+    _end(0, "stopped")
+
+
+def _end(code: int, line: str) -> None:
+    """The command's last line, then its exit: ``os._exit`` when Ray did not stop in time (its exit hooks would
+    hang the process too), else as usual."""
+    import sys
+
+    print(line, file=sys.stderr if code else sys.stdout, flush=True)
+    from posfair.serve import runner
+
+    if runner.unfinished():
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        raise typer.Exit(code)
 
 
 def _check_cluster(address: str, host: str, port: int) -> None:

@@ -5,7 +5,9 @@
   (:mod:`posfair.distributed`'s batching, as ``posfair embed``), late chunking of one document
   (the span pooling of :mod:`posfair.retrieval.late`).
 * :mod:`posfair.serve.deployments` -- the Ray Serve deployments (the HTTP gateway, the model replicas).
-* :mod:`posfair.serve.runner` -- start, serve until Ctrl-C / SIGTERM, stop.
+* :mod:`posfair.serve.application` -- the application builder :func:`app` (``posfair.serve:app``, for
+  ``posfair serve``, ``serve run``, ``serve deploy`` and a RayService) and its typed arguments :class:`AppArgs`.
+* :mod:`posfair.serve.runner` -- ``posfair serve``: start, serve until Ctrl-C / SIGTERM or a fault, stop.
 
 Ray Serve is optional (the extra ``serve``); only :mod:`~posfair.serve.deployments` and a running
 server import it.
@@ -18,10 +20,13 @@ from typing import TYPE_CHECKING
 from posfair._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.serve.application import AppArgs, app  # noqa: F401
     from posfair.serve.openai_api import MAX_BODY_BYTES, MAX_INPUTS, ApiError, EmbeddingRequest, parse_request  # noqa: F401
     from posfair.serve.runner import SERVE_INSTALL_HINT, ServerSettings, serve_available, serve_model  # noqa: F401
 
 _EXPORTS = {
+    "AppArgs": ".application",
+    "app": ".application",
     "MAX_BODY_BYTES": ".openai_api",
     "MAX_INPUTS": ".openai_api",
     "ApiError": ".openai_api",

@@ -1,36 +1,39 @@
-"""The two Ray Serve deployments of ``posfair serve`` (imported only when a server starts: needs ``ray[serve]``).
+"""The Ray Serve deployments of ``posfair serve``, composed into one application by :func:`posfair.serve.app.app`
+(``Gateway.bind(Encoder.bind(...))``; imported only where a server starts: needs ``ray[serve]``).
 
-* :class:`Gateway` -- the HTTP ingress (FastAPI), no model, no CPU reserved: the API key, the body
-  size, the JSON and its fields (:func:`posfair.serve.openai_api.parse_request`), the served model's
-  name; then one call to the encoder deployment per request.  Until the encoder application has run
-  (its replicas loaded the model: the gateway asks Serve's controller, at most every
-  :data:`_STATUS_PERIOD_S`), ``/health`` and every API call answer 503 in the OpenAI error shape.  A
-  replica that died under a request (or none being up while Serve replaces it) is a 503, never a wrong
-  vector.
-* :class:`Encoder` -- the model replicas (``--replicas``), each holding its share of the CPUs or
-  one GPU (:func:`posfair.distributed.ray_engine.plan_workers`).  Requests reach it through
-  ``@serve.batch``: ``/v1/embeddings`` requests arriving together are answered by one
-  :meth:`posfair.serve.engine.Engine.embed_many`, ``/v1/segments`` requests (each document tokenised
-  first: its token count is its size, a batch's total at most ``--max-batch-tokens``) by one
-  :meth:`posfair.serve.engine.Engine.segments_many` -- shared, length-sorted, token-budget forward passes.
-
-They live in two Serve applications: the gateway's (route ``/``) is deployed first and needs no model,
-so the server answers (503) within seconds; the encoder's, deployed next, has no route of its own.
+* :class:`Gateway` -- the HTTP ingress (FastAPI), no model, no CPU reserved: the API key, the content type,
+  the body size, the typed request (:func:`posfair.serve.openai_api.parse_request`), the served model's name;
+  then the encoder deployment's handle (given to it by the composition).  Whether the model replicas are up is
+  asked of that handle (:meth:`Encoder.info`, shared by the requests arriving meanwhile, waited for at most
+  :data:`READY_WAIT_S`): while they are not -- the model loading, a replica being replaced, or none able to
+  start -- ``/health`` and every API call answer 503 in OpenAI's error shape at once, never a hang.  A
+  request is answered within ``request_timeout_s`` (408 past it); a long one is sent to the replicas in parts
+  of at most :data:`PART_TEXTS` texts, one part at a time, so requests arriving meanwhile are batched between
+  its parts, not behind all of it.  Once the server is stopping (:meth:`Gateway.drain`) every new request gets
+  503 ("stopping") while those in flight finish.
+* :class:`Encoder` -- the model replicas (``replicas``), each holding its share of the CPUs or one GPU
+  (:func:`posfair.distributed.ray_engine.plan_workers`).  Requests reach it through ``@serve.batch``:
+  ``/v1/embeddings`` requests arriving together are answered by one
+  :meth:`posfair.serve.engine.Engine.embed_many`, ``/v1/segments`` requests (each document tokenised first: its
+  token count is its size, a batch's total at most ``max_batch_tokens``) by one
+  :meth:`posfair.serve.engine.Engine.segments_many` -- shared, length-sorted, token-budget forward passes, a
+  failure answered only to the request that causes it.  Serve's health check (:meth:`Encoder.check_health`)
+  fails a replica whose forward passes fail whatever the request; Serve then replaces it.
 """
 
 # no "from __future__ import annotations": FastAPI reads the handlers' annotations (Request) at run time
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -38,43 +41,51 @@ from posfair.distributed.spec import EmbedSpec
 from posfair.serve.engine import Answer, Document, Engine
 from posfair.serve.openai_api import (
     MAX_BODY_BYTES,
-    MAX_INPUTS,
     ApiError,
     EmbeddingRequest,
     embedding_response,
+    key_digest,
     models_response,
     parse_request,
 )
 
 __all__ = [
+    "APP",
     "BATCH_HEADER",
     "ENCODER",
-    "ENCODER_APP",
-    "GATEWAY_APP",
+    "GATEWAY",
     "PASSES_HEADER",
+    "SHORT_HEADER",
     "TRUNCATED_HEADER",
     "Encoder",
     "Gateway",
-    "encoder_running",
+    "key_digest",
 ]
 
-GATEWAY_APP = "posfair"
-ENCODER_APP = "posfair-encoder"
+#: the one Serve application of a posfair server, and its deployments
+APP = "posfair"
+GATEWAY = "PosfairGateway"
 ENCODER = "PosfairEncoder"
 #: the response header saying how many inputs were truncated to the token limit (``--truncate``)
 TRUNCATED_HEADER = "X-Posfair-Truncated"
+#: ... and how many a calibration left stock, being shorter than one basket
+SHORT_HEADER = "X-Posfair-Stock-Short"
 #: /v1/segments answers: the requests the replica answered in the same batch as this one (this one included) ...
 BATCH_HEADER = "X-Posfair-Batch-Requests"
 #: ... and the forward passes that batch took
 PASSES_HEADER = "X-Posfair-Forward-Passes"
-#: how often (at most) a gateway asks Serve's controller whether the model replicas are up, until they are
-_STATUS_PERIOD_S = 0.25
-#: the longest /health waits for a replica's answer
-_HEALTH_TIMEOUT_S = 2.0
+#: the longest a request waits to learn whether the model replicas are up (503 past it)
+READY_WAIT_S = 1.0
+#: the longest /health waits for a replica's answer once they are up
+HEALTH_TIMEOUT_S = 2.0
+#: texts one part of a request holds on its way to the replicas (a longer request goes in parts, one at a time)
+PART_TEXTS = 64
+#: texts one replica batch holds at most (requests arriving together; a part is never split)
+BATCH_TEXTS = 256
 
 logger = logging.getLogger("posfair.serve")
 
-api = FastAPI(title="posfair serve", docs_url=None, redoc_url=None, openapi_url=None)
+api = FastAPI(title="posfair serve", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
 
 
 def _error(err: ApiError, headers: dict | None = None) -> JSONResponse:
@@ -96,53 +107,70 @@ def _unavailable(why: str) -> ApiError:
     return ApiError(503, why, "server_error", None, "service_unavailable")
 
 
-_LOADING = _unavailable("the model is loading; retry when GET /health answers 200")
+_LOADING = _unavailable("the model is loading (or its replica is being replaced); retry when GET /health answers 200")
+_STOPPING = _unavailable("the server is stopping; retry on another")
 _RETRY = {"Retry-After": "1"}
 
 
-def encoder_running() -> bool:
-    """Whether the encoder application runs (every replica has loaded the model), as Serve's controller says."""
-    app = serve.status().applications.get(ENCODER_APP)
-    return app is not None and app.status == "RUNNING"
+# defined before the deployments: Ray Serve takes their code with what it names at that point
+def _part(req: EmbeddingRequest, start: int, stop: int) -> EmbeddingRequest:
+    return EmbeddingRequest(
+        req.texts[start:stop], req.encoding_format, req.calibration, req.prompt_name, req.dimensions
+    )
 
 
-def key_digest(key: str) -> str:
-    """What the gateway keeps of the API key (its SHA-256): the key itself travels to no replica."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+def _shift_index(message: str, start: int) -> str:
+    """A part's message ``input K ...`` renumbered to the whole request's index."""
+    head, _, rest = message.partition(" ")
+    number, _, tail = rest.partition(" ")
+    return f"{head} {int(number) + start} {tail}" if number.isdigit() else message
 
 
 @serve.deployment(
-    name="PosfairGateway",
+    name=GATEWAY,
     ray_actor_options={"num_cpus": 0},
     max_ongoing_requests=1024,
     health_check_period_s=2,
+    graceful_shutdown_timeout_s=20,
 )
 @serve.ingress(api)
 class Gateway:
-    """The HTTP side (see the module's description)."""
+    """The HTTP side (see the module's description); ``encoder`` the handle the composition gives it."""
 
-    def __init__(self, served_name: str, key_sha256: str | None, created: int):
-        self.served_name, self.key_sha256, self.created = served_name, key_sha256, created
-        self._handle = None
-        self._loaded = False  # the encoder application has run since this gateway started
-        self._asked = -_STATUS_PERIOD_S  # when the controller was last asked (time.monotonic())
+    def __init__(self, encoder: Any, settings: dict[str, Any]):
+        self.encoder = encoder
+        self.served_name = settings["served_name"]
+        self.key_sha256 = settings.get("key_sha256")
+        self.created = int(settings.get("created") or time.time())
+        self.timeout_s = float(settings.get("request_timeout_s") or 600)
+        self.cors = tuple(settings.get("cors_origins") or ())
+        self._up = False  # the replicas answered since the last failure
+        self._ping: asyncio.Future | None = None
+        self._draining = False
+        self._in_flight = 0
 
-    async def _loading(self) -> bool:
-        """Whether the model replicas have not come up yet (at the server's start; once they have, a replica
-        that dies is replaced by Serve, and a request it was serving gets 503 from :meth:`_call`)."""
-        if not self._loaded and time.monotonic() - self._asked >= _STATUS_PERIOD_S:
-            self._asked = time.monotonic()
-            try:
-                self._loaded = await asyncio.to_thread(encoder_running)
-            except Exception:  # noqa: BLE001 -- the controller not answering: not known to be loaded
-                logger.warning("could not ask Serve's controller whether the model replicas run", exc_info=True)
-        return not self._loaded
+    # -- readiness, from the handle ----------------------------------------------------------------------------------
+    async def _ask(self) -> None:
+        try:
+            await self.encoder.info.remote()
+            self._up = True
+        except Exception:  # noqa: BLE001 -- no replica answered: not up
+            self._up = False
 
-    def _encoder(self):
-        if self._handle is None:
-            self._handle = serve.get_deployment_handle(ENCODER, app_name=ENCODER_APP)
-        return self._handle
+    async def _ready(self, wait: float = READY_WAIT_S) -> bool:
+        """Whether the model replicas answer: at once once they have, else one question shared by every request
+        arriving meanwhile, waited for at most ``wait`` seconds."""
+        if self._up:
+            return True
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.ensure_future(self._ask())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ping), wait)
+        except (TimeoutError, asyncio.TimeoutError):
+            return False
+        return self._up
 
+    # -- checks ------------------------------------------------------------------------------------------------------
     def _check_key(self, request: Request) -> None:
         if self.key_sha256 is None:
             return
@@ -157,7 +185,28 @@ class Gateway:
                 "invalid_api_key",
             )
 
-    async def _body(self, request: Request) -> bytes:
+    def _check_origin(self, request: Request) -> None:
+        """A request from a web page (an ``Origin`` header) only from an origin allowed by ``--cors-origin``."""
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in self.cors and "*" not in self.cors:
+            raise ApiError(403, "requests from web pages of this origin are not allowed (--cors-origin)")
+
+    @staticmethod
+    def _check_type(request: Request) -> None:
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise ApiError(
+                415,
+                "the request body must be JSON sent as 'Content-Type: application/json'",
+                code="unsupported_media_type",
+            )
+        if request.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+            raise ApiError(
+                415, "the request body must not be compressed (Content-Encoding)", code="unsupported_media_type"
+            )
+
+    @staticmethod
+    async def _body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         too_big = ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes", code="request_too_large")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -169,61 +218,143 @@ class Gateway:
                 raise too_big
         return bytes(body)
 
+    def _cors_headers(self, request: Request) -> dict[str, str]:
+        origin = request.headers.get("origin")
+        if origin is None or not self.cors:
+            return {}
+        return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+    # -- the replicas ------------------------------------------------------------------------------------------------
     async def _call(self, method: str, req: EmbeddingRequest) -> Answer:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         try:
-            return await getattr(self._encoder(), method).remote(req)
+            return await getattr(self.encoder, method).remote(req)
         except (RayActorError, ActorUnavailableError, serve.exceptions.DeploymentUnavailableError) as exc:
+            self._up = False
             logger.warning("an encoder replica failed under a request: %s", type(exc).__name__)
             raise _unavailable("the model replica serving this request stopped; retry") from None
         except serve.exceptions.BackPressureError:
             raise _unavailable("the server is overloaded; retry") from None
 
-    async def _answer(self, request: Request, segments: bool) -> JSONResponse:
+    async def _embed(self, req: EmbeddingRequest) -> Answer:
+        """A request's answer, its texts sent in parts of at most :data:`PART_TEXTS`, one part at a time (a part's
+        refusal is the request's: the first one stops it)."""
+        if len(req.texts) <= PART_TEXTS:
+            return await self._call("embed", req)
+        parts = []
+        for start in range(0, len(req.texts), PART_TEXTS):
+            part = await self._call("embed", _part(req, start, start + PART_TEXTS))
+            if part.error is not None:
+                if part.error["error"].get("message", "").startswith("input "):
+                    part.error["error"]["message"] = _shift_index(part.error["error"]["message"], start)
+                return part
+            parts.append(part)
+        return Answer(
+            np.concatenate([p.vectors for p in parts]),
+            sum(p.tokens for p in parts),
+            sum(p.truncated for p in parts),
+            short=sum(p.short for p in parts),
+        )
+
+    async def _answer(self, request: Request, segments: bool) -> Response:
+        cors = self._cors_headers(request)
+        if self._draining:
+            return _error(_STOPPING, _RETRY | cors)
+        self._in_flight += 1
         try:
+            self._check_origin(request)
             self._check_key(request)
+            self._check_type(request)
             req = parse_request(await self._body(request), self.served_name, segments=segments)
-            if await self._loading():
-                return _error(_LOADING, _RETRY)
-            answer = await self._call("segments" if segments else "embed", req)
+            if not await self._ready():
+                return _error(_LOADING, _RETRY | cors)
+            work = self._call("segments", req) if segments else self._embed(req)
+            try:
+                answer = await asyncio.wait_for(work, self.timeout_s)
+            except (TimeoutError, asyncio.TimeoutError):
+                raise ApiError(
+                    408,
+                    f"the request took over {self.timeout_s:g} s (the server's --request-timeout); send fewer texts",
+                    code="request_timeout",
+                ) from None
         except ApiError as err:
-            return _error(err)
+            return _error(err, cors or None)
+        finally:
+            self._in_flight -= 1
         if answer.error is not None:
-            return JSONResponse(answer.error, status_code=answer.status)
-        headers = {TRUNCATED_HEADER: str(answer.truncated)} if answer.truncated else {}
+            return JSONResponse(answer.error, status_code=answer.status, headers=cors or None)
+        headers = dict(cors)
+        if answer.truncated:
+            headers[TRUNCATED_HEADER] = str(answer.truncated)
+        if answer.short:
+            headers[SHORT_HEADER] = str(answer.short)
         if segments:
             headers |= {BATCH_HEADER: str(answer.batch_requests), PASSES_HEADER: str(answer.forward_passes)}
         body = embedding_response(answer.vectors, req.encoding_format, self.served_name, answer.tokens)
         return JSONResponse(body, headers=headers or None)
 
     @api.post("/v1/embeddings")
-    async def embeddings(self, request: Request) -> JSONResponse:
+    async def embeddings(self, request: Request) -> Response:
         return await self._answer(request, segments=False)
 
     @api.post("/v1/segments")
-    async def segments(self, request: Request) -> JSONResponse:
+    async def segments(self, request: Request) -> Response:
         return await self._answer(request, segments=True)
+
+    @api.options("/v1/embeddings")
+    @api.options("/v1/segments")
+    @api.options("/v1/models")
+    async def preflight(self, request: Request) -> Response:
+        """A CORS preflight: allowed only for the ``--cors-origin`` origins (none by default: 403)."""
+        origin = request.headers.get("origin")
+        if origin is None or (origin not in self.cors and "*" not in self.cors):
+            return _error(ApiError(403, "requests from web pages of this origin are not allowed (--cors-origin)"))
+        return Response(
+            status_code=204,
+            headers={
+                "Access-Control-Allow-Origin": origin,
+                "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Max-Age": "600",
+                "Vary": "Origin",
+            },
+        )
 
     @api.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
         try:
+            self._check_origin(request)
             self._check_key(request)
         except ApiError as err:
             return _error(err)
-        if await self._loading():
+        if self._draining:
+            return _error(_STOPPING, _RETRY)
+        if not await self._ready():
             return _error(_LOADING, _RETRY)
-        return JSONResponse(models_response(self.served_name, self.created))
+        return JSONResponse(models_response(self.served_name, self.created), headers=self._cors_headers(request))
 
     @api.get("/health")
     async def health(self) -> JSONResponse:
-        if await self._loading():
+        if self._draining:
+            return _error(_STOPPING, _RETRY)
+        if not await self._ready():
             return _error(_LOADING, _RETRY)
         try:
-            await asyncio.wait_for(self._encoder().ready.remote(), _HEALTH_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 -- not deployed yet, loading, replaced: not ready
-            return _error(_unavailable("the model is not loaded (yet)"))
+            await asyncio.wait_for(self.encoder.info.remote(), HEALTH_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 -- replaced, stopped, overloaded: not ready now
+            self._up = False
+            return _error(_unavailable("the model replicas do not answer"), _RETRY)
         return JSONResponse({"status": "ok", "model": self.served_name})
+
+    async def drain(self, timeout_s: float = 15.0) -> int:
+        """Stop taking requests (503 "stopping" from now on) and wait, at most ``timeout_s``, for those in flight;
+        the number still in flight then.  Called on the gateway's handle by ``posfair serve`` when it stops."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._in_flight
 
 
 def _texts_in(requests: list[EmbeddingRequest]) -> int:
@@ -237,19 +368,19 @@ def _tokens_in(docs: list[Document]) -> int:
 @serve.deployment(
     name=ENCODER,
     max_ongoing_requests=64,
-    health_check_period_s=2,
+    health_check_period_s=5,
     health_check_timeout_s=60,
     graceful_shutdown_timeout_s=5,
 )
 class Encoder:
-    """A model replica (see the module's description); ``settings`` as :func:`posfair.serve.runner.encoder_settings`."""
+    """A model replica (see the module's description); ``settings`` as :func:`posfair.serve.app.encoder_settings`."""
 
     def __init__(self, settings: dict[str, Any]):
         if settings.get("threads"):
             torch.set_num_threads(int(settings["threads"]))
         spec = EmbedSpec.from_dict(settings["spec"])
         model = spec.load_model(settings.get("device"))
-        if model.fingerprint != settings["fingerprint"]:
+        if settings.get("fingerprint") and model.fingerprint != settings["fingerprint"]:
             raise RuntimeError(
                 f"replica model fingerprint {model.fingerprint} differs from the one the server checked "
                 f"({settings['fingerprint']}): install the same model files and library versions on every node"
@@ -260,10 +391,17 @@ class Encoder:
         self._segments_batch.set_max_batch_size(spec.max_tokens)  # a batch of documents: --max-batch-tokens
         self.started = time.time()
 
-    def ready(self) -> bool:
-        return True
+    def info(self) -> dict[str, Any]:
+        """What the gateway asks to know the replica is up: the model's token limit and width."""
+        return {"limit": self.engine.limit, "width": self.engine.width, "started": self.started}
 
-    @serve.batch(max_batch_size=MAX_INPUTS, batch_wait_timeout_s=0.005, batch_size_fn=_texts_in)
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose last forward passes all failed, whatever the request, is unhealthy
+        (Serve replaces it)."""
+        if self.engine.failing():
+            raise RuntimeError("the model's forward passes fail for every request")
+
+    @serve.batch(max_batch_size=BATCH_TEXTS, batch_wait_timeout_s=0.005, batch_size_fn=_texts_in)
     async def embed(self, requests: list[EmbeddingRequest]) -> list[Answer]:
         return await asyncio.to_thread(self.engine.embed_many, requests)
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from posfair.calibration import STOCK, Calibration
+from posfair.calibration.coverage import calibration_coverage
 from posfair.distributed.batching import length_aware_batches
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import encode_shard
@@ -43,6 +44,8 @@ from posfair.spans import contextualised_segments, join_segments, token_segment_
 __all__ = ["Answer", "Document", "Engine"]
 
 logger = logging.getLogger("posfair.serve")
+#: forward passes failed in a row, whatever the request, that make a replica unhealthy (Serve's check_health)
+FAILING = 8
 
 
 @dataclasses.dataclass
@@ -54,6 +57,7 @@ class Answer:
     truncated: int = 0
     error: dict | None = None
     status: int = 200
+    short: int = 0  # texts a calibration left stock (shorter than one basket: encode's CalibrationFallbackWarning)
     batch_requests: int = 0  # /v1/segments: the requests answered by the same batch (this one included)
     forward_passes: int = 0  # /v1/segments: the forward passes that batch took
 
@@ -69,6 +73,7 @@ class _Prepared:
     prompt: str | None  # None: the model's default prompt
     tokens: np.ndarray  # per text, as encoded (prompt and special tokens included, after truncation)
     truncated: int
+    short: int = 0  # texts the calibration leaves stock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +138,20 @@ class Engine:
         self.limit = int(model.max_seq_length)
         self.width = compat.embedding_dimension(model)
         self._lock = threading.Lock()  # one forward pass at a time (the model's calibration override is per block)
+        self._failures = 0  # forward passes failed in a row (any request): check_health fails past FAILING
+
+    def failing(self) -> bool:
+        """Whether the last :data:`FAILING` forward passes all failed (the replica is broken, not a request)."""
+        return self._failures >= FAILING
+
+    def _counted(self, run: Callable[[], Any]) -> Any:
+        try:
+            out = run()
+        except Exception:
+            self._failures += 1
+            raise
+        self._failures = 0
+        return out
 
     # -- request settings -------------------------------------------------------------------------
     def calibration_for(self, text: str | None) -> Any:
@@ -204,7 +223,11 @@ class Engine:
                 "input",
                 "context_length_exceeded",
             )
-        return _Prepared(tuple(req.texts), cal, prompt, np.minimum(raw, self.limit), len(over))
+        tokens = np.minimum(raw, self.limit)
+        short = (
+            0 if cal is STOCK else calibration_coverage(self.model.transformer_module.resolve(cal), tokens).fallen_back
+        )
+        return _Prepared(tuple(req.texts), cal, prompt, tokens, len(over), int(short))
 
     # -- /v1/embeddings ---------------------------------------------------------------------------
     def embed_many(self, requests: Sequence[EmbeddingRequest]) -> list[Answer]:
@@ -235,7 +258,7 @@ class Engine:
         out, start = {}, 0
         for i in members:
             p = prepared[i]
-            out[i] = Answer(vectors[start : start + len(p.texts)], int(p.tokens.sum()), p.truncated)
+            out[i] = Answer(vectors[start : start + len(p.texts)], int(p.tokens.sum()), p.truncated, short=p.short)
             start += len(p.texts)
         return out
 
@@ -250,7 +273,7 @@ class Engine:
         )
         with self._lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
-            vectors, _counts = encode_shard(self.model, spec, texts)
+            vectors, _counts = self._counted(lambda: encode_shard(self.model, spec, texts))
         return vectors
 
     # -- /v1/segments -----------------------------------------------------------------------------
@@ -332,14 +355,16 @@ class Engine:
         with self._lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
             kwargs = {"prompt": prompt} if prompt is not None else {}
-            return self.model.encode(
-                texts,
-                output_value=None,
-                convert_to_numpy=False,
-                show_progress_bar=False,
-                batch_size=len(texts),
-                calibration=cal,
-                **kwargs,
+            return self._counted(
+                lambda: self.model.encode(
+                    texts,
+                    output_value=None,
+                    convert_to_numpy=False,
+                    show_progress_bar=False,
+                    batch_size=len(texts),
+                    calibration=cal,
+                    **kwargs,
+                )
             )
 
     @staticmethod

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import unicodedata
 from typing import Annotated, Any, Literal
@@ -34,6 +35,7 @@ __all__ = [
     "EmbeddingRequest",
     "EmbeddingsBody",
     "embedding_response",
+    "key_digest",
     "models_response",
     "parse_request",
 ]
@@ -290,6 +292,11 @@ def _show(value: Any) -> str:
     """A short option value in a message (a long one is only named by its type)."""
     text = json.dumps(value)
     return text if len(text) <= 40 else _kind(value)
+
+
+def key_digest(key: str) -> str:
+    """What the gateway keeps of the API key (its SHA-256): the key itself travels to no replica."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def encode_vector(vector: np.ndarray, fmt: str) -> list[float] | str:

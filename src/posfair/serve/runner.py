@@ -1,18 +1,20 @@
-"""Start, run and stop a ``posfair serve`` server on Ray Serve.
+"""``posfair serve``: start the application of :func:`posfair.serve.application.app`, serve, stop.
 
-:func:`serve_model` starts (or connects to) Ray, starts Serve's HTTP proxy on ``host:port``, deploys
-the gateway application (no model: it runs within seconds) and calls ``on_listening(url)``, then
-deploys the encoder application (``replicas`` model replicas, laid out by
-:func:`posfair.distributed.ray_engine.plan_workers`) -- meanwhile the gateway answers 503 -- calls
-``on_ready(url)`` once it runs, and serves until ``stop`` is set or the process gets SIGINT /
-SIGTERM.  On the way out it deletes its applications; when it started Ray itself it shuts Ray down
-(the instance and every process of it end with the command), and on a running cluster it shuts
-down the Serve instance it started there if no other application runs on it.
+:func:`serve_model` starts (or connects to) Ray, starts Serve's HTTP proxy on ``host:port`` and runs the one
+application (``serve.run``: the gateway answers 503 within seconds while the model replicas load), calls
+``on_listening(url)`` once the gateway answers and ``on_ready(url)`` once the application runs, then serves
+until ``stop`` is set or the process gets SIGINT / SIGTERM -- watching Ray meanwhile: Ray's controller not
+answering (a killed raylet or GCS) ends the server with :class:`ServerFailed`, one line, instead of a process
+that neither serves nor exits.  Every Ray call that can wait runs in a helper thread, so the signals are
+honoured in every state.  On the way out the gateway drains (new requests 503 "stopping", those in flight
+finish), then Ray is shut down when posfair started it (the instance and every process of it end with the
+command), or on a running cluster the application is deleted (and the Serve instance it started, if no other
+application runs on it); the whole stop is bounded (:data:`STOP_TIMEOUT_S`).
 
 On a running cluster (``--ray-address``), :func:`connect` joins it and :func:`serve_conflict` says
 why posfair cannot serve there -- before the command loads anything: a Serve instance already on the
 cluster keeps the address it started with (Serve ignores a new one), may already run a posfair server
-(whose applications this one would replace), or route ``/`` to another application.
+(whose application this one would replace), or route ``/`` to another application.
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ import gc
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from posfair.distributed.ray_engine import _quiet_auth_notice, plan_workers
-from posfair.distributed.spec import EmbedSpec
+from posfair.distributed.ray_engine import _quiet_auth_notice
 from posfair.errors import install_hint
+
+logger = logging.getLogger("posfair.serve")
 
 __all__ = [
     "SERVE_INSTALL_HINT",
     "RunningServe",
     "ServeConflict",
+    "ServerFailed",
     "ServerSettings",
     "cluster_conflict",
     "connect",
@@ -41,6 +44,7 @@ __all__ = [
     "serve_available",
     "serve_conflict",
     "serve_model",
+    "unfinished",
 ]
 
 SERVE_INSTALL_HINT = install_hint("serve")
@@ -58,32 +62,36 @@ def serve_available() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-    """Everything a server runs with (checked by the command before it starts)."""
+    """Everything a server runs with (checked by the command before it starts): the application's arguments
+    (:class:`posfair.serve.application.AppArgs`) and where it listens."""
 
-    spec: EmbedSpec  # the model, its loading options, the server's calibration, the token budget (max_tokens)
-    served_name: str
-    fingerprint: str
+    args: Any  # AppArgs
     host: str = "127.0.0.1"
     port: int = 8000
-    replicas: int = 1
     ray_address: str | None = None
-    truncate: bool = False
-    request_calibration: bool = False
-    key_sha256: str | None = None
 
     @property
     def url(self) -> str:
         return _url(self.host, self.port)
 
+    @property
+    def served_name(self) -> str:
+        return self.args.served_name
 
-class _Stop(Exception):
-    pass
+
+class ServerFailed(RuntimeError):
+    """The server could not start, or Ray failed under it: one line saying why (``posfair serve`` exits 1)."""
 
 
-def _raise_stop(signum, frame) -> None:
-    for s in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C does not cut the shutdown short
-        signal.signal(s, signal.SIG_IGN)
-    raise _Stop
+#: the longest a stop takes (draining the gateway, then Ray's shutdown) before the process ends regardless
+STOP_TIMEOUT_S = 25.0
+#: ... after Ray failed under the server
+FAULT_STOP_S = 5.0
+_UNFINISHED = False
+#: the longest the server waits for Ray's controller to answer before it calls Ray failed (twice in a row)
+RAY_ANSWER_S = 10.0
+#: how often the running server asks Ray's controller how its application is
+WATCH_PERIOD_S = 2.0
 
 
 class ServeConflict(RuntimeError):
@@ -159,12 +167,12 @@ def serve_conflict(host: str, port: int, found: RunningServe | None) -> str | No
     A Serve instance keeps the host and port it started with (Serve ignores new ones), so this server joins
     it only where it listens already; it never replaces another posfair server's applications, nor takes
     route ``/`` from another application."""
-    import posfair.serve.deployments as d
+    from posfair.serve.deployments import APP
 
     if found is None:
         return None
     here = f"Ray Serve already runs on this cluster, listening at {found.url}"
-    ours = sorted(set(found.routes) & {d.GATEWAY_APP, d.ENCODER_APP})
+    ours = sorted(set(found.routes) & {APP, "posfair-encoder"})
     if ours:
         return f"{here} with a posfair server (application {ours[0]!r}); stop that server first"
     if (found.host, found.port) != (host, port):
@@ -183,90 +191,247 @@ def serve_model(
     on_ready: Callable[[str], None],
     stop: threading.Event | None = None,
     on_listening: Callable[[str], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGINT / SIGTERM arrives (see the module's description): ``on_listening(url)``
-    once the gateway answers (503 while the model loads), ``on_ready(url)`` once the model replicas run."""
-    import ray
+    once the gateway answers (503 while the model loads), ``on_ready(url)`` once the model replicas run,
+    ``on_note(line)`` when the application's health changes.  :class:`ServerFailed` when the server cannot start or
+    Ray fails under it; :class:`ServeConflict` when the cluster changed since the command checked it.
 
-    import posfair.serve.deployments as d
-
-    local = settings.ray_address in (None, "local")
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    Every wait of Ray's happens in a helper thread: the main thread only waits on events, so SIGINT and SIGTERM are
+    honoured in every state (starting, loading, serving, a Ray fault), and every stop is bounded
+    (:data:`STOP_TIMEOUT_S`)."""
+    stop = stop or threading.Event()
     in_main = threading.current_thread() is threading.main_thread()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def take_signals() -> None:
+        for s in old:
+            signal.signal(s, lambda signum, frame: stop.set())
+
+    if in_main:
+        take_signals()
+    state, failed = _Start(settings), False
+    starter = threading.Thread(target=state.run, name="posfair-serve-start", daemon=True)
     try:
-        started_here = connect(settings.ray_address)  # a local instance ends with it, a cluster connection closes
-        # after ray.init, whose own SIGTERM handler (a stack dump, then the process ends) they replace
-        if in_main:
-            for s in old:
-                signal.signal(s, _raise_stop)
-        serve_started = False
+        starter.start()
+        listening, taken = False, False
+        while not stop.is_set() and not state.done.is_set():
+            if in_main and not taken and state.connected.is_set():  # again: Ray's start set handlers of its own
+                take_signals()
+                taken = True
+            if not listening and state.proxy_up.is_set() and _answers(settings):
+                listening = True
+                (on_listening or (lambda url: None))(settings.url)
+            stop.wait(0.1)
+        if stop.is_set():
+            return
+        if state.error is not None:
+            raise state.error
+        if in_main and not taken:
+            take_signals()
+        if not listening:
+            (on_listening or (lambda url: None))(settings.url)
+        on_ready(settings.url)
+        _watch(stop, on_note or (lambda line: None))
+    except ServerFailed:
+        failed = True
+        raise
+    finally:
         try:
+            if state.connected.is_set() or starter.is_alive():
+                global _UNFINISHED
+                _UNFINISHED = not _stop_within(state, FAULT_STOP_S if failed else STOP_TIMEOUT_S)
+        finally:
+            state.release.set()
+            if in_main:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+
+class _Start:
+    """The start of a server, run in a helper thread (:func:`serve_model` waits on its events)."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.connected = threading.Event()  # Ray initialised here
+        self.proxy_up = threading.Event()  # Serve's HTTP proxy started
+        self.done = threading.Event()
+        self.release = threading.Event()  # the thread may end: Ray is shut down (or the process ends)
+        self.started_here = False
+        self.serve_started = False
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from ray import serve
+
+        from posfair.serve.application import app
+        from posfair.serve.deployments import APP
+
+        s = self.settings
+        try:
+            try:
+                self.started_here = connect(s.ray_address)
+            except Exception as exc:  # noqa: BLE001 -- Ray's own start failing: said in one line
+                raise ServerFailed(f"Ray could not start: {_one_line(exc)}{_limits_hint()}") from None
+            self.connected.set()
             found = running_serve()
-            serve_started = found is None
-            conflict = serve_conflict(settings.host, settings.port, found)
+            self.serve_started = found is None
+            conflict = serve_conflict(s.host, s.port, found)
             if conflict is not None:  # the command checked it before loading anything; a cluster may change since
                 raise ServeConflict(conflict)
-            _deploy(ray, d, settings, on_listening or (lambda url: None))
-            on_ready(settings.url)
-            while stop is None or not stop.is_set():
-                time.sleep(0.2)
+            serve.start(
+                proxy_location="HeadOnly",
+                http_options={"host": s.host, "port": s.port, "keep_alive_timeout_s": 5},
+            )
+            self.proxy_up.set()
+            try:
+                serve.run(app(s.args), name=APP, route_prefix="/")  # returns once the application runs
+            except RuntimeError as exc:
+                raise ServerFailed(_deploy_failure(exc, s)) from None
+        except BaseException as exc:  # noqa: BLE001 -- handed to the main thread
+            self.error = exc
         finally:
-            _stop_serving(ray, d, started_here, serve_started and not local)
-    except (_Stop, KeyboardInterrupt):
-        pass
-    finally:
-        if in_main:
-            for s, h in old.items():
-                signal.signal(s, h)
+            self.done.set()
+        # Ray's processes die with the thread that started them (their parent-death signal is per thread): this
+        # one lives as long as the server does
+        self.release.wait()
 
 
-def encoder_settings(settings: ServerSettings, resources: dict[str, float]) -> tuple[dict[str, Any], dict[str, float]]:
-    """The encoder replicas' constructor settings and Ray resources, for a cluster with ``resources``."""
-    plan = plan_workers(resources, settings.replicas, settings.spec.device)
-    init = {
-        "spec": settings.spec.to_dict(),
-        "fingerprint": settings.fingerprint,
-        "threads": plan.threads,
-        "device": plan.device,
-        "truncate": settings.truncate,
-        "request_calibration": settings.request_calibration,
-    }
-    return init, plan.resources
+def _answers(settings: ServerSettings) -> bool:
+    """Whether the gateway answers at the server's address (any HTTP answer in OpenAI's shape or ours)."""
+    import json
+    import urllib.error
+    import urllib.request
 
-
-def _deploy(ray, d, settings: ServerSettings, on_listening: Callable[[str], None]) -> None:
-    """The gateway deployed and running (it answers 503 until the encoder runs), ``on_listening``; then the encoder
-    application started (its replicas load the model) and waited for."""
-    from ray import serve
-
-    serve.start(http_options={"host": settings.host, "port": settings.port, "location": "HeadOnly"})
-    gateway = d.Gateway.bind(settings.served_name, settings.key_sha256, int(time.time()))
-    serve.run(gateway, name=d.GATEWAY_APP, route_prefix="/", blocking=False)  # returns once it runs
-    on_listening(settings.url)
-    init, resources = encoder_settings(settings, ray.cluster_resources())
-    encoder = d.Encoder.options(num_replicas=settings.replicas, ray_actor_options=resources).bind(init)
-    serve._run(encoder, _blocking=False, name=d.ENCODER_APP, route_prefix=None)
-    while True:
-        app = serve.status().applications.get(d.ENCODER_APP)
-        if app is not None and app.status == "RUNNING":
-            return
-        if app is not None and app.status == "DEPLOY_FAILED":
-            raise RuntimeError(f"the model replicas did not start: {app.message}")
-        time.sleep(0.2)
-
-
-def _stop_serving(ray, d, started_here: bool, shared_serve_started: bool) -> None:
-    """This server's applications deleted; Ray shut down when posfair started it, or else (a shared cluster) the
-    Serve instance, when this server started it and no other application runs on it now."""
-    from ray import serve
-
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
     try:
-        # drained, the gateway first: no new request reaches a replica being stopped
-        for app in (d.GATEWAY_APP, d.ENCODER_APP):
-            serve.delete(app)
-        if shared_serve_started and not serve.status().applications:
-            serve.shutdown()
+        with urllib.request.urlopen(_url(host, settings.port) + "/health", timeout=1) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+    except (OSError, ValueError):
+        return False
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return False  # Serve's own "not found" while the application deploys
+    return isinstance(body, dict) and ("error" in body or body.get("status") == "ok")
+
+
+def _watch(stop: threading.Event, on_note: Callable[[str], None]) -> None:
+    """Until ``stop``: every :data:`WATCH_PERIOD_S`, ask Ray's controller how the application is (in a helper
+    thread, waited for at most :data:`RAY_ANSWER_S`).  A change of health is noted; Ray not answering twice in a
+    row is a :class:`ServerFailed` (a killed raylet or GCS: the process then exits with one line, not hangs)."""
+    from posfair.serve.deployments import APP
+
+    last, silent = "RUNNING", 0
+    while not stop.wait(WATCH_PERIOD_S):
+        box: dict[str, Any] = {}
+
+        def ask(box=box) -> None:
+            from ray import serve
+
+            try:
+                app = serve.status().applications.get(APP)
+                status = getattr(app.status, "value", app.status) if app is not None else "DELETED"
+                box["status"] = (str(status), app.message if app is not None else "")
+            except Exception as exc:  # noqa: BLE001 -- Ray not answering
+                box["error"] = exc
+
+        t = threading.Thread(target=ask, daemon=True, name="posfair-serve-watch")
+        t.start()
+        t.join(RAY_ANSWER_S)
+        if "status" not in box:
+            silent += 1
+            if silent >= 2:
+                why = _one_line(box["error"]) if "error" in box else f"no answer in {RAY_ANSWER_S:g} s"
+                raise ServerFailed(f"the server's Ray instance failed ({why}); the server cannot serve")
+            continue
+        silent = 0
+        status, message = box["status"]
+        if status != last:
+            if status == "RUNNING":
+                on_note("the model replicas are healthy again")
+            elif status == "DELETED":
+                raise ServerFailed("the server's application was deleted from Ray Serve (serve shutdown / delete)")
+            else:
+                on_note(f"the model replicas are not healthy ({status}): {_one_line(message) or 'Serve replaces them'}")
+            last = status
+
+
+def unfinished() -> bool:
+    """Whether the last server's stop did not finish in time (Ray hung): the process should end with
+    ``os._exit`` after its last line, as Ray's exit hooks would hang too."""
+    return _UNFINISHED
+
+
+def _stop_within(state: _Start, timeout: float) -> bool:
+    """Drain the gateway, delete the application (a shared cluster) and shut Ray down (a local instance), in a
+    helper thread, waited for at most ``timeout`` seconds: a Ray that died first (SIGTERM to the whole process
+    group, as service managers send it) does not keep the process from ending."""
+    t = threading.Thread(target=_stop_serving, args=(state,), daemon=True, name="posfair-serve-stop")
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        logger.warning("Ray did not stop within %g s; the server ends without it", timeout)
+        return False
+    return True
+
+
+def _stop_serving(state: _Start) -> None:
+    """This server's application drained and deleted; Ray shut down when posfair started it, or else (a shared
+    cluster) the Serve instance, when this server started it and no other application runs on it now."""
+    import ray
+    from ray import serve
+
+    from posfair.serve.deployments import APP
+
+    local = state.settings.ray_address in (None, "local")
+    while not state.connected.is_set() and not state.done.is_set():  # Ray starting: stop it once started
+        state.done.wait(0.1)
+    if not state.connected.is_set():
+        return
+    try:
+        if state.proxy_up.is_set():
+            try:  # new requests get 503 "stopping" while those in flight finish
+                serve.get_app_handle(APP).drain.remote(10.0).result(timeout_s=12)
+            except Exception:  # noqa: BLE001 -- not deployed (yet), or Ray gone: nothing to drain
+                pass
+        if not state.started_here:
+            serve.delete(APP)
+            if state.serve_started and not local and not serve.status().applications:
+                serve.shutdown()
+    except Exception:  # noqa: BLE001 -- a Ray that failed: shut down below regardless
+        logger.debug("stopping the application failed", exc_info=True)
     finally:
-        if started_here:
+        if state.started_here:
             gc.collect()  # as posfair embed: Ray objects in reference cycles are collected while Ray is alive
             ray.shutdown()
+
+
+def _one_line(exc: Any) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else (type(exc).__name__ if isinstance(exc, BaseException) else "")
+
+
+def _deploy_failure(exc: BaseException, settings: ServerSettings) -> str:
+    """One line for a failed deployment: a port taken since the command checked it, or the replicas' own error."""
+    text = str(exc)
+    if "bind" in text.lower() and ("address already in use" in text.lower() or "failed to bind" in text.lower()):
+        return f"--port {settings.port}: cannot listen on {settings.host}:{settings.port} (Address already in use)"
+    return f"the server's application did not start: {_one_line(text)}"
+
+
+def _limits_hint() -> str:
+    """A word on the process limits that keep Ray from starting, where they are set low."""
+    import resource
+
+    hints = []
+    vmem = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if vmem != resource.RLIM_INFINITY:
+        hints.append(f"a virtual memory limit of {vmem // 2**20} MiB is set (ulimit -v); Ray needs it unset")
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if files != resource.RLIM_INFINITY and files < 1024:
+        hints.append(f"only {files} open files are allowed (ulimit -n); Ray needs 1024 or more")
+    return f" ({'; '.join(hints)})" if hints else ""
