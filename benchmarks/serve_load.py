@@ -8,12 +8,17 @@ the bundled corpus (one text per request, as a search engine embeds its queries 
                requests from C client threads at once (C = 1, 8, 32), each request one text, base64 vectors:
                throughput (texts/s) and p50 / p99 latency per request, stock and (at C=32) calibrated
 
+  head of line one request of ``--big`` texts (2,048 by default, OpenAI's most) and, starting 1 s after it, small
+               requests (one text each, one at a time) until it is answered: their p50 / p99 latency, against the
+               same small requests on an idle server (the server sends a long request to its replica in parts of
+               64 texts, so small requests are batched between the parts instead of waiting for all of it)
+
 and prints the ratios the issue targets: server at C=32 / in-process (stock; target >= 0.8 on 2 CPU cores) and
 calibrated / stock through the server at C=32 (target <= 1.1 in time).  Every answer's vector is checked against
 the in-process one (max abs diff <= 1e-5).
 
-    python benchmarks/serve_load.py                   # 192 texts, ~3 min on 2 idle cores
-    python benchmarks/serve_load.py --texts 64
+    python benchmarks/serve_load.py                   # 192 texts, a 2,048-text request: ~8 min on 2 idle cores
+    python benchmarks/serve_load.py --texts 64 --big 256
 """
 
 from __future__ import annotations
@@ -81,12 +86,44 @@ def load(url: str, name: str, texts: list[str], concurrency: int, **fields) -> t
     return wall, [a[0] for a in answers], np.stack([a[1] for a in answers])
 
 
+def head_of_line(url: str, name: str, texts: list[str], big: int) -> tuple[list[float], list[float], float]:
+    """(small-request latencies on the idle server, the same while one request of ``big`` texts runs, its seconds)."""
+    import threading
+
+    small = {"model": name, "input": "a short query about positional bias", "encoding_format": "base64"}
+    idle = [post(url + "/v1/embeddings", small)[0] for _ in range(16)]
+    payload = {"model": name, "input": [texts[i % len(texts)] for i in range(big)], "encoding_format": "base64"}
+    box: dict = {}
+
+    def send_big() -> None:
+        req = urllib.request.Request(
+            url + "/v1/embeddings", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+        )
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            body = json.loads(r.read())
+        box["seconds"], box["n"] = time.perf_counter() - t0, len(body["data"])
+
+    sender = threading.Thread(target=send_big)
+    sender.start()
+    time.sleep(1.0)
+    during = []
+    while sender.is_alive():
+        during.append(post(url + "/v1/embeddings", small)[0])
+    sender.join()
+    assert box.get("n") == big, box
+    return idle, during, box["seconds"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bundled")
     ap.add_argument("--max-seq-length", type=int, default=512)
     ap.add_argument("--texts", type=int, default=192, help="texts per measured load (C=1 runs a third of them)")
     ap.add_argument("--max-batch-tokens", type=int, default=None, help="the server's --max-batch-tokens (its default)")
+    ap.add_argument(
+        "--big", type=int, default=2048, help="texts of the long request of the head-of-line load (0: none)"
+    )
     args = ap.parse_args()
 
     import posfair
@@ -132,6 +169,7 @@ def main() -> None:
             rows[c] = (len(part) / wall, np.percentile(lat, 50), np.percentile(lat, 99), diff)
         wall_cal, lat_cal, vecs_cal = load(url, args.model, texts, 32)
         diff_cal = float(np.abs(vecs_cal - ref_cal).max())
+        hol = head_of_line(url, args.model, texts, args.big) if args.big else None
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
@@ -146,6 +184,12 @@ def main() -> None:
     print(f"server C=32 / in-process: {ratio:.2f}x (target >= 0.8)  {'met' if ratio >= 0.8 else 'NOT MET'}")
     print(f"calibrated / stock time through the server, C=32: {slow:.2f}x (target <= 1.1)  "
           f"{'met' if slow <= 1.1 else 'NOT MET'}")  # fmt: skip
+    if hol is not None:
+        idle, during, big_s = hol
+        print(f"head of line: one request of {args.big} texts took {big_s:.1f} s; meanwhile {len(during)} small "
+              f"requests: p50 {np.percentile(during, 50) * 1e3:.0f} ms, p99 {np.percentile(during, 99) * 1e3:.0f} ms, "
+              f"max {max(during) * 1e3:.0f} ms (idle server: p50 {np.percentile(idle, 50) * 1e3:.0f} ms, "
+              f"p99 {np.percentile(idle, 99) * 1e3:.0f} ms)")  # fmt: skip
     worst = max([r[3] for r in rows.values()] + [diff_cal])
     print(f"vectors: max abs diff to in-process {worst:.1e} ({'ok' if worst <= 1e-5 else 'OVER 1e-5'})")
 

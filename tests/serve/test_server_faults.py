@@ -1,0 +1,87 @@
+"""``posfair serve`` when Ray fails under it, and when a service manager stops the whole process group.
+
+Each test starts its own server (the command as a shell runs it, forked by tests/forked.py) on the seeded tiny BERT,
+waits for it to serve, then breaks its Ray instance: the process must end by itself within a bounded time, with one
+line saying why, never hang (issue 48, defects 5 and 6).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import urllib.request
+
+import pytest
+
+from forked import server
+from ray_sessions import session_of, session_processes, session_settles, sessions
+
+pytestmark = pytest.mark.timeout(300, method="thread")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tiny_model_path, tmp_path):
+    """A served tiny model: (run, session folder, url)."""
+    path, pooling = tiny_model_path("bert")
+    port = free_port()
+    before = sessions()
+    args = ["serve", "--model", str(path), "--pooling", pooling, "--max-seq-length", "64", "--port", str(port)]
+    run = server().start(args, tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while f"serving {path}" not in (run.out.read_text() if run.out.exists() else ""):
+        err = run.err.read_text() if run.err.exists() else ""
+        assert time.monotonic() < deadline and "error:" not in err, err[-2000:]
+        time.sleep(0.2)
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        assert r.status == 200
+    return run, session_of(run.pid, before), url
+
+
+def pids(session, kind: str) -> list[int]:
+    return [int(line.split()[0]) for line in session_processes(session, (kind,))]
+
+
+def test_a_killed_raylet_ends_the_server_with_one_line(tiny_model_path, tmp_path):
+    """Defect 6: kill -9 of the raylet left a process that neither served nor exited (and ignored SIGTERM). Now the
+    server notices Ray no longer answers and exits 1 within a minute, its last line one 'error:' naming Ray."""
+    run, session, _ = start(tiny_model_path, tmp_path)
+    (raylet,) = pids(session, "raylet/raylet")
+    t0 = time.monotonic()
+    os.kill(raylet, signal.SIGKILL)
+    try:
+        res = server().wait(run, timeout=90)
+    except Exception:
+        os.kill(run.pid, signal.SIGKILL)
+        raise
+    took = time.monotonic() - t0
+    assert res.returncode == 1 and took < 75, (res.returncode, took, res.stderr[-2000:])
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "Ray" in last, res.stderr[-2000:]
+    session_settles(session, timeout=30)
+
+
+def test_sigterm_to_the_whole_process_group_stops_cleanly(tiny_model_path, tmp_path):
+    """Defect 5: SIGTERM to the server's process group (systemd's control-group mode) reached Ray's GCS and raylet
+    first; posfair hung ~64 s and exited 1 without 'stopped'. Now: exit 0 and 'stopped' within the stop bound."""
+    run, session, _ = start(tiny_model_path, tmp_path)
+    group = [int(line.split()[0]) for line in session_processes(session)]  # every process of the server
+    assert run.pid in group and pids(session, "gcs_server") and pids(session, "raylet/raylet")
+    t0 = time.monotonic()
+    for pid in sorted(set(group) - {run.pid}) + [run.pid]:  # as kill -- -PGID delivers it: Ray's first, all at once
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    res = server().wait(run, timeout=90)
+    took = time.monotonic() - t0
+    assert res.returncode == 0 and res.stdout.rstrip().endswith("stopped"), (res.stdout, res.stderr[-2000:])
+    assert took < 40, took
+    assert not session_settles(session, timeout=30)
