@@ -145,6 +145,7 @@ def test_every_module_has_a_level():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_run_one_way(module):
     here = level(module)
+    assert here is not None, f"{module} has no level in LEVELS"
     upward = [f"{m} ({LEVELS[level(m)][0]})" for m in sorted(GRAPH[module]) if level(m) is not None and level(m) > here]
     assert upward == [], f"{module} ({LEVELS[here][0]}) imports upward"
     mine = area(module)

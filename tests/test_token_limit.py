@@ -158,10 +158,10 @@ def test_tuned_model_saved_at_the_tuning_limit_reproduces_its_test_split(tiny_mo
     # its spread reduction on the test split, with the paired interval over the test split's segment sets
     eff = res.test_effect
     s_spread, c_spread = res.trial(STOCK, TEST).metrics["spread"], res.trial(res.chosen, TEST).metrics["spread"]
-    assert eff["effect"] == pytest.approx(1 - c_spread / s_spread) and eff["effect_name"] == "removed"
-    assert eff["units"] == len(obj.split_sets(TEST)) and eff["unit"] == "segment sets" and eff["low"] <= eff["high"]
-    assert eff["verdict"] in summary_markdown(res)
-    assert res.headline()["test_score_effect"] == pytest.approx(eff["effect"])
+    assert eff.effect == pytest.approx(1 - c_spread / s_spread) and eff.effect_name == "removed"
+    assert eff.units == len(obj.split_sets(TEST)) and eff.unit == "segment sets" and eff.low <= eff.high
+    assert eff.verdict in summary_markdown(res)
+    assert res.headline()["test_score_effect"] == pytest.approx(eff.effect)
     reloaded = posfair.load_model(tmp_path / "saved")
     assert reloaded.max_seq_length == 160 and reloaded.calibration == res.chosen
     docs = [d for inst in obj.instances[TEST] for d in inst.documents]

@@ -46,10 +46,10 @@ def test_a_choice_that_breaks_the_constraint_on_test_is_said(tmp_path):
     assert res.chosen is not STOCK and res.chosen.strength == 1.0  # feasible on dev: recall unchanged there
     check = res.test_check
     stock, chosen = res.trial(STOCK, TEST).metrics["recall"], res.trial(res.chosen, TEST).metrics["recall"]
-    assert check["change"] == pytest.approx(chosen - stock) == pytest.approx(-0.10)
-    assert check["holds"] is False and check["limit"] == -0.02
-    assert check["low"] == pytest.approx(-0.10) and check["high"] == pytest.approx(-0.10)  # every unit lost the same
-    assert check["units"] == 40 and check["unit"] == "segment sets" and check["draws"] == CHECK_DRAWS
+    assert check.change == pytest.approx(chosen - stock) == pytest.approx(-0.10)
+    assert check.holds is False and check.limit == -0.02
+    assert check.low == pytest.approx(-0.10) and check.high == pytest.approx(-0.10)  # every unit lost the same
+    assert check.units == 40 and check.unit == "segment sets" and check.draws == CHECK_DRAWS
     assert "BROKEN" in summary_markdown(res) and "over 40 segment sets" in summary_markdown(res)
     saved = json.loads((tmp_path / "tune.json").read_text())
     assert saved["test_check"]["holds"] is False and saved["test_check"]["change"] == pytest.approx(-0.10)
@@ -64,12 +64,12 @@ def test_the_interval_against_the_normal_approximation():
         STOCK, TEST
     )
     m, se = diff.mean(), diff.std(ddof=1) / np.sqrt(len(diff))
-    assert check["change"] == pytest.approx(m)
-    assert check["low"] == pytest.approx(m - 1.96 * se, abs=0.25 * se) and check["high"] == pytest.approx(
+    assert check.change == pytest.approx(m)
+    assert check.low == pytest.approx(m - 1.96 * se, abs=0.25 * se) and check.high == pytest.approx(
         m + 1.96 * se, abs=0.25 * se
     )
-    assert check["holds"] is True  # mean change about 0
-    assert ("interval reaches beyond the limit" in check["verdict"]) == (check["low"] < -0.02)
+    assert check.holds is True  # mean change about 0
+    assert ("interval reaches beyond the limit" in check.verdict) == (check.low < -0.02)
 
 
 def test_the_dev_choice_and_the_test_check_use_one_rule():
@@ -78,7 +78,7 @@ def test_the_dev_choice_and_the_test_check_use_one_rule():
     f = res.frame(DEV)
     stock = res.trial(STOCK, DEV).metrics["recall"]
     assert (f["feasible"] == [meets_constraint(g, stock, 0.02) for g in f["recall"]]).all()
-    assert res.test_check["holds"] is True and "the constraint holds" in res.test_check["verdict"]
+    assert res.test_check.holds is True and "the constraint holds" in res.test_check.verdict
 
 
 def test_stock_chosen_needs_no_check():
@@ -145,7 +145,7 @@ def test_every_trial_carries_its_interval_and_the_constraint_judged_on_it(tmp_pa
     assert "on interval" in cells.columns and cells.filter(like="[95 %]").shape[1] == 1
     # units needed for ±0.02: (1.96 sd / 0.02)^2 with sd of the test split's paired differences
     d = (obj.guard_units(res.chosen, TEST) - obj.guard_units(STOCK, TEST)).to_numpy()
-    assert res.test_check["units_needed"] == int(np.ceil((1.959963984540054 * d.std(ddof=1) / 0.02) ** 2))
+    assert res.test_check.units_needed == int(np.ceil((1.959963984540054 * d.std(ddof=1) / 0.02) ** 2))
 
 
 def test_per_unit_scores_without_their_reader_are_refused_by_name():
@@ -166,5 +166,28 @@ def test_per_unit_scores_without_their_reader_are_refused_by_name():
     with pytest.raises(TypeError, match="Units gives score_units but must define score_effect"):
         score_effect_interval(Units(lambda c, s: {"score": 1.0, "guard": 1.0}), cal, TEST)
     got = score_effect_interval(Reads(lambda c, s: {"score": 1.0, "guard": 1.0}), cal, TEST)
-    assert got["units"] == 3 and 0.25 <= got["low"] <= 0.5 <= got["high"] <= 0.75
+    assert got.units == 3 and 0.25 <= got.low <= 0.5 <= got.high <= 0.75
     assert score_effect_interval(Reads(lambda c, s: {}), STOCK, TEST) is None
+
+
+def test_the_verdicts_are_typed_values_and_tune_json_keeps_flat_records(tmp_path):
+    """The test check, the test effect and every trial's intervals are frozen dataclasses (fields, not dict keys
+    read by name across modules); tune.json writes them as the flat records it always held."""
+    from dataclasses import FrozenInstanceError
+
+    from posfair.tuning.verdicts import ChosenEffect, ConstraintCheck, TrialInterval
+
+    with pytest.warns(ConstraintWarning):
+        res = run_search(UnitObjective(test_drop=0.10), SPACE, max_drop=0.02, results_path=tmp_path / "tune.json")
+    check = res.test_check
+    assert isinstance(check, ConstraintCheck) and check.holds is False and "BROKEN" in check.verdict
+    with pytest.raises(FrozenInstanceError):
+        check.holds = True
+    assert res.intervals and all(isinstance(iv, TrialInterval) for iv in res.intervals.values())
+    assert res.test_effect is None or isinstance(res.test_effect, ChosenEffect)
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert set(saved["test_check"]) == {"guard", "stock", "chosen", "change", "limit", "holds", "low", "high", "units",
+                                        "unit", "units_needed", "draws", "seed", "verdict"}  # fmt: skip
+    assert saved["test_check"]["verdict"] == check.verdict and saved["test_check"]["units"] == check.units == 40
+    row = saved["intervals"][next(iter(res.intervals))]
+    assert {"guard_change", "guard_low", "guard_high", "units"} <= set(row)

@@ -79,9 +79,9 @@ def test_the_tuner_reports_the_slope_with_its_interval_and_direction(model, tmp_
             draws=CHECK_DRAWS,
             seed=CHECK_SEED,
         )
-        assert got["slope"] == pytest.approx(by_hand, abs=1e-12)
-        assert (got["slope_low"], got["slope_high"]) == pytest.approx((low, high), abs=1e-12)
-        assert got["direction"] == slope_direction(got["stock_slope"], low, high)
+        assert got.slope.slope == pytest.approx(by_hand, abs=1e-12)
+        assert (got.slope.slope_low, got.slope.slope_high) == pytest.approx((low, high), abs=1e-12)
+        assert got.slope.direction == slope_direction(got.slope.stock_slope, low, high)
     space = SearchSpace(basket_sizes=(4,), layer_sets=(1.0,), strengths=(1.0,), fine_rounds=0,
                         variants=("uniform", "special"), special_shares=("original",))  # fmt: skip
     res = tune(model, objective=obj, space=space, max_drop=1.0)  # each variant's best is evaluated on test too
@@ -90,26 +90,24 @@ def test_the_tuner_reports_the_slope_with_its_interval_and_direction(model, tmp_
         res.test_effect = chosen_test_effect(obj, res.trials, res.chosen, res.score)
     chosen = res.chosen
     want = score_effect_interval(obj, chosen, TEST)
-    e = res.test_effect
-    assert (e["slope"], e["slope_low"], e["slope_high"], e["direction"]) == (
-        pytest.approx(want["slope"]),
-        pytest.approx(want["slope_low"]),
-        pytest.approx(want["slope_high"]),
-        want["direction"],
+    e = res.test_effect.slope
+    assert (e.slope, e.slope_low, e.slope_high, e.direction) == (
+        pytest.approx(want.slope.slope),
+        pytest.approx(want.slope.slope_low),
+        pytest.approx(want.slope.slope_high),
+        want.slope.direction,
     )
-    assert e["stock_slope"] == pytest.approx(res.trial(STOCK, TEST).metrics["slope"], abs=1e-9)
+    assert e.stock_slope == pytest.approx(res.trial(STOCK, TEST).metrics["slope"], abs=1e-9)
     summary = summary_markdown(res)
-    assert f"Direction: its σ slope on position is {e['slope']:+.4f}" in summary
-    assert {"unresolved": "is unresolved", "as stock": "still leans", "reversed": "REVERSED"}[e["direction"]] in summary
+    assert f"Direction: its σ slope on position is {e.slope:+.4f}" in summary
+    assert {"unresolved": "is unresolved", "as stock": "still leans", "reversed": "REVERSED"}[e.direction] in summary
     cells = tuning_test_table(res).frame
     row = cells[cells["setting"] == res.chosen_label].iloc[0]
-    assert (
-        row["σ slope [95 %]"] == f"{e['slope']:+.4f} [{e['slope_low']:+.4f}, {e['slope_high']:+.4f}] {e['direction']}"
-    )
+    assert row["σ slope [95 %]"] == f"{e.slope:+.4f} [{e.slope_low:+.4f}, {e.slope_high:+.4f}] {e.direction}"
     head = res.headline()
-    assert head["test_slope_low"] == pytest.approx(e["slope_low"])
-    assert head["test_profile_reversed_beyond_noise"] == float(e["direction"] == "reversed")
+    assert head["test_slope_low"] == pytest.approx(e.slope_low)
+    assert head["test_profile_reversed_beyond_noise"] == float(e.direction == "reversed")
     # the sign-only sentence (item 4's "whether its sign flipped") says whether the flip is beyond noise
     text = res.test_reversal()
     if text is not None:
-        assert ("beyond noise" if e["direction"] == "reversed" else "within noise") in text
+        assert ("beyond noise" if e.direction == "reversed" else "within noise") in text

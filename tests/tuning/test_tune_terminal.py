@@ -15,7 +15,7 @@ from posfair.cli import app
 from posfair.tuning import SearchSpace, run_search, tune
 from posfair.tuning import verdicts as trials_mod
 from posfair.tuning.outputs import summary_text
-from posfair.tuning.verdicts import ConstraintWarning
+from posfair.tuning.verdicts import ConstraintWarning, ScoreEffect, SlopeInterval
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tests.tuning.test_constraint_check import UnitObjective
@@ -59,13 +59,12 @@ def test_save_anyway_saves_a_failing_setting_and_a_passing_one_is_saved_without_
 def test_a_profile_reversed_beyond_noise_is_a_failure_and_its_spread_is_not_called_a_reduction(monkeypatch):
     res = run_search(UnitObjective(test_drop=0.0), SPACE, max_drop=0.02)
     assert res.chosen is not STOCK and res.failures() == []
-    reversed_ = {"effect": 0.64, "low": 0.48, "high": 0.73, "units": 5, "stock_slope": -0.045, "slope": 0.0067,
-                 "slope_low": 0.0003, "slope_high": 0.0101, "direction": "reversed"}  # fmt: skip
-    monkeypatch.setattr(trials_mod, "score_effect_interval", lambda obj, cal, split: dict(reversed_))
+    reversed_ = ScoreEffect(0.64, 0.48, 0.73, 5, SlopeInterval(-0.045, 0.0067, 0.0003, 0.0101, "reversed"))
+    monkeypatch.setattr(trials_mod, "score_effect_interval", lambda obj, cal, split: reversed_)
     obj = UnitObjective(test_drop=0.0)
     obj.effect, obj.format_effect = "removed", lambda v: f"{100 * v:.0f}%"
     effect = trials_mod.test_score_effect(obj, res.trials, res.chosen, res.score)
-    assert "the interval supports" not in effect["verdict"] and "not a reduction of bias" in effect["verdict"]
+    assert "the interval supports" not in effect.verdict and "not a reduction of bias" in effect.verdict
     res.test_effect = effect
     assert res.failures() == [
         "the σ profile is reversed beyond noise: slope on position +0.0067 [95 % interval +0.0003, +0.0101], "
@@ -98,7 +97,6 @@ def test_the_test_split_check_speaks_in_points_as_max_recall_drop_does():
     """--max-recall-drop 2 is in points; the verdict says the change and the limit in points too (not 0-1)."""
     with pytest.warns(ConstraintWarning):
         res = run_search(UnitObjective(test_drop=0.10), SPACE, max_drop=0.02)
-    assert (
-        "recall changed by -10.0 points [95 % interval -10.0, -10.0 over 40 segment sets], limit -2.0"
-        in (res.test_check["verdict"])
+    assert "recall changed by -10.0 points [95 % interval -10.0, -10.0 over 40 segment sets], limit -2.0" in (
+        res.test_check.verdict
     )

@@ -367,18 +367,18 @@ def test_the_retrieval_tuner_gives_harm_changes_with_intervals(model, tmp_path):
         for t in res.trials:
             if t.split != split or t.stock:
                 continue
-            iv = res.intervals[f"{split}:{t.key}"]
-            assert iv["effect"] == pytest.approx(t.metrics["harm"] - stock, abs=1e-12)
+            iv = res.intervals[f"{split}:{t.key}"].effect
+            assert iv.effect == pytest.approx(t.metrics["harm"] - stock, abs=1e-12)
             groups = obj.score_units(t.calibration, split)
-            assert sum(len(g) for g in groups) == iv["units"] == len(obj.splits[split].query_ids)
+            assert sum(len(g) for g in groups) == iv.units == len(obj.splits[split].query_ids)
             low, high = grouped_interval(groups, harm_change)
-            assert (iv["effect_low"], iv["effect_high"]) == pytest.approx((low, high)) and low <= iv["effect"] <= high
+            assert (iv.low, iv.high) == pytest.approx((low, high)) and low <= iv.effect <= high
     if res.chosen is STOCK:  # the tiny random model may keep stock: the effect of the variant's best, tested too
         res = dataclasses.replace(res, chosen=res.variant_best["uniform"])
         res.test_effect = test_score_effect(obj, res.trials, res.chosen, res.score)
     eff = res.test_effect
-    assert eff["effect_name"] == "Δharm" and eff["effect"] == pytest.approx(eff["chosen"] - eff["stock"])
-    assert f"changes harm by {100 * eff['effect']:+.2f}" in eff["verdict"] and eff["unit"] == "queries"
-    assert res.headline()["test_score_effect"] == pytest.approx(eff["effect"])
+    assert eff.effect_name == "Δharm" and eff.effect == pytest.approx(eff.chosen - eff.stock)
+    assert f"changes harm by {100 * eff.effect:+.2f}" in eff.verdict and eff.unit == "queries"
+    assert res.headline()["test_score_effect"] == pytest.approx(eff.effect)
     cells = test_table(res).frame
     assert "Δharm [95 %]" in cells.columns and "removed [95 %]" not in cells.columns

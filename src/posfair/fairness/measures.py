@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from posfair.encoding import l2_normalize
 from posfair.spans import contextualised_segments
 
 __all__ = [
+    "Direction",
     "rowwise_cosine",
     "contextualised_segments",
     "fidelity_measures",
@@ -130,7 +132,11 @@ def sets_slope(groups: Sequence[np.ndarray], column: int) -> float:
 DIRECTIONS = ("as stock", "unresolved", "reversed")
 
 
-def slope_direction(stock_slope: float, low: float, high: float) -> str:
+#: which way a calibrated σ profile leans against stock's, judged on its slope's interval (:func:`slope_direction`)
+Direction = Literal["as stock", "unresolved", "reversed"]
+
+
+def slope_direction(stock_slope: float, low: float, high: float) -> Direction:
     """Which way a calibrated σ profile leans, judged on its slope's interval ``[low, high]`` against the sign
     of stock's slope: ``"reversed"`` when the whole interval lies on the other side of zero (bias the other
     way, beyond noise), ``"as stock"`` when it lies on stock's side, ``"unresolved"`` when it includes zero

@@ -275,10 +275,10 @@ def summary_markdown(result: TuneResult) -> str:
     if len(result.fronts) > 1:
         lines.insert(5, to_markdown(variants_table(result)))
     s, c = test["stock"], test["chosen"]
-    check = "" if result.test_check is None else f" Constraint: {result.test_check['verdict']}."
-    effect = "" if result.test_effect is None else f" Score: {result.test_effect['verdict']}."
-    if result.test_effect is not None and "direction_text" in result.test_effect:
-        effect += f" Direction: {result.test_effect['direction_text']}."
+    check = "" if result.test_check is None else f" Constraint: {result.test_check.verdict}."
+    effect = "" if result.test_effect is None else f" Score: {result.test_effect.verdict}."
+    if result.test_effect is not None and result.test_effect.direction_text is not None:
+        effect += f" Direction: {result.test_effect.direction_text}."
     lines[3:3] = [
         "",
         f"Held-out test split, stock -> chosen: {result.score} {s[result.score]:.3f} -> {c[result.score]:.3f}, "
@@ -319,11 +319,10 @@ def summary_text(result: TuneResult, out_dir: str | Path | None = None) -> str:
             f"held-out test split, stock -> chosen: {name(result.score)} {s[result.score]:.3f} -> "
             f"{c[result.score]:.3f}, {name(result.guard)} {s[result.guard]:.3f} -> {c[result.guard]:.3f}"
         )
-        for key, what in (("test_check", "constraint"), ("test_effect", "score")):
-            verdict = (getattr(result, key) or {}).get("verdict")
-            if verdict:
-                lines.append(f"{what}: {verdict.removeprefix('on the held-out test split ')}")
-        direction = (result.test_effect or {}).get("direction_text")
+        for got, what in ((result.test_check, "constraint"), (result.test_effect, "score")):
+            if got is not None:
+                lines.append(f"{what}: {got.verdict.removeprefix('on the held-out test split ')}")
+        direction = None if result.test_effect is None else result.test_effect.direction_text
         if direction:
             lines.append(f"direction: {direction}")
     if result.skipped:

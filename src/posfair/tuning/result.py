@@ -17,7 +17,7 @@ from posfair.stats.intervals import (
 )
 from posfair.tuning.objectives import DEV, TEST
 from posfair.tuning.space import Trial, find_trial
-from posfair.tuning.verdicts import meets_constraint
+from posfair.tuning.verdicts import ChosenEffect, ConstraintCheck, TrialInterval, meets_constraint
 
 __all__ = ["TuneResult"]
 
@@ -41,10 +41,11 @@ class TuneResult:
     #: each variant's best feasible dev setting (None: no feasible setting of that variant), evaluated on test
     variant_best: dict[str, Calibration | None] = field(default_factory=dict)
     #: the chosen setting's constraint on the test split (:func:`check_test_constraint`; None: stock chosen)
-    test_check: dict[str, Any] | None = None
-    test_effect: dict[str, Any] | None = None
+    test_check: ConstraintCheck | None = None
+    #: the chosen setting's effect on the score on the test split (:func:`test_score_effect`; None: stock chosen)
+    test_effect: ChosenEffect | None = None
     #: every calibrated trial's intervals, ``"<split>:<key>"`` -> :func:`trial_intervals`' row
-    intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    intervals: dict[str, TrialInterval] = field(default_factory=dict)
     #: what the intervals' score effect measures (:attr:`Objective.effect`: "removed", or a change such as "Δharm")
     effect: str = "removed"
     #: where :func:`posfair.tuning.tune` saved the tuned model (None: not asked, or refused: see ``save_refused``)
@@ -88,25 +89,24 @@ class TuneResult:
                 if share is not None:
                     out[f"{split}_chosen_calibrated_share"] = float(share)
         out["feasible"] = float(self.feasible)
-        if self.test_effect is not None:
-            out["test_score_effect"] = float(self.test_effect["effect"])
-            out["test_score_effect_low"] = float(self.test_effect["low"])
-            out["test_score_effect_high"] = float(self.test_effect["high"])
-            if "slope_low" in self.test_effect:
-                out["test_slope_low"] = float(self.test_effect["slope_low"])
-                out["test_slope_high"] = float(self.test_effect["slope_high"])
-                out["test_profile_reversed_beyond_noise"] = float(self.test_effect["direction"] == "reversed")
+        e = self.test_effect
+        if e is not None:
+            out["test_score_effect"] = float(e.effect)
+            out["test_score_effect_low"] = float(e.low)
+            out["test_score_effect_high"] = float(e.high)
+            if e.slope is not None:
+                out["test_slope_low"] = float(e.slope.slope_low)
+                out["test_slope_high"] = float(e.slope.slope_high)
+                out["test_profile_reversed_beyond_noise"] = float(e.reversed)
         if self.test_reversal() is not None:
             out["test_profile_reversed"] = 1.0
         out["skipped"] = float(len(self.skipped))
-        if self.test_check is not None:
-            out["test_constraint_holds"] = float(self.test_check["holds"])
-            out["test_guard_change"] = float(self.test_check["change"])
-            if self.test_check["low"] is not None:
-                out["test_guard_change_low"], out["test_guard_change_high"] = (
-                    float(self.test_check["low"]),
-                    float(self.test_check["high"]),
-                )
+        c = self.test_check
+        if c is not None:
+            out["test_constraint_holds"] = float(c.holds)
+            out["test_guard_change"] = float(c.change)
+            if c.low is not None:
+                out["test_guard_change_low"], out["test_guard_change_high"] = float(c.low), float(c.high)
         return out
 
     def frame(self, split: str = DEV) -> pd.DataFrame:
@@ -128,7 +128,8 @@ class TuneResult:
                 "calibrated_share": np.nan if t.calibrated_share is None else t.calibrated_share,
                 **t.metrics,
             }
-            iv = self.intervals.get(f"{split}:{t.key}", {})
+            got = self.intervals.get(f"{split}:{t.key}")
+            iv = {} if got is None else got.to_dict()
             for k in ("guard_change", "guard_low", "guard_high", "effect", "effect_low", "effect_high"):
                 row[k] = iv.get(k, np.nan)
             if "direction" in iv:
@@ -157,10 +158,10 @@ class TuneResult:
             "skipped": [t.to_dict() for t in self.skipped],
             "fronts": {v: [t.label for t in f] for v, f in self.fronts.items()},
             "variant_best": {v: (c.label() if c is not None else None) for v, c in self.variant_best.items()},
-            "test_check": self.test_check,
-            "test_effect": self.test_effect,
+            "test_check": None if self.test_check is None else self.test_check.to_dict(),
+            "test_effect": None if self.test_effect is None else self.test_effect.to_dict(),
             "test_reversal": self.test_reversal(),
-            "intervals": self.intervals,
+            "intervals": {key: iv.to_dict() for key, iv in self.intervals.items()},
             "effect": self.effect,
         }
 
@@ -169,18 +170,18 @@ class TuneResult:
         or stock was chosen): the constraint broken on the point estimate, the σ profile reversed beyond noise."""
         out = []
         c = self.test_check
-        if c is not None and not c["holds"]:
-            name = {"recall": "recall@n", "ndcg@10": "nDCG@10"}.get(c["guard"], c["guard"])
-            interval = "" if c["low"] is None else f" [95 % interval {100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+        if c is not None and not c.holds:
+            name = {"recall": "recall@n", "ndcg@10": "nDCG@10"}.get(c.guard, c.guard)
+            interval = "" if c.low is None else f" [95 % interval {100 * c.low:+.1f}, {100 * c.high:+.1f}]"
             out.append(
-                f"the constraint is broken: {name} changed by {100 * c['change']:+.1f} points{interval}, "
-                f"the limit is {100 * c['limit']:+.1f}"
+                f"the constraint is broken: {name} changed by {100 * c.change:+.1f} points{interval}, "
+                f"the limit is {100 * c.limit:+.1f}"
             )
-        if (self.test_effect or {}).get("direction") == "reversed":
-            e = self.test_effect
+        if self.test_effect is not None and self.test_effect.reversed:
+            s = self.test_effect.slope
             out.append(
-                f"the σ profile is reversed beyond noise: slope on position {e['slope']:+.4f} [95 % interval "
-                f"{e['slope_low']:+.4f}, {e['slope_high']:+.4f}], stock's {e['stock_slope']:+.4f} (bias the other way)"
+                f"the σ profile is reversed beyond noise: slope on position {s.slope:+.4f} [95 % interval "
+                f"{s.slope_low:+.4f}, {s.slope_high:+.4f}], stock's {s.stock_slope:+.4f} (bias the other way)"
             )
         return out
 
@@ -192,8 +193,8 @@ class TuneResult:
         if s is None or c is None:
             return None
         text = reversal_text(s, c, f"on the held-out test split the chosen {self.chosen_label}")
-        e = self.test_effect or {}
-        if text is not None and "direction" in e:
-            judged = "the reversal is beyond noise" if e["direction"] == "reversed" else "a sign flip within noise"
-            text += f" (the slope's 95 % interval is {e['slope_low']:+.4f}, {e['slope_high']:+.4f}: {judged})"
+        s = None if self.test_effect is None else self.test_effect.slope
+        if text is not None and s is not None:
+            judged = "the reversal is beyond noise" if s.direction == "reversed" else "a sign flip within noise"
+            text += f" (the slope's 95 % interval is {s.slope_low:+.4f}, {s.slope_high:+.4f}: {judged})"
         return text

@@ -331,12 +331,12 @@ def run_search(
         result.test_check = check_test_constraint(objective, result.trials, result.chosen, result.guard, max_drop)
         result.test_effect = test_score_effect(objective, result.trials, result.chosen, result.score)
         if result.test_effect is not None:
-            search.say(result.test_effect["verdict"])
+            search.say(result.test_effect.verdict)
         if result.test_check is not None:
-            search.say(result.test_check["verdict"])
-            if not result.test_check["holds"]:
+            search.say(result.test_check.verdict)
+            if not result.test_check.holds:
                 warnings.warn(
-                    f"{result.chosen_label}: {result.test_check['verdict']}",
+                    f"{result.chosen_label}: {result.test_check.verdict}",
                     ConstraintWarning,
                     stacklevel=user_stacklevel(),
                 )
