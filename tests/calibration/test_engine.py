@@ -77,7 +77,7 @@ def test_registry_and_fallback_paths_agree(tiny_model, tiny_model_path, arch):
         other = _fresh(tiny_model_path, arch)
         tm = other.transformer_module
         tm.auto_model.set_attn_implementation("sdpa")
-        tm._posfair_mode, tm._attention_modules = None, None  # probe again: now the fallback
+        tm.reprobe()  # probe again: now the fallback
     else:
         other = _fresh(tiny_model_path, arch, attn_implementation="eager")
         assert other.transformer_module.auto_model.config._attn_implementation == "eager"

@@ -55,7 +55,7 @@ def load_with(tiny_model_path, cls, **kw):
     model = posfair.load_model(path, pooling=pooling)
     for layer in model.transformer_module.auto_model.encoder.layer:
         layer.attention.self = cls(layer.attention.self, **kw)
-    model.transformer_module._posfair_mode = None  # modules were swapped after loading: probe again
+    model.transformer_module.reprobe()  # modules were swapped after loading: probe again
     return model
 
 
@@ -145,3 +145,25 @@ def test_attention_profile_on_a_remote_code_model(remote_model, kind):
         assert {layer: len(r) for layer, r in got.items()} == {layer: 1 for layer in range(model.num_layers)}
     profile = attention_profile(model, TEXTS, basket_size=8, calibration=CAL, batch_size=2)
     assert profile.num_layers == model.num_layers
+
+
+def test_the_route_is_a_typed_state():
+    """Where a module stands in finding its attention route is a Route (not a string compared by spelling): a BERT
+    model probes to the registry on transformers 5.x; reprobe forgets it; a copy of a checked fallback goes back to
+    FALLBACK, its interception to be found again."""
+    import copy
+
+    import posfair
+    from posfair.calibration.backends import FALLBACK
+    from posfair.model.calibrated_transformer import Route
+    from posfair.model.compat import TRANSFORMERS_5
+
+    model = posfair.load_model()
+    tm = model.transformer_module
+    want = "fallback" if tm.backend_row.route(TRANSFORMERS_5) == FALLBACK else "registry"
+    assert tm.mechanism == want
+    assert tm.route is (Route.REGISTRY if want == "registry" else Route.FALLBACK_CHECKED)
+    tm.reprobe()
+    assert tm.route is Route.UNPROBED and tm.mechanism == want
+    tm._route = Route.FALLBACK_CHECKED  # as a checked fallback: its copy finds its interception again
+    assert copy.deepcopy(tm).route is Route.FALLBACK

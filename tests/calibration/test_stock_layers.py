@@ -117,10 +117,9 @@ def test_a_models_first_forward_pass_may_be_inside_the_block(remote_model_path):
     fresh = [posfair.load_model(remote_model_path("sdpa"), trust_remote_code=True, pooling="mean") for _ in range(2)]
     full = {c: fresh[0].encode(TEXTS, calibration=c, batch_size=BATCH) for c in (STOCK, HALF)}
     model = fresh[1]
-    assert model.transformer_module._posfair_mode in (
-        None,
-        "fallback",
-    )  # not probed yet ("checked-fallback" once it is)
+    from posfair.model.calibrated_transformer import Route
+
+    assert model.transformer_module.route in (Route.UNPROBED, Route.FALLBACK)  # not probed yet (FALLBACK_CHECKED once)
     with model.sharing_stock_layers([HALF]) as share:
         np.testing.assert_array_equal(model.encode(TEXTS, calibration=STOCK, batch_size=BATCH), full[STOCK])
         np.testing.assert_array_equal(model.encode(TEXTS, calibration=HALF, batch_size=BATCH), full[HALF])

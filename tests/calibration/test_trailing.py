@@ -235,7 +235,7 @@ def test_intercepted_sdpa_fallback_matches_the_registry(tiny_model, tiny_model_p
     other = posfair.load_model(path, pooling=pooling)
     tm = other.transformer_module
     tm.auto_model.set_attn_implementation("sdpa")
-    tm._posfair_mode, tm._attention_modules = None, None  # probe again: now the fallback
+    tm.reprobe()  # probe again: now the fallback
     texts = _texts(8)
     for policy in ("merge", "weighted"):
         cal = Calibration(basket_size=8, layers=0.5, strength=1.0, trailing=policy)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -48,6 +49,8 @@ from posfair.model.compat import Transformer
 __all__ = [
     "CalibratedTransformer",
     "MODULE_CLASSES",
+    "Mechanism",
+    "Route",
     "attention_recording",
     "calibration_override",
     "effective_calibration",
@@ -108,6 +111,23 @@ def _num_layers(config) -> int:
     raise TypeError(f"cannot tell how many layers {type(config).__name__} has (no num_hidden_layers)")
 
 
+#: how calibration reaches a model's attention: transformers' attention registry, or the fallback interception
+Mechanism = Literal["registry", "fallback"]
+
+
+class Route(enum.Enum):
+    """Where a :class:`CalibratedTransformer` stands in finding its attention route: ``UNPROBED`` (its first use
+    probes: the registry if a forward pass sees every layer through it, else the fallback) -> ``REGISTRY``; or
+    ``FALLBACK`` (known from the table of backends, or a model that cannot switch; the interception not installed
+    yet) -> ``FALLBACK_CHECKED`` (installed, and a probe saw every layer through it).  A copy (pickle, deepcopy)
+    of a checked fallback goes back to ``FALLBACK``: its modules are its own to find again."""
+
+    UNPROBED = enum.auto()
+    REGISTRY = enum.auto()
+    FALLBACK = enum.auto()
+    FALLBACK_CHECKED = enum.auto()
+
+
 class CalibratedTransformer(Transformer):
     """A sentence-transformers ``Transformer`` whose attention can be calibrated.
 
@@ -147,7 +167,7 @@ class CalibratedTransformer(Transformer):
             STOCK if calibration is None else check_choice(calibration, model_default=False)
         )
         self.posfair_pooling = pooling
-        self._posfair_mode: str | None = None
+        self._route = Route.UNPROBED
         self._resolved: dict[Calibration, ResolvedCalibration] = {}
         self._attention_modules = None
         att.register()
@@ -157,15 +177,15 @@ class CalibratedTransformer(Transformer):
         if base in (att.ATTN_SDPA, att.ATTN_EAGER):
             return  # already posfair's (a calibrated folder): the probe tells the route it takes
         if self.backend_row.route(compat.TRANSFORMERS_5) == backends.FALLBACK:  # the table of backends says so
-            self._posfair_mode = "fallback"
+            self._route = Route.FALLBACK
             return
         try:
             compat.set_attn_implementation(model, att.ATTN_SDPA)
         except Exception:  # a model of no row that cannot switch (remote code, ...): the fallback interception
-            self._posfair_mode = "fallback"
+            self._route = Route.FALLBACK
             return
         if getattr(model.config, "_attn_implementation", None) != att.ATTN_SDPA:
-            self._posfair_mode = "fallback"
+            self._route = Route.FALLBACK
 
     def _refresh_identity(self) -> None:
         """The config objects of this model's modules: the attention function acts only on these."""
@@ -177,9 +197,18 @@ class CalibratedTransformer(Transformer):
     def __setstate__(self, state: dict) -> None:  # unpickled / deep-copied: new config objects
         super().__setstate__(state)
         self._refresh_identity()
-        if self._posfair_mode == "checked-fallback":
-            self._posfair_mode = "fallback"
+        if self._route is Route.FALLBACK_CHECKED:  # the interception's modules are this copy's to find again
+            self._route = Route.FALLBACK
         self._attention_modules = None
+
+    @property
+    def route(self) -> Route:
+        """Where this module stands in finding its attention route (:class:`Route`)."""
+        return self._route
+
+    def reprobe(self) -> None:
+        """Forget the route: the next use probes the model again (after its attention modules were swapped)."""
+        self._route, self._attention_modules = Route.UNPROBED, None
 
     @property
     def backend_row(self) -> backends.Backend:
@@ -221,20 +250,22 @@ class CalibratedTransformer(Transformer):
         dev = next(self.auto_model.parameters()).device
         return {k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
-    def _mode(self) -> str:
-        if self._posfair_mode == "registry" or self._posfair_mode == "checked-fallback":
-            return "registry" if self._posfair_mode == "registry" else "fallback"
+    def _mode(self) -> Mechanism:
+        if self._route is Route.REGISTRY:
+            return "registry"
+        if self._route is Route.FALLBACK_CHECKED:
+            return "fallback"
         model = self.auto_model
         inputs = self._probe_inputs()
         B, L = inputs["input_ids"].shape
         start, end = att.spans_from_mask(inputs.get("attention_mask"), B, L, inputs["input_ids"].device)
         every = frozenset(range(self.num_layers))
-        if self._posfair_mode is None:
+        if self._route is Route.UNPROBED:
             state = att.ForwardState(self._config_ids, start, end, pooling=self.posfair_pooling or "cls")
             with torch.no_grad(), att.forward_state(state):
                 model(**inputs)
             if every <= state.visited:
-                self._posfair_mode = "registry"
+                self._route = Route.REGISTRY
                 return "registry"
         # fallback: intercept softmax / SDPA inside each layer's attention module (posfair.calibration.fallback)
         modules = fallback.find_layer_attention_modules(model, self.num_layers)
@@ -253,11 +284,11 @@ class CalibratedTransformer(Transformer):
             model(**inputs)
         fallback.verify(state, type(model).__name__, probe=True)
         self._attention_modules = modules
-        self._posfair_mode = "checked-fallback"
+        self._route = Route.FALLBACK_CHECKED
         return "fallback"
 
     @property
-    def mechanism(self) -> str:
+    def mechanism(self) -> Mechanism:
         """ "registry" or "fallback": how calibration reaches this model's attention."""
         return self._mode()
 
