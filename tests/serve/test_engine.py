@@ -304,3 +304,14 @@ def test_a_text_of_only_control_characters_is_empty(text):
     with pytest.raises(ApiError) as err:
         parse_request(body(input=["ok", text]), "m")
     assert err.value.param == "input" and "input 1 is empty" in err.value.message
+
+
+def test_a_parts_refusal_is_said_of_the_whole_request():
+    """A long request goes to the replicas in parts (texts ordered by length): a part's refusal names the text by
+    its index in the request, and its count only as a lower bound."""
+    from posfair.serve.deployments import _renumber
+
+    chosen = list(range(100, 116))
+    said = _renumber("2 of 16 inputs are longer than the limit (first: input 3, 99 tokens)", chosen, 300)
+    assert said == "at least 2 of the request's 300 inputs are longer than the limit (one: input 103, 99 tokens)"
+    assert _renumber("input 0 is empty", [7, 8], 9) == "input 7 is empty"

@@ -78,8 +78,9 @@ PASSES_HEADER = "X-Posfair-Forward-Passes"
 READY_WAIT_S = 1.0
 #: the longest /health waits for a replica's answer once they are up
 HEALTH_TIMEOUT_S = 2.0
-#: texts one part of a request holds on its way to the replicas (a longer request goes in parts, one at a time)
-PART_TEXTS = 64
+#: texts one part of a request holds on its way to the replicas (a longer request goes in parts, one at a time;
+#: a request arriving meanwhile waits for at most one part)
+PART_TEXTS = 16
 #: texts one replica batch holds at most (requests arriving together; a part is never split)
 BATCH_TEXTS = 256
 
@@ -113,17 +114,19 @@ _RETRY = {"Retry-After": "1"}
 
 
 # defined before the deployments: Ray Serve takes their code with what it names at that point
-def _part(req: EmbeddingRequest, start: int, stop: int) -> EmbeddingRequest:
-    return EmbeddingRequest(
-        req.texts[start:stop], req.encoding_format, req.calibration, req.prompt_name, req.dimensions
-    )
+def _part(req: EmbeddingRequest, chosen: list[int]) -> EmbeddingRequest:
+    texts = tuple(req.texts[i] for i in chosen)
+    return EmbeddingRequest(texts, req.encoding_format, req.calibration, req.prompt_name, req.dimensions)
 
 
-def _shift_index(message: str, start: int) -> str:
-    """A part's message ``input K ...`` renumbered to the whole request's index."""
-    head, _, rest = message.partition(" ")
-    number, _, tail = rest.partition(" ")
-    return f"{head} {int(number) + start} {tail}" if number.isdigit() else message
+def _renumber(message: str, chosen: list[int], total: int) -> str:
+    """A part's message ``N of M inputs ... (first: input K, ...)`` or ``input K ...`` said of the whole request:
+    K the text's index in the request, the count a lower bound (the parts after it are not checked)."""
+    import re
+
+    message = re.sub(r"\b(\d+) of \d+ inputs are", rf"at least \1 of the request's {total} inputs are", message)
+    message = message.replace("(first: input", "(one: input")
+    return re.sub(r"\binput (\d+)", lambda m: f"input {chosen[int(m.group(1))]}", message)
 
 
 @serve.deployment(
@@ -238,20 +241,25 @@ class Gateway:
             raise _unavailable("the server is overloaded; retry") from None
 
     async def _embed(self, req: EmbeddingRequest) -> Answer:
-        """A request's answer, its texts sent in parts of at most :data:`PART_TEXTS`, one part at a time (a part's
-        refusal is the request's: the first one stops it)."""
+        """A request's answer, its texts sent in parts of at most :data:`PART_TEXTS`, one part at a time: the texts
+        ordered by length first (each part's texts of about one length: little padding), the vectors put back in
+        the request's order.  A part's refusal is the request's (the first one stops it)."""
         if len(req.texts) <= PART_TEXTS:
             return await self._call("embed", req)
+        order = sorted(range(len(req.texts)), key=lambda i: len(req.texts[i]))
         parts = []
-        for start in range(0, len(req.texts), PART_TEXTS):
-            part = await self._call("embed", _part(req, start, start + PART_TEXTS))
+        for start in range(0, len(order), PART_TEXTS):
+            chosen = order[start : start + PART_TEXTS]
+            part = await self._call("embed", _part(req, chosen))
             if part.error is not None:
-                if part.error["error"].get("message", "").startswith("input "):
-                    part.error["error"]["message"] = _shift_index(part.error["error"]["message"], start)
+                message = part.error["error"].get("message", "")
+                part.error["error"]["message"] = _renumber(message, chosen, len(order))
                 return part
             parts.append(part)
+        vectors = np.empty((len(order), parts[0].vectors.shape[1]), dtype=parts[0].vectors.dtype)
+        vectors[order] = np.concatenate([p.vectors for p in parts])
         return Answer(
-            np.concatenate([p.vectors for p in parts]),
+            vectors,
             sum(p.tokens for p in parts),
             sum(p.truncated for p in parts),
             short=sum(p.short for p in parts),
