@@ -158,17 +158,32 @@ def test_the_probe_finds_a_long_heading_a_clipped_marker_a_label_over_data_and_a
 
 
 def test_figure_labels_name_the_variant_as_the_command_line_does():
+    """A figure names a calibration by its fields (Calibration.figure_label), not by rewriting its label's text: the
+    prior without its digest, BOS and EOS isolated with one share as special=SHARE; two settings whose short names
+    agree keep their whole labels."""
+    from posfair import Calibration
+    from posfair.calibration import STOCK
+    from posfair.calibration.positional_prior import PositionalPrior
     from posfair.report.plots import display_labels, relabel
 
-    names = display_labels(["stock", "B16-L0.5-a1-prior20x6.679b15", "B16-L0.5-a1-bos1-eos1-eworiginal",
-                            "B16-L0.5-a1-bos1-eos1-bw0.1-ew0.1", "B64-L1-a1-self0.5"])  # fmt: skip
-    assert names == {"stock": "stock", "B16-L0.5-a1-prior20x6.679b15": "B16-L0.5-a1-prior",
+    cals = [STOCK, Calibration(basket_size=16, layers=0.5, strength=1.0, prior=PositionalPrior(values=((2.0, 1.0),))),
+            Calibration(basket_size=16, layers=0.5, strength=1.0, isolate_bos=True, isolate_eos=True,
+                        eos_weight="original"),
+            Calibration.parse("16,0.5,1,special=0.1"), Calibration.parse("64,1,1,self=0.5")]  # fmt: skip
+    names = display_labels({c.label(): c.figure_label() for c in cals})
+    prior_label = cals[1].label()
+    assert prior_label.startswith("B16-L0.5-a1-prior") and prior_label != "B16-L0.5-a1-prior"  # shape and digest
+    assert names == {"stock": "stock", prior_label: "B16-L0.5-a1-prior",
                      "B16-L0.5-a1-bos1-eos1-eworiginal": "B16-L0.5-a1-special=original",
                      "B16-L0.5-a1-bos1-eos1-bw0.1-ew0.1": "B16-L0.5-a1-special=0.1", "B64-L1-a1-self0.5": "B64-L1-a1-self0.5"}  # fmt: skip
     # two priors of one figure keep their digests: the short name would name both
-    two = display_labels(["B16-L1-a1-prior20x6.aaaaaa", "B16-L1-a1-prior20x6.bbbbbb"])
-    assert two == {x: x for x in two}
-    assert relabel("B16-L0.5-a1-prior20x6.679b15: baskets of 16", names) == "B16-L0.5-a1-prior: baskets of 16"
+    other = Calibration(basket_size=16, layers=0.5, strength=1.0, prior=PositionalPrior(values=((3.0, 1.0),)))
+    two = display_labels({c.label(): c.figure_label() for c in (cals[1], other)})
+    assert two == {x: x for x in two} and len(two) == 2
+    assert relabel(f"{prior_label}: baskets of 16", names) == "B16-L0.5-a1-prior: baskets of 16"
+    # isolated BOS and EOS with different shares are not one "special" setting
+    apart = Calibration(basket_size=16, layers=0.5, strength=1.0, isolate_bos=True, isolate_eos=True, bos_weight=0.1)
+    assert apart.figure_label() == apart.label()
 
 
 def test_the_chosen_label_hides_no_point_of_a_front_and_the_stock_star_is_whole():

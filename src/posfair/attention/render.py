@@ -36,7 +36,7 @@ from posfair.attention.profile import AttentionProfile
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, format_share
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
-from posfair.report.plots import LEGEND_ONLY, display_labels, finish, new_figure, save_figure
+from posfair.report.plots import LEGEND_ONLY, finish, new_figure, save_figure
 
 __all__ = [
     "plot_baskets",
@@ -70,8 +70,12 @@ def _colors(profiles: Sequence[AttentionProfile]) -> dict[str, str]:
 
 
 def _name(p: AttentionProfile) -> str:
-    """The profile's label as the figures name it (:func:`posfair.report.plots.display_labels`: no prior digest)."""
-    return display_labels([p.label]).get(p.label, p.label)
+    """The profile's label as the figures name it (:meth:`Calibration.figure_label`: no prior digest); a label the
+    caller chose, or stock's, as it is."""
+    if p.calibration is None:
+        return p.label
+    cal = Calibration.from_dict(p.calibration)
+    return cal.figure_label() if p.label == cal.label() else p.label
 
 
 def _legend_label(p: AttentionProfile) -> str:

@@ -80,6 +80,10 @@ class Stock(_Named):
         """The name tables give the stock model (the column value beside calibrations' labels)."""
         return "stock"
 
+    def figure_label(self) -> str:
+        """The name figures give the stock model."""
+        return "stock"
+
     def describe(self) -> str:
         return "no calibration (the stock model)"
 

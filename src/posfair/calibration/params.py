@@ -424,6 +424,20 @@ class Calibration:
         head = [f"B{self.basket_size}", f"L{_layers_text(self.layers)}", f"a{self.strength:g}"]
         return "-".join(head + [form.label(v) for form, v in self._given()])
 
+    def figure_label(self) -> str:
+        """:meth:`label` as a figure names the variant, the way the command line spells it: a prior without its shape
+        and digest (``B16-L0.5-a1-prior``), BOS and EOS isolated with one share as ``special=SHARE``
+        (``B16-L0.5-a1-special=0.1``); built from the fields, never from the label's text."""
+        special = self.isolate_bos is True and self.isolate_eos is True and str(self.bos_weight) == str(self.eos_weight)
+        parts = [f"B{self.basket_size}", f"L{_layers_text(self.layers)}", f"a{self.strength:g}"]
+        for form, v in self._given():
+            if special and form.field in ("isolate_bos", "isolate_eos", "bos_weight", "eos_weight"):
+                if f"special={self.bos_weight}" not in parts:
+                    parts.append(f"special={self.bos_weight}")
+            else:
+                parts.append("prior" if form.field == "prior" else form.label(v))
+        return "-".join(parts)
+
     def describe(self) -> str:
         """The calibration in words, for a person beside its :meth:`label`, e.g. "baskets of 128 tokens, the
         last 50% of layers, strength 0.5" for ``B128-L0.5-a0.5``."""

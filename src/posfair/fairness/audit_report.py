@@ -69,7 +69,7 @@ def _corpus_words(name: str) -> str:
 
 
 def _names(result: AuditFindings) -> dict[str, str]:
-    return display_labels([STOCK_LABEL, *(c["label"] for c in result.calibrations)])
+    return display_labels(result.figure_labels())
 
 
 def _subtitle(result: AuditFindings) -> str:

@@ -216,13 +216,21 @@ class AuditFindings:
         """The G < 20 line (None if every instance has at least 20 clusters)."""
         return few_clusters_message(self.coefficients)
 
+    def calibration_settings(self) -> dict[str, Calibration]:
+        """Each calibration of the audit by its label (the run's records read back as :class:`Calibration`)."""
+        keys = {"label", "key"}
+        return {
+            c["label"]: Calibration.from_dict({k: v for k, v in c.items() if k not in keys}) for c in self.calibrations
+        }
+
+    def figure_labels(self) -> dict[str, str]:
+        """Each label of the audit (stock's and every calibration's) -> its short name for figures
+        (:meth:`Calibration.figure_label`; :func:`posfair.report.plots.display_labels` keeps two alike whole)."""
+        return {STOCK_LABEL: STOCK_LABEL, **{lab: c.figure_label() for lab, c in self.calibration_settings().items()}}
+
     def figure_subtitle(self) -> str:
         """What every figure of this audit is of: the model, its token limit, the corpus, each calibration in words."""
-        keys = {"label", "key"}
-        words = [
-            f"{c['label']}: {Calibration.from_dict({k: v for k, v in c.items() if k not in keys}).describe()}"
-            for c in self.calibrations
-        ]
+        words = [f"{label}: {c.describe()}" for label, c in self.calibration_settings().items()]
         corpus = self.corpus.get("name") or ""
         limit = f" · token limit {self.model['limit']}" if self.model.get("limit") else ""
         if corpus:  # "bundled" alone reads as an adjective: the bundled corpus named by what it is

@@ -79,7 +79,7 @@ def _figure(result: AuditFindings, n: int):
     obs = result.observations
     langs = grid_languages(obs)
     panels = []
-    names = display_labels(dict.fromkeys(obs["calibration"]))  # the prior's digest left out (report.plots)
+    names = display_labels(result.figure_labels())  # the prior's digest left out (Calibration.figure_label)
     for cal in dict.fromkeys(obs["calibration"]):
         values, labels = grid_matrices(beta2_grid(result.coefficients, calibration=cal, n=n), langs, clusters=True)
         panels.append((names[cal] if cal != STOCK_LABEL else "stock", values, labels))

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,28 +163,14 @@ def figure_heading(fig: Figure) -> str:
     return " ".join(" ".join(t.get_text().replace("/\n", "/") for t in texts).split())
 
 
-_PRIOR = re.compile(r"-prior\d+x\d+\.[0-9a-f]+")
-_SPECIAL = re.compile(r"-bos1-eos1(?:-bw(?P<bw>[^-\s]+))?(?:-ew(?P<ew>[^-\s]+))?")
-
-
-def _short(label: str) -> str:
-    def special(m: re.Match) -> str:
-        bw, ew = m.group("bw") or "original", m.group("ew") or "equal"
-        return f"-special={bw}" if bw == ew else m.group(0)
-
-    return _SPECIAL.sub(special, _PRIOR.sub("-prior", label))
-
-
-def display_labels(labels) -> dict[str, str]:
-    """A figure's name for each calibration label: the variant as the command line spells it, without the
-    prior's digest (``B16-L0.5-a1-prior20x6.679b15`` -> ``B16-L0.5-a1-prior``, ``-bos1-eos1-eworiginal`` ->
-    ``-special=original``); a label whose short form would name two settings of the figure stays whole."""
-    labels = list(dict.fromkeys(str(x) for x in labels))
-    short = {lab: _short(lab) for lab in labels}
+def display_labels(names: Mapping[str, str]) -> dict[str, str]:
+    """A figure's name for each label: ``names`` maps each label to the short name its calibration gives it
+    (:meth:`posfair.Calibration.figure_label`: the variant as the command line spells it, without the prior's
+    digest); a label whose short name would name two settings of the figure stays whole."""
     counts: dict[str, int] = {}
-    for v in short.values():
+    for v in names.values():
         counts[v] = counts.get(v, 0) + 1
-    return {lab: (v if counts[v] == 1 else lab) for lab, v in short.items()}
+    return {lab: (v if counts[v] == 1 else lab) for lab, v in names.items()}
 
 
 def relabel(text: str, names: dict[str, str]) -> str:

@@ -163,9 +163,14 @@ def test_table(result: TuneResult) -> Table:
     )
 
 
+def figure_names(result: TuneResult, split: str = DEV) -> dict[str, str]:
+    """Each trial label of ``split`` -> the name the figures give it (:meth:`Calibration.figure_label`)."""
+    return display_labels({t.label: t.calibration.figure_label() for t in result.trials if t.split == split})
+
+
 def tradeoff_figure(result: TuneResult):
     f = result.frame(DEV)
-    names = display_labels(f["label"])
+    names = figure_names(result)
     points = pd.DataFrame(
         {
             "panel": "dev split",
@@ -212,7 +217,7 @@ def fronts_figure(result: TuneResult):
     """The dev-split Pareto front of every variant on one plot, stock starred, the chosen setting labelled."""
     f = result.frame(DEV)
     stock = f["label"] == "stock"
-    names = display_labels(f["label"])
+    names = figure_names(result)
     points = pd.DataFrame(
         {
             "series": f["variant"],
