@@ -315,3 +315,17 @@ def test_a_parts_refusal_is_said_of_the_whole_request():
     said = _renumber("2 of 16 inputs are longer than the limit (first: input 3, 99 tokens)", chosen, 300)
     assert said == "at least 2 of the request's 300 inputs are longer than the limit (one: input 103, 99 tokens)"
     assert _renumber("input 0 is empty", [7, 8], 9) == "input 7 is empty"
+
+
+def test_a_huge_text_is_refused_before_it_is_tokenised():
+    """A 7 MiB text was refused only after 10.6 s of tokenising; now the protocol refuses a text over
+    MAX_TEXT_CHARS on its length, in no time."""
+    import time
+
+    from posfair.serve.openai_api import MAX_TEXT_CHARS
+
+    t0 = time.perf_counter()
+    with pytest.raises(ApiError) as err:
+        parse_request(body(input=["ok", "word " * (7 * 2**20 // 5)]), "m")
+    assert time.perf_counter() - t0 < 2.0
+    assert err.value.param == "input" and f"at most {MAX_TEXT_CHARS}" in err.value.message

@@ -7,11 +7,14 @@ line saying why, never hang (issue 48, defects 5 and 6).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -27,21 +30,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tiny_model_path, tmp_path):
+def start(tiny_model_path, tmp_path, *extra: str):
     """A served tiny model: (run, session folder, url)."""
     path, pooling = tiny_model_path("bert")
     port = free_port()
     before = sessions()
-    args = ["serve", "--model", str(path), "--pooling", pooling, "--max-seq-length", "64", "--port", str(port)]
+    args = ["serve", "--model", str(path), "--pooling", pooling, "--max-seq-length", "64", "--port", str(port), *extra]
     run = server().start(args, tmp_path)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
     while f"serving {path}" not in (run.out.read_text() if run.out.exists() else ""):
         err = run.err.read_text() if run.err.exists() else ""
         assert time.monotonic() < deadline and "error:" not in err, err[-2000:]
-        time.sleep(0.2)
-    with urllib.request.urlopen(url + "/health", timeout=30) as r:
-        assert r.status == 200
+        time.sleep(0.05)
     return run, session_of(run.pid, before), url
 
 
@@ -52,7 +53,9 @@ def pids(session, kind: str) -> list[int]:
 def test_a_killed_raylet_ends_the_server_with_one_line(tiny_model_path, tmp_path):
     """Defect 6: kill -9 of the raylet left a process that neither served nor exited (and ignored SIGTERM). Now the
     server notices Ray no longer answers and exits 1 within a minute, its last line one 'error:' naming Ray."""
-    run, session, _ = start(tiny_model_path, tmp_path)
+    run, session, url = start(tiny_model_path, tmp_path)
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        assert r.status == 200
     (raylet,) = pids(session, "raylet/raylet")
     t0 = time.monotonic()
     os.kill(raylet, signal.SIGKILL)
@@ -70,8 +73,27 @@ def test_a_killed_raylet_ends_the_server_with_one_line(tiny_model_path, tmp_path
 
 def test_sigterm_to_the_whole_process_group_stops_cleanly(tiny_model_path, tmp_path):
     """Defect 5: SIGTERM to the server's process group (systemd's control-group mode) reached Ray's GCS and raylet
-    first; posfair hung ~64 s and exited 1 without 'stopped'. Now: exit 0 and 'stopped' within the stop bound."""
-    run, session, _ = start(tiny_model_path, tmp_path)
+    first; posfair hung ~64 s and exited 1 without 'stopped'. Now: exit 0 and 'stopped' within the stop bound.
+
+    Before it, on the same server: defect 7's burst of 16 requests right after 'serving' is printed all get 200
+    (they got 503 "loading" while the gateway's first readiness query was in flight), and a request over
+    --request-timeout gets 408 in OpenAI's shape."""
+    run, session, url = start(tiny_model_path, tmp_path, "--request-timeout", "2")
+
+    def post(texts):
+        body = json.dumps({"model": str(tiny_model_path("bert")[0]), "input": texts}).encode()
+        req = urllib.request.Request(url + "/v1/embeddings", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    with ThreadPoolExecutor(16) as pool:
+        burst = list(pool.map(post, [[f"text number {i}"] for i in range(16)]))
+    assert [status for status, _ in burst] == [200] * 16, burst
+    status, body = post([f"a longer text, number {i}, " * 8 for i in range(2048)])
+    assert status == 408 and body["error"]["code"] == "request_timeout", (status, body)
     group = [int(line.split()[0]) for line in session_processes(session)]  # every process of the server
     assert run.pid in group and pids(session, "gcs_server") and pids(session, "raylet/raylet")
     t0 = time.monotonic()
