@@ -53,6 +53,7 @@ LEVELS = [
             "posfair.retrieval",
             "posfair.distributed",
             "posfair.tuning",
+            "posfair.repair",
             "posfair.mteb",
             "posfair.serve",
         ),
@@ -74,6 +75,9 @@ PIPELINE_IMPORTS = {
     "posfair.distributed": set(),
     "posfair.tuning": {"posfair.fairness", "posfair.retrieval", "posfair.attention"},
     "posfair.mteb": {"posfair.retrieval"},
+    # repair (posfair fit) fits on the audit's permuted documents, judges with the retrieval benchmarks, and runs the
+    # tuner's grid as its baseline
+    "posfair.repair": {"posfair.fairness", "posfair.retrieval", "posfair.tuning"},
     "posfair.serve": {"posfair.distributed"},
 }
 

@@ -19,6 +19,7 @@ from posfair.cli import (
     embed,
     encode,
     estimate_prior,
+    fit,
     retrieval,
     serve,
     sweep,
@@ -70,6 +71,7 @@ COMMANDS = {
     "sweep": sweep.sweep,
     "build-benchmark": build_benchmark.build_benchmark,
     "tune": tune.tune,
+    "fit": fit.fit,
     "verify": verify.verify,
     "estimate-prior": estimate_prior.estimate_prior_command,
 }

@@ -1,0 +1,159 @@
+"""``posfair fit``: fit a repair on some document families, judge it on another, save it only when it holds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posfair.cli import checks
+from posfair.cli.options import Corpus, Model, Seed
+from posfair.cli.parsers import choice, integer, number
+
+#: the exit code of a fit that finished (its report written) but did not save the model: the repair fails its
+#: held-out checks (``posfair tune`` uses the same code for the same case)
+EXIT_NOT_SAVED = 3
+
+Out = Annotated[
+    Path,
+    typer.Option(
+        "--out",
+        "-o",
+        metavar="DIR",
+        help="The repaired model folder (posfair.load_model(DIR)); its report goes to DIR/fit/.",
+    ),
+]
+FitMethod = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        parser=choice("finetune", "learned", "tempscale", "grid"),
+        metavar="finetune|learned|tempscale|grid",
+        help="finetune: position-balanced fine-tuning; learned: per-head calibration strengths by gradient; "
+        "tempscale: a softmax temperature; grid: the papers' grid as tune searches it.",
+    ),
+]
+TestFamily = Annotated[
+    str | None,
+    typer.Option(
+        "--test-family",
+        metavar="FAMILY",
+        show_default="the family with the fewest sections",
+        help="The corpus's document family held out to judge the repair (the rest is fitted on).",
+    ),
+]
+MaxRecallDrop = Annotated[
+    float,
+    typer.Option(
+        "--max-recall-drop",
+        parser=number(0, 100),
+        metavar="POINTS",
+        help="Most own-segment recall@1, and the share of own segments nearer than every foreign one, may fall "
+        "on the held-out family (points).",
+    ),
+]
+MinRemoved = Annotated[
+    float,
+    typer.Option(
+        "--min-removed",
+        parser=number(0, 100),
+        metavar="PERCENT",
+        help="The share of stock's |β_p| the repair must remove at every later position on the held-out family.",
+    ),
+]
+MaxSeqLength = Annotated[
+    int,
+    typer.Option(
+        "--max-seq-length",
+        parser=integer(16, 1_000_000),
+        metavar="TOKENS",
+        help="The documents' token limit while fitting and judging (the saved folder keeps the model's own).",
+    ),
+]
+SaveAnyway = Annotated[
+    bool,
+    typer.Option("--save-anyway", help="Save the repaired model even when it fails its held-out checks."),
+]
+
+
+def fit(
+    out: Out,
+    model: Model = None,
+    corpus: Corpus = None,
+    method: FitMethod = "finetune",
+    test_family: TestFamily = None,
+    max_recall_drop: MaxRecallDrop = 1.0,
+    min_removed: MinRemoved = 90.0,
+    max_seq_length: MaxSeqLength = 512,
+    save_anyway: SaveAnyway = False,
+    seed: Seed = 0,
+) -> None:
+    """Fit a repair of positional bias on a corpus, judge it on a held-out family, save it when it holds."""
+    from posfair.cli.error_boundary import data_errors
+    from posfair.cli.inputs import load_corpus
+    from posfair.cli.terminal_progress import console, progress_bars
+
+    checks.output_folder(out)
+    model_id = checks.model_source(model)
+    from posfair.repair.fitting import fit_repair
+    from posfair.repair.heldout import RepairLimits
+
+    df = load_corpus(corpus, ["en"])
+    limits = RepairLimits(min_removed=min_removed / 100, max_recall_drop=max_recall_drop)
+    con = console()
+    with progress_bars() as bar, data_errors():
+        ticks: dict[str, tuple] = {}
+
+        def progress(what: str, step: int, total: int, value: float) -> None:
+            if what not in ticks:
+                ticks[what] = (bar(f"fitting ({what})", total), [0])
+            tick, done = ticks[what]
+            tick(max(0, step - done[0]))
+            done[0] = max(done[0], step)
+
+        result = fit_repair(
+            model_id, out, corpus=df, method=method, test_family=test_family, limits=limits,
+            max_seq_length=max_seq_length, save_failing=save_anyway, progress=progress, seed=seed,
+        )  # fmt: skip
+    for line in summary_lines(result):
+        con.print(line, markup=False, highlight=False)
+    if not result.saved:
+        print(
+            f"error: repaired model not saved to {out}: {'; '.join(result.failures)} (--save-anyway saves it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise typer.Exit(EXIT_NOT_SAVED)
+
+
+def summary_lines(result) -> list[str]:
+    """The plain summary: what was fitted where, bias removed and retrieval change with intervals, the verdict."""
+    h = result.heldout
+    counts = result.counts
+    lines = [
+        f"{result.method} on {', '.join(sorted(counts))}: train {counts['train'][0]} sets, dev {counts['dev'][0]}, "
+        f"held-out family {h.family}: {h.sets} sets, {h.documents} documents",
+    ]
+    for e in h.positions:
+        lines.append(
+            f"β{e.position}: stock {e.stock:+.4f} -> {e.repaired:+.4f}, removed {100 * e.removed:.0f} % "
+            f"[{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}] ({e.lean})"
+        )
+    for c in h.retrieval:
+        lines.append(
+            f"{c.measure}: {100 * c.stock:.1f} -> {100 * c.repaired:.1f} % "
+            f"({c.change:+.1f} points [{c.change_low:+.1f}, {c.change_high:+.1f}])"
+        )
+    if result.ndcg:
+        n = result.ndcg
+        lines.append(
+            f"nDCG@10: {100 * n['stock']:.1f} -> {100 * n['repaired']:.1f} "
+            f"({n['change']:+.1f} points [{n['low']:+.1f}, {n['high']:+.1f}])"
+        )
+    lines.append(f"fit {result.fit_seconds:.0f} s; encoding costs {result.encode_ratio:.2f}x stock")
+    verdict = "holds" if result.holds else "fails: " + "; ".join(result.failures)
+    where = f"saved to {result.out_dir}" if result.saved else "not saved"
+    lines.append(f"held-out checks: {verdict}; {where}; report in {Path(result.out_dir) / 'fit'}")
+    return lines

@@ -1,0 +1,233 @@
+"""Fit a repair on some document families, judge it on another, save it only when it holds (``posfair fit``).
+
+:func:`fit_repair` runs one method (:data:`METHODS`) on the train / dev split of :func:`~posfair.repair.data.repair_split`,
+saves the repaired model to a candidate folder, loads it back as a user would (``posfair.load_model``) and
+judges it against stock on the held-out family (:mod:`posfair.repair.heldout`): bias removed per position with
+intervals, reversal, own-segment recall@1, own segment above every foreign one, nDCG@10 on a benchmark built
+from the held-out family, and the encode cost against stock.  The candidate becomes the model folder ``out_dir``
+only when :func:`~posfair.repair.heldout.check_repair` finds nothing (or ``save_failing``).  The report
+(``out_dir/fit/``: ``heldout.json``, ``heldout.md``) is written either way.
+
+Methods (each fitted on the same documents, judged by the same checks):
+
+* ``finetune``: position-balanced fine-tuning (:mod:`posfair.repair.finetune`); a plain sentence-transformers
+  folder;
+* ``learned``: calibration strengths per layer and head fitted by gradient (:func:`posfair.repair.learned.fit_learned`);
+* ``tempscale``: TempScale's softmax temperature chosen on dev (:func:`posfair.repair.learned.fit_tempscale`);
+* ``grid``: the papers' grid as ``posfair tune`` searches it, on the fit families (the baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from posfair.calibration import STOCK
+from posfair.corpus import load_corpus
+from posfair.errors import PosfairInputError
+from posfair.io import atomic_write_text
+from posfair.model import load_model
+from posfair.repair.data import FAMILY_FIELD, RepairSplit, repair_split
+from posfair.repair.family_benchmark import heldout_ndcg
+from posfair.repair.finetune import FinetuneSettings, fit_finetune
+from posfair.repair.grid import grid_choice
+from posfair.repair.heldout import HeldOut, RepairLimits, check_repair, evaluate_repair, set_units
+from posfair.repair.learned import fit_learned, fit_tempscale
+
+__all__ = ["DEFAULT_METHOD", "METHODS", "FitResult", "fit_repair", "heldout_markdown"]
+
+log = logging.getLogger(__name__)
+
+Method = Literal["finetune", "learned", "tempscale", "grid"]
+METHODS: tuple[Method, ...] = ("finetune", "learned", "tempscale", "grid")
+#: the method that held best on the bundled corpus's own family split (README, "Repairing a model")
+DEFAULT_METHOD: Method = "finetune"
+
+#: progress(what, step, total, objective): the fit's progress (objective NaN where a step has none)
+FitProgress = Callable[[str, int, int, float], None]
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit_repair` did: the method, what it fitted (``fitted``: the calibration's spec, or the
+    fine-tuning's settings), the held-out evaluation, the checks it failed, whether the folder was saved."""
+
+    method: str
+    model: str
+    test_family: str
+    counts: dict[str, tuple[int, int]]
+    fitted: dict[str, Any]
+    heldout: HeldOut
+    ndcg: dict[str, float] | None
+    failures: list[str]
+    saved: bool
+    fit_seconds: float
+    encode_ratio: float
+    out_dir: str
+    limits: RepairLimits = field(default_factory=RepairLimits)
+
+    @property
+    def holds(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["heldout"] = self.heldout.to_dict()
+        return d
+
+
+def _fit_method(
+    method: Method, model, split: RepairSplit, fit_corpus: pd.DataFrame, work: Path, progress: FitProgress | None
+):
+    """Run ``method``: returns (the repaired model, what was fitted as plain values)."""
+    report = None if progress is None else (lambda step, total, value: progress(method, step, total, value))
+    if method == "finetune":
+        settings = FinetuneSettings()
+        fit_finetune(model, split.train, split.dev, str(work / "checkpoints"), settings, progress=report)
+        return model, {"finetune": settings.to_dict()}
+    if method in ("learned", "tempscale"):
+        fit = fit_learned if method == "learned" else fit_tempscale
+        cal = fit(model, list(split.train), list(split.dev), progress=report)
+    else:
+        cal = grid_choice(model, fit_corpus, work / "grid", limit=model.max_seq_length)
+    model.set_calibration(cal)
+    return model, {"calibration": "stock" if cal is STOCK else cal.spec()}
+
+
+def fit_repair(
+    model_id: str | None,
+    out_dir: str | Path,
+    *,
+    corpus: pd.DataFrame | None = None,
+    method: Method = DEFAULT_METHOD,
+    test_family: str | None = None,
+    limits: RepairLimits | None = None,
+    max_seq_length: int = 512,
+    save_failing: bool = False,
+    progress: FitProgress | None = None,
+    seed: int = 0,
+) -> FitResult:
+    """Fit ``method`` on ``corpus`` (default: the bundled corpus, English) for the model ``model_id`` (as
+    :func:`posfair.load_model` takes it) and save the repaired model to ``out_dir`` when it holds on the held-out
+    family (module docstring).  ``max_seq_length``: the documents' token limit during the fit and the judgement (the
+    saved folder keeps the model's own limit)."""
+    if method not in METHODS:
+        raise PosfairInputError(f"--method {method!r}: one of {', '.join(METHODS)}")
+    limits = limits or RepairLimits()
+    out = Path(out_dir)
+    work = out / "fit"
+    work.mkdir(parents=True, exist_ok=True)
+    if corpus is None:
+        corpus = load_corpus(langs=["en"])
+    stock = load_model(model_id, max_seq_length=max_seq_length)
+    stock.set_calibration(STOCK)
+    split = repair_split(stock, corpus, limit=max_seq_length, test_family=test_family, seed=seed)
+    stock_units = [set_units(inst, _encoder(stock)) for inst in split.test]
+    repaired = load_model(model_id, max_seq_length=max_seq_length)
+    repaired.set_calibration(STOCK)
+    t0 = time.perf_counter()
+    fit_corpus = corpus[corpus[FAMILY_FIELD].astype(str) != split.test_family]
+    repaired, fitted = _fit_method(method, repaired, split, fit_corpus, work, progress)
+    fit_seconds = time.perf_counter() - t0
+    candidate = work / "candidate"
+    if candidate.exists():
+        shutil.rmtree(candidate)
+    repaired.max_seq_length = _own_limit(model_id)
+    repaired.save(str(candidate))
+    reloaded = load_model(str(candidate), max_seq_length=max_seq_length)
+    units = [set_units(inst, _encoder(reloaded)) for inst in split.test]
+    inst = split.test[0]
+    heldout = evaluate_repair(
+        np.concatenate(stock_units), np.concatenate(units), inst.n, split.test_family,
+        sum(len(i.documents) for i in split.test),
+    )  # fmt: skip
+    failures = check_repair(heldout, limits)
+    ndcg = _ndcg(stock, reloaded, corpus, split, work)
+    ratio = _encode_ratio(stock, reloaded, [d.text for i in split.test for d in i.documents])
+    saved = not failures or save_failing
+    if saved:
+        _adopt(candidate, out)
+    else:
+        shutil.rmtree(candidate)
+    result = FitResult(
+        method, str(model_id or "bundled"), split.test_family, split.counts(), fitted, heldout, ndcg, failures,
+        saved, fit_seconds, ratio, str(out), limits,
+    )  # fmt: skip
+    atomic_write_text(work / "heldout.json", json.dumps(result.to_dict(), indent=2, default=float))
+    atomic_write_text(work / "heldout.md", heldout_markdown([result]))
+    return result
+
+
+def _own_limit(model_id: str | None) -> int:
+    """The model's own ``max_seq_length`` (the saved folder keeps it)."""
+    return int(load_model(model_id).max_seq_length)
+
+
+def _encoder(model) -> Callable[[list[str]], np.ndarray]:
+    def encode(texts):
+        return np.asarray(
+            model.encode(list(texts), batch_size=16, normalize_embeddings=True, convert_to_numpy=True), np.float64
+        )
+
+    return encode
+
+
+def _adopt(candidate: Path, out: Path) -> None:
+    """Move the candidate's files into ``out`` (a file of the same name there is replaced: it is the model's)."""
+    for item in candidate.iterdir():
+        target = out / item.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        shutil.move(str(item), str(target))
+    candidate.rmdir()
+
+
+def _encode_ratio(stock, repaired, texts: list[str]) -> float:
+    """Encode time of the repaired model over stock's on the same texts, interleaved (best of 3 each)."""
+    times = {0: [], 1: []}
+    sample = texts[: min(len(texts), 48)]
+    for _ in range(3):
+        for k, m in ((0, stock), (1, repaired)):
+            t = time.perf_counter()
+            m.encode(sample, batch_size=16)
+            times[k].append(time.perf_counter() - t)
+    return min(times[1]) / min(times[0])
+
+
+def _ndcg(stock, repaired, corpus: pd.DataFrame, split: RepairSplit, work: Path) -> dict[str, float] | None:
+    """nDCG@10 of stock and the repair on a benchmark built from the held-out family, with the change's interval."""
+    part = corpus[corpus[FAMILY_FIELD].astype(str) == split.test_family]
+    return heldout_ndcg(stock, repaired, part, work / "benchmark")
+
+
+def heldout_markdown(results: list[FitResult]) -> str:
+    """One table row per fit: β removed with intervals, reversal, retrieval changes, the verdict."""
+    rows = []
+    for r in results:
+        h = r.heldout
+        row = {"method": r.method, "model": r.model, "held-out family": f"{h.family} ({h.sets} sets)"}
+        for e in h.positions:
+            row[f"β{e.position} removed % [95 %]"] = (
+                f"{100 * e.removed:.0f} [{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}]"
+            )
+            row[f"β{e.position} repaired"] = f"{e.repaired:+.4f} ({e.lean})"
+        for c in h.retrieval:
+            row[f"Δ{c.measure} pts [95 %]"] = f"{c.change:+.1f} [{c.change_low:+.1f}, {c.change_high:+.1f}]"
+        if r.ndcg:
+            row["ΔnDCG@10 pts [95 %]"] = f"{r.ndcg['change']:+.1f} [{r.ndcg['low']:+.1f}, {r.ndcg['high']:+.1f}]"
+        row["fit s"] = f"{r.fit_seconds:.0f}"
+        row["encode / stock"] = f"{r.encode_ratio:.2f}x"
+        row["verdict"] = "holds" if r.holds else "fails: " + "; ".join(r.failures)
+        rows.append(row)
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
