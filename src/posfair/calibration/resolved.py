@@ -159,13 +159,12 @@ class BasketSettings:
 
     def head_vector(self, like: torch.Tensor) -> torch.Tensor:
         """The per-head strengths as a 1-D tensor on ``like``'s device, in its dtype (float32 for a lower precision)."""
-        import torch
-
-        dt = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+        wide = like.dtype.is_floating_point and like.element_size() >= 4
+        dt = like.dtype if wide else like.new_empty(0).float().dtype  # float32 for a lower precision
         hs = self.head_strength
-        if isinstance(hs, torch.Tensor):
+        if hasattr(hs, "requires_grad"):  # a tensor (a fit): its graph kept
             return hs.to(device=like.device, dtype=dt).reshape(-1)
-        return torch.tensor(hs, dtype=dt, device=like.device)
+        return like.new_tensor(hs, dtype=dt)
 
     def for_heads(self, shape: Sequence[int], like: torch.Tensor) -> BasketSettings:
         """This setting for the basket functions: per-head strengths (if any) as the ``strength`` tensor of ``shape``,

@@ -237,6 +237,18 @@ class CalibratedTransformer(Transformer):
             self._resolved[calibration] = calibration.resolve(self.posfair_pooling, self.num_layers)
         return self._resolved[calibration]
 
+    @contextlib.contextmanager
+    def resolving(self, calibration: Calibration, resolved: ResolvedCalibration) -> Iterator[None]:
+        """Within the block, ``calibration`` runs as ``resolved`` (its own resolution with per-head strengths
+        that autograd tracks: a fit, :mod:`posfair.repair.learned`); resolved as before after it."""
+        self.resolve(calibration)  # validated against this model
+        before = self._resolved[calibration]
+        self._resolved[calibration] = resolved
+        try:
+            yield
+        finally:
+            self._resolved[calibration] = before
+
     def set_attention_base(self, base: str) -> None:
         """Switch between the fast path (``"sdpa"``) and the explicit full-matrix path (``"eager"``)."""
         name = {"sdpa": att.ATTN_SDPA, "eager": att.ATTN_EAGER}[base]
