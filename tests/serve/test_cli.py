@@ -50,3 +50,24 @@ def test_a_saved_calibrated_folder_is_served_as_encode_encodes_it(tiny_model_pat
     assert "saved with" not in r.output
     help_text = CliRunner().invoke(app, ["serve", "--help"]).output
     assert "none (stock)" in " ".join(help_text.split()).replace("( ", "(")  # the default the command keeps
+
+
+def test_an_open_file_limit_ray_cannot_start_under_is_said_before_anything_loads(monkeypatch, started):
+    """Defect 6 (ulimit -n 64): Ray's raylet crashed at start and posfair never came up nor exited. Now the limit is
+    raised as far as the hard limit allows, and one under what Ray needs ends the command at once, exit 1, one line
+    naming the limit, before the model loads."""
+    import resource
+
+    from typer.testing import CliRunner
+
+    from posfair.cli import app
+
+    limits = {"now": (64, 64)}
+    monkeypatch.setattr(resource, "getrlimit", lambda what: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda what, value: limits.update(now=value))
+    r = CliRunner().invoke(app, ["serve", "--port", str(free_port())])
+    assert r.exit_code == 1 and "ulimit -n 64" in r.output and "starting" not in r.output, r.output
+    assert not started
+    limits["now"] = (64, 4096)  # a soft limit only: raised, and the server starts
+    r = CliRunner().invoke(app, ["serve", "--port", str(free_port())])
+    assert r.exit_code == 0 and limits["now"] == (4096, 4096) and started, r.output

@@ -182,7 +182,21 @@ def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: 
             raise input_error("--api-key-env", api_key_env, "this environment variable is not set or empty")
     if ray_address is None or ray_address == "local":
         _check_port(host, port)
+        _check_open_files()
     return key
+
+
+def _check_open_files() -> None:
+    """The open-file limit Ray needs to start (raised as far as the hard limit allows), before anything loads."""
+    import sys
+
+    from posfair.serve.runner import ServerFailed, check_open_files
+
+    try:
+        check_open_files()
+    except ServerFailed as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
 
 
 def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:

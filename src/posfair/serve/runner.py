@@ -24,6 +24,7 @@ import gc
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "running_serve",
     "serve_available",
     "serve_conflict",
+    "check_open_files",
     "serve_model",
     "unfinished",
 ]
@@ -85,6 +87,8 @@ class ServerFailed(RuntimeError):
 
 #: the longest a stop takes (draining the gateway, then Ray's shutdown) before the process ends regardless
 STOP_TIMEOUT_S = 25.0
+#: the longest a start may take (Ray, the HTTP proxy, the model replicas loading) before the server gives up
+START_TIMEOUT_S = 900.0
 #: ... after Ray failed under the server
 FAULT_STOP_S = 5.0
 _UNFINISHED = False
@@ -216,7 +220,14 @@ def serve_model(
     try:
         starter.start()
         listening, taken = False, False
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not stop.is_set() and not state.done.is_set():
+            if time.monotonic() > deadline:
+                failed = True
+                raise ServerFailed(
+                    f"the server did not start within {START_TIMEOUT_S:g} s (Ray, or the model replicas, never came "
+                    "up); see Ray's logs"
+                )
             if in_main and not taken and state.connected.is_set():  # again: Ray's start set handlers of its own
                 take_signals()
                 taken = True
@@ -421,6 +432,25 @@ def _deploy_failure(exc: BaseException, settings: ServerSettings) -> str:
     if "bind" in text.lower() and ("address already in use" in text.lower() or "failed to bind" in text.lower()):
         return f"--port {settings.port}: cannot listen on {settings.host}:{settings.port} (Address already in use)"
     return f"the server's application did not start: {_one_line(text)}"
+
+
+def check_open_files(needed: int = 1024, wanted: int = 8192) -> None:
+    """Raise this process's open-file limit towards ``wanted`` (as far as its hard limit allows: Ray's processes
+    inherit it); :class:`ServerFailed` when it stays under ``needed`` -- Ray's raylet then crashes at start and
+    the server would never come up."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raise ServerFailed(
+            f"only {soft} open files are allowed (ulimit -n {soft}, hard limit {hard}); Ray needs {needed} or more "
+            f"to start: raise the limit (ulimit -n {wanted})"
+        )
 
 
 def _limits_hint() -> str:
