@@ -52,10 +52,18 @@ def pids(session, kind: str) -> list[int]:
 
 def test_a_killed_raylet_ends_the_server_with_one_line(tiny_model_path, tmp_path):
     """Defect 6: kill -9 of the raylet left a process that neither served nor exited (and ignored SIGTERM). Now the
-    server notices Ray no longer answers and exits 1 within a minute, its last line one 'error:' naming Ray."""
-    run, session, url = start(tiny_model_path, tmp_path)
+    server notices Ray no longer answers and exits 1 within a minute, its last line one 'error:' naming Ray.
+    (Before it, on the same server: a request over --request-timeout gets 408 in OpenAI's shape.)"""
+    run, session, url = start(tiny_model_path, tmp_path, "--request-timeout", "0.1")
     with urllib.request.urlopen(url + "/health", timeout=30) as r:
         assert r.status == 200
+    # --request-timeout: 2,048 texts go in 128 parts, each waiting 5 ms for its batch: far over 0.1 s
+    body = json.dumps({"model": str(tiny_model_path("bert")[0]), "input": [f"text {i}" for i in range(2048)]})
+    request = urllib.request.Request(url + "/v1/embeddings", body.encode(), {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as late:
+        urllib.request.urlopen(request, timeout=60)
+    error = json.loads(late.value.read())["error"]
+    assert late.value.code == 408 and error["code"] == "request_timeout" and "--request-timeout" in error["message"]
     (raylet,) = pids(session, "raylet/raylet")
     t0 = time.monotonic()
     os.kill(raylet, signal.SIGKILL)
@@ -76,9 +84,9 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly(tiny_model_path, tmp_p
     first; posfair hung ~64 s and exited 1 without 'stopped'. Now: exit 0 and 'stopped' within the stop bound.
 
     Before it, on the same server: defect 7's burst of 16 requests right after 'serving' is printed all get 200
-    (they got 503 "loading" while the gateway's first readiness query was in flight), and a request over
-    --request-timeout gets 408 in OpenAI's shape."""
-    run, session, url = start(tiny_model_path, tmp_path, "--request-timeout", "2")
+    (they got 503 "loading" while the gateway's first readiness query was in flight), a request over
+    --max-request-tokens gets 413 and one over --request-timeout 408, in OpenAI's shape."""
+    run, session, url = start(tiny_model_path, tmp_path, "--max-request-tokens", "100")
 
     def post(texts):
         body = json.dumps({"model": str(tiny_model_path("bert")[0]), "input": texts}).encode()
@@ -92,8 +100,12 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly(tiny_model_path, tmp_p
     with ThreadPoolExecutor(16) as pool:
         burst = list(pool.map(post, [[f"text number {i}"] for i in range(16)]))
     assert [status for status, _ in burst] == [200] * 16, burst
-    status, body = post([f"a longer text, number {i}, " * 8 for i in range(2048)])
-    assert status == 408 and body["error"]["code"] == "request_timeout", (status, body)
+    status, body = post(["word " * 30] * 4)  # 32 tokens each (30 words, CLS, SEP): 128
+    assert status == 413 and body["error"]["code"] == "request_too_large", (status, body)
+    assert "holds 128 tokens" in body["error"]["message"] and "--max-request-tokens" in body["error"]["message"], body
+    status, body = post(["word " * 30] * 40)  # refused after its second part of 16
+    assert status == 413 and "over " in body["error"]["message"], (status, body)
+    assert post(["word " * 30] * 3)[0] == 200  # 96 tokens
     group = [int(line.split()[0]) for line in session_processes(session)]  # every process of the server
     assert run.pid in group and pids(session, "gcs_server") and pids(session, "raylet/raylet")
     t0 = time.monotonic()

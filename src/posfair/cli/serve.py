@@ -95,6 +95,17 @@ RequestTimeout = Annotated[
         help="The longest one request is served; past it the answer is 408 in OpenAI's error shape.",
     ),
 ]
+MaxRequestTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-request-tokens",
+        parser=integer(1),
+        metavar="TOKENS",
+        show_default="no budget beyond 2048 texts",
+        help="The most tokens one request may hold (prompt and special tokens included); past it the answer is 413 "
+        "in OpenAI's error shape.",
+    ),
+]
 RequestCalibration = Annotated[
     bool,
     typer.Option(
@@ -124,6 +135,7 @@ def serve(
     trust_remote_code: TrustRemoteCode = False,
     cors_origin: CorsOrigin = None,
     request_timeout: RequestTimeout = 600.0,
+    max_request_tokens: MaxRequestTokens = None,
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
@@ -161,6 +173,7 @@ def serve(
         key=key,
         cors_origins=tuple(cors_origin or ()),
         request_timeout=request_timeout,
+        max_request_tokens=max_request_tokens,
     )
     if api_key_env is not None:  # read: kept out of the environment every Ray process of this server inherits
         os.environ.pop(api_key_env, None)
@@ -221,6 +234,7 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
         key_sha256=key_digest(opts["key"].strip()) if opts["key"] else None,
         cors_origins=opts["cors_origins"],
         request_timeout_s=opts["request_timeout"],
+        max_request_tokens=opts["max_request_tokens"],
         fingerprint=fm.fingerprint,
     )
     settings = runner.ServerSettings(args=args, host=opts["host"], port=opts["port"], ray_address=opts["ray_address"])

@@ -53,6 +53,8 @@ class AppArgs(BaseModel):
     """Web page origins allowed to call the API (``*``: any); none by default."""
     request_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 600.0
     """The longest a request is served (408 past it)."""
+    max_request_tokens: Annotated[int, Field(ge=1)] | None = None
+    """The most tokens one request may hold (413 past it); None: no budget beyond 2048 texts."""
     fingerprint: str | None = None
     """The model's fingerprint as ``posfair serve`` checked it (replicas with other files refuse to start)."""
 
@@ -134,5 +136,6 @@ def app(args: AppArgs) -> Any:
         "created": int(time.time()),
         "cors_origins": list(args.cors_origins),
         "request_timeout_s": args.request_timeout_s,
+        "max_request_tokens": args.max_request_tokens,
     }
     return Gateway.bind(encoder, gateway)

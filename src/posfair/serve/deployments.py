@@ -147,6 +147,7 @@ class Gateway:
         self.created = int(settings.get("created") or time.time())
         self.timeout_s = float(settings.get("request_timeout_s") or 600)
         self.cors = tuple(settings.get("cors_origins") or ())
+        self.max_tokens = settings.get("max_request_tokens")  # None: no budget
         self._up = False  # the replicas answered since the last failure
         self._ping: asyncio.Future | None = None
         self._draining = False
@@ -245,7 +246,7 @@ class Gateway:
         ordered by length first (each part's texts of about one length: little padding), the vectors put back in
         the request's order.  A part's refusal is the request's (the first one stops it)."""
         if len(req.texts) <= PART_TEXTS:
-            return await self._call("embed", req)
+            return self._within_budget(await self._call("embed", req))
         order = sorted(range(len(req.texts)), key=lambda i: len(req.texts[i]))
         parts = []
         for start in range(0, len(order), PART_TEXTS):
@@ -256,6 +257,9 @@ class Gateway:
                 part.error["error"]["message"] = _renumber(message, chosen, len(order))
                 return part
             parts.append(part)
+            spent = sum(p.tokens for p in parts)
+            if self.max_tokens is not None and spent > self.max_tokens:  # the rest is not encoded
+                return self._within_budget(Answer(tokens=spent), more=start + PART_TEXTS < len(order))
         vectors = np.empty((len(order), parts[0].vectors.shape[1]), dtype=parts[0].vectors.dtype)
         vectors[order] = np.concatenate([p.vectors for p in parts])
         return Answer(
@@ -263,6 +267,24 @@ class Gateway:
             sum(p.tokens for p in parts),
             sum(p.truncated for p in parts),
             short=sum(p.short for p in parts),
+        )
+
+    async def _segments(self, req: EmbeddingRequest) -> Answer:
+        return self._within_budget(await self._call("segments", req))
+
+    def _within_budget(self, answer: Answer, more: bool = False) -> Answer:
+        """``answer``, or 413 when its tokens are over the server's ``--max-request-tokens``."""
+        if self.max_tokens is None or answer.error is not None or answer.tokens <= self.max_tokens:
+            return answer
+        return Answer.refused(
+            ApiError(
+                413,
+                f"the request holds {'over ' if more else ''}{answer.tokens} tokens, over this server's budget of "
+                f"{self.max_tokens} tokens per request (--max-request-tokens); send fewer texts",
+                "invalid_request_error",
+                "input",
+                "request_too_large",
+            )
         )
 
     async def _answer(self, request: Request, segments: bool) -> Response:
@@ -277,7 +299,7 @@ class Gateway:
             req = parse_request(await self._body(request), self.served_name, segments=segments)
             if not await self._ready():
                 return _error(_LOADING, _RETRY | cors)
-            work = self._call("segments", req) if segments else self._embed(req)
+            work = self._segments(req) if segments else self._embed(req)
             try:
                 answer = await asyncio.wait_for(work, self.timeout_s)
             except (TimeoutError, asyncio.TimeoutError):
