@@ -150,6 +150,7 @@ def test_documents_batched_together_get_each_ones_late_chunking_in_fewer_passes(
     for d, ans in zip(docs, answers[:5], strict=True):
         doc, spans = join_segments(d)
         want = LateChunking(chunks=8)._compute(model, [doc], [spans])[0]
+        want /= np.linalg.norm(want, axis=1, keepdims=True)  # unit length: the default (normalize)
         np.testing.assert_allclose(ans.vectors, want, rtol=0, atol=1e-5)
         assert ans.tokens == len(model.tokenizer(doc)["input_ids"])
     for req, ans in zip(reqs[5:], answers[5:], strict=True):
@@ -329,3 +330,26 @@ def test_a_huge_text_is_refused_before_it_is_tokenised():
         parse_request(body(input=["ok", "word " * (7 * 2**20 // 5)]), "m")
     assert time.perf_counter() - t0 < 2.0
     assert err.value.param == "input" and f"at most {MAX_TEXT_CHARS}" in err.value.message
+
+
+def test_normalize_is_a_segments_field(tiny):
+    """/v1/segments vectors were means of token states (norms 1.4 to 9.9) where an OpenAI client expects unit
+    vectors: unit length by default now, the plain mean with normalize false; /v1/embeddings refuses the field."""
+    model, spec = tiny
+    engine = Engine(model, spec)
+    texts = ("The first section of a document.", "The second one, a little longer than the first.")
+    unit = engine.segments(EmbeddingRequest(texts, calibration="16,0.5,0.5"))
+    raw = engine.segments(EmbeddingRequest(texts, calibration="16,0.5,0.5", normalize=False))
+    np.testing.assert_allclose(np.linalg.norm(unit.vectors, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(
+        unit.vectors, raw.vectors / np.linalg.norm(raw.vectors, axis=1, keepdims=True), atol=1e-6
+    )
+    assert np.abs(np.linalg.norm(raw.vectors, axis=1) - 1).max() > 1e-3
+    assert parse_request(body(input=["a", "b"], normalize=False), "m", segments=True).normalize is False
+    assert parse_request(body(input=["a", "b"]), "m", segments=True).normalize is True
+    with pytest.raises(ApiError) as err:
+        parse_request(body(input="x", normalize=True), "m")
+    assert err.value.param == "normalize"
+    with pytest.raises(ApiError) as err:
+        parse_request(body(input=["a"], normalize="yes"), "m", segments=True)
+    assert err.value.param == "normalize"

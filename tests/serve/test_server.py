@@ -48,6 +48,10 @@ PROMPTS = {"query": "query: ", "passage": "passage: "}
 REPLICA = "ServeReplica:posfair:PosfairEncoder"  # the encoder replica's process title
 
 
+def unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -256,9 +260,13 @@ def test_segments_are_late_chunking_of_the_whole_document(srv):
     assert status == 200 and [d["index"] for d in body["data"]] == [0, 1, 2], body
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
     want = LateChunking(chunks=8)._compute(srv.model, [doc], [spans])[0]
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got, unit(want), rtol=0, atol=1e-5)  # unit length by default, as encode's vectors
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=0, atol=1e-5)
+    payload = {"model": srv.name, "input": segs, "calibration": "stock", "normalize": False}
+    raw = np.array([d["embedding"] for d in srv.post("/v1/segments", payload)[2]["data"]], dtype=np.float32)
+    np.testing.assert_allclose(raw, want, rtol=0, atol=1e-5)  # normalize false: the plain mean of token states
     # calibrated (the server's calibration): token states of one pass, averaged by hand over each segment's tokens
-    status, _, body = srv.post("/v1/segments", {"model": srv.name, "input": segs})
+    status, _, body = srv.post("/v1/segments", {"model": srv.name, "input": segs, "normalize": False})
     cal_got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
     states = srv.model.encode([doc], output_value="token_embeddings", calibration=CAL)[0].numpy()
     enc = srv.model.tokenizer("passage: " + doc, return_offsets_mapping=True)
@@ -303,7 +311,7 @@ def test_truncate_gives_a_long_documents_segments_late_chunking_of_its_start(srv
     status, headers, body = srv.post("/v1/segments", {"model": srv.name, "input": segs, "calibration": "stock"})
     assert status == 200 and headers.get(TRUNCATED_HEADER.lower()) == "1", (status, headers, body)
     got = np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
-    want = LateChunking(chunks=8)._compute(srv.model, [cut], [[(a, min(b, len(cut))) for a, b in spans]])[0]
+    want = unit(LateChunking(chunks=8)._compute(srv.model, [cut], [[(a, min(b, len(cut))) for a, b in spans]])[0])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert body["usage"]["prompt_tokens"] == LIMIT
 
@@ -330,7 +338,7 @@ def test_segments_requests_arriving_together_share_forward_passes(srv):
         np.testing.assert_allclose(vecs[1], vecs[0], rtol=0, atol=1e-5)
         if i % 2:
             doc, spans = join_segments(docs[i])
-            want = LateChunking(chunks=8)._compute(srv.model, [doc], [spans])[0]
+            want = unit(LateChunking(chunks=8)._compute(srv.model, [doc], [spans])[0])
             np.testing.assert_allclose(vecs[1], want, rtol=0, atol=1e-5)
     assert {(a[1][BATCH_HEADER.lower()], a[1][PASSES_HEADER.lower()]) for a in alone} == {("1", "1")}
     sizes = [int(t[1][BATCH_HEADER.lower()]) for t in together]

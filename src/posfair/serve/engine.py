@@ -88,6 +88,7 @@ class Document:
     n_segments: int
     truncated: int  # 1 when the document was cut at the token limit
     size: int  # its share of a batch's token budget: its tokens, at most the whole budget
+    normalize: bool = True  # each segment vector divided by its length
 
     @property
     def tokens(self) -> int:
@@ -324,7 +325,15 @@ class Engine:
             )
         ids = tuple(int(i) for i in enc["input_ids"][0])
         return Document(
-            doc, cal, prompt, ids, idx, len(spans), int(n > self.limit), min(len(ids), self.spec.max_tokens)
+            doc,
+            cal,
+            prompt,
+            ids,
+            idx,
+            len(spans),
+            int(n > self.limit),
+            min(len(ids), self.spec.max_tokens),
+            req.normalize,
         )
 
     def segments_many(self, docs: Sequence[Document]) -> list[Answer]:
@@ -378,4 +387,6 @@ class Engine:
             )
         states = out["token_embeddings"].float().cpu().numpy()[valid]
         vectors = contextualised_segments(states, doc.segment_of, doc.n_segments).astype(np.float32)
+        if doc.normalize:  # as encode and an OpenAI client expect: unit vectors
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return Answer(vectors, doc.tokens, doc.truncated)

@@ -55,7 +55,7 @@ MAX_BASKET = 1_000_000
 #: the largest ``dimensions`` read (the replica then takes only the model's own width)
 MAX_DIMENSIONS = 65536
 #: the posfair fields of a request, beside OpenAI's
-KNOWN_FIELDS = {"model", "input", "encoding_format", "user", "dimensions", "calibration", "prompt_name"}
+KNOWN_FIELDS = {"model", "input", "encoding_format", "user", "dimensions", "calibration", "prompt_name", "normalize"}
 
 
 @dataclasses.dataclass
@@ -88,6 +88,7 @@ class EmbeddingRequest:
     calibration: str | None = None  # None: the server's; else "stock", "default" or a spec (checked by the replica)
     prompt_name: str | None = None
     dimensions: int | None = None  # None, or checked by the replica: the model's own width only
+    normalize: bool = True  # /v1/segments: each segment vector of unit length (False: the plain mean of token states)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,6 +108,7 @@ class EmbeddingsBody(BaseModel):
     dimensions: Annotated[int, Field(ge=1, le=MAX_DIMENSIONS)] | None = None
     calibration: Annotated[str, Field(max_length=MAX_CALIBRATION_CHARS)] | None = None
     prompt_name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)] | None = None
+    normalize: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -224,7 +226,12 @@ def parse_request(body: bytes, served_name: str, *, segments: bool = False) -> E
             "model_not_found",
         )
     texts = (req.input,) if isinstance(req.input, str) else tuple(req.input)
-    return EmbeddingRequest(texts, req.encoding_format or "float", req.calibration, req.prompt_name, req.dimensions)
+    if req.normalize is not None and not segments:
+        raise bad("'normalize' applies to /v1/segments only (/v1/embeddings vectors are the model's own)", "normalize")
+    normalize = True if req.normalize is None else req.normalize
+    return EmbeddingRequest(
+        texts, req.encoding_format or "float", req.calibration, req.prompt_name, req.dimensions, normalize
+    )
 
 
 def _texts(value: Any, segments: bool) -> list[str] | str:
