@@ -22,7 +22,8 @@ Out = Annotated[
         "--out",
         "-o",
         metavar="DIR",
-        help="The repaired model folder (posfair.load_model(DIR)); its report goes to DIR/fit/.",
+        help="Output folder (created if missing): the repaired model (posfair.load_model(DIR)), its report in "
+        "DIR/fit/.",
     ),
 ]
 FitMethod = Annotated[
@@ -72,6 +73,16 @@ MaxSeqLength = Annotated[
         help="The documents' token limit while fitting and judging (the saved folder keeps the model's own).",
     ),
 ]
+Steps = Annotated[
+    int | None,
+    typer.Option(
+        "--steps",
+        parser=integer(1, 1_000_000),
+        metavar="N",
+        show_default="the method's own (finetune 150, learned 200)",
+        help="Optimiser steps of finetune and learned (a short run to try the command; the checks still apply).",
+    ),
+]
 SaveAnyway = Annotated[
     bool,
     typer.Option("--save-anyway", help="Save the repaired model even when it fails its held-out checks."),
@@ -79,7 +90,6 @@ SaveAnyway = Annotated[
 
 
 def fit(
-    out: Out,
     model: Model = None,
     corpus: Corpus = None,
     method: FitMethod = "finetune",
@@ -87,8 +97,10 @@ def fit(
     max_recall_drop: MaxRecallDrop = 1.0,
     min_removed: MinRemoved = 90.0,
     max_seq_length: MaxSeqLength = 512,
+    steps: Steps = None,
     save_anyway: SaveAnyway = False,
     seed: Seed = 0,
+    out: Out = Path("posfair-fit"),
 ) -> None:
     """Fit a repair of positional bias on a corpus, judge it on a held-out family, save it when it holds."""
     from posfair.cli.error_boundary import data_errors
@@ -115,7 +127,7 @@ def fit(
 
         result = fit_repair(
             model_id, out, corpus=df, method=method, test_family=test_family, limits=limits,
-            max_seq_length=max_seq_length, save_failing=save_anyway, progress=progress, seed=seed,
+            max_seq_length=max_seq_length, save_failing=save_anyway, progress=progress, steps=steps, seed=seed,
         )  # fmt: skip
     for line in summary_lines(result):
         con.print(line, markup=False, highlight=False)

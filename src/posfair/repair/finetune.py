@@ -26,6 +26,7 @@ from datasets import Dataset
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from torch import nn
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from posfair.fairness.documents import Instance
@@ -179,6 +180,7 @@ def fit_finetune(
         loss=PositionBalancedLoss(model, scale=s.scale, balance=s.balance),
         callbacks=[_Progress()],
     )
+    trainer.remove_callback(PrinterCallback)  # the log dicts it prints: progress reaches ``progress`` instead
     trainer.train(resume_from_checkpoint=_last_checkpoint(work_dir))
     for p in model.parameters():
         p.requires_grad_(True)

@@ -19,9 +19,12 @@ Methods (each fitted on the same documents, judged by the same checks):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import resource
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,9 +41,18 @@ from posfair.io import atomic_write_text
 from posfair.model import load_model
 from posfair.repair.data import FAMILY_FIELD, RepairSplit, repair_split
 from posfair.repair.family_benchmark import heldout_ndcg
+from posfair.repair.figure import repair_tradeoff
 from posfair.repair.finetune import FinetuneSettings, fit_finetune
 from posfair.repair.grid import grid_choice
-from posfair.repair.heldout import HeldOut, RepairLimits, check_repair, evaluate_repair, set_units
+from posfair.repair.heldout import (
+    HeldOut,
+    PositionEffect,
+    RepairLimits,
+    RetrievalChange,
+    check_repair,
+    evaluate_repair,
+    set_units,
+)
 from posfair.repair.learned import fit_learned, fit_tempscale
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "FitResult", "fit_repair", "heldout_markdown"]
@@ -74,6 +86,8 @@ class FitResult:
     encode_ratio: float
     out_dir: str
     limits: RepairLimits = field(default_factory=RepairLimits)
+    #: the fitting process's peak resident memory (MiB) when the result was made
+    peak_rss_mib: float = float("nan")
 
     @property
     def holds(self) -> bool:
@@ -84,19 +98,42 @@ class FitResult:
         d["heldout"] = self.heldout.to_dict()
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FitResult:
+        """The result :meth:`to_dict` wrote (``heldout.json``)."""
+        h = dict(d["heldout"])
+        heldout = HeldOut(
+            **{**h, "positions": tuple(PositionEffect(**e) for e in h["positions"]),
+               "retrieval": tuple(RetrievalChange(**r) for r in h["retrieval"]),
+               "above_by_position": tuple(tuple(x) for x in h.get("above_by_position", ()))}
+        )  # fmt: skip
+        counts = {k: tuple(v) for k, v in d["counts"].items()}
+        return cls(**{**d, "heldout": heldout, "counts": counts, "limits": RepairLimits(**d["limits"])})
+
 
 def _fit_method(
-    method: Method, model, split: RepairSplit, fit_corpus: pd.DataFrame, work: Path, progress: FitProgress | None
+    method: Method,
+    model,
+    split: RepairSplit,
+    fit_corpus: pd.DataFrame,
+    work: Path,
+    progress: FitProgress | None,
+    steps: int | None,
 ):
     """Run ``method``: returns (the repaired model, what was fitted as plain values)."""
     report = None if progress is None else (lambda step, total, value: progress(method, step, total, value))
     if method == "finetune":
         settings = FinetuneSettings()
+        if steps is not None:
+            settings = dataclasses.replace(settings, steps=steps, eval_every=min(settings.eval_every, steps))
         fit_finetune(model, split.train, split.dev, str(work / "checkpoints"), settings, progress=report)
         return model, {"finetune": settings.to_dict()}
     if method in ("learned", "tempscale"):
-        fit = fit_learned if method == "learned" else fit_tempscale
-        cal = fit(model, list(split.train), list(split.dev), progress=report)
+        if method == "learned":
+            extra = {} if steps is None else {"steps": steps}
+            cal = fit_learned(model, list(split.train), list(split.dev), progress=report, **extra)
+        else:
+            cal = fit_tempscale(model, list(split.train), list(split.dev), progress=report)
     else:
         cal = grid_choice(model, fit_corpus, work / "grid", limit=model.max_seq_length)
     model.set_calibration(cal)
@@ -114,12 +151,14 @@ def fit_repair(
     max_seq_length: int = 512,
     save_failing: bool = False,
     progress: FitProgress | None = None,
+    steps: int | None = None,
     seed: int = 0,
 ) -> FitResult:
     """Fit ``method`` on ``corpus`` (default: the bundled corpus, English) for the model ``model_id`` (as
     :func:`posfair.load_model` takes it) and save the repaired model to ``out_dir`` when it holds on the held-out
     family (module docstring).  ``max_seq_length``: the documents' token limit during the fit and the judgement (the
-    saved folder keeps the model's own limit)."""
+    saved folder keeps the model's own limit).  ``steps``: the optimiser steps of ``finetune`` and ``learned`` (None:
+    the method's default)."""
     if method not in METHODS:
         raise PosfairInputError(f"--method {method!r}: one of {', '.join(METHODS)}")
     limits = limits or RepairLimits()
@@ -136,7 +175,7 @@ def fit_repair(
     repaired.set_calibration(STOCK)
     t0 = time.perf_counter()
     fit_corpus = corpus[corpus[FAMILY_FIELD].astype(str) != split.test_family]
-    repaired, fitted = _fit_method(method, repaired, split, fit_corpus, work, progress)
+    repaired, fitted = _fit_method(method, repaired, split, fit_corpus, work, progress, steps)
     fit_seconds = time.perf_counter() - t0
     candidate = work / "candidate"
     if candidate.exists():
@@ -160,11 +199,18 @@ def fit_repair(
         shutil.rmtree(candidate)
     result = FitResult(
         method, str(model_id or "bundled"), split.test_family, split.counts(), fitted, heldout, ndcg, failures,
-        saved, fit_seconds, ratio, str(out), limits,
+        saved, fit_seconds, ratio, str(out), limits, _peak_rss_mib(),
     )  # fmt: skip
     atomic_write_text(work / "heldout.json", json.dumps(result.to_dict(), indent=2, default=float))
     atomic_write_text(work / "heldout.md", heldout_markdown([result]))
+    repair_tradeoff([result], work / "tradeoff")
     return result
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def _own_limit(model_id: str | None) -> int:
