@@ -77,6 +77,15 @@ TARGETS = {
 REAL_TARGETS = {"posfair-all": 1.15, "tiled-all": 1.15, "posfair-cls": 1.05, "posfair-last": 1.05}
 
 
+def _calibration():
+    """The calibration the posfair configurations run: ``--spec`` (any setting, e.g. per-head strengths or a
+    temperature; the worker processes read POSFAIR_BENCH_SPEC), else :data:`CAL`."""
+    import posfair
+
+    spec = os.environ.get("POSFAIR_BENCH_SPEC")
+    return posfair.Calibration.parse(spec) if spec else posfair.Calibration(**CAL)
+
+
 def build_model(folder: Path, max_len: int) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer, XLMRobertaConfig
@@ -140,7 +149,7 @@ def worker(folder: str, config: str, length: int, repeats: int, dtype: str, batc
             model.eval()
     if config.startswith("tiled"):
         posfair.calibration.fused.ENABLED = False
-    cal = posfair.Calibration(**CAL) if not config.startswith("plain") else None
+    cal = _calibration() if not config.startswith("plain") else None
     if real:
         features = preprocess(model, documents(batch), _prompt(model))
     else:
@@ -206,7 +215,7 @@ def interleaved(
             for c in configs if rep % 2 else configs[::-1]:
                 pooling = _pooling(c)
                 posfair.calibration.fused.ENABLED = not c.startswith("tiled")
-                cal = posfair.Calibration(**CAL) if not c.startswith("plain") else None
+                cal = _calibration() if not c.startswith("plain") else posfair.STOCK
                 with models[pooling].using(cal):
                     t0 = time.perf_counter()
                     models[pooling](dict(features[pooling]))
@@ -252,6 +261,9 @@ def main() -> None:
                          "get more rounds than --repeats; the median is kept)")  # fmt: skip
     ap.add_argument("--layers", type=float, default=None,
                     help="fraction of layers calibrated (default 0.5, the targets' setting; 1.0 = every layer)")  # fmt: skip
+    ap.add_argument("--spec", default=None,
+                    help="the calibration as on the command line (Calibration.parse), instead of B128, --layers, "
+                         "strength 0.5: e.g. 128,0.5,0.5,heads=3:0.5/1/...+4:...,temp=0.8")  # fmt: skip
     ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.layers is not None:
@@ -259,6 +271,8 @@ def main() -> None:
             ap.error(f"--layers must be in (0, 1]; got {args.layers}")
         os.environ["POSFAIR_BENCH_LAYERS"] = str(args.layers)  # the worker processes read it
         CAL["layers"] = args.layers
+    if args.spec is not None:
+        os.environ["POSFAIR_BENCH_SPEC"] = args.spec
     if args.worker:
         folder, config, length, repeats, dtype, batch = args.worker
         print(json.dumps(worker(folder, config, int(length), int(repeats), dtype, int(batch))))

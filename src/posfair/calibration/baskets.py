@@ -62,6 +62,18 @@ rows of one span) and the fused kernel (:mod:`posfair.calibration.fused`) all ca
 decide whether a row is calibrated with :func:`posfair.calibration.rule.engine_calibrates` and count
 baskets with :func:`posfair.calibration.rule.basket_count`.
 
+Two settings act around the formula (both off by default):
+
+* **per-head strengths** (``head_strength`` in :class:`~posfair.calibration.params.BasketSettings`): the blend of
+  step 5 with one strength per attention head.  The basket functions take them as ``strength``, a tensor
+  broadcastable to the rows' leading dimensions (:meth:`BasketSettings.for_heads
+  <posfair.calibration.resolved.BasketSettings.for_heads>` lays the heads out as each kernel's rows have them);
+  a setting whose ``head_strength`` is not laid out so is refused.
+* **TempScale** (``temperature`` T): before step 1, a row the formula runs on becomes ``softmax(logits / T)``
+  (:func:`temper_rows`: ``a ** (1 / T)`` renormalised, the same row); the formula then runs on it and blends with
+  it; at strength 0 the tempered row is returned.  The per-basket kernels divide the queries by T instead
+  (:mod:`posfair.calibration.fused`).
+
 Every function takes the settings as one value, a :class:`~posfair.calibration.params.BasketSettings`
 (:meth:`ResolvedCalibration.baskets <posfair.calibration.params.ResolvedCalibration.baskets>` builds it
 for a layer), or its fields as keywords (``calibrate_rows(w, 0, 4, basket_size=2, strength=0.5)``).

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
@@ -117,6 +118,35 @@ def exact(
     if query.shape[2] != key.shape[2]:
         return False
     return _padding_only(attention_mask, state.start, state.end, key.shape[2])
+
+
+def temperature_only(state: ForwardState, layer: int | None) -> bool:
+    """Whether the layer runs TempScale alone (a temperature, strength 0, no per-head strengths): then
+    :func:`tempered_attention` computes it with one stock SDPA call."""
+    cal = state.calibration.baskets(layer)
+    return cal.temperature is not None and cal.head_strength is None and float(cal.strength) == 0.0
+
+
+def tempered_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    state: ForwardState,
+    layer: int | None = None,
+) -> torch.Tensor:
+    """TempScale alone, every row (``queries="all"``; where :func:`exact` holds): stock SDPA with the queries of the
+    sequences the formula runs on (content of at least one basket) divided by T; returns (B, L, H, D)."""
+    cal = state.calibration.baskets(layer)
+    C = (state.end - state.start + 1 - int(cal.isolate_bos) - int(cal.isolate_eos)).to(query.device)
+    factor = torch.where(engine_calibrates(C, cal.basket_size), 1.0 / float(cal.temperature), 1.0)
+    q = query * factor.to(query.dtype).view(-1, 1, 1, 1)
+    if key.shape[1] != query.shape[1]:  # grouped-query attention
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.transpose(1, 2)
 
 
 def basket_attention(

@@ -319,6 +319,12 @@ def attend(
     """
     check_supported(kwargs)
     if calibrate and state.calibration.queries == "all":
+        if (
+            fused.ENABLED
+            and fused.temperature_only(state, module.layer_idx)
+            and fused.exact(module, query, key, value, attention_mask, state, record, kwargs, dropout)
+        ):
+            return fused.tempered_attention(query, key, value, attention_mask, scaling, state, layer=module.layer_idx)
         if fused.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
             return fused.basket_attention(query, key, value, scaling, state, layer=module.layer_idx)
         if cuda_rows.applicable(module, query, key, value, attention_mask, state, record, kwargs, dropout):
