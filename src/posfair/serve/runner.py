@@ -82,7 +82,12 @@ class ServerSettings:
 
 
 class ServerFailed(RuntimeError):
-    """The server could not start, or Ray failed under it: one line saying why (``posfair serve`` exits 1)."""
+    """The server could not start, or Ray failed under it: one line saying why (``posfair serve`` exits 1).
+    ``ray_failed``: Ray itself no longer answers (the stop then waits for it only briefly)."""
+
+    def __init__(self, message: str, ray_failed: bool = False):
+        super().__init__(message)
+        self.ray_failed = ray_failed
 
 
 #: the longest a stop takes (draining the gateway, then Ray's shutdown) before the process ends regardless
@@ -223,10 +228,10 @@ def serve_model(
         deadline = time.monotonic() + START_TIMEOUT_S
         while not stop.is_set() and not state.done.is_set():
             if time.monotonic() > deadline:
-                failed = True
                 raise ServerFailed(
                     f"the server did not start within {START_TIMEOUT_S:g} s (Ray, or the model replicas, never came "
-                    "up); see Ray's logs"
+                    "up); see Ray's logs",
+                    ray_failed=True,
                 )
             if in_main and not taken and state.connected.is_set():  # again: Ray's start set handlers of its own
                 take_signals()
@@ -245,8 +250,8 @@ def serve_model(
             (on_listening or (lambda url: None))(settings.url)
         on_ready(settings.url)
         _watch(stop, on_note or (lambda line: None))
-    except ServerFailed:
-        failed = True
+    except ServerFailed as exc:
+        failed = exc.ray_failed
         raise
     finally:
         try:
@@ -357,7 +362,9 @@ def _watch(stop: threading.Event, on_note: Callable[[str], None]) -> None:
             silent += 1
             if silent >= 2:
                 why = _one_line(box["error"]) if "error" in box else f"no answer in {RAY_ANSWER_S:g} s"
-                raise ServerFailed(f"the server's Ray instance failed ({why}); the server cannot serve")
+                raise ServerFailed(
+                    f"the server's Ray instance failed ({why}); the server cannot serve", ray_failed=True
+                )
             continue
         silent = 0
         status, message = box["status"]
