@@ -236,6 +236,7 @@ def local_imports(path: Path) -> list[tuple[int, str]]:
 #: serve's Ray Serve deployments (ray[serve], fastapi), imported when a server starts
 OPTIONAL_ON_USE = {
     ("posfair.serve.runner", "posfair.serve.deployments"),
+    ("posfair.serve.runner", "posfair.serve.application"),  # the application builder: its deployments, at import
     ("posfair.calibration.cuda_rows", "torch.nn.attention"),  # FlexAttention: torch >= 2.5, the "flex" kernel only
 }
 

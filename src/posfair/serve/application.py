@@ -20,7 +20,14 @@ import os
 import time
 from typing import Annotated, Any
 
+import ray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from posfair.calibration import Calibration
+from posfair.distributed.ray_engine import plan_workers
+from posfair.distributed.spec import EmbedSpec
+from posfair.serve.deployments import Encoder, Gateway
+from posfair.serve.openai_api import key_digest
 
 __all__ = ["AppArgs", "app", "encoder_settings"]
 
@@ -71,9 +78,6 @@ class AppArgs(BaseModel):
 
 def encoder_settings(args: AppArgs, resources: dict[str, float]) -> tuple[dict[str, Any], dict[str, float]]:
     """The encoder replicas' constructor settings and Ray resources, for a cluster with ``resources``."""
-    from posfair.distributed.ray_engine import plan_workers
-    from posfair.distributed.spec import EmbedSpec
-
     plan = plan_workers(resources, args.replicas, args.device)
     spec = EmbedSpec(
         model=None if args.model.strip() == "bundled" else args.model,
@@ -97,8 +101,6 @@ def encoder_settings(args: AppArgs, resources: dict[str, float]) -> tuple[dict[s
 
 def _calibration_fields(value: Any) -> dict[str, Any] | None:
     """The calibration's fields (None: stock) of the ``calibration`` argument."""
-    from posfair.calibration import Calibration
-
     if value is None or (isinstance(value, str) and value.strip().lower() == "stock"):
         return None
     if isinstance(value, dict):
@@ -107,8 +109,6 @@ def _calibration_fields(value: Any) -> dict[str, Any] | None:
 
 
 def _key_sha256(args: AppArgs) -> str | None:
-    from posfair.serve.openai_api import key_digest
-
     if args.key_sha256 is not None:
         return args.key_sha256
     if args.api_key_env is None:
@@ -121,10 +121,6 @@ def _key_sha256(args: AppArgs) -> str | None:
 
 def app(args: AppArgs) -> Any:
     """The posfair server as one Serve application (see the module's description)."""
-    import ray
-
-    from posfair.serve.deployments import Encoder, Gateway
-
     if not isinstance(args, AppArgs):  # serve run passes the typed model; a caller may pass a dict
         args = AppArgs.model_validate(args)
     resources = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}

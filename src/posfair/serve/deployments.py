@@ -26,6 +26,7 @@
 import asyncio
 import hmac
 import logging
+import re
 import time
 from typing import Any
 
@@ -122,8 +123,6 @@ def _part(req: EmbeddingRequest, chosen: list[int]) -> EmbeddingRequest:
 def _renumber(message: str, chosen: list[int], total: int) -> str:
     """A part's message ``N of M inputs ... (first: input K, ...)`` or ``input K ...`` said of the whole request:
     K the text's index in the request, the count a lower bound (the parts after it are not checked)."""
-    import re
-
     message = re.sub(r"\b(\d+) of \d+ inputs are", rf"at least \1 of the request's {total} inputs are", message)
     message = message.replace("(first: input", "(one: input")
     return re.sub(r"\binput (\d+)", lambda m: f"input {chosen[int(m.group(1))]}", message)

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import logging
+import resource
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -316,10 +320,6 @@ class _Start:
 
 def _answers(settings: ServerSettings) -> bool:
     """Whether the gateway answers at the server's address (any HTTP answer in OpenAI's shape or ours)."""
-    import json
-    import urllib.error
-    import urllib.request
-
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
     try:
         with urllib.request.urlopen(_url(host, settings.port) + "/health", timeout=1) as r:
@@ -445,8 +445,6 @@ def check_open_files(needed: int = 1024, wanted: int = 8192) -> None:
     """Raise this process's open-file limit towards ``wanted`` (as far as its hard limit allows: Ray's processes
     inherit it); :class:`ServerFailed` when it stays under ``needed`` -- Ray's raylet then crashes at start and
     the server would never come up."""
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
@@ -462,8 +460,6 @@ def check_open_files(needed: int = 1024, wanted: int = 8192) -> None:
 
 def _limits_hint() -> str:
     """A word on the process limits that keep Ray from starting, where they are set low."""
-    import resource
-
     hints = []
     vmem = resource.getrlimit(resource.RLIMIT_AS)[0]
     if vmem != resource.RLIM_INFINITY:
