@@ -71,3 +71,19 @@ def test_an_open_file_limit_ray_cannot_start_under_is_said_before_anything_loads
     limits["now"] = (64, 4096)  # a soft limit only: raised, and the server starts
     r = CliRunner().invoke(app, ["serve", "--port", str(free_port())])
     assert r.exit_code == 0 and limits["now"] == (4096, 4096) and started, r.output
+
+
+def test_a_port_taken_after_the_check_is_said_as_the_port_check_says_it():
+    """A port taken between the command's check and the bind of Serve's proxy ended in 'unexpected RayTaskError ...
+    Failed to bind'; it is now the --port message (the command prints it as 'error: --port PORT: ...', exit 2)."""
+    from posfair.serve.application import AppArgs
+    from posfair.serve.runner import ServerSettings, _deploy_failure
+
+    settings = ServerSettings(args=AppArgs(), host="127.0.0.1", port=8123)
+    raised = RuntimeError(
+        "ray::ProxyActor.ready() (pid=1)\n  ...\nOSError: [Errno 98] Failed to bind to address: Address already in use"
+    )
+    said = _deploy_failure(raised, settings)
+    assert said == "--port 8123: cannot listen on 127.0.0.1:8123 (Address already in use)"
+    other = _deploy_failure(RuntimeError("Deploying application posfair failed:\nValueError: no model there"), settings)
+    assert other == "the server's application did not start: ValueError: no model there"

@@ -300,14 +300,14 @@ class _Start:
             conflict = serve_conflict(s.host, s.port, found)
             if conflict is not None:  # the command checked it before loading anything; a cluster may change since
                 raise ServeConflict(conflict)
-            serve.start(
-                proxy_location="HeadOnly",
-                http_options={"host": s.host, "port": s.port, "keep_alive_timeout_s": 5},
-            )
-            self.proxy_up.set()
             try:
+                serve.start(
+                    proxy_location="HeadOnly",
+                    http_options={"host": s.host, "port": s.port, "keep_alive_timeout_s": 5},
+                )
+                self.proxy_up.set()
                 serve.run(app(s.args), name=APP, route_prefix="/")  # returns once the application runs
-            except RuntimeError as exc:
+            except Exception as exc:  # noqa: BLE001 -- Serve's failures (RayTaskError, RuntimeError): one line
                 raise ServerFailed(_deploy_failure(exc, s)) from None
         except BaseException as exc:  # noqa: BLE001 -- handed to the main thread
             self.error = exc
