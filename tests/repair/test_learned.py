@@ -142,6 +142,14 @@ def test_gradients_match_central_differences_on_the_float64_reference(planted):
     torch.testing.assert_close(strengths.grad, fd, atol=2e-3 * scale, rtol=1e-2)
 
 
+def test_the_objective_encodes_as_encode_does(planted):
+    texts = [d.text for d in instances(1, 4)[0].documents] + ["a short text"]
+    for cal in (posfair.STOCK, Calibration(4, 0.5, 0.7, head_strengths={2: (0.0, 1.0, 0.5, 0.2)}, temperature=0.8)):
+        with torch.no_grad(), planted.using(cal):
+            got = embed(planted, texts, batch_size=3).numpy()
+        np.testing.assert_allclose(got, planted.encode(texts, calibration=cal), atol=1e-6)
+
+
 def test_tempscale_picks_the_dev_minimum_and_one_is_stock(planted):
     seen = []
     cal = fit_tempscale(planted, instances(2, 1), instances(2, 2), temperatures=(0.5, 1.0, 2.0), layers=0.5,

@@ -42,7 +42,9 @@ import torch.nn.functional as F
 
 from posfair.calibration.choice import STOCK
 from posfair.calibration.params import Calibration
+from posfair.encoding import default_prompt
 from posfair.model.calibrated_transformer import calibration_override
+from posfair.model.compat import preprocess
 
 __all__ = ["SigmaObjective", "TextBatch", "embed", "fit_learned", "fit_tempscale"]
 
@@ -71,7 +73,7 @@ class TextBatch:
         pd, ps, pp = [], [], []
         for d, doc in enumerate(documents):
             for p, seg in enumerate(doc.texts):
-                ps.append(segs.setdefault(seg.strip(), len(segs)))
+                ps.append(segs.setdefault(seg, len(segs)))
                 pd.append(d)
                 pp.append(p)
         pair_doc, pair_seg = torch.tensor(pd), torch.tensor(ps)
@@ -81,13 +83,15 @@ class TextBatch:
 
 
 def embed(model, texts: Sequence[str], batch_size: int | None = 16) -> torch.Tensor:
-    """Sentence embeddings of ``texts`` from ``model``'s forward pass (the calibration active around the call;
-    autograd tracks what it tracks), ``batch_size`` texts per pass (None: one pass)."""
+    """Sentence embeddings of ``texts`` from ``model``'s forward pass, the features as ``encode`` builds them (the
+    model's default prompt, e.g. multilingual-e5's "passage: ", prepended), with the calibration active around the
+    call (autograd tracks what it tracks); ``batch_size`` texts per pass (None: one pass)."""
     texts = list(texts)
     step = batch_size or max(1, len(texts))
+    prompt = default_prompt(model) or None
     out = []
     for i in range(0, len(texts), step):
-        features = model.tokenize(texts[i : i + step])
+        features = preprocess(model, texts[i : i + step], prompt)
         features = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
         out.append(model(features)["sentence_embedding"])
     return torch.cat(out)
@@ -204,7 +208,7 @@ def _prepare(model, train_instances, dev_instances, cal: Calibration, *, docs_pe
             f"a fit needs train and dev documents; got {len(train_sets)} train and {len(dev_sets)} dev sets"
         )
     docs = [d.text for s in train_sets for d in s]
-    segs = sorted({t.strip() for s in train_sets for d in s for t in d.texts})
+    segs = sorted({t for s in train_sets for d in s for t in d.texts})
     doc_cov = model.calibration_coverage(docs, cal)
     if doc_cov.noop:
         raise ValueError(f"the calibration changes none of the {doc_cov.total} training documents: {doc_cov.message()}")
