@@ -11,6 +11,8 @@ LONG_FIRST = (
     "tests/distributed/test_ray.py",
     "tests/test_readme.py",  # the other README chains and blocks (the serve section's server among them)
     "tests/serve/test_server.py",  # one real Ray Serve server for the module: ~85 s
+    "tests/serve/test_server_faults.py",  # two servers, each broken (Ray killed, the process group stopped): ~2 min
+    "tests/serve/test_serve_run.py",  # Serve's own `serve run` of the builder: ~40 s
     "tests/test_bundled_e5.py",
     "tests/test_faults.py",
 )
