@@ -72,6 +72,7 @@ def test_the_builder_runs_under_serve_run_with_typed_args(tiny_model_path, tmp_p
         )
     )
     env = dict(os.environ, POSFAIR_TEST_RUN_KEY="run-key-42", HF_HUB_OFFLINE="1")
+    env.pop("RAY_ADDRESS", None)  # a Ray instance of its own, never another test's
     serve_cmd = Path(sys.executable).with_name("serve")
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
