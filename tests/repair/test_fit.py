@@ -244,3 +244,24 @@ def test_finetuning_lowers_its_objective_and_the_saved_folder_reloads_it(tiny_mo
     reloaded = posfair.load_model(str(tmp_path / "saved"), max_seq_length=128)
     texts = [d.text for d in split.test[0].documents[:6]]
     np.testing.assert_allclose(reloaded.encode(texts), model.encode(texts), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--method", "nope"], "error: --method nope: must be one of finetune, learned, tempscale, grid; got 'nope'"),
+        (["--test-family", "nope"], "error: --test-family 'nope' is not in the corpus; its families: debian-faq, "
+                                    "installation-guide"),
+        (["--steps", "0"], "error: --steps 0: must be in [1, 1000000]; got 0"),
+        (["--min-removed", "120"], "error: --min-removed 120"),
+    ],
+)  # fmt: skip
+def test_fit_refuses_bad_input_in_one_line(args, line, tmp_path):
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "posfair.cli", "fit", "--out", str(tmp_path / "o"), *args],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), res.stderr
+    assert not (tmp_path / "o").exists()  # refused before any work: nothing written

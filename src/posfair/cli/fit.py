@@ -109,10 +109,12 @@ def fit(
 
     checks.output_folder(out)
     model_id = checks.model_source(model)
+    from posfair.repair.data import held_out_family
     from posfair.repair.fitting import fit_repair
     from posfair.repair.heldout import RepairLimits
 
     df = load_corpus(corpus, ["en"])
+    held_out_family(df, test_family)  # refused now, before the model loads
     limits = RepairLimits(min_removed=min_removed / 100, max_recall_drop=max_recall_drop)
     con = console()
     with progress_bars() as bar, data_errors():

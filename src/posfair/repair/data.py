@@ -23,7 +23,7 @@ from posfair.fairness.documents import Instance
 from posfair.fairness.experiment import AuditSettings, build_instances
 from posfair.tuning.objectives import corpus_families, split_ids
 
-__all__ = ["FAMILY_FIELD", "RepairSplit", "disjoint_sets", "repair_split"]
+__all__ = ["FAMILY_FIELD", "RepairSplit", "disjoint_sets", "held_out_family", "repair_split"]
 
 #: the corpus column naming each section's document family (the bundled corpus: debian-faq, installation-guide)
 FAMILY_FIELD = "source"
@@ -62,6 +62,25 @@ def disjoint_sets(inst: Instance) -> Instance:
     return dataclasses.replace(
         inst, sets=[s for s in inst.sets if s.set_id in kept], documents=[d for d in inst.documents if d.set_id in kept]
     )
+
+
+def held_out_family(corpus: pd.DataFrame, test_family: str | None) -> str:
+    """The family :func:`repair_split` holds out: ``test_family`` (checked against the corpus's families) or the
+    family with the fewest sections.  Refuses a corpus without two families."""
+    families = corpus_families(corpus) if FAMILY_FIELD in corpus.columns else []
+    if len(families) < 2:
+        raise PosfairInputError(
+            f"a repair is judged on a document family it was not fitted on: the corpus needs a {FAMILY_FIELD!r} "
+            f"column with at least 2 families; it has {len(families)}"
+        )
+    if test_family is None:
+        sizes = corpus.groupby(FAMILY_FIELD)["id"].nunique()
+        return str(sizes.sort_values(kind="stable").index[0])
+    if test_family not in families:
+        raise PosfairInputError(
+            f"--test-family {test_family!r} is not in the corpus; its families: {', '.join(families)}"
+        )
+    return test_family
 
 
 def repair_split(
