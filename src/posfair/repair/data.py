@@ -96,19 +96,8 @@ def repair_split(
     seed: int = 0,
 ) -> RepairSplit:
     """Build the three splits (see the module docstring) for documents of at most ``limit`` tokens."""
-    families = corpus_families(corpus) if FAMILY_FIELD in corpus.columns else []
-    if len(families) < 2:
-        raise PosfairInputError(
-            f"a repair is judged on a document family it was not fitted on: the corpus needs a {FAMILY_FIELD!r} "
-            f"column with at least 2 families; it has {len(families)}"
-        )
-    if test_family is None:
-        sizes = corpus.groupby(FAMILY_FIELD)["id"].nunique()
-        test_family = str(sizes.sort_values(kind="stable").index[0])
-    elif test_family not in families:
-        raise PosfairInputError(
-            f"--test-family {test_family!r} is not in the corpus; its families: {', '.join(families)}"
-        )
+    test_family = held_out_family(corpus, test_family)
+    families = corpus_families(corpus)
     fam = corpus[FAMILY_FIELD].astype(str)
     test_part, fit_part = corpus[fam == test_family], corpus[fam != test_family]
     train_ids, dev_ids = split_ids(fit_part["id"].astype(str).tolist(), dev_fraction, seed)
