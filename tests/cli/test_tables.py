@@ -3,10 +3,6 @@ plain text when piped (no box drawing, no wrapping, no cut cells)."""
 
 from __future__ import annotations
 
-import io
-
-from rich.console import Console
-
 from posfair.cli.terminal_progress import console
 from posfair.cli.terminal_tables import print_table, table_text
 
@@ -38,21 +34,27 @@ def test_a_table_too_wide_for_80_columns_becomes_one_block_per_row():
     assert len(table_text("Audit", HEADER, ROWS, width=200).split("\n")) == 1 + 2 + len(ROWS)
 
 
-def test_piped_output_is_plain_and_unwrapped(monkeypatch):
-    buf = io.StringIO()
-    con = Console(file=buf, soft_wrap=True, no_color=True, highlight=False)  # what console() gives when piped
-    assert not con.is_terminal
+def test_piped_output_is_plain_and_unwrapped(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    con = console()  # pytest's captured stdout is not a terminal
+    assert not con.is_terminal and con.width is None
     print_table(
         con, "Audit [bold]x[/bold]", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3
     )
-    out = buf.getvalue()
+    out = capsys.readouterr().out
     assert not BOX & set(out)
     assert "[bold]" in out  # cells and titles are printed as they are, never read as markup
     lines = out.splitlines()
     assert max(len(line) for line in lines) > 80  # no wrapping when piped: a file keeps whole lines
     assert lines[1].split() == HEADER
-    piped = console()  # pytest's captured stdout is not a terminal
-    assert not piped.is_terminal and piped.soft_wrap and piped.no_color
+
+
+def test_with_columns_set_a_wide_table_is_one_block_per_row_and_its_caption_wraps_at_words(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    print_table(console(), "Audit", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines) and lines[1] == "- n=3  configuration=en  coef=beta_2"
+    assert lines[-1].strip().split() and all(set(w) <= set("long") for w in lines[-1].split())
 
 
 def test_progress_into_a_log_is_one_whole_line_per_bar(capsys):

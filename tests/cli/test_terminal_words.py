@@ -40,7 +40,7 @@ def test_encode_says_a_calibration_changed_nothing_and_verify_names_what_a_names
     v = CliRunner().invoke(app, ["verify", str(cache)])
     assert v.exit_code == 0, v.output
     assert "all 1 shard of 1 namespace verified (2 rows)" in v.stdout
-    row = v.stdout.splitlines()[1]
+    row = v.stdout.splitlines()[2]  # under the header and its underline
     assert row.endswith("B64-L1-a1") and "embedding, model " in row
 
 

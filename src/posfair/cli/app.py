@@ -53,8 +53,9 @@ def root(
     ctx.with_resource(one_line_warnings())
     if version:
         from posfair import __version__
+        from posfair.cli.terminal import say
 
-        typer.echo(f"posfair {__version__}")
+        say(f"posfair {__version__}")
         raise typer.Exit()
 
 

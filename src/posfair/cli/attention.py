@@ -129,13 +129,11 @@ def attention(
 ) -> None:
     """Profile the pooling token's attention over segment-set documents (stock vs calibrated)."""
     # the model and the plots are imported only when they are needed, after the checks (--help and mistakes stay fast)
-    from rich.markup import escape
-
     from posfair.attention.profile import resolve_layers
     from posfair.cli.error_boundary import data_errors, naming
     from posfair.cli.inputs import load_corpus
-    from posfair.cli.terminal_progress import console, progress_bars
-    from posfair.cli.terminal_tables import print_table
+    from posfair.cli.terminal import say, table
+    from posfair.cli.terminal_progress import progress_bars
 
     checks.output_folder(out)
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
@@ -174,6 +172,5 @@ def attention(
         values = [_cell(k, s.get(k, float("nan"))) for k in keys]
         rows.append([p.group, p.label, *values])
     title = f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"
-    con = console()
-    print_table(con, title, ["lang", "profile", *keys], rows, keys=2, caption=ATTENTION_LEGEND)
-    con.print(f"report: [bold]{escape(str(report))}[/bold]")
+    table(title, ["lang", "profile", *keys], rows, keys=2, caption=ATTENTION_LEGEND)
+    say(f"report: {report}")

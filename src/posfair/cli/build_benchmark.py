@@ -128,7 +128,7 @@ def _say_built(path: Path, k: int, langs) -> None:
     import json
     import warnings
 
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal import say
     from posfair.retrieval.benchmarks import BenchmarkSizeWarning, load_benchmark
 
     info = json.loads((path / "benchmark.json").read_text())
@@ -137,13 +137,11 @@ def _say_built(path: Path, k: int, langs) -> None:
         f"{info.get('segments_dropped_too_long', 0)} of {info.get('segments_aligned', '?')} aligned segments dropped "
         + (f"as longer than {limit} // {k} = {limit // k} tokens" if limit else "(no document length limit)")
     )
-    console().print(
+    say(
         f"benchmark {info.get('name')} written to {path} (settings in {path / 'benchmark.json'}): "
         f"{info.get('documents')} documents of {k} segments each, languages {', '.join(info.get('langs', []))}, "
         f"documents within {limit or 'any number of'} tokens (model token limit {info.get('max_seq_length')}); "
-        f"{dropped}",
-        markup=False,
-        highlight=False,
+        f"{dropped}"
     )
     advice = (
         "build it larger: --max-seq-length up to the model's position limit (longer documents fit), a smaller --k, "
@@ -151,7 +149,7 @@ def _say_built(path: Path, k: int, langs) -> None:
     )
     for lang in langs:  # each language is its own domain, searched on its own
         size = load_benchmark(str(path), lang=lang).size()
-        console().print(size.line(), markup=False, highlight=False)
+        say(size.line())
         message = size.warning(advice)
         if message:
             warnings.warn(message, BenchmarkSizeWarning, stacklevel=1)

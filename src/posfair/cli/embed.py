@@ -114,6 +114,7 @@ def embed(
     """Embed every distinct text of a corpus into the store --out, stock or calibrated. Resumable and idempotent."""
     # the job code, torch and the model are imported here, when the command runs, so that --help stays fast
     from posfair.calibration import STOCK
+    from posfair.cli.terminal import say
     from posfair.cli.terminal_progress import progress_bars
     from posfair.distributed import EmbedSpec, embed_texts
 
@@ -146,7 +147,7 @@ def embed(
     )
     fm.eval()
     checks.check_calibrations(fm, [cal])
-    typer.echo(_engine_line(use_ray, ray_address, workers))
+    say(_engine_line(use_ray, ray_address, workers))
     with progress_bars() as bar:
         report = embed_texts(
             texts,
@@ -162,7 +163,7 @@ def embed(
             add_corpus=add_corpus,
             progress=bar("embedding", len(set(texts))),
         )
-    typer.echo(_summary_line(report, fm.display_name, cal.label()))
+    say(_summary_line(report, fm.display_name, cal.label()))
 
 
 def _check_options(use_ray: bool, part: str | None, corpus: str | None, langs) -> None:

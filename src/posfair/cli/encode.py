@@ -165,7 +165,9 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
             else f"stock: {label} calibrated none of the {cov.total} distinct texts (none is longer than one basket)"
         )
     reused = f"; {cached} of {distinct} distinct texts from the cache {cache_dir}" if cached else ""
-    typer.echo(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}{reused}) to {out}")
+    from posfair.cli.terminal import say
+
+    say(f"wrote {len(texts)} embeddings ({vectors.shape[1]} dims, {label}{reused}) to {out}")
 
 
 # the file that marks a cache folder posfair created for one ``encode`` output (and may delete)

@@ -22,6 +22,7 @@ warnings print as one line ``warning: <message>`` (:func:`one_line_warnings`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import traceback
@@ -215,7 +216,9 @@ def report(exc: BaseException, args: Sequence[str], debug: bool, group: Any = No
     if type(exc).__name__ == "NoArgsIsHelpError":  # bare "posfair": the help (rich prints it itself), exit 0
         text = exc.format_message()
         if text.strip() and "Usage:" in text:
-            print(text)
+            from posfair.cli.terminal import say
+
+            say(text)
         return 0
     if isinstance(exc, _UsageError):
         code, message = EXIT_USER, _usage_message(exc, args)
@@ -236,7 +239,9 @@ def report(exc: BaseException, args: Sequence[str], debug: bool, group: Any = No
     if debug and code != EXIT_INTERRUPTED:  # --debug: the traceback of every error but the parser's
         if not isinstance(exc, _UsageError):
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    from posfair.cli.terminal import error
+
+    error(message)
     return code
 
 
@@ -259,7 +264,9 @@ class PosfairGroup(TyperGroup):
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
             if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into exit code 130
-                print("error: interrupted", file=sys.stderr, flush=True)
+                from posfair.cli.terminal import error
+
+                error("interrupted")
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_BUG)
         except BaseException as exc:  # the boundary: everything becomes one line and an exit code
@@ -296,17 +303,52 @@ def one_line_warnings() -> Iterator[None]:
     :class:`posfair.store.DamagedShardWarning`); a command shows each as one line.  Only posfair's own
     warnings are shown (a posfair warning class, or issued from posfair's code); another library's notices
     (deprecations inside sentence-transformers or transformers, which the user cannot act on) are shown
-    only with ``--debug``.
+    only with ``--debug``.  posfair's log warnings (``logging``, logger ``posfair``) print the same way, through
+    the terminal writer; one the command's own summary says (marked ``extra={"posfair_summary": True}``) is not
+    said twice.
     """
 
     def show(message, category, filename, lineno, file=None, line=None):
         if not _posfairs(category, filename) and not _debug_requested(sys.argv[1:]):
             return  # another library's notice (e.g. a deprecation inside sentence-transformers): not the user's to act on
-        print(f"warning: {one_line(str(message))}", file=sys.stderr, flush=True)
+        from posfair.cli.terminal import warn
 
-    with warnings.catch_warnings(), quiet_other_libraries():
+        warn(one_line(str(message)))
+
+    with warnings.catch_warnings(), quiet_other_libraries(), _log_warnings_as_lines():
         warnings.showwarning = show
         yield
+
+
+class _WarningLines(logging.Handler):
+    """posfair's log records of level WARNING and above as ``warning: <message>`` lines of the terminal writer."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "posfair_summary", False):
+            return  # the command's summary says it
+        from posfair.cli.terminal import warn
+
+        try:
+            warn(one_line(record.getMessage()))
+        except Exception:  # noqa: BLE001 -- logging must never end the command
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _log_warnings_as_lines() -> Iterator[None]:
+    """Within: posfair's log warnings go through the terminal writer (not logging's bare last-resort line)."""
+    log = logging.getLogger("posfair")
+    handler, propagate = _WarningLines(), log.propagate
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
 
 
 @contextlib.contextmanager

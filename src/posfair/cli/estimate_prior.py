@@ -45,12 +45,10 @@ def estimate_prior_command(
 
     Use the file as a calibration variant: --calibration 16,1.0,1,prior=FILE.json.  Without --calibration the prior
     covers every layer with the model's default BOS/EOS isolation; with one, its layers and isolation."""
-    from rich.markup import escape
-
     from posfair.calibration.params import Calibration
     from posfair.cli.error_boundary import data_errors
     from posfair.cli.inputs import build_documents, load_corpus
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal import say
     from posfair.io import atomic_write_text
 
     checks.output_file(out, (".json",))
@@ -67,13 +65,8 @@ def estimate_prior_command(
         est = estimate_prior(fm, docs, base, bins=bins, batch_size=batch_size)
     body = est.to_dict() | {"model": fm.display_name, "fingerprint": fm.fingerprint, "langs": list(langs), "n": n}
     atomic_write_text(out, json.dumps(body, indent=1))
-    con = console()
     prior = est.calibration.prior
     for layer, v in zip(prior.layers or ("all",), prior.values, strict=True):
-        con.print(
-            f"layer {layer}: first bin {v[0]:.3f}, last bin {v[-1]:.3f}, max/min {max(v) / min(v):.2f}", highlight=False
-        )
+        say(f"layer {layer}: first bin {v[0]:.3f}, last bin {v[-1]:.3f}, max/min {max(v) / min(v):.2f}")
     skipped = f"; {est.skipped} shorter than {bins} content tokens left out" if est.skipped else ""
-    con.print(
-        f"{est.documents} documents{skipped}; prior in [bold]{escape(str(out))}[/bold] (use: --calibration B,LAYERS,STRENGTH,prior={escape(str(out))})"
-    )
+    say(f"{est.documents} documents{skipped}; prior in {out} (use: --calibration B,LAYERS,STRENGTH,prior={out})")

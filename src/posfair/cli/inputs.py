@@ -38,11 +38,11 @@ def say_benchmark_size(bench) -> None:
     """The benchmark's size and resolution, and a warning when it is too small to separate methods."""
     import warnings
 
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal import say
     from posfair.retrieval.benchmarks import BenchmarkSizeWarning
 
     size = bench.size()
-    console().print(size.line(), markup=False, highlight=False)
+    say(size.line())
     message = size.warning("build a larger one (posfair build-benchmark --help)")
     if message:
         warnings.warn(message, BenchmarkSizeWarning, stacklevel=1)

@@ -47,11 +47,9 @@ def run_audit(
     model, corpus, settings, calibrations, out: Path, cache: Path | None, model_name: str, corpus_name: str, title: str
 ):
     """Run the audit with progress bars, save its results and report in ``out``, print the summary."""
-    from rich.markup import escape
-
     from posfair.cli.error_boundary import data_errors
-    from posfair.cli.terminal_progress import console, progress_bars
-    from posfair.cli.terminal_tables import print_table
+    from posfair.cli.terminal import say, table, warn
+    from posfair.cli.terminal_progress import progress_bars
     from posfair.fairness.pipeline import audit as run
     from posfair.stats.inference import FewClustersWarning
 
@@ -72,42 +70,38 @@ def run_audit(
             )
     paths = result.save(out, title=title, state=[cache])
     elapsed = time.perf_counter() - t0
-    con = console()
     header, rows = summary_table(result)
-    print_table(con, f"{title} ({elapsed:.0f} s)", header, rows, caption=SUMMARY_CAPTION, keys=3)
-    con.print(f"inference: {escape(result.inference_text())}")
+    table(f"{title} ({elapsed:.0f} s)", header, rows, caption=SUMMARY_CAPTION, keys=3)
+    say(f"inference: {result.inference_text()}")
     for t in language_summary_tables(result):
         header, body = t.rows()
-        print_table(con, t.title, header, body, caption=LANGUAGE_CAPTION)
+        table(t.title, header, body, caption=LANGUAGE_CAPTION)
     from posfair.fairness.family_report import family_tables
 
     for t in family_tables(result):  # an audit run --by-family: each family, pooled, and Cochran's Q across them
         header, body = t.rows()
-        print_table(con, t.title, header, body, caption=FAMILY_CAPTION)
+        table(t.title, header, body, caption=FAMILY_CAPTION)
     cov = result.coverage()
     cov = cov[cov["calibrated_share"].notna()]
     for label, g in cov.groupby("calibration", sort=False):
         docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
-        style = "yellow" if done < docs else "default"
-        con.print(
-            f"[{style}]calibrated share of {escape(label)}: {done / docs:.3f} ({done} of {docs} documents calibrated)[/{style}]"
-        )
+        say(f"calibrated share of {label}: {done / docs:.3f} ({done} of {docs} documents calibrated)")
         words = next((c.describe() for c in calibrations if c.label() == label), None)
         if words:
-            con.print(f"{escape(label)}: {escape(words)}")
+            say(f"{label}: {words}")
     few = result.few_clusters_message()
     if few:
-        con.print(f"[yellow]warning: {escape(few)}[/yellow]")
+        warn(few)
     for s in result.sampling:
         line = f"{s['instance']}: {s['documents']} documents from {s['sets_used']} segment sets"
         if s["sets_skipped_too_long"]:
             line += f", {s['sets_skipped_too_long']} sets skipped (longer than {s['limit']} tokens)"
         if s["segments_outside_window"]:
             line += f", {s['segments_outside_window']} topics outside the segment-length window"
-        con.print(escape(line))
+        say(line)
         for note in s.get("notes", []):
-            con.print(f"  [yellow]{escape(note)}[/yellow]")
-    con.print(f"report: [bold]{escape(str(paths['report']))}[/bold]")
+            say(f"  {note}")
+    say(f"report: {paths['report']}")
     return result, paths, elapsed
 
 
@@ -223,13 +217,11 @@ def _print_benchmark_results(results, out) -> None:
     """The group and bucket tables (one legend for both), the differences, the calibrations that changed nothing and
     where the results are."""
     from posfair.calibration.coverage import NOOP_LABEL
-    from posfair.cli.terminal_progress import console
-    from posfair.cli.terminal_tables import print_frame
+    from posfair.cli.terminal import frame, say
     from posfair.retrieval.compare import differences_table
     from posfair.retrieval.result_tables import bucket_table, group_table, results_table
     from posfair.retrieval.resumable_sweep import BUCKETS_TITLE, GROUPS_TITLE, noop_settings
 
-    con = console()
     legend: list[str] = []
     for build, present in (
         (group_table, any(r.groups for r in results)),
@@ -238,20 +230,18 @@ def _print_benchmark_results(results, out) -> None:
         if present:
             title = (GROUPS_TITLE if build is group_table else BUCKETS_TITLE).format(benchmark=results[0].benchmark)
             table = results_table(build(results))
-            print_frame(con, title, table.frame)
+            frame(title, table.frame)
             legend += [line for line in table.caption.splitlines() if line not in legend]
     if legend:  # once for both tables (the files' tables carry it each)
-        con.print("\n".join(legend), markup=False, highlight=False, soft_wrap=True)
+        say("\n".join(legend))
     differences = differences_table(results)
     if differences is not None:
-        print_frame(con, differences.title, differences.frame, caption=differences.caption)
+        frame(differences.title, differences.frame, caption=differences.caption)
     noop = noop_settings(results)
     if noop:
         n_cal = sum(r.method == "calibrated" for r in results)
-        con.print(
+        say(
             f"{len(noop)} of {n_cal} calibrations change no document of this benchmark ({NOOP_LABEL}; every document is shorter "
-            f"than one basket or exactly one basket) and were not evaluated: {', '.join(noop)}",
-            markup=False,
-            highlight=False,
+            f"than one basket or exactly one basket) and were not evaluated: {', '.join(noop)}"
         )
-    con.print(f"results in {out}", markup=False, highlight=False)
+    say(f"results in {out}")

@@ -21,6 +21,7 @@ from posfair.cli.options import (
     TrustRemoteCode,
 )
 from posfair.cli.parsers import integer, number
+from posfair.cli.terminal import say
 
 Host = Annotated[
     str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on (127.0.0.1: this machine only).")
@@ -153,7 +154,7 @@ def serve(
     checks.check_calibrations(fm, [cal])
     saved = fm.resolve_calibration(MODEL_DEFAULT)
     if cal is STOCK and saved is not STOCK:  # as every command: stock unless --calibration (posfair encode -m FOLDER)
-        typer.echo(
+        say(
             f"note: the model folder was saved with calibration {saved.spec()}; without --calibration this server "
             f"encodes stock, as posfair encode does (pass --calibration {saved.spec()} to serve that calibration)",
             err=True,
@@ -201,14 +202,13 @@ def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: 
 
 def _check_open_files() -> None:
     """The open-file limit Ray needs to start (raised as far as the hard limit allows), before anything loads."""
-    import sys
-
+    from posfair.cli.terminal import error
     from posfair.serve.runner import ServerFailed, check_open_files
 
     try:
         check_open_files()
     except ServerFailed as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        error(str(exc))
         raise typer.Exit(1) from None
 
 
@@ -242,20 +242,19 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
     limit = int(fm.max_seq_length)
     del fm  # the replicas load their own
     where = "a local Ray instance" if opts["ray_address"] in (None, "local") else f"Ray at {opts['ray_address']}"
-    typer.echo(f"starting: {settings.served_name} ({label}, {limit} tokens), {opts['replicas']} replica(s) on {where}")
+    say(f"starting: {settings.served_name} ({label}, {limit} tokens), {opts['replicas']} replica(s) on {where}")
 
     def listening(url: str) -> None:
-        typer.echo(f"listening on {url}; loading the model (GET /health and the API answer 503 until it is ready)")
+        say(f"listening on {url}; loading the model (GET /health and the API answer 503 until it is ready)")
 
     def ready(url: str) -> None:
-        typer.echo(
+        say(
             f"serving {settings.served_name} at {url} (POST /v1/embeddings, POST /v1/segments, GET /v1/models, "
-            "GET /health); Ctrl-C stops it",
-            nl=True,
+            "GET /health); Ctrl-C stops it"
         )
 
     def note(line: str) -> None:
-        typer.echo(f"note: {line}", err=True)
+        say(f"note: {line}", err=True)
 
     try:
         runner.serve_model(settings, ready, on_listening=listening, on_note=note)
@@ -274,9 +273,9 @@ def _end(code: int, line: str) -> None:
     hang the process too), else as usual."""
     import sys
 
-    print(line, file=sys.stderr if code else sys.stdout, flush=True)
     from posfair.serve import runner
 
+    say(line, err=bool(code))
     if runner.unfinished():
         sys.stderr.flush()
         os._exit(code)

@@ -1,9 +1,12 @@
-"""The one progress display of every command: rich bars on stderr (results go to stdout)."""
+"""The one progress display of every command: rich bars on stderr (results go to stdout), their labels cut at a
+word to a short column; piped, one line per bar through :func:`posfair.cli.terminal.say`."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+
+from posfair.cli.terminal import Writer, say, short_label
 
 __all__ = ["progress_bars", "console", "Tick"]
 
@@ -53,7 +56,8 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
             if not started:
                 started.append(stack.enter_context(Progress(*columns, console=Console(stderr=True))))
             prog = started[0]
-            task = prog.add_task(escape(description), total=total, completed=done)
+            label = short_label(description, label_width(prog.console.width))
+            task = prog.add_task(escape(label), total=total, completed=done)
             return lambda k: prog.advance(task, k)
 
         yield bar
@@ -66,7 +70,6 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
 def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
     """Progress for a log: ``DESCRIPTION: DONE/TOTAL in 12.3 s`` on stderr, once per bar, when it completes;
     a bar left short when the block ends is written then, as far as it got (or filled: ``complete_on_exit``)."""
-    import sys
     import time
 
     open_bars: list[dict] = []
@@ -76,8 +79,7 @@ def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
             return
         state["written"] = True
         elapsed = time.perf_counter() - state["t0"]
-        sys.stderr.write(f"{state['description']}: {state['done']:,}/{state['total']:,} in {elapsed:.1f} s\n")
-        sys.stderr.flush()
+        say(f"{state['description']}: {state['done']:,}/{state['total']:,} in {elapsed:.1f} s", err=True)
 
     def bar(description: str, total: int, done: int = 0) -> Tick:
         state = {"description": description, "total": int(total), "done": int(done), "t0": time.perf_counter(),
@@ -106,10 +108,14 @@ def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
             write(state)
 
 
-def console():
-    """The rich console results are printed on (stdout): on a terminal with its width and styles; piped or
-    redirected as plain text, lines never wrapped (a log or ``grep`` sees whole lines, no escape codes)."""
-    from rich.console import Console
+def console() -> Writer:
+    """The writer results are printed with (stdout, :class:`posfair.cli.terminal.Writer`): plain text wrapped at
+    words to the terminal's width (or ``COLUMNS``); piped or redirected, whole lines (a log or ``grep`` sees whole
+    lines, no escape codes)."""
+    return Writer()
 
-    con = Console()
-    return con if con.is_terminal else Console(soft_wrap=True, no_color=True, highlight=False, emoji=False)
+
+def label_width(columns: int) -> int:
+    """The progress bars' label column: a quarter of the width (at least 16), so that the bar, counts and times
+    keep their room at 80 columns."""
+    return max(16, columns // 4)

@@ -3,8 +3,9 @@
 A table that fits the width is printed as aligned columns under an underlined header (no
 box drawing, so a log file or ``grep`` sees plain text); one that does not fit is printed as
 one block per row, ``header: value`` per line, so no cell is cut or wrapped mid-word.  On a
-terminal the width is the terminal's; piped or redirected there is no limit (a file keeps
-one row per line).  The same rows are written as CSV / Markdown in the output folder by the
+terminal the width is the terminal's (or ``COLUMNS``); piped or redirected there is no limit (a
+file keeps one row per line).  Printing goes through :mod:`posfair.cli.terminal`, which wraps titles and
+captions at words.  The same rows are written as CSV / Markdown in the output folder by the
 library (:func:`posfair.report.tables.write_table`): this is only the terminal's view.
 """
 
@@ -68,16 +69,15 @@ def table_text(
 def print_table(
     con, title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, keys: int = 1
 ) -> None:
-    """Print :func:`table_text` on the rich console ``con`` (no markup is read in the cells)."""
-    width = con.width if con.is_terminal else None
-    con.print(table_text(title, header, rows, caption=caption, width=width, keys=keys), markup=False, highlight=False)
+    """Print :func:`table_text` through the one terminal writer (:func:`posfair.cli.terminal.table`; ``con``, the
+    command's console, is not read: the width is the writer's)."""
+    from posfair.cli.terminal import table
+
+    table(title, header, rows, caption=caption, keys=keys)
 
 
 def print_frame(con, title: str, frame, *, caption: str | None = None) -> None:
     """Print a pandas frame with :func:`print_table`: its index levels are the leading (key) columns."""
-    named = [str(n) if n is not None else "" for n in frame.index.names]
-    flat = frame.reset_index() if any(named) else frame
-    keys = len(named) if any(named) else 1
-    header = [str(c) for c in flat.columns]
-    rows = [["" if v is None else str(v) for v in r] for r in flat.itertuples(index=False)]
-    print_table(con, title, header, rows, caption=caption, keys=keys)
+    from posfair.cli.terminal import frame as print_data
+
+    print_data(title, frame, caption=caption)

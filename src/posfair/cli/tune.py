@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -227,7 +226,7 @@ def tune(
 ) -> None:
     """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
     from posfair.cli.error_boundary import data_errors
-    from posfair.cli.terminal_progress import console
+    from posfair.cli.terminal import error, say
 
     model_id = _check_options(
         objective, benchmark, out, cache, save_model, save_model_anyway, model, trust_remote_code, device
@@ -246,9 +245,8 @@ def tune(
         settings = default_fairness_settings(
             n_values=tuple(n), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
         )
-    con = console()
     if not baskets:  # the --space grid: basket sizes no document of this model can fill are left out up front
-        grid = _fit_to_model(grid, space, fm.max_seq_length, con)
+        grid = _fit_to_model(grid, space, fm.max_seq_length)
     t0 = time.perf_counter()
     with data_errors():  # e.g. too few segment sets to split into dev and test
         result = run_tune(
@@ -268,16 +266,12 @@ def tune(
             save_anyway=save_model_anyway,
             lang=lang,
             test_family=test_family,
-            log=lambda msg: con.print(msg, highlight=False, markup=False, soft_wrap=True),
+            log=say,
         )
-    con.print(summary_text(result, out), markup=False, highlight=False, soft_wrap=True)
-    con.print(f"{time.perf_counter() - t0:.0f} s", highlight=False)
+    say(summary_text(result, out))
+    say(f"{time.perf_counter() - t0:.0f} s")
     if result.save_refused is not None:
-        print(
-            f"error: tuned model not saved to {save_model}: {result.save_refused} (--save-model-anyway saves it)",
-            file=sys.stderr,
-            flush=True,
-        )
+        error(f"tuned model not saved to {save_model}: {result.save_refused} (--save-model-anyway saves it)")
         raise typer.Exit(EXIT_NOT_SAVED)
 
 
@@ -349,15 +343,14 @@ def _load_data(objective: str, benchmark, corpus, lang: str, test_family: str | 
     return df, bench
 
 
-def _fit_to_model(grid, space_name: str, token_limit: int, con):
-    """:func:`fit_space` with the basket sizes it leaves out said on the console."""
+def _fit_to_model(grid, space_name: str, token_limit: int):
+    """:func:`fit_space` with the basket sizes it leaves out said on the terminal."""
+    from posfair.cli.terminal import say
+
     grid, dropped = fit_space(grid, token_limit)
     if dropped:
-        con.print(
+        say(
             f"basket sizes {', '.join(map(str, dropped))} left out of the --space {space_name} grid: at the "
-            f"model's {token_limit}-token limit no document has a basket to calibrate (--baskets tries them)",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
+            f"model's {token_limit}-token limit no document has a basket to calibrate (--baskets tries them)"
         )
     return grid

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from posfair.cli.error_boundary import input_error
+from posfair.cli.terminal import say, table
 from posfair.cli.terminal_tables import plural
 
 
@@ -44,29 +45,31 @@ def verify(
     from posfair.store import verify_store
 
     results = verify_store(store)
+    header = ["namespace", "shards", "rows", "keys", "dup rows", "damaged", "what"]
+    rows = [
+        [Path(r["namespace"]).name, f"{r['shards']:,}", f"{r['rows']:,}", f"{r['keys']:,}", f"{r['duplicate_rows']:,}",
+         f"{len(r['damaged']):,}", describe_namespace(Path(r["namespace"]))]
+        for r in results
+    ]  # fmt: skip
+    table("", header, rows)
     bad = 0
-    typer.echo(f"{'namespace':<26}{'shards':>8}{'rows':>12}{'keys':>12}{'dup rows':>10}{'damaged':>9}  what")
     for rec in results:
         name = Path(rec["namespace"]).name
-        typer.echo(
-            f"{name:<26}{rec['shards']:>8}{rec['rows']:>12,}{rec['keys']:>12,}{rec['duplicate_rows']:>10,}"
-            f"{len(rec['damaged']):>9}  {describe_namespace(Path(rec['namespace']))}"
-        )
         for path in rec["damaged"]:
-            typer.echo(f"  set aside: {path}")
+            say(f"{name}: set aside: {path}")
         if rec["error"]:
-            typer.echo(f"  not checked: {rec['error']}")
+            say(f"{name}: not checked: {rec['error']}")
         bad += len(rec["damaged"]) + bool(rec["error"])
     shards = sum(r["shards"] for r in results)
-    rows = sum(r["rows"] for r in results)
+    rows_total = sum(r["rows"] for r in results)
     if bad:
-        typer.echo(
+        say(
             f"{plural(sum(len(r['damaged']) for r in results), 'damaged shard')} set aside and "
             f"{plural(sum(bool(r['error']) for r in results), 'namespace')} not checked; "
-            f"{plural(shards, 'sound shard')} ({plural(rows, 'row')})"
+            f"{plural(shards, 'sound shard')} ({plural(rows_total, 'row')})"
         )
         raise typer.Exit(1)
-    typer.echo(f"all {plural(shards, 'shard')} of {plural(len(results), 'namespace')} verified ({plural(rows, 'row')})")
+    say(f"all {plural(shards, 'shard')} of {plural(len(results), 'namespace')} verified ({plural(rows_total, 'row')})")
 
 
 def describe_namespace(folder: Path) -> str:

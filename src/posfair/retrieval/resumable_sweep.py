@@ -345,6 +345,7 @@ def _report_partial_runs(results: list[RetrievalResult], benchmark: RetrievalBen
             benchmark.name,
             NOOP_LABEL,
             ", ".join(noop),
+            extra={"posfair_summary": True},  # the command line says it in its summary (posfair retrieval, sweep)
         )
     partial = [
         f"{r.setting} ({r.calibrated_share:.3f})"

@@ -1,0 +1,174 @@
+"""Every line a command prints fits an 80-column terminal, wrapped at words (issue 49 item 1).
+
+Each command runs on tiny inputs (a tiny model, a small benchmark) at ``COLUMNS=80`` as the README runs it:
+every line of its stdout and stderr is at most 80 characters, and everything it printed went through the one
+terminal writer (:mod:`posfair.cli.terminal`): its output lines are exactly the writer's wrapped lines, and the
+writer's words are the output's (a line is broken only between words, never inside one).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posfair.cli import app, terminal
+
+WIDTH = 80
+
+
+def check_words_and_width(given: list[str], result, wrap=terminal.wrap) -> None:
+    """``result``'s lines (stdout and stderr) are exactly the writer's lines wrapped to 80 columns, none longer,
+    no word split: the words printed are the words the writer was given."""
+    printed = (result.stdout + result.stderr).splitlines()
+    wrapped = [line for text in given for line in wrap(text, WIDTH)]
+    assert sorted(printed) == sorted(wrapped), "printed around the writer:\n" + "\n".join(
+        sorted(set(printed) - set(wrapped))
+    )
+    assert sorted(" ".join(printed).split()) == sorted("\n".join(given).split())  # broken only between words
+    too_long = [line for line in printed if len(line) > WIDTH]
+    assert not too_long, too_long
+
+
+@pytest.fixture
+def run80(monkeypatch, tmp_path):
+    """``run80(*args)``: the command in ``tmp_path`` at COLUMNS=80, its lines checked; the result."""
+    monkeypatch.chdir(tmp_path)
+    given: list[str] = []
+    real = terminal.wrap
+
+    def recording(text: str, columns: int | None) -> list[str]:
+        given.append(str(text))
+        return real(text, columns)
+
+    monkeypatch.setattr(terminal, "wrap", recording)
+
+    def run(*args: str, code: int = 0):
+        given.clear()
+        root = logging.getLogger()
+        handlers, root.handlers = root.handlers, []  # pytest's log capture off: a stray log line shows, as in a shell
+        try:
+            result = CliRunner().invoke(app, list(args), env={"COLUMNS": str(WIDTH)})
+        finally:
+            root.handlers = handlers
+        assert result.exit_code == code, result.output
+        check_words_and_width(list(given), result, real)
+        return result
+
+    return run
+
+
+@pytest.fixture
+def inputs(tmp_path, tiny_model_path):
+    """A tiny model (``tiny``), a small benchmark (``bench``, en and de) and a corpus file, in ``tmp_path``."""
+    from tests.retrieval.conftest import aligned_corpus
+
+    path, _ = tiny_model_path("bert-mean")
+    (tmp_path / "tiny").symlink_to(path)
+    aligned_corpus().to_json(tmp_path / "corpus.jsonl", orient="records", lines=True)
+    return tmp_path
+
+
+def test_wrap_breaks_at_words_and_indents_what_continues():
+    text = "error: " + " ".join(["calibrated"] * 12) + "\n  a short line"
+    lines = terminal.wrap(text, 30)
+    assert all(len(line) <= 30 for line in lines) and lines[-1] == "  a short line"
+    assert lines[0].startswith("error: calibrated") and all(line.startswith("  ") for line in lines[1:])
+    assert " ".join(lines).split() == text.split()
+    long_word = "x" * 40
+    assert terminal.wrap(f"path {long_word} end", 30) == ["path", f"  {long_word}", "  end"]  # never split
+    assert terminal.wrap("whole " * 30, None) == [("whole " * 30).rstrip()]  # no width: a line stays whole
+
+
+def test_the_width_is_columns_else_the_terminals_else_no_limit(monkeypatch):
+    import io
+
+    monkeypatch.setenv("COLUMNS", "72")
+    assert terminal.width(io.StringIO()) == 72
+    monkeypatch.delenv("COLUMNS")
+    assert terminal.width(io.StringIO()) is None  # piped: whole lines (a log, grep)
+
+
+def test_the_progress_label_is_cut_at_a_word():
+    label = terminal.short_label("bench-de: documents (late chunking, max over chunk vectors)", 24)
+    assert label == "bench-de: documents…" and len(label) <= 24
+    assert terminal.short_label("encoding", 24) == "encoding"
+
+
+def test_the_benchmark_commands_fit_80_columns(run80, inputs):
+    run80("build-benchmark", "--corpus", "corpus.jsonl", "--out", "bench", "--langs", "en,de", "--k", "3",
+          "--max-doc-tokens", "0")  # fmt: skip
+    bench = ["--benchmark", "bench", "--lang", "de", "--corpus-lang", "en", "--model", "tiny", "--device", "cpu"]
+    run80("retrieval", *bench, "--calibration", "16,0.5,0.5", "--late", "max,mean", "--late-chunks", "64",
+          "--out", "retrieval-out", "--cache", "cache")  # fmt: skip
+    run80("sweep", *bench, "--baskets", "16,512", "--strengths", "0.5", "--out", "sweep-out", "--cache", "cache")
+    run80("encode", "--corpus", "bench/eng-Latn/all/corpus.parquet", "--id-field", "_id", "-o", "emb.parquet",
+          "--model", "tiny", "--calibration", "16,0.5,0.5", "--cache", "cache")  # fmt: skip
+    run80("embed", "--corpus", "bench", "--part", "documents", "--out", "store", "--model", "tiny",
+          "--calibration", "16,0.5,0.5")  # fmt: skip
+    verified = run80("verify", "cache")
+    assert "all " in verified.stdout
+
+
+def test_the_audit_commands_fit_80_columns(run80, inputs):
+    run80("audit", "--model", "tiny", "--lang", "en", "--mixed", "de:en", "--n", "3", "--docs", "12",
+          "--calibration", "default", "--out", "audit-out")  # fmt: skip
+    run80("attention", "--model", "tiny", "--calibration", "default", "--docs", "4", "--out", "attention-out")
+    run80("estimate-prior", "--model", "tiny", "--docs", "4", "--out", "prior.json")
+
+
+def test_tune_fits_80_columns(run80, inputs, monkeypatch):
+    from tests.tuning.test_constraint_check import UnitObjective
+    from tests.tuning.test_tune_terminal import SPACE
+
+    import posfair.tuning.tuner as tuner
+
+    real = tuner.tune
+    monkeypatch.setattr(tuner, "tune", lambda model, df, **kw: real(
+        model, objective=UnitObjective(test_drop=0.10), space=SPACE, max_drop=0.02, out_dir=kw["out_dir"],
+        save_model=kw["save_model"], save_anyway=kw["save_anyway"], log=kw.get("log")))  # fmt: skip
+    run80("tune", "--model", "tiny", "--out", "tune-out", "--save-model", "tuned", code=3)
+
+
+def test_serve_fits_80_columns(run80, inputs, monkeypatch):
+    import posfair.serve.runner as runner
+
+    def serve_model(settings, ready, on_listening=None, on_note=None):
+        on_listening("http://127.0.0.1:8000")
+        on_note("a note the server makes, long enough to need a second line at eighty columns, as some are")
+        ready("http://127.0.0.1:8000")
+
+    monkeypatch.setattr(runner, "serve_model", serve_model)
+    monkeypatch.setattr(runner, "unfinished", lambda: False)
+    r = run80("serve", "--model", "tiny", "--calibration", "default", "--port", "8000")
+    assert "at http://127.0.0.1:8000 " in r.stdout
+
+
+def test_a_long_error_fits_80_columns(run80, inputs):
+    r = run80("retrieval", "--benchmark", "no-such-benchmark", code=2)
+    assert r.stderr.startswith("error: ") and len(r.stderr.splitlines()) > 1  # wrapped, at words
+
+
+#: modules of posfair.cli that may write to a stream themselves: the writer and the progress display; fit.py is
+#: wired to the writer by the session that owns it (its summary goes through ``console()``, the writer already)
+WRITERS = {"terminal.py", "terminal_progress.py", "fit.py"}
+
+
+def test_no_command_prints_around_the_writer():
+    """Every command module prints through posfair.cli.terminal: no print(), typer.echo, stream write or rich
+    console of its own (the one exception list above)."""
+    import re
+
+    import posfair.cli
+
+    pattern = re.compile(r"(?<![\w.])print\(|typer\.echo|secho\(|std(out|err)\.write\(|Console\(")
+    found = []
+    for path in sorted(Path(posfair.cli.__file__).parent.glob("*.py")):
+        if path.name in WRITERS:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert not found, found
