@@ -3,8 +3,9 @@ plain text when piped (no box drawing, no wrapping, no cut cells)."""
 
 from __future__ import annotations
 
+from posfair.cli.terminal import table
 from posfair.cli.terminal_progress import console
-from posfair.cli.terminal_tables import print_table, table_text
+from posfair.cli.terminal_tables import table_text
 
 BOX = set("─│┃━┏┓┗┛┡┩╇╋┳┻┼├┤╭╮╰╯")
 HEADER = ["n", "configuration", "coef", "stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.abc123", "G"]
@@ -38,9 +39,7 @@ def test_piped_output_is_plain_and_unwrapped(capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     con = console()  # pytest's captured stdout is not a terminal
     assert not con.is_terminal and con.width is None
-    print_table(
-        con, "Audit [bold]x[/bold]", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3
-    )
+    table("Audit [bold]x[/bold]", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3)
     out = capsys.readouterr().out
     assert not BOX & set(out)
     assert "[bold]" in out  # cells and titles are printed as they are, never read as markup
@@ -51,7 +50,7 @@ def test_piped_output_is_plain_and_unwrapped(capsys, monkeypatch):
 
 def test_with_columns_set_a_wide_table_is_one_block_per_row_and_its_caption_wraps_at_words(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
-    print_table(console(), "Audit", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3)
+    table("Audit", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3)
     lines = capsys.readouterr().out.splitlines()
     assert all(len(line) <= 80 for line in lines) and lines[1] == "- n=3  configuration=en  coef=beta_2"
     assert lines[-1].strip().split() and all(set(w) <= set("long") for w in lines[-1].split())

@@ -9,8 +9,9 @@
   (the parsers of option values), :mod:`posfair.cli.error_boundary` (one ``error:`` line, exit 2 / 1),
   :mod:`posfair.cli.checks` (the checks run before any work), :mod:`posfair.cli.inputs` (the corpus, documents
   and benchmark size several commands load), :mod:`posfair.cli.runs` (the audit and benchmark runs two commands
-  share), :mod:`posfair.cli.terminal_progress` (the progress bars), :mod:`posfair.cli.terminal_tables` (tables
-  on the terminal), :mod:`posfair.cli.aliases` (former option names).
+  share), :mod:`posfair.cli.terminal` (the one writer of every line a command prints, wrapped at words to the
+  width), :mod:`posfair.cli.terminal_progress` (the progress bars), :mod:`posfair.cli.terminal_tables` (tables
+  as text), :mod:`posfair.cli.aliases` (former option names).
 """
 
 # imported here, not lazily (posfair._lazy): the name ``app`` is also the submodule posfair.cli.app, and importing

@@ -4,7 +4,7 @@ A table that fits the width is printed as aligned columns under an underlined he
 box drawing, so a log file or ``grep`` sees plain text); one that does not fit is printed as
 one block per row, ``header: value`` per line, so no cell is cut or wrapped mid-word.  On a
 terminal the width is the terminal's (or ``COLUMNS``); piped or redirected there is no limit (a
-file keeps one row per line).  Printing goes through :mod:`posfair.cli.terminal`, which wraps titles and
+file keeps one row per line).  Tables are printed by :func:`posfair.cli.terminal.table`, which wraps titles and
 captions at words.  The same rows are written as CSV / Markdown in the output folder by the
 library (:func:`posfair.report.tables.write_table`): this is only the terminal's view.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["table_text", "print_table", "print_frame", "plural"]
+__all__ = ["table_text", "plural"]
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
@@ -64,20 +64,3 @@ def table_text(
     if caption:
         out.append(caption)
     return "\n".join(out)
-
-
-def print_table(
-    con, title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, caption: str | None = None, keys: int = 1
-) -> None:
-    """Print :func:`table_text` through the one terminal writer (:func:`posfair.cli.terminal.table`; ``con``, the
-    command's console, is not read: the width is the writer's)."""
-    from posfair.cli.terminal import table
-
-    table(title, header, rows, caption=caption, keys=keys)
-
-
-def print_frame(con, title: str, frame, *, caption: str | None = None) -> None:
-    """Print a pandas frame with :func:`print_table`: its index levels are the leading (key) columns."""
-    from posfair.cli.terminal import frame as print_data
-
-    print_data(title, frame, caption=caption)
