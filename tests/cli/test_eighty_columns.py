@@ -128,7 +128,7 @@ def test_tune_fits_80_columns(run80, inputs, monkeypatch):
     real = tuner.tune
     monkeypatch.setattr(tuner, "tune", lambda model, df, **kw: real(
         model, objective=UnitObjective(test_drop=0.10), space=SPACE, max_drop=0.02, out_dir=kw["out_dir"],
-        save_model=kw["save_model"], save_anyway=kw["save_anyway"], log=kw.get("log")))  # fmt: skip
+        save_model=kw["save_model"], save_anyway=kw["save_anyway"], log=kw["log"]))  # fmt: skip
     run80("tune", "--model", "tiny", "--out", "tune-out", "--save-model", "tuned", code=3)
 
 

@@ -78,3 +78,13 @@ def test_progress_into_a_log_is_one_whole_line_per_bar(capsys):
     with progress_bars(complete_on_exit=True) as bar:
         bar("filled from the cache", 7, done=3)(2)
     assert capsys.readouterr().err.split(" in ")[0] == "filled from the cache: 7/7"
+
+
+def test_a_table_a_little_too_wide_stacks_its_headers_words_before_it_breaks_into_blocks():
+    header = ["setting", "seg 1", "seg 2", "seg 3", "Harm", "PSI", "nDCG@10", "calibrated share", "highest Harm"]
+    rows = [["B16-L0.5-a0.5", "60.77", "64.04", "76.54", "66.46", "0.206", "67.12", "1.000", "yes"]]
+    lines = table_text("", header, rows, width=80).split("\n")
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 4  # two header lines, the rule, the row
+    assert lines[0].split() == ["calibrated", "highest"] and lines[1].split()[-2:] == ["share", "Harm"]
+    assert lines[3].split() == rows[0]
+    assert table_text("", header, rows, width=200).split("\n")[0].split() == " ".join(header).split()  # room: one line

@@ -39,9 +39,12 @@ def test_a_setting_that_breaks_the_constraint_on_test_is_not_saved_and_the_summa
     assert "NOT saved" in md
     text = summary_text(res, out)
     lines = text.splitlines()
-    assert lines[0].startswith(f"chosen: {res.chosen_label}") and lines[1].startswith("FAILS")
+    assert lines[0].startswith(f"chosen on the dev split: {res.chosen_label}") and lines[1].startswith("FAILS")
     assert "|" not in text and "**" not in text and "#" not in text and len(lines) <= 10
     assert f"files: {out / 'summary.md'}" in text
+    assert text.count("-10.0 points") == 1 and "constraint:" not in text  # the broken constraint is said once
+    assert "saved" not in text  # the refusal is the command's error line
+    assert (out / "trials.log").read_text().splitlines()[0].split()[:3] == ["dev", "stock", "stock"]
 
 
 def test_save_anyway_saves_a_failing_setting_and_a_passing_one_is_saved_without_asking(tmp_path, monkeypatch):
@@ -79,15 +82,24 @@ def test_the_command_prints_a_short_plain_summary_and_refuses_to_save_a_failing_
     real = tuner.tune
     monkeypatch.setattr(tuner, "tune", lambda model, df, **kw: real(
         model, objective=UnitObjective(test_drop=0.10), space=SPACE, max_drop=0.02, out_dir=kw["out_dir"],
-        save_model=kw["save_model"], save_anyway=kw["save_anyway"]))  # fmt: skip
+        save_model=kw["save_model"], save_anyway=kw["save_anyway"], log=kw["log"]))  # fmt: skip
     path, _ = tiny_model_path("bert-mean")
     out, saved = tmp_path / "out", tmp_path / "saved"
     r = CliRunner().invoke(app, ["tune", "--model", str(path), "--out", str(out), "--save-model", str(saved)])
     assert r.exit_code == 3, r.output
     assert not saved.exists()
     assert "# posfair tune" not in r.output and "|" not in r.output and "**" not in r.output
-    assert "FAILS on the held-out test split" in r.output and "NOT saved" in r.output
-    assert "error: tuned model not saved to" in r.output and "--save-model-anyway" in r.output
+    # the verdict once: the failure in one line, "not saved" in the error line, no warning repeating either
+    said = " ".join(r.output.split())
+    assert said.count("FAILS on the held-out test split") == 1 and said.count("-10.0 points") == 1
+    assert said.lower().count("not saved") == 1 and "warning:" not in said
+    assert r.stderr.startswith(f"error: tuned model not saved to {saved}") and "--save-model-anyway" in r.stderr
+    # the trials are in the trial log, printed only with --verbose
+    trials = (out / "trials.log").read_text().splitlines()
+    assert len(trials) >= 5 and trials[0] not in r.output and len(r.stdout.splitlines()) <= 6
+    again = CliRunner().invoke(app, ["tune", "--model", str(path), "--out", str(out), "--verbose"])
+    assert again.exit_code == 0, again.output
+    assert all(line.strip() in again.stdout for line in (out / "trials.log").read_text().splitlines())
     assert "Pareto front" in (out / "summary.md").read_text()
     bad = CliRunner().invoke(app, ["tune", "--model", str(path), "--save-model-anyway"])
     assert bad.exit_code == 2 and "--save-model-anyway" in bad.output

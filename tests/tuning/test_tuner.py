@@ -266,7 +266,7 @@ def test_retrieval_objective_splits_queries_by_document(model, tiny_model_path, 
     tried = {json.dumps(t["calibration"], sort_keys=True) for t in saved["trials"] if t["calibration"] is not None}
     assert tried == {json.dumps(Calibration(basket_size=4, layers=1.0, strength=1.0).to_dict(), sort_keys=True)}
     # the terminal gets a few plain lines; the tables are in summary.md
-    assert "chosen: " in r.output and "Pareto front" not in r.output
+    assert "chosen on the dev split: " in r.output and "Pareto front" not in r.output
     assert "Pareto front" in (out / "summary.md").read_text()
 
 

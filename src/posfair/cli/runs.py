@@ -214,8 +214,8 @@ def _check_benchmark_options(stock, calibrations, sea, late, late_chunks, out, c
 
 
 def _print_benchmark_results(results, out) -> None:
-    """The group and bucket tables (one legend for both), the differences, the calibrations that changed nothing and
-    where the results are."""
+    """The group and bucket tables (one legend for both, of what they show), the differences, the calibrations that
+    changed nothing (one line; their rows are in the files' tables) and where the results are."""
     from posfair.calibration.coverage import NOOP_LABEL
     from posfair.cli.terminal import frame, say
     from posfair.retrieval.compare import differences_table
@@ -223,13 +223,15 @@ def _print_benchmark_results(results, out) -> None:
     from posfair.retrieval.resumable_sweep import BUCKETS_TITLE, GROUPS_TITLE, noop_settings
 
     legend: list[str] = []
+    noop = noop_settings(results)  # said in one line below, not as rows of dashes
     for build, present in (
         (group_table, any(r.groups for r in results)),
         (bucket_table, any(r.buckets for r in results)),
     ):
         if present:
             title = (GROUPS_TITLE if build is group_table else BUCKETS_TITLE).format(benchmark=results[0].benchmark)
-            table = results_table(build(results))
+            rows = build(results)
+            table = results_table(rows[~rows["setting"].isin(noop)].reset_index(drop=True))
             frame(title, table.frame)
             legend += [line for line in table.caption.splitlines() if line not in legend]
     if legend:  # once for both tables (the files' tables carry it each)
@@ -237,7 +239,6 @@ def _print_benchmark_results(results, out) -> None:
     differences = differences_table(results)
     if differences is not None:
         frame(differences.title, differences.frame, caption=differences.caption)
-    noop = noop_settings(results)
     if noop:
         n_cal = sum(r.method == "calibrated" for r in results)
         say(

@@ -31,6 +31,17 @@ def _is_numeric(column: Sequence[str]) -> bool:
     return bool(cells) and all(_NUMBER.match(c.strip()) for c in cells)
 
 
+def _total(widths: Sequence[int]) -> int:
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
+def _stacked(header: str, room: int) -> list[str]:
+    """``header``'s words over as few lines as fit ``room`` columns (a word longer than that on a line of its own)."""
+    import textwrap
+
+    return textwrap.wrap(header, max(room, 1), break_long_words=False, break_on_hyphens=False) or [header]
+
+
 def table_text(
     title: str,
     header: Sequence[str],
@@ -40,21 +51,28 @@ def table_text(
     width: int | None = None,
     keys: int = 1,
 ) -> str:
-    """The table as text: aligned columns when they fit ``width`` (None: no limit), else one block per row
-    whose title is the first ``keys`` cells and whose lines are ``header: value`` for the others."""
+    """The table as text: aligned columns when they fit ``width`` (None: no limit) -- a header of several words
+    stacked over lines when that makes them fit --, else one block per row whose title is the first ``keys``
+    cells and whose lines are ``header: value`` for the others."""
     header = [str(h) for h in header]
     rows = [[str(c) for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
     numeric = [_is_numeric([r[i] for r in rows]) for i in range(len(header))]
-    total = sum(widths) + 2 * (len(widths) - 1)
+    heads = [[h] for h in header]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    if width is not None and _total(widths) > width:  # stack each header's words over lines, as narrow as its cells
+        cells = [max([0] + [len(r[i]) for r in rows]) for i in range(len(header))]
+        heads = [_stacked(h, c) for h, c in zip(header, cells, strict=True)]
+        widths = [max([c] + [len(x) for x in h]) for h, c in zip(heads, cells, strict=True)]
     out = [title] if title else []
-    if width is None or total <= width:
+    if width is None or _total(widths) <= width:
 
         def line(cells: Sequence[str]) -> str:
             parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)]
             return "  ".join(parts).rstrip()
 
-        out += [line(header), "  ".join("-" * w for w in widths)]
+        depth = max(len(h) for h in heads)
+        out += [line([([""] * (depth - len(h)) + h)[k] for h in heads]) for k in range(depth)]
+        out += ["  ".join("-" * w for w in widths)]
         out += [line(r) for r in rows]
     else:
         label_width = max(len(h) for h in header[keys:]) if len(header) > keys else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -134,6 +135,13 @@ StrengthSchedules = Annotated[
         "the strength in each), rising (k-th of K layers: strength k/K), falling (strength (K-k+1)/K) (default flat).",
     ),
 ]
+Verbose = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        help="Print every trial as it is evaluated (they are written to OUT/trials.log); without it: the verdict.",
+    ),
+]
 FineRounds = Annotated[
     int,
     typer.Option(
@@ -223,6 +231,7 @@ def tune(
     max_seq_length: MaxSeqLength = None,
     trust_remote_code: TrustRemoteCode = False,
     device: Device = None,
+    verbose: Verbose = False,
 ) -> None:
     """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
     from posfair.cli.error_boundary import data_errors
@@ -234,7 +243,9 @@ def tune(
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
     from posfair.tuning import default_fairness_settings
     from posfair.tuning.outputs import summary_text
+    from posfair.tuning.tuner import TRIAL_LOG
     from posfair.tuning.tuner import tune as run_tune
+    from posfair.tuning.verdicts import ConstraintWarning
 
     grid = _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares,
                          trailing_policies, strength_schedules)  # fmt: skip
@@ -248,7 +259,8 @@ def tune(
     if not baskets:  # the --space grid: basket sizes no document of this model can fill are left out up front
         grid = _fit_to_model(grid, space, fm.max_seq_length)
     t0 = time.perf_counter()
-    with data_errors():  # e.g. too few segment sets to split into dev and test
+    with data_errors(), warnings.catch_warnings():  # e.g. too few segment sets to split into dev and test
+        warnings.simplefilter("ignore", ConstraintWarning)  # the verdict below says each failure once
         result = run_tune(
             fm,
             df,
@@ -266,12 +278,14 @@ def tune(
             save_anyway=save_model_anyway,
             lang=lang,
             test_family=test_family,
-            log=say,
+            log=say if verbose else None,  # every trial line is in OUT/trials.log
         )
-    say(summary_text(result, out))
-    say(f"{time.perf_counter() - t0:.0f} s")
-    if result.save_refused is not None:
-        error(f"tuned model not saved to {save_model}: {result.save_refused} (--save-model-anyway saves it)")
+    say(summary_text(result, out, log=out / TRIAL_LOG) + f" ({time.perf_counter() - t0:.0f} s)")
+    if result.save_refused is not None:  # the failure is said above, once
+        error(
+            f"tuned model not saved to {save_model}: {result.chosen_label} fails on the held-out test split "
+            "(--save-model-anyway saves it)"
+        )
         raise typer.Exit(EXIT_NOT_SAVED)
 
 

@@ -192,10 +192,18 @@ _LEGEND = {
     "ΔPSI bucket": "ΔPSI Qk: the setting's PSI Qk minus stock's",
     "nDCG@10": "nDCG@10: over all queries (x100)",
     "ΔnDCG@10": "ΔnDCG@10: the setting's nDCG@10 minus stock's (x100)",
-    "calibrated_share": "calibrated_share: fraction of the benchmark's documents the calibration changes (— for stock, "
-    f"SEA and late chunking); a calibration with share 0 ({NOOP_LABEL}) is not evaluated",
-    "-": "-: not evaluated or not defined (stock's own change, a no-op calibration)",
+    "calibrated_share": "calibrated_share: fraction of the benchmark's documents the calibration changes (— for "
+    "{uncalibrated}); a calibration with share 0 ({noop}) is not evaluated",
+    "-": "-: not evaluated or not defined ({undefined})",
 }
+
+#: how the legend names the settings that calibrate nothing (the "—" of calibrated_share)
+_UNCALIBRATED = {"stock": "stock", "SEA": "SEA", "late": "late chunking"}
+
+
+def _words(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def table_legend(df: pd.DataFrame) -> str:
@@ -208,15 +216,22 @@ def table_legend(df: pd.DataFrame) -> str:
     lines = ["setting: " + "; ".join(_LEGEND[k] for k in ("stock", "SEA", "late", "calibrated") if k in kinds)]
     if groups:
         lines.append(_LEGEND["groups"].format(groups=", ".join(groups)))
+    uncalibrated = [_UNCALIBRATED[k] for k in ("stock", "SEA", "late") if k in kinds] or ["no setting here"]
     seen = set()
     for c in cols:
         key = "PSI bucket" if c.startswith("PSI ") else "ΔPSI bucket" if c.startswith("ΔPSI ") else c
         if key in _LEGEND and key not in seen:
             seen.add(key)
-            lines.append(_LEGEND[key])
+            lines.append(_LEGEND[key].format(uncalibrated=_words(uncalibrated), noop=NOOP_LABEL))
     if "best" in df.columns:
         lines.append(f"{_best_column(df)}: yes on the setting with the highest {_best_column(df).split()[-1]}")
-    lines.append(_LEGEND["-"])
+    figures = [c for c in cols if c != "calibrated_share"]
+    if bool(df[figures].isna().any().any()):  # a "-" is in the table
+        noop = "calibrated_share" in df.columns and bool((df["calibrated_share"] == 0).any())
+        undefined = ["stock's own change"] if any(c.startswith("Δ") for c in cols) else []
+        undefined += ["a no-op calibration"] if noop else []
+        line = _LEGEND["-"].format(undefined=_words(undefined)) if undefined else "-: not evaluated or not defined"
+        lines.append(line)
     return "\n".join(lines)
 
 

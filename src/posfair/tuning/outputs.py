@@ -310,33 +310,42 @@ def verdict_lines(result: TuneResult) -> list[str]:
     return out
 
 
-def summary_text(result: TuneResult, out_dir: str | Path | None = None) -> str:
-    """The run in a few plain lines for a terminal: the choice, its checks on the held-out test split (failures
-    first), what was saved and where the files are.  The tables are in ``summary.md`` and ``tables/``."""
+def summary_text(result: TuneResult, out_dir: str | Path | None = None, *, log: str | Path | None = None) -> str:
+    """The run's verdict in a few plain lines for a terminal, each thing said once: the choice, the held-out test
+    split's figures, its checks (a failure once, first; the checks that hold after), whether the model was saved
+    (a refusal is the command's ``error:`` line: not said here) and where the files are (``log``: the trial log).
+    The tables are in ``summary.md`` and ``tables/``."""
     name = lambda key: _NAMES.get(key, key)  # noqa: E731
-    lines = [f"chosen: {result.chosen_label}" + ("" if result.chosen is STOCK else f" ({result.chosen.describe()})")]
+    chosen = f"chosen on the dev split: {result.chosen_label}"
+    lines = [chosen + ("" if result.chosen is STOCK else f" ({result.chosen.describe()})")]
     if not result.feasible:
         lines.append("no calibration kept the constraint on the dev split: stock kept")
-    lines += verdict_lines(result)
+    failed = result.failures()
+    if failed:
+        lines.append(f"FAILS on the held-out test split: {'; '.join(failed)}")
     if result.chosen is not STOCK:
         s, c = result.test_metrics()["stock"], result.test_metrics()["chosen"]
         lines.append(
             f"held-out test split, stock -> chosen: {name(result.score)} {s[result.score]:.3f} -> "
             f"{c[result.score]:.3f}, {name(result.guard)} {s[result.guard]:.3f} -> {c[result.guard]:.3f}"
         )
-        for got, what in ((result.test_check, "constraint"), (result.test_effect, "score")):
-            if got is not None:
+        checks = ((result.test_check, "constraint", lambda g: not g.holds),
+                  (result.test_effect, "score", lambda g: g.reversed))  # fmt: skip
+        for got, what, failing in checks:
+            if got is not None and not failing(got):  # a failing check is said in the FAILS line
                 lines.append(f"{what}: {got.verdict.removeprefix('on the held-out test split ')}")
         direction = None if result.test_effect is None else result.test_effect.direction_text
         if direction:
             lines.append(f"direction: {direction}")
+    if result.saved_model is not None:
+        lines.append(f"tuned model saved to {result.saved_model}" + (" although it fails" if failed else ""))
     if result.skipped:
         lines.append(f"skipped {len(result.skipped)} grid points that calibrate nothing ({NOOP_LABEL})")
     if out_dir is not None:
         out = Path(out_dir)
+        trials = f"{out / 'trials.csv'}" + (f", {log} (the trial log)" if log is not None else "")
         lines.append(
-            f"files: {out / 'summary.md'} (every table and legend), {out / 'tables'}/, {out / 'trials.csv'}, "
-            f"{out / 'tradeoff.png'}"
+            f"files: {out / 'summary.md'} (every table and legend), {out / 'tables'}/, {trials}, {out / 'tradeoff.png'}"
         )
     return "\n".join(lines)
 

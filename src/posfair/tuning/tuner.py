@@ -174,22 +174,34 @@ def tune(
                 test_family=test_family,
             )
         )
+        trial_log: list[str] = []
+
+        def keep(line: str) -> None:  # every trial line, for TRIAL_LOG; passed on to ``log``
+            trial_log.append(line)
+            if log is not None:
+                log(line)
+
         with _run_folder(work, obj, space, max_drop, store, out_dir):
             result = run_search(
                 obj,
                 space,
                 max_drop=max_drop,
                 results_path=work / RESULTS_FILE if out_dir is not None else None,
-                log=log,
+                log=keep,
                 show_progress_bar=show_progress_bar,
             )
             if out_dir is not None:
                 _write_run_outputs(result, obj, out_dir)
+                atomic_write_text(Path(out_dir) / TRIAL_LOG, "".join(line + "\n" for line in trial_log))
         getattr(obj, "release", lambda: None)()  # the stock layers kept for the trials
     _save_chosen(model, obj, result, save_model, save_anyway)
     if save_model is not None and out_dir is not None:  # the summary says whether the model was saved
         atomic_write_text(Path(out_dir) / "summary.md", summary_markdown(result))
     return result
+
+
+#: the trial log of a run with ``out_dir``: every line the search says (``log``), one per trial and verdict
+TRIAL_LOG = "trials.log"
 
 
 def _run_folder(work: Path, obj: Objective, space: SearchSpace | None, max_drop: float, store: EmbeddingStore, out_dir):
