@@ -11,7 +11,8 @@ the bundled corpus (one text per request, as a search engine embeds its queries 
   head of line one request of ``--big`` texts (2,048 by default, OpenAI's most) and, starting 1 s after it, small
                requests (one text each, one at a time) until it is answered: their p50 / p99 latency, against the
                same small requests on an idle server (the server sends a long request to its replica in parts of
-               64 texts, so small requests are batched between the parts instead of waiting for all of it)
+               16 texts, a client's long requests taking turns, so small requests are batched between the parts
+               instead of waiting for all of it)
 
 and prints the ratios the issue targets: server at C=32 / in-process (stock; target >= 0.8 on 2 CPU cores) and
 calibrated / stock through the server at C=32 (target <= 1.1 in time).  Every answer's vector is checked against

@@ -237,6 +237,7 @@ def local_imports(path: Path) -> list[tuple[int, str]]:
 OPTIONAL_ON_USE = {
     ("posfair.serve.runner", "posfair.serve.deployments"),
     ("posfair.serve.runner", "posfair.serve.application"),  # the application builder: its deployments, at import
+    ("posfair.serve.runner", "posfair.serve.proxy"),  # the guard of Serve's HTTP proxy (starlette, uvicorn)
     ("posfair.calibration.cuda_rows", "torch.nn.attention"),  # FlexAttention: torch >= 2.5, the "flex" kernel only
 }
 

@@ -24,6 +24,7 @@ def started(monkeypatch):
 
     seen = []
     monkeypatch.setattr(runner, "serve_model", lambda settings, *a, **k: seen.append(settings))
+    monkeypatch.delenv(runner.RAY_LOCAL_ONLY_ENV, raising=False)  # what the command sets goes with the test
     return seen
 
 

@@ -353,3 +353,100 @@ def test_normalize_is_a_segments_field(tiny):
     with pytest.raises(ApiError) as err:
         parse_request(body(input=["a"], normalize="yes"), "m", segments=True)
     assert err.value.param == "normalize"
+
+
+def test_a_segments_document_is_tokenised_as_given_not_stripped(tiny):
+    """/v1/segments stripped the joined document "as sentence-transformers strips" although posfair strips no text
+    anywhere else: now the document is the segments joined, white space and all, and each vector is posfair's late
+    chunking of that document."""
+    from posfair.retrieval.late import LateChunking
+    from posfair.spans import join_segments
+
+    model, spec = tiny
+    engine = Engine(model, spec, request_calibration=True)
+    segs = ("  \n Leading white space is part of the text.", "The second segment ends with some.\n  ")
+    doc, spans = join_segments(list(segs))
+    req = EmbeddingRequest(segs, calibration="stock")
+    assert engine.document(req).text == doc and doc != doc.strip()
+    ans = engine.segments(req)
+    want = LateChunking(chunks=8)._compute(model, [doc], [spans])[0]
+    np.testing.assert_allclose(ans.vectors, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=0, atol=1e-5)
+    assert ans.tokens == len(model.tokenizer(doc)["input_ids"])
+
+
+def test_a_segments_document_shorter_than_one_basket_is_counted_as_stock(tiny):
+    """A document the calibration leaves stock (shorter than one basket of 16 tokens) is said in the answer (the
+    gateway's X-Posfair-Stock-Short header, as /v1/embeddings says it), with the stock vectors it gets."""
+    model, spec = tiny
+    engine = Engine(model, spec, request_calibration=True)
+    short = ("Two words.", "Three more.")
+    long = ("A document long enough to hold more than one basket of sixteen tokens,", "in two segments of it.")
+    cal = engine.segments(EmbeddingRequest(short))  # the server's calibration: B=16
+    stock = engine.segments(EmbeddingRequest(short, calibration="stock"))
+    assert (cal.short, stock.short) == (1, 0)
+    np.testing.assert_allclose(cal.vectors, stock.vectors, rtol=0, atol=1e-6)
+    assert 16 < engine.document(EmbeddingRequest(long)).tokens <= LIMIT
+    assert engine.segments(EmbeddingRequest(long)).short == 0
+
+
+def test_a_clients_long_requests_take_turns_so_another_clients_finishes_first():
+    """Per-client fair share: client A sends three long requests and client B one, all at once, to a replica that
+    answers one part at a time in arrival order (4 parts each).  A's requests hold one turn between them, so B's
+    parts alternate with A's and B is answered after about 8 parts -- not after 16, at the back of a queue of four
+    requests taking turns part by part as equals, as without per-client turns."""
+    import asyncio
+
+    from posfair.serve.sharing import FairShare
+
+    async def run() -> tuple[dict, dict]:
+        share, replica = FairShare(parts=1), asyncio.Lock()
+        done, busy, most = {}, {"A": 0, "B": 0}, {"A": 0, "B": 0}
+        clock = [0]
+
+        async def part(client: str) -> None:
+            async with share.turn(client):
+                busy[client] += 1
+                most[client] = max(most[client], busy[client])
+                async with replica:  # the replica: one part at a time, first come first served
+                    await asyncio.sleep(0.001)
+                    clock[0] += 1
+                busy[client] -= 1
+
+        async def request(client: str, name: str) -> None:
+            for _ in range(4):
+                await part(client)
+            done[name] = clock[0]
+
+        await asyncio.gather(*(request("A", f"A{i}") for i in range(3)), request("B", "B"))
+        assert share.clients() == 0  # nothing kept of a client once its requests are answered
+        return done, most
+
+    done, most = asyncio.run(run())
+    assert most == {"A": 1, "B": 1}, most  # one part in flight per client
+    assert done["B"] <= 9 and max(done[f"A{i}"] for i in range(3)) == 16, done
+
+
+def test_serve_uses_no_private_ray_api():
+    """Issue 48: the server found a running Serve instance through ray.serve.context._get_global_client, a private
+    name; no serve module imports or reads a private name of Ray (a leading underscore, or a _private module)."""
+    import ast
+    from pathlib import Path
+
+    import posfair.serve.runner as runner
+
+    # the one exception, said where it is used: Serve binds each replica's inter-deployment gRPC server to [::]
+    # with no option (deployments._replica_grpc_on_loopback hands it the loopback)
+    allowed = {("deployments.py", "_private")}
+    found = []
+    for path in sorted(Path(runner.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray":
+                names = [*node.module.split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [p for a in node.names if a.name.split(".")[0] == "ray" for p in a.name.split(".")]
+            elif isinstance(node, ast.Attribute) and ast.unparse(node.value).split(".")[0] in ("ray", "serve"):
+                names = [node.attr]
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.startswith("_")]
+    found = [f for f in found if (f.split(":")[0], f.rsplit(": ", 1)[1]) not in allowed]
+    assert not found, found

@@ -13,8 +13,10 @@ in this process.  The last two tests kill the replica (SIGKILL, with requests in
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import os
+import select
 import signal
 import socket
 import threading
@@ -23,6 +25,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -514,6 +517,106 @@ def test_the_key_is_in_no_ray_process_environment(srv):
         except OSError:
             continue
         assert KEY.encode() not in env, line
+
+
+def listening_addresses(pids: list[int]) -> list[tuple[int, str]]:
+    """(pid, local address) of every listening TCP socket the processes ``pids`` hold (from /proc: no psutil)."""
+    inodes = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes[link[8:-1]] = pid
+        except OSError:  # ended meanwhile
+            continue
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr = fields[1].split(":")[0]
+            raw = b"".join(bytes.fromhex(hexaddr[i : i + 8])[::-1] for i in range(0, width, 8))
+            found.append((inodes[fields[9]], str(ipaddress.ip_address(raw))))
+    return found
+
+
+def test_rays_own_ports_listen_on_the_loopback_only(srv):
+    """Issue 48: with --host 127.0.0.1, Ray's GCS, raylet and replica ports listened on every interface; now every
+    listening socket of the server's Ray instance (and of the command) is on the loopback."""
+    pids = [int(p.split()[0]) for p in session_processes(srv.session)] + [srv.run.pid]
+    found = listening_addresses(pids)
+    names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid, _ in found}
+    (replica,) = (int(p.split()[0]) for p in session_processes(srv.session, (REPLICA,)))
+    assert {"gcs_server", "raylet"} <= names and replica in {pid for pid, _ in found}, (names, found)
+    wide = [(pid, a) for pid, a in found if not loopback(a)]
+    assert not wide, wide
+
+
+def loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def test_serves_own_paths_ask_the_key(srv):
+    """Issue 48: Ray Serve's /-/routes answered without the key; now it (and /-/healthz) asks it, 401 in OpenAI's
+    shape, and answers with it."""
+    for path in ("/-/routes", "/-/healthz"):
+        status, headers, body = srv.get(path, key=None)
+        assert status == 401 and body["error"]["code"] == "invalid_api_key", (path, status, body)
+        assert srv.get(path, key="wrong")[0] == 401
+    status, _, body = srv.get("/-/routes")
+    assert status == 200 and body == {"/": "posfair"}, body
+    assert srv.get("/health", key=None)[0] == 200  # the gateway's health stays open to a supervisor
+
+
+def raw_exchange(srv: Server, raw: bytes, chunk: int = 4096, pause: float = 0.05) -> tuple[int, dict, float]:
+    """(status, OpenAI error body, seconds) of ``raw`` sent ``chunk`` bytes at a time, ``pause`` s apart, until the
+    server answers and closes."""
+    host, port = srv.url.removeprefix("http://").split(":")
+    t0 = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        for start in range(0, len(raw), chunk):
+            if select.select([s], [], [], pause)[0]:
+                break
+            s.sendall(raw[start : start + chunk])
+        answer = b""
+        while data := s.recv(65536):
+            answer += data
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"application/json" in head.lower(), head
+    return int(head.split()[1]), json.loads(body)["error"], time.monotonic() - t0
+
+
+def test_header_limits_and_a_header_timeout(srv):
+    """Issue 48: 10,000 headers and a 1 MiB header got 200, and connections dripping a header a byte a second were
+    held for a minute; now 431 and 408 in OpenAI's error shape (posfair.serve.proxy, in Serve's HTTP proxy)."""
+    from posfair.serve.proxy import HEAD_TIMEOUT_S
+
+    line = f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n".encode()
+    for extra in (b"".join(b"X-H%d: v\r\n" % i for i in range(10_000)), b"X-Big: " + b"a" * 2**20 + b"\r\n"):
+        status, err, _ = raw_exchange(srv, line + extra + b"\r\n")
+        assert status == 431 and err["code"] == "request_header_fields_too_large", (status, err)
+    status, err, took = raw_exchange(srv, line + b"X-Slow: " + b"a" * 100, chunk=1, pause=0.5)
+    assert status == 408 and err["code"] == "request_timeout", (status, err)
+    assert took < HEAD_TIMEOUT_S + 5, took
+    assert srv.embed(["still served"])[0].shape == (1, 64)
+
+
+def test_a_short_segments_document_is_said_stock_in_a_header(srv):
+    """A /v1/segments document shorter than one basket (B=16) comes back stock under the server's calibration: the
+    X-Posfair-Stock-Short header says so (as at /v1/embeddings); stock by request, or long enough: no header."""
+    from posfair.serve.deployments import SHORT_HEADER
+
+    short = {"model": srv.name, "input": ["Two words.", "Three more."]}
+    status, headers, body = srv.post("/v1/segments", short)
+    assert status == 200 and headers.get(SHORT_HEADER.lower()) == "1", (status, headers, body)
+    status, headers, _ = srv.post("/v1/segments", {**short, "calibration": "stock"})
+    assert status == 200 and SHORT_HEADER.lower() not in headers, headers
+    segs = ["The first section of this report talks about calibrated attention in long documents.", "A second."]
+    status, headers, _ = srv.post("/v1/segments", {"model": srv.name, "input": segs})
+    assert status == 200 and SHORT_HEADER.lower() not in headers, headers
 
 
 def cpu_seconds(pid: int) -> float:

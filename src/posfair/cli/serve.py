@@ -140,7 +140,9 @@ def serve(
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
+    from posfair.serve.runner import loopback_only
 
+    loopback_only(host, ray_address)  # --host 127.0.0.1: Ray's own ports on the loopback too (set before Ray loads)
     key = _check_key_and_port(api_key_env, ray_address, host, port)
     cal = checks.calibration(calibration, basket_size, layers, strength)
     model_id = checks.model_source(model, trust_remote_code=trust_remote_code)

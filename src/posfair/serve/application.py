@@ -133,5 +133,6 @@ def app(args: AppArgs) -> Any:
         "cors_origins": list(args.cors_origins),
         "request_timeout_s": args.request_timeout_s,
         "max_request_tokens": args.max_request_tokens,
+        "replicas": args.replicas,
     }
     return Gateway.bind(encoder, gateway)

@@ -9,7 +9,8 @@
   start -- ``/health`` and every API call answer 503 in OpenAI's error shape at once, never a hang.  A
   request is answered within ``request_timeout_s`` (408 past it); a long one is sent to the replicas in parts
   of at most :data:`PART_TEXTS` texts, one part at a time, so requests arriving meanwhile are batched between
-  its parts, not behind all of it.  Once the server is stopping (:meth:`Gateway.drain`) every new request gets
+  its parts, not behind all of it, and a client's long requests take turns (:mod:`posfair.serve.sharing`: at
+  most one part per replica in flight per client, however many long requests it sends).  Once the server is stopping (:meth:`Gateway.drain`) every new request gets
   503 ("stopping") while those in flight finish.
 * :class:`Encoder` -- the model replicas (``replicas``), each holding its share of the CPUs or one GPU
   (:func:`posfair.distributed.ray_engine.plan_workers`).  Requests reach it through ``@serve.batch``:
@@ -26,6 +27,7 @@
 import asyncio
 import hmac
 import logging
+import os
 import re
 import time
 from typing import Any
@@ -49,6 +51,7 @@ from posfair.serve.openai_api import (
     models_response,
     parse_request,
 )
+from posfair.serve.sharing import FairShare
 
 __all__ = [
     "APP",
@@ -114,6 +117,33 @@ _STOPPING = _unavailable("the server is stopping; retry on another")
 _RETRY = {"Retry-After": "1"}
 
 
+#: Ray's switch for an instance of one machine, which ``posfair serve`` sets to "0" to keep its Ray on the loopback
+#: (posfair.serve.runner.RAY_LOCAL_ONLY_ENV; inherited by every process of the instance)
+RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _replica_grpc_on_loopback() -> None:
+    """On a Ray instance kept on the loopback, this replica's inter-deployment gRPC server listens on 127.0.0.1.
+
+    Ray Serve 2.60 starts that server in every replica on ``[::]:0`` -- every interface -- with no option to say
+    otherwise, once the deployment's constructor has run; called first in each constructor, this hands it the
+    loopback instead.  It is the one private name of Ray that posfair touches (no public option exists); where
+    Serve has no such function, or binds another address, nothing changes."""
+    if os.environ.get(RAY_LOCAL_ONLY_ENV) != "0":
+        return
+    import ray.serve._private.replica as replica  # noqa: PLC0415 -- see the docstring
+
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "posfair_loopback", False):
+        return
+
+    def on_loopback(server: Any, address: str) -> Any:
+        return bind(server, "127.0.0.1:0" if address == "[::]:0" else address)
+
+    on_loopback.posfair_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = on_loopback
+
+
 # defined before the deployments: Ray Serve takes their code with what it names at that point
 def _part(req: EmbeddingRequest, chosen: list[int]) -> EmbeddingRequest:
     texts = tuple(req.texts[i] for i in chosen)
@@ -140,6 +170,7 @@ class Gateway:
     """The HTTP side (see the module's description); ``encoder`` the handle the composition gives it."""
 
     def __init__(self, encoder: Any, settings: dict[str, Any]):
+        _replica_grpc_on_loopback()
         self.encoder = encoder
         self.served_name = settings["served_name"]
         self.key_sha256 = settings.get("key_sha256")
@@ -147,6 +178,7 @@ class Gateway:
         self.timeout_s = float(settings.get("request_timeout_s") or 600)
         self.cors = tuple(settings.get("cors_origins") or ())
         self.max_tokens = settings.get("max_request_tokens")  # None: no budget
+        self.share = FairShare(int(settings.get("replicas") or 1))  # a client's long requests: its parts in turn
         self._up = False  # the replicas answered since the last failure
         self._ping: asyncio.Future | None = None
         self._draining = False
@@ -240,17 +272,19 @@ class Gateway:
         except serve.exceptions.BackPressureError:
             raise _unavailable("the server is overloaded; retry") from None
 
-    async def _embed(self, req: EmbeddingRequest) -> Answer:
-        """A request's answer, its texts sent in parts of at most :data:`PART_TEXTS`, one part at a time: the texts
-        ordered by length first (each part's texts of about one length: little padding), the vectors put back in
-        the request's order.  A part's refusal is the request's (the first one stops it)."""
+    async def _embed(self, req: EmbeddingRequest, client: str) -> Answer:
+        """A request's answer, its texts sent in parts of at most :data:`PART_TEXTS`, one part at a time, each in one
+        of ``client``'s turns (:class:`posfair.serve.sharing.FairShare`: a client's long requests share its turns):
+        the texts ordered by length first (each part's texts of about one length: little padding), the vectors put
+        back in the request's order.  A part's refusal is the request's (the first one stops it)."""
         if len(req.texts) <= PART_TEXTS:
             return self._within_budget(await self._call("embed", req))
         order = sorted(range(len(req.texts)), key=lambda i: len(req.texts[i]))
         parts = []
         for start in range(0, len(order), PART_TEXTS):
             chosen = order[start : start + PART_TEXTS]
-            part = await self._call("embed", _part(req, chosen))
+            async with self.share.turn(client):
+                part = await self._call("embed", _part(req, chosen))
             if part.error is not None:
                 message = part.error["error"].get("message", "")
                 part.error["error"]["message"] = _renumber(message, chosen, len(order))
@@ -298,7 +332,8 @@ class Gateway:
             req = parse_request(await self._body(request), self.served_name, segments=segments)
             if not await self._ready():
                 return _error(_LOADING, _RETRY | cors)
-            work = self._segments(req) if segments else self._embed(req)
+            client = request.client.host if request.client is not None else ""
+            work = self._segments(req) if segments else self._embed(req, client)
             try:
                 answer = await asyncio.wait_for(work, self.timeout_s)
             except (TimeoutError, asyncio.TimeoutError):
@@ -405,6 +440,7 @@ class Encoder:
     """A model replica (see the module's description); ``settings`` as :func:`posfair.serve.app.encoder_settings`."""
 
     def __init__(self, settings: dict[str, Any]):
+        _replica_grpc_on_loopback()
         if settings.get("threads"):
             torch.set_num_threads(int(settings["threads"]))
         spec = EmbedSpec.from_dict(settings["spec"])

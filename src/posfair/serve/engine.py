@@ -80,7 +80,7 @@ class _Prepared:
 class Document:
     """A ``/v1/segments`` request checked and tokenised (:meth:`Engine.document`): what its forward pass needs."""
 
-    text: str  # the joined segments, stripped as sentence-transformers strips a text
+    text: str  # the joined segments, as given
     cal: Any  # Calibration or STOCK
     prompt: str | None  # None: the model's default prompt
     ids: tuple[int, ...]  # its tokens in the forward pass (prompt and special tokens included, after truncation)
@@ -89,6 +89,7 @@ class Document:
     truncated: int  # 1 when the document was cut at the token limit
     size: int  # its share of a batch's token budget: its tokens, at most the whole budget
     normalize: bool = True  # each segment vector divided by its length
+    short: int = 0  # 1 when the calibration leaves the document stock (shorter than one basket)
 
     @property
     def tokens(self) -> int:
@@ -291,11 +292,7 @@ class Engine:
         self.check_dimensions(req.dimensions)
         cal = self.calibration_for(req.calibration)
         prompt = self.prompt_for(req.prompt_name)
-        joined, spans = join_segments(list(req.texts))
-        # sentence-transformers strips a text before tokenising it: the spans follow the stripped document
-        doc = joined.strip()
-        shift = len(joined) - len(joined.lstrip())
-        spans = [(max(a - shift, 0), min(b - shift, len(doc))) for a, b in spans]
+        doc, spans = join_segments(list(req.texts))  # tokenised as given (posfair strips no text anywhere)
         full = self._full_prompt(prompt)
         tok = PromptedTokenizer(self.model.tokenizer, full) if full else self.model.tokenizer
         n = len(tok(doc, add_special_tokens=True, truncation=False)["input_ids"])
@@ -324,6 +321,8 @@ class Engine:
                 "input",
             )
         ids = tuple(int(i) for i in enc["input_ids"][0])
+        resolved = None if cal is STOCK else self.model.transformer_module.resolve(cal)
+        short = 0 if resolved is None else calibration_coverage(resolved, np.array([len(ids)])).fallen_back
         return Document(
             doc,
             cal,
@@ -334,6 +333,7 @@ class Engine:
             int(n > self.limit),
             min(len(ids), self.spec.max_tokens),
             req.normalize,
+            int(short),
         )
 
     def segments_many(self, docs: Sequence[Document]) -> list[Answer]:
@@ -389,4 +389,4 @@ class Engine:
         vectors = contextualised_segments(states, doc.segment_of, doc.n_segments).astype(np.float32)
         if doc.normalize:  # as encode and an OpenAI client expect: unit vectors
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return Answer(vectors, doc.tokens, doc.truncated)
+        return Answer(vectors, doc.tokens, doc.truncated, short=doc.short)

@@ -11,6 +11,11 @@ finish), then Ray is shut down when posfair started it (the instance and every p
 command), or on a running cluster the application is deleted (and the Serve instance it started, if no other
 application runs on it); the whole stop is bounded (:data:`STOP_TIMEOUT_S`).
 
+A Ray instance the server starts itself runs :mod:`posfair.serve.proxy`'s guard in Serve's HTTP proxy (head
+limits and timeout, the key on Serve's own ``/-/`` paths), and, when ``--host`` is a loopback address, listens
+on the loopback only -- its GCS, raylet, workers and replicas too (:func:`loopback_only`): nothing of it is
+reachable from another machine.
+
 On a running cluster (``--ray-address``), :func:`connect` joins it and :func:`serve_conflict` says
 why posfair cannot serve there -- before the command loads anything: a Serve instance already on the
 cluster keeps the address it started with (Serve ignores a new one), may already run a posfair server
@@ -21,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import ipaddress
 import json
 import logging
+import os
 import resource
 import signal
 import threading
@@ -49,6 +56,7 @@ __all__ = [
     "serve_available",
     "serve_conflict",
     "check_open_files",
+    "loopback_only",
     "serve_model",
     "unfinished",
 ]
@@ -107,27 +115,81 @@ RAY_ANSWER_S = 10.0
 WATCH_PERIOD_S = 2.0
 
 
+#: Serve's controller actor and its namespace, as Serve's documentation names them (fault tolerance guide)
+SERVE_CONTROLLER, SERVE_NAMESPACE = "SERVE_CONTROLLER_ACTOR", "serve"
+
+
 class ServeConflict(RuntimeError):
     """The cluster's running Serve instance and this server cannot go together (see :func:`serve_conflict`)."""
 
 
-def connect(address: str | None) -> bool:
+def connect(address: str | None, env: dict[str, str] | None = None, loopback: bool = False) -> bool:
     """Start a local Ray instance (``address`` None or ``local``) or join the cluster at ``address``, unless this
-    process is in one already (then False); Serve's INFO lines are hidden unless posfair logs at DEBUG."""
+    process is in one already (then False); Serve's INFO lines are hidden unless posfair logs at DEBUG.  A local
+    instance is started with ``env`` in its processes' environment and, with ``loopback``, on the loopback only
+    (:func:`loopback_only` must have been called before Ray was imported; :class:`ServerFailed` otherwise)."""
     import ray
 
     if not logging.getLogger("posfair").isEnabledFor(logging.DEBUG):
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if ray.is_initialized():
         return False
+    local = address in (None, "local")
+    if local:
+        os.environ.update(env or {})  # Ray's processes (GCS, raylet, workers) inherit the environment at start
     with _quiet_auth_notice():
         ray.init(
-            address=None if address in (None, "local") else address,
+            address=None if local else address,
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,
         )
+    node = ray.util.get_node_ip_address()
+    if local and loopback and not _is_loopback(node):
+        ray.shutdown()
+        raise ServerFailed(
+            f"Ray started on {node}, not on the loopback only (Ray was imported before posfair could ask it to; "
+            "call posfair.serve.runner.loopback_only first), so its ports would listen on every interface"
+        )
     return True
+
+
+#: Ray's own switch for an instance of this machine alone (its default on macOS and Windows): "0" makes the node's
+#: address 127.0.0.1, so the GCS, the raylet and every worker listen on the loopback only.  Ray reads it once, when
+#: it is imported.
+RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_only(host: str, address: str | None) -> bool:
+    """Whether a server on ``host`` with Ray at ``address`` keeps its own Ray instance on the loopback (a loopback
+    ``host``, no ``address``).  Ray's switch for it is set in this process's environment then, and also to join a
+    Ray instance at a loopback ``address`` (``127.0.0.1:PORT``: Ray reaches such an instance only with it) -- before
+    Ray is imported (``posfair serve`` calls this first), as Ray reads the switch once."""
+    local = address in (None, "local")
+    joins_loopback = not local and "://" not in address and _is_loopback(address.rpartition(":")[0] or address)
+    if joins_loopback or (local and _is_loopback(host)):
+        os.environ[RAY_LOCAL_ONLY_ENV] = "0"
+    return local and _is_loopback(host)
+
+
+def proxy_env(settings: ServerSettings) -> dict[str, str]:
+    """The environment a Ray instance of the server's own starts with: Serve's HTTP proxy runs posfair's guard
+    (:func:`posfair.serve.proxy.guard`), which asks the key (its SHA-256 only) on Serve's own paths."""
+    from posfair.serve.proxy import CALLBACK_ENV, KEY_SHA256_ENV
+
+    env = {CALLBACK_ENV: "posfair.serve.proxy:guard"}
+    if settings.args.key_sha256:
+        env[KEY_SHA256_ENV] = settings.args.key_sha256
+    return env
 
 
 def cluster_conflict(address: str, host: str, port: int) -> str | None:
@@ -162,15 +224,20 @@ def _url(host: str, port: int) -> str:
 
 
 def running_serve() -> RunningServe | None:
-    """The Serve instance already running on the connected cluster, or None."""
-    from ray.serve.context import _get_global_client  # Serve's one way to find a running controller
+    """The Serve instance already running on the connected cluster, or None: Serve's public status
+    (``serve.status()``: its proxies and applications), and where it listens and routes from its controller's
+    public schema (``ServeInstanceDetails``, what Serve's REST API answers), asked of the controller actor by the
+    name Serve's documentation gives it."""
+    import ray
+    from ray import serve
     from ray.serve.schema import ServeInstanceDetails
 
-    client = _get_global_client(raise_if_no_controller_running=False)
-    if client is None:
+    status = serve.status()  # no controller: an empty status (nothing started)
+    if not status.proxies and not status.applications:
         return None
-    details = ServeInstanceDetails(**client.get_serve_details())
-    http = client.http_config
+    controller = ray.get_actor(SERVE_CONTROLLER, namespace=SERVE_NAMESPACE)
+    details = ServeInstanceDetails(**ray.get(controller.get_serve_instance_details.remote(), timeout=RAY_ANSWER_S))
+    http = details.http_options
     return RunningServe(http.host, int(http.port), {n: a.route_prefix for n, a in details.applications.items()})
 
 
@@ -290,8 +357,11 @@ class _Start:
 
         s = self.settings
         try:
+            loopback = loopback_only(s.host, s.ray_address)
             try:
-                self.started_here = connect(s.ray_address)
+                self.started_here = connect(s.ray_address, proxy_env(s), loopback)
+            except ServerFailed:
+                raise
             except Exception as exc:  # noqa: BLE001 -- Ray's own start failing: said in one line
                 raise ServerFailed(f"Ray could not start: {_one_line(exc)}{_limits_hint()}") from None
             self.connected.set()

@@ -1,0 +1,227 @@
+"""What posfair adds to Ray Serve's HTTP proxy (the process that listens on ``--host``/``--port``): limits on a
+request's head and the API key on Serve's own paths.
+
+Ray Serve runs the callback named by its ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` environment variable when
+its proxy starts (``posfair serve`` sets it to :func:`guard` for the Ray instance it starts; on a cluster, or under
+``serve run`` / a RayService, set it where Ray starts).  :func:`guard` does two things in the proxy's process:
+
+* every connection must send a whole request head (request line and headers) within :data:`HEAD_TIMEOUT_S` of
+  connecting, or of the end of its previous answer; a head of more than :data:`MAX_HEAD_BYTES` bytes or
+  :data:`MAX_HEADERS` header lines is refused as soon as it is seen (431), before it is parsed.  A connection past
+  the time is closed, with a 408 when it had sent part of a head (a slow drip), silently when it had sent nothing.
+  Both answers are JSON in OpenAI's error shape, as every refusal of the gateway.  (Ray Serve passes no such option
+  to its HTTP server, uvicorn, so the limits sit on uvicorn's protocol classes, in the proxy's process only.)
+* a Starlette middleware (:class:`KeyOnServePaths`) asks the API key on Serve's own paths (``/-/routes``,
+  ``/-/healthz``, any ``/-/...``), which the proxy answers itself without reaching the gateway: the key's SHA-256
+  is read from ``POSFAIR_SERVE_KEY_SHA256`` (what ``posfair serve`` sets), or the key from the variable named by
+  ``POSFAIR_SERVE_API_KEY_ENV``; neither set: no key asked (as the gateway).  ``/health`` stays open, as the
+  gateway answers it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from typing import Any
+
+from starlette.middleware import Middleware
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from posfair.serve.openai_api import ApiError, key_digest
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools not installed: uvicorn runs h11
+    HttpToolsProtocol = None
+
+__all__ = [
+    "CALLBACK_ENV",
+    "HEAD_TIMEOUT_S",
+    "KEY_ENV_ENV",
+    "KEY_SHA256_ENV",
+    "MAX_HEADERS",
+    "MAX_HEAD_BYTES",
+    "KeyOnServePaths",
+    "guard",
+    "install_head_limits",
+]
+
+#: Ray Serve's environment variable naming a callback its HTTP proxy runs at start (returning Starlette middlewares)
+CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+#: the key's SHA-256, for the proxy (``posfair serve`` sets it; the key itself reaches no Ray process)
+KEY_SHA256_ENV = "POSFAIR_SERVE_KEY_SHA256"
+#: ... or the name of the variable holding the key (a RayService: the variable a secret fills)
+KEY_ENV_ENV = "POSFAIR_SERVE_API_KEY_ENV"
+#: the longest a connection may take to send a request head (from connecting, or from its previous answer)
+HEAD_TIMEOUT_S = 10.0
+#: the largest request head (request line and headers; uvicorn's parser refuses 16 KiB partial heads itself)
+MAX_HEAD_BYTES = 16 * 1024
+#: the most header lines in one request
+MAX_HEADERS = 100
+
+
+def _answer(err: ApiError) -> bytes:
+    """A whole HTTP/1.1 answer carrying ``err`` in OpenAI's error shape; the connection is closed after it."""
+    body = json.dumps(err.body()).encode()
+    reason = {401: "Unauthorized", 408: "Request Timeout", 431: "Request Header Fields Too Large"}[err.status]
+    head = (
+        f"HTTP/1.1 {err.status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+_TIMEOUT = ApiError(
+    408,
+    f"the request head (request line and headers) did not arrive within {HEAD_TIMEOUT_S:g} s",
+    code="request_timeout",
+)
+_TOO_BIG = ApiError(
+    431,
+    f"the request head is over {MAX_HEAD_BYTES} bytes or {MAX_HEADERS} header lines",
+    code="request_header_fields_too_large",
+)
+
+
+class _Head:
+    """One connection's wait for a request head: the bytes of it seen so far, the timer that ends the wait."""
+
+    def __init__(self, proto: Any):
+        self.cycle = getattr(proto, "cycle", None)  # uvicorn's current request; a new one: a head was parsed
+        self.seen = b""
+        self.done = False
+        self.timer = proto.loop.call_later(HEAD_TIMEOUT_S, _expire, proto, self)
+
+
+def _arm(proto: Any) -> None:
+    old = getattr(proto, "_posfair_head", None)
+    if old is not None:
+        old.timer.cancel()
+    proto._posfair_head = _Head(proto)
+
+
+def _refuse(proto: Any, err: ApiError) -> None:
+    head = proto._posfair_head
+    head.done = True
+    head.timer.cancel()
+    if not proto.transport.is_closing():
+        proto.transport.write(_answer(err))
+        proto.transport.close()
+
+
+def _expire(proto: Any, head: _Head) -> None:
+    """The head timer: a connection still waiting for its head is closed (408 if part of one arrived)."""
+    if head.done or proto._posfair_head is not head or getattr(proto, "cycle", None) is not head.cycle:
+        return
+    if proto.transport.is_closing():
+        return
+    if head.seen:
+        _refuse(proto, _TIMEOUT)
+    else:
+        head.done = True
+        proto.transport.close()
+
+
+def _wrap(cls: type) -> None:
+    """Head limits on one of uvicorn's HTTP/1.1 protocol classes (once)."""
+    if getattr(cls, "_posfair_head_limits", False):
+        return
+    made, received, complete, lost = (
+        cls.connection_made,
+        cls.data_received,
+        cls.on_response_complete,
+        cls.connection_lost,
+    )
+
+    def connection_made(self, transport):
+        made(self, transport)
+        _arm(self)
+
+    def data_received(self, data):
+        head = getattr(self, "_posfair_head", None)
+        if head is not None and not head.done:
+            seen = head.seen + data
+            end = seen.find(b"\r\n\r\n")
+            size = len(seen) if end < 0 else end
+            if size > MAX_HEAD_BYTES or seen.count(b"\r\n", 0, size) > MAX_HEADERS:
+                _refuse(self, _TOO_BIG)
+                return
+            if end < 0:
+                head.seen = seen
+            else:  # the head is whole: the parser takes it from here (the timer ends with the new request)
+                head.done = True
+                head.timer.cancel()
+        received(self, data)
+
+    def on_response_complete(self):
+        before = getattr(self, "cycle", None)
+        complete(self)  # may start a pipelined request whose head had arrived already
+        if not self.transport.is_closing() and getattr(self, "cycle", None) is before:
+            _arm(self)  # the next request on this connection: its head in time too
+
+    def connection_lost(self, exc):
+        head = getattr(self, "_posfair_head", None)
+        if head is not None:
+            head.done = True
+            head.timer.cancel()
+        lost(self, exc)
+
+    cls.connection_made = connection_made
+    cls.data_received = data_received
+    cls.on_response_complete = on_response_complete
+    cls.connection_lost = connection_lost
+    cls._posfair_head_limits = True
+
+
+def install_head_limits() -> None:
+    """The head timeout and size limits on uvicorn's HTTP/1.1 protocols (h11, and httptools where installed)."""
+    for cls in (H11Protocol, HttpToolsProtocol):
+        if cls is not None:
+            _wrap(cls)
+
+
+def _key_sha256() -> str | None:
+    digest = os.environ.get(KEY_SHA256_ENV, "").strip()
+    if digest:
+        return digest
+    var = os.environ.get(KEY_ENV_ENV, "").strip()
+    key = os.environ.get(var, "").strip() if var else ""
+    return key_digest(key) if key else None
+
+
+class KeyOnServePaths:
+    """ASGI middleware: Serve's own paths (``/-/...``) only with ``Authorization: Bearer KEY`` (401 in OpenAI's
+    shape otherwise), when a key is set; everything else passes to the proxy untouched (the gateway checks it)."""
+
+    def __init__(self, app: Any, key_sha256: str | None = None):
+        self.app, self.key_sha256 = app, key_sha256
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or self.key_sha256 is None or not scope.get("path", "").startswith("/-/"):
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"").decode("latin-1")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(key_digest(key.strip()), self.key_sha256):
+            await self.app(scope, receive, send)
+            return
+        err = ApiError(
+            401, "a valid API key is needed: send 'Authorization: Bearer KEY'", param=None, code="invalid_api_key"
+        )
+        body = json.dumps(err.body()).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def guard() -> list[Middleware]:
+    """Ray Serve's proxy callback (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=posfair.serve.proxy:guard``): the
+    head limits installed in the proxy's process, and the key middleware for Serve's own paths."""
+    install_head_limits()
+    return [Middleware(KeyOnServePaths, key_sha256=_key_sha256())]
