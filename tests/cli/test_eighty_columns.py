@@ -144,6 +144,7 @@ def test_serve_fits_80_columns(run80, inputs, monkeypatch):
     monkeypatch.setattr(runner, "unfinished", lambda: False)
     r = run80("serve", "--model", "tiny", "--calibration", "default", "--port", "8000")
     assert "at http://127.0.0.1:8000 " in r.stdout
+    assert "starting: tiny (B128-L0.5-a0.5, " in r.stdout  # the setting's one name, as every output names it
 
 
 def test_a_long_error_fits_80_columns(run80, inputs):

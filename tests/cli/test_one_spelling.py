@@ -98,7 +98,7 @@ def test_a_retrieval_folder_of_an_older_posfair_resumes_from_its_sweep_json(tmp_
     key = {k: f"v-{k}" for k in sweep._SWEEP_KEY} | {"benchmark": {"name": "b", "fingerprint": "f"}}
     (tmp_path / "sweep.json").write_text(json.dumps(key | {"settings": ["stock"]}))
     assert sweep.SWEEP_FILE == "retrieval.json"
-    assert sweep._check_resumable(tmp_path, key, ["B16-L1-a1"]) == ["stock", "B16-L1-a1"]
+    assert sweep._check_resumable(tmp_path, key, ["B16-Llast1-a1"]) == ["stock", "B16-Llast1-a1"]
     with pytest.raises(PosfairInputError, match="a different model"):
         sweep._check_resumable(tmp_path, key | {"model": "other"}, ["stock"])
 

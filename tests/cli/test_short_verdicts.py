@@ -18,7 +18,7 @@ def test_a_sweep_says_its_no_op_settings_in_one_line_and_its_legend_names_only_w
             str(path), "--device", "cpu", "--baskets", "16,512", "--strengths", "0.5", "--out", str(out)]  # fmt: skip
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    noop = ["B512-L1-a0.5", "B512-L0.5-a0.5"]  # every document is shorter than 512 tokens
+    noop = ["B512-Llast1-a0.5", "B512-L0.5-a0.5"]  # every document is shorter than 512 tokens
     table = pd.read_csv(out / "table_groups.csv")
     assert set(noop) <= set(table["setting"])  # the files keep their rows
     lines = r.output.splitlines()

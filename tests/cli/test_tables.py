@@ -8,7 +8,7 @@ from posfair.cli.terminal_progress import console
 from posfair.cli.terminal_tables import table_text
 
 BOX = set("─│┃━┏┓┗┛┡┩╇╋┳┻┼├┤╭╮╰╯")
-HEADER = ["n", "configuration", "coef", "stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.abc123", "G"]
+HEADER = ["n", "configuration", "coef", "stock", "B128-L0.5-a0.5", "B64-Llast1-a1-prior20x3.abc123", "G"]
 ROWS = [
     ["3", "en", "beta_2", "-0.153 •", "-0.106 •", "-0.050 □", "2"],
     ["4", "de:en", "beta_4", "-0.087", "0.027", "0.001", "16"],
@@ -27,7 +27,7 @@ def test_a_table_too_wide_for_80_columns_becomes_one_block_per_row():
     lines = text.split("\n")
     assert all(len(line) <= 80 for line in lines)
     assert lines[1] == "- n=3  configuration=en  coef=beta_2"
-    assert "    B64-L1-a1-prior20x3.abc123  -0.050 □" in lines
+    assert "    B64-Llast1-a1-prior20x3.abc123  -0.050 □" in lines
     for row in ROWS:  # every cell printed whole
         for h, cell in zip(HEADER[3:], row[3:], strict=True):
             assert any(line.split() == [h, *cell.split()] for line in lines), (h, cell)

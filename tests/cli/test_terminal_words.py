@@ -36,12 +36,12 @@ def test_encode_says_a_calibration_changed_nothing_and_verify_names_what_a_names
     r = CliRunner().invoke(app, ["encode", "-i", str(src), "-o", str(tmp_path / "e.npy"), "--model", str(path),
                                  "--calibration", "64,1,1", "--cache", str(cache)])  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert "stock: B64-L1-a1 calibrated none of the 2 distinct texts" in r.stdout  # texts of a few tokens, B=64
+    assert "stock: B64-Llast1-a1 calibrated none of the 2 distinct texts" in r.stdout  # texts of a few tokens, B=64
     v = CliRunner().invoke(app, ["verify", str(cache)])
     assert v.exit_code == 0, v.output
     assert "all 1 shard of 1 namespace verified (2 rows)" in v.stdout
     row = v.stdout.splitlines()[2]  # under the header and its underline
-    assert row.endswith("B64-L1-a1") and "embedding, model " in row
+    assert row.endswith("B64-Llast1-a1") and "embedding, model " in row
 
 
 @pytest.mark.parametrize(("n", "text"), [(0, "0 shards"), (1, "1 shard"), (2, "2 shards"), (1234, "1,234 shards")])

@@ -43,7 +43,7 @@ def test_the_report_page_keeps_its_tables_inside_and_says_the_method_once(result
     # every table in a box that scrolls sideways instead of running past the page; titles above, not in, a table
     assert html.count('<table class="coef">') == html.count('<div class="scroll"><table class="coef">') > 5
     assert "<caption>" not in html and "div.scroll { max-width: 100%; overflow-x: auto; }" in html
-    # cells and short headers stay on one line ("max |β|", "B4-L1.0-a1 (control)"); the calibration JSON wraps
+    # cells and short headers stay on one line ("max |β|", "B4-Lall-a1 (control)"); the calibration JSON wraps
     assert "th.nw, table.coef td { white-space: nowrap; }" in html and "pre { white-space: pre-wrap;" in html
     assert '<th class="nw">max |β|</th>' in html and f"<td>{CAL.label()} (control)</td>" in html
     # sampling: the columns named in words, the empty family column left out

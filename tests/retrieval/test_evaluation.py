@@ -101,7 +101,7 @@ def test_tables_layout(model, bench, tmp_path):
         "calibrated_share",
         "best",
     ]
-    assert t1["setting"].tolist() == ["stock", "B16-L1-a1", "B16-L0.5-a0.5"]
+    assert t1["setting"].tolist() == ["stock", "B16-Llast1-a1", "B16-L0.5-a0.5"]
     assert t1["section"].tolist() == ["", "Last layer", "50% of layers"]
     assert t1["best"].sum() >= 1 and t1.loc[t1["best"], "Harm"].max() == t1["Harm"].max()
     stock = results[0]

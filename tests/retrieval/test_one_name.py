@@ -20,7 +20,7 @@ def test_every_output_names_a_setting_one_way_and_every_column_is_explained(tmp_
                                    "en", "--calibration", "16,0.5,0.5", "--calibration", "512,1,1", "--late", "max",
                                    "--late-chunks", "16", "--out", str(out), "--device", "cpu"])  # fmt: skip
     assert res.exit_code == 0, res.output
-    names = ["stock", "late-max (16-token windows)", "B512-L1-a1", "B16-L0.5-a0.5"]  # B512: no document is longer
+    names = ["stock", "late-max (16-token windows)", "B512-Llast1-a1", "B16-L0.5-a0.5"]  # B512: no document is longer
     groups, buckets = pd.read_csv(out / "table_groups.csv"), pd.read_csv(out / "table_buckets.csv")
     assert groups["setting"].tolist() == buckets["setting"].tolist() == names
     runs = {json.loads(p.read_text())["setting"] for p in (out / "runs").glob("*.json")}
@@ -29,9 +29,9 @@ def test_every_output_names_a_setting_one_way_and_every_column_is_explained(tmp_
     assert differences == ["late-max (16-token windows)", "B16-L0.5-a0.5"]  # evaluated, not stock
     lines = res.stdout.splitlines()
     for name in names:  # the terminal's rows start with the same names: the groups, buckets, differences tables
-        rows = 0 if name == "B512-L1-a1" else 2 + (name in differences)  # a no-op: said in one line, not as rows
+        rows = 0 if name == "B512-Llast1-a1" else 2 + (name in differences)  # a no-op: said in one line, not as rows
         assert sum(line.startswith(name + "  ") for line in lines) == rows, name
-    assert [line for line in lines if "B512-L1-a1" in line] == [next(x for x in lines if "change no document" in x)]
+    assert [line for line in lines if "B512-Llast1-a1" in line] == [next(x for x in lines if "change no document" in x)]
     for old in ("No calibration", "Late chunking", "B=16, a=", "dPSI", "section", "best"):
         assert old not in res.stdout, old
     # a legend line for every column: "<column>: ..." (the positional groups share one line)

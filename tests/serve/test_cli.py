@@ -43,7 +43,7 @@ def test_a_saved_calibrated_folder_is_served_as_encode_encodes_it(tiny_model_pat
     r = CliRunner().invoke(app, ["serve", "--model", str(folder), "--port", str(free_port())])
     assert r.exit_code == 0, r.output
     assert started[-1].args.calibration is None and "(stock," in r.output, r.output
-    assert f"saved with calibration {CAL.spec()}" in r.output and f"--calibration {CAL.spec()}" in r.output
+    assert f"saved with calibration {CAL.label()}" in r.output and f"--calibration {CAL.spec()}" in r.output
     r = CliRunner().invoke(
         app, ["serve", "--model", str(folder), "--port", str(free_port()), "--calibration", CAL.spec()]
     )

@@ -59,6 +59,7 @@ from posfair.calibration.spelling import (
     _layers_text,
     _number,
     _read_share,
+    layers_label,
     parse_layers,
 )
 
@@ -419,9 +420,11 @@ class Calibration:
         return [(form, v) for form in _FORMS if not form.at_default(v := getattr(self, form.field))]
 
     def label(self) -> str:
-        """The short form for tables, e.g. ``B128-L0.5-a0.5``, ``B16-L1-a1-bos1-eos1-bw0.1-ew0.1`` (a prior by its
-        shape and digest; not read back: :meth:`spec` is the form that parses)."""
-        head = [f"B{self.basket_size}", f"L{_layers_text(self.layers)}", f"a{self.strength:g}"]
+        """The one name of the setting, in every output (terminal, tables, reports, figures, file names, serve), e.g.
+        ``B128-L0.5-a0.5``, ``B16-Llast1-a1-bos1-eos1-bw0.1-ew0.1`` (layers as :func:`layers_label` writes them:
+        ``Llast1`` the last layer, ``Lall`` every layer; a prior by its shape and digest; not read back:
+        :meth:`spec` is the form that parses)."""
+        head = [f"B{self.basket_size}", f"L{layers_label(self.layers)}", f"a{self.strength:g}"]
         return "-".join(head + [form.label(v) for form, v in self._given()])
 
     def figure_label(self) -> str:
@@ -429,7 +432,7 @@ class Calibration:
         and digest (``B16-L0.5-a1-prior``), BOS and EOS isolated with one share as ``special=SHARE``
         (``B16-L0.5-a1-special=0.1``); built from the fields, never from the label's text."""
         special = self.isolate_bos is True and self.isolate_eos is True and str(self.bos_weight) == str(self.eos_weight)
-        parts = [f"B{self.basket_size}", f"L{_layers_text(self.layers)}", f"a{self.strength:g}"]
+        parts = [f"B{self.basket_size}", f"L{layers_label(self.layers)}", f"a{self.strength:g}"]
         for form, v in self._given():
             if special and form.field in ("isolate_bos", "isolate_eos", "bos_weight", "eos_weight"):
                 if f"special={self.bos_weight}" not in parts:

@@ -19,6 +19,18 @@ from posfair.calibration.setting_values import POOLING_DECIDES, SCHEDULES, TRAIL
 # -- the string forms: one row per setting beyond B,layers,alpha -------------------------------------------
 
 
+def layers_label(layers: int | float | tuple[int, ...]) -> str:
+    """``layers`` as a label writes it after its ``L``, each kind spelt so that none reads as another: ``last1``
+    (the last layer), ``last4`` (the last 4), ``0.5`` (that share of the layers, counted from the last), ``all``
+    (every layer: the share 1.0), ``3+4+5`` / ``5+`` (those 0-based indices).  Never a bare whole number: on the
+    command line ``1`` is the last layer and ``1.0`` every layer, one character apart."""
+    if isinstance(layers, tuple):
+        return "+".join(str(i) for i in layers) + ("+" if len(layers) == 1 else "")
+    if isinstance(layers, float):
+        return "all" if layers >= 1 else f"{layers:g}"
+    return f"last{layers}"
+
+
 def _layers_text(layers: int | float | tuple[int, ...], exact: bool = False) -> str:
     """``layers`` as written in a label (``6``, ``0.5``, ``3+4+5``) or, ``exact``, on the command line, where one
     explicit index is ``5+`` (``5`` would be the last 5 layers)."""

@@ -157,7 +157,7 @@ def serve(
     saved = fm.resolve_calibration(MODEL_DEFAULT)
     if cal is STOCK and saved is not STOCK:  # as every command: stock unless --calibration (posfair encode -m FOLDER)
         say(
-            f"note: the model folder was saved with calibration {saved.spec()}; without --calibration this server "
+            f"note: the model folder was saved with calibration {saved.label()}; without --calibration this server "
             f"encodes stock, as posfair encode does (pass --calibration {saved.spec()} to serve that calibration)",
             err=True,
         )
@@ -240,7 +240,7 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
         fingerprint=fm.fingerprint,
     )
     settings = runner.ServerSettings(args=args, host=opts["host"], port=opts["port"], ray_address=opts["ray_address"])
-    label = "stock" if cal is stock else f"calibration {cal.spec()}"
+    label = "stock" if cal is stock else cal.label()  # the setting's one name, as every output names it
     limit = int(fm.max_seq_length)
     del fm  # the replicas load their own
     where = "a local Ray instance" if opts["ray_address"] in (None, "local") else f"Ray at {opts['ray_address']}"

@@ -182,8 +182,9 @@ _LEGEND = {
     "stock": "stock = no calibration",
     "SEA": "SEA = Segment Embed Average (segments embedded alone, vectors averaged)",
     "late": "late-<max|mean> (<chunks>) = late chunking, chunk vectors pooled by max or mean",
-    "calibrated": "B<tokens>-L<layers>-a<strength> = calibrated attention: baskets of <tokens> tokens in the last "
-    "<layers> layers (a fraction: that share of layers; an integer: that many), strength <strength>",
+    "calibrated": "B<tokens>-L<layers>-a<strength> = calibrated attention: baskets of <tokens> tokens in the layers "
+    "L<layers> names (Llast1: the last layer, Llast<k>: the last k, L0.5: the last half, Lall: every layer, "
+    "L<i>+<j>: those, 0-based), strength <strength>",
     "groups": "{groups}: nDCG@10 (x100) of the queries whose answer lies in that positional group",
     "Harm": "Harm: harmonic mean of the groups' nDCG@10 (x100; higher = better and more even over positions)",
     "PSI": "PSI: position sensitivity, 1 - min / max of the groups' nDCG@10 (0-1; lower = less sensitive)",
