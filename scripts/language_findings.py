@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.fairness.analysis import fit_all
+from posfair.fairness.documents import config_label
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import family_findings, heterogeneity, interval_of, model_ratio
 from posfair.fairness.language import fit_language_ols, language_design, language_effects
@@ -101,8 +102,9 @@ def _observations(folder: Path) -> pd.DataFrame:
     return pd.read_parquet(folder / "observations.parquet")
 
 
-def _documents(config: str) -> str:
-    return "English" if config == "en" else ("German first, then English" if config.startswith("[de") else config)
+def _documents(config: str, n: int) -> str:
+    """The documents' configuration by its one name (``en``, ``[de, en, en]``), as posfair's tables write it."""
+    return config_label(config, n)
 
 
 def findings(folders: list[tuple[str, Path]]) -> dict[str, pd.DataFrame]:
@@ -131,7 +133,7 @@ def position_table(folders: list[tuple[str, Path]], found: dict[str, pd.DataFram
                 + ("" if r["share_G"] == r["change_G"] else f" (G={r['share_G']})")
             )  # fmt: skip
             lines.append(
-                f"| {name} | {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['family']} | "
+                f"| {name} | {_documents(r['config'], r['n'])} | {r['n']} | β{r['position']} | {r['family']} | "
                 f"{r['stock_estimate']:+.3f} | {r['calibrated_estimate']:+.3f} | {r['change_estimate']:+.3f} "
                 f"[{r['change_ci_low']:+.3f}, {r['change_ci_high']:+.3f}] {r['direction']} | {share} | "
                 f"{r['change_G']} ({r['change_clusters'].split(' (')[0]}) |"
@@ -156,7 +158,7 @@ def ratio_table(folders: list[tuple[str, Path]], found: dict[str, pd.DataFrame] 
         ratio = model_ratio(b, a)
         inner = f"{ratio.ci_low:.1f}, {ratio.ci_high:.1f}" if ratio.bounded else "unbounded"
         lines.append(
-            f"| {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['family']} | {a.estimate:+.3f} | "
+            f"| {_documents(r['config'], r['n'])} | {r['n']} | β{r['position']} | {r['family']} | {a.estimate:+.3f} | "
             f"{b.estimate:+.3f} | {ratio.estimate:.1f} [{inner}] |"
         )
     return "\n".join(lines)
@@ -172,7 +174,7 @@ def heterogeneity_lines(folders: list[tuple[str, Path]], found: dict[str, pd.Dat
     for name, _ in folders:
         for _, r in heterogeneity(found[name]).iterrows():
             lines.append(
-                f"| {name} | {_documents(r['config'])} | {r['n']} | β{r['position']} | {r['quantity']} | {r['Q']:.2f} | "
+                f"| {name} | {_documents(r['config'], r['n'])} | {r['n']} | β{r['position']} | {r['quantity']} | {r['Q']:.2f} | "
                 f"{r['p']:.3g} | {100 * r['I2']:.0f} % | {r['families']} |"
             )
     return "\n".join(lines)

@@ -86,7 +86,7 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
             out / folder,
             cache,
             model.display_name,
-            "bundled Debian documentation",
+            "bundled",  # named by corpus_title, as every output names it
             f"posfair demo ({folder}): {model.display_name}",
         )
         parts.append((folder, model.display_name, result, paths, seconds))
@@ -94,7 +94,7 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
     return parts
 
 
-_INDEX = """<p>{{ what }}</p><p>Model: <b>{{ model }}</b>. Corpus: the bundled Debian documentation.
+_INDEX = """<p>{{ what }}</p><p>Model: <b>{{ model }}</b>. Corpus: {{ corpus }}.
 Configurations: {{ configs }}. Audit time: {{ seconds }} s. <a href="{{ href }}">The full report</a>.</p>
 {% if numbers %}<ul class="headline">{% for line in numbers %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 {{ headline | safe }}
@@ -121,6 +121,7 @@ def _headline_numbers(result) -> list[str]:
 
 
 def _write_index(out: Path, parts) -> Path:
+    from posfair.corpus.aligned import corpus_title
     from posfair.fairness.audit_tables import config_label, headline_table
     from posfair.report.html import Section, render_string, write_report
     from posfair.report.tables import to_html
@@ -149,6 +150,7 @@ def _write_index(out: Path, parts) -> Path:
             _INDEX,
             what=what.get(folder, ""),
             model=model,
+            corpus=corpus_title("bundled"),
             configs=", ".join(configs),
             seconds=f"{seconds:.0f}",
             href=f"{folder}/report.html",

@@ -50,6 +50,7 @@ def run_audit(
     from posfair.cli.error_boundary import data_errors
     from posfair.cli.terminal import say, table, warn
     from posfair.cli.terminal_progress import progress_bars
+    from posfair.fairness.documents import instance_label
     from posfair.fairness.pipeline import audit as run
     from posfair.stats.inference import FewClustersWarning
 
@@ -93,7 +94,7 @@ def run_audit(
     if few:
         warn(few)
     for s in result.sampling:
-        line = f"{s['instance']}: {s['documents']} documents from {s['sets_used']} segment sets"
+        line = f"{instance_label(s['n'], s['config'], s.get('family', ''))}: {s['documents']} documents from {s['sets_used']} segment sets"
         if s["sets_skipped_too_long"]:
             line += f", {s['sets_skipped_too_long']} sets skipped (longer than {s['limit']} tokens)"
         if s["segments_outside_window"]:

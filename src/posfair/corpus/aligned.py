@@ -40,6 +40,12 @@ class CorpusError(PosfairInputError):
     """A corpus cannot be loaded or fails validation; the message names the problem and rows."""
 
 
+def corpus_title(name: str) -> str:
+    """A corpus as every output names it: ``the bundled corpus (Debian documentation)`` for ``bundled`` ("bundled"
+    alone reads as an adjective), else ``corpus NAME``."""
+    return "the bundled corpus (Debian documentation)" if name == "bundled" else f"corpus {name}"
+
+
 def bundled_corpus_path() -> Path:
     """Path of the bundled Debian-documentation corpus (``posfair/data/debian_docs.parquet``).
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
-from posfair.fairness.documents import config_label
+from posfair.fairness.documents import instance_label
 from posfair.fairness.experiment import FIDELITY, MEASURES
 from posfair.fairness.measures import profile_slope, profile_spread
 from posfair.stats.clusters import cluster_kind
@@ -147,7 +147,7 @@ def few_clusters_message(coefs: pd.DataFrame) -> str | None:
     if not len(few):
         return None
     total = coefs.drop_duplicates(["n", "config"]).shape[0]
-    which = "; ".join(f"n={r.n} {config_label(r.config, r.n)}: G={r.clusters}" for r in few.itertuples(index=False))
+    which = "; ".join(f"{instance_label(r.n, r.config)}: G={r.clusters}" for r in few.itertuples(index=False))
     labels = ", ".join(dict.fromkeys(coefs["inference"])) if "inference" in coefs else ""
     return (
         f"{len(few)} of {total} instances rest on fewer than {FEW_CLUSTERS} clusters (G) -- {which}. "

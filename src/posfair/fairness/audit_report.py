@@ -19,8 +19,9 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
+from posfair.corpus.aligned import corpus_title
 from posfair.fairness.analysis import coverage_messages
-from posfair.fairness.audit_tables import MIXED_CONFIG, config_label, coverage_table, fidelity_table, headline_table
+from posfair.fairness.audit_tables import config_label, coverage_table, fidelity_table, headline_table
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.family_report import family_section, save_families
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
@@ -53,19 +54,10 @@ COLORS = ("#1f4e9c", "#b2182b", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 
 # -- figures ---------------------------------------------------------------------------------------
 def config_title(config: str, n: int | None = None) -> str:
-    """A language configuration as a figure names it: ``en``; a mixed one (``[de, en, ..., en]``) for one ``n`` as
-    the tables write it (:func:`~posfair.fairness.audit_tables.config_label`: ``[de, en, en]``), or in words where
-    the panel spans several (``de first, then en``)."""
-    m = MIXED_CONFIG.match(str(config))
-    if not m:
-        return str(config)
-    if n is None:
-        return f"{m['lead']} first, then {m['later']}"
+    """A language configuration as a figure names it, as the tables do: ``en``; a mixed one for one ``n`` as
+    :func:`~posfair.fairness.documents.config_label` writes it (``[de, en, en]``), and where the panel spans
+    several ``n`` by its own name (``[de, en, ..., en]``)."""
     return config_label(config, n)
-
-
-def _corpus_words(name: str) -> str:
-    return "the bundled corpus (Debian documentation)" if name == "bundled" else f"corpus {name}"
 
 
 def _names(result: AuditFindings) -> dict[str, str]:
@@ -417,6 +409,6 @@ def _write_result(
         out / "report.html",
         title or f"Positional-fairness audit: {result.model['name']}",
         report_sections(result, figures, extra_sections),
-        subtitle=f"{_corpus_words(result.corpus.get('name', ''))} · {len(result.observations):,} observations",
+        subtitle=f"{corpus_title(result.corpus.get('name', ''))} · {len(result.observations):,} observations",
     )
     return paths

@@ -107,6 +107,12 @@ def config_label(config: str, n: int | None = None) -> str:
     return full if len(full) <= len(str(config)) else str(config)
 
 
+def instance_label(n: int, config: str, family: str = "") -> str:
+    """An instance as every output names it: ``n=3 en``, ``n=3 [de, en, en]`` (its configuration by
+    :func:`config_label`), ``n=3 en (family debian-faq)``; :attr:`Instance.key` is its file-name form only."""
+    return f"n={int(n)} {config_label(config, n)}" + (f" (family {family})" if family else "")
+
+
 def language_grid(langs: Sequence[str]) -> tuple[LanguageConfig, ...]:
     """Every language configuration over ``langs``: the monolingual baseline of each language,
     then every ordered pair ``[lead, later, ..., later]`` with ``lead != later``.
@@ -229,7 +235,13 @@ class Instance:
 
     @property
     def key(self) -> str:
+        """The instance in file names and records (``n3-de-en``); outputs a person reads say :attr:`label`."""
         return f"n{self.n}-{self.config.key}" + (f"@{self.family}" if self.family else "")
+
+    @property
+    def label(self) -> str:
+        """The instance as every output names it (:func:`instance_label`): ``n=3 [de, en, en]``."""
+        return instance_label(self.n, self.config.name, self.family)
 
 
 def prepare_corpus(corpus: pd.DataFrame, family_field: str | None = None) -> pd.DataFrame:

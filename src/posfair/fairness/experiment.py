@@ -425,7 +425,7 @@ def run_instances(
                             doc_hit,
                         )
                     total = len(seg_texts) + len(inst.documents)
-                    raw = progress(f"{inst.key} {label}", total, 0) if progress else None
+                    raw = progress(f"{inst.label} {label}", total, 0) if progress else None
                     ticked = [0]
 
                     def tick(k: int, raw=raw, ticked=ticked) -> None:
@@ -438,8 +438,8 @@ def run_instances(
                     doc_vecs, ctx_vecs = encoder.documents(inst, cal, tick)
                     if raw is not None and ticked[0] < total:  # what came from the cache was never ticked
                         raw(total - ticked[0])
-                    timings[f"{inst.key}/{label}"] = time.perf_counter() - t0
-                    log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.key}/{label}"])
+                    timings[f"{inst.label} {label}"] = time.perf_counter() - t0
+                    log.debug("%s, %s: encoded in %.1f s", inst.key, label, timings[f"{inst.label} {label}"])
                     frames.append(
                         _observations(inst, info, label, key, "main", doc_vecs, segs, ctx_vecs, seg_tokens, stock_docs)
                     )

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from posfair.calibration import Calibration
+from posfair.corpus.aligned import corpus_title
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import (
     clusters_used_text,
@@ -233,8 +234,8 @@ class AuditFindings:
         words = [f"{label}: {c.describe()}" for label, c in self.calibration_settings().items()]
         corpus = self.corpus.get("name") or ""
         limit = f" · token limit {self.model['limit']}" if self.model.get("limit") else ""
-        if corpus:  # "bundled" alone reads as an adjective: the bundled corpus named by what it is
-            corpus = "bundled corpus (Debian documentation)" if corpus == "bundled" else f"corpus {corpus}"
+        if corpus:
+            corpus = corpus_title(corpus)
         head = f"{self.model.get('name', '')}{limit}" + (f" · {corpus}" if corpus else "")
         return head + ("\n" + "; ".join(words) if words else " · stock only")
 
