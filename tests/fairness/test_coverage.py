@@ -96,7 +96,7 @@ def test_tables_report_and_figure_carry_the_share(run, lengths, partial, tmp_pat
     assert tables["sigma_stock_main"].frame.loc[(3, "calibrated share"), "en"] == "—"
     coverage = tables["coverage"].frame
     assert coverage.loc[(partial.label(), 3, "en")].tolist() == [str(n), str(k), f"{k / n:.3f}"]
-    assert tables["fidelity"].frame["calibrated_share"].tolist()[0] == "—"  # the stock row
+    assert tables["fidelity"].frame["calibrated share"].tolist()[0] == "—"  # the stock row
     paths = result.save(tmp_path)
     for kind in ("md", "csv", "tex"):
         assert "calibrated" in paths[f"table:coverage.{kind}"].read_text()
@@ -143,7 +143,7 @@ def test_attention_profile_counts_and_labels_a_noop(tiny_model, tmp_path):
         )  # stock and the partial one; the no-op is not drawn
     html = summary_html([stock, noop, partial])
     assert (
-        "<th>calibrated_share</th>" in html
+        "<th>calibrated share</th>" in html
         and "<td>0.000</td>" in html
         and "<td>0.667</td>" in html
         and "<td>—</td>" in html

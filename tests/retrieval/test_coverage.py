@@ -89,7 +89,7 @@ def test_sweep_marks_a_noop_grid_point_and_never_evaluates_it(model, bench, tmp_
     assert cells[cells.index(NOOP.label()) + 1 :][:7] == ["-"] * 6 + ["0.000"]  # no figures; share 0
     stock_line = next(line for line in md.split("\n") if line.startswith(("| stock ", "| **stock** ")))
     assert stock_line.rstrip(" |").split("|")[-1].strip().strip("*") == "—"  # stock share shown as —
-    assert "calibrated\\_share" in tex and "---" in tex
+    assert "calibrated share" in tex and "---" in tex
     b = bucket_table(results)
     nb = b[b["setting"] == NOOP.label()].iloc[0]
     assert nb["calibrated_share"] == 0.0 and math.isnan(nb["nDCG@10"]) and math.isnan(nb["ΔnDCG@10"])

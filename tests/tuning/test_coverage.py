@@ -61,14 +61,14 @@ def test_noop_grid_points_are_skipped_and_never_candidates(tmp_path):
     f = res.frame(DEV)
     assert 256 not in set(f["basket_size"].dropna()) and np.isnan(f.loc[f.label == "stock", "calibrated_share"]).all()
     table = trials_table(res).frame
-    assert set(table.loc[table.setting != "stock", "calibrated_share"]) == {"0.750"}
-    assert table.loc[table.setting == "stock", "calibrated_share"].tolist() == ["—"]
+    assert set(table.loc[table.setting != "stock", "calibrated share"]) == {"0.750"}  # its one display name
+    assert table.loc[table.setting == "stock", "calibrated share"].tolist() == ["—"]
     summary = summary_markdown(res)
     assert f"Skipped 4 of 12 grid points ({NOOP_LABEL}" in summary
     saved = json.loads((tmp_path / "tune.json").read_text())
     assert len(saved["skipped"]) == 4 and all(t["calibrated_share"] == 0.0 for t in saved["skipped"])
     paths = write_outputs(res, tmp_path / "out")
-    assert "calibrated_share" in (tmp_path / "out" / "tables" / "trials.md").read_text()
+    assert "calibrated share" in (tmp_path / "out" / "tables" / "trials.md").read_text()
     trials = paths["trials"].read_text()
     assert trials.count("skipped") == 4
     # a re-run reads every evaluated trial back and skips the same points again

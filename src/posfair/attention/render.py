@@ -34,7 +34,7 @@ from matplotlib.ticker import MaxNLocator
 
 from posfair.attention.profile import AttentionProfile
 from posfair.calibration import Calibration
-from posfair.calibration.coverage import NOOP_LABEL, format_share
+from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME, format_share
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import LEGEND_ONLY, finish, new_figure, save_figure
 
@@ -264,10 +264,14 @@ _SUMMARY = """\
 
 
 def _summary_cell(column: str, summary: dict[str, float]) -> str:
+    """One precision per kind of column, as the terminal's table: counts whole, the share with 3 decimals, attention
+    masses and ratios with 4."""
     if column == "calibrated_share":
         return format_share(summary.get(column))
     value = summary.get(column)
-    return f"{value:.4g}" if value is not None and np.isfinite(value) else "–"
+    if value is None or not np.isfinite(value):
+        return "–"
+    return f"{value:.0f}" if column in ("documents", "baskets") else f"{value:.4f}"
 
 
 def summary_html(profiles: Sequence[AttentionProfile]) -> str:
@@ -277,7 +281,8 @@ def summary_html(profiles: Sequence[AttentionProfile]) -> str:
     for _, _, s in rows:
         cols += [c for c in s if c not in cols]
     body = [[g, lab, *(_summary_cell(c, s) for c in cols)] for g, lab, s in rows]
-    return render_string(_SUMMARY, header=["group", "profile", *cols], rows=body)
+    header = ["group", "profile", *(SHARE_NAME if c == "calibrated_share" else c for c in cols)]
+    return render_string(_SUMMARY, header=header, rows=body)
 
 
 CAPTIONS = {

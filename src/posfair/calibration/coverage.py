@@ -40,6 +40,7 @@ from posfair.calibration.params import Calibration, ResolvedCalibration
 from posfair.calibration.rule import engine_calibrates, row_changes, strength_zero
 
 __all__ = [
+    "SHARE_NAME",
     "CalibrationFallbackWarning",
     "CalibrationCoverage",
     "CALIBRATED",
@@ -58,6 +59,9 @@ __all__ = [
 CALIBRATED, SHORTER, ONE_BASKET, STRENGTH_ZERO = 0, 1, 2, 3
 #: how a calibration that changes no text is marked in tables, figures and logs
 NOOP_LABEL = "no-op: nothing calibrated"
+#: the fraction of documents a calibration changed, as every table, legend and report a person reads names it (the
+#: data's field is ``calibrated_share``: CSV of observations, JSON records, metric names)
+SHARE_NAME = "calibrated share"
 
 AnyCalibration = Calibration | ResolvedCalibration
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from posfair.calibration.coverage import SHARE_NAME
 from posfair.cli import checks
 from posfair.cli.inputs import build_documents
 from posfair.cli.options import (
@@ -92,7 +93,7 @@ def run_attention(
 #: what the attention table's columns hold (one line each)
 ATTENTION_LEGEND = "\n".join(
     (
-        "documents, baskets: counts; calibrated_share: fraction of the documents the calibration changes (— for stock)",
+        f"documents, baskets: counts; {SHARE_NAME}: fraction of the documents the calibration changes (— for stock)",
         "BOS, EOS, first basket, last basket: mean attention mass (0-1) on that key span, from the queries in the title",
         "first half / second half (bins): the ratio of attention mass on the first half of the positions to the second",
     )
@@ -172,5 +173,6 @@ def attention(
         values = [_cell(k, s.get(k, float("nan"))) for k in keys]
         rows.append([p.group, p.label, *values])
     title = f"Attention profile ({first.query_label}, layers {list(first.layers)}; {time.perf_counter() - t0:.0f} s)"
-    table(title, ["lang", "profile", *keys], rows, keys=2, caption=ATTENTION_LEGEND)
+    header = ["lang", "profile", *(SHARE_NAME if k == "calibrated_share" else k for k in keys)]
+    table(title, header, rows, keys=2, caption=ATTENTION_LEGEND)
     say(f"report: {report}")

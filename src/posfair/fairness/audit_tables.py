@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from posfair.calibration.coverage import NOOP_LABEL, format_share
+from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME, format_share
 from posfair.evaluator_base import metric_name_part
 from posfair.fairness.analysis import cluster_kinds, few_clusters, is_noop, share_of
 from posfair.fairness.documents import MIXED_CONFIG, config_label
@@ -40,9 +40,9 @@ MEASURE_TITLES = {  # σ and τ as every table, caption and figure of the report
     "tau": "information retention (τ = cos(standalone, contextualised segment))",
 }
 CLUSTER_ROW = "G (clusters)"
-SHARE_ROW = "calibrated share"
+SHARE_ROW = SHARE_NAME
 #: the legend line of the rows under each n block of :func:`coefficient_table`
-SHARE_LEGEND = "calibrated share: the fraction of the instance's documents the calibration changed (— for stock)"
+SHARE_LEGEND = f"{SHARE_NAME}: the fraction of the instance's documents the calibration changed (— for stock)"
 
 
 def coef_label(coef: str | int) -> str:
@@ -261,7 +261,7 @@ def fidelity_table(summary: pd.DataFrame, model: str) -> Table:
         "recall@n",
         "drift",
     ]
-    columns += ["calibrated_share"] if shares else []
+    columns += [SHARE_NAME] if shares else []
     frame = pd.DataFrame(cells, columns=columns, index=_index(index, ["n", "configuration", "variant"]))
     return Table(
         title=f"Fidelity: what calibration costs ({model})", frame=frame, caption=FIDELITY_CAPTION, name="fidelity"
@@ -286,7 +286,7 @@ def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
     ]
     frame = pd.DataFrame(
         cells,
-        columns=["documents", "calibrated", "calibrated_share"],
+        columns=["documents", "calibrated", SHARE_NAME],
         index=_index(index, ["calibration", "n", "configuration"]),
     )
     return Table(

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration import Calibration
-from posfair.calibration.coverage import NOOP_LABEL
+from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME
 from posfair.io import atomic_write
 from posfair.report import tables as report_tables
 from posfair.report.plots import finish
@@ -193,7 +193,7 @@ _LEGEND = {
     "ΔPSI bucket": "ΔPSI Qk: the setting's PSI Qk minus stock's",
     "nDCG@10": "nDCG@10: over all queries (x100)",
     "ΔnDCG@10": "ΔnDCG@10: the setting's nDCG@10 minus stock's (x100)",
-    "calibrated_share": "calibrated_share: fraction of the benchmark's documents the calibration changes (— for "
+    "calibrated_share": f"{SHARE_NAME}: fraction of the benchmark's documents the calibration changes (— for "
     "{uncalibrated}); a calibration with share 0 ({noop}) is not evaluated",
     "-": "-: not evaluated or not defined ({undefined})",
 }
@@ -250,7 +250,7 @@ def results_table(
     cols = _value_columns(df)
     best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
     labels = df["setting"].astype(str).tolist()
-    cells = {c: [_fmt(v, c) for v in df[c]] for c in cols}
+    cells = {SHARE_NAME if c == "calibrated_share" else c: [_fmt(v, c) for v in df[c]] for c in cols}
     if bold_best:
         bold = lambda x, b: f"**{x}**" if b else x  # noqa: E731
         labels = [bold(x, b) for x, b in zip(labels, best, strict=True)]

@@ -8,7 +8,7 @@ import pandas as pd
 
 from posfair.calibration import STOCK
 from posfair.calibration.choice import Resolved
-from posfair.calibration.coverage import NOOP_LABEL, format_share
+from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME, format_share
 from posfair.io import atomic_write_text
 from posfair.model import FairModel
 from posfair.report.plots import display_labels, front_lines, relabel, save_figure, tradeoff_scatter
@@ -59,7 +59,7 @@ def _cells(frame: pd.DataFrame, result: TuneResult, flags: bool) -> Table:
         {"setting": frame["label"], "phase": frame["phase"], "strength": [f"{s:g}" for s in frame["strength"]]}
     )
     if "calibrated_share" in frame.columns:
-        out["calibrated_share"] = [format_share(v) for v in frame["calibrated_share"]]
+        out[SHARE_NAME] = [format_share(v) for v in frame["calibrated_share"]]
     for c in cols:
         out[_NAMES.get(c, c)] = [f"{v:.3f}" for v in frame[c]]
     guard = _NAMES.get(result.guard, result.guard)
@@ -124,7 +124,7 @@ def trials_table(result: TuneResult) -> Table:
     direction = "higher" if result.objective["greater_is_better"] else "lower"
     caption = (
         f"Score: {_NAMES.get(result.score, result.score)} ({direction} is better); constraint: {_constraint(result)}. "
-        "calibrated_share: fraction of the split's documents the calibration changes (— for stock). " + INTERVALS_NOTE
+        f"{SHARE_NAME}: fraction of the split's documents the calibration changes (— for stock). " + INTERVALS_NOTE
     )
     note = skipped_note(result)
     return Table(

@@ -166,7 +166,7 @@ class _Search:
             return None
         t = self._read_back(key, phase, share) if key in self.done else self._evaluate(cal, split, phase, share)
         self.trials.append(t)
-        shown = "" if share is None else f" calibrated_share={share:.3f}"
+        shown = "" if share is None else f", calibrated share {share:.3f}"
         o = self.objective
         self._record(
             f"{split:>4} {phase:<6} {t.label:<22} {o.score}={t.metrics[o.score]:.4f} {o.guard}={t.metrics[o.guard]:.4f}{shown}"
