@@ -50,3 +50,39 @@ def test_saving_a_calibrated_model_warns_about_no_text_the_user_never_gave(tiny_
     # the calibration would warn on such short texts of the user's own: the silence above is the card's texts only
     caught = _recorded(lambda: model.encode(["The weather is lovely today."]))
     assert [w for w in caught if issubclass(w.category, CalibrationFallbackWarning)]
+
+
+def _warn_calls():
+    """Every ``warnings.warn(...)`` call in posfair's library code (not the command line's own): (file:line, its
+    stacklevel argument as source text or None)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(posfair.__file__).parent
+    for path in sorted(src.rglob("*.py")):
+        if "cli" in path.relative_to(src).parts:
+            continue  # a command's warning is printed as one line by the error boundary, wherever it points
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            f = node.func if isinstance(node, ast.Call) else None
+            if isinstance(f, ast.Attribute) and f.attr == "warn" and getattr(f.value, "id", None) == "warnings":
+                level = next((k.value for k in node.keywords if k.arg == "stacklevel"), None)
+                yield f"{path.relative_to(src)}:{node.lineno}", None if level is None else ast.unparse(level)
+
+
+def test_every_library_warning_points_at_the_callers_line():
+    """Structural: each warnings.warn of the library passes stacklevel=user_stacklevel() (issue 49 item 4), so a
+    warning raised however deep names the user's line, in the Python API as the command line names it."""
+    wrong = [(where, level) for where, level in _warn_calls() if level != "user_stacklevel()"]
+    assert not wrong, wrong
+
+
+def test_the_few_clusters_warning_of_an_audit_points_at_the_callers_line(tiny_model):
+    from posfair import AuditSettings, audit
+    from posfair.corpus import load_corpus
+    from posfair.stats.inference import FewClustersWarning
+
+    settings = AuditSettings(n_values=(2,), target_docs=4, seed=0)
+    caught = _recorded(lambda: audit(tiny_model("bert"), load_corpus(), settings))
+    few = [w for w in caught if issubclass(w.category, FewClustersWarning)]
+    assert few and {w.filename for w in few} == {__file__}, [(w.filename, w.lineno) for w in few]

@@ -29,10 +29,25 @@ def test_no_weight_loading_bar_inside_a_command(tiny_model_path, capsys, monkeyp
         posfair.load_model(path, pooling=pooling)
     assert "Loading weights" not in capsys.readouterr().err
     assert transformers_logging.is_progress_bar_enabled() and not datasets_tqdm.are_progress_bars_disabled()
-    posfair.load_model(path, pooling=pooling)  # a library call outside a command: transformers' own bar
+    posfair.load_model(path, pooling=pooling, show_progress_bar=True)  # asked for: transformers' own bar
     shown = capsys.readouterr().err
     if int(transformers.__version__.split(".")[0]) >= 5:  # transformers 4.x draws no weight-loading bar at all
         assert "Loading weights" in shown
+
+
+def test_the_library_loads_and_saves_without_a_bar_unless_asked(tiny_model_path, capsys, tmp_path):
+    """posfair.load_model and model.save in a script are as quiet as the commands (issue 49 item 4); the switch is
+    the user's again afterwards."""
+    path, pooling = tiny_model_path("bert")
+    capsys.readouterr()
+    model = posfair.load_model(path, pooling=pooling)
+    model.save(str(tmp_path / "saved"))
+    quiet = capsys.readouterr().err
+    assert "Loading weights" not in quiet and "Writing model shards" not in quiet and "%|" not in quiet, quiet
+    assert transformers_logging.is_progress_bar_enabled()  # restored: the user's setting
+    model.save(str(tmp_path / "shown"), show_progress_bar=True)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert "Writing model shards" in capsys.readouterr().err
 
 
 def test_debug_keeps_every_bar(monkeypatch):

@@ -8,10 +8,8 @@ then the model is loaded and what depends on it (layers, token limit) checked.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,33 +165,12 @@ def device(name: str | None) -> str | None:
     return name
 
 
-@contextlib.contextmanager
-def _quiet_weight_loading() -> Iterator[None]:
-    """Within: no "Loading weights" bar from transformers (the commands show their own progress); downloads keep theirs."""
-    import huggingface_hub.utils as hub_utils
-    from transformers.utils import logging as transformers_logging
-
-    was_on = transformers_logging.is_progress_bar_enabled()
-    hub_off = hub_utils.are_progress_bars_disabled()
-    transformers_logging.disable_progress_bar()  # (this turns the hub's bars off too: back on below)
-    if not hub_off:
-        hub_utils.enable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_on:
-            transformers_logging.enable_progress_bar()
-        if hub_off:
-            hub_utils.disable_progress_bars()
-
-
 def load_model(model: str | None, *, max_seq_length: int | None = None, pooling: str | None = None, **kwargs: Any):
     """Load ``--model`` (None = bundled) as a FairModel; a refusal names ``--max-seq-length``, ``--pooling`` or ``--model``."""
     from posfair.model import load_model as load
 
-    try:
-        with _quiet_weight_loading():
-            return load(model, max_seq_length=max_seq_length, pooling=pooling, **kwargs)
+    try:  # no weight-loading bar: posfair.load_model draws none unless asked
+        return load(model, max_seq_length=max_seq_length, pooling=pooling, **kwargs)
     except ValueError as exc:
         text = str(exc)
         if max_seq_length is not None and "max_seq_length" in text:

@@ -360,7 +360,7 @@ def quiet_other_libraries() -> Iterator[None]:
     Neither library has a per-call option for these bars (transformers' weight loading and ``save_pretrained``,
     datasets' ``map`` / ``save_to_disk`` read a module-level switch), so the switch is turned off here, in the
     command's process, when the library is imported (it is imported lazily, after ``--help``), and restored on
-    exit.  Library calls (``posfair.load_model`` in a script) leave the switches as the user set them.
+    exit.  posfair.load_model and FairModel.save turn transformers' bars off around themselves in a script too (``show_progress_bar=True`` keeps them).
     """
     if _debug_requested(sys.argv[1:]):
         yield

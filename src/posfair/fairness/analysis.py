@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from posfair._stack import user_stacklevel
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
 from posfair.fairness.documents import instance_label
@@ -103,7 +104,7 @@ def fit_all(
     out = pd.concat(rows, ignore_index=True)[GROUP + COEF_COLUMNS]
     message = few_clusters_message(out)
     if warn and message:
-        warnings.warn(message, FewClustersWarning, stacklevel=2)
+        warnings.warn(message, FewClustersWarning, stacklevel=user_stacklevel())
     return out
 
 

@@ -263,8 +263,9 @@ class FairModel(SentenceTransformer):
         with attention_recording(recorder, layers, queries):
             yield self
 
-    def save(self, path: str, *args, **kwargs) -> None:
-        """Save like sentence-transformers.  Without a default calibration the folder is a plain
+    def save(self, path: str, *args, show_progress_bar: bool = False, **kwargs) -> None:
+        """Save like sentence-transformers (transformers' "Writing model shards" bar only with
+        ``show_progress_bar=True``).  Without a default calibration the folder is a plain
         sentence-transformers folder.  With one it reloads calibrated:
 
         - BERT, RoBERTa, XLM-RoBERTa, ModernBERT, Qwen2/3, Llama, Mistral, Gemma, Phi-3: the folder
@@ -282,7 +283,7 @@ class FairModel(SentenceTransformer):
         flag_free_folder = calibrated and flag_free(tmod)
         # sentence-transformers' model card encodes its own example texts: no calibration warning about texts the
         # user never gave (quiet_fallback is a context variable: this call only)
-        with stock_module_type(tmod, always=flag_free_folder), quiet_fallback():
+        with stock_module_type(tmod, always=flag_free_folder), quiet_fallback(), quiet_weight_bars(show_progress_bar):
             out = super().save(path, *args, **kwargs)
         if calibrated:
             if flag_free_folder:
@@ -533,6 +534,32 @@ def _load(path: str, kwargs: dict) -> FairModel:
     return FairModel(path, **kwargs)
 
 
+@contextlib.contextmanager
+def quiet_weight_bars(show: bool = False) -> Iterator[None]:
+    """Within (unless ``show``): no progress bar of transformers' own ("Loading weights", "Writing model shards"):
+    loading and saving through posfair draw nothing unless asked, in a script as in a command.  Downloads keep the
+    hub's bars.  transformers has no per-call switch for these bars; its module-level one is turned off here and
+    restored on exit (as the user had it)."""
+    if show:
+        yield
+        return
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    was_on = transformers_logging.is_progress_bar_enabled()
+    hub_off = hub_utils.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # (this turns the hub's bars off too: back on below)
+    if not hub_off:
+        hub_utils.enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+        if hub_off:
+            hub_utils.disable_progress_bars()
+
+
 class _DropDefaultPromptNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "Default prompt name is set to" not in record.getMessage()
@@ -562,6 +589,7 @@ def load_model(
     padding_side: str | None = None,
     max_seq_length: int | None = None,
     calibration: Resolved = STOCK,
+    show_progress_bar: bool = False,
     **st_kwargs,
 ) -> FairModel:
     """Load an embedding model as a :class:`FairModel`.
@@ -581,6 +609,8 @@ def load_model(
         padding_side: "left"/"right"; last-token models default to "left".
         max_seq_length: token limit (<= the model's position limit).
         calibration: the returned model's own calibration (what ``encode`` uses by default); STOCK = none.
+        show_progress_bar: transformers' "Loading weights" bar (off by default, as in the commands; a download
+            shows the hub's bar either way).
         **st_kwargs: passed to ``SentenceTransformer`` (revision, token, cache_folder, ...).
     """
     is_bundled = name_or_path is None or is_bundled_name(name_or_path)
@@ -596,7 +626,8 @@ def load_model(
         check_model_source(path, **hub_kw, local_files_only=bool(st_kwargs.get("local_files_only")))
     kwargs = dict(device=device, trust_remote_code=bundled is None and trust_remote_code, **st_kwargs)
     try:
-        with _quiet_default_prompt(bundled is not None):  # posfair set the bundled model's default prompt itself
+        # posfair set the bundled model's default prompt itself; no weight-loading bar unless asked
+        with _quiet_default_prompt(bundled is not None), quiet_weight_bars(show_progress_bar):
             model = _load(path, kwargs)
     except OSError as exc:
         raise OSError(

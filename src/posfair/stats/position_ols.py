@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from statsmodels.iolib.summary import summary_params
 
+from posfair._stack import user_stacklevel
 from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, cluster_kind, fit_clustered
 from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, few_clusters_text, significance_mark
 from posfair.stats.wild import _wildboottest_tests, wild_tests
@@ -179,7 +180,7 @@ def fit_position_ols(
     fit = fit_clustered(y, X, clusters, topics, inference.clusters)
     n_clusters = fit.n_clusters
     if warn and n_clusters < FEW_CLUSTERS:
-        warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=2)
+        warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=user_stacklevel())
     tvalues, pvalues = fit.tvalues, fit.pvalues.copy()
     labels_each = [inference.label(int(fit.structures[u].bootstrap_codes.max()) + 1) for u in fit.used]
     if inference.method == "wild":
