@@ -115,7 +115,8 @@ def test_the_audits_tables_and_inference_text_name_each_intervals_clustering():
     text = result.inference_text()
     slopes = coefs[coefs["position"] > 1]
     n_comp = int((slopes["clusters"] == 5).sum())
-    assert f"{n_comp} components (G = 5)" in text and f"{len(slopes) - n_comp} two-way (G = 8)" in text
+    assert f"{n_comp} clustered by component (G = 5)" in text  # intervals counted, never called "sets"
+    assert f"{len(slopes) - n_comp} two-way by set and topic (G = 8)" in text and f"{len(slopes)} in all" in text
     assert "wider interval of two-way clustering" in text
     hf = result.headline_frame()
     row = coefs[(coefs["position"] == 2)].set_index("calibration")

@@ -168,16 +168,25 @@ def cluster_kinds(coefs: pd.DataFrame) -> list[str]:
     return [""] * len(coefs)
 
 
+#: how the inference line says what an interval was clustered by (a count of intervals is never called "sets")
+_CLUSTERED_BY = {
+    "sets": "clustered by set",
+    "components": "clustered by component",
+    "two-way": "two-way by set and topic",
+}
+
+
 def clusters_used_text(coefs: pd.DataFrame) -> str:
-    """Which clustering the intervals of ``coefs`` used, counted: `` Intervals (β_p, p ≥ 2): 12 components (G = 2),
-    36 sets (G = 16), of 48 (column cluster_by of coefficients.csv).`` ("" without ``cluster_by``)."""
+    """Which clustering the intervals of ``coefs`` used, counted: ``Intervals (β_p, p ≥ 2), 48 in all: 12 clustered
+    by component (G = 2), 36 clustered by set (G = 16) (column cluster_by of coefficients.csv).`` ("" without
+    ``cluster_by``)."""
     if "cluster_by" not in coefs or not len(coefs):
         return ""
     c = coefs[coefs["position"] > 1] if "position" in coefs else coefs
     kinds = pd.Series(cluster_kinds(c), index=c.index)
     counts = pd.DataFrame({"kind": kinds, "G": c["clusters"].astype(int)}).value_counts(sort=False)
-    parts = [f"{int(k)} {kind} (G = {g})" for (kind, g), k in counts.items()]
-    return f"Intervals (β_p, p ≥ 2): {', '.join(parts)}, of {len(c)} (column cluster_by of coefficients.csv)."
+    parts = [f"{int(k)} {_CLUSTERED_BY.get(kind, kind)} (G = {g})" for (kind, g), k in counts.items()]
+    return f"Intervals (β_p, p ≥ 2), {len(c)} in all: {', '.join(parts)} (column cluster_by of coefficients.csv)."
 
 
 def headline_clusters(coefs: pd.DataFrame) -> str:
