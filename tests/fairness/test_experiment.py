@@ -281,7 +281,7 @@ def test_progress_callback_bars_and_logging(model, corpus, tmp_path, capsys, cap
     with caplog.at_level(logging.INFO, logger="posfair.fairness"):
         audit(model, corpus, SMALL, cache_dir=tmp_path, progress=progress)
     (desc, total, done, *ticks) = calls[0]
-    assert len(calls) == 1 and desc.startswith("n3") and done == 0 and sum(ticks) == total
+    assert len(calls) == 1 and desc.startswith("n=3 ") and done == 0 and sum(ticks) == total  # the instance by its name
     first = [_cached_counts(r.getMessage()) for r in caplog.records if "cached" in r.getMessage()]
     assert len(first) == 1 and first[0][0] > 0 and first[0][2] > 0 and first[0][1] == first[0][3] == 0
     caplog.clear()

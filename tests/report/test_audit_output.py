@@ -235,3 +235,14 @@ def test_a_short_mixed_configuration_is_written_out_in_every_table(results):
     kw = dict(model="m", measure="sigma", calibration="stock", setting="main", configs=["[de, en, ..., en]"])
     assert list(coefficient_table(result.coefficients, **kw).frame.columns) == ["[de, en, en]"]
     assert list(coefficient_table(two_n, **kw).frame.columns) == ["[de, en, ..., en]"]  # n = 3 and 5 in one column
+
+
+def test_the_few_clusters_box_is_said_once_per_page(results):
+    """Issue 49 item 5: the few-clusters warning was boxed in the summary, above the OLS tables and again; once now,
+    in the summary (the tables' own G rows say each instance's clusters)."""
+    from posfair.report.html import render_report
+
+    html = render_report("audit", results[0].report_sections())
+    assert results[0].few_clusters_message()
+    assert html.count('<p class="warning">Few clusters:') == 1
+    assert 'class="warning">Few clusters:' in _section(html, "Summary")

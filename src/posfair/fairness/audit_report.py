@@ -159,7 +159,6 @@ length in tokens per position; rows: n, columns: language configuration.</p>"""
 
 _TABLES = """\
 {% if common %}<p class="inference">Every table below: {{ common }}</p>
-{% if few %}<p class="warning">Few clusters: {{ few }}</p>{% endif %}
 {% else %}{{ inference | safe }}{% endif %}
 {% for t in tables %}
 {% if t.detail %}<details class="detail"><summary>{{ t.title }}</summary>{{ t.html | safe }}</details>{% else %}{{ t.html | safe }}{% endif %}
@@ -198,7 +197,7 @@ def report_sections(
     inference = render_string(_INFERENCE, inference=result.inference_text(), few=result.few_clusters_message())
     summary = _summary_section(result, inference)
     fig_section = Section("Profiles", render_string(_PROFILES), figures=[f for f in figures if f.alt != FIDELITY_ALT])
-    tables = _tables_section(result, inference)
+    tables = _tables_section(result)
     fidelity = []
     if result.has_fidelity:
         table = to_html(fidelity_table(result.fidelity(), result.model["name"]))
@@ -255,20 +254,18 @@ def _summary_section(result: AuditFindings, inference: str) -> Section:
     )
 
 
-def _tables_section(result: AuditFindings, inference: str) -> Section:
+def _tables_section(result: AuditFindings) -> Section:
     """The OLS tables (fidelity and coverage have sections of their own), their shared words once above them."""
     coef_tables = [t for t in result.tables() if t.name not in ("fidelity", "coverage")]
     detail = [t.name.endswith("_detail") for t in coef_tables]
     # the method, inference and marks once above the tables, each table's own words under it
     common, captions = shared_caption([t.caption for t in coef_tables], among=[not d for d in detail])
-    few = result.few_clusters_message()
     return Section(
         "OLS tables",
         render_string(
             _TABLES,
-            inference=inference,
+            inference=render_string(_INFERENCE, inference=result.inference_text(), few=None),  # few: the summary's
             common=common,
-            few=few,
             tables=[
                 dict(detail=d, title=t.title, html=to_html(t, caption=c))
                 for t, d, c in zip(coef_tables, detail, captions, strict=True)
