@@ -113,7 +113,8 @@ def test_the_tuner_figures_draw_the_feasibility_line_and_name_the_choice():
         assert layout_problems(fig) == []
         heading = figure_heading(fig)
         assert (
-            f"chosen {res.chosen_label}: {res.chosen.describe()}" in heading and "at most 0.04 below stock" in heading
+            f"chosen {res.chosen_label}: {res.chosen.describe()}" in heading
+            and "at most 4 points below stock" in heading
         )
         dashed = [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
         assert dashed and all(np.allclose(line.get_ydata(), 1.0 - 0.04) for line in dashed)  # stock guard - max_drop
@@ -273,3 +274,18 @@ def test_a_recall_axis_labels_no_value_above_one_and_draws_every_point_whole():
     assert min(_shown_yticks(ax)) >= 0.0 and max(_shown_yticks(ax)) <= 1.0
     assert ax.get_ylim()[0] < 0.0 < 1.0 < ax.get_ylim()[1]  # room for the markers at 0 and 1, and no more:
     assert ax.get_ylim()[1] - 1.0 < 0.1 and -ax.get_ylim()[0] < 0.1
+
+
+def test_the_chosen_settings_label_sits_outside_its_ring():
+    """Issue 49 item 5: tune's tradeoff figure wrote the chosen label over its red ring."""
+    from posfair.report.plots import RING_CLEARANCE, RING_SIZE
+
+    points = pd.DataFrame({"panel": ["dev split"] * 3, "label": ["stock", "B16-L0.5-a1", "B64-L0.5-a0.5"],
+                           "x": [0.3, 0.1, 0.2], "y": [0.8, 0.79, 0.8], "reference": [True, False, False],
+                           "highlight": [False, True, False]})  # fmt: skip
+    fig = tradeoff_scatter(points, xlabel="spread", ylabel="recall", subtitle=SUBTITLE)
+    assert layout_problems(fig) == []
+    chosen = next(t for t in fig.axes[0].texts if t.get_text() == "B16-L0.5-a1")
+    dx, dy = chosen.get_position()  # where the label starts, from its point (points)
+    ring = RING_SIZE**0.5 / 2 + 1.6  # the ring's radius and its line (points)
+    assert chosen.get_visible() and RING_CLEARANCE > ring and min(abs(dx), abs(dy) or abs(dx)) >= ring

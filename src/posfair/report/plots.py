@@ -16,6 +16,7 @@ module, and most audits are run for their numbers.
 from __future__ import annotations
 
 import io
+import math
 import os
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
@@ -181,6 +182,14 @@ def relabel(text: str, names: dict[str, str]) -> str:
     return text
 
 
+#: the ring around a highlighted point (scatter size, points^2) and how far its label starts from the point (points):
+#: past the ring's radius and line, so the label never sits on the ring
+RING_SIZE = 160
+RING_CLEARANCE = 9
+#: the gid of a ringed point's label (:func:`spread_labels` keeps it off the ring)
+RINGED = "ringed"
+
+
 def spread_labels(fig: Figure, tries: int = 12) -> None:
     """Move point annotations off each other and off the canvas edge (in steps around the point); a label that
     finds no free place is hidden (its point is still drawn)."""
@@ -208,7 +217,9 @@ def spread_labels(fig: Figure, tries: int = 12) -> None:
     for ax in fig.axes:
         for t in [t for t in ax.texts if isinstance(t, Annotation)]:
             ok = False
+            extra = RING_CLEARANCE - 4 if t.get_gid() == RINGED else 0  # a ringed point's label stays off its ring
             for dx, dy in offsets:
+                dx, dy = dx + math.copysign(extra, dx), dy + (math.copysign(extra, dy) if dy else 0)
                 t.set_position((dx, dy))
                 t.set_horizontalalignment("left" if dx >= 0 else "right")
                 bb = t.get_window_extent(renderer)
@@ -502,7 +513,7 @@ def tradeoff_scatter(
             ax.scatter(
                 d.loc[hi, "x"],
                 d.loc[hi, "y"],
-                s=160,
+                s=RING_SIZE,
                 facecolors="none",
                 edgecolors="#b2182b",
                 linewidths=1.6,
@@ -513,11 +524,13 @@ def tradeoff_scatter(
             ax.axhline(threshold[0], color="#b2182b", lw=1.0, ls="--", label=threshold[1], zorder=1)
         labelled = [r for r in d.itertuples(index=False) if r.reference or annotate]
         for r in labelled:
+            ringed = bool(getattr(r, "highlight", False))
             ax.annotate(
                 str(r.label),
                 (r.x, r.y),
                 fontsize=7 if not r.reference else 8,
-                xytext=(4, 4),
+                xytext=(RING_CLEARANCE, RING_CLEARANCE) if ringed else (4, 4),  # a ringed point's label: off the ring
+                gid=RINGED if ringed else None,
                 textcoords="offset points",
                 arrowprops=dict(
                     arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=3

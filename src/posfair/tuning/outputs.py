@@ -200,7 +200,9 @@ def tuning_subtitle(result: TuneResult) -> str:
         x for x in (o.get("model_name"), f"token limit {o['token_limit']}" if o.get("token_limit") else "") if x
     )
     choice = "chosen: stock" if result.chosen is STOCK else f"chosen {result.chosen_label}: {result.chosen.describe()}"
-    limit = f"{result.guard} at most {result.max_drop:g} below stock (dashed line)"
+    limit = (
+        f"{_NAMES.get(result.guard, result.guard)} at most {100 * result.max_drop:g} points below stock (dashed line)"
+    )
     return f"{head}\n{choice}; constraint: {limit}"  # the first line under the title, the second under the legend
 
 
@@ -210,7 +212,8 @@ def _feasibility(result: TuneResult) -> tuple[float, str] | None:
         stock = result.trial(STOCK, DEV).metrics[result.guard]
     except KeyError:
         return None
-    return stock - result.max_drop, f"feasible above: stock {result.guard} - {result.max_drop:g}"
+    guard = _NAMES.get(result.guard, result.guard)  # the limit in points, as --max-recall-drop and the verdict say it
+    return stock - result.max_drop, f"feasible above: stock {guard} - {100 * result.max_drop:g} points"
 
 
 def fronts_figure(result: TuneResult):
