@@ -64,6 +64,17 @@ def test_a_killed_raylet_ends_the_server_with_one_line(tiny_model_path, tmp_path
         urllib.request.urlopen(request, timeout=60)
     error = json.loads(late.value.read())["error"]
     assert late.value.code == 408 and error["code"] == "request_timeout" and "--request-timeout" in error["message"]
+    # a body dripping in (its head whole): 408 once --request-timeout is over, not a connection held while it drips
+    head = (f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=60) as s:
+        s.sendall(head + body.encode()[:10])
+        t0, answer = time.monotonic(), b""
+        while chunk := s.recv(65536):
+            answer += chunk
+            if b'"code":"request_timeout"' in answer.replace(b" ", b""):
+                break
+    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 30, answer[:300]
     (raylet,) = pids(session, "raylet/raylet")
     t0 = time.monotonic()
     os.kill(raylet, signal.SIGKILL)

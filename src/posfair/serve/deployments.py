@@ -320,6 +320,17 @@ class Gateway:
             )
         )
 
+    async def _within(self, work: Any, deadline: float, hint: str) -> Any:
+        """``work`` awaited until ``deadline`` (the request's --request-timeout from its arrival); 408 past it."""
+        try:
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.001))
+        except (TimeoutError, asyncio.TimeoutError):
+            raise ApiError(
+                408,
+                f"the request took over {self.timeout_s:g} s (the server's --request-timeout); {hint}",
+                code="request_timeout",
+            ) from None
+
     async def _answer(self, request: Request, segments: bool) -> Response:
         cors = self._cors_headers(request)
         if self._draining:
@@ -329,19 +340,14 @@ class Gateway:
             self._check_origin(request)
             self._check_key(request)
             self._check_type(request)
-            req = parse_request(await self._body(request), self.served_name, segments=segments)
+            deadline = time.monotonic() + self.timeout_s  # the body's arrival counts too: a slow drip ends in 408
+            raw = await self._within(self._body(request), deadline, "its body did not arrive")
+            req = parse_request(raw, self.served_name, segments=segments)
             if not await self._ready():
                 return _error(_LOADING, _RETRY | cors)
             client = request.client.host if request.client is not None else ""
             work = self._segments(req) if segments else self._embed(req, client)
-            try:
-                answer = await asyncio.wait_for(work, self.timeout_s)
-            except (TimeoutError, asyncio.TimeoutError):
-                raise ApiError(
-                    408,
-                    f"the request took over {self.timeout_s:g} s (the server's --request-timeout); send fewer texts",
-                    code="request_timeout",
-                ) from None
+            answer = await self._within(work, deadline, "send fewer texts")
         except ApiError as err:
             return _error(err, cors or None)
         finally:
