@@ -146,6 +146,13 @@ def test_killed_sweep_resumes_with_identical_tables(model, bench, tmp_path):
     for label, value in curves.items():
         want = [(0.0, 0.0)] + [(s, 100 * (value(by_strength[s]) - value(stock))) for s in (0.5, 1.0)]
         np.testing.assert_allclose(drawn[label], want, atol=1e-9, err_msg=label)
+    # issue 49 item 5: every basket size evaluated has its row of panels (not only one), the y axis its unit
+    other = [dataclasses.replace(r, calibration=r.calibration | {"basket_size": 32}) for r in moved if r is not stock]
+    every = strength_figure([*moved, *other])
+    assert layout_problems(every) == []
+    titles = sorted(ax.get_title() for ax in every.axes if ax.get_visible())
+    assert titles == ["50% of layers, B=16", "50% of layers, B=32"]
+    assert all("points" in ax.get_ylabel() for ax in every.axes if ax.get_visible() and ax.get_ylabel())
 
     calls = {"n": 0}
     original = model.encode

@@ -301,13 +301,13 @@ def to_latex(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
-    """Figure 3 as a ``matplotlib.figure.Figure``: nDCG@10 change (x100) vs the stock model per
-    group (and Harm) against strength.
+def strength_figure(results: Sequence[RetrievalResult], basket_size: int | None = None):
+    """Figure 3 as a ``matplotlib.figure.Figure``: nDCG@10 change vs the stock model (points: x100) per group
+    (and Harm) against strength.
 
-    Uses the calibrated results with ``basket_size`` (one panel per layer set);
-    strength 0 is the stock model itself.  Built without pyplot: no backend is chosen
-    and nothing is registered with pyplot's figure manager.
+    One row of panels per basket size (``basket_size``: only that one; None: every basket size evaluated, so that
+    every evaluated calibration is in the figure), one column per layer set; strength 0 is the stock model itself.
+    Built without pyplot: no backend is chosen and nothing is registered with pyplot's figure manager.
     """
     from matplotlib.figure import Figure  # heavy, and only needed for the figure
 
@@ -316,29 +316,39 @@ def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
         raise ValueError("the strength plot needs the stock result")
     if not stock.groups:
         raise ValueError(f"benchmark {stock.benchmark!r} has no positional groups to plot")
-    panels: dict[str, list[tuple[float, RetrievalResult]]] = {}
+    panels: dict[tuple[int, str], list[tuple[float, RetrievalResult]]] = {}
     for r in results:
         if r.method != "calibrated" or not _shown(r):  # a no-op point would draw the stock figures as a result
             continue
         cal = Calibration.from_dict(r.calibration)
-        if cal.basket_size == basket_size:
-            panels.setdefault(layer_section(cal), []).append((cal.strength, r))
+        if basket_size is None or cal.basket_size == basket_size:
+            panels.setdefault((cal.basket_size, layer_section(cal)), []).append((cal.strength, r))
     if not panels:
         raise ValueError(f"no calibrated result with basket size {basket_size}")
-    fig = Figure(figsize=(5 * len(panels), 3.6))
-    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)
-    for ax, (section, pts) in zip(axes[0], sorted(panels.items()), strict=True):
-        pts = [(0.0, stock)] + sorted(pts, key=lambda x: x[0])
-        xs = [a for a, _ in pts]
-        for g in stock.groups:
-            ax.plot(xs, [100 * (r.groups[g] - stock.groups[g]) for _, r in pts], marker="o", ms=3, label=g)
-        ax.plot(xs, [100 * (r.metrics["harm"] - stock.metrics["harm"]) for _, r in pts], "k--", lw=1.5, label="Harm")
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set_title(f"{section}, B={basket_size}", fontsize=9)
-        ax.set_xlabel("strength", fontsize=8)
-    axes[0][0].set_ylabel("nDCG@10 change vs stock")
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    words = f"baskets of {basket_size} tokens, strength 0 = the stock model"
+    baskets = sorted({b for b, _ in panels})
+    sections = sorted({s for _, s in panels})
+    fig = Figure(figsize=(5 * len(sections), 3.2 * len(baskets) + 0.6))
+    axes = fig.subplots(len(baskets), len(sections), sharey=True, squeeze=False)
+    for i, basket in enumerate(baskets):
+        for j, section in enumerate(sections):
+            ax = axes[i][j]
+            if (basket, section) not in panels:
+                ax.set_visible(False)
+                continue
+            pts = [(0.0, stock)] + sorted(panels[(basket, section)], key=lambda x: x[0])
+            xs = [a for a, _ in pts]
+            for g in stock.groups:
+                ax.plot(xs, [100 * (r.groups[g] - stock.groups[g]) for _, r in pts], marker="o", ms=3, label=g)
+            harm = [100 * (r.metrics["harm"] - stock.metrics["harm"]) for _, r in pts]
+            ax.plot(xs, harm, "k--", lw=1.5, label="Harm")
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_title(f"{section}, B={basket}", fontsize=9)
+            ax.set_xlabel("strength", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("nDCG@10 change vs stock\n(points, x100)", fontsize=8)
+    handles, labels = next(ax for ax in axes.flat if ax.get_visible()).get_legend_handles_labels()
+    sizes = ", ".join(map(str, baskets))
+    words = f"baskets of {sizes} tokens (a row each), strength 0 = the stock model"
     head = " · ".join(x for x in (stock.model, f"token limit {stock.token_limit}" if stock.token_limit else "") if x)
     subtitle = " · ".join(x for x in (head, f"{len(stock.query_ids)} queries") if x) + f"\n{words}"  # words: the note
     finish(fig, title=f"nDCG@10 change against strength: {stock.benchmark}", subtitle=subtitle, handles=handles,
@@ -346,7 +356,7 @@ def strength_figure(results: Sequence[RetrievalResult], basket_size: int = 128):
     return fig
 
 
-def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, basket_size: int = 128) -> Path:
+def plot_strength_curves(results: Sequence[RetrievalResult], path: str | Path, basket_size: int | None = None) -> Path:
     """:func:`strength_figure` saved atomically to ``path`` (format from its suffix, PNG by default)."""
     fig = strength_figure(results, basket_size)
     path = Path(path)

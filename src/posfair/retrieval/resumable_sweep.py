@@ -95,12 +95,13 @@ def write_results(
     for r in results:
         if r.method == "calibrated" and not r.noop:
             series.setdefault(r.calibration["basket_size"], set()).add(r.calibration["strength"])
-    if plot_basket is None and series:
-        plot_basket = max(sorted(series), key=lambda b: len(series[b]))
+    # a strength series (2 strengths or more) of some basket size draws the figure; every basket size is in it
+    # (plot_basket: only that one), so that every evaluated calibration is in some figure
+    drawn = series if plot_basket is None else {plot_basket: series.get(plot_basket, set())}
     if (
         any(r.groups for r in results)
         and any(r.method == "stock" for r in results)
-        and len(series.get(plot_basket, ())) >= 2
+        and any(len(s) >= 2 for s in drawn.values())
     ):
         written.append(plot_strength_curves(results, out / "strength.png", basket_size=plot_basket))
     return written
