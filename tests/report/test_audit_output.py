@@ -246,3 +246,13 @@ def test_the_few_clusters_box_is_said_once_per_page(results):
     assert results[0].few_clusters_message()
     assert html.count('<p class="warning">Few clusters:') == 1
     assert 'class="warning">Few clusters:' in _section(html, "Summary")
+
+
+def test_a_stock_only_reports_profile_caption_says_stock_only(results, tmp_path):
+    """Issue 49 item 5: a stock-only run's profile figure was captioned "Stock and calibrated runs"."""
+    stock_only = results[1]
+    assert not stock_only.calibrations
+    html = stock_only.save(tmp_path / "stock")["report"].read_text()
+    assert "Stock and calibrated runs" not in html and "The stock run (no calibration was asked for)." in html
+    calibrated = results[0].save(tmp_path / "calibrated")["report"].read_text()
+    assert "Stock and calibrated runs" in calibrated

@@ -289,3 +289,22 @@ def test_the_chosen_settings_label_sits_outside_its_ring():
     dx, dy = chosen.get_position()  # where the label starts, from its point (points)
     ring = RING_SIZE**0.5 / 2 + 1.6  # the ring's radius and its line (points)
     assert chosen.get_visible() and RING_CLEARANCE > ring and min(abs(dx), abs(dy) or abs(dx)) >= ring
+
+
+@pytest.mark.parametrize("configs", [4, 5])
+def test_a_language_grids_many_configurations_wrap_so_the_report_keeps_the_text_readable(configs):
+    """Issue 49 item 5: four configurations side by side made a 1742-px figure the report shrank until its text was
+    ~7 px. At most MAX_PANEL_COLUMNS panels a row now; the smallest text reads at MIN_TEXT_PX or more as shown."""
+    from posfair.report.plots import MAX_PANEL_COLUMNS, MIN_TEXT_PX, SAVE_DPI, shown_scale
+
+    rng = np.random.default_rng(0)
+    rows, cols = [3], ["en", "de", "[en, de, ..., de]", "[de, en, ..., en]", "fr"][:configs]
+    series = [ProfileSeries(f"{m} {lab}", _profile_data(rng, rows, cols), None, ls)
+              for lab in LONG[:2] for m, ls in (("σ", "-"), ("τ", "--"))]  # fmt: skip
+    fig = profile_grid(series, rows=rows, cols=cols, ylabel="cosine similarity", title="σ", subtitle=SUBTITLE)
+    assert layout_problems(fig) == []
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert sorted(ax.get_title() for ax in shown) == sorted(cols)  # every configuration, titled
+    assert len({round(ax.get_position().x0, 3) for ax in shown}) <= MAX_PANEL_COLUMNS
+    smallest = min(t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_fontsize")) if t.get_visible())
+    assert smallest * SAVE_DPI / 72 * shown_scale(fig) >= MIN_TEXT_PX

@@ -353,6 +353,8 @@ def _write_result(
             "Semantic-fidelity control: calibrated documents against stock standalone segments, overlaid on the stock run."
             if setting == "control"
             else "Stock and calibrated runs (calibration applied to documents and standalone segments)."
+            if result.calibrations
+            else "The stock run (no calibration was asked for)."
         )
         figures.append(FigureRef(png, cap))
     if result.has_fidelity:

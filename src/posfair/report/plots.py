@@ -249,7 +249,8 @@ def layout_problems(fig: Figure) -> list[str]:
       :data:`MAX_HEADING_SHARE` of the height;
     * ``clipped marker``: a scatter marker cut by its panel's edge;
     * ``covers data``: a text on an opaque box (a label such as "chosen: ...") over drawn points or line vertices;
-    * ``empty legend entry``: a legend naming an artist that draws no point.
+    * ``empty legend entry``: a legend naming an artist that draws no point;
+    * ``text size``: a text under :data:`MIN_TEXT_PX` pixels at the size the report shows the figure.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Annotation, Text
@@ -287,8 +288,30 @@ def layout_problems(fig: Figure) -> list[str]:
                 continue
             if ba.overlaps(bb) and ba.intersection(ba, bb).width > 1 and ba.intersection(ba, bb).height > 1:
                 problems.append(f"overlap: {a.get_text()!r} / {b.get_text()!r}")
-    problems += _heading_problems(fig, renderer) + _data_problems(fig, renderer, boxes)
+    problems += _heading_problems(fig, renderer) + _data_problems(fig, renderer, boxes) + _size_problems(fig, texts)
     return problems
+
+
+#: the report's content width in pixels (its page is at most 1200 px wide, less its padding) and the PNG's dpi
+REPORT_WIDTH_PX, SAVE_DPI = 1168, 130
+#: the smallest text, in pixels as the report shows the figure (shrunk to its width), a reader reads without zoom
+MIN_TEXT_PX = 9.0
+
+
+def shown_scale(fig: Figure) -> float:
+    """How much the report shrinks the figure's PNG (saved at :data:`SAVE_DPI`) to fit its width (1: not at all)."""
+    return min(1.0, REPORT_WIDTH_PX / (fig.get_figwidth() * SAVE_DPI))
+
+
+def _size_problems(fig: Figure, texts) -> list[str]:
+    """``text size``: a text smaller than :data:`MIN_TEXT_PX` pixels at the size the report shows the figure."""
+    if not texts:
+        return []
+    smallest = min(texts, key=lambda t: t.get_fontsize())
+    px = smallest.get_fontsize() * SAVE_DPI / 72 * shown_scale(fig)
+    if px < MIN_TEXT_PX:
+        return [f"text size: {smallest.get_text()!r} is {px:.1f} px in the report (at least {MIN_TEXT_PX:g})"]
+    return []
 
 
 def _heading_problems(fig: Figure, renderer) -> list[str]:
@@ -393,6 +416,10 @@ def cluster_mean_ci(data: pd.DataFrame, z: float = 1.96) -> pd.DataFrame:
     return out
 
 
+#: the most panels a grid figure puts side by side (3 of 3.2 in: the report shows such a figure at 90 % or more)
+MAX_PANEL_COLUMNS = 3
+
+
 def profile_grid(
     series: Sequence[ProfileSeries],
     *,
@@ -412,8 +439,18 @@ def profile_grid(
     from matplotlib.lines import Line2D
 
     nr, nc = len(rows), len(cols)
-    fig = new_figure((3.2 * nc + 0.6, 2.5 * nr + 0.8))
-    axes = fig.subplots(nr, nc, squeeze=False, sharey=True)
+    # at most MAX_PANEL_COLUMNS panels side by side (wider, the report shrinks the text below what reads): more
+    # columns wrap, each row of the grid (n) then takes `wrap` rows of panels, each panel titled
+    wrap = math.ceil(nc / MAX_PANEL_COLUMNS)
+    per_row = math.ceil(nc / wrap)
+    fig = new_figure((3.2 * per_row + 0.6, 2.5 * nr * wrap + 0.8))
+    grid = fig.subplots(nr * wrap, per_row, squeeze=False, sharey=True)
+    for extra in range(nc, wrap * per_row):  # the wrapped rows' empty places
+        for i in range(nr):
+            fig.delaxes(grid[i * wrap + extra // per_row][extra % per_row])
+
+    def place(i: int, j: int):
+        return grid[i * wrap + j // per_row][j % per_row]
 
     hidden = {
         s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x", gid=LEGEND_ONLY)
@@ -429,13 +466,13 @@ def profile_grid(
     handles = {}
     for i, r in enumerate(rows):
         for j, c in enumerate(cols):
-            ax = axes[i][j]
+            ax = place(i, j)
             if bar_stats is not None:
                 b = bar_stats[(bar_stats["row"] == r) & (bar_stats["col"] == c)]
                 ax2 = ax.twinx()
                 ax2.bar(b["x"], b["bar"], color="0.85", width=0.6, zorder=0, label=bar_label)
                 ax2.set_ylim(0, bar_max * 1.15 if bar_max > 0 else 1)
-                if j == nc - 1 and bar_label:
+                if (j == nc - 1 or j % per_row == per_row - 1) and bar_label:
                     ax2.set_ylabel(bar_label, fontsize=8, color="0.4")
                 ax2.tick_params(labelsize=7, colors="0.4")
                 ax.set_zorder(ax2.get_zorder() + 1)
@@ -461,11 +498,11 @@ def profile_grid(
                 ax.set_xticks(xs)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3, lw=0.5)
-            if i == 0:
+            if i == 0 or wrap > 1:
                 ax.set_title(col_label(c), fontsize=9)
-            if j == 0:
+            if j % per_row == 0:
                 ax.set_ylabel(f"{row_label(r)}\n{ylabel}", fontsize=8)
-            if i == nr - 1:
+            if i == nr - 1 or wrap > 1:
                 ax.set_xlabel(xlabel, fontsize=8)
     handles.update(hidden)
     finish(fig, title=title, subtitle=subtitle, handles=list(handles.values()), labels=list(handles.keys()))
@@ -733,7 +770,7 @@ def place_label(fig: Figure, label) -> None:
     label.set_horizontalalignment("left" if best[1][0] >= 0 else "right")
 
 
-def save_figure(fig: Figure, path_stem: str | os.PathLike, dpi: int = 130) -> bytes:
+def save_figure(fig: Figure, path_stem: str | os.PathLike, dpi: int = SAVE_DPI) -> bytes:
     """Write ``<stem>.png`` and ``<stem>.pdf`` atomically; return the PNG bytes (for embedding).
 
     The figure is not closed: a :class:`~matplotlib.figure.Figure` made by :func:`new_figure` is
