@@ -15,7 +15,8 @@
 * :class:`Encoder` -- the model replicas (``replicas``), each holding its share of the CPUs or one GPU
   (:func:`posfair.distributed.ray_engine.plan_workers`).  Requests reach it through ``@serve.batch``:
   ``/v1/embeddings`` requests arriving together are answered by one
-  :meth:`posfair.serve.engine.Engine.embed_many`, ``/v1/segments`` requests (each document tokenised first: its
+  :meth:`posfair.serve.engine.Engine.embed_many` (the parts of long requests in a queue of their own, so a short
+  request waits for at most the part being encoded), ``/v1/segments`` requests (each document tokenised first: its
   token count is its size, a batch's total at most ``max_batch_tokens``) by one
   :meth:`posfair.serve.engine.Engine.segments_many` -- shared, length-sorted, token-budget forward passes, a
   failure answered only to the request that causes it.  Serve's health check (:meth:`Encoder.check_health`)
@@ -284,7 +285,7 @@ class Gateway:
         for start in range(0, len(order), PART_TEXTS):
             chosen = order[start : start + PART_TEXTS]
             async with self.share.turn(client):
-                part = await self._call("embed", _part(req, chosen))
+                part = await self._call("embed_part", _part(req, chosen))
             if part.error is not None:
                 message = part.error["error"].get("message", "")
                 part.error["error"]["message"] = _renumber(message, chosen, len(order))
@@ -474,6 +475,13 @@ class Encoder:
 
     @serve.batch(max_batch_size=BATCH_TEXTS, batch_wait_timeout_s=0.005, batch_size_fn=_texts_in)
     async def embed(self, requests: list[EmbeddingRequest]) -> list[Answer]:
+        return await asyncio.to_thread(self.engine.embed_many, requests)
+
+    # the parts of long requests queue apart from short requests: a short request arriving while a part is encoded
+    # waits for that part only (the replica's one forward pass at a time), never for the next part as well, which
+    # one shared queue would batch it with
+    @serve.batch(max_batch_size=BATCH_TEXTS, batch_wait_timeout_s=0.005, batch_size_fn=_texts_in)
+    async def embed_part(self, requests: list[EmbeddingRequest]) -> list[Answer]:
         return await asyncio.to_thread(self.engine.embed_many, requests)
 
     async def segments(self, request: EmbeddingRequest) -> Answer:
