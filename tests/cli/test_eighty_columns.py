@@ -173,3 +173,29 @@ def test_no_command_prints_around_the_writer():
             if pattern.search(line):
                 found.append(f"{path.name}:{number}: {line.strip()}")
     assert not found, found
+
+
+def test_a_progress_bars_line_fits_80_columns_with_its_label_and_counts_whole():
+    """Issue 49 item 1: the retrieval and sweep bars shrank to "54/... 0:0..." behind a wide label column."""
+    import io
+    import re
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import Progress
+
+    from posfair.cli.terminal_progress import label_width, progress_columns
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=WIDTH, force_terminal=True, color_system=None, legacy_windows=False)
+    long = "aligned[eng-Latn]: documents (late chunking, max over chunk vectors, 64-token windows)"
+    label = terminal.short_label(long, label_width(WIDTH))
+    with Progress(*progress_columns(WIDTH), console=console, auto_refresh=False) as prog:
+        task = prog.add_task(escape(label), total=123456)
+        prog.advance(task, 54)
+        prog.refresh()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())  # the terminal's control sequences
+    lines = [line.rstrip() for line in plain.replace("\r", "\n").splitlines() if line.strip()]
+    shown = [line for line in lines if "54/123,456" in line or "54/123456" in line]
+    assert shown and all(len(line) <= WIDTH for line in lines), lines
+    assert label in shown[-1] and "…" not in shown[-1].replace(label, "")  # the label whole, as cut at a word

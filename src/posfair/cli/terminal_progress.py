@@ -4,9 +4,10 @@ word to a short column; piped, one line per bar through :func:`posfair.cli.termi
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 
-from posfair.cli.terminal import Writer, say, short_label
+from posfair.cli.terminal import Writer, say, short_label, width
 
 __all__ = ["progress_bars", "console", "Tick"]
 
@@ -32,32 +33,19 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
             yield bar
         return
     from rich.markup import escape
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import Progress
 
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
+    console = Console(stderr=True, width=width(sys.stderr))  # COLUMNS, else the terminal's
+    label, columns = label_width(console.width), progress_columns(console.width)
     # the display starts with its first bar: a command that fails before any work prints nothing but its error line
     started: list[Progress] = []
     with contextlib.ExitStack() as stack:
 
         def bar(description: str, total: int, done: int = 0) -> Tick:
             if not started:
-                started.append(stack.enter_context(Progress(*columns, console=Console(stderr=True))))
+                started.append(stack.enter_context(Progress(*columns, console=console)))
             prog = started[0]
-            label = short_label(description, label_width(prog.console.width))
-            task = prog.add_task(escape(label), total=total, completed=done)
+            task = prog.add_task(escape(short_label(description, label)), total=total, completed=done)
             return lambda k: prog.advance(task, k)
 
         yield bar
@@ -115,7 +103,33 @@ def console() -> Writer:
     return Writer()
 
 
+def progress_columns(columns: int) -> tuple:
+    """rich's columns of a bar's line at ``columns`` wide: the label (cut at a word to :func:`label_width`), the
+    bar (:func:`bar_room`), counts, elapsed and remaining time; together they fit the width."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Column
+
+    return (
+        TextColumn("[bold]{task.description}", table_column=Column(width=label_width(columns), no_wrap=True)),
+        BarColumn(bar_width=bar_room(columns)),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
 def label_width(columns: int) -> int:
     """The progress bars' label column: a quarter of the width (at least 16), so that the bar, counts and times
     keep their room at 80 columns."""
     return max(16, columns // 4)
+
+
+#: what a bar's line holds beside its label and bar: counts (``123,456/123,456``), elapsed and remaining times
+#: (``0:00:00`` each) and the spaces between the five columns
+_COUNTS_AND_TIMES = 15 + 7 + 7 + 4
+
+
+def bar_room(columns: int) -> int:
+    """The bar's width: what the line leaves beside the label, counts and times (at least 10), so that a bar's
+    line fits ``columns`` and rich never squeezes the label or the counts ("54/..." at 80 columns)."""
+    return max(10, columns - label_width(columns) - _COUNTS_AND_TIMES)
