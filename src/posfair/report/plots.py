@@ -72,6 +72,16 @@ def _wrap(text: str, width_in: float, fontsize: float) -> str:
     return "\n".join(out)
 
 
+def _one_line(subtitle: str, width_in: float, fontsize: float) -> tuple[str, str]:
+    """``subtitle`` as one line under the title and the rest: its `` · ``-separated parts that fit ``width_in``
+    (at least the first), and the others joined, for the note under the legend."""
+    parts = subtitle.split(" · ")
+    keep = 1
+    while keep < len(parts) and "\n" not in _wrap(" · ".join(parts[: keep + 1]), width_in, fontsize):
+        keep += 1
+    return " · ".join(parts[:keep]), " · ".join(parts[keep:])
+
+
 def _break_after_slashes(line: str, chars: int) -> list[str]:
     """``line`` cut after ``/`` characters into lines of at most ``chars`` where it is longer (a line without a
     ``/`` in reach stays as it is)."""
@@ -111,7 +121,8 @@ def finish(
         fig.set_figwidth(MIN_WIDTH)
     width = fig.get_figwidth()
     lines = subtitle.split("\n")  # an empty first line: no subtitle, only a note
-    subtitle, note = lines[0].strip(), "\n".join([x for x in lines[1:] if x.strip()] + ([note] if note else []))
+    subtitle, rest = _one_line(lines[0].strip(), width - 0.2, SUBTITLE_SIZE)  # what does not fit joins the note
+    note = "\n".join([x for x in [rest, *lines[1:]] if x.strip()] + ([note] if note else []))
     renderer = FigureCanvasAgg(fig).get_renderer()
     legend, legend_h = None, 0.0
     if handles:  # as many columns as fit the width, measured
