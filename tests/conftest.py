@@ -28,6 +28,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from suite_order import scope_rank  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_size():
+    """Commands a test starts see the width the test gives them, no other: GNU readline, once something in the
+    process initialises it, exports COLUMNS and LINES at the C level (``os.environ`` does not see them, the
+    processes a test starts do), and the terminal writer wraps at COLUMNS.  A test that wants a width sets it
+    with ``monkeypatch.setenv``."""
+    for name in ("COLUMNS", "LINES"):
+        if name not in os.environ:
+            os.unsetenv(name)
+    yield
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(
         key=lambda item: scope_rank(item.nodeid)

@@ -152,9 +152,8 @@ def test_a_long_error_fits_80_columns(run80, inputs):
     assert r.stderr.startswith("error: ") and len(r.stderr.splitlines()) > 1  # wrapped, at words
 
 
-#: modules of posfair.cli that may write to a stream themselves: the writer and the progress display; fit.py is
-#: wired to the writer by the session that owns it (its summary goes through ``console()``, the writer already)
-WRITERS = {"terminal.py", "terminal_progress.py", "fit.py"}
+#: modules of posfair.cli that may write to a stream themselves: the writer and the progress display
+WRITERS = {"terminal.py", "terminal_progress.py"}
 
 
 def test_no_command_prints_around_the_writer():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +31,7 @@ FitMethod = Annotated[
         "--method",
         parser=choice("finetune", "learned", "tempscale", "grid"),
         metavar="finetune|learned|tempscale|grid",
-        help="finetune: position-balanced fine-tuning; learned: per-head calibration strengths by gradient; "
+        help="finetune: fine-tuning toward the stock model's order-free embedding of each segment set; learned: per-head calibration strengths by gradient; "
         "tempscale: a softmax temperature; grid: the papers' grid as tune searches it.",
     ),
 ]
@@ -79,7 +78,7 @@ Steps = Annotated[
         "--steps",
         parser=integer(1, 1_000_000),
         metavar="N",
-        show_default="the method's own (finetune 150, learned 200)",
+        show_default="the method's own (finetune 200, learned 200)",
         help="Optimiser steps of finetune and learned (a short run to try the command; the checks still apply).",
     ),
 ]
@@ -105,7 +104,8 @@ def fit(
     """Fit a repair of positional bias on a corpus, judge it on a held-out family, save it when it holds."""
     from posfair.cli.error_boundary import data_errors
     from posfair.cli.inputs import load_corpus
-    from posfair.cli.terminal_progress import console, progress_bars
+    from posfair.cli.terminal import error, say
+    from posfair.cli.terminal_progress import progress_bars
 
     checks.output_folder(out)
     model_id = checks.model_source(model)
@@ -116,7 +116,6 @@ def fit(
     df = load_corpus(corpus, ["en"])
     held_out_family(df, test_family)  # refused now, before the model loads
     limits = RepairLimits(min_removed=min_removed / 100, max_recall_drop=max_recall_drop)
-    con = console()
     with progress_bars() as bar, data_errors():
         ticks: dict[str, tuple] = {}
 
@@ -132,13 +131,9 @@ def fit(
             max_seq_length=max_seq_length, save_failing=save_anyway, progress=progress, steps=steps, seed=seed,
         )  # fmt: skip
     for line in summary_lines(result):
-        con.print(line, markup=False, highlight=False)
+        say(line)
     if not result.saved:
-        print(
-            f"error: repaired model not saved to {out}: {'; '.join(result.failures)} (--save-anyway saves it)",
-            file=sys.stderr,
-            flush=True,
-        )
+        error(f"repaired model not saved to {out}: {'; '.join(result.failures)} (--save-anyway saves it)")
         raise typer.Exit(EXIT_NOT_SAVED)
 
 
@@ -146,8 +141,9 @@ def summary_lines(result) -> list[str]:
     """The plain summary: what was fitted where, bias removed and retrieval change with intervals, the verdict."""
     h = result.heldout
     counts = result.counts
+    fitted_on = ", ".join(result.fit_families) or "the other families"
     lines = [
-        f"{result.method} on {', '.join(sorted(counts))}: train {counts['train'][0]} sets, dev {counts['dev'][0]}, "
+        f"{result.method} fitted on {fitted_on} (train {counts['train'][0]} sets, dev {counts['dev'][0]}); "
         f"held-out family {h.family}: {h.sets} sets, {h.documents} documents",
     ]
     for e in h.positions:

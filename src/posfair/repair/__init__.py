@@ -16,7 +16,7 @@ from posfair._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.repair.data import RepairSplit, repair_split  # noqa: F401
-    from posfair.repair.finetune import FinetuneSettings, PositionBalancedLoss  # noqa: F401
+    from posfair.repair.finetune import FinetuneSettings, OrderInvariantLoss  # noqa: F401
     from posfair.repair.fitting import DEFAULT_METHOD, METHODS, FitResult, fit_repair  # noqa: F401
     from posfair.repair.heldout import HeldOut, RepairLimits, check_repair  # noqa: F401
 
@@ -24,7 +24,7 @@ _EXPORTS = {
     "RepairSplit": ".data",
     "repair_split": ".data",
     "FinetuneSettings": ".finetune",
-    "PositionBalancedLoss": ".finetune",
+    "OrderInvariantLoss": ".finetune",
     "DEFAULT_METHOD": ".fitting",
     "METHODS": ".fitting",
     "FitResult": ".fitting",

@@ -1,14 +1,20 @@
 """Position-balanced fine-tuning (``posfair fit --method finetune``), through the sentence-transformers Trainer.
 
 Each training row is one document of a permuted segment set and its segments in document order (columns
-``document``, ``segment_1`` .. ``segment_n``; ``label`` = the set's index).  Every ordering of a set is a row,
-so each segment sits at every position equally often.  :class:`PositionBalancedLoss` is
-MultipleNegativesRankingLoss with a document's own segments as positives, one at each position (in-batch
-negatives: the segments of every other set in the batch; the other documents of the same set hold the same
-segments and are masked, not counted as negatives), plus a balance term: the variance over positions of the
-document's own-segment cosines σ_p.  The contrastive term keeps every segment findable from its document; the
-balance term asks that no position be represented better than another.  The fitted model is a plain
-sentence-transformers model: saved, it loads anywhere without posfair.
+``document``, ``segment_1`` .. ``segment_n``); every ordering of a set is a row, so each segment sits at every
+position equally often.  The row's label holds what the stock model says, computed once before the fit
+(:func:`stock_targets`): the *set's target*, the mean of the stock embeddings of every ordering of the set
+(unit length), and the stock embedding of each segment.
+
+:class:`OrderInvariantLoss` distils the document toward its set's target.  That target is order-free by
+construction: it is the same vector whichever ordering is embedded, and every segment entered it at every
+position equally often, so a model that reaches it gives each position the same mean cosine (the position
+coefficients β_p are zero) while keeping what the stock model knows of the content.  A second term holds each
+standalone segment at its stock embedding (the queries of a search stay where the index expects them), and an
+optional third is MultipleNegativesRankingLoss over the document's own segments (in-batch negatives: the
+segments of every other set; the other orderings of the same set hold the same segments and are masked).
+Dropout is off while the loss runs: the targets are exact.  The fitted model is a plain sentence-transformers
+model: saved, it loads anywhere without posfair.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
@@ -31,7 +38,15 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from posfair.fairness.documents import Instance
 
-__all__ = ["FinetuneSettings", "PositionBalancedLoss", "fit_finetune", "training_rows"]
+__all__ = [
+    "FinetuneSettings",
+    "OrderInvariantLoss",
+    "StockTargets",
+    "fit_finetune",
+    "order_invariance_terms",
+    "stock_targets",
+    "training_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +60,20 @@ class FinetuneSettings:
 
     ``steps``: optimiser steps; ``batch_size``: documents per step (each with its n segments);
     ``learning_rate``: AdamW's, with linear warm-up over the first tenth and linear decay;
-    ``balance``: the weight of the balance term; ``scale``: the contrastive term's inverse temperature
-    (MultipleNegativesRankingLoss' 20); ``freeze_embeddings``: keep the input embedding tables fixed (a
-    multilingual vocabulary is most of the weights and few of its rows occur in the training documents);
-    ``eval_every``: steps between evaluations of the objective on the dev documents (the best is kept)."""
+    ``anchor``: the weight of holding each standalone segment at its stock embedding; ``contrastive``: the
+    weight of the in-batch ranking term (0: off) and ``scale`` its inverse temperature (MultipleNegativesRankingLoss'
+    20); ``trained_layers``: the share of the transformer's layers trained, the last ones (the input embedding
+    tables stay fixed: a multilingual vocabulary is most of the weights and few of its rows occur in the
+    training documents); ``eval_every``: steps between evaluations of the objective on the dev documents (the
+    best is kept)."""
 
-    steps: int = 150
+    steps: int = 200
     batch_size: int = 8
-    learning_rate: float = 5e-5
-    balance: float = 50.0
+    learning_rate: float = 2e-4
+    anchor: float = 1.0
+    contrastive: float = 0.0
     scale: float = 20.0
-    trained_layers: float = 1 / 3
+    trained_layers: float = 1.0
     eval_every: int = 50
     seed: int = 0
 
@@ -63,66 +81,113 @@ class FinetuneSettings:
         return asdict(self)
 
 
-class PositionBalancedLoss(nn.Module):
-    """MultipleNegativesRankingLoss over each document's own segments plus ``balance`` x the variance of its
-    own-segment cosines over positions.  Inputs: the features of ``document, segment_1 .. segment_n``; labels:
-    the segment set of each row (rows of one set share their segments, which are then not negatives)."""
+class OrderInvariantLoss(nn.Module):
+    """``distil + anchor * hold + contrastive * rank`` (:func:`order_invariance_terms`).  Inputs: the features of
+    ``document, segment_1 .. segment_n``; labels: per row the set's target and the n segments' stock embeddings,
+    concatenated ((n + 1) x dim numbers, :func:`training_rows`)."""
 
-    def __init__(self, model, scale: float = 20.0, balance: float = 50.0):
+    def __init__(self, model, anchor: float = 1.0, contrastive: float = 0.0, scale: float = 20.0):
         super().__init__()
         self.model = model
+        self.anchor = float(anchor)
+        self.contrastive = float(contrastive)
         self.scale = float(scale)
-        self.balance = float(balance)
 
     def forward(self, sentence_features: Sequence[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
+        self.model.eval()  # the Trainer switches dropout on before each step; the targets are exact
         reps = [F.normalize(self.model(f)["sentence_embedding"], dim=-1) for f in sentence_features]
-        contrastive, spread = position_balanced_terms(reps[0], torch.stack(reps[1:], dim=1), labels, self.scale)
-        return contrastive + self.balance * spread
+        n = len(reps) - 1
+        targets = labels.to(reps[0].dtype).reshape(len(reps[0]), n + 1, -1)
+        distil, hold, rank = order_invariance_terms(
+            reps[0], torch.stack(reps[1:], dim=1), targets[:, 0], targets[:, 1:], self.scale, self.contrastive > 0
+        )
+        return distil + self.anchor * hold + self.contrastive * rank
 
     def get_config_dict(self) -> dict[str, float]:
-        return {"scale": self.scale, "balance": self.balance}
+        return {"anchor": self.anchor, "contrastive": self.contrastive, "scale": self.scale}
 
 
-def position_balanced_terms(
-    docs: torch.Tensor, segments: torch.Tensor, sets: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss's two terms from unit embeddings: ``docs`` (b x d), ``segments`` (b x n x d, document order),
-    ``sets`` (b,) the segment set of each row.  Returns (the contrastive term: mean cross-entropy of each own
-    segment against every segment of the other sets in the batch; the balance term: the mean over documents
-    of the variance of σ_p over positions)."""
+def order_invariance_terms(
+    docs: torch.Tensor,
+    segments: torch.Tensor,
+    targets: torch.Tensor,
+    segment_targets: torch.Tensor,
+    scale: float = 20.0,
+    with_rank: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loss's three terms from unit embeddings: ``docs`` (b x d), ``segments`` (b x n x d, document order),
+    ``targets`` (b x d, each row's set target), ``segment_targets`` (b x n x d, the segments' stock embeddings).
+
+    Returns (*distil*: the mean of 1 - cos(document, its set's target); *hold*: the mean of 1 - cos(segment, its
+    stock embedding); *rank*: the mean cross-entropy of each own segment against the segments of every other set
+    in the batch at inverse temperature ``scale``; rows of one set, which share the target, do not count as each
+    other's negatives; zero when ``with_rank`` is false)."""
     b, n, d = segments.shape
+    distil = (1.0 - (docs * targets).sum(-1)).mean()
+    hold = (1.0 - (segments * segment_targets).sum(-1)).mean()
+    if not with_rank:
+        return distil, hold, docs.new_zeros(())
+    sets = torch.unique(targets, dim=0, return_inverse=True)[1]
     flat = segments.reshape(b * n, d)
     sims = docs @ flat.T  # b x bn
     owner = torch.arange(b, device=docs.device).repeat_interleave(n)
     same_set = sets[:, None] == sets[owner][None, :]
     rows = torch.arange(b, device=docs.device)
-    contrastive = docs.new_zeros(())
+    rank = docs.new_zeros(())
     for p in range(n):
         target = rows * n + p
         masked = same_set.clone()
         masked[rows, target] = False
-        logits = (scale * sims).masked_fill(masked, float("-inf"))
-        contrastive = contrastive + F.cross_entropy(logits, target)
-    sigma = sims[rows[:, None], rows[:, None] * n + torch.arange(n, device=docs.device)[None, :]]
-    spread = sigma.var(dim=1, unbiased=False).mean()
-    return contrastive / n, spread
+        rank = rank + F.cross_entropy((scale * sims).masked_fill(masked, float("-inf")), target)
+    return distil, hold, rank / n
 
 
-def training_rows(instances: Sequence[Instance]) -> dict[str, list]:
+@dataclass(frozen=True)
+class StockTargets:
+    """What the stock model says of the fit's documents: ``sets``: set id -> the set's target, the unit-length
+    mean of the embeddings of all its documents (every ordering); ``segments``: segment text -> its unit
+    embedding."""
+
+    sets: dict[str, np.ndarray]
+    segments: dict[str, np.ndarray]
+
+
+def stock_targets(model, instances: Sequence[Instance], batch_size: int = 16) -> StockTargets:
+    """:class:`StockTargets` of ``instances``, encoded by ``model`` as it is (call before the fit)."""
+    sets: dict[str, np.ndarray] = {}
+    segments: dict[str, np.ndarray] = {}
+    for inst in instances:
+        docs = inst.documents
+        emb = model.encode([d.text for d in docs], batch_size=batch_size, normalize_embeddings=True)
+        by_set: dict[str, list[np.ndarray]] = {}
+        for d, v in zip(docs, np.asarray(emb, np.float64), strict=True):
+            by_set.setdefault(d.set_id, []).append(v)
+        for set_id, vecs in by_set.items():
+            mean = np.mean(vecs, axis=0)
+            sets[set_id] = mean / np.linalg.norm(mean)
+        texts = sorted({t for d in docs for t in d.texts} - segments.keys())
+        if texts:
+            seg = model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
+            segments.update(zip(texts, np.asarray(seg, np.float64), strict=True))
+    return StockTargets(sets, segments)
+
+
+def training_rows(instances: Sequence[Instance], targets: StockTargets) -> dict[str, list]:
     """The Trainer's columns from permuted segment sets: ``document``, ``segment_1`` .. ``segment_n`` (document
-    order) and ``label`` (the set's index, unique across ``instances``).  All instances must share one n."""
+    order) and ``label`` (the set's target, then each segment's stock embedding, from :func:`stock_targets`).
+    All instances must share one n."""
     ns = {inst.n for inst in instances}
     if len(ns) != 1:
         raise ValueError(f"fine-tuning rows need one segment count; got n = {sorted(ns)}")
     n = ns.pop()
     out: dict[str, list] = {"document": [], **{f"segment_{p}": [] for p in range(1, n + 1)}, "label": []}
-    set_index: dict[str, int] = {}
     for inst in instances:
         for d in inst.documents:
             out["document"].append(d.text)
             for p, text in enumerate(d.texts, start=1):
                 out[f"segment_{p}"].append(text)
-            out["label"].append(set_index.setdefault(f"{inst.key}/{d.set_id}", len(set_index)))
+            vecs = [targets.sets[d.set_id], *(targets.segments[t] for t in d.texts)]
+            out["label"].append(np.concatenate(vecs).astype(np.float32).tolist())
     return out
 
 
@@ -136,12 +201,14 @@ def fit_finetune(
     progress: FitProgress | None = None,
 ):
     """Fine-tune ``model`` (a sentence-transformers model, in place) on ``train``'s documents with
-    :class:`PositionBalancedLoss` through ``SentenceTransformerTrainer``; the dev documents' loss is evaluated every
-    ``settings.eval_every`` steps and the best state is kept (early stopping on dev).  Checkpoints go to
-    ``work_dir`` (a rerun with the same ``work_dir`` resumes from the last one).  Returns the model."""
+    :class:`OrderInvariantLoss` through ``SentenceTransformerTrainer``, toward targets from ``model`` as it is at
+    the start; the dev documents' loss is evaluated every ``settings.eval_every`` steps and the best state is
+    kept (early stopping on dev).  Checkpoints go to ``work_dir`` (a rerun with the same ``work_dir`` resumes
+    from the last one).  Returns the model."""
     s = settings or FinetuneSettings()
-    train_ds = Dataset.from_dict(training_rows(train)).shuffle(seed=s.seed)
-    dev_ds = Dataset.from_dict(training_rows(dev))
+    targets = stock_targets(model, [*train, *dev])
+    train_ds = Dataset.from_dict(training_rows(train, targets)).shuffle(seed=s.seed)
+    dev_ds = Dataset.from_dict(training_rows(dev, targets))
     _freeze_below(model, s.trained_layers)
     args = SentenceTransformerTrainingArguments(
         output_dir=work_dir,
@@ -177,7 +244,7 @@ def fit_finetune(
         args=args,
         train_dataset=train_ds,
         eval_dataset=dev_ds,
-        loss=PositionBalancedLoss(model, scale=s.scale, balance=s.balance),
+        loss=OrderInvariantLoss(model, anchor=s.anchor, contrastive=s.contrastive, scale=s.scale),
         callbacks=[_Progress()],
     )
     trainer.remove_callback(PrinterCallback)  # the log dicts it prints: progress reaches ``progress`` instead

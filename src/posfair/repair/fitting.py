@@ -88,6 +88,8 @@ class FitResult:
     limits: RepairLimits = field(default_factory=RepairLimits)
     #: the fitting process's peak resident memory (MiB) when the result was made
     peak_rss_mib: float = float("nan")
+    #: the document families fitted on (train and dev)
+    fit_families: tuple[str, ...] = ()
 
     @property
     def holds(self) -> bool:
@@ -108,7 +110,8 @@ class FitResult:
                "above_by_position": tuple(tuple(x) for x in h.get("above_by_position", ()))}
         )  # fmt: skip
         counts = {k: tuple(v) for k, v in d["counts"].items()}
-        return cls(**{**d, "heldout": heldout, "counts": counts, "limits": RepairLimits(**d["limits"])})
+        return cls(**{**d, "heldout": heldout, "counts": counts, "limits": RepairLimits(**d["limits"]),
+                      "fit_families": tuple(d.get("fit_families", ()))})  # fmt: skip
 
 
 def _fit_method(
@@ -199,7 +202,7 @@ def fit_repair(
         shutil.rmtree(candidate)
     result = FitResult(
         method, str(model_id or "bundled"), split.test_family, split.counts(), fitted, heldout, ndcg, failures,
-        saved, fit_seconds, ratio, str(out), limits, _peak_rss_mib(),
+        saved, fit_seconds, ratio, str(out), limits, _peak_rss_mib(), split.fit_families,
     )  # fmt: skip
     atomic_write_text(work / "heldout.json", json.dumps(result.to_dict(), indent=2, default=float))
     atomic_write_text(work / "heldout.md", heldout_markdown([result]))
