@@ -9,6 +9,7 @@ writer's words are the output's (a line is broken only between words, never insi
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,15 @@ def test_a_progress_bars_line_fits_80_columns_with_its_label_and_counts_whole():
     shown = [line for line in lines if "54/123,456" in line or "54/123456" in line]
     assert shown and all(len(line) <= WIDTH for line in lines), lines
     assert label in shown[-1] and "…" not in shown[-1].replace(label, "")  # the label whole, as cut at a word
+
+
+def test_a_bars_note_shows_the_latest_value_in_a_log(capsys):
+    """A long fit's bar carries its objective (issue 47): piped, the bar's one line ends with the latest note."""
+    from posfair.cli.terminal_progress import progress_bars
+
+    with progress_bars() as bar:
+        tick = bar("finetune", 4)
+        tick(2, note="loss 0.5")
+        tick(2, note="loss 0.25")
+    line = capsys.readouterr().err.strip()
+    assert re.fullmatch(r"finetune: 4/4 in \d+\.\d s, loss 0\.25", line), line

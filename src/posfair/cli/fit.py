@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -121,9 +122,9 @@ def fit(
 
         def progress(what: str, step: int, total: int, value: float) -> None:
             if what not in ticks:
-                ticks[what] = (bar(f"fitting ({what})", total), [0])
+                ticks[what] = (bar(what, total), [0])
             tick, done = ticks[what]
-            tick(max(0, step - done[0]))
+            tick(max(0, step - done[0]), note=None if math.isnan(value) else f"loss {value:.4g}")
             done[0] = max(done[0], step)
 
         result = fit_repair(

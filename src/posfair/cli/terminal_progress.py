@@ -11,8 +11,9 @@ from posfair.cli.terminal import Writer, say, short_label, width
 
 __all__ = ["progress_bars", "console", "Tick"]
 
-#: ``tick(k)``: k more items done
-Tick = Callable[[int], None]
+#: ``tick(k, note=None)``: k more items done; ``note`` (optional) is shown after the bar's label, e.g. the
+#: objective of a fit's latest step
+Tick = Callable[..., None]
 
 
 @contextlib.contextmanager
@@ -46,7 +47,13 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
                 started.append(stack.enter_context(Progress(*columns, console=console)))
             prog = started[0]
             task = prog.add_task(escape(short_label(description, label)), total=total, completed=done)
-            return lambda k: prog.advance(task, k)
+
+            def tick(k: int, note: str | None = None) -> None:
+                if note:
+                    prog.update(task, description=escape(short_label(f"{description} {note}", label)))
+                prog.advance(task, k)
+
+            return tick
 
         yield bar
         if complete_on_exit and started:
@@ -67,7 +74,8 @@ def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
             return
         state["written"] = True
         elapsed = time.perf_counter() - state["t0"]
-        say(f"{state['description']}: {state['done']:,}/{state['total']:,} in {elapsed:.1f} s", err=True)
+        note = f", {state['note']}" if state.get("note") else ""
+        say(f"{state['description']}: {state['done']:,}/{state['total']:,} in {elapsed:.1f} s{note}", err=True)
 
     def bar(description: str, total: int, done: int = 0) -> Tick:
         state = {"description": description, "total": int(total), "done": int(done), "t0": time.perf_counter(),
@@ -76,7 +84,9 @@ def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
         if state["done"] >= state["total"] > 0:
             write(state)  # answered from the cache already
 
-        def tick(k: int) -> None:
+        def tick(k: int, note: str | None = None) -> None:
+            if note:
+                state["note"] = note
             state["done"] += int(k)
             if state["done"] >= state["total"]:
                 write(state)
