@@ -30,13 +30,13 @@ from suite_order import scope_rank  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _no_inherited_terminal_size():
-    """Commands a test starts see the width the test gives them, no other: GNU readline, once something in the
-    process initialises it, exports COLUMNS and LINES at the C level (``os.environ`` does not see them, the
-    processes a test starts do), and the terminal writer wraps at COLUMNS.  A test that wants a width sets it
-    with ``monkeypatch.setenv``."""
+    """Commands a test runs see the width the test gives them, no other: the terminal writer wraps at COLUMNS,
+    and GNU readline, once something initialises it, exports COLUMNS and LINES (at the C level: the processes a
+    test starts, pytest-xdist's workers among them, inherit them although ``os.environ`` may not show them).  A test
+    that wants a width sets it itself (``monkeypatch.setenv``, ``CliRunner(env=...)``)."""
     for name in ("COLUMNS", "LINES"):
-        if name not in os.environ:
-            os.unsetenv(name)
+        os.environ.pop(name, None)
+        os.unsetenv(name)
     yield
 
 

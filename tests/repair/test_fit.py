@@ -315,3 +315,16 @@ def test_fit_refuses_bad_input_in_one_line(args, line, tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(line), res.stderr
     assert not (tmp_path / "o").exists()  # refused before any work: nothing written
+
+
+def test_a_short_fit_encodes_targets_only_for_the_sets_it_reaches():
+    from posfair.repair.finetune import _sets_used
+
+    inst = _instance(8)
+    assert _sets_used([inst], 48, seed=0) == [inst]  # 48 documents: every one is reached
+    cut = _sets_used([inst], 5, seed=0)
+    kept = {d.set_id for d in cut[0].documents}
+    assert 1 <= len(kept) <= 5 and [s.set_id for s in cut[0].sets] == sorted(kept, key=lambda x: int(x[3:]))
+    # every ordering of a kept set stays (its target is the mean over all of them)
+    assert all(sum(d.set_id == k for d in cut[0].documents) == 6 for k in kept)
+    assert _sets_used([inst], 5, seed=0) == cut  # seeded

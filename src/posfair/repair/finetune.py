@@ -19,6 +19,7 @@ model: saved, it loads anywhere without posfair.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -206,6 +207,7 @@ def fit_finetune(
     kept (early stopping on dev).  Checkpoints go to ``work_dir`` (a rerun with the same ``work_dir`` resumes
     from the last one).  Returns the model."""
     s = settings or FinetuneSettings()
+    train = _sets_used(train, s.steps * s.batch_size, s.seed)
     targets = stock_targets(model, [*train, *dev])
     train_ds = Dataset.from_dict(training_rows(train, targets)).shuffle(seed=s.seed)
     dev_ds = Dataset.from_dict(training_rows(dev, targets))
@@ -252,6 +254,24 @@ def fit_finetune(
     for p in model.parameters():
         p.requires_grad_(True)
     return model
+
+
+def _sets_used(instances: Sequence[Instance], rows: int, seed: int) -> list[Instance]:
+    """``instances`` cut to the segment sets of ``rows`` documents drawn at random (seeded), every ordering of each
+    kept: a short fit (``steps x batch_size`` below the number of documents) then encodes targets only for the
+    sets it can reach.  All of ``instances`` when ``rows`` covers them."""
+    docs = [(i, d.set_id) for i, inst in enumerate(instances) for d in inst.documents]
+    if rows >= len(docs):
+        return list(instances)
+    order = np.random.default_rng(seed).permutation(len(docs))[:rows]
+    keep = {docs[k] for k in order}
+    out = []
+    for i, inst in enumerate(instances):
+        sets = [x for x in inst.sets if (i, x.set_id) in keep]
+        if sets:
+            documents = [d for d in inst.documents if (i, d.set_id) in keep]
+            out.append(dataclasses.replace(inst, sets=sets, documents=documents))
+    return out
 
 
 def _freeze_below(model, share: float) -> None:
