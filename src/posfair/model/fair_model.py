@@ -560,24 +560,35 @@ def quiet_weight_bars(show: bool = False) -> Iterator[None]:
             hub_utils.disable_progress_bars()
 
 
-class _DropDefaultPromptNotice(logging.Filter):
+class _DropNotice(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Default prompt name is set to" not in record.getMessage()
+        return self.text not in record.getMessage()
+
+
+#: sentence-transformers' notices that posfair answers itself while it loads: (logger, what the notice says)
+_NEW_POOLING = ("sentence_transformers.SentenceTransformer", "No sentence-transformers model found with name")
+_DEFAULT_PROMPT = ("sentence_transformers.base.model", "Default prompt name is set to")
 
 
 @contextlib.contextmanager
-def _quiet_default_prompt(active: bool) -> Iterator[None]:
-    """Within: sentence-transformers' notice that a default prompt is set is dropped (for the bundled models,
-    whose prompts posfair documents itself); every other message of that logger passes."""
-    if not active:
-        yield
-        return
-    logger, flt = logging.getLogger("sentence_transformers.base.model"), _DropDefaultPromptNotice()
-    logger.addFilter(flt)
+def _quiet_notices(bundled: bool) -> Iterator[None]:
+    """Within: sentence-transformers' notice that it builds a new model with mean pooling for a plain transformers
+    folder is dropped (posfair chooses the pooling itself: ``pooling=``, the model's own, or mean, and
+    ``FairModel.pooling`` says which; the 4.x stack logs it as a warning), and for the bundled models its notice
+    that a default prompt is set (posfair documents their prompts itself); every other message passes."""
+    notices = [_NEW_POOLING, *([_DEFAULT_PROMPT] if bundled else [])]
+    added = [(logging.getLogger(name), _DropNotice(text)) for name, text in notices]
+    for logger, flt in added:
+        logger.addFilter(flt)
     try:
         yield
     finally:
-        logger.removeFilter(flt)
+        for logger, flt in added:
+            logger.removeFilter(flt)
 
 
 def load_model(
@@ -627,7 +638,7 @@ def load_model(
     kwargs = dict(device=device, trust_remote_code=bundled is None and trust_remote_code, **st_kwargs)
     try:
         # posfair set the bundled model's default prompt itself; no weight-loading bar unless asked
-        with _quiet_default_prompt(bundled is not None), quiet_weight_bars(show_progress_bar):
+        with _quiet_notices(bundled is not None), quiet_weight_bars(show_progress_bar):
             model = _load(path, kwargs)
     except OSError as exc:
         raise OSError(
