@@ -22,7 +22,7 @@ from posfair.calibration import STOCK
 from posfair.corpus import load_corpus
 from posfair.model import load_model
 from posfair.repair.data import repair_split
-from posfair.repair.heldout import RepairLimits, check_repair, evaluate_repair, set_units
+from posfair.repair.heldout import RepairLimits, check_repair, evaluate_repair, heldout_lines, set_units
 
 
 def ceiling(model_id: str, test_family: str | None, limit: int) -> list[str]:
@@ -56,16 +56,7 @@ def ceiling(model_id: str, test_family: str | None, limit: int) -> list[str]:
     docs = sum(len(i.documents) for i in split.test)
     h = evaluate_repair(stock_units, units, split.test[0].n, split.test_family, docs)
     lines = [f"{model_id}: held-out family {h.family}, {h.sets} sets, {h.documents} documents, {limit} tokens"]
-    for e in h.positions:
-        lines.append(
-            f"  β{e.position}: stock {e.stock:+.4f} -> {e.repaired:+.4f}, removed {100 * e.removed:.0f} % "
-            f"[{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}] ({e.lean})"
-        )
-    for c in h.retrieval:
-        lines.append(
-            f"  {c.measure}: {100 * c.stock:.1f} -> {100 * c.repaired:.1f} % "
-            f"({c.change:+.1f} points [{c.change_low:+.1f}, {c.change_high:+.1f}])"
-        )
+    lines += ["  " + line for line in heldout_lines(h)]
     failures = check_repair(h, RepairLimits())
     lines.append("  checks: " + ("hold" if not failures else "fail: " + "; ".join(failures)))
     return lines

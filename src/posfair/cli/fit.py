@@ -140,6 +140,8 @@ def fit(
 
 def summary_lines(result) -> list[str]:
     """The plain summary: what was fitted where, bias removed and retrieval change with intervals, the verdict."""
+    from posfair.repair.heldout import heldout_lines
+
     h = result.heldout
     counts = result.counts
     fitted_on = ", ".join(result.fit_families) or "the other families"
@@ -147,16 +149,7 @@ def summary_lines(result) -> list[str]:
         f"{result.method} fitted on {fitted_on} (train {counts['train'][0]} sets, dev {counts['dev'][0]}); "
         f"held-out family {h.family}: {h.sets} sets, {h.documents} documents",
     ]
-    for e in h.positions:
-        lines.append(
-            f"β{e.position}: stock {e.stock:+.4f} -> {e.repaired:+.4f}, removed {100 * e.removed:.0f} % "
-            f"[{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}] ({e.lean})"
-        )
-    for c in h.retrieval:
-        lines.append(
-            f"{c.measure}: {100 * c.stock:.1f} -> {100 * c.repaired:.1f} % "
-            f"({c.change:+.1f} points [{c.change_low:+.1f}, {c.change_high:+.1f}])"
-        )
+    lines += heldout_lines(h)
     if result.ndcg:
         n = result.ndcg
         lines.append(

@@ -36,6 +36,7 @@ __all__ = [
     "RetrievalChange",
     "RepairLimits",
     "check_repair",
+    "heldout_lines",
     "evaluate_repair",
     "set_units",
 ]
@@ -222,6 +223,22 @@ def _change(measure: str, stock: np.ndarray, repaired: np.ndarray, draws: int, s
     diff = 100.0 * (repaired - stock)
     low, high = paired_mean_interval(diff, draws=draws, seed=seed)
     return RetrievalChange(measure, float(stock.mean()), float(repaired.mean()), float(diff.mean()), low, high)
+
+
+def heldout_lines(result: HeldOut) -> list[str]:
+    """The held-out result as plain lines: per later position β_p stock -> repaired with the share removed and its
+    interval, then each retrieval change in points with its interval (``posfair fit``'s summary and the benchmarks)."""
+    lines = [
+        f"β{e.position}: stock {e.stock:+.4f} -> {e.repaired:+.4f}, removed {100 * e.removed:.0f} % "
+        f"[{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}] ({e.lean})"
+        for e in result.positions
+    ]
+    lines += [
+        f"{c.measure}: {100 * c.stock:.1f} -> {100 * c.repaired:.1f} % "
+        f"({c.change:+.1f} points [{c.change_low:+.1f}, {c.change_high:+.1f}])"
+        for c in result.retrieval
+    ]
+    return lines
 
 
 def check_repair(result: HeldOut, limits: RepairLimits) -> list[str]:
