@@ -1,5 +1,7 @@
-"""posfair.serve.proxy, the guard Ray Serve's HTTP proxy runs: on uvicorn as Serve runs it (h11, its keep-alive
-timeout), in a process of its own, without Ray.  The real server (test_server.py) checks the same through Serve."""
+"""posfair.serve.proxy, the guard Ray Serve's HTTP proxy runs: on uvicorn as Serve runs it (its keep-alive timeout),
+in a process of its own, without Ray, on each of uvicorn's HTTP/1.1 implementations: httptools, what Serve's proxy
+runs where it is installed (uvicorn's "auto"; Serve passes no ``http=``), and h11, what it runs where not.  The real
+server (test_server.py) checks the same through Serve."""
 
 from __future__ import annotations
 
@@ -15,19 +17,29 @@ import urllib.request
 import pytest
 
 from posfair.serve.openai_api import key_digest
-from posfair.serve.proxy import HEAD_TIMEOUT_S, MAX_HEAD_BYTES, MAX_HEADERS
+from posfair.serve.proxy import MAX_HEAD_BYTES, MAX_HEADERS
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 
+#: the head timeout of the proxy under test (shorter than HEAD_TIMEOUT_S: the slow tests take seconds, not tens)
+TIMEOUT_S = 3.0
+#: how long the app takes to answer /slow: past the head timeout
+SLOW_S = TIMEOUT_S + 2
+IMPLEMENTATIONS = ["httptools", "h11"]
+
 KEY = "proxy-key-7"
 APP = f"""
-import os, sys, uvicorn
+import asyncio, os, sys, uvicorn
 os.environ["POSFAIR_SERVE_KEY_SHA256"] = {key_digest(KEY)!r}
+import posfair.serve.proxy as proxy
+proxy.HEAD_TIMEOUT_S = {TIMEOUT_S!r}
 from posfair.serve.proxy import guard
 
 async def app(scope, receive, send):
     while (await receive())["more_body"] if scope["method"] == "POST" else False:
         pass
+    if scope["path"] == "/slow":
+        await asyncio.sleep({SLOW_S!r})
     body = ("answered " + scope["path"]).encode()
     await send({{"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]}})
     await send({{"type": "http.response.body", "body": body}})
@@ -37,14 +49,16 @@ for m in reversed(guard()):
 sock = __import__("socket").socket()
 sock.bind(("127.0.0.1", 0))
 print(sock.getsockname()[1], flush=True)
-server = uvicorn.Server(uvicorn.Config(app, timeout_keep_alive=5, lifespan="off", log_level="critical", http="h11"))
+server = uvicorn.Server(uvicorn.Config(app, timeout_keep_alive=5, lifespan="off", log_level="critical", http=sys.argv[1]))
 server.run(sockets=[sock])
 """
 
 
-@pytest.fixture(scope="module")
-def proxy():
-    proc = subprocess.Popen([sys.executable, "-c", APP], stdout=subprocess.PIPE, text=True)
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
+def proxy(request):
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
+    proc = subprocess.Popen([sys.executable, "-c", APP, request.param], stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
         deadline = time.monotonic() + 60
@@ -116,13 +130,13 @@ def test_too_many_or_too_large_headers_get_431_in_openai_shape(proxy):
 
 def test_a_slow_head_gets_408_and_a_silent_connection_is_closed(proxy):
     """Issue 48: connections dripping a header a byte a second were held open for a minute; now a head must arrive
-    within HEAD_TIMEOUT_S: a partial one gets 408 in OpenAI's shape, a connection that sent nothing is closed."""
+    within the head timeout: a partial one gets 408 in OpenAI's shape, a connection that sent nothing is closed."""
     with socket.create_connection(("127.0.0.1", proxy), timeout=60) as silent:
         head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
-        got, took = exchange(proxy, head, chunk=1, pause=0.5)  # a byte each 0.5 s: 54 s for the whole head
+        got, took = exchange(proxy, head, chunk=1, pause=0.5)  # a byte each 0.5 s: 63 s for the whole head
         status, err = status_and_error(got)
         assert status == 408 and err["code"] == "request_timeout", (status, err)
-        assert HEAD_TIMEOUT_S - 1 < took < HEAD_TIMEOUT_S + 5, took
+        assert TIMEOUT_S - 1 < took < TIMEOUT_S + 5, took
         assert silent.recv(65536) == b""  # closed, with nothing sent: it had sent nothing
 
 
@@ -140,3 +154,97 @@ def test_serves_own_paths_ask_the_key(proxy):
             assert r.read() == f"answered {path}".encode()
     with urllib.request.urlopen(url + "/health", timeout=30) as r:  # the gateway's own paths: the gateway asks
         assert r.status == 200
+
+
+def answers(raw: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each answer in ``raw`` (answers with a content-length, as the proxy's and the app's)."""
+    found = []
+    while raw.startswith(b"HTTP/1.1 "):
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(
+            next(
+                v for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:]) if k.lower() == b"content-length"
+            )
+        )
+        found.append((int(head.split()[1]), rest[:length]))
+        raw = rest[length:]
+    return found
+
+
+def pipelined(port: int, first: bytes, then: bytes, apart: float) -> list[tuple[int, bytes]]:
+    """The answers to ``first`` and ``then`` sent on one connection without waiting for an answer (``apart`` seconds
+    between them; 0: in one write), read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        try:
+            s.sendall(first + (b"" if apart else then))
+            if apart:
+                time.sleep(apart)
+                s.sendall(then)
+        except OSError:  # refused and closed while the rest was being sent
+            pass
+        got = b""
+        try:
+            while data := s.recv(65536):
+                got += data
+        except ConnectionResetError:  # closed after a refusal, with the rest of a head unread
+            pass
+    return answers(got)
+
+
+def test_a_pipelined_request_answered_past_the_head_timeout_is_answered(proxy):
+    """A request sent behind another on one connection (pipelined) and answered after more than the head timeout
+    gets its answer.  (On httptools, which parses a pipelined head at once, the head timer re-armed at the first
+    answer closed the connection under the second request, which was never answered.)"""
+    for apart in (0, 0.5):
+        got = pipelined(
+            proxy,
+            b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            apart,
+        )
+        assert got == [(200, b"answered /fast"), (200, b"answered /slow")], (apart, got)
+
+
+def test_a_pipelined_head_is_held_to_the_limits(proxy):
+    """A head sent behind a request being answered is held to the same limits: 431 in OpenAI's shape.  (Before, the
+    limits were checked on a connection's first head only: httptools answered a pipelined 1 MiB header or 1,000
+    headers 200, h11 the 1,000 headers 200 and the 1 MiB header 400 in plain text.)"""
+    slow = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+    for then in (
+        b"GET /fast HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2**20 + b"\r\nConnection: close\r\n\r\n",
+        b"GET /fast HTTP/1.1\r\nHost: x\r\n" + b"".join(b"h%d:v\r\n" % i for i in range(1000)) + b"\r\n",
+    ):
+        for apart in (0.5, 0):
+            got = pipelined(proxy, slow, then, apart)
+            # sent apart: the first answered, then the refusal; in one write, the refusal may come first and alone
+            assert got and got[-1][0] == 431, (apart, got)
+            assert json.loads(got[-1][1])["error"]["code"] == "request_header_fields_too_large"
+            assert got[:-1] == [(200, b"answered /slow")] or (not apart and not got[:-1]), (apart, got)
+    fits = b"GET /fast HTTP/1.1\r\nHost: x\r\n" + b"".join(b"h%d:v\r\n" % i for i in range(50)) + b"\r\n"
+    assert pipelined(proxy, slow, fits.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"), 0.5) == [
+        (200, b"answered /slow"),
+        (200, b"answered /fast"),
+    ]
+
+
+def test_the_implementation_serves_proxy_runs_is_one_the_guard_limits():
+    """Ray Serve's proxy starts uvicorn without ``http=`` ("auto": httptools where installed, else h11); the class
+    that resolves to carries the guard's limits once the guard ran (as in Serve's proxy process)."""
+    script = """
+import uvicorn
+from posfair.serve.proxy import guard
+guard()
+config = uvicorn.Config(lambda: None, factory=True, lifespan="off", log_level=None, log_config=None)
+config.load()
+cls = config.http_protocol_class
+print(cls.__module__, cls.__name__, getattr(cls, "_posfair_head_limits", False))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    module, name, limited = out.stdout.split()
+    try:
+        import httptools  # noqa: F401, PLC0415
+    except ImportError:
+        assert name == "H11Protocol", out.stdout
+    else:
+        assert name == "HttpToolsProtocol", out.stdout
+    assert limited == "True", (out.stdout, out.stderr)

@@ -9,8 +9,11 @@ its proxy starts (``posfair serve`` sets it to :func:`guard` for the Ray instanc
   connecting, or of the end of its previous answer; a head of more than :data:`MAX_HEAD_BYTES` bytes or
   :data:`MAX_HEADERS` header lines is refused as soon as it is seen (431), before it is parsed.  A connection past
   the time is closed, with a 408 when it had sent part of a head (a slow drip), silently when it had sent nothing.
-  Both answers are JSON in OpenAI's error shape, as every refusal of the gateway.  (Ray Serve passes no such option
-  to its HTTP server, uvicorn, so the limits sit on uvicorn's protocol classes, in the proxy's process only.)
+  Both answers are JSON in OpenAI's error shape, as every refusal of the gateway.  A request sent behind another on
+  one connection (pipelined) is held to the same limits, its time counted from the previous answer.  (Ray Serve
+  passes no such option to its HTTP server, uvicorn, so the limits sit on uvicorn's protocol classes, in the proxy's
+  process only: on both of its HTTP/1.1 implementations, httptools (what Serve runs where it is installed: it
+  starts uvicorn with ``http="auto"``) and h11.)
 * a Starlette middleware (:class:`KeyOnServePaths`) asks the API key on Serve's own paths (``/-/routes``,
   ``/-/healthz``, any ``/-/...``), which the proxy answers itself without reaching the gateway: the key's SHA-256
   is read from ``POSFAIR_SERVE_KEY_SHA256`` (what ``posfair serve`` sets), or the key from the variable named by
@@ -25,6 +28,7 @@ import json
 import os
 from typing import Any
 
+import h11
 from starlette.middleware import Middleware
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -123,8 +127,38 @@ def _expire(proto: Any, head: _Head) -> None:
         proto.transport.close()
 
 
+def _scan(proto: Any, head: _Head, data: bytes) -> bool:
+    """``data``, the next bytes of the head ``head`` waits for: False (refused, 431) when the head is over the limits,
+    else True (the head whole: the timer stops; the parser takes it from here)."""
+    seen = head.seen + data
+    end = seen.find(b"\r\n\r\n")
+    size = len(seen) if end < 0 else end
+    if size > MAX_HEAD_BYTES or seen.count(b"\r\n", 0, size) > MAX_HEADERS:
+        _refuse(proto, _TOO_BIG)
+        return False
+    if end < 0:
+        head.seen = seen
+    else:
+        head.done = True
+        head.timer.cancel()
+    return True
+
+
+def _in_flight(proto: Any) -> bool:
+    """A request of this connection is being answered, its body all received (what arrives now is a next request)."""
+    cycle = getattr(proto, "cycle", None)
+    return cycle is not None and not cycle.response_complete and not cycle.more_body
+
+
 def _wrap(cls: type) -> None:
-    """Head limits on one of uvicorn's HTTP/1.1 protocol classes (once)."""
+    """Head limits on one of uvicorn's HTTP/1.1 protocol classes (once).
+
+    Bytes that arrive while a request is answered, its body whole (a pipelined next request), are held, reading
+    paused, until the answer is complete, and then go through the same checks as any head: no parser sees a next
+    head before its limits are checked (httptools parses ahead at once, h11 once the answer is complete; either
+    would take an unchecked head).  Where a next request began in the bytes that ended the previous body (so the
+    parser had them), the parser's own view is checked: h11's unparsed bytes when the answer completes, httptools'
+    headers when its head ends."""
     if getattr(cls, "_posfair_head_limits", False):
         return
     made, received, complete, lost = (
@@ -136,29 +170,37 @@ def _wrap(cls: type) -> None:
 
     def connection_made(self, transport):
         made(self, transport)
+        self._posfair_held = b""
         _arm(self)
 
     def data_received(self, data):
+        if self.transport.is_closing():  # refused (or closing): nothing more is parsed
+            return
         head = getattr(self, "_posfair_head", None)
-        if head is not None and not head.done:
-            seen = head.seen + data
-            end = seen.find(b"\r\n\r\n")
-            size = len(seen) if end < 0 else end
-            if size > MAX_HEAD_BYTES or seen.count(b"\r\n", 0, size) > MAX_HEADERS:
-                _refuse(self, _TOO_BIG)
-                return
-            if end < 0:
-                head.seen = seen
-            else:  # the head is whole: the parser takes it from here (the timer ends with the new request)
-                head.done = True
-                head.timer.cancel()
+        if head is not None and head.done and _in_flight(self):
+            self._posfair_held += data
+            self.flow.pause_reading()
+            return
+        if head is not None and not head.done and not _scan(self, head, data):
+            return
         received(self, data)
 
     def on_response_complete(self):
-        before = getattr(self, "cycle", None)
-        complete(self)  # may start a pipelined request whose head had arrived already
-        if not self.transport.is_closing() and getattr(self, "cycle", None) is before:
-            _arm(self)  # the next request on this connection: its head in time too
+        if self.transport.is_closing():
+            complete(self)
+            return
+        _arm(self)  # the next request on this connection: its head in time too, and within the limits
+        conn = getattr(self, "conn", None)  # h11: the bytes of a next request it holds unparsed
+        pending = conn.trailing_data[0] if conn is not None and conn.their_state is h11.DONE else b""
+        if pending and not _scan(self, self._posfair_head, bytes(pending)):
+            return
+        complete(self)  # may start a next request whose head the parser had already
+        if getattr(self, "cycle", None) is not None and not self.cycle.response_complete:
+            self._posfair_head.done = True  # a request is being answered: no head is waited for
+            self._posfair_head.timer.cancel()
+        held, self._posfair_held = self._posfair_held, b""
+        if held and not self.transport.is_closing():
+            self.data_received(held)
 
     def connection_lost(self, exc):
         head = getattr(self, "_posfair_head", None)
@@ -171,6 +213,20 @@ def _wrap(cls: type) -> None:
     cls.data_received = data_received
     cls.on_response_complete = on_response_complete
     cls.connection_lost = connection_lost
+    if hasattr(cls, "on_headers_complete"):  # httptools: a head it parsed ahead, checked as a whole
+        headers_complete = cls.on_headers_complete
+
+        def on_headers_complete(self):
+            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            if len(self.headers) > MAX_HEADERS or size > MAX_HEAD_BYTES:
+                _refuse(self, _TOO_BIG)
+                self._posfair_refused = True
+                return
+            if getattr(self, "_posfair_refused", False):
+                return
+            headers_complete(self)
+
+        cls.on_headers_complete = on_headers_complete
     cls._posfair_head_limits = True
 
 
