@@ -141,9 +141,10 @@ def test_a_slow_head_gets_408_and_a_silent_connection_is_closed(proxy):
 
 
 def test_serves_own_paths_ask_the_key(proxy):
-    """Issue 48: Serve's /-/routes answered without the key; now every /-/ path asks it (401 in OpenAI's shape)."""
+    """Issue 48: Serve's /-/routes answered without the key; now every /-/ path asks it (401 in OpenAI's shape) but
+    Serve's health, /-/healthz, which KubeRay's operator and worker-pod probes ask without a key (as /health)."""
     url = f"http://127.0.0.1:{proxy}"
-    for path in ("/-/routes", "/-/healthz", "/-/anything"):
+    for path in ("/-/routes", "/-/anything", "/-/healthz/x", "/-/Healthz"):
         for key in (None, "wrong"):
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             with pytest.raises(urllib.error.HTTPError) as err:
@@ -152,6 +153,10 @@ def test_serves_own_paths_ask_the_key(proxy):
         req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {KEY}"})
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.read() == f"answered {path}".encode()
+    for key in (None, "wrong", KEY):  # Serve's health: open, whatever the key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        with urllib.request.urlopen(urllib.request.Request(url + "/-/healthz", headers=headers), timeout=30) as r:
+            assert r.read() == b"answered /-/healthz"
     with urllib.request.urlopen(url + "/health", timeout=30) as r:  # the gateway's own paths: the gateway asks
         assert r.status == 200
 

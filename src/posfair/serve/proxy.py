@@ -14,11 +14,13 @@ its proxy starts (``posfair serve`` sets it to :func:`guard` for the Ray instanc
   passes no such option to its HTTP server, uvicorn, so the limits sit on uvicorn's protocol classes, in the proxy's
   process only: on both of its HTTP/1.1 implementations, httptools (what Serve runs where it is installed: it
   starts uvicorn with ``http="auto"``) and h11.)
-* a Starlette middleware (:class:`KeyOnServePaths`) asks the API key on Serve's own paths (``/-/routes``,
-  ``/-/healthz``, any ``/-/...``), which the proxy answers itself without reaching the gateway: the key's SHA-256
-  is read from ``POSFAIR_SERVE_KEY_SHA256`` (what ``posfair serve`` sets), or the key from the variable named by
-  ``POSFAIR_SERVE_API_KEY_ENV``; neither set: no key asked (as the gateway).  ``/health`` stays open, as the
-  gateway answers it.
+* a Starlette middleware (:class:`KeyOnServePaths`) asks the API key on Serve's own paths (``/-/routes``, any
+  ``/-/...``), which the proxy answers itself without reaching the gateway: the key's SHA-256 is read from
+  ``POSFAIR_SERVE_KEY_SHA256`` (what ``posfair serve`` sets), or the key from the variable named by
+  ``POSFAIR_SERVE_API_KEY_ENV``; neither set: no key asked (as the gateway).  ``/health`` stays open, as the gateway
+  answers it, and so does Serve's ``/-/healthz`` (:data:`OPEN_SERVE_PATHS`: it says "success" and nothing else, and
+  KubeRay asks it without a key: its operator's check of the head pod's proxy, which puts the pod behind the
+  RayService's serve Service, and the readiness probe it gives worker pods).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "KEY_SHA256_ENV",
     "MAX_HEADERS",
     "MAX_HEAD_BYTES",
+    "OPEN_SERVE_PATHS",
     "KeyOnServePaths",
     "guard",
     "install_head_limits",
@@ -63,6 +66,8 @@ HEAD_TIMEOUT_S = 10.0
 MAX_HEAD_BYTES = 16 * 1024
 #: the most header lines in one request
 MAX_HEADERS = 100
+#: Serve's own paths open without the key: its proxy's health ("success"), what KubeRay asks without a key
+OPEN_SERVE_PATHS = frozenset({"/-/healthz"})
 
 
 def _answer(err: ApiError) -> bytes:
@@ -247,14 +252,21 @@ def _key_sha256() -> str | None:
 
 
 class KeyOnServePaths:
-    """ASGI middleware: Serve's own paths (``/-/...``) only with ``Authorization: Bearer KEY`` (401 in OpenAI's
-    shape otherwise), when a key is set; everything else passes to the proxy untouched (the gateway checks it)."""
+    """ASGI middleware: Serve's own paths (``/-/...``, :data:`OPEN_SERVE_PATHS` aside) only with ``Authorization:
+    Bearer KEY`` (401 in OpenAI's shape otherwise), when a key is set; everything else passes to the proxy untouched
+    (the gateway checks it)."""
 
     def __init__(self, app: Any, key_sha256: str | None = None):
         self.app, self.key_sha256 = app, key_sha256
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or self.key_sha256 is None or not scope.get("path", "").startswith("/-/"):
+        path = scope.get("path", "")
+        if (
+            scope.get("type") != "http"
+            or self.key_sha256 is None
+            or not path.startswith("/-/")
+            or path in OPEN_SERVE_PATHS
+        ):
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"").decode("latin-1")
