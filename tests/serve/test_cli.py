@@ -88,3 +88,58 @@ def test_a_port_taken_after_the_check_is_said_as_the_port_check_says_it():
     assert said == "--port 8123: cannot listen on 127.0.0.1:8123 (Address already in use)"
     other = _deploy_failure(RuntimeError("Deploying application posfair failed:\nValueError: no model there"), settings)
     assert other == "the server's application did not start: ValueError: no model there"
+
+
+def test_the_replicas_health_is_noted_and_a_silent_ray_ends_the_server(monkeypatch):
+    """Defect 8 (the model folder deleted, the replica killed: Serve restarted it every ~10 s, failing each time, and
+    posfair printed nothing of its own) and defect 6 (the GCS killed: the process hung, then exited with only Ray's
+    line). The server's watch of its application notes each change of health, with Serve's message, and ends the
+    server in one line when Ray answers no more (twice in a row)."""
+    import threading
+    from types import SimpleNamespace
+
+    from ray import serve
+
+    import posfair.serve.runner as runner
+
+    said = iter(
+        [
+            ("UNHEALTHY", "The deployment failed to start 3 times in a row.\nOSError: /srv/model: no such folder"),
+            ("UNHEALTHY", "the same, again"),
+            ("RUNNING", ""),
+            RuntimeError("Failed to connect to GCS within 60 seconds"),
+            RuntimeError("Failed to connect to GCS within 60 seconds"),
+        ]
+    )
+
+    def status():
+        now = next(said)
+        if isinstance(now, Exception):
+            raise now
+        return SimpleNamespace(applications={"posfair": SimpleNamespace(status=now[0], message=now[1])})
+
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(runner, "WATCH_PERIOD_S", 0.01)
+    notes: list[str] = []
+    with pytest.raises(runner.ServerFailed) as failed:
+        runner._watch(threading.Event(), notes.append)
+    assert notes == [
+        "the model replicas are not healthy (UNHEALTHY): OSError: /srv/model: no such folder",
+        "the model replicas are healthy again",
+    ]
+    assert failed.value.ray_failed and "\n" not in str(failed.value)
+    assert "Failed to connect to GCS" in str(failed.value) and "cannot serve" in str(failed.value)
+
+
+def test_a_ray_that_cannot_start_under_a_memory_limit_is_said_with_the_limit(monkeypatch):
+    """Defect 6 (ulimit -v 4000000): the start failed with "unexpected Exception: The current node timed out during
+    startup" with no word of memory. The failure's line names the limit."""
+    import resource
+
+    import posfair.serve.runner as runner
+
+    limits = {resource.RLIMIT_AS: (4_000_000 * 1024, resource.RLIM_INFINITY), resource.RLIMIT_NOFILE: (8192, 8192)}
+    monkeypatch.setattr(resource, "getrlimit", lambda what: limits[what])
+    assert "ulimit -v" in runner._limits_hint() and "3906 MiB" in runner._limits_hint()
+    limits[resource.RLIMIT_AS] = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    assert runner._limits_hint() == ""
