@@ -7,7 +7,7 @@ k-th ``section`` row so the length mix is kept), with the bundled MiniLM
   padding waste (pad tokens / real tokens) of three batchings of the same shards:
     naive       fixed batches of --batch-size in corpus order
     st-sorted   fixed batches after sorting by characters (what sentence-transformers' encode does)
-    length      sorted by tokens, batches within --max-tokens padded tokens (posfair embed's default)
+    length      sorted by tokens, batches within --max-batch-tokens padded tokens (posfair embed's default)
   throughput (texts/s, wall time of the job, model already loaded in the driver):
     single      engine=local, length batching, torch threads = all cores  } alternated --repeats
     single-st   engine=local, sentence-transformers' batching (= encode_cached)  } times, fastest kept
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=600)
     ap.add_argument("--shard-size", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--max-batch-tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each single-process configuration (fastest kept)")
     ap.add_argument("--no-ray", action="store_true")
     # PosIR estimate assumptions
@@ -107,19 +107,19 @@ def main() -> None:
 
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
-    spec = EmbedSpec(model=args.model, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    spec = EmbedSpec(model=args.model, batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens)
     model = spec.load_model("cpu")
     texts = sample_texts(args.limit)
     print(f"load average before: {os.getloadavg()[0]:.1f} (other processes share these cores; numbers move with it)")
     print(f"model {args.model or 'bundled all-MiniLM-L6-v2'} (max_seq_length {model.max_seq_length}), {len(texts)} bundled-corpus texts, "
-          f"{cores} cores, shards of {args.shard_size}, batch {args.batch_size}, token budget {args.max_tokens}")  # fmt: skip
+          f"{cores} cores, shards of {args.shard_size}, batch {args.batch_size}, token budget {args.max_batch_tokens}")  # fmt: skip
 
     raw = model.token_lengths(texts)
     print("\npadding waste (pad tokens / real tokens) of the same shards:")
     print(f"  {'limit':>6s} {'naive':>8s} {'st-sorted':>10s} {'length':>8s}  (real tokens, texts truncated)")
     # this model's limit; and a long-context model's (tokenizer lengths only: the budget then caps batches)
     for limit in (model.max_seq_length, 8192):
-        pad = padding_table(raw, texts, limit, args.shard_size, args.batch_size, args.max_tokens)
+        pad = padding_table(raw, texts, limit, args.shard_size, args.batch_size, args.max_batch_tokens)
         print(
             f"  {limit:6d} {pad['naive']:8.1%} {pad['st-sorted']:10.1%} {pad['length']:8.1%}  ({pad['real_tokens']}, {pad['truncated']})"
         )

@@ -27,7 +27,7 @@ def tiny_spec(tiny_model_path):
     path, pooling = tiny_model_path("bert")
 
     def make(**kw):
-        base = dict(model=str(path), pooling=pooling, max_seq_length=MAX_LEN, batch_size=8, max_tokens=256)
+        base = dict(model=str(path), pooling=pooling, max_seq_length=MAX_LEN, batch_size=8, max_batch_tokens=256)
         return EmbedSpec(**{**base, **kw})
 
     return make

@@ -186,7 +186,7 @@ def test_killed_driver_takes_its_ray_instance_along_and_a_two_replica_rerun_resu
     # the driver: `posfair embed` on a local Ray instance of its own, one replica (forked as the script runs it)
     args = ["embed", "--out", str(root), "--corpus", str(corpus), "--model", spec.model, "--pooling", spec.pooling,
             "--max-seq-length", str(spec.max_seq_length), "--calibration", "16,0.5,0.5", "--shard-size", "4",
-            "--batch-size", "8", "--max-tokens", "256", "--ray-address", "local", "--workers", "1"]  # fmt: skip
+            "--batch-size", "8", "--max-batch-tokens", "256", "--ray-address", "local", "--workers", "1"]  # fmt: skip
     before = sessions()
     driver = server().start(args, tmp_path)
     try:

@@ -30,7 +30,7 @@ def tiny(tiny_model_path):
 
     path, pooling = tiny_model_path("bert")
     return posfair.load_model(path, pooling=pooling, max_seq_length=LIMIT), EmbedSpec(
-        model=str(path), pooling=pooling, max_seq_length=LIMIT, calibration=CAL.to_dict(), max_tokens=96
+        model=str(path), pooling=pooling, max_seq_length=LIMIT, calibration=CAL.to_dict(), max_batch_tokens=96
     )
 
 

@@ -2,14 +2,15 @@
 
 Each command's table maps a former spelling to the option's one name; :func:`rewrite` turns a command line's
 former spellings into the current ones before it is parsed (``--langs en`` and ``--langs=en`` alike), so a
-refusal names the option as ``--help`` shows it.
+refusal names the option as ``--help`` shows it.  A former name in :data:`DEPRECATED` is also said, in one
+``warning:`` line naming the new one (:func:`deprecated_in`), so that a script's author learns it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["ALIASES", "rewrite"]
+__all__ = ["ALIASES", "DEPRECATED", "deprecated_in", "rewrite"]
 
 _LANGS = {"--langs": "--lang"}  # one spelling for languages, one or a list (issue 40 item 8)
 
@@ -19,11 +20,33 @@ ALIASES: dict[str, dict[str, str]] = {
     "attention": _LANGS,
     "estimate-prior": _LANGS,
     "build-benchmark": _LANGS,
-    "embed": _LANGS,
+    "embed": {**_LANGS, "--max-tokens": "--max-batch-tokens"},
     "retrieval": _LANGS,
     "sweep": _LANGS,
     "tune": {**_LANGS, "--trailing-policies": "--trailing", "--strength-schedules": "--schedule"},
 }
+
+#: command -> the former names a use of which is warned about (the token budget: one name in embed and serve)
+DEPRECATED: dict[str, frozenset[str]] = {"embed": frozenset({"--max-tokens"})}
+
+
+def _command_words(argv: Sequence[str], root_flags: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The command a command line runs (None: none with aliases) and the words after it, up to ``--``."""
+    args = list(argv)
+    i = 0
+    while i < len(args) and args[i] in root_flags:
+        i += 1
+    if i >= len(args) or args[i] not in ALIASES:
+        return None, []
+    rest = args[i + 1 :]
+    return args[i], rest[: rest.index("--")] if "--" in rest else rest
+
+
+def deprecated_in(argv: Sequence[str], root_flags: Sequence[str] = ("--debug", "--version")) -> list[str]:
+    """One line for each deprecated former name ``argv`` uses: ``--max-tokens is deprecated: use ...``."""
+    command, words = _command_words(argv, root_flags)
+    used = {w.partition("=")[0] for w in words} & DEPRECATED.get(command or "", frozenset())
+    return [f"{old} is deprecated: use {ALIASES[command][old]} (same meaning)" for old in sorted(used)]
 
 
 def rewrite(argv: Sequence[str], root_flags: Sequence[str] = ("--debug", "--version")) -> list[str]:

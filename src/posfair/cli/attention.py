@@ -137,10 +137,11 @@ def attention(
     from posfair.cli.terminal_progress import progress_bars
 
     checks.output_folder(out)
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     data = load_corpus(corpus, sorted(set(langs)))
-    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    fm = checks.load_model(model_options)
     with naming("--profile-layers", layers_text(layers)):
         resolve_layers(layers, fm.num_layers)
     calibration = checks.calibration(calibration)  # STOCK when --calibration is not given

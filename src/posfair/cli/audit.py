@@ -132,8 +132,9 @@ def audit(
     inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
     configs, grid_all = _language_configs(langs, mixed, language_grid)
     family_field = _check_options(min_tokens, max_tokens, by_family, family_field, out, cache)
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
     from posfair.fairness.experiment import AuditSettings
 
@@ -153,7 +154,7 @@ def audit(
         AuditSettings(configs=tuple(configs), **settings_kw)
     data, configs = _load_data(corpus, configs, grid_all, family_field)
     settings = AuditSettings(configs=tuple(configs), **settings_kw)
-    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    fm = checks.load_model(model_options)
     checks.check_calibrations(fm, calibration)
     name = fm.display_name
     runs.run_audit(

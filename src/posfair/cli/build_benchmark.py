@@ -68,9 +68,9 @@ def build_benchmark(
     from posfair.cli.error_boundary import data_errors
     from posfair.retrieval.benchmarks import build_from_corpus
 
-    model_id = _check_options(budget_langs, langs, out, model)
+    model_options = _check_options(budget_langs, langs, out, model, max_seq_length)
     df = _load_corpus(corpus, langs, unit, sources)
-    m = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=False, device="cpu")
+    m = checks.load_model(model_options, device="cpu")
     if max_doc_tokens is None:
         max_doc_tokens = m.max_seq_length - m.special_token_count()
     with data_errors(f"--corpus {corpus or 'bundled'}"):  # e.g. no segment present in every language
@@ -90,8 +90,8 @@ def build_benchmark(
     _say_built(path, k, langs)
 
 
-def _check_options(budget_langs, langs, out: Path, model) -> str:
-    """The options ``build-benchmark`` refuses and the folder it checks, before any work; the model's source."""
+def _check_options(budget_langs, langs, out: Path, model, max_seq_length) -> checks.ModelOptions:
+    """The options ``build-benchmark`` refuses and the folder it checks, before any work; the model's options."""
     from posfair.cli.error_boundary import input_error
 
     outside = [lang for lang in budget_langs if lang not in langs]
@@ -100,7 +100,7 @@ def _check_options(budget_langs, langs, out: Path, model) -> str:
             "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --lang {','.join(langs)}"
         )
     checks.output_folder(out)
-    return checks.model_source(model)
+    return checks.ModelOptions(model, max_seq_length=max_seq_length).checked()
 
 
 def _load_corpus(corpus, langs, unit, sources):

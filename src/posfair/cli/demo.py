@@ -75,7 +75,7 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
             kw["target_docs"] = docs
         kw.update(inference or {})
         settings = AuditSettings(configs=tuple(configs), **kw)
-        model = checks.load_model(model_name)
+        model = checks.load_model(checks.ModelOptions(model_name, max_seq_length=None).checked())
         # the progress lines below are this part's: say whose (the demo runs two models one after the other)
         say(f"{folder} part: {model.display_name}")
         result, paths, seconds = run_audit(

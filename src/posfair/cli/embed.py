@@ -15,6 +15,7 @@ from posfair.cli.options import (
     CorpusOrBenchmark,
     Device,
     Langs,
+    MaxBatchTokens,
     MaxSeqLength,
     Model,
     OutStore,
@@ -52,15 +53,6 @@ Batching = Annotated[
         parser=choice("length", "fixed"),
         metavar="length|fixed",
         help="'length': sort by tokens, token-budget batches; 'fixed': sentence-transformers' batching.",
-    ),
-]
-MaxTokens = Annotated[
-    int,
-    typer.Option(
-        "--max-tokens",
-        parser=integer(1),
-        metavar="TOKENS",
-        help="Padded-token budget of a batch (length batching).",
     ),
 ]
 RayAddress = Annotated[
@@ -106,7 +98,7 @@ def embed(
     shard_size: ShardSize = 1024,
     batching: Batching = "length",
     batch_size: BatchSize = 32,
-    max_tokens: MaxTokens = 16384,
+    max_batch_tokens: MaxBatchTokens = 16384,
     ray_address: RayAddress = None,
     workers: Workers = None,
     add_corpus: AddCorpus = False,
@@ -122,29 +114,24 @@ def embed(
     _check_options(use_ray, part, corpus, langs)
     checks.output_folder(out)
     cal = checks.calibration(calibration, basket_size, layers, strength)
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, pooling=pooling, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     spec = EmbedSpec(
-        model=model_id,
+        model=model_options.source,
         calibration=cal.to_dict() if cal is not STOCK else None,
         prompt=prompt,
-        pooling=pooling,
-        max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code,
-        device=device,
+        pooling=model_options.pooling,
+        max_seq_length=model_options.max_seq_length,
+        trust_remote_code=model_options.trust_remote_code,
+        device=model_options.device,
         batching=batching,
         batch_size=batch_size,
-        max_tokens=max_tokens,
+        max_batch_tokens=max_batch_tokens,
     )
     texts, source = _read_texts(corpus, part, text_field, unit, langs)
     # the driver's model (on Ray it only gives the fingerprint and dimension: kept off the GPUs); checks the calibration's layers
-    fm = checks.load_model(
-        model_id,
-        device="cpu" if use_ray else device,
-        trust_remote_code=trust_remote_code,
-        pooling=pooling,
-        max_seq_length=max_seq_length,
-    )
+    fm = checks.load_model(model_options, device="cpu" if use_ray else None)
     fm.eval()
     checks.check_calibrations(fm, [cal])
     say(_engine_line(use_ray, ray_address, workers))
@@ -207,12 +194,12 @@ def _engine_line(use_ray: bool, ray_address: str | None, workers: int | None) ->
     return f"engine: single process{extra}"
 
 
-def _summary_line(report, model_name: str, label: str) -> str:
+def _summary_line(report, model_name: str, setting: str) -> str:
     """The one line said when the job is done: texts, namespace, shards, speed, padding waste, calibrated share."""
     from posfair.cli.terminal_tables import plural
 
     return (
-        f"{plural(report.texts, 'distinct text')} ({model_name}, {label}) in namespace {report.namespace}: "
+        f"{plural(report.texts, 'distinct text')} ({model_name}, {setting}) in namespace {report.namespace}: "
         f"{plural(report.written, 'shard')} written, {report.skipped} already present; "
         f"{plural(report.encoded, 'text')} encoded in {report.seconds:.1f}s "
         f"({report.texts_per_second:.1f} texts/s, {plural(report.workers, 'worker')}, padding waste {report.padding_waste:.1%})"

@@ -91,13 +91,12 @@ def encode(
         raise input_error("--id-field", id_field, f"a .txt input ({input}) has no fields; use .jsonl or .parquet")
     checks.cache_folder(cache)
     cal = checks.calibration(calibration, basket_size, layers, strength)
-    model = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, pooling=pooling, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
     # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
-    fm = checks.load_model(
-        model, device=device, trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
-    )
+    fm = checks.load_model(model_options)
     checks.check_calibrations(fm, [cal])
     temporary = TemporaryCacheFolder(out) if cache is None else None
     try:

@@ -256,9 +256,11 @@ class PosfairGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
-        from posfair.cli.aliases import rewrite  # former option names, hidden from --help
+        from posfair.cli.aliases import deprecated_in, rewrite  # former option names, hidden from --help
 
-        argv = rewrite(sys.argv[1:] if args is None else args)
+        given = sys.argv[1:] if args is None else args
+        _say_deprecated(deprecated_in(given))
+        argv = rewrite(given)
         debug = _debug_requested(argv)
         try:
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
@@ -274,6 +276,15 @@ class PosfairGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _say_deprecated(lines: list[str]) -> None:
+    """A ``warning:`` line for each former option name the command line used, before the command runs."""
+    if lines:
+        from posfair.cli.terminal import warn
+
+        for line in lines:
+            warn(line)
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

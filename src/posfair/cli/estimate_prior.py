@@ -52,10 +52,11 @@ def estimate_prior_command(
     from posfair.io import atomic_write_text
 
     checks.output_file(out, (".json",))
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     data = load_corpus(corpus, sorted(set(langs)))
-    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    fm = checks.load_model(model_options)
     base = calibration if calibration is not None else Calibration(layers=1.0)
     checks.check_calibrations(fm, [base])
     from posfair.attention.prior import estimate_prior

@@ -17,6 +17,8 @@ The vocabulary:
 * lists (``--lang``, ``--n``, ``--mixed``, ``--domains``, ``--baskets``, ...): comma-separated
   (``--lang en,de``); repeating the option adds to the list (``--lang en --lang de``).  Former names
   (``--langs``) still work, hidden from ``--help`` (:mod:`posfair.cli.aliases`).
+* ``--max-batch-tokens``: the padded-token budget of one forward pass, ``embed``'s and ``serve``'s one name
+  for it (``embed --max-tokens`` still works, hidden, with a one-line warning).
 * ``--out/-o``, ``--cache``, ``--batch-size``, ``--device``, ``--max-seq-length``,
   ``--seed``, ``--trust-remote-code``, ``--lang``, ``--benchmark/-b``, ...
 
@@ -276,6 +278,19 @@ Device = Annotated[
 ]
 MaxSeqLength = Annotated[
     int | None, typer.Option("--max-seq-length", parser=integer(4), metavar="TOKENS", help=MAX_SEQ_LENGTH_HELP)
+]
+MaxBatchTokens = Annotated[
+    int,
+    typer.Option(
+        "--max-batch-tokens",
+        parser=integer(1),
+        metavar="TOKENS",
+        help=(
+            "Padded-token budget of one forward pass (its texts x the longest one's tokens): embed's length "
+            "batching, serve's batches of requests arriving together (a /v1/segments batch holds documents of at "
+            "most this many tokens in all)."
+        ),
+    ),
 ]
 Bins = Annotated[int, typer.Option("--bins", parser=integer(1), metavar="N", help="Relative-position bins.")]
 Seed = Annotated[

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from posfair.cli.checks import ModelOptions
 from posfair.cli.options import (
     BatchSize,
     Benchmark,
@@ -31,7 +32,7 @@ from posfair.cli.options import (
     TopK,
     TrustRemoteCode,
 )
-from posfair.cli.runs import run_benchmark
+from posfair.cli.runs import BenchmarkOptions, run_benchmark
 
 
 def retrieval(
@@ -57,25 +58,23 @@ def retrieval(
     device: Device = None,
 ) -> None:
     """Evaluate a model on a position-aware benchmark: stock, calibrated documents, SEA, late chunking. Resumable."""
-    run_benchmark(
-        model=model,
+    options = BenchmarkOptions(
         benchmark=benchmark,
-        calibrations=calibration,
+        model=ModelOptions(model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device),
         out=out,
+        calibrations=calibration,
         cache=cache,
-        sea=sea,
         stock=stock,
+        sea=sea,
         late=late,
         late_chunks=late_chunks,
-        prompt=query_prompt,
+        query_prompt=query_prompt,
         batch_size=batch_size,
         top_k=top_k,
         faiss=faiss,
         search_scope=search_scope,
-        max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code,
-        device=device,
         lang=lang,
         corpus_lang=corpus_lang,
         domains=domains,
     )
+    run_benchmark(options)

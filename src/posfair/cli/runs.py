@@ -6,15 +6,17 @@ A CLI-internal module (no command): the commands import it, never each other.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from posfair.cli import checks
 from posfair.cli.inputs import say_benchmark_size
 from posfair.errors import install_hint
 
-__all__ = ["run_audit", "run_benchmark", "query_prompt", "summary_table", "language_summary_tables"]
+__all__ = ["run_audit", "BenchmarkOptions", "run_benchmark", "query_prompt", "summary_table", "language_summary_tables"]
 
 SUMMARY_CAPTION = (
     "σ coefficients vs position 1 · marks: none p<0.001, ◊ p<0.01, □ p<0.05, • n.s. · G: clusters the p-values rest on"
@@ -84,12 +86,12 @@ def run_audit(
         table(t.title, header, body, caption=FAMILY_CAPTION)
     cov = result.coverage()
     cov = cov[cov["calibrated_share"].notna()]
-    for label, g in cov.groupby("calibration", sort=False):
+    for setting, g in cov.groupby("calibration", sort=False):  # each calibration by its one name
         docs, done = int(g["documents"].sum()), int(g["calibrated"].sum())
-        say(f"calibrated share of {label}: {done / docs:.3f} ({done} of {docs} documents calibrated)")
-        words = next((c.describe() for c in calibrations if c.label() == label), None)
+        say(f"calibrated share of {setting}: {done / docs:.3f} ({done} of {docs} documents calibrated)")
+        words = next((c.describe() for c in calibrations if c.label() == setting), None)
         if words:
-            say(f"{label}: {words}")
+            say(f"{setting}: {words}")
     few = result.few_clusters_message()
     if few:
         warn(few)
@@ -120,39 +122,73 @@ def query_prompt(text: str) -> str | None:
         raise input_error("--query-prompt", repr(text), f"bad escape ({exc.reason})") from None
 
 
-def run_benchmark(
-    *,
-    model,
-    benchmark,
-    calibrations,
-    out,
-    cache,
-    sea,
-    stock,
-    prompt,
-    batch_size,
-    top_k,
-    faiss,
-    search_scope="domain",
-    max_seq_length,
-    trust_remote_code,
-    device,
-    lang,
-    corpus_lang,
-    domains,
-    late=(),
-    late_chunks="semantic",
-) -> None:
-    """Check everything, load the benchmark and the model, run every setting (resumable), print the tables.
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """Everything ``posfair retrieval`` and ``posfair sweep`` run with, built once by the command and passed down
+    as one value: the combinations of options it refuses are refused when it is made, the folders, extras and
+    the model's source by :meth:`checked`, before any work.
 
-    ``calibrations``: a list, or a function making it (called after the checks: ``sweep`` builds its grid with the pipeline's code).
+    ``calibrations``: the settings, or a function making them (called after the checks: ``sweep`` builds its grid
+    with the pipeline's code).  ``query_prompt``: as given (``auto``, ``none`` or a string with escapes), read by
+    :attr:`prompt`.
     """
+
+    benchmark: str
+    model: checks.ModelOptions
+    out: Path
+    calibrations: tuple | Callable[[], list] = ()
+    cache: Path | None = None
+    stock: bool = True
+    sea: bool = False
+    late: tuple[str, ...] = ()
+    late_chunks: str | int = "semantic"
+    query_prompt: str = "auto"
+    batch_size: int = 32
+    top_k: int = 100
+    faiss: bool = False
+    search_scope: str = "domain"
+    lang: str | None = None
+    corpus_lang: str | None = None
+    domains: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from posfair.cli.error_boundary import PosfairInputError
+
+        for name in ("late", "domains") + (() if callable(self.calibrations) else ("calibrations",)):
+            object.__setattr__(self, name, tuple(getattr(self, name)))  # a list from the parser: frozen as a tuple
+        if not self.stock and not self.calibrations and not self.sea and not self.late:
+            raise PosfairInputError("nothing to evaluate: --no-stock without --calibration, --sea or --late")
+        if self.late_chunks != "semantic" and not self.late:
+            raise PosfairInputError(f"--late-chunks {self.late_chunks}: applies only with --late max,mean")
+        query_prompt(self.query_prompt)  # a bad escape is refused now
+
+    @property
+    def prompt(self) -> str | None:
+        """The query prompt the evaluation gives the model (None: none; ``auto``: the model's own)."""
+        return query_prompt(self.query_prompt)
+
+    def checked(self) -> BenchmarkOptions:
+        """These options once the folders, the benchmark's source, the extras they need and the model's source and
+        device are checked."""
+        if self.out is not None:
+            checks.output_folder(self.out)
+        checks.cache_folder(self.cache)
+        checks.benchmark_source(self.benchmark)
+        if self.sea:
+            checks.installed("chonkie", "--sea", install_hint("retrieval"))
+        if self.late and self.late_chunks == "semantic":
+            checks.installed("chonkie", "--late with --late-chunks semantic", install_hint("retrieval"))
+        if self.faiss:
+            checks.installed("faiss", "--faiss", "pip install faiss-cpu")
+        self.model.checked()
+        return self
+
+
+def run_benchmark(options: BenchmarkOptions) -> None:
+    """Check everything, load the benchmark and the model, run every setting (resumable), print the tables."""
     from posfair.cli.error_boundary import naming
 
-    prompt, model_id = _check_benchmark_options(
-        stock, calibrations, sea, late, late_chunks, out, cache, benchmark, faiss, prompt, model, trust_remote_code,
-        device,
-    )  # fmt: skip
+    o = options.checked()
     # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
 
     from posfair.cli.terminal_progress import progress_bars
@@ -162,56 +198,30 @@ def run_benchmark(
     from posfair.retrieval.sea import SegmentEmbedAverage
     from posfair.store import EmbeddingStore
 
-    calibrations = calibrations() if callable(calibrations) else list(calibrations)
-    with naming("--benchmark", benchmark):
-        bench = load_benchmark(benchmark, lang=lang, corpus_lang=corpus_lang, domains=list(domains) or None)
+    calibrations = o.calibrations() if callable(o.calibrations) else list(o.calibrations)
+    with naming("--benchmark", o.benchmark):
+        bench = load_benchmark(o.benchmark, lang=o.lang, corpus_lang=o.corpus_lang, domains=list(o.domains) or None)
     say_benchmark_size(bench)
-    fm = checks.load_model(model_id, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device)
+    fm = checks.load_model(o.model)
     checks.check_calibrations(fm, calibrations)
     with progress_bars() as bar:
         results = run_sweep(
             fm,
             bench,
             calibrations,
-            out,
-            include_stock=stock,
-            sea=SegmentEmbedAverage(batch_size=batch_size) if sea else None,
-            late=LateChunking.variants(late, late_chunks, batch_size=batch_size) if late else (),
-            store=EmbeddingStore(cache) if cache else None,
-            query_prompt=prompt,
-            batch_size=batch_size,
-            top_k=top_k,
-            use_faiss=faiss,
+            o.out,
+            include_stock=o.stock,
+            sea=SegmentEmbedAverage(batch_size=o.batch_size) if o.sea else None,
+            late=LateChunking.variants(o.late, o.late_chunks, batch_size=o.batch_size) if o.late else (),
+            store=EmbeddingStore(o.cache) if o.cache else None,
+            query_prompt=o.prompt,
+            batch_size=o.batch_size,
+            top_k=o.top_k,
+            use_faiss=o.faiss,
             progress=bar,
-            search_scope=search_scope,
+            search_scope=o.search_scope,
         )
-    _print_benchmark_results(results, out)
-
-
-def _check_benchmark_options(stock, calibrations, sea, late, late_chunks, out, cache, benchmark, faiss, prompt, model,
-                             trust_remote_code, device):  # fmt: skip
-    """The options :func:`run_benchmark` refuses, the folders and extras it checks, before any work; ``(query
-    prompt, the model's source)``."""
-    from posfair.cli.error_boundary import PosfairInputError
-
-    if not stock and not calibrations and not sea and not late:
-        raise PosfairInputError("nothing to evaluate: --no-stock without --calibration, --sea or --late")
-    if late_chunks != "semantic" and not late:
-        raise PosfairInputError(f"--late-chunks {late_chunks}: applies only with --late max,mean")
-    if out is not None:
-        checks.output_folder(out)
-    checks.cache_folder(cache)
-    checks.benchmark_source(benchmark)
-    if sea:
-        checks.installed("chonkie", "--sea", install_hint("retrieval"))
-    if late and late_chunks == "semantic":
-        checks.installed("chonkie", "--late with --late-chunks semantic", install_hint("retrieval"))
-    if faiss:
-        checks.installed("faiss", "--faiss", "pip install faiss-cpu")
-    prompt = query_prompt(prompt)
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
-    return prompt, model_id
+    _print_benchmark_results(results, o.out)
 
 
 def _print_benchmark_results(results, out) -> None:

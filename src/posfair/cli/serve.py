@@ -14,6 +14,7 @@ from posfair.cli.options import (
     CalibrationLayers,
     CalibrationOption,
     Device,
+    MaxBatchTokens,
     MaxSeqLength,
     Model,
     Pooling,
@@ -47,18 +48,6 @@ RayAddress = Annotated[
             "there keeps the address it started with, so posfair serves there only at that --host/--port, "
             "beside no other posfair server and no application on route '/'; otherwise it refuses (exit 2) "
             "before loading anything, naming the instance's address."
-        ),
-    ),
-]
-MaxBatchTokens = Annotated[
-    int,
-    typer.Option(
-        "--max-batch-tokens",
-        parser=integer(1),
-        metavar="TOKENS",
-        help=(
-            "Padded-token budget of one forward pass; requests arriving together share passes (a batch of "
-            "/v1/segments requests holds documents of at most this many tokens in all)."
         ),
     ),
 ]
@@ -145,14 +134,13 @@ def serve(
     loopback_only(host, ray_address)  # --host 127.0.0.1: Ray's own ports on the loopback too (set before Ray loads)
     key = _check_key_and_port(api_key_env, ray_address, host, port)
     cal = checks.calibration(calibration, basket_size, layers, strength)
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, pooling=pooling, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     if ray_address is not None and ray_address != "local":
         _check_cluster(ray_address, host, port)
-    # the model is loaded here once: its layers, pooling and token limit are checked before Ray starts
-    fm = checks.load_model(
-        model_id, device="cpu", trust_remote_code=trust_remote_code, pooling=pooling, max_seq_length=max_seq_length
-    )
+    # the model is loaded here once (on the CPU): its layers, pooling and token limit are checked before Ray starts
+    fm = checks.load_model(model_options, device="cpu")
     checks.check_calibrations(fm, [cal])
     saved = fm.resolve_calibration(MODEL_DEFAULT)
     if cal is STOCK and saved is not STOCK:  # as every command: stock unless --calibration (posfair encode -m FOLDER)
@@ -161,26 +149,34 @@ def serve(
             f"encodes stock, as posfair encode does (pass --calibration {saved.spec()} to serve that calibration)",
             err=True,
         )
-    opts = dict(
-        pooling=pooling,
-        max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        host=host,
-        port=port,
+    from posfair.serve.application import AppArgs
+    from posfair.serve.openai_api import key_digest
+    from posfair.serve.runner import ServerSettings
+
+    args = AppArgs(  # the typed arguments every way of starting a posfair server gives the application
+        model=model_options.source or model_options.name,
+        name=model_options.name,
+        calibration=None if cal is STOCK else cal.to_dict(),
+        max_seq_length=model_options.max_seq_length,
+        pooling=model_options.pooling,
+        device=model_options.device,
+        trust_remote_code=model_options.trust_remote_code,
         replicas=replicas,
-        ray_address=ray_address,
+        max_batch_tokens=max_batch_tokens,
         truncate=truncate,
         request_calibration=request_calibration,
-        key=key,
+        key_sha256=key_digest(key.strip()) if key else None,
         cors_origins=tuple(cors_origin or ()),
-        request_timeout=request_timeout,
+        request_timeout_s=request_timeout,
         max_request_tokens=max_request_tokens,
+        fingerprint=fm.fingerprint,
     )
     if api_key_env is not None:  # read: kept out of the environment every Ray process of this server inherits
         os.environ.pop(api_key_env, None)
-    _serve(fm, model, model_id, cal, STOCK, opts)
+    setting = "stock" if cal is STOCK else cal.label()  # the setting's one name, as every output names it
+    limit = int(fm.max_seq_length)
+    del fm  # the replicas load their own
+    _serve(ServerSettings(args=args, host=host, port=port, ray_address=ray_address), setting, limit)
 
 
 def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: str, port: int) -> str | None:
@@ -214,37 +210,16 @@ def _check_open_files() -> None:
         raise typer.Exit(1) from None
 
 
-def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
-    """Start the server with the checked options ``opts`` (the command's, by name) and serve until stopped."""
+def _serve(settings, setting: str, limit: int) -> None:
+    """Start the server with the checked ``settings`` (a :class:`posfair.serve.runner.ServerSettings`: where it
+    listens and the application's typed arguments) and serve until stopped; ``setting`` (its one name) and
+    ``limit`` (the model's token limit) are said in the first line."""
     from posfair.cli.error_boundary import input_error
     from posfair.serve import runner
-    from posfair.serve.application import AppArgs
-    from posfair.serve.openai_api import key_digest
 
-    args = AppArgs(
-        model=(model or "bundled").strip() if model_id is None else model_id,
-        name=(model or "bundled").strip(),
-        calibration=None if cal is stock else cal.to_dict(),
-        max_seq_length=opts["max_seq_length"],
-        pooling=opts["pooling"],
-        device=opts["device"],
-        trust_remote_code=opts["trust_remote_code"],
-        replicas=opts["replicas"],
-        max_batch_tokens=opts["max_batch_tokens"],
-        truncate=opts["truncate"],
-        request_calibration=opts["request_calibration"],
-        key_sha256=key_digest(opts["key"].strip()) if opts["key"] else None,
-        cors_origins=opts["cors_origins"],
-        request_timeout_s=opts["request_timeout"],
-        max_request_tokens=opts["max_request_tokens"],
-        fingerprint=fm.fingerprint,
-    )
-    settings = runner.ServerSettings(args=args, host=opts["host"], port=opts["port"], ray_address=opts["ray_address"])
-    label = "stock" if cal is stock else cal.label()  # the setting's one name, as every output names it
-    limit = int(fm.max_seq_length)
-    del fm  # the replicas load their own
-    where = "a local Ray instance" if opts["ray_address"] in (None, "local") else f"Ray at {opts['ray_address']}"
-    say(f"starting: {settings.served_name} ({label}, {limit} tokens), {opts['replicas']} replica(s) on {where}")
+    address = settings.ray_address
+    where = "a local Ray instance" if address in (None, "local") else f"Ray at {address}"
+    say(f"starting: {settings.served_name} ({setting}, {limit} tokens), {settings.args.replicas} replica(s) on {where}")
 
     def listening(url: str) -> None:
         say(f"listening on {url}; loading the model (GET /health and the API answer 503 until it is ready)")
@@ -261,11 +236,11 @@ def _serve(fm, model, model_id, cal, stock, opts: dict) -> None:
     try:
         runner.serve_model(settings, ready, on_listening=listening, on_note=note)
     except runner.ServeConflict as exc:  # the cluster changed since the command checked it
-        raise input_error("--ray-address", opts["ray_address"], str(exc)) from None
+        raise input_error("--ray-address", address, str(exc)) from None
     except runner.ServerFailed as exc:
         message = str(exc)
         if message.startswith("--port "):  # taken since the command checked it: said as the check says it
-            _end(2, f"error: --port {opts['port']}: {message.partition(': ')[2]}")
+            _end(2, f"error: --port {settings.port}: {message.partition(': ')[2]}")
         _end(1, f"error: {message}")
     _end(0, "stopped")
 

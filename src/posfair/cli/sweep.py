@@ -72,8 +72,9 @@ def sweep(
     device: Device = None,
 ) -> None:
     """Calibration sweep (the papers' grid and/or a fine strength sweep); resumable: rerun the same command."""
+    from posfair.cli.checks import ModelOptions
     from posfair.cli.error_boundary import PosfairInputError, naming
-    from posfair.cli.runs import run_benchmark
+    from posfair.cli.runs import BenchmarkOptions, run_benchmark
 
     if not grid and not fine:
         raise PosfairInputError("nothing to sweep: --no-grid without --fine")
@@ -88,25 +89,23 @@ def sweep(
                 cals += strength_sweep(fine_basket, list(layers), step)
         return cals
 
-    run_benchmark(
-        model=model,
+    options = BenchmarkOptions(
         benchmark=benchmark,
-        calibrations=calibrations,
+        model=ModelOptions(model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device),
         out=out,
+        calibrations=calibrations,
         cache=cache,
-        sea=sea,
         stock=True,
+        sea=sea,
         late=late,
         late_chunks=late_chunks,
-        prompt=query_prompt,
+        query_prompt=query_prompt,
         batch_size=batch_size,
         top_k=top_k,
         faiss=faiss,
         search_scope=search_scope,
-        max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code,
-        device=device,
         lang=lang,
         corpus_lang=corpus_lang,
         domains=domains,
     )
+    run_benchmark(options)

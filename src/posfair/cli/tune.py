@@ -237,9 +237,10 @@ def tune(
     from posfair.cli.error_boundary import data_errors
     from posfair.cli.terminal import error, say
 
-    model_id = _check_options(
-        objective, benchmark, out, cache, save_model, save_model_anyway, model, trust_remote_code, device
-    )
+    _check_options(objective, benchmark, out, cache, save_model, save_model_anyway)
+    model_options = checks.ModelOptions(
+        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+    ).checked()
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
     from posfair.tuning import default_fairness_settings
     from posfair.tuning.outputs import summary_text
@@ -250,7 +251,7 @@ def tune(
     grid = _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares,
                          trailing_policies, strength_schedules)  # fmt: skip
     df, bench = _load_data(objective, benchmark, corpus, lang, test_family)
-    fm = checks.load_model(model_id, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length)
+    fm = checks.load_model(model_options)
     settings = None
     if objective == "fairness":
         settings = default_fairness_settings(
@@ -289,8 +290,8 @@ def tune(
         raise typer.Exit(EXIT_NOT_SAVED)
 
 
-def _check_options(objective, benchmark, out, cache, save_model, save_model_anyway, model, trust_remote_code, device):
-    """The options ``tune`` refuses and the folders it checks, before any work; the model's source."""
+def _check_options(objective, benchmark, out, cache, save_model, save_model_anyway) -> None:
+    """The options ``tune`` refuses and the folders it checks, before any work (the model's are checked next)."""
     from posfair.cli.error_boundary import PosfairInputError
 
     if benchmark is not None and objective != "retrieval":
@@ -303,9 +304,6 @@ def _check_options(objective, benchmark, out, cache, save_model, save_model_anyw
         checks.output_folder(save_model, "--save-model")
     elif save_model_anyway:
         raise PosfairInputError("--save-model-anyway: applies only with --save-model FOLDER")
-    model_id = checks.model_source(model, trust_remote_code=trust_remote_code)
-    checks.device(device)
-    return model_id
 
 
 def _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares, trailings,

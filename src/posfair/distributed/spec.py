@@ -16,11 +16,11 @@ __all__ = ["EmbedSpec"]
 class EmbedSpec:
     """Everything a worker needs to rebuild the encoder and batch a shard (JSON-serialisable).
 
-    ``batching="length"`` sorts a shard by token length and cuts batches of at most
-    ``max_tokens`` padded tokens and ``batch_size`` texts; ``batching="fixed"``
-    hands each shard to ``model.encode(batch_size=batch_size)`` unchanged, which is
-    exactly what :func:`~posfair.encoding.encode_cached` does with one chunk (bit-identical
-    vectors when shards equal its chunks).
+    ``batching="length"`` sorts a shard by token length and cuts batches of at most ``max_batch_tokens`` padded
+    tokens (``--max-batch-tokens``, ``embed``'s and ``serve``'s one name for it) and ``batch_size`` texts;
+    ``batching="fixed"`` hands each shard to ``model.encode(batch_size=batch_size)`` unchanged, which is exactly
+    what :func:`~posfair.encoding.encode_cached` does with one chunk (bit-identical vectors when shards equal its
+    chunks).
     """
 
     model: str | None = None
@@ -33,13 +33,15 @@ class EmbedSpec:
     device: str | None = None
     batching: str = "length"
     batch_size: int = 32
-    max_tokens: int = 16384
+    max_batch_tokens: int = 16384
 
     def __post_init__(self) -> None:
         if self.batching not in ("length", "fixed"):
             raise ValueError(f"batching must be 'length' or 'fixed'; got {self.batching!r}")
-        if self.batch_size < 1 or self.max_tokens < 1:
-            raise ValueError(f"batch_size and max_tokens must be >= 1; got {self.batch_size}, {self.max_tokens}")
+        if self.batch_size < 1 or self.max_batch_tokens < 1:
+            raise ValueError(
+                f"batch_size and max_batch_tokens must be >= 1; got {self.batch_size}, {self.max_batch_tokens}"
+            )
 
     @property
     def calibration_obj(self) -> Calibration | Stock:

@@ -85,7 +85,7 @@ def _batches_for(model: FairModel, spec: EmbedSpec, texts: Sequence[str]) -> tup
             stacklevel=user_stacklevel(),
         )
     if spec.batching == "length":
-        return length_aware_batches(lengths, spec.max_tokens, spec.batch_size), lengths
+        return length_aware_batches(lengths, spec.max_batch_tokens, spec.batch_size), lengths
     # sentence-transformers' own batching: sorted by character length, fixed size
     order = np.argsort([-len(t) for t in full], kind="stable")
     return [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)], lengths

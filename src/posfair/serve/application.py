@@ -86,7 +86,7 @@ def encoder_settings(args: AppArgs, resources: dict[str, float]) -> tuple[dict[s
         max_seq_length=args.max_seq_length,
         trust_remote_code=args.trust_remote_code,
         device=args.device,
-        max_tokens=args.max_batch_tokens,
+        max_batch_tokens=args.max_batch_tokens,
     )
     init = {
         "spec": spec.to_dict(),

@@ -460,7 +460,7 @@ class Encoder:
         self.engine = Engine(
             model, spec, truncate=settings["truncate"], request_calibration=settings["request_calibration"]
         )
-        self._segments_batch.set_max_batch_size(spec.max_tokens)  # a batch of documents: --max-batch-tokens
+        self._segments_batch.set_max_batch_size(spec.max_batch_tokens)  # a batch of documents: --max-batch-tokens
         self.started = time.time()
 
     def info(self) -> dict[str, Any]:

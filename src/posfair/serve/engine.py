@@ -129,7 +129,7 @@ class Engine:
     """A loaded model answering checked requests (see the module's description).
 
     ``spec`` is what the replica loaded the model from; its ``calibration`` is the server's
-    (None: stock) and its ``max_tokens`` the padded-token budget of a forward pass.  With
+    (None: stock) and its ``max_batch_tokens`` the padded-token budget of a forward pass.  With
     ``request_calibration`` a request may ask for ``stock``, ``default`` or another spec.
     """
 
@@ -271,7 +271,7 @@ class Engine:
             calibration=None if cal is STOCK else cal.to_dict(),
             prompt=prompt,
             batching="length",
-            batch_size=self.spec.max_tokens,  # the token budget alone bounds a batch
+            batch_size=self.spec.max_batch_tokens,  # the token budget alone bounds a batch
         )
         with self._lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
@@ -331,7 +331,7 @@ class Engine:
             idx,
             len(spans),
             int(n > self.limit),
-            min(len(ids), self.spec.max_tokens),
+            min(len(ids), self.spec.max_batch_tokens),
             req.normalize,
             int(short),
         )
@@ -352,7 +352,7 @@ class Engine:
             return {i: self._pooled(docs[i], out) for i, out in zip(chosen, outs, strict=True)}
 
         for members in groups.values():
-            for batch in length_aware_batches([docs[i].tokens for i in members], self.spec.max_tokens):
+            for batch in length_aware_batches([docs[i].tokens for i in members], self.spec.max_batch_tokens):
                 for i, answer in _isolated([members[j] for j in batch], one_pass).items():
                     answers[i] = answer
         for a in answers:
