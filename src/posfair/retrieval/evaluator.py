@@ -334,7 +334,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
     @property
     def setting(self) -> str:
         if self.late is not None:
-            return self.late.label
+            return self.late.setting
         if self.sea is not None:
             return "SEA"
         return self.calibration.label()

@@ -67,12 +67,12 @@ def squad_group_masks(answer_starts: Sequence[int], convention: str = "inclusive
         raise ValueError(f"convention must be 'inclusive' or 'half-open'; got {convention!r}")
     s = np.asarray(answer_starts, dtype=np.int64)
     masks = {}
-    for i, ((lo, hi), label) in enumerate(zip(SQUAD_BOUNDS, SQUAD_LABELS, strict=True)):
+    for i, ((lo, hi), group) in enumerate(zip(SQUAD_BOUNDS, SQUAD_LABELS, strict=True)):
         last = i == len(SQUAD_BOUNDS) - 1
         if convention == "inclusive" or last:
-            masks[label] = (s >= lo) & (s <= hi)
+            masks[group] = (s >= lo) & (s <= hi)
         else:
-            masks[label] = (s >= lo) & (s < hi)
+            masks[group] = (s >= lo) & (s < hi)
     return masks
 
 
@@ -90,8 +90,8 @@ def fineweb_group_masks(span_classes: Sequence[Iterable[str]]) -> dict[str, np.n
             )
         sets.append(spans)
     return {
-        label: np.array([c in s for s in sets], dtype=bool)
-        for c, label in zip(FINEWEB_CLASSES, FINEWEB_LABELS, strict=True)
+        group: np.array([c in s for s in sets], dtype=bool)
+        for c, group in zip(FINEWEB_CLASSES, FINEWEB_LABELS, strict=True)
     }
 
 
@@ -99,9 +99,9 @@ def posir_length_bucket(token_length: float | None) -> str | None:
     """PosIR length bucket of a document length in tokens (right-closed), or None."""
     if token_length is None or not np.isfinite(token_length):
         return None
-    for label, lo, hi in POSIR_BUCKETS:
+    for bucket, lo, hi in POSIR_BUCKETS:
         if lo < token_length <= hi:
-            return label
+            return bucket
     return None
 
 

@@ -98,8 +98,8 @@ class LateChunking:
         return "semantic chunks" if self.chunks == "semantic" else f"{int(self.chunks)}-token windows"
 
     @property
-    def label(self) -> str:
-        """e.g. ``late-max (semantic chunks)``."""
+    def setting(self) -> str:
+        """The setting's one name in results, tables and figures, e.g. ``late-max (semantic chunks)``."""
         return f"late-{self.aggregate} ({self.chunking})"
 
     def config(self) -> dict[str, Any]:

@@ -126,11 +126,11 @@ def group_scores(per_query: np.ndarray, masks: Mapping[str, np.ndarray]) -> dict
     """Mean of ``per_query`` inside each group mask (NaN for an empty group), in mask order."""
     per_query = np.asarray(per_query, dtype=np.float64)
     out = {}
-    for label, mask in masks.items():
+    for group, mask in masks.items():
         mask = np.asarray(mask, dtype=bool)
         if mask.shape != per_query.shape:
-            raise ValueError(f"group {label!r}: mask of shape {mask.shape} for {per_query.shape[0]} queries")
-        out[label] = float(per_query[mask].mean()) if mask.any() else float("nan")
+            raise ValueError(f"group {group!r}: mask of shape {mask.shape} for {per_query.shape[0]} queries")
+        out[group] = float(per_query[mask].mean()) if mask.any() else float("nan")
     return out
 
 
@@ -160,20 +160,20 @@ def psi(values) -> float:
 
 
 def posir_bucket_scores(
-    per_query: np.ndarray, bucket: Sequence[str | None], bins: np.ndarray
+    per_query: np.ndarray, buckets: Sequence[str | None], bins: np.ndarray
 ) -> dict[str, dict[str, object]]:
-    """PosIR per-length-bucket statistics.
+    """PosIR per-length-bucket statistics (``buckets``: each query's length bucket, None outside every one).
 
     Returns ``{bucket: {"n": queries, "ndcg@10": mean, "bins": {bin: mean}, "psi": PSI}}``
     for every bucket with at least one query that has a relative-position bin;
     ``"ndcg@10"`` is over all queries of the bucket.
     """
     per_query = np.asarray(per_query, dtype=np.float64)
-    bucket = np.asarray([b if b is not None else "" for b in bucket], dtype=object)
+    of_query = np.asarray([b if b is not None else "" for b in buckets], dtype=object)
     bins = np.asarray(bins, dtype=np.int64)
     out: dict[str, dict[str, object]] = {}
-    for label, _, _ in POSIR_BUCKETS:
-        in_bucket = bucket == label
+    for bucket, _, _ in POSIR_BUCKETS:
+        in_bucket = of_query == bucket
         if not in_bucket.any():
             continue
         bin_means = {}
@@ -181,7 +181,7 @@ def posir_bucket_scores(
             m = in_bucket & (bins == b)
             if m.any():
                 bin_means[b] = float(per_query[m].mean())
-        out[label] = {
+        out[bucket] = {
             "n": int(in_bucket.sum()),
             "ndcg@10": float(per_query[in_bucket].mean()),
             "bins": bin_means,

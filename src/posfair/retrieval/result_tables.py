@@ -61,20 +61,20 @@ def layer_section(cal: Calibration) -> str:
     return "Layers " + ",".join(str(i) for i in cal.layers)
 
 
-def _row_label(r: RetrievalResult) -> tuple[str, str, tuple]:
-    """(section, label, sort key) of a result.  The label is the result's one name, :attr:`RetrievalResult.setting`
+def _row_key(r: RetrievalResult) -> tuple[str, str, tuple]:
+    """(section, setting, sort key) of a result.  The setting is the result's one name, :attr:`RetrievalResult.setting`
     (``stock``, ``SEA``, ``late-max (64-token windows)``, ``B128-L0.5-a0.5``), as in the differences table, the
     CSV and JSON files and the progress lines; the section (the paper's layer-set heading) is for LaTeX only."""
-    label = r.setting
+    setting = r.setting
     if r.method == "stock":
-        return "", label, (0,)
+        return "", setting, (0,)
     if r.method == "sea":
-        return "", label, (1,)
+        return "", setting, (1,)
     if r.method == "late":
-        return "", label, (1, label)
+        return "", setting, (1, setting)
     cal = Calibration.from_dict(r.calibration)
     layer_rank = 0 if cal.layers == 1 else 1
-    return layer_section(cal), label, (2, layer_rank, layer_section(cal), cal.strength, cal.basket_size, label)
+    return layer_section(cal), setting, (2, layer_rank, layer_section(cal), cal.strength, cal.basket_size, setting)
 
 
 def _ordered(results: Sequence[RetrievalResult]) -> list[tuple[str, str, RetrievalResult]]:
@@ -83,9 +83,9 @@ def _ordered(results: Sequence[RetrievalResult]) -> list[tuple[str, str, Retriev
     names = {r.benchmark for r in results}
     if len(names) != 1:
         raise ValueError(f"one table per benchmark: results come from {sorted(names)}")
-    rows = [(*_row_label(r), r) for r in results]
+    rows = [(*_row_key(r), r) for r in results]
     rows.sort(key=lambda x: x[2])
-    return [(section, label, r) for section, label, _, r in rows]
+    return [(section, setting, r) for section, setting, _, r in rows]
 
 
 def _stock(results: Sequence[RetrievalResult]) -> RetrievalResult | None:
@@ -108,8 +108,8 @@ def group_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
     if not groups:
         raise ValueError(f"benchmark {rows[0][2].benchmark!r} has no positional groups (use bucket_table)")
     data = []
-    for section, label, r in rows:
-        row = {"section": section, "setting": label}
+    for section, setting, r in rows:
+        row = {"section": section, "setting": setting}
         shown = _shown(r)
         row.update({g: round(100 * r.groups.get(g, math.nan), 2) if shown else math.nan for g in groups})
         row["Harm"] = round(100 * r.metrics["harm"], 2) if shown else math.nan
@@ -131,8 +131,8 @@ def bucket_table(results: Sequence[RetrievalResult]) -> pd.DataFrame:
         raise ValueError(f"benchmark {rows[0][2].benchmark!r} has no length buckets (use group_table)")
     has_harm = any("harm" in r.metrics for _, _, r in rows)
     data = []
-    for section, label, r in rows:
-        row: dict[str, object] = {"section": section, "setting": label}
+    for section, setting, r in rows:
+        row: dict[str, object] = {"section": section, "setting": setting}
         shown = _shown(r)
         for b in buckets:
             v = r.buckets.get(b, {}).get("psi", math.nan) if shown else math.nan
@@ -244,20 +244,20 @@ def results_table(
     Rows are indexed by the setting's one name (:attr:`RetrievalResult.setting`); cells are formatted (x100
     figures and their changes with two decimals, PSI and its changes with three, ``-`` for a figure not
     presented, ``—`` for the calibrated share of stock, SEA and late chunking).  The best setting gets a
-    ``highest Harm`` column ("yes"), or with ``bold_best`` its label and cells in Markdown bold (for Markdown
+    ``highest Harm`` column ("yes"), or with ``bold_best`` its name and cells in Markdown bold (for Markdown
     only).  ``caption``: None = :func:`table_legend` (a line per column).
     """
     cols = _value_columns(df)
     best = df["best"].astype(bool).tolist() if "best" in df.columns else [False] * len(df)
-    labels = df["setting"].astype(str).tolist()
+    settings = df["setting"].astype(str).tolist()
     cells = {SHARE_NAME if c == "calibrated_share" else c: [_fmt(v, c) for v in df[c]] for c in cols}
     if bold_best:
         bold = lambda x, b: f"**{x}**" if b else x  # noqa: E731
-        labels = [bold(x, b) for x, b in zip(labels, best, strict=True)]
+        settings = [bold(x, b) for x, b in zip(settings, best, strict=True)]
         cells = {c: [bold(x, b) for x, b in zip(v, best, strict=True)] for c, v in cells.items()}
     elif "best" in df.columns:
         cells[_best_column(df)] = ["yes" if b else "" for b in best]
-    index = pd.Index(labels, name="setting")
+    index = pd.Index(settings, name="setting")
     return Table(title, pd.DataFrame(cells, index=index), table_legend(df) if caption is None else caption, name)
 
 
@@ -289,11 +289,11 @@ def to_latex(df: pd.DataFrame) -> str:
         r"\midrule",
     ]
     current = None
-    for section, label, row, is_best in zip(sections, frame.index, frame.itertuples(index=False), best, strict=True):
+    for section, setting, row, is_best in zip(sections, frame.index, frame.itertuples(index=False), best, strict=True):
         if section and section != current:
             lines.append(rf"\multicolumn{{{len(cols)}}}{{l}}{{\textit{{{_tex(section)}}}}} \\")
         current = section or current
-        cells = [_tex(c) for c in (label, *row)]
+        cells = [_tex(c) for c in (setting, *row)]
         if is_best:
             cells = [rf"\textbf{{{c}}}" for c in cells]
         lines.append(" & ".join(cells) + r" \\")

@@ -88,7 +88,7 @@ class RetrievalBenchmark:
     ``relevant``), as trec_eval / pytrec_eval / ir-measures compute nDCG; a score
     <= 0 is not relevant and gains nothing (trec_eval's rule).
 
-    ``groups`` maps a group label to a boolean mask over the queries (groups may
+    ``groups`` maps a group's name to a boolean mask over the queries (groups may
     overlap, as published).  ``length_bucket`` / ``relpos`` (PosIR-style) give
     each query's length bucket (``"Q1"``..``"Q4"`` or None) and relative position
     (NaN when undefined).  When ``query_domains`` / ``corpus_domains`` are set,
@@ -156,11 +156,11 @@ class RetrievalBenchmark:
         self.relevant = rel
         #: per query, the gain (qrels score) of each document of ``relevant``, in the same order
         self.gains = gains
-        for label, mask in list(self.groups.items()):
+        for group, mask in list(self.groups.items()):
             mask = np.asarray(mask, dtype=bool)
             if mask.shape != (nq,):
-                raise ValueError(f"group {label!r}: mask has shape {mask.shape}, expected ({nq},)")
-            self.groups[label] = mask
+                raise ValueError(f"group {group!r}: mask has shape {mask.shape}, expected ({nq},)")
+            self.groups[group] = mask
         if self.length_bucket is not None and len(self.length_bucket) != nq:
             raise ValueError("length_bucket must have one entry per query")
         if self.relpos is not None:
