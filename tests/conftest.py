@@ -27,17 +27,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from suite_order import scope_rank  # noqa: E402
 
+#: the width commands a test runs print at unless the test gives its own: a wide log's, so that the lines a test
+#: reads come whole; the 80 columns of a terminal, and of a pipe without COLUMNS (the writer's default), are
+#: tests/cli/test_eighty_columns.py's, which runs the commands at both
+TEST_COLUMNS = "1000"
+
 
 @pytest.fixture(autouse=True)
 def _no_inherited_terminal_size():
-    """Commands a test runs see the width the test gives them, no other: the terminal writer wraps at COLUMNS,
-    and GNU readline, once something initialises it, exports COLUMNS and LINES (at the C level: the processes a
-    test starts, pytest-xdist's workers among them, inherit them although ``os.environ`` may not show them).  A test
-    that wants a width sets it itself (``monkeypatch.setenv``, ``CliRunner(env=...)``)."""
-    for name in ("COLUMNS", "LINES"):
-        os.environ.pop(name, None)
-        os.unsetenv(name)
+    """Commands a test runs see the width the test gives them, else :data:`TEST_COLUMNS`, no other: the terminal
+    writer wraps at COLUMNS (without it, piped, at 80), and GNU readline, once something initialises it, exports
+    COLUMNS and LINES (at the C level: the processes a test starts, pytest-xdist's workers among them, inherit them
+    although ``os.environ`` may not show them).  A test that wants a width sets it itself (``monkeypatch.setenv``,
+    ``CliRunner(env=...)``; ``{"COLUMNS": None}``: none, as in a pipe)."""
+    os.environ.pop("LINES", None)
+    os.unsetenv("LINES")
+    os.environ["COLUMNS"] = TEST_COLUMNS  # (os.environ puts it into the C-level environment too)
     yield
+    os.environ.pop("COLUMNS", None)  # pytest's own report keeps the terminal's width
 
 
 def pytest_collection_modifyitems(config, items):

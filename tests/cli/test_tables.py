@@ -35,17 +35,18 @@ def test_a_table_too_wide_for_80_columns_becomes_one_block_per_row():
     assert len(table_text("Audit", HEADER, ROWS, width=200).split("\n")) == 1 + 2 + len(ROWS)
 
 
-def test_piped_output_is_plain_and_unwrapped(capsys, monkeypatch):
+def test_piped_output_is_plain_and_80_columns_wide(capsys, monkeypatch):
+    """Not a terminal and no COLUMNS (a log, a pipe): the width is 80, as a terminal's default (issue 49)."""
     monkeypatch.delenv("COLUMNS", raising=False)
     con = console()  # pytest's captured stdout is not a terminal
-    assert not con.is_terminal and con.width is None
+    assert not con.is_terminal and con.width == 80
     table("Audit [bold]x[/bold]", HEADER, ROWS, caption="σ coefficients vs position 1 · " + "long " * 30, keys=3)
     out = capsys.readouterr().out
     assert not BOX & set(out)
     assert "[bold]" in out  # cells and titles are printed as they are, never read as markup
     lines = out.splitlines()
-    assert max(len(line) for line in lines) > 80  # no wrapping when piped: a file keeps whole lines
-    assert lines[1].split() == HEADER
+    assert all(len(line) <= 80 for line in lines) and lines[1] == "- n=3  configuration=en  coef=beta_2"
+    assert lines[-1].strip().split() and all(set(w) <= set("long") for w in lines[-1].split())  # caption wrapped
 
 
 def test_with_columns_set_a_wide_table_is_one_block_per_row_and_its_caption_wraps_at_words(capsys, monkeypatch):
@@ -56,10 +57,24 @@ def test_with_columns_set_a_wide_table_is_one_block_per_row_and_its_caption_wrap
     assert lines[-1].strip().split() and all(set(w) <= set("long") for w in lines[-1].split())
 
 
-def test_progress_into_a_log_is_one_whole_line_per_bar(capsys):
+def _logical(lines: list[str]) -> list[str]:
+    """Lines as written, a wrapped line's continuations (indented) joined to it."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("  ") and out:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out
+
+
+def test_progress_into_a_log_is_one_line_per_bar_wrapped_at_words(capsys, monkeypatch):
     """Piped or redirected (pytest's capture is not a terminal): no bars, no box drawing, no cut
-    descriptions; a bar is written once, when it completes, or at the end as far as it got."""
+    descriptions (a long one wraps at words, at 80 columns); a bar is written once, when it completes, or at
+    the end as far as it got."""
     from posfair.cli.terminal_progress import progress_bars
+
+    monkeypatch.delenv("COLUMNS", raising=False)
 
     long = "aligned[eng-Latn]: documents (late-mean (64-token windows)) " + "x" * 60
     with progress_bars() as bar:
@@ -70,7 +85,9 @@ def test_progress_into_a_log_is_one_whole_line_per_bar(capsys):
         short = bar("shards", 10)
         short(4)
         del cached
-        so_far = capsys.readouterr().err.splitlines()
+        printed = capsys.readouterr().err.splitlines()
+        assert all(len(line) <= 80 for line in printed) and len(printed) > 2  # the long one wrapped
+        so_far = _logical(printed)
         assert [line.split(" in ")[0] for line in so_far] == [f"{long}: 54/54", "queries (stock): 159/159"]
     err = so_far + capsys.readouterr().err.splitlines()
     assert err[2].split(" in ")[0] == "shards: 4/10" and len(err) == 3

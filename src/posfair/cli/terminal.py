@@ -2,9 +2,10 @@
 
 Every line goes through :func:`say` (stdout) or :func:`say` with ``err=True`` (stderr), which wraps it at
 words to the width (:func:`width`): ``COLUMNS`` when set, else the terminal's width when the stream is a
-terminal; piped or redirected without ``COLUMNS`` a line is written whole (a log or ``grep`` sees whole
-lines, and an error stays one ``error:`` line).  A wrapped line continues on lines indented two spaces
-more than its first; a word longer than the width (a long path) stays whole on a line of its own, never
+terminal, else 80 (piped or redirected: a log reads as an 80-column terminal shows it).  One kind of line is
+never wrapped where no width was given (piped or redirected without ``COLUMNS``): an ``error:`` line, which
+stays one line for a log, ``grep`` or a script reading it.  A wrapped line continues on lines indented two
+spaces more than its first; a word longer than the width (a long path) stays whole on a line of its own, never
 split.  Tables (:func:`table`) print as aligned columns when they fit the width, else one block per row
 (:mod:`posfair.cli.terminal_tables`); progress bars show a label cut at a word to a short column
 (:func:`short_label`).  No markup is read in any text: what is passed is what is printed.
@@ -18,22 +19,45 @@ import textwrap
 from collections.abc import Sequence
 from typing import TextIO
 
-__all__ = ["width", "wrap", "say", "warn", "error", "table", "frame", "short_label", "Writer"]
+__all__ = [
+    "PLAIN_WIDTH",
+    "given_width",
+    "width",
+    "wrap",
+    "say",
+    "warn",
+    "error",
+    "table",
+    "frame",
+    "short_label",
+    "Writer",
+]
 
 
-def width(stream: TextIO | None = None) -> int | None:
-    """The width lines are wrapped to on ``stream`` (default stdout): ``COLUMNS`` when set to a positive
-    number, else the terminal's columns when ``stream`` is a terminal, else None (not wrapped)."""
+#: the width where neither ``COLUMNS`` nor a terminal gives one (piped or redirected): a terminal's default
+PLAIN_WIDTH = 80
+
+
+def given_width(stream: TextIO | None = None) -> int | None:
+    """The width ``stream`` (default stdout) was given: ``COLUMNS`` when set to a positive number, else the
+    terminal's columns when ``stream`` is a terminal, else None (piped or redirected without ``COLUMNS``)."""
     columns = os.environ.get("COLUMNS", "").strip()
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
     stream = sys.stdout if stream is None else stream
     try:
         if stream.isatty():
-            return os.get_terminal_size(stream.fileno()).columns or 80
+            return os.get_terminal_size(stream.fileno()).columns or PLAIN_WIDTH
     except (AttributeError, OSError, ValueError):
         pass
     return None
+
+
+def width(stream: TextIO | None = None) -> int:
+    """The width lines are wrapped to on ``stream`` (default stdout): :func:`given_width`, else
+    :data:`PLAIN_WIDTH` (80)."""
+    given = given_width(stream)
+    return PLAIN_WIDTH if given is None else given
 
 
 def wrap(text: str, columns: int | None) -> list[str]:
@@ -58,11 +82,13 @@ def wrap(text: str, columns: int | None) -> list[str]:
 
 
 def say(text: str = "", *, err: bool = False) -> None:
-    """Print ``text`` on stdout (``err``: stderr), every line wrapped at words to the stream's width."""
+    """Print ``text`` on stdout (``err``: stderr), every line wrapped at words to the stream's width; an
+    ``error:`` line stays whole where no width was given (:func:`given_width`: piped without ``COLUMNS``)."""
     stream = sys.stderr if err else sys.stdout
     if err:
         sys.stdout.flush()  # what was said before comes before
-    stream.write("\n".join(wrap(text, width(stream))) + "\n")
+    whole = str(text).startswith("error: ") and given_width(stream) is None
+    stream.write("\n".join(wrap(text, None if whole else width(stream))) + "\n")
     stream.flush()
 
 
@@ -72,7 +98,8 @@ def warn(message: str) -> None:
 
 
 def error(message: str) -> None:
-    """``error: <message>`` on stderr (the message on one logical line, wrapped at words)."""
+    """``error: <message>`` on stderr (the message on one logical line, wrapped at words to a given width;
+    piped or redirected without ``COLUMNS``: one line, whole)."""
     say(f"error: {_one_line(message)}", err=True)
 
 
@@ -128,7 +155,7 @@ class Writer:
         return sys.stderr if self.err else sys.stdout
 
     @property
-    def width(self) -> int | None:
+    def width(self) -> int:
         return width(self.stream)
 
     @property

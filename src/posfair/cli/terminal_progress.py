@@ -25,7 +25,7 @@ def progress_bars(*, complete_on_exit: bool = False) -> Iterator[Callable[..., T
     ``complete_on_exit`` fills every bar when the block ends without an error
     (a bar whose items were partly answered from the cache).  On a terminal the bars are
     rich's; when stderr is a file or a pipe, each bar is one plain line written when it
-    completes (or when the block ends): no box drawing, nothing cut to a width.
+    completes (or when the block ends), wrapped at words as every line: no box drawing, nothing cut.
     """
     from rich.console import Console  # rich is imported only when a command runs
 
@@ -108,8 +108,8 @@ def _plain_lines(complete_on_exit: bool) -> Iterator[Callable[..., Tick]]:
 
 def console() -> Writer:
     """The writer results are printed with (stdout, :class:`posfair.cli.terminal.Writer`): plain text wrapped at
-    words to the terminal's width (or ``COLUMNS``); piped or redirected, whole lines (a log or ``grep`` sees whole
-    lines, no escape codes)."""
+    words to the terminal's width (or ``COLUMNS``); piped or redirected, to 80 columns (no escape codes), an
+    ``error:`` line whole."""
     return Writer()
 
 

@@ -3,8 +3,8 @@
 A table that fits the width is printed as aligned columns under an underlined header (no
 box drawing, so a log file or ``grep`` sees plain text); one that does not fit is printed as
 one block per row, ``header: value`` per line, so no cell is cut or wrapped mid-word.  On a
-terminal the width is the terminal's (or ``COLUMNS``); piped or redirected there is no limit (a
-file keeps one row per line).  Tables are printed by :func:`posfair.cli.terminal.table`, which wraps titles and
+terminal the width is the terminal's (or ``COLUMNS``); piped or redirected it is 80 columns, as a
+terminal's default (:func:`posfair.cli.terminal.width`).  Tables are printed by :func:`posfair.cli.terminal.table`, which wraps titles and
 captions at words.  The same rows are written as CSV / Markdown in the output folder by the
 library (:func:`posfair.report.tables.write_table`): this is only the terminal's view.
 """
