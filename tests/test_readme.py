@@ -165,6 +165,122 @@ def test_readme_chains_follow_the_files_commands_share():
     assert readme_chains(cmds[:-1]) == [0, 1, 2, 1, 1, 3, 3, 2]
 
 
+def command_outputs(cmd: str) -> set[str]:
+    """The top-level names a README command writes (its ``--out``, ``-o``, ``--save-model``)."""
+    tokens = shlex.split(cmd)
+    return {tokens[i + 1].split("/")[0] for i, t in enumerate(tokens[:-1]) if t in _OUTPUT_OPTIONS}
+
+
+def string_constants(code: str) -> set[str]:
+    """Every string constant of a Python block (the names it may write or read among them)."""
+    import ast
+
+    return {n.value for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def ignored(name: str, is_dir: bool) -> bool:
+    """Is a top-level ``name`` of a clone ignored by the repository's ``.gitignore`` (read as git reads it: the
+    last matching pattern decides, ``!`` re-includes, a pattern ending in ``/`` matches folders only)?"""
+    import fnmatch
+
+    verdict = False
+    for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate, pattern = pattern.startswith("!"), pattern.lstrip("!")
+        dir_only, pattern = pattern.endswith("/"), pattern.strip("/")
+        if "/" in pattern or (dir_only and not is_dir):  # a path below the root; a folder pattern, a file
+            continue
+        if fnmatch.fnmatchcase(name, pattern):
+            verdict = not negate
+    return verdict
+
+
+def written(folder: Path) -> list[tuple[str, bool]]:
+    """The top-level entries of ``folder``: (name, is a folder)."""
+    return sorted((p.name, p.is_dir()) for p in folder.iterdir())
+
+
+def check_left_ignored(folder: Path, what: str) -> None:
+    """Everything ``what`` (README examples run in ``folder``, as in a clone) left is ignored by git."""
+    shown = [name + ("/" if is_dir else "") for name, is_dir in written(folder) if not ignored(name, is_dir)]
+    assert not shown, f"{what} leaves what git status shows in a clone: {shown} (add it to .gitignore)"
+
+
+def test_each_readme_example_writes_names_of_its_own_which_git_ignores():
+    """Issue 49 item 6: the Python evaluator block and the CLI audit both wrote ``audit-out`` and ``cache``, so the
+    command warned that it replaced the block's results, and a clone ran through the README held 21 untracked
+    folders.  Each name a README command writes is written by that command alone and by no Python block (a block
+    names no command's output), and .gitignore covers it; what every example writes is checked where it runs
+    (test_every_python_block_runs_alone, the chain classes)."""
+    writers: dict[str, list[str]] = {}
+    for cmd in readme_commands():
+        for name in command_outputs(cmd):
+            writers.setdefault(name, []).append(cmd)
+    twice = {name: cmds for name, cmds in writers.items() if len(cmds) > 1}
+    assert writers and not twice, twice
+    for index, code in enumerate(blocks("python")):
+        shared = string_constants(code) & set(writers)
+        assert not shared, f"Python block {index + 1} names what a README command writes: {sorted(shared)}"
+    for name in writers:
+        assert ignored(name, is_dir=not Path(name).suffix), f"{name}: not in .gitignore"
+
+
+def test_the_ignore_check_reads_gitignore_as_git_does():
+    """:func:`ignored` answers as ``git check-ignore`` for the README's outputs and for files of the project."""
+    import shutil
+
+    git = shutil.which("git")
+    if git is None or subprocess.run([git, "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    names = {(name, not Path(name).suffix) for cmd in readme_commands() for name in command_outputs(cmd)}
+    names |= {("README.md", False), ("src", True), ("tests", True), ("posfair-demo", True), ("notes.txt", False),
+              (".emb.parquet.posfair-cache", True), ("__pycache__", True), ("posfair-demo", False)}  # fmt: skip
+    for name, is_dir in sorted(names):
+        path = name + ("/" if is_dir else "")
+        git_says = subprocess.run([git, "check-ignore", "--no-index", "-q", path], cwd=ROOT).returncode == 0
+        assert ignored(name, is_dir) == git_says, (path, git_says)
+
+
+def test_the_readme_curl_commands_end_their_output_with_a_newline(tmp_path):
+    """Issue 49 item 6: the two curl commands printed their JSON with no newline between them.  Each curl command
+    of the serve section, run against a server that answers JSON without a newline, ends its output with one."""
+    import http.server
+    import shutil
+    import threading
+
+    if shutil.which("curl") is None:
+        pytest.skip("no curl")
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 -- http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b'{"object": "list", "data": []}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    _serve_cmd, cmds, _pys = serve_section(README.read_text(encoding="utf-8"))
+    curls = [c for c in cmds if c.startswith("curl ")]
+    assert len(curls) >= 2, cmds
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        script = "\n".join(re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", c) for c in curls)
+        res = subprocess.run(script, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    finally:
+        httpd.shutdown()
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ['{"object": "list", "data": []}'] * len(curls), res.stdout
+
+
 def test_the_readme_has_commands():
     assert len(readme_commands()) > 5
 
@@ -182,6 +298,8 @@ def _run_readme_command(index: int, folder: Path) -> None:
         res = server().wait(run)
         session = session_of(run.pid, before)  # the Ray instance the command started, if it started one
     assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
+    assert "replacing the results" not in res.stderr, f"{cmd} replaced an earlier example's results: {res.stderr}"
+    check_left_ignored(folder, f"the README's commands up to {cmd!r}")
     if index == 0:
         _check_demo_index(folder / "posfair-demo")
     if cmd.startswith("posfair build-benchmark"):
@@ -290,6 +408,12 @@ def test_every_python_block_runs_alone(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = blocks("python")[index]
     exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
+    # what it wrote is its own (no command writes it, no other block names it), and git ignores it in a clone
+    check_left_ignored(tmp_path, f"Python block {index + 1}")
+    made = {name for name, _ in written(tmp_path)}
+    commands_write = {name for cmd in readme_commands() for name in command_outputs(cmd)}
+    others = set().union(*(string_constants(b) for i, b in enumerate(blocks("python")) if i != index))
+    assert not made & (commands_write | others), f"Python block {index + 1} writes what another example does"
 
 
 def test_the_demo_is_the_chain_the_suite_starts_first():
@@ -364,6 +488,7 @@ def run_serve_section(text: str, folder: Path, while_up=None) -> list[str]:
         for cmd in cmds:
             res = _run(swap(cmd), folder)
             assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+            assert res.stdout.endswith("\n"), f"{cmd}: its JSON runs into what follows"
             answer = json.loads(res.stdout)
             assert answer["object"] == "list" and answer["data"], answer
             outputs.append(res.stdout)
