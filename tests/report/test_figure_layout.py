@@ -323,3 +323,33 @@ def test_a_narrow_figures_subtitle_is_one_line_and_the_rest_goes_under_the_legen
     assert len(top) == 1 and "\n" not in top[0].get_text() and top[0].get_text().startswith("multilingual-e5-small")
     said = " ".join(figure_heading(fig).split())
     assert all(" ".join(part.split()) in said for part in head.split(" · "))  # every part still said
+
+
+@pytest.mark.parametrize("langs", [["en", "de"], ["en", "de", "ja"]])
+def test_a_language_grids_fidelity_figure_keeps_every_panel_title_inside_its_panel(langs):
+    """Issue 49 item 5: the language-grid report's fidelity figure (``--language-grid en,de,ja``: nine
+    configurations) put every panel in one row, its panel titles clipped at the figure's edge and its axis labels
+    run together.  The panels wrap at MAX_PANEL_COLUMNS a row; each title is as wide as its panel at most."""
+    import itertools
+
+    from posfair.fairness.audit_report import config_title
+    from posfair.fairness.documents import language_grid
+    from posfair.report.plots import MAX_PANEL_COLUMNS
+
+    rng = np.random.default_rng(0)
+    configs = [c.name for c in language_grid(langs)]
+    assert len(configs) == len(langs) ** 2  # k monolingual, k (k - 1) mixed
+    points = pd.DataFrame([{"panel": f"n = 3, {config_title(c, 3)}", "label": lab, "x": rng.uniform(0.01, 0.05),
+                            "y": rng.uniform(0.6, 0.9), "reference": lab == "stock"}
+                           for c, lab in itertools.product(configs, LONG[:3])])  # fmt: skip
+    fig = tradeoff_scatter(points, xlabel="σ profile spread (max - min over positions)",
+                           ylabel="own-segment recall@n", ybounds=(0.0, 1.0), subtitle=SUBTITLE,
+                           title="What flattening costs: σ spread against own-segment recall")  # fmt: skip
+    assert layout_problems(fig) == []
+    renderer = fig.canvas.get_renderer()
+    shown = [ax for ax in fig.axes if ax.get_title()]
+    assert sorted(ax.get_title() for ax in shown) == sorted(set(points["panel"]))  # every configuration, titled
+    assert len({round(ax.get_position().x0, 3) for ax in shown}) <= MAX_PANEL_COLUMNS
+    for ax in shown:
+        title, panel = ax.title.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert panel.x0 - 1 <= title.x0 and title.x1 <= panel.x1 + 1, ax.get_title()  # drawn within its panel

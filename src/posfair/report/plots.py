@@ -544,8 +544,15 @@ def tradeoff_scatter(
     :func:`keep_within`.
     """
     panels = list(dict.fromkeys(points["panel"]))
-    fig = new_figure((min(4.2 * max(1, len(panels)) + 0.4, 12.0), 3.8 if len(panels) <= 3 else 4.2))
-    axes = fig.subplots(1, max(1, len(panels)), squeeze=False, sharey=True)
+    # at most MAX_PANEL_COLUMNS panels side by side, as profile_grid: a language grid's nine configurations in one
+    # row clipped their titles at the edge and ran their axis labels together; more wrap onto further rows
+    per_row = min(max(1, len(panels)), MAX_PANEL_COLUMNS)
+    n_rows = math.ceil(max(1, len(panels)) / per_row)
+    fig = new_figure((min(4.2 * per_row + 0.4, 12.0), 3.8 * n_rows))
+    grid = fig.subplots(n_rows, per_row, squeeze=False, sharey=True)
+    for extra in range(max(1, len(panels)), n_rows * per_row):  # the last row's empty places
+        fig.delaxes(grid[extra // per_row][extra % per_row])
+    axes = [[ax for row in grid for ax in row][: max(1, len(panels))]]
     for ax, panel in zip(axes[0], panels, strict=False):  # no points: one empty panel
         d = points[points["panel"] == panel]
         ref = d["reference"].astype(bool)
