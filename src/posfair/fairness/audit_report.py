@@ -106,7 +106,9 @@ def profile_figure(result: AuditFindings, setting: str = "main", title: str = ""
         cols=cols,
         bars=bars,
         row_label=lambda n: f"n = {n}",
-        col_label=config_title,
+        # a column spans every n of the grid: with one n, a mixed configuration is named for it ([de, en, en]), as the
+        # tables, the terminal and the fidelity figure name it; with several, by its own name ([de, en, ..., en])
+        col_label=lambda c: config_title(c, rows[0] if len(rows) == 1 else None),
         ylabel="cosine similarity",
         bar_label="mean tokens",
         title=title or f"{measures} per segment position",
