@@ -130,3 +130,34 @@ def test_the_headline_shows_every_position(obs):
     for n in sorted(set(obs["n"])):
         coefs_n = {c for (m, cfg, c) in hf.index if m == n}
         assert coefs_n == {f"beta_{p}" for p in range(2, n + 1)}, (n, coefs_n)
+
+
+def test_captions_of_a_fresh_fit_read_its_typed_inference_and_an_old_csv_still_reads(obs, tmp_path, monkeypatch):
+    """A fresh fit's coefficient rows carry the inference they used as typed values (inference_used): every caption
+    of a fresh audit is written without reading a label back; coefficients.csv keeps the text only, and a saved one
+    (the runs before the typed column) is still put in words by parsing that text."""
+    from posfair.fairness.analysis import saved_table
+    from posfair.stats.inference import InferenceLabel
+
+    inf = Inference("wild", draws=199, weights="webb", seed=2, clusters="set+topic")
+    coefs = _fit_quiet(obs, inf)
+    assert set(coefs["inference_used"]) == {inf.used()} and set(coefs["inference"]) == {inf.used().text()}
+
+    def _refuse(cls, label):
+        raise AssertionError(f"a fresh fit's label was parsed: {label!r}")
+
+    monkeypatch.setattr(InferenceLabel, "parse", classmethod(_refuse))
+    kw = dict(model={"name": "m"}, corpus={"name": "c"}, settings={"inference": "wild"}, calibrations=[], sampling=[])
+    fresh = AuditResult(**kw, observations=obs, coefficients=coefs)
+    text = fresh.inference_text()
+    assert text.startswith(inf.used().sentence()) and "webb B=199 seed=2" in text
+    captions = [t.caption for t in fresh.tables()]  # the σ table and its detail table: each says its inference
+    assert len(captions) == 2 and all(f"Inference: {inf.used().sentence()}" in c for c in captions)
+    monkeypatch.undo()
+
+    path = tmp_path / "coefficients.csv"
+    path.write_text(saved_table(coefs).to_csv(index=False))
+    saved = pd.read_csv(path)
+    assert "inference_used" not in saved and list(saved["inference"]) == list(coefs["inference"])
+    old = AuditResult(**kw, observations=obs, coefficients=saved)
+    assert old.inference_text() == text and [t.caption for t in old.tables()] == captions

@@ -245,3 +245,21 @@ def test_monolingual_instances_only_leave_out_the_lead_dummies(result):
     )
     se = _psd_se(direct)[list(direct.params.index).index("C(lang, Treatment('en'))[T.fr]")]
     assert fit.bse[fit.names.index("later:fr")] == pytest.approx(se, rel=1e-8)
+
+
+def test_the_language_captions_of_a_fresh_audit_read_no_label_back(result, monkeypatch):
+    """The pooled language regression carries its inference typed: the language tables' captions put it in words
+    without parsing the text column (which language_effects.csv keeps)."""
+    from posfair.fairness.language_report import language_tables
+    from posfair.stats.inference import InferenceLabel
+
+    sentence = result.inference.used().sentence()
+
+    def _refuse(cls, label):
+        raise AssertionError(f"a fresh fit's label was parsed: {label!r}")
+
+    monkeypatch.setattr(InferenceLabel, "parse", classmethod(_refuse))
+    captions = [t.caption for t in language_tables(result)]
+    assert sum(f"Inference: {sentence}" in c for c in captions) >= 1
+    fit = fit_language_ols(result.observations, n=3)
+    assert fit.inference_used == result.inference.used() and fit.inference == fit.inference_used.text()

@@ -22,7 +22,7 @@ from posfair.fairness.documents import instance_label
 from posfair.fairness.experiment import FIDELITY, MEASURES
 from posfair.fairness.measures import profile_slope, profile_spread
 from posfair.stats.clusters import cluster_kind
-from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference
+from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, InferenceLabel, read_inference_labels
 from posfair.stats.position_ols import PositionOLS, fit_position_ols
 
 __all__ = [
@@ -38,6 +38,9 @@ __all__ = [
     "coverage_messages",
     "GROUP",
     "COEF_COLUMNS",
+    "TYPED_COLUMNS",
+    "inference_labels",
+    "saved_table",
     "INSTANCE_KEYS",
 ]
 
@@ -56,9 +59,12 @@ COEF_COLUMNS = [
     "cluster_by",
     "cluster_kind",
     "inference",
+    "inference_used",
     "ci_low",
     "ci_high",
 ]
+#: columns held in memory only: typed values whose text another column saves (``inference_used``: ``inference``)
+TYPED_COLUMNS = ["inference_used"]
 #: one regression per (variant, instance) and measure
 INSTANCE_KEYS = ["calibration", "setting", "n", "config"]
 
@@ -155,6 +161,23 @@ def few_clusters_message(coefs: pd.DataFrame) -> str | None:
         f"Their p-values ({labels}) are approximate with so few clusters; more documents (more segment sets) "
         "or --inference wild give sturdier tests."
     )
+
+
+def inference_labels(coefs: pd.DataFrame) -> list[InferenceLabel | str]:
+    """Per row the inference its p-value used, typed: the column ``inference_used`` of a fresh fit; for a saved table
+    (``coefficients.csv`` read back, which keeps the text) its ``inference`` labels read by
+    :func:`~posfair.stats.inference.read_inference_labels`; [] without either."""
+    if "inference_used" in coefs:
+        return list(coefs["inference_used"])
+    if "inference" in coefs:
+        return read_inference_labels(coefs["inference"])
+    return []
+
+
+def saved_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table of fits as its CSV holds it (``coefficients.csv``, ``language_effects.csv``): without the in-memory
+    :data:`TYPED_COLUMNS` (their text is in ``inference``)."""
+    return frame.drop(columns=TYPED_COLUMNS, errors="ignore")
 
 
 def cluster_kinds(coefs: pd.DataFrame) -> list[str]:

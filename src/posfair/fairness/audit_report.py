@@ -20,7 +20,7 @@ import pandas as pd
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.corpus.aligned import corpus_title
-from posfair.fairness.analysis import coverage_messages
+from posfair.fairness.analysis import coverage_messages, saved_table
 from posfair.fairness.audit_tables import config_label, coverage_table, fidelity_table, headline_table
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.family_report import family_section, save_families
@@ -341,7 +341,9 @@ def _write_result(
 ) -> dict[str, Path]:
     paths: dict[str, Path] = {}
     paths["observations"] = atomic_write_parquet(out / "observations.parquet", result.observations)
-    paths["coefficients"] = atomic_write_text(out / "coefficients.csv", result.coefficients.to_csv(index=False))
+    paths["coefficients"] = atomic_write_text(
+        out / "coefficients.csv", saved_table(result.coefficients).to_csv(index=False)
+    )
     for t in result.tables():
         for kind, p in write_table(t, out / "tables").items():
             paths[f"table:{t.name}.{kind}"] = p

@@ -13,7 +13,7 @@ import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME, format_share
 from posfair.evaluator_base import metric_name_part
-from posfair.fairness.analysis import cluster_kinds, few_clusters, is_noop, share_of
+from posfair.fairness.analysis import cluster_kinds, few_clusters, inference_labels, is_noop, share_of
 from posfair.fairness.documents import MIXED_CONFIG, config_label
 from posfair.report.tables import Table
 from posfair.stats.inference import FEW_CLUSTERS, MARK_LEGEND, describe_inference
@@ -74,7 +74,7 @@ def _few_note(sub: pd.DataFrame) -> str:
 
 
 def _inference_caption(sub: pd.DataFrame) -> str:
-    labels = list(dict.fromkeys(sub["inference"])) if "inference" in sub and len(sub) else []
+    labels = list(dict.fromkeys(inference_labels(sub))) if len(sub) else []
     return f"Inference: {describe_inference(labels)}." if labels else ""
 
 

@@ -30,6 +30,7 @@ from posfair.fairness.analysis import (
     fidelity_summary,
     fit_instance,
     headline_clusters,
+    inference_labels,
     is_noop,
 )
 from posfair.fairness.audit_tables import (
@@ -244,4 +245,4 @@ class AuditFindings:
         c = self.coefficients
         if "inference" not in c or not len(c):
             return ""
-        return f"{describe_inference(c['inference'])}. {clusters_used_text(c)}".rstrip(". ") + "."
+        return f"{describe_inference(inference_labels(c))}. {clusters_used_text(c)}".rstrip(". ") + "."

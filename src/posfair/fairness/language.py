@@ -38,7 +38,7 @@ import pandas as pd
 from posfair.errors import PosfairInputError
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.stats.clusters import Kind, fit_clustered
-from posfair.stats.inference import Inference, significance_mark
+from posfair.stats.inference import Inference, InferenceLabel, significance_mark
 
 __all__ = [
     "LanguageOLS",
@@ -73,12 +73,17 @@ class LanguageOLS:
     control_length: bool
     lead_controls: bool = True
     cluster_by: str = ""
-    inference: str = ""
+    inference_used: InferenceLabel | None = None  # the inference of its p-values, typed
     result: Any = field(default=None, compare=False, repr=False)
     G: np.ndarray | None = None  # per term (None: n_clusters for every term)
     clusters_used: tuple[str, ...] | None = None  # per term what a cluster is in its interval (None: cluster_by)
     kinds_used: tuple[Kind, ...] | None = None  # per term the same in one word: "sets", "components", "two-way"
     ci: np.ndarray | None = None  # (terms, 2) 95 % intervals, t(G-1)
+
+    @property
+    def inference(self) -> str:
+        """The short label of :attr:`inference_used` (``CR1 conservative t(G-1)``), the text a saved table holds."""
+        return self.inference_used.text() if self.inference_used is not None else ""
 
     def to_frame(self) -> pd.DataFrame:
         kind = [nm.split(":", 1)[0] for nm in self.names]
@@ -97,6 +102,7 @@ class LanguageOLS:
                 "clusters": self.G if self.G is not None else self.n_clusters,
                 "cluster_by": list(self.clusters_used) if self.clusters_used is not None else self.cluster_by,
                 "inference": self.inference,
+                "inference_used": self.inference_used,  # typed, in memory only (language_effects.csv: the text)
                 "ci_low": self.ci[:, 0] if self.ci is not None else np.nan,
                 "ci_high": self.ci[:, 1] if self.ci is not None else np.nan,
                 "reference": self.reference,
@@ -191,7 +197,7 @@ def fit_language_ols(
         control_length=control_length,
         lead_controls=lead_controls,
         cluster_by=fit.cluster_by(),
-        inference=Inference(clusters=clusters).label(),
+        inference_used=Inference(clusters=clusters).used(),
         result=fit.result,
         G=fit.G,
         clusters_used=fit.clusters,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from posfair.fairness.analysis import saved_table
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.language import has_language_grid, language_effects, segment_tokens
 from posfair.fairness.language_tables import (
@@ -116,7 +117,7 @@ def save_language(result: AuditFindings, out: Path) -> tuple[dict[str, Path], li
     if _has(result.observations, "margin"):
         frames.append(language_effects(result.observations, measure="margin", clusters=clusters))
     paths["language_effects"] = atomic_write_text(
-        out / "language_effects.csv", pd.concat(frames, ignore_index=True).to_csv(index=False)
+        out / "language_effects.csv", saved_table(pd.concat(frames, ignore_index=True)).to_csv(index=False)
     )
     for n in sorted(result.observations["n"].unique()):
         stem = out / "figures" / f"language_beta2_n{int(n)}"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from posfair.fairness.analysis import inference_labels
 from posfair.fairness.audit_tables import format_estimate
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.report.tables import Table
@@ -25,7 +26,7 @@ __all__ = [
     "LANGUAGE_INFERENCE",
 ]
 
-LANGUAGE_INFERENCE = Inference().label()
+LANGUAGE_INFERENCE = Inference().used()
 #: measures of the language-effect tables besides σ
 MEASURE_NAMES = {"sigma": "σ", "margin": "the margin (σ minus the mean cosine to other sets)"}
 
@@ -148,7 +149,7 @@ def language_effect_table(effects: pd.DataFrame, tokens: pd.DataFrame, *, n: int
         f"instance with n = {n} on positions 2..{n}, with later-language, position and "
         f"{'lead-language dummies' if e['lead_controls'].all() else 'lead-language dummies (left out where collinear: monolingual instances only)'} "
         "(length-adj.: plus the segment's centred token count). "
-        f"{MARK_LEGEND}. Inference: {describe_inference(e['inference'] if 'inference' in e else [LANGUAGE_INFERENCE])}; "
+        f"{MARK_LEGEND}. Inference: {describe_inference(inference_labels(e) or [LANGUAGE_INFERENCE])}; "
         f"{_clusters_text(e)}, N = {int(e['nobs'].max()) if len(e) else 0} later segments. Mean tokens per segment: the model's "
         "tokenizer, no special tokens, each distinct segment once."
     )

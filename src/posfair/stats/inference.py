@@ -46,6 +46,7 @@ Two kinds of inference (:class:`Inference`):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -58,6 +59,7 @@ __all__ = [
     "Inference",
     "InferenceLabel",
     "describe_inference",
+    "read_inference_labels",
     "significance_mark",
     "few_clusters_text",
     "MARKS",
@@ -280,14 +282,26 @@ class InferenceLabel:
         )
 
 
-def describe_inference(labels) -> str:
-    """A sentence for captions from the short labels of :meth:`Inference.label` found in a (saved) table: each read
-    back by :meth:`InferenceLabel.parse` (a label it does not know is kept as it is)."""
+def describe_inference(labels: Iterable[InferenceLabel | str]) -> str:
+    """A sentence for captions from the inferences a table's fits used: typed values (:class:`InferenceLabel`, what
+    a fresh fit carries) are put in words as they are; a short label of :meth:`Inference.label` -- the text column of
+    a table saved by an older run -- is read back by :meth:`InferenceLabel.parse` (a label it does not know is kept
+    as it is)."""
     parts = []
-    for lab in dict.fromkeys(str(x) for x in labels):
-        used = InferenceLabel.parse(lab)
-        parts.append(used.sentence() if used is not None else lab)
+    for lab in dict.fromkeys(labels):
+        used = lab if isinstance(lab, InferenceLabel) else InferenceLabel.parse(str(lab))
+        parts.append(used.sentence() if used is not None else str(lab))
     return "; ".join(dict.fromkeys(parts))
+
+
+def read_inference_labels(texts: Iterable[str]) -> list[InferenceLabel | str]:
+    """The typed inferences of a saved table's ``inference`` column (a ``coefficients.csv`` read back): each label
+    parsed once by :meth:`InferenceLabel.parse`; one it does not know is kept as its text."""
+    out: list[InferenceLabel | str] = []
+    for text in texts:
+        used = InferenceLabel.parse(str(text))
+        out.append(used if used is not None else str(text))
+    return out
 
 
 def few_clusters_text(n_clusters: int) -> str:

@@ -24,7 +24,14 @@ from statsmodels.iolib.summary import summary_params
 
 from posfair._stack import user_stacklevel
 from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, cluster_kind, fit_clustered
-from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, few_clusters_text, significance_mark
+from posfair.stats.inference import (
+    FEW_CLUSTERS,
+    FewClustersWarning,
+    Inference,
+    InferenceLabel,
+    few_clusters_text,
+    significance_mark,
+)
 from posfair.stats.wild import _wildboottest_tests, wild_tests
 
 __all__ = ["PositionOLS", "fit_position_ols", "position_design"]
@@ -48,11 +55,16 @@ class PositionOLS:
     nobs: int
     n_clusters: int
     tvalues: np.ndarray | None = None
-    inference: str = "CR1 conservative t(G-1)"
+    #: per coefficient the inference its p-value used, typed (the wild bootstrap's G may differ between coefficients)
+    inference_used: tuple[InferenceLabel, ...] = ()
     cluster_by: str = ""  # e.g. "set+topic (90 sets, 53 topics)"
     result: Any = field(default=None, compare=False, repr=False)
     fit: ClusteredFit | None = field(default=None, compare=False, repr=False)
-    inference_each: tuple[str, ...] | None = None  # per coefficient, where the bootstraps' clusters differ
+
+    @property
+    def inference(self) -> str:
+        """The short label(s) of :attr:`inference_used` (``CR1 conservative t(G-1)``; distinct ones joined by ``; ``)."""
+        return "; ".join(dict.fromkeys(u.text() for u in self.inference_used))
 
     @property
     def G(self) -> np.ndarray:
@@ -126,7 +138,8 @@ class PositionOLS:
                 "clusters": self.G,
                 "cluster_by": self.clusters_used,
                 "cluster_kind": self.kinds_used,
-                "inference": list(self.inference_each) if self.inference_each else self.inference,
+                "inference": [u.text() for u in self.inference_used],  # the saved text (coefficients.csv)
+                "inference_used": list(self.inference_used),  # typed, in memory only: what captions read
                 "ci_low": ci[:, 0],
                 "ci_high": ci[:, 1],
             }
@@ -182,7 +195,7 @@ def fit_position_ols(
     if warn and n_clusters < FEW_CLUSTERS:
         warnings.warn(few_clusters_text(n_clusters), FewClustersWarning, stacklevel=user_stacklevel())
     tvalues, pvalues = fit.tvalues, fit.pvalues.copy()
-    labels_each = [inference.label(int(fit.structures[u].bootstrap_codes.max()) + 1) for u in fit.used]
+    used_each = tuple(inference.used(int(fit.structures[u].bootstrap_codes.max()) + 1) for u in fit.used)
     if inference.method == "wild":
         # per coefficient the bootstrap of the clustering its interval used
         for used in dict.fromkeys(fit.used):
@@ -206,8 +219,7 @@ def fit_position_ols(
         nobs=len(y),
         n_clusters=n_clusters,
         tvalues=tvalues,
-        inference="; ".join(dict.fromkeys(labels_each)),
-        inference_each=tuple(labels_each) if len(set(labels_each)) > 1 else None,
+        inference_used=used_each,
         cluster_by=fit.cluster_by(),
         result=fit.result,
         fit=fit,
