@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import socket
 
 import pytest
@@ -207,3 +208,114 @@ def test_the_former_name_still_runs_and_says_it_is_deprecated(tmp_path, specs, s
     first = r.stderr.splitlines()[0]
     assert first == "warning: --max-tokens is deprecated: use --max-batch-tokens (same meaning)"
     assert len(first) <= 80 and r.stderr.count("deprecated") == 1
+
+
+def _pipelines():
+    """(options class, the function the command passes them to, a value, the same value's refused variants)."""
+    from pathlib import Path
+
+    from posfair.cli.attention import AttentionOptions, attention_run
+    from posfair.cli.audit import AuditOptions, audit_run
+    from posfair.cli.checks import ModelOptions
+    from posfair.cli.encode import EncodeOptions, encode_run
+    from posfair.cli.tune import TuneOptions, tune_run
+
+    model, out = ModelOptions("bundled", max_seq_length=128), Path("out")
+    return {
+        "audit": (
+            AuditOptions,
+            audit_run,
+            dict(out=out, model=model, n=[3, 5], langs=["en", "de"]),
+            {
+                "--bootstrap-draws applies only to --inference wild": dict(bootstrap_draws=199),
+                "a language grid needs at least 2 languages": dict(language_grid=["en"]),
+                "--min-segment-tokens 90 is above --max-segment-tokens 30": dict(min_tokens=90, max_tokens=30),
+                "--family-field src: applies only with --by-family": dict(family_field="src"),
+            },
+        ),
+        "tune": (
+            TuneOptions,
+            tune_run,
+            dict(out=out, model=model, baskets=[64, 128], n=[3]),
+            {
+                "--benchmark b applies only to --objective retrieval": dict(benchmark="b"),
+                "--save-model-anyway: applies only with --save-model": dict(save_model_anyway=True),
+                "--test-family f: applies only to --objective fairness": dict(objective="retrieval", test_family="f"),
+            },
+        ),
+        "attention": (AttentionOptions, attention_run, dict(out=out, model=model, n=[3, 4], langs=["en"]), {}),
+        "encode": (
+            EncodeOptions,
+            encode_run,
+            dict(input=Path("in.jsonl"), out=Path("o.parquet"), model=model, calibration=None, id_field="id"),
+            {
+                "ids go into a .parquet output": dict(out=Path("o.npy")),
+                "a .txt input": dict(input=Path("in.txt")),
+            },
+        ),
+    }
+
+
+@pytest.mark.parametrize("command", ["audit", "tune", "attention", "encode"])
+def test_each_pipelines_options_are_one_frozen_value_refused_when_made(command):
+    """audit, tune, attention and encode: one frozen options value each (lists from the parser frozen as tuples),
+    a combination it refuses refused when the value is made, and the run takes that one value."""
+    cls, run, given, refused = _pipelines()[command]
+    options = cls(**given)
+    assert all(isinstance(getattr(options, k), tuple) for k, v in given.items() if isinstance(v, list))
+    field = next(f.name for f in dataclasses.fields(cls) if f.name not in ("out", "model"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(options, field, getattr(options, field))
+    for message, change in refused.items():
+        with pytest.raises(PosfairInputError, match=re.escape(message)):
+            cls(**{**given, **change})
+    assert list(inspect.signature(run).parameters) == ["options"]
+
+
+#: per command a line (its folder: {t}) and what its options value must then hold
+WHOLE = {
+    "audit": ("audit -o {t}/out --seed 7 --n 3,5 --docs 40 --no-control", dict(seed=7, n=(3, 5), docs=40, control=False)),
+    "tune": ("tune -o {t}/out --seed 7 --baskets 64,128 --score max-beta", dict(seed=7, baskets=(64, 128), score="max-beta")),
+    "attention": ("attention -o {t}/out --seed 7 --langs en,de --bins 10", dict(seed=7, langs=("en", "de"), bins=10)),
+    "encode": ("encode -i {t}/in.txt -o {t}/o.npy --batch-size 7 --normalize", dict(batch_size=7, normalize=True)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(WHOLE))
+def test_each_command_passes_its_options_down_whole(command, tmp_path, monkeypatch):
+    """The command builds its options value once and hands the pipeline that one value, every option in it."""
+    import posfair.cli.attention
+    import posfair.cli.audit
+    import posfair.cli.encode
+    import posfair.cli.tune
+
+    module = {"audit": posfair.cli.audit, "tune": posfair.cli.tune, "attention": posfair.cli.attention,
+              "encode": posfair.cli.encode}[command]  # fmt: skip
+    cls, run, _, _ = _pipelines()[command]
+    seen = []
+    monkeypatch.setattr(module, run.__name__, lambda *args, **kw: seen.append((args, kw)))
+    line, expected = WHOLE[command]
+    r = CliRunner().invoke(app, [*line.format(t=tmp_path).split(), "--max-seq-length", "77"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    ((args, kw),) = seen
+    assert kw == {} and len(args) == 1 and type(args[0]) is cls
+    assert {k: getattr(args[0], k) for k in expected} == expected and args[0].model.max_seq_length == 77
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("audit -o {t}/out --family-field src", "--family-field src: applies only with --by-family"),
+        ("tune -o {t}/out --save-model-anyway", "--save-model-anyway: applies only with --save-model"),
+        ("encode -i {t}/in.txt -o {t}/o.npy --id-field id", "ids go into a .parquet output"),
+    ],
+)
+def test_a_refused_combination_stops_the_command_before_any_work(line, message, tmp_path, monkeypatch, loads):
+    """A combination the options value refuses ends the command before a folder is checked or the model loaded."""
+    import posfair.cli.checks as checks
+
+    monkeypatch.setattr(checks, "output_folder", lambda *a, **k: pytest.fail("a folder checked after a refusal"))
+    monkeypatch.setattr(checks, "output_file", lambda *a, **k: pytest.fail("a file checked after a refusal"))
+    r = CliRunner().invoke(app, line.format(t=tmp_path).split(), env=WIDE)
+    assert r.exit_code == 2 and message in " ".join(r.stderr.split()), r.output
+    assert not loads and not list(tmp_path.iterdir())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 from posfair.calibration.coverage import SHARE_NAME
 from posfair.cli import checks
@@ -29,23 +31,39 @@ from posfair.cli.options import (
 from posfair.cli.parsers import layers_text
 
 
-def run_attention(
-    model,
-    corpus,
-    *,
-    langs,
-    n,
-    layers,
-    basket_size,
-    n_bins,
-    calibration,
-    max_docs,
-    out: Path,
-    batch_size=8,
-    seed=0,
-    model_name="",
-    progress=None,
-):
+@dataclasses.dataclass(frozen=True)
+class AttentionOptions:
+    """Everything ``posfair attention`` runs with, built once by the command and passed down as one value:
+    ``--calibration`` resolved when it is made (STOCK when not given), the folder and the model's source by
+    :meth:`checked`, before any work; ``--profile-layers`` against the model once it is loaded."""
+
+    out: Path
+    model: checks.ModelOptions
+    corpus: str | None = None
+    n: tuple[int, ...] = (3,)
+    langs: tuple[str, ...] = ("en",)
+    layers: Any = None
+    basket_size: int = 128
+    bins: int = 20
+    calibration: Any = None
+    max_docs: int = DOCS_DEFAULT
+    batch_size: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        n = [self.n] if isinstance(self.n, int) else self.n
+        object.__setattr__(self, "n", tuple(n))
+        object.__setattr__(self, "langs", tuple(self.langs))  # a list from the parser: frozen as a tuple
+        object.__setattr__(self, "calibration", checks.calibration(self.calibration))  # STOCK when not given
+
+    def checked(self) -> AttentionOptions:
+        """These options once the output folder and the model's source and device are checked."""
+        checks.output_folder(self.out)
+        self.model.checked()
+        return self
+
+
+def run_attention(model, corpus, options: AttentionOptions, *, model_name="", progress=None):
     """Profiles per language (stock and, if given, calibrated); writes arrays, figures and an HTML page."""
     from posfair.attention.profile import attention_profile
     from posfair.attention.render import write_attention_report
@@ -53,40 +71,40 @@ def run_attention(
     from posfair.corpus import corpus_content_fingerprint
     from posfair.run_folder import RunFolder
 
-    ns = [n] if isinstance(n, int) else list(n)
+    o = options
     key = {
         "model": model.fingerprint,
         "corpus": corpus_content_fingerprint(corpus),
-        "langs": list(langs),
-        "n": ns,
-        "layers": None if layers is None else str(layers),
-        "basket_size": basket_size,
-        "bins": n_bins,
-        "calibration": calibration.key(),
-        "max_docs": max_docs,
-        "seed": seed,
+        "langs": list(o.langs),
+        "n": list(o.n),
+        "layers": None if o.layers is None else str(o.layers),
+        "basket_size": o.basket_size,
+        "bins": o.bins,
+        "calibration": o.calibration.key(),
+        "max_docs": o.max_docs,
+        "seed": o.seed,
     }
     profiles = []
-    with RunFolder(out, "attention", key):
-        for lang in langs:
-            docs = [d for k in ns for d in build_documents(model, corpus, lang, k, max_docs, seed)]  # every n pooled
-            for cal in [STOCK] + ([] if calibration is STOCK else [calibration]):
+    with RunFolder(o.out, "attention", key):
+        for lang in o.langs:
+            docs = [d for k in o.n for d in build_documents(model, corpus, lang, k, o.max_docs, o.seed)]  # every n
+            for cal in [STOCK] + ([] if o.calibration is STOCK else [o.calibration]):
                 tick = progress(f"{lang} · {cal.label()}", len(docs)) if progress else None
                 prof = attention_profile(
                     model,
                     docs,
-                    layers=layers,
-                    basket_size=basket_size,
-                    n_bins=n_bins,
+                    layers=o.layers,
+                    basket_size=o.basket_size,
+                    n_bins=o.bins,
                     calibration=cal,
-                    batch_size=batch_size,
+                    batch_size=o.batch_size,
                     group=lang,
                     model_name=model_name,
                     progress=tick,
                 )
-                prof.save(out / f"attention_{lang}_{cal.key()}")
+                prof.save(o.out / f"attention_{lang}_{cal.key()}")
                 profiles.append(prof)
-        report = write_attention_report(profiles, out, title=f"Attention profile — {model_name or 'model'}")
+        report = write_attention_report(profiles, o.out, title=f"Attention profile — {model_name or 'model'}")
     return profiles, report
 
 
@@ -129,6 +147,27 @@ def attention(
     device: Device = None,
 ) -> None:
     """Profile the pooling token's attention over segment-set documents (stock vs calibrated)."""
+    options = AttentionOptions(
+        out=out,
+        model=checks.ModelOptions(
+            model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+        ),
+        corpus=corpus,
+        n=n,
+        langs=langs,
+        layers=layers,
+        basket_size=basket_size,
+        bins=bins,
+        calibration=calibration,
+        max_docs=max_docs,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    attention_run(options)
+
+
+def attention_run(options: AttentionOptions) -> None:
+    """Check everything, read the corpus, load the model, profile and print the table."""
     # the model and the plots are imported only when they are needed, after the checks (--help and mistakes stay fast)
     from posfair.attention.profile import resolve_layers
     from posfair.cli.error_boundary import data_errors, naming
@@ -136,36 +175,15 @@ def attention(
     from posfair.cli.terminal import say, table
     from posfair.cli.terminal_progress import progress_bars
 
-    checks.output_folder(out)
-    model_options = checks.ModelOptions(
-        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
-    ).checked()
-    data = load_corpus(corpus, sorted(set(langs)))
-    fm = checks.load_model(model_options)
-    with naming("--profile-layers", layers_text(layers)):
-        resolve_layers(layers, fm.num_layers)
-    calibration = checks.calibration(calibration)  # STOCK when --calibration is not given
-    checks.check_calibrations(fm, [calibration])
-
-    name = fm.display_name
+    o = options.checked()
+    data = load_corpus(o.corpus, sorted(set(o.langs)))
+    fm = checks.load_model(o.model)
+    with naming("--profile-layers", layers_text(o.layers)):
+        resolve_layers(o.layers, fm.num_layers)
+    checks.check_calibrations(fm, [o.calibration])
     t0 = time.perf_counter()
     with progress_bars() as bar, data_errors():  # e.g. too few topics of a language for --n
-        profiles, report = run_attention(
-            fm,
-            data,
-            langs=langs,
-            n=n,
-            layers=layers,
-            basket_size=basket_size,
-            n_bins=bins,
-            calibration=calibration,
-            max_docs=max_docs,
-            out=out,
-            batch_size=batch_size,
-            seed=seed,
-            model_name=name,
-            progress=bar,
-        )
+        profiles, report = run_attention(fm, data, o, model_name=fm.display_name, progress=bar)
     first = profiles[0]
     keys = list(first.summary())
     rows = []

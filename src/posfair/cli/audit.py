@@ -5,8 +5,9 @@ The run itself and its summary (:func:`posfair.cli.runs.run_audit`) are shared w
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -34,6 +35,9 @@ from posfair.cli.options import (
     TrustRemoteCode,
 )
 from posfair.cli.parsers import comma_list, integer, joined, lang_code, mixed_config
+
+if TYPE_CHECKING:
+    from posfair.fairness.experiment import AuditSettings
 
 Mixed = Annotated[
     list[str],
@@ -129,36 +133,145 @@ def audit(
     family_field: FamilyField = None,
 ) -> None:
     """Audit a model's positional fairness on an aligned corpus (stock vs calibrations). Resumable."""
-    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
-    configs, grid_all = _language_configs(langs, mixed, language_grid)
-    family_field = _check_options(min_tokens, max_tokens, by_family, family_field, out, cache)
-    model_options = checks.ModelOptions(
-        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
-    ).checked()
-    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
-    from posfair.fairness.experiment import AuditSettings
-
-    settings_kw = dict(
-        n_values=tuple(n),
-        target_docs=docs,
+    options = AuditOptions(
+        out=out,
+        model=checks.ModelOptions(
+            model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+        ),
+        corpus=corpus,
+        n=n,
+        langs=langs,
+        mixed=mixed,
+        language_grid=language_grid,
+        calibrations=calibration,
+        docs=docs,
         seed=seed,
-        max_seq_length=max_seq_length,
-        min_segment_tokens=min_tokens,
-        max_segment_tokens=max_tokens,
         batch_size=batch_size,
+        min_tokens=min_tokens,
+        max_tokens=max_tokens,
+        cache=cache,
         control=not no_control,
+        inference=inference,
+        clusters=clusters,
+        bootstrap_draws=bootstrap_draws,
+        bootstrap_weights=bootstrap_weights,
+        bootstrap_seed=bootstrap_seed,
+        by_family=by_family,
         family_field=family_field,
-        **inference_kw,
     )
-    if not grid_all:  # validated before the corpus is read (with 'all' the configurations come from it)
-        AuditSettings(configs=tuple(configs), **settings_kw)
-    data, configs = _load_data(corpus, configs, grid_all, family_field)
-    settings = AuditSettings(configs=tuple(configs), **settings_kw)
-    fm = checks.load_model(model_options)
-    checks.check_calibrations(fm, calibration)
-    name = fm.display_name
+    audit_run(options)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditOptions:
+    """Everything ``posfair audit`` runs with, built once by the command and passed down as one value: the
+    combinations of options it refuses (inference, language configurations, segment lengths, families) are
+    refused when it is made, the folders, the model's source and the audit's settings by :meth:`checked`, before
+    any work."""
+
+    out: Path
+    model: checks.ModelOptions
+    corpus: str | None = None
+    n: tuple[int, ...] = (3, 4)
+    langs: tuple[str, ...] = ()
+    mixed: tuple[str, ...] = ()
+    language_grid: tuple[str, ...] = ()
+    calibrations: tuple = ()
+    docs: int = DOCS_DEFAULT
+    seed: int = 0
+    batch_size: int = 32
+    min_tokens: int | None = None
+    max_tokens: int | None = None
+    cache: Path | None = None
+    control: bool = True
+    inference: str = "cluster"
+    clusters: str = "conservative"
+    bootstrap_draws: int | None = None
+    bootstrap_weights: str | None = None
+    bootstrap_seed: int | None = None
+    by_family: bool = False
+    family_field: str | None = None
+
+    def __post_init__(self) -> None:
+        from posfair.cli.error_boundary import PosfairInputError
+
+        for name in ("n", "langs", "mixed", "language_grid", "calibrations"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))  # a list from the parser: frozen as a tuple
+        self.inference_settings  # noqa: B018 -- a bootstrap option without --inference wild is refused now
+        self.configs  # noqa: B018 -- so is a language grid of one language, or 'all' beside others
+        if self.min_tokens is not None and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise PosfairInputError(
+                f"--min-segment-tokens {self.min_tokens} is above --max-segment-tokens {self.max_tokens}"
+            )
+        if self.family_field is not None and not self.by_family:
+            raise PosfairInputError(f"--family-field {self.family_field}: applies only with --by-family")
+
+    @property
+    def inference_settings(self) -> dict:
+        """``--inference``, ``--clusters`` and the bootstrap options as AuditSettings keywords."""
+        return checks.inference_settings(
+            self.inference, self.bootstrap_draws, self.bootstrap_weights, self.bootstrap_seed, self.clusters
+        )
+
+    @property
+    def configs(self) -> tuple[list, bool]:
+        """The language configurations asked for and whether the grid is ``all`` (see :func:`_language_configs`)."""
+        return _language_configs(self.langs, self.mixed, self.language_grid)
+
+    @property
+    def family(self) -> str | None:
+        """The corpus column naming the families (None without ``--by-family``)."""
+        return (self.family_field or "source") if self.by_family else None
+
+    def settings(self, configs) -> AuditSettings:
+        """The audit's settings for these language configurations (refused as ``AuditSettings`` refuses them)."""
+        from posfair.fairness.experiment import AuditSettings
+
+        return AuditSettings(
+            configs=tuple(configs),
+            n_values=self.n,
+            target_docs=self.docs,
+            seed=self.seed,
+            max_seq_length=self.model.max_seq_length,
+            min_segment_tokens=self.min_tokens,
+            max_segment_tokens=self.max_tokens,
+            batch_size=self.batch_size,
+            control=self.control,
+            family_field=self.family,
+            **self.inference_settings,
+        )
+
+    def checked(self) -> AuditOptions:
+        """These options once the folders and the model's source and device are checked, and the settings where
+        the configurations are known before the corpus is read (with ``all`` they come from it)."""
+        checks.output_folder(self.out)
+        checks.cache_folder(self.cache)
+        self.model.checked()
+        configs, grid_all = self.configs
+        if not grid_all:
+            self.settings(configs)
+        return self
+
+
+def audit_run(options: AuditOptions) -> None:
+    """Check everything, read the corpus, load the model, run the audit and print its summary."""
+    o = options.checked()
+    # the pipeline (torch, transformers) is imported only now, after the checks (--help and mistakes stay fast)
+    configs, grid_all = o.configs
+    data, configs = _load_data(o.corpus, configs, grid_all, o.family)
+    settings = o.settings(configs)
+    fm = checks.load_model(o.model)
+    checks.check_calibrations(fm, o.calibrations)
     runs.run_audit(
-        fm, data, settings, list(calibration), out, cache, name, corpus or "bundled", "Positional-fairness audit"
+        fm,
+        data,
+        settings,
+        list(o.calibrations),
+        o.out,
+        o.cache,
+        fm.display_name,
+        o.corpus or "bundled",
+        "Positional-fairness audit",
     )
 
 
@@ -184,21 +297,6 @@ def _language_configs(langs, mixed, language_grid) -> tuple[list, bool]:
     if not configs and not grid_all:  # nothing asked: English documents, as attention and estimate-prior
         configs = [LanguageConfig.mono("en")]
     return configs, grid_all
-
-
-def _check_options(min_tokens, max_tokens, by_family: bool, family_field, out, cache) -> str | None:
-    """The segment lengths and family options ``audit`` refuses and the folders it checks, before any work; the
-    family column (None without ``--by-family``)."""
-    from posfair.cli.error_boundary import PosfairInputError
-
-    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
-        raise PosfairInputError(f"--min-segment-tokens {min_tokens} is above --max-segment-tokens {max_tokens}")
-    if family_field is not None and not by_family:
-        raise PosfairInputError(f"--family-field {family_field}: applies only with --by-family")
-    family_field = (family_field or "source") if by_family else None
-    checks.output_folder(out)
-    checks.cache_folder(cache)
-    return family_field
 
 
 def _load_data(corpus, configs: list, grid_all: bool, family_field: str | None):

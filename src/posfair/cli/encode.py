@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -80,39 +81,76 @@ def encode(
     ] = 512,
 ) -> None:
     """Embed texts, stock or calibrated. Resumable: rerun the same command after an interruption."""
-    from posfair.cli.error_boundary import input_error
+    options = EncodeOptions(
+        input=input,
+        out=out,
+        model=checks.ModelOptions(
+            model, max_seq_length=max_seq_length, pooling=pooling, trust_remote_code=trust_remote_code, device=device
+        ),
+        calibration=checks.calibration(calibration, basket_size, layers, strength),
+        text_field=text_field,
+        id_field=id_field,
+        batch_size=batch_size,
+        normalize=normalize,
+        prompt=prompt,
+        cache=cache,
+        chunk_size=chunk_size,
+    )
+    encode_run(options)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeOptions:
+    """Everything ``posfair encode`` runs with, built once by the command and passed down as one value: an
+    ``--id-field`` the input or output cannot hold is refused when it is made, the output file, the cache folder
+    and the model's source by :meth:`checked`, before anything is read or written.  ``calibration``: the
+    Calibration of ``--calibration`` with ``--basket-size``, ``--layers``, ``--strength`` (STOCK when none)."""
+
+    input: Path
+    out: Path
+    model: checks.ModelOptions
+    calibration: Any
+    text_field: str = "text"
+    id_field: str | None = None
+    batch_size: int = 32
+    normalize: bool = False
+    prompt: str | None = None
+    cache: Path | None = None
+    chunk_size: int = 512
+
+    def __post_init__(self) -> None:
+        from posfair.cli.error_boundary import input_error
+
+        if self.id_field is not None and self.out.suffix.lower() != ".parquet":
+            raise input_error(
+                "--id-field", self.id_field, f"ids go into a .parquet output; --out {self.out} is {self.out.suffix}"
+            )
+        if self.id_field is not None and self.input.suffix.lower() == ".txt":
+            raise input_error(
+                "--id-field", self.id_field, f"a .txt input ({self.input}) has no fields; use .jsonl or .parquet"
+            )
+
+    def checked(self) -> EncodeOptions:
+        """These options once the output file, the cache folder and the model's source and device are checked."""
+        checks.output_file(self.out, OUTPUT_TYPES)
+        checks.cache_folder(self.cache)
+        self.model.checked()
+        return self
+
+
+def encode_run(options: EncodeOptions) -> None:
+    """Check everything, read the texts, load the model and embed them (into a temporary cache without --cache)."""
     from posfair.io import read_texts
 
     # everything the user gave is checked before the heavy imports, the model or anything is written
-    checks.output_file(out, OUTPUT_TYPES)
-    if id_field is not None and out.suffix.lower() != ".parquet":
-        raise input_error("--id-field", id_field, f"ids go into a .parquet output; --out {out} is {out.suffix}")
-    if id_field is not None and input.suffix.lower() == ".txt":
-        raise input_error("--id-field", id_field, f"a .txt input ({input}) has no fields; use .jsonl or .parquet")
-    checks.cache_folder(cache)
-    cal = checks.calibration(calibration, basket_size, layers, strength)
-    model_options = checks.ModelOptions(
-        model, max_seq_length=max_seq_length, pooling=pooling, trust_remote_code=trust_remote_code, device=device
-    ).checked()
-    texts, ids = read_texts(input, text_field, id_field)  # PosfairInputError naming the file and line
+    o = options.checked()
+    texts, ids = read_texts(o.input, o.text_field, o.id_field)  # PosfairInputError naming the file and line
     # the encoder (torch, transformers) is imported only now, when the command runs (--help and mistakes stay fast)
-    fm = checks.load_model(model_options)
-    checks.check_calibrations(fm, [cal])
-    temporary = TemporaryCacheFolder(out) if cache is None else None
+    fm = checks.load_model(o.model)
+    checks.check_calibrations(fm, [o.calibration])
+    temporary = TemporaryCacheFolder(o.out) if o.cache is None else None
     try:
-        _encode_into(
-            fm,
-            texts,
-            ids,
-            out,
-            cal,
-            cache if cache is not None else temporary.path,
-            id_field,
-            prompt,
-            batch_size,
-            chunk_size,
-            normalize,
-        )
+        _encode_into(fm, texts, ids, o, o.cache if o.cache is not None else temporary.path)
         if temporary is not None:
             temporary.remove()
     finally:
@@ -120,13 +158,15 @@ def encode(
             temporary.release()  # a failed run keeps the folder (a rerun resumes from it) and lets go of its lock
 
 
-def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_size, chunk_size, normalize) -> None:
+def _encode_into(fm, texts, ids, options: EncodeOptions, cache_dir) -> None:
     import numpy as np
 
     from posfair.cli.terminal_progress import progress_bars
     from posfair.encoding import encode_cached, l2_normalize
     from posfair.io import atomic_save_npy, atomic_write_parquet
     from posfair.store import EmbeddingStore, embedding_namespace, text_key
+
+    o, cal, out, prompt = options, options.calibration, options.out, options.prompt
 
     store = EmbeddingStore(cache_dir)
     ns = embedding_namespace(store, fm.fingerprint, cal, prompt)  # checks the store's manifest and shards
@@ -140,11 +180,11 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
             store,
             calibration=cal,
             prompt=prompt,
-            batch_size=batch_size,
-            chunk_size=chunk_size,
+            batch_size=o.batch_size,
+            chunk_size=o.chunk_size,
             progress=tick,
         )
-    if normalize:
+    if o.normalize:
         vectors = l2_normalize(vectors)
     if out.suffix.lower() == ".npy":
         atomic_save_npy(out, vectors.astype(np.float32))
@@ -153,7 +193,7 @@ def _encode_into(fm, texts, ids, out, cal, cache_dir, id_field, prompt, batch_si
 
         df = pd.DataFrame({"embedding": list(vectors.astype(np.float32))})
         if ids is not None:
-            df.insert(0, id_field, ids)
+            df.insert(0, o.id_field, ids)
         atomic_write_parquet(out, df)
     label = cal.label()
     if cal.label() != "stock":  # say how many texts the calibration changed: a no-op is not a calibrated result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from pathlib import Path
@@ -234,13 +235,125 @@ def tune(
     verbose: Verbose = False,
 ) -> None:
     """Search basket size x layers x strength on a dev split under a constraint; report the Pareto front and the test split."""
+    options = TuneOptions(
+        out=out,
+        model=checks.ModelOptions(
+            model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
+        ),
+        corpus=corpus,
+        objective=objective,
+        benchmark=benchmark,
+        max_recall_drop=max_recall_drop,
+        max_ndcg_drop=max_ndcg_drop,
+        score=score,
+        space=space,
+        baskets=baskets,
+        layers=layers,
+        strengths=strengths,
+        variants=variants,
+        self_shares=self_shares,
+        special_shares=special_shares,
+        trailing_policies=trailing_policies,
+        strength_schedules=strength_schedules,
+        fine_rounds=fine_rounds,
+        n=n,
+        lang=lang,
+        docs=docs,
+        test_fraction=test_fraction,
+        test_family=test_family,
+        seed=seed,
+        batch_size=batch_size,
+        cache=cache,
+        save_model=save_model,
+        save_model_anyway=save_model_anyway,
+        verbose=verbose,
+    )
+    tune_run(options)
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """Everything ``posfair tune`` runs with, built once by the command and passed down as one value: the
+    combinations of options it refuses are refused when it is made, the benchmark's source, the folders and the
+    model's source by :meth:`checked`, before any work."""
+
+    out: Path
+    model: checks.ModelOptions
+    corpus: str | None = None
+    objective: str = "fairness"
+    benchmark: str | None = None
+    max_recall_drop: float = 2.0
+    max_ndcg_drop: float = 2.0
+    score: str = "spread"
+    space: str = "default"
+    baskets: tuple[int, ...] = ()
+    layers: tuple = ()
+    strengths: tuple[float, ...] = ()
+    variants: tuple[str, ...] = ()
+    self_shares: tuple[float, ...] = ()
+    special_shares: tuple = ()
+    trailing_policies: tuple[str, ...] = ()
+    strength_schedules: tuple[str, ...] = ()
+    fine_rounds: int = 2
+    n: tuple[int, ...] = (3,)
+    lang: str = "en"
+    docs: int = DOCS_DEFAULT
+    test_fraction: float = 0.5
+    test_family: str | None = None
+    seed: int = 0
+    batch_size: int = 32
+    cache: Path | None = None
+    save_model: Path | None = None
+    save_model_anyway: bool = False
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        from posfair.cli.error_boundary import PosfairInputError
+
+        for name in ("baskets", "layers", "strengths", "variants", "self_shares", "special_shares",
+                     "trailing_policies", "strength_schedules", "n"):  # fmt: skip
+            object.__setattr__(self, name, tuple(getattr(self, name)))  # a list from the parser: frozen as a tuple
+        if self.benchmark is not None and self.objective != "retrieval":
+            raise PosfairInputError(f"--benchmark {self.benchmark} applies only to --objective retrieval")
+        if self.save_model_anyway and self.save_model is None:
+            raise PosfairInputError("--save-model-anyway: applies only with --save-model FOLDER")
+        if self.test_family is not None and self.objective != "fairness":
+            raise PosfairInputError(f"--test-family {self.test_family}: applies only to --objective fairness")
+
+    @property
+    def max_drop(self) -> float:
+        """The constraint's most allowed drop below stock, as a fraction (recall for fairness, nDCG for retrieval)."""
+        return (self.max_recall_drop if self.objective == "fairness" else self.max_ndcg_drop) / 100
+
+    @property
+    def score_name(self) -> str | None:
+        """The tuner's name of ``--score`` (None for the retrieval objective)."""
+        return {"spread": "spread", "max-beta": "max_abs_beta"}[self.score] if self.objective == "fairness" else None
+
+    def grid(self):
+        """The grid searched: ``--space`` with each axis given on the command line in its place."""
+        return _search_space(self.space, self.fine_rounds, self.baskets, self.layers, self.strengths, self.variants,
+                             self.self_shares, self.special_shares, self.trailing_policies,
+                             self.strength_schedules)  # fmt: skip
+
+    def checked(self) -> TuneOptions:
+        """These options once the benchmark's source, the folders and the model's source and device are checked."""
+        if self.benchmark is not None:
+            checks.benchmark_source(self.benchmark)
+        checks.output_folder(self.out)
+        checks.cache_folder(self.cache)
+        if self.save_model is not None:
+            checks.output_folder(self.save_model, "--save-model")
+        self.model.checked()
+        return self
+
+
+def tune_run(options: TuneOptions) -> None:
+    """Check everything, read the data, load the model, tune, and say the verdict (exit 3: the model not saved)."""
     from posfair.cli.error_boundary import data_errors
     from posfair.cli.terminal import error, say
 
-    _check_options(objective, benchmark, out, cache, save_model, save_model_anyway)
-    model_options = checks.ModelOptions(
-        model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, device=device
-    ).checked()
+    o = options.checked()
     # the tuner and the pipelines (torch, transformers) are imported only now, after the checks (--help and mistakes stay fast)
     from posfair.tuning import default_fairness_settings
     from posfair.tuning.outputs import summary_text
@@ -248,62 +361,45 @@ def tune(
     from posfair.tuning.tuner import tune as run_tune
     from posfair.tuning.verdicts import ConstraintWarning
 
-    grid = _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares,
-                         trailing_policies, strength_schedules)  # fmt: skip
-    df, bench = _load_data(objective, benchmark, corpus, lang, test_family)
-    fm = checks.load_model(model_options)
+    grid = o.grid()
+    df, bench = _load_data(o.objective, o.benchmark, o.corpus, o.lang, o.test_family)
+    fm = checks.load_model(o.model)
     settings = None
-    if objective == "fairness":
+    if o.objective == "fairness":
         settings = default_fairness_settings(
-            n_values=tuple(n), configs=(lang,), target_docs=docs, seed=seed, batch_size=batch_size
+            n_values=o.n, configs=(o.lang,), target_docs=o.docs, seed=o.seed, batch_size=o.batch_size
         )
-    if not baskets:  # the --space grid: basket sizes no document of this model can fill are left out up front
-        grid = _fit_to_model(grid, space, fm.max_seq_length)
+    if not o.baskets:  # the --space grid: basket sizes no document of this model can fill are left out up front
+        grid = _fit_to_model(grid, o.space, fm.max_seq_length)
     t0 = time.perf_counter()
     with data_errors(), warnings.catch_warnings():  # e.g. too few segment sets to split into dev and test
         warnings.simplefilter("ignore", ConstraintWarning)  # the verdict below says each failure once
         result = run_tune(
             fm,
             df,
-            objective=objective,
+            objective=o.objective,
             benchmark=bench,
             settings=settings,
             space=grid,
-            max_drop=(max_recall_drop if objective == "fairness" else max_ndcg_drop) / 100,
-            score={"spread": "spread", "max-beta": "max_abs_beta"}[score] if objective == "fairness" else None,
-            test_fraction=test_fraction,
-            seed=seed,
-            out_dir=out,
-            cache_dir=cache,
-            save_model=save_model,
-            save_anyway=save_model_anyway,
-            lang=lang,
-            test_family=test_family,
-            log=say if verbose else None,  # every trial line is in OUT/trials.log
+            max_drop=o.max_drop,
+            score=o.score_name,
+            test_fraction=o.test_fraction,
+            seed=o.seed,
+            out_dir=o.out,
+            cache_dir=o.cache,
+            save_model=o.save_model,
+            save_anyway=o.save_model_anyway,
+            lang=o.lang,
+            test_family=o.test_family,
+            log=say if o.verbose else None,  # every trial line is in OUT/trials.log
         )
-    say(summary_text(result, out, log=out / TRIAL_LOG) + f" ({time.perf_counter() - t0:.0f} s)")
+    say(summary_text(result, o.out, log=o.out / TRIAL_LOG) + f" ({time.perf_counter() - t0:.0f} s)")
     if result.save_refused is not None:  # the failure is said above, once
         error(
-            f"tuned model not saved to {save_model}: {result.chosen_label} fails on the held-out test split "
+            f"tuned model not saved to {o.save_model}: {result.chosen_label} fails on the held-out test split "
             "(--save-model-anyway saves it)"
         )
         raise typer.Exit(EXIT_NOT_SAVED)
-
-
-def _check_options(objective, benchmark, out, cache, save_model, save_model_anyway) -> None:
-    """The options ``tune`` refuses and the folders it checks, before any work (the model's are checked next)."""
-    from posfair.cli.error_boundary import PosfairInputError
-
-    if benchmark is not None and objective != "retrieval":
-        raise PosfairInputError(f"--benchmark {benchmark} applies only to --objective retrieval")
-    if benchmark is not None:
-        checks.benchmark_source(benchmark)
-    checks.output_folder(out)
-    checks.cache_folder(cache)
-    if save_model is not None:
-        checks.output_folder(save_model, "--save-model")
-    elif save_model_anyway:
-        raise PosfairInputError("--save-model-anyway: applies only with --save-model FOLDER")
 
 
 def _search_space(space, fine_rounds, baskets, layers, strengths, variants, self_shares, special_shares, trailings,
@@ -343,8 +439,6 @@ def _load_data(objective: str, benchmark, corpus, lang: str, test_family: str | 
     if test_family is not None:
         from posfair.tuning.objectives import corpus_families
 
-        if objective != "fairness":
-            raise PosfairInputError(f"--test-family {test_family}: applies only to --objective fairness")
         families = corpus_families(df)
         if test_family not in families or len(families) < 2:
             known = ", ".join(families) if families else "none (no 'source' column)"
