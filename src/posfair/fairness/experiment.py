@@ -396,13 +396,7 @@ def run_instances(
     tokenizer = encoder.tokenizer
     with enc.max_seq_length(model, info.limit):
         for inst in instances:
-            seg_lookup: dict[str, str] = {}
-            for d in inst.documents:
-                seg_lookup.update(zip(d.segment_ids, d.texts, strict=True))
-            seg_ids = sorted(seg_lookup)
-            seg_texts = [seg_lookup[s] for s in seg_ids]
-            lens = tokenizer(seg_texts, add_special_tokens=False, verbose=False)["input_ids"]
-            seg_tokens = {s: len(ids) for s, ids in zip(seg_ids, lens, strict=True)}
+            seg_ids, seg_texts, seg_tokens = _distinct_segments(inst, tokenizer)
             stock_segs: dict[str, np.ndarray] | None = None
             stock_docs: np.ndarray | None = None
             # stock first: its layers below the calibrations' first calibrated layer serve them all
@@ -411,19 +405,7 @@ def run_instances(
                     label, key = cal.label(), cal.key()
                     t0 = time.perf_counter()
                     if log.isEnabledFor(logging.INFO):
-                        (n_seg, seg_hit), (n_doc, doc_hit) = (
-                            encoder.cached(seg_texts, cal),
-                            encoder.cached([d.text for d in inst.documents], cal),
-                        )
-                        log.info(
-                            "%s, %s: %d segments (%d cached), %d documents (%d cached)",
-                            inst.key,
-                            label,
-                            n_seg,
-                            seg_hit,
-                            n_doc,
-                            doc_hit,
-                        )
+                        _log_cached(encoder, inst, cal, seg_texts)
                     total = len(seg_texts) + len(inst.documents)
                     raw = progress(f"{inst.label} {label}", total, 0) if progress else None
                     ticked = [0]
@@ -464,6 +446,34 @@ def run_instances(
                 log.debug("%s: %s", inst.key, share.summary())
     obs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OBSERVATION_COLUMNS)
     return obs, timings
+
+
+def _distinct_segments(inst: Instance, tokenizer) -> tuple[list[str], list[str], dict[str, int]]:
+    """The instance's distinct segments: their ids (sorted), texts and token counts (no special tokens)."""
+    seg_lookup: dict[str, str] = {}
+    for d in inst.documents:
+        seg_lookup.update(zip(d.segment_ids, d.texts, strict=True))
+    seg_ids = sorted(seg_lookup)
+    seg_texts = [seg_lookup[s] for s in seg_ids]
+    lens = tokenizer(seg_texts, add_special_tokens=False, verbose=False)["input_ids"]
+    return seg_ids, seg_texts, {s: len(ids) for s, ids in zip(seg_ids, lens, strict=True)}
+
+
+def _log_cached(encoder: _Encoder, inst: Instance, cal: Resolved, seg_texts: list[str]) -> None:
+    """How many of the instance's segments and documents the cache holds for ``cal`` (log level INFO)."""
+    (n_seg, seg_hit), (n_doc, doc_hit) = (
+        encoder.cached(seg_texts, cal),
+        encoder.cached([d.text for d in inst.documents], cal),
+    )
+    log.info(
+        "%s, %s: %d segments (%d cached), %d documents (%d cached)",
+        inst.key,
+        cal.label(),
+        n_seg,
+        seg_hit,
+        n_doc,
+        doc_hit,
+    )
 
 
 def default_calibrations(calibrations: Sequence[Calibration | str] | Calibration | str) -> list[Calibration]:

@@ -431,6 +431,30 @@ def cluster_mean_ci(data: pd.DataFrame, z: float = 1.96) -> pd.DataFrame:
 MAX_PANEL_COLUMNS = 3
 
 
+def _legend_only(series: Sequence[ProfileSeries]) -> dict:
+    """The legend entries of the series not drawn (``draw=False``), by label."""
+    from matplotlib.lines import Line2D
+
+    return {
+        s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x", gid=LEGEND_ONLY)
+        for s in series
+        if not s.draw
+    }
+
+
+def _panel_bars(ax, b: pd.DataFrame, bar_max: float, bar_label: str, right: bool) -> None:
+    """The grey bars behind one panel's lines (``b``: columns ``x, bar``) on a twin axis of their own, labelled on
+    the grid's right edge (``right``)."""
+    ax2 = ax.twinx()
+    ax2.bar(b["x"], b["bar"], color="0.85", width=0.6, zorder=0, label=bar_label)
+    ax2.set_ylim(0, bar_max * 1.15 if bar_max > 0 else 1)
+    if right:
+        ax2.set_ylabel(bar_label, fontsize=8, color="0.4")
+    ax2.tick_params(labelsize=7, colors="0.4")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+
+
 def profile_grid(
     series: Sequence[ProfileSeries],
     *,
@@ -447,8 +471,6 @@ def profile_grid(
 ) -> Figure:
     """Build the figure (``bars``: columns ``row, col, x, bar``); ``subtitle``: what the figure is of (the
     model, the token limit, the calibrations in words), under the title."""
-    from matplotlib.lines import Line2D
-
     nr, nc = len(rows), len(cols)
     # at most MAX_PANEL_COLUMNS panels side by side (wider, the report shrinks the text below what reads): more
     # columns wrap, each row of the grid (n) then takes `wrap` rows of panels, each panel titled
@@ -463,11 +485,7 @@ def profile_grid(
     def place(i: int, j: int):
         return grid[i * wrap + j // per_row][j % per_row]
 
-    hidden = {
-        s.label: Line2D([], [], color=s.color or "0.5", linestyle="none", marker="x", gid=LEGEND_ONLY)
-        for s in series
-        if not s.draw
-    }
+    hidden = _legend_only(series)
     series = [s for s in series if s.draw]
     stats = [(s, cluster_mean_ci(s.data)) for s in series]
     bar_stats = (
@@ -480,14 +498,8 @@ def profile_grid(
             ax = place(i, j)
             if bar_stats is not None:
                 b = bar_stats[(bar_stats["row"] == r) & (bar_stats["col"] == c)]
-                ax2 = ax.twinx()
-                ax2.bar(b["x"], b["bar"], color="0.85", width=0.6, zorder=0, label=bar_label)
-                ax2.set_ylim(0, bar_max * 1.15 if bar_max > 0 else 1)
-                if (j == nc - 1 or j % per_row == per_row - 1) and bar_label:
-                    ax2.set_ylabel(bar_label, fontsize=8, color="0.4")
-                ax2.tick_params(labelsize=7, colors="0.4")
-                ax.set_zorder(ax2.get_zorder() + 1)
-                ax.patch.set_visible(False)
+                right = (j == nc - 1 or j % per_row == per_row - 1) and bar_label
+                _panel_bars(ax, b, bar_max, bar_label, right)
             for s, st in stats:
                 cell = st[(st["row"] == r) & (st["col"] == c)]
                 if not len(cell):
@@ -518,6 +530,23 @@ def profile_grid(
     handles.update(hidden)
     finish(fig, title=title, subtitle=subtitle, handles=list(handles.values()), labels=list(handles.keys()))
     return fig
+
+
+def _label_points(ax, labelled) -> None:
+    """Each point's label beside it (a ringed point's off the ring), tied to it by a thin line once moved."""
+    for r in labelled:
+        ringed = bool(getattr(r, "highlight", False))
+        ax.annotate(
+            str(r.label),
+            (r.x, r.y),
+            fontsize=7 if not r.reference else 8,
+            xytext=(RING_CLEARANCE, RING_CLEARANCE) if ringed else (4, 4),  # a ringed point's label: off the ring
+            gid=RINGED if ringed else None,
+            textcoords="offset points",
+            arrowprops=dict(
+                arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=3
+            ),  # ties a moved label to its point
+        )
 
 
 def tradeoff_scatter(
@@ -577,20 +606,7 @@ def tradeoff_scatter(
             )
         if threshold is not None:
             ax.axhline(threshold[0], color="#b2182b", lw=1.0, ls="--", label=threshold[1], zorder=1)
-        labelled = [r for r in d.itertuples(index=False) if r.reference or annotate]
-        for r in labelled:
-            ringed = bool(getattr(r, "highlight", False))
-            ax.annotate(
-                str(r.label),
-                (r.x, r.y),
-                fontsize=7 if not r.reference else 8,
-                xytext=(RING_CLEARANCE, RING_CLEARANCE) if ringed else (4, 4),  # a ringed point's label: off the ring
-                gid=RINGED if ringed else None,
-                textcoords="offset points",
-                arrowprops=dict(
-                    arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=3
-                ),  # ties a moved label to its point
-            )
+        _label_points(ax, [r for r in d.itertuples(index=False) if r.reference or annotate])
         ax.set_title(panel_label(panel), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
