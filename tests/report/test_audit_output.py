@@ -74,7 +74,8 @@ def test_the_profile_figure_draws_the_cluster_means_under_a_title_larger_than_it
             np.testing.assert_allclose(line.get_xdata(), expected.index.to_numpy())
             np.testing.assert_allclose(line.get_ydata(), expected.to_numpy())
     panel = fig.axes[0]
-    assert panel.get_title() == "[de, en, ..., en]"  # the configuration's one name (over rows of any n)
+    assert set(obs.n) == {3}  # one n: the column is named as the tables name it (several n: [de, en, ..., en])
+    assert panel.get_title() == "[de, en, en]"
     assert fig._suptitle.get_fontsize() > max(ax.title.get_fontsize() for ax in fig.axes if ax.get_title())
     heading_lines = sum(t.get_text().count("\n") + 1 for t in fig.texts if t.get_va() == "top")
     assert heading_lines <= 3, figure_heading(fig)

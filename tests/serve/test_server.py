@@ -149,7 +149,13 @@ def srv(model_folder, local_model, tmp_path_factory):
             "--port", str(port), "--api-key-env", KEY_VAR, "--request-calibration", "--max-batch-tokens", "256",
             "--truncate"]  # fmt: skip
     before = sessions()
-    run = server().start(args, tmp_path_factory.mktemp("serve-cwd"))
+    # a module's fixture starts before the tests' own width (conftest): give the server whole lines here too
+    width = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "1000"
+    try:
+        run = server().start(args, tmp_path_factory.mktemp("serve-cwd"))
+    finally:
+        os.environ.pop("COLUMNS") if width is None else os.environ.__setitem__("COLUMNS", width)
     url, srv = f"http://127.0.0.1:{port}", None
     try:
         deadline = time.monotonic() + 240
