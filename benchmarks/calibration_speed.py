@@ -36,8 +36,8 @@ does not (it picks its SDPA / eager class itself), so there the posfair configur
 through the fallback (the SDPA call of each attention module intercepted) and the naive ones
 load XLM-R's own eager class; the last column names the mechanism.
 
-Every ratio is printed beside its target (issue 15): all-rows calibrated / plain <= 1.30x time and
-<= 1.15x peak memory at 2048 and 8192; CLS / last-token calibrated / plain <= 1.05x time at 512,
+Every ratio is printed beside its target (issue 15): all-rows calibrated / plain <= 1.10x time (issue 50; the
+tiled path's 1.30x) and <= 1.15x peak memory at 2048 and 8192; CLS / last-token calibrated / plain <= 1.05x time at 512,
 2048, 8192 and on real batches; real-batch all-rows throughput plain / calibrated <= 1.15x.
 
     python benchmarks/calibration_speed.py                      # 512, 2048, 8192
@@ -69,7 +69,7 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 TARGETS = {
     "posfair-cls": ("plain", 1.05, None),
     "posfair-last": ("plain-last", 1.05, None),
-    "posfair-all": ("plain-mean", 1.30, 1.15),
+    "posfair-all": ("plain-mean", 1.10, 1.15),  # issue 50: at 2,048 tokens, interleaved, on a quiet machine
     "tiled-all": ("plain-mean", 1.30, 1.15),
     "naive-cls": ("posfair-cls", None, None),
     "naive-all": ("posfair-all", None, None),

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from posfair.calibration.baskets import basket_weights, calibrate_rows, calibrate_span_
+from posfair.calibration.params import BasketSettings
 from reference import reference_calibrate_row
 
 ROW = [0.4, 0.3, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0]  # keys 0..5 valid, 6..7 right padding
 
 
 def ref(row, s, e, kw):
-    """The loop reference with the keyword arguments of calibrate_rows."""
+    """The loop reference with the fields of a BasketSettings."""
     return reference_calibrate_row(
         row, s, e, kw["basket_size"], kw.get("strength", 1.0), kw.get("isolate_bos", False),
         kw.get("isolate_eos", False), kw.get("bos_weight", "original"), kw.get("eos_weight", "equal"),
@@ -21,7 +22,7 @@ def ref(row, s, e, kw):
 
 
 def cal(row, s, e, **kw):
-    return calibrate_rows(torch.tensor(row, dtype=torch.float64), s, e, **kw).numpy()
+    return calibrate_rows(torch.tensor(row, dtype=torch.float64), s, e, BasketSettings(**kw)).numpy()
 
 
 def test_no_isolation_equal_baskets_keep_proportions():
@@ -95,7 +96,7 @@ def test_padding_never_gets_mass_and_rows_sum_to_one():
     valid = (keys >= start.unsqueeze(-1)) & (keys <= end.unsqueeze(-1))
     a = torch.where(valid, a, 0.0)
     a = a / a.sum(-1, keepdim=True)
-    out = calibrate_rows(a, start, end, basket_size=4, isolate_bos=True)
+    out = calibrate_rows(a, start, end, BasketSettings(basket_size=4, isolate_bos=True))
     assert torch.all(out[~valid.expand_as(out)] == 0)
     torch.testing.assert_close(out.sum(-1), torch.ones(3, 4, 10))
 
@@ -161,7 +162,7 @@ def test_in_place_span_path_matches_reference(kw):
             rows[1, s : s + 9] = 0
             rows[1] /= rows[1].sum()
         t = torch.tensor(rows)
-        calibrate_span_(t, s, e, **kw)
+        calibrate_span_(t, s, e, BasketSettings(**kw))
         for r in range(5):
             np.testing.assert_allclose(t[r].numpy(), ref(rows[r], s, e, kw), atol=1e-12)
 
@@ -171,7 +172,8 @@ def test_in_place_span_path_matches_reference(kw):
 
 def weights(mass, n_b, bos=None, eos=None, **kw):
     t = lambda x: None if x is None else torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    w, b, e = basket_weights(t(mass), n_b, t(bos), t(eos), **kw)
+    settings = BasketSettings(basket_size=1, **kw)  # the "basket" policy reads no basket size
+    w, b, e = basket_weights(t(mass), n_b, t(bos), t(eos), settings)
     return w.numpy(), None if b is None else float(b), None if e is None else float(e)
 
 
@@ -217,7 +219,7 @@ def test_basket_weights_sum_calibrate_span(iso, shares, strength):
     a[:, s : e + 1] = torch.softmax(torch.randn(5, e - s + 1, generator=g, dtype=torch.float64) * 3, -1)
     a[0, s + 3 : s + 9] = 0.0  # a row with empty baskets
     a[0] /= a[0].sum()
-    kw = dict(
+    settings = BasketSettings(
         basket_size=B,
         strength=strength,
         isolate_bos=iso[0],
@@ -225,16 +227,13 @@ def test_basket_weights_sum_calibrate_span(iso, shares, strength):
         bos_weight=shares[0],
         eos_weight=shares[1],
     )
-    out = calibrate_span_(a.clone(), s, e, **kw)
+    out = calibrate_span_(a.clone(), s, e, settings)
     cs, ce = s + int(iso[0]), e - int(iso[1])
     n_b = -(-(ce - cs + 1) // B)
     content = torch.zeros(5, n_b * B, dtype=torch.float64)
     content[:, : ce - cs + 1] = a[:, cs : ce + 1]
     mass = content.view(5, n_b, B).sum(-1)
-    w, bv, ev = basket_weights(
-        mass, n_b, a[:, s] if iso[0] else None, a[:, e] if iso[1] else None,
-        strength=strength, bos_weight=shares[0], eos_weight=shares[1],
-    )  # fmt: skip
+    w, bv, ev = basket_weights(mass, n_b, a[:, s] if iso[0] else None, a[:, e] if iso[1] else None, settings)
     got = torch.zeros(5, n_b * B, dtype=torch.float64)
     got[:, : ce - cs + 1] = out[:, cs : ce + 1]
     torch.testing.assert_close(got.view(5, n_b, B).sum(-1), w, atol=1e-12, rtol=0)

@@ -23,6 +23,7 @@ from posfair.calibration.coverage import (
     format_share,
     quiet_fallback,
 )
+from posfair.calibration.params import BasketSettings
 
 
 def resolved(pooling: str, **kw):
@@ -120,17 +121,18 @@ def test_rule_says_exactly_which_rows_the_engine_changes(case):
     rng = np.random.default_rng(0)
     for strength in (0.0, 0.5, 1.0):
         cal = resolved(pooling, basket_size=B, strength=strength, **case)
-        kw = dict(basket_size=B, strength=strength, isolate_bos=cal.isolate_bos, isolate_eos=cal.isolate_eos,
-                  bos_weight=cal.bos_weight, eos_weight=cal.eos_weight)  # fmt: skip
+        settings = BasketSettings(basket_size=B, strength=strength, isolate_bos=cal.isolate_bos,
+                                  isolate_eos=cal.isolate_eos, bos_weight=cal.bos_weight,
+                                  eos_weight=cal.eos_weight)  # fmt: skip
         for n in range(1, K + 1):
             for start in (0, K - n):  # right and left padding
                 row = np.zeros(K)
                 row[start : start + n] = rng.dirichlet(np.ones(n))
                 a = torch.tensor(row, dtype=torch.float64)
-                out = calibrate_rows(a[None], start, start + n - 1, **kw)[0]
+                out = calibrate_rows(a[None], start, start + n - 1, settings)[0]
                 changed = not torch.allclose(out, a, atol=1e-12, rtol=0)
                 assert changed == bool(calibrated_mask(cal, [n])[0]), (strength, n, start)
-                span = calibrate_span_(a[None].clone(), start, start + n - 1, **kw)[0]
+                span = calibrate_span_(a[None].clone(), start, start + n - 1, settings)[0]
                 assert (not torch.allclose(span, a, atol=1e-12, rtol=0)) == changed
 
 

@@ -16,6 +16,7 @@ import posfair.calibration.cuda_rows as cuda_rows
 import posfair.calibration.fused as fused
 from posfair import Calibration
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_
+from posfair.calibration.coverage import text_settings
 from posfair.calibration.params import BasketSettings
 from posfair.calibration.rule import row_changes
 from reference import fast_and_reference, reference_calibrate_row
@@ -34,7 +35,7 @@ def _rows(H=4, K=12, seed=0):
 
 def test_a_head_at_0_is_stock_at_1_full_and_between_the_spec_row():
     a = _rows()
-    full = calibrate_rows(a, 0, 11, basket_size=5, strength=1.0)
+    full = calibrate_rows(a, 0, 11, BasketSettings(basket_size=5, strength=1.0))
     cal = BasketSettings(basket_size=5, head_strength=HEADS4).for_heads((4,), a)
     got = calibrate_rows(a, 0, 11, cal)
     torch.testing.assert_close(got[:, 0], a[:, 0], atol=0, rtol=0)
@@ -67,17 +68,19 @@ def test_tempscale_at_1_is_stock_and_otherwise_a_hand_softmax():
     logits[2, 8:] = -torch.inf  # padding keys: valid span 0..7
     a = torch.softmax(logits, -1)
     end = torch.tensor([9, 9, 7])
-    one = calibrate_rows(a, 0, end, basket_size=4, strength=0.0, temperature=1.0)
+    one = calibrate_rows(a, 0, end, BasketSettings(basket_size=4, strength=0.0, temperature=1.0))
     torch.testing.assert_close(one, a, atol=1e-15, rtol=0)
     for T in (0.5, 1.7):
-        got = calibrate_rows(a, 0, end, basket_size=4, strength=0.0, temperature=T)
+        got = calibrate_rows(a, 0, end, BasketSettings(basket_size=4, strength=0.0, temperature=T))
         hand = torch.exp(logits / T) / torch.exp(logits / T).sum(-1, keepdim=True)
         torch.testing.assert_close(got, hand, atol=1e-14, rtol=0)
         # with the basket formula: the formula on the tempered row
-        both = calibrate_rows(a, 0, end, basket_size=4, strength=0.6, temperature=T)
-        torch.testing.assert_close(both, calibrate_rows(hand, 0, end, basket_size=4, strength=0.6), atol=1e-14, rtol=0)
+        both = calibrate_rows(a, 0, end, BasketSettings(basket_size=4, strength=0.6, temperature=T))
+        torch.testing.assert_close(
+            both, calibrate_rows(hand, 0, end, BasketSettings(basket_size=4, strength=0.6)), atol=1e-14, rtol=0
+        )
     # a row whose content is shorter than a basket is left stock, as the formula leaves it
-    short = calibrate_rows(a, 0, end, basket_size=9, strength=0.0, temperature=0.5)
+    short = calibrate_rows(a, 0, end, BasketSettings(basket_size=9, strength=0.0, temperature=0.5))
     torch.testing.assert_close(short[2], a[2], atol=0, rtol=0)
     assert float((short[0] - a[0]).abs().max()) > 1e-3
 
@@ -85,13 +88,19 @@ def test_tempscale_at_1_is_stock_and_otherwise_a_hand_softmax():
 def test_the_rule_counts_what_per_head_strengths_and_tempscale_change():
     pooled = dict(isolate_bos=False, isolate_eos=False)
     C = np.array([3, 8, 20])
-    zero = Calibration(8, 1, 0.0, **pooled)
-    assert not row_changes(C, zero).any()
-    assert row_changes(C, Calibration(8, (3,), 0.0, head_strengths={3: (0, 0.5)}, **pooled)).tolist() == [0, 0, 1]
-    assert not row_changes(C, Calibration(8, (3,), 0.0, head_strengths={3: (0, 0)}, **pooled)).any()
+
+    def changes(cal: Calibration):
+        return row_changes(C, text_settings(cal, "mean"))
+
+    assert not changes(Calibration(8, 1, 0.0, **pooled)).any()
+    heads = Calibration(8, (3,), 0.0, head_strengths={3: (0, 0.5)}, **pooled)
+    assert changes(heads).tolist() == [0, 0, 1]
+    assert row_changes(C, heads.resolve("mean", 4).baskets(3)).tolist() == [0, 0, 1]  # the layer's own setting
+    assert not changes(Calibration(8, (3,), 0.0, head_strengths={3: (0, 0)}, **pooled)).any()
+    assert not row_changes(C, BasketSettings(8, strength=0.7, head_strength=(0, 0))).any()  # they replace 0.7
     # TempScale changes the one-basket text too (8 keys), never the shorter one
-    assert row_changes(C, Calibration(8, 1, 0.0, temperature=0.8, **pooled)).tolist() == [0, 1, 1]
-    assert not row_changes(C, Calibration(8, 1, 0.0, temperature=1.0, **pooled)).any()
+    assert changes(Calibration(8, 1, 0.0, temperature=0.8, **pooled)).tolist() == [0, 1, 1]
+    assert not changes(Calibration(8, 1, 0.0, temperature=1.0, **pooled)).any()
 
 
 # -- the settings: spelling, keys, validation ---------------------------------------------------------------

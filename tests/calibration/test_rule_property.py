@@ -100,7 +100,7 @@ def test_predicate_matches_every_basket_function_on_random_rows(pooling, trailin
     for B, strength in itertools.product((4, 5), (0.5, 1.0)):
         for name, cal in variants(B, strength, trailing).items():
             r = cal.resolve(pooling, 4)
-            kw = r.basket_kwargs(3)
+            settings = r.baskets(3)
             for C in (*lengths(B, trailing), 2 * B + 1):
                 n = C + int(r.isolate_bos) + int(r.isolate_eos)
                 for start in (0, K - n):  # right and left padding
@@ -114,11 +114,10 @@ def test_predicate_matches_every_basket_function_on_random_rows(pooling, trailin
                         else torch.tensor([start if pooling == "cls" else start + n - 1])
                     )
                     a = a[: len(qrows)]
-                    out = calibrate_rows(
-                        a, start, start + n - 1, self_key=qrows if r.self_share is not None else None, **kw
-                    )
+                    own = qrows if r.self_share is not None else None
+                    out = calibrate_rows(a, start, start + n - 1, settings, self_key=own)
                     changed = not torch.allclose(out, a, atol=1e-12, rtol=0)
-                    span = calibrate_span_(a.clone(), start, start + n - 1, row_offset=int(qrows[0]), **kw)
+                    span = calibrate_span_(a.clone(), start, start + n - 1, settings, row_offset=int(qrows[0]))
                     span_changed = not torch.allclose(span, a, atol=1e-12, rtol=0)
                     said = bool(calibrated_mask(r, [n])[0])
                     if not (changed == said == span_changed) and not (len(qrows) == 1 and r.queries == "all"):

@@ -36,17 +36,17 @@ def test_each_layers_strength_by_hand():
     cal = Calibration(basket_size=8, layers=0.5, strength=0.9)
     r = {s: Calibration(basket_size=8, layers=0.5, strength=0.9, schedule=s).resolve("mean", 6) for s in SCHEDULES}
     assert r["flat"].layers == (3, 4, 5)
-    assert [r["flat"].basket_kwargs(i)["strength"] for i in (3, 4, 5)] == [0.9, 0.9, 0.9]
-    assert [r["rising"].basket_kwargs(i)["strength"] for i in (3, 4, 5)] == pytest.approx([0.3, 0.6, 0.9])
-    assert [r["falling"].basket_kwargs(i)["strength"] for i in (3, 4, 5)] == pytest.approx([0.9, 0.6, 0.3])
+    assert [r["flat"].baskets(i).strength for i in (3, 4, 5)] == [0.9, 0.9, 0.9]
+    assert [r["rising"].baskets(i).strength for i in (3, 4, 5)] == pytest.approx([0.3, 0.6, 0.9])
+    assert [r["falling"].baskets(i).strength for i in (3, 4, 5)] == pytest.approx([0.9, 0.6, 0.3])
     # explicit layers in any order: ranked from the first calibrated layer
     explicit = Calibration(basket_size=8, layers=(5, 1), strength=1.0, schedule="rising").resolve("cls", 6)
-    assert (explicit.basket_kwargs(1)["strength"], explicit.basket_kwargs(5)["strength"]) == (0.5, 1.0)
+    assert (explicit.baskets(1).strength, explicit.baskets(5).strength) == (0.5, 1.0)
     # one calibrated layer: every schedule is flat
     one = [Calibration(basket_size=8, layers=1, strength=0.7, schedule=s).resolve("cls", 6) for s in SCHEDULES]
-    assert {c.basket_kwargs(5)["strength"] for c in one} == {0.7}
+    assert {c.baskets(5).strength for c in one} == {0.7}
     with pytest.raises(ValueError, match="needs one of the calibrated layers"):
-        r["rising"].basket_kwargs(2)
+        r["rising"].baskets(2)
     assert cal.key() == Calibration(basket_size=8, layers=0.5, strength=0.9, schedule="flat").key()
 
 

@@ -25,7 +25,7 @@ from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.calibration.baskets import basket_weights, calibrate_rows, calibrate_span_
 from posfair.calibration.coverage import calibrated_mask, calibration_coverage
-from posfair.calibration.params import TRAILING, PositionalPrior
+from posfair.calibration.params import TRAILING, BasketSettings, PositionalPrior
 from posfair.calibration.rule import basket_count
 from reference import fast_and_reference, reference_calibrate_row, reference_prior
 from tiny_models import ARCHS, eager_attention, skip_without_registry
@@ -57,16 +57,20 @@ def by_hand(policy: str, strength: float = 1.0) -> list[float]:
 @pytest.mark.parametrize("strength", [1.0, 0.5])
 def test_five_keys_in_baskets_of_two_by_hand(policy, strength):
     want = by_hand(policy, strength)
-    got = calibrate_rows(t(ROW), 0, 4, basket_size=2, strength=strength, trailing=policy)[0]
+    got = calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, strength=strength, trailing=policy))[0]
     assert got.tolist() == pytest.approx(want, abs=1e-12)
-    span = calibrate_span_(t(ROW), 0, 4, basket_size=2, strength=strength, trailing=policy)[0]
+    span = calibrate_span_(t(ROW), 0, 4, BasketSettings(basket_size=2, strength=strength, trailing=policy))[0]
     assert span.tolist() == pytest.approx(want, abs=1e-12)
     assert reference_calibrate_row(ROW, 0, 4, 2, strength, trailing=policy).tolist() == pytest.approx(want, abs=1e-12)
     # basket_weights on the slot masses: what each slot weighs afterwards (the fused path's formula)
     w, _, _ = basket_weights(
-        torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), 3, strength=strength, trailing=policy, n_content=5,
-        basket_size=2,
-    )  # fmt: skip
+        torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64),
+        3,
+        None,
+        None,
+        BasketSettings(strength=strength, trailing=policy, basket_size=2),
+        n_content=5,
+    )
     slot_want = [sum(want[k] for k in keys) for keys in ([0, 1], [2, 3], [4])]
     assert w.tolist() == pytest.approx(slot_want, abs=1e-12)
 
@@ -76,7 +80,7 @@ def test_the_policies_differ_only_with_a_short_trailing_basket():
     assert by_hand("merge") == pytest.approx(ROW)
     # C = 4 (keys 0..3): two full baskets, every policy is the papers' formula
     row = [0.1, 0.4, 0.2, 0.3, 0.0, 0.0]
-    outs = [calibrate_rows(t(row), 0, 3, basket_size=2, trailing=p) for p in TRAILING]
+    outs = [calibrate_rows(t(row), 0, 3, BasketSettings(basket_size=2, trailing=p)) for p in TRAILING]
     assert all(torch.equal(o, outs[0]) for o in outs)
 
 
@@ -91,7 +95,7 @@ def test_equal_isolated_share_counts_the_policys_baskets():
         ("merge", [1 / 3 * 0.27 / 0.45, 1 / 3 * 0.18 / 0.45], 1 / 3),
         ("weighted", [2 / 7, 2 / 7, 1 / 7], 2 / 7),
     ]:
-        got = calibrate_rows(t(row), 0, 5, trailing=policy, **kw)[0].numpy()
+        got = calibrate_rows(t(row), 0, 5, BasketSettings(trailing=policy, **kw))[0].numpy()
         assert got[5] == pytest.approx(eos, abs=1e-12), policy
         assert got[0] + got[1] == pytest.approx(1 / 3 if policy == "merge" else slots[0], abs=1e-12), policy
         assert got[0] / got[1] == pytest.approx(0.25)  # proportions inside a basket kept
@@ -117,11 +121,13 @@ def test_prior_with_merge_uses_the_merged_baskets_centre_and_weighted_only_the_e
         0.2 / 0.5 * share[1],
         0,
     ]
-    got = calibrate_rows(t(ROW), 0, 4, basket_size=2, prior=prior, trailing="merge")[0]
+    got = calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, prior=prior, trailing="merge"))[0]
     assert got.tolist() == pytest.approx(want, abs=1e-12)
     # weighted: m_b / p_b already scales with the basket's size, so without an "equal" share it is "basket"
-    plain = calibrate_rows(t(ROW), 0, 4, basket_size=2, prior=prior)
-    assert torch.allclose(calibrate_rows(t(ROW), 0, 4, basket_size=2, prior=prior, trailing="weighted"), plain)
+    plain = calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, prior=prior))
+    assert torch.allclose(
+        calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, prior=prior, trailing="weighted")), plain
+    )
 
 
 def test_basket_count():
@@ -170,10 +176,9 @@ def test_basket_functions_match_the_reference(policy, kw):
                 rows[0] /= rows[0].sum()
             a = torch.tensor(rows)
             qrows = torch.arange(s, e + 1)
-            extra = dict(kw, self_key=qrows) if "self_share" in kw else kw
-            got = calibrate_rows(a, s, e, basket_size=B, strength=strength, trailing=policy, **extra)
-            span = calibrate_span_(a.clone(), s, e, basket_size=B, strength=strength, trailing=policy, row_offset=s,
-                                   **kw)  # fmt: skip
+            settings = BasketSettings(basket_size=B, strength=strength, trailing=policy, **kw)
+            got = calibrate_rows(a, s, e, settings, self_key=qrows if "self_share" in kw else None)
+            span = calibrate_span_(a.clone(), s, e, settings, row_offset=s)
             for r in range(n):
                 want = reference_calibrate_row(rows[r], s, e, B, strength, self_key=s + r, **ref_kw)
                 np.testing.assert_allclose(got[r].numpy(), want, atol=1e-12, err_msg=f"n={n} s={s} row {r}")
@@ -349,8 +354,8 @@ def test_default_keeps_its_dict_key_label_and_spec():
         assert c.label() == f"B128-L0.5-a1-trail{policy}"
         assert Calibration.from_dict(json.loads(json.dumps(c.to_dict()))) == c
         assert Calibration.parse(c.spec()) == c and c.spec() == f"128,0.5,1,trailing={policy}"
-        assert c.resolve("mean", 6).trailing == policy and c.resolve("mean", 6).basket_kwargs(5)["trailing"] == policy
-    assert "trailing" not in cal.resolve("mean", 6).basket_kwargs(5)
+        assert c.resolve("mean", 6).trailing == policy and c.resolve("mean", 6).baskets(5).trailing == policy
+    assert cal.resolve("mean", 6).baskets(5).trailing == "basket"
     assert "merged into the one before" in Calibration(trailing="merge").describe()
     assert "in proportion to its size" in Calibration(trailing="weighted").describe()
 

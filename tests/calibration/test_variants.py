@@ -17,7 +17,7 @@ import posfair
 from posfair import Calibration
 from posfair.attention.prior import estimate_prior, row_density
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_, prior_at
-from posfair.calibration.params import PositionalPrior
+from posfair.calibration.params import BasketSettings, PositionalPrior
 from reference import reference_calibrate_row, reference_mode
 
 ROW = [0.1, 0.4, 0.2, 0.1, 0.2, 0.0]  # valid keys 0..4, key 5 padding
@@ -41,22 +41,22 @@ def test_prior_row_by_hand():
     m = np.array([0.5, 0.3 / 1.7, 0.1])
     share = m / m.sum()
     want = [0.1 / 0.5 * share[0], 0.4 / 0.5 * share[0], 0.2 / 0.3 * share[1], 0.1 / 0.3 * share[1], share[2], 0.0]
-    got = calibrate_rows(t(ROW), 0, 4, basket_size=2, prior=[1.0, 2.0])
+    got = calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, prior=[1.0, 2.0]))
     assert got[0].tolist() == pytest.approx(want, abs=1e-12)
 
 
 def test_flat_prior_leaves_the_row_alone_and_is_scale_free():
     a = t(ROW)
-    assert torch.allclose(calibrate_rows(a, 0, 4, basket_size=2, prior=[5.0, 5.0, 5.0]), a, atol=1e-15)
-    one = calibrate_rows(a, 0, 4, basket_size=2, prior=[1.0, 3.0])
-    assert torch.allclose(one, calibrate_rows(a, 0, 4, basket_size=2, prior=[10.0, 30.0]), atol=1e-15)
+    assert torch.allclose(calibrate_rows(a, 0, 4, BasketSettings(basket_size=2, prior=[5.0, 5.0, 5.0])), a, atol=1e-15)
+    one = calibrate_rows(a, 0, 4, BasketSettings(basket_size=2, prior=[1.0, 3.0]))
+    assert torch.allclose(one, calibrate_rows(a, 0, 4, BasketSettings(basket_size=2, prior=[10.0, 30.0])), atol=1e-15)
 
 
 def test_prior_with_left_padding_isolated_bos_and_a_zero_mass_basket():
     # keys 0,1 padding; span 2..8; BOS at 2 isolated ("original": keeps 0.3); content 3..8 in baskets of 2
     a = [0.0, 0.0, 0.3, 0.0, 0.0, 0.2, 0.1, 0.25, 0.15]
     prior = [2.0, 1.0, 1.0]
-    got = calibrate_rows(t(a), 2, 8, basket_size=2, isolate_bos=True, prior=prior)[0].numpy()
+    got = calibrate_rows(t(a), 2, 8, BasketSettings(basket_size=2, isolate_bos=True, prior=prior))[0].numpy()
     # content C=6, baskets {3,4} (mass 0: stays 0) {5,6} {7,8}; centres 1/6, 3/6, 5/6 -> prior 2, 1, 1 (flat beyond the last centre)
     p = [reference_prior_value(prior, x) for x in (1 / 6, 3 / 6, 5 / 6)]
     assert p == pytest.approx([2.0, 1.0, 1.0])
@@ -91,15 +91,15 @@ def test_self_share_row_by_hand():
         rest = np.array([1 / 3, 0.0, 2 / 9, 1 / 9, 1 / 3]) * (1 - keep)
         want = list(rest) + [0.0]
         want[1] = keep
-        got = calibrate_rows(t(ROW), 0, 4, basket_size=2, self_share=rho, self_key=1)[0]
+        got = calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, self_share=rho), self_key=1)[0]
         assert got.tolist() == pytest.approx(want, abs=1e-12), rho
 
 
 def test_self_share_of_an_isolated_pooling_key_overrides_its_weight():
     # CLS pooling: the own key is the isolated BOS key 0 (weight "equal" would give it 1/4); rho=0.5 keeps 0.05
-    got = calibrate_rows(t(ROW), 0, 4, basket_size=2, isolate_bos=True, bos_weight="equal", self_share=0.5, self_key=0)[
-        0
-    ]
+    got = calibrate_rows(
+        t(ROW), 0, 4, BasketSettings(basket_size=2, isolate_bos=True, bos_weight="equal", self_share=0.5), self_key=0
+    )[0]
     # content 1..4: baskets {1,2} 0.6, {3,4} 0.3 -> each (1 - 0.05)/2
     each = 0.95 / 2
     assert got.tolist() == pytest.approx(
@@ -110,24 +110,24 @@ def test_self_share_of_an_isolated_pooling_key_overrides_its_weight():
 def test_self_share_row_all_on_itself_and_padding_query_rows():
     a = t([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
     assert (
-        calibrate_rows(a, 0, 4, basket_size=2, self_share=0.0, self_key=1).tolist() == a.tolist()
+        calibrate_rows(a, 0, 4, BasketSettings(basket_size=2, self_share=0.0), self_key=1).tolist() == a.tolist()
     )  # nothing else to carry mass
     # a padding query row (own key 5 outside the span) gets the plain formula
-    plain = calibrate_rows(t(ROW), 0, 4, basket_size=2)
-    assert torch.equal(calibrate_rows(t(ROW), 0, 4, basket_size=2, self_share=0.3, self_key=5), plain)
+    plain = calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2))
+    assert torch.equal(calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, self_share=0.3), self_key=5), plain)
     with pytest.raises(ValueError, match="self_key"):
-        calibrate_rows(t(ROW), 0, 4, basket_size=2, self_share=0.3)
+        calibrate_rows(t(ROW), 0, 4, BasketSettings(basket_size=2, self_share=0.3))
 
 
 # -- special-token mass -------------------------------------------------------------------------------
 def test_special_token_mass_by_hand():
     cal = Calibration(basket_size=2, layers=1, strength=1.0).with_special(0.1)
     assert cal.variant == "special" and cal.isolate_bos and cal.isolate_eos and cal.bos_weight == cal.eos_weight == 0.1
-    got = calibrate_rows(t(ROW), 0, 4, **cal.resolve("mean", 2).basket_kwargs(1))[0]
+    got = calibrate_rows(t(ROW), 0, 4, cal.resolve("mean", 2).baskets(1))[0]
     # BOS 0 and EOS 4 get 0.1 each; content 1..3: baskets {1,2} 0.6, {3} 0.1 -> 0.4 each
     assert got.tolist() == pytest.approx([0.1, 0.4 / 0.6 * 0.4, 0.2 / 0.6 * 0.4, 0.4, 0.1, 0.0], abs=1e-12)
     kept = Calibration(basket_size=2, layers=1, strength=1.0).with_special("original")
-    got = calibrate_rows(t(ROW), 0, 4, **kept.resolve("mean", 2).basket_kwargs(1))[0]
+    got = calibrate_rows(t(ROW), 0, 4, kept.resolve("mean", 2).baskets(1))[0]
     assert got.tolist() == pytest.approx([0.1, 0.4 / 0.6 * 0.35, 0.2 / 0.6 * 0.35, 0.35, 0.2, 0.0], abs=1e-12)
 
 
@@ -150,15 +150,14 @@ def test_variants_strength_zero_span_and_reference(kw):
     probs[:, :, 3:5] = 0.0  # a zero-mass basket for B=2 with content starting at 1 or 0
     probs = probs / probs.sum(-1, keepdim=True)
     rows = torch.arange(T).view(1, T).expand(2, T)
-    extra = dict(kw)
-    if "self_share" in extra:
-        extra["self_key"] = rows
-    zero = calibrate_rows(probs, 0, 9, basket_size=2, strength=0.0, **extra)
+    self_key = rows if "self_share" in kw else None
+    zero = calibrate_rows(probs, 0, 9, BasketSettings(basket_size=2, strength=0.0, **kw), self_key=self_key)
     assert torch.equal(zero, probs)
     for strength in (0.5, 1.0):
-        got = calibrate_rows(probs, 0, 9, basket_size=2, strength=strength, **extra)
+        settings = BasketSettings(basket_size=2, strength=strength, **kw)
+        got = calibrate_rows(probs, 0, 9, settings, self_key=self_key)
         span = probs.clone()
-        calibrate_span_(span, 0, 9, basket_size=2, strength=strength, **kw)
+        calibrate_span_(span, 0, 9, settings)
         torch.testing.assert_close(span, got, atol=1e-14, rtol=0)
         ref_kw = {
             "iso_bos": kw.get("isolate_bos", False), "iso_eos": kw.get("isolate_eos", False),
@@ -256,7 +255,7 @@ def test_invalid_variants_are_rejected(kw, match):
 
 def test_per_layer_prior_must_cover_the_calibrated_layers():
     cal = Calibration(layers=2, prior={"values": [[1.0], [2.0]], "layers": [4, 5]})
-    assert cal.resolve("mean", 6).basket_kwargs(5)["prior"] == (2.0,)
+    assert cal.resolve("mean", 6).baskets(5).prior == (2.0,)
     with pytest.raises(ValueError, match="also calibrates layers \\[3\\]"):
         Calibration(layers=3, prior={"values": [[1.0], [2.0]], "layers": [4, 5]}).resolve("mean", 6)
 

@@ -76,7 +76,8 @@ Two settings act around the formula (both off by default):
 
 Every function takes the settings as one value, a :class:`~posfair.calibration.params.BasketSettings`
 (:meth:`ResolvedCalibration.baskets <posfair.calibration.params.ResolvedCalibration.baskets>` builds it
-for a layer), or its fields as keywords (``calibrate_rows(w, 0, 4, basket_size=2, strength=0.5)``).
+for a layer, once per forward pass; ``calibrate_rows(w, 0, 4, BasketSettings(basket_size=2, strength=0.5))``
+by hand), and nothing else: loose keyword fields are a TypeError.
 
 The function is vectorised over any leading dimensions (batch, heads, query
 rows) and is independent of torch's autograd state and of any model.
@@ -153,10 +154,9 @@ def calibrate_rows(
     weights: torch.Tensor,
     start: torch.Tensor | int,
     end: torch.Tensor | int,
-    settings: BasketSettings | None = None,
+    settings: BasketSettings,
     *,
     self_key: torch.Tensor | int | None = None,
-    **fields,
 ) -> torch.Tensor:
     """Calibrate attention rows.
 
@@ -164,15 +164,14 @@ def calibrate_rows(
         weights: post-softmax attention, shape ``(..., K)``.
         start, end: first / last valid key index of each row (inclusive),
             broadcastable to ``weights.shape[:-1]``.
-        settings: the calibration in this layer (see the module docstring and :class:`posfair.Calibration`),
-            or its fields as keywords (``basket_size=4, strength=0.5, ...``; :class:`BasketSettings`' defaults).
+        settings: the calibration in this layer (see the module docstring and :class:`posfair.Calibration`).
         self_key: with a self-attention share, the index of each row's own key (broadcastable to
             ``weights.shape[:-1]``; required then).
 
     Returns:
         A tensor of the shape of ``weights`` (float64 stays float64; lower precisions are computed in float32).
     """
-    cal = BasketSettings.given(settings, fields)
+    cal = BasketSettings.checked(settings)
     a = weights if weights.dtype in (torch.float32, torch.float64) else weights.float()
     lead = a.shape[:-1]
     dev = a.device
@@ -273,10 +272,9 @@ def calibrate_span_(
     probs: torch.Tensor,
     start: int,
     end: int,
-    settings: BasketSettings | None = None,
+    settings: BasketSettings,
     *,
     row_offset: int = 0,
-    **fields,
 ) -> torch.Tensor:
     """:func:`calibrate_rows` in place, for many rows that share one valid span ``[start, end]``.
 
@@ -289,7 +287,7 @@ def calibrate_span_(
     (written back in place); the rows along dimension -2 are the query positions
     ``row_offset, row_offset + 1, ...`` (each row's own key, for ``self_share``).
     """
-    cal = BasketSettings.given(settings, fields)
+    cal = BasketSettings.checked(settings)
     if cal.has_variants:
         T = probs.shape[-2]
         rows = torch.arange(row_offset, row_offset + T, device=probs.device)
@@ -331,13 +329,12 @@ def calibrate_span_(
 def basket_weights(
     mass: torch.Tensor,
     n_baskets: torch.Tensor | int,
-    bos: torch.Tensor | None = None,
-    eos: torch.Tensor | None = None,
-    settings: BasketSettings | None = None,
+    bos: torch.Tensor | None,
+    eos: torch.Tensor | None,
+    settings: BasketSettings,
     *,
     prior: torch.Tensor | None = None,
     n_content: torch.Tensor | int | None = None,
-    **fields,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The basket formula on masses: what each slot and isolated key weighs after calibration.
 
@@ -353,8 +350,7 @@ def basket_weights(
     function assumes it is.
 
     ``settings``: the calibration (its strength, the isolated keys' weights, the trailing-basket
-    policy and the basket size; not its prior vector), or those fields as keywords (``strength=0.5,
-    bos_weight="equal"``; ``basket_size`` is read only by the ``"merge"`` / ``"weighted"`` policies).
+    policy and the basket size, read only by the ``"merge"`` / ``"weighted"`` policies; not its prior vector).
     ``prior``: the positional-prior variant's density at each slot's basket centre (broadcastable to
     ``mass``; :func:`prior_at` of :func:`basket_centres`), None for equal mass per basket.
 
@@ -364,18 +360,12 @@ def basket_weights(
     basket's weight is shared by its two slots in proportion to their masses, which keeps the
     proportions inside it); with ``"weighted"`` a slot of ``n`` keys counts ``n / B`` baskets.
     """
-    if settings is None:
-        trailing = fields.get("trailing", "basket")
-        if trailing != "basket" and (n_content is None or fields.get("basket_size") is None):
-            raise ValueError(f"trailing={trailing!r} needs n_content and basket_size")
-        if fields.get("basket_size") is None:
-            fields["basket_size"] = 1  # read only by the "merge" / "weighted" policies
-    cal = BasketSettings.given(settings, fields)
+    cal = BasketSettings.checked(settings)
     shares = dict(strength=cal.strength, bos_weight=cal.bos_weight, eos_weight=cal.eos_weight, prior=prior)
     if cal.trailing == "basket":
         return _basket_weights(mass, n_baskets, bos, eos, **shares)
     if n_content is None:
-        raise ValueError(f"trailing={cal.trailing!r} needs n_content and basket_size")
+        raise ValueError(f"trailing={cal.trailing!r} needs n_content")
     B = cal.basket_size
     lead = mass.shape[:-1]
     C = torch.as_tensor(n_content, device=mass.device).long().expand(lead)

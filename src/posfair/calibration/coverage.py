@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posfair.calibration.params import Calibration, ResolvedCalibration
+from posfair.calibration.params import BasketSettings, Calibration, ResolvedCalibration
 from posfair.calibration.rule import engine_calibrates, row_changes, strength_zero
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "quiet_fallback",
     "fallback_warnings_enabled",
     "format_share",
+    "text_settings",
 ]
 
 CALIBRATED, SHORTER, ONE_BASKET, STRENGTH_ZERO = 0, 1, 2, 3
@@ -71,8 +72,7 @@ class CalibrationFallbackWarning(UserWarning):
 
 
 def _concrete(calibration: AnyCalibration, pooling: str | None) -> AnyCalibration:
-    """``calibration`` with the keys it isolates decided (a Calibration by ``pooling``): what
-    :func:`posfair.calibration.rule.row_changes` reads."""
+    """``calibration`` with the keys it isolates decided (a Calibration by ``pooling``)."""
     if isinstance(calibration, ResolvedCalibration):
         return calibration
     if isinstance(calibration, Calibration):
@@ -84,6 +84,27 @@ def _concrete(calibration: AnyCalibration, pooling: str | None) -> AnyCalibratio
     raise TypeError(f"calibration must be a Calibration or ResolvedCalibration; got {type(calibration).__name__}")
 
 
+def text_settings(calibration: AnyCalibration, pooling: str | None = None) -> BasketSettings:
+    """The one :class:`BasketSettings` that :func:`posfair.calibration.rule.row_changes` reads for a whole
+    calibration: its fields as every calibrated layer has them (the keys isolated decided by ``pooling`` for a
+    :class:`Calibration`), and as ``strength`` the largest strength of any layer or head -- 0 only when every
+    layer returns its rows as they were (a strength schedule scales the strength, never to 0 from a non-zero one;
+    the positional prior never decides whether a row changes)."""
+    cal = _concrete(calibration, pooling)
+    heads = [float(v) for _, layer in cal.head_strengths or () for v in layer]
+    return BasketSettings(
+        basket_size=int(cal.basket_size),
+        strength=max([float(cal.strength), *heads]),
+        isolate_bos=cal.isolate_bos,
+        isolate_eos=cal.isolate_eos,
+        bos_weight=cal.bos_weight,
+        eos_weight=cal.eos_weight,
+        self_share=cal.self_share,
+        trailing=cal.trailing,
+        temperature=cal.temperature,
+    )
+
+
 def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None = None) -> np.ndarray:
     """Per text: :data:`CALIBRATED`, :data:`SHORTER` (content shorter than one basket: the engine
     skips it), :data:`ONE_BASKET` (content of exactly one basket that the formula leaves as it is:
@@ -93,7 +114,7 @@ def fallback_reasons(calibration: AnyCalibration, n_tokens, pooling: str | None 
     ``max_seq_length``, with special tokens and any prompt).  ``pooling`` is needed only for an
     unresolved :class:`~posfair.Calibration` (it decides which keys are isolated).
     """
-    cal = _concrete(calibration, pooling)
+    cal = text_settings(calibration, pooling)
     C = np.asarray(n_tokens, dtype=np.int64) - int(cal.isolate_bos) - int(cal.isolate_eos)  # content keys
     out = np.full(C.shape, ONE_BASKET, dtype=np.int8)
     out[row_changes(C, cal)] = CALIBRATED

@@ -224,7 +224,7 @@ class LayerMode(TorchFunctionMode):
         exact = out.dtype in (torch.float32, torch.float64)
         res = out
         if self.calibrate:
-            settings = st.calibration.baskets(self.layer)
+            settings = st.baskets(self.layer)
             if st.calibration.queries == "all":
                 # every row of a sequence shares its span (padding query rows too: harmless, never pooled)
                 res = (out.clone() if out.requires_grad else out) if exact else out.float()

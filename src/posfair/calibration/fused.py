@@ -37,15 +37,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from posfair.calibration.baskets import basket_centres, basket_weights, prior_at
+from posfair.calibration.resolved import BasketSettings
 from posfair.calibration.rule import basket_count, engine_calibrates
 from posfair.calibration.state import ForwardState
 
-__all__ = ["ENABLED", "FUSED_TILE_BYTES", "Pairs", "applicable", "basket_attention", "exact"]
+__all__ = ["ENABLED", "FUSED_GROUP_BYTES", "FUSED_TILE_BYTES", "Pairs", "applicable", "basket_attention", "exact"]
 
 ENABLED = True  # off: queries="all" always takes the tiled explicit path (the benchmark's "tiled-all")
 FUSED_TILE_BYTES = (
     8 * 2**20
 )  # budget for one flash call's per-basket outputs (float32): fits the cache, under glibc's mmap threshold
+#: budget for grouping (sequence, head) pairs into one flash call (:func:`_blocks`): one pair may use FUSED_TILE_BYTES,
+#: but the weighted sum of a group's outputs leaves the cache past about 4 MB (issue 50, one layer at 2,048 tokens,
+#: one thread: two pairs a call, 8 MB, 18 ms a layer in :meth:`Pairs.combine`; one pair, 4 MB, 5 ms)
+FUSED_GROUP_BYTES = 4 * 2**20
 MIN_TILE_ROWS = 768
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -123,7 +128,7 @@ def exact(
 def temperature_only(state: ForwardState, layer: int | None) -> bool:
     """Whether the layer runs TempScale alone (a temperature, strength 0, no per-head strengths): then
     :func:`tempered_attention` computes it with one stock SDPA call."""
-    cal = state.calibration.baskets(layer)
+    cal = state.baskets(layer)
     return cal.temperature is not None and cal.head_strength is None and float(cal.strength) == 0.0
 
 
@@ -138,7 +143,7 @@ def tempered_attention(
 ) -> torch.Tensor:
     """TempScale alone, every row (``queries="all"``; where :func:`exact` holds): stock SDPA with the queries of the
     sequences the formula runs on (content of at least one basket) divided by T; returns (B, L, H, D)."""
-    cal = state.calibration.baskets(layer)
+    cal = state.baskets(layer)
     C = (state.end - state.start + 1 - int(cal.isolate_bos) - int(cal.isolate_eos)).to(query.device)
     factor = torch.where(engine_calibrates(C, cal.basket_size), 1.0 / float(cal.temperature), 1.0)
     q = query * factor.to(query.dtype).view(-1, 1, 1, 1)
@@ -233,7 +238,7 @@ class Pairs:
         kv_heads = key.shape[1]
         if H % kv_heads:
             raise ValueError(f"query heads ({H}) are not a multiple of key/value heads ({kv_heads})")
-        self.settings = cal = state.calibration.baskets(layer)
+        self.settings = cal = state.baskets(layer)
         Bs = cal.basket_size
         dev = query.device
         start = state.start.to(dev).long()
@@ -255,11 +260,13 @@ class Pairs:
         self.n_content = per_head(C).view(B * H, 1)
         self.isolated = self._isolated(key, value, start, end)
         self.strength = None  # per-head strengths, per (sequence, head) pair: (B*H,)
+        self.block_settings: dict[tuple[int, int], BasketSettings] = {}  # combine()'s, per block of pairs
         if cal.head_strength is not None:
             vec = cal.for_heads((H,), torch.empty(0, dtype=torch.float32, device=dev)).strength
             self.strength = vec.repeat(B)
             self.settings = cal = replace(cal, head_strength=None)
         self.seq_active = self.active.view(B, H)[:, 0]  # (B,): the sequences the formula runs on
+        self.all_active = bool(self.seq_active.all())
         self.prior = None
         if cal.prior is not None:  # the density at each sequence's basket centres: (B*H, 1, nb)
             prior = prior_at(cal.prior, basket_centres(C.view(B, 1), nb, Bs, torch.float32, cal.trailing))
@@ -304,14 +311,17 @@ class Pairs:
         (G, nb, T, D; overwritten) and log-sum-exps ``lse`` (G, nb, T); ``qt`` (G, T, D): their queries."""
         G = g1 - g0
         cal = self.settings
-        if self.strength is not None:
-            cal = replace(cal, strength=self.strength[g0:g1].view(G, 1))
+        if self.strength is not None:  # per-head strengths: one setting per block of pairs, built once for all tiles
+            cal = self.block_settings.get((g0, g1))
+            if cal is None:
+                cal = self.block_settings[g0, g1] = replace(self.settings, strength=self.strength[g0:g1].view(G, 1))
         lse = lse.transpose(1, 2)  # (G, T, nb)
         iso_scores = []
         for kvec, _, present in self.isolated:
             s = torch.matmul(qt.float(), kvec[g0:g1].unsqueeze(-1)).squeeze(-1) * scaling  # (G, T)
             iso_scores.append(torch.where(present[g0:g1].view(G, 1), s, -torch.inf))
-        row = torch.logsumexp(torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1), dim=-1)  # (G, T)
+        every = torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1) if iso_scores else lse
+        row = torch.logsumexp(every, dim=-1)  # (G, T)
         mass = torch.exp(lse - row.unsqueeze(-1))
         iso_mass = [torch.exp(s - row) for s in iso_scores]
         w, bos_v, eos_v = basket_weights(
@@ -324,7 +334,8 @@ class Pairs:
             n_content=self.n_content[g0:g1],
         )
         on = self.active[g0:g1]
-        w = torch.where(on, w, mass)
+        if not self.all_active:
+            w = torch.where(on, w, mass)
         values = [v for v in (bos_v, eos_v) if v is not None]
         wb = w.transpose(1, 2).unsqueeze(-1)  # (G, nb, T, 1)
         if o.dtype != torch.float32:
@@ -339,8 +350,9 @@ def _blocks(n_heads: int, L: int, row_bytes: int, rows: int | None, group: int |
     """Query rows and (sequence, head) pairs per flash call, so one call's per-basket outputs stay near
     :data:`FUSED_TILE_BYTES`: ``row_bytes`` is one query row's outputs over all baskets of one head.
 
-    Whole sequences when they fit, grouping (sequence, head) pairs; else one pair at a time in
-    tiles of at least :data:`MIN_TILE_ROWS` rows (CPU flash attention's larger query blocks).
+    Whole sequences when they fit, grouping (sequence, head) pairs while the group's outputs stay within
+    :data:`FUSED_GROUP_BYTES`; else one pair at a time in tiles of at least :data:`MIN_TILE_ROWS` rows (CPU flash
+    attention's larger query blocks).
     ``rows`` / ``group`` given are kept.  One layer at 8,192 tokens (12 heads of 32, 128-key
     baskets, 2 cores, ``benchmarks/fused_blocks.py``): 1 head x 1,024 rows per call costs about
     1.25x a stock SDPA call, all heads x 768 rows (75 MB of outputs, mapped afresh and
@@ -349,5 +361,5 @@ def _blocks(n_heads: int, L: int, row_bytes: int, rows: int | None, group: int |
     if rows is None:
         rows = L if L * row_bytes <= FUSED_TILE_BYTES else min(L, max(MIN_TILE_ROWS, FUSED_TILE_BYTES // row_bytes))
     if group is None:
-        group = max(1, FUSED_TILE_BYTES // max(1, rows * row_bytes))
+        group = max(1, FUSED_GROUP_BYTES // max(1, rows * row_bytes))
     return max(1, min(rows, L)), max(1, min(group, n_heads))

@@ -173,7 +173,7 @@ def pool_row_attention(
         mask = causal[:, None, None, None, :]
     probs = _explicit_probs(q, key, mask, scaling)  # (B, Hkv, g, 1, K)
     if calibrate:
-        cal = state.calibration.baskets(module.layer_idx).for_heads((kv_heads, groups, 1), probs)
+        cal = state.baskets(module.layer_idx).for_heads((kv_heads, groups, 1), probs)
         self_key = rows.view(B, 1, 1, 1) if cal.self_share is not None else None
         probs = calibrate_rows(probs, state.start.view(B, 1, 1, 1), state.end.view(B, 1, 1, 1), cal, self_key=self_key)
     if record:
@@ -223,6 +223,7 @@ def explicit_attention(
     if state is not None:
         start = state.start.view(B, 1, 1, 1).to(query.device)
         end = state.end.view(B, 1, 1, 1).to(query.device)
+    cal = _layer_settings(state, module, calibrate_rows_mode, kv_heads, groups, query)
     for t0 in range(0, L, tile_rows):
         t1 = min(L, t0 + tile_rows)
         mask = _mask_for_tile(attention_mask, t0, t1, H, kv_heads, B)
@@ -230,7 +231,7 @@ def explicit_attention(
             c = _causal_additive(t0, t1, K, query.device)
             mask = c if mask is None else mask + c
         probs = _explicit_probs(q_all[:, :, :, t0:t1], key, mask, scaling)  # (B, Hkv, g, T, K)
-        probs = _calibrate_tile(probs, module, state, calibrate_rows_mode, naive, start, end, t0, t1)
+        probs = _calibrate_tile(probs, cal, state, calibrate_rows_mode, naive, start, end, t0, t1)
         if rec_sum is not None:
             _record_tile(rec_sum, probs, state, start, end, t0, t1)
         if dropout:
@@ -245,16 +246,27 @@ def explicit_attention(
     return out
 
 
-def _calibrate_tile(probs, module, state, mode: str | None, naive: bool, start, end, t0: int, t1: int) -> torch.Tensor:
+def _layer_settings(state, module, mode: str | None, kv_heads: int, groups: int, query: torch.Tensor):
+    """The layer's :class:`~posfair.calibration.resolved.BasketSettings` as :func:`_calibrate_tile` takes it, built
+    once for all tiles: per-head strengths laid out as the tile's rows (B, Hkv, g, T) have them (the pooling row's
+    (B, Hkv, g) with ``mode="pool"``); None where no row is calibrated."""
+    if mode is None or state is None:
+        return None
+    like = torch.empty(0, dtype=torch.float32, device=query.device)  # the explicit probabilities' dtype
+    shape = (kv_heads, groups) if mode == "pool" else (kv_heads, groups, 1)
+    return state.baskets(module.layer_idx).for_heads(shape, like)
+
+
+def _calibrate_tile(probs, cal, state, mode: str | None, naive: bool, start, end, t0: int, t1: int) -> torch.Tensor:
     """The probabilities (B, Hkv, g, T, K) of query rows ``t0:t1`` with the rows ``mode`` names calibrated ("all":
-    every valid row, "pool": the pooling row, None: none); ``start`` / ``end``: each sequence's span (B, 1, 1, 1)."""
+    every valid row, "pool": the pooling row, None: none) by ``cal`` (:func:`_layer_settings`); ``start`` / ``end``:
+    each sequence's span (B, 1, 1, 1)."""
     B = probs.shape[0]
     if mode is not None and probs.requires_grad:
         probs = probs.clone()  # calibrated in place below; softmax's backward needs its own output
     if mode == "all" and not naive:
         # fast path: every row of a sequence shares its span; padding query rows are calibrated
         # too, which is harmless (their outputs only reach masked keys and are never pooled)
-        cal = state.calibration.baskets(module.layer_idx).for_heads((*probs.shape[1:3], 1), probs)
         for b, (s_b, e_b) in enumerate(zip(state.start.tolist(), state.end.tolist(), strict=True)):
             calibrate_span_(probs[b], s_b, e_b, cal, row_offset=t0)
     elif mode == "pool" and state is not None:
@@ -265,16 +277,14 @@ def _calibrate_tile(probs, module, state, mode: str | None, naive: bool, start, 
             b_idx = torch.arange(B, device=probs.device)
             r_idx = (pool - t0).clamp(0, t1 - t0 - 1)
             row = probs[b_idx, :, :, r_idx]  # (B, Hkv, g, K)
-            settings = state.calibration.baskets(module.layer_idx).for_heads(probs.shape[1:3], probs)
-            self_key = pool.view(B, 1, 1) if settings.self_share is not None else None
-            cal = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), settings, self_key=self_key)
-            probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), cal, row)
+            self_key = pool.view(B, 1, 1) if cal.self_share is not None else None
+            done = calibrate_rows(row, start.view(B, 1, 1), end.view(B, 1, 1), cal, self_key=self_key)
+            probs[b_idx, :, :, r_idx] = torch.where(inside.view(B, 1, 1, 1), done, row)
     elif mode == "all" and state is not None:
         rows = torch.arange(t0, t1, device=probs.device).view(1, 1, 1, -1)
-        settings = state.calibration.baskets(module.layer_idx).for_heads((*probs.shape[1:3], 1), probs)
-        self_key = rows if settings.self_share is not None else None
-        cal = calibrate_rows(probs, start, end, settings, self_key=self_key)
-        probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), cal, probs)
+        self_key = rows if cal.self_share is not None else None
+        done = calibrate_rows(probs, start, end, cal, self_key=self_key)
+        probs = torch.where(((rows >= start) & (rows <= end)).unsqueeze(-1), done, probs)
     return probs
 
 

@@ -90,22 +90,14 @@ class ResolvedCalibration:
     def baskets(self, layer: int | None = None) -> BasketSettings:
         """What the basket formula reads in layer ``layer``: the strength there (:meth:`layer_strength`) and the
         positional prior's vector there; every other field as it is (``layer`` None: a flat schedule and a prior
-        shared by every layer).  The one function that builds the kernels' :class:`BasketSettings`."""
+        shared by every layer).  The one function that builds the kernels' :class:`BasketSettings`; a forward pass
+        builds it once per calibrated layer (:meth:`posfair.calibration.state.ForwardState.baskets`)."""
         same = {f.name: getattr(self, f.name) for f in fields(BasketSettings) if f.name != "head_strength"}
         prior = None if self.prior is None else self.prior.density(layer)
         heads = self.head_strengths_in(layer)
         return BasketSettings(
             **{**same, "strength": self.layer_strength(layer), "prior": prior, "head_strength": heads}
         )
-
-    def basket_kwargs(self, layer: int | None = None) -> dict[str, Any]:
-        """:meth:`baskets` as the keyword arguments of the basket functions (:mod:`posfair.calibration.baskets`);
-        ``prior`` / ``self_share`` / ``trailing`` are included only when set (:meth:`BasketSettings.kwargs`)."""
-        return self.baskets(layer).kwargs()
-
-
-#: marks the fields of :class:`BasketSettings` its keyword form leaves out at their default (the variants)
-_VARIANT = {"variant": True}
 
 
 @dataclass(frozen=True)
@@ -116,8 +108,9 @@ class BasketSettings:
     :func:`~posfair.calibration.baskets.calibrate_span_`, :func:`~posfair.calibration.baskets.basket_weights`,
     the fused and CUDA kernels) and that says which texts change
     (:func:`posfair.calibration.rule.row_changes`).  Built from a calibration by
-    :meth:`ResolvedCalibration.baskets`; the basket functions also take its fields as keywords
-    (``calibrate_rows(w, s, e, basket_size=4, strength=0.5)``), with these defaults.  ``strength`` is the
+    :meth:`ResolvedCalibration.baskets`, once per calibrated layer and forward pass
+    (:meth:`posfair.calibration.state.ForwardState.baskets`), or directly with these defaults
+    (``BasketSettings(basket_size=4, strength=0.5)``); the basket functions take nothing else.  ``strength`` is the
     strength in this layer (the schedule applied) and ``prior`` the positional prior's density vector in this
     layer (None: equal mass per basket); the other fields are :class:`Calibration`'s.  A new setting the formula
     reads is a field here (named as in :class:`Calibration`, which fills it) and its use in the formula.
@@ -129,11 +122,11 @@ class BasketSettings:
     isolate_eos: bool = False
     bos_weight: Share = "original"
     eos_weight: Share = "equal"
-    prior: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
-    self_share: float | None = field(default=None, metadata=_VARIANT)
-    trailing: Trailing = field(default="basket", metadata=_VARIANT)
-    head_strength: Sequence[float] | torch.Tensor | None = field(default=None, metadata=_VARIANT)
-    temperature: float | None = field(default=None, metadata=_VARIANT)
+    prior: Sequence[float] | torch.Tensor | None = None
+    self_share: float | None = None
+    trailing: Trailing = "basket"
+    head_strength: Sequence[float] | torch.Tensor | None = None
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.basket_size < 1:
@@ -143,13 +136,12 @@ class BasketSettings:
         if self.temperature is not None and not float(self.temperature) > 0.0:
             raise ValueError(f"temperature must be > 0; got {self.temperature}")
 
-    @classmethod
-    def given(cls, settings: BasketSettings | None, keywords: dict[str, Any]) -> BasketSettings:
-        """``settings``, or the value of the fields given as ``keywords`` (the basket functions' keyword form)."""
-        if settings is None:
-            settings = cls(**keywords)
-        elif keywords:
-            raise TypeError(f"give BasketSettings or its fields as keywords, not both (got also {sorted(keywords)})")
+    @staticmethod
+    def checked(settings: BasketSettings) -> BasketSettings:
+        """``settings`` as a basket function takes it: a :class:`BasketSettings` (TypeError otherwise) whose per-head
+        strengths, if any, are laid out as the rows' heads (:meth:`for_heads`; ValueError otherwise)."""
+        if not isinstance(settings, BasketSettings):
+            raise TypeError(f"the basket functions take a BasketSettings; got {type(settings).__name__}")
         if settings.head_strength is not None:
             raise ValueError(
                 "per-head strengths reach the basket functions as a strength tensor laid out like the rows' heads: "
@@ -176,17 +168,6 @@ class BasketSettings:
         if v.numel() != math.prod(shape):
             raise ValueError(f"{v.numel()} per-head strengths for a layer of {math.prod(shape)} attention heads")
         return replace(self, strength=v.view(*shape), head_strength=None)
-
-    def kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments of the basket functions; the variants (``prior``, ``self_share``,
-        ``trailing``) only when set, so a default setting calls them as it always did."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.metadata.get("variant") and (value is None or (isinstance(value, str) and value == f.default)):
-                continue
-            out[f.name] = value
-        return out
 
     @property
     def has_variants(self) -> bool:

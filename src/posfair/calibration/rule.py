@@ -11,21 +11,18 @@ policy any ``C < 2 * basket_size``, the short trailing basket joining the first;
 one basket to the mass it already has multiplies by 1) and nothing else moves mass: no isolated key is given a new share (every isolated key
 ``"original"``), and no self-attention share below 1 takes mass from the row's own key.
 The positional prior does not matter then (one basket gets the whole content mass whatever its
-prior).  And strength 0 returns the original row.  :func:`row_changes` is that predicate;
-:mod:`posfair.calibration.coverage` builds the encode-time warning and every table's calibrated
-share on it, so what posfair reports is what the engine did.
+prior).  And strength 0 returns the original row.  :func:`row_changes` is that predicate, on the one value the
+kernels read (:class:`~posfair.calibration.resolved.BasketSettings`); :mod:`posfair.calibration.coverage` builds
+the encode-time warning and every table's calibrated share on it, so what posfair reports is what the engine did.
 
 Both work on numpy arrays and torch tensors alike (comparison operators only).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from posfair.calibration.params import BasketSettings, Calibration, ResolvedCalibration
-
-    Concrete = BasketSettings | ResolvedCalibration | Calibration
+from posfair.calibration.resolved import BasketSettings
 
 __all__ = ["basket_count", "engine_calibrates", "one_basket_changes", "row_changes", "strength_zero", "tempers"]
 
@@ -53,7 +50,7 @@ def basket_count(n_content: Any, basket_size: int, trailing: str = "basket") -> 
     return n + (n < 1)  # max(n, 1), elementwise on ints, numpy arrays and torch tensors
 
 
-def one_basket_changes(settings: Concrete) -> bool:
+def one_basket_changes(settings: BasketSettings) -> bool:
     """Whether the formula changes a row whose content is exactly one basket: an isolated key is
     given a new share, or a self-attention share below 1 takes mass from the row's own key."""
     s = _concrete(settings)
@@ -61,14 +58,13 @@ def one_basket_changes(settings: Concrete) -> bool:
     return bool(reweights or (s.self_share is not None and float(s.self_share) != 1.0))
 
 
-def row_changes(n_content: Any, settings: Concrete) -> Any:
+def row_changes(n_content: Any, settings: BasketSettings) -> Any:
     """Whether calibration changes the rows of a text with ``n_content`` content keys (elementwise):
     the formula runs and either the content is more than one basket (:func:`basket_count`) or the
     one basket's row is changed by :func:`one_basket_changes`; never at strength 0.
 
-    ``settings``: a concrete setting -- the kernels' :class:`~posfair.calibration.params.BasketSettings`, a
-    :class:`~posfair.calibration.params.ResolvedCalibration`, or a :class:`~posfair.Calibration` whose pooling
-    is resolved (:meth:`~posfair.Calibration.pooled`); they name their fields alike."""
+    ``settings``: the kernels' :class:`~posfair.calibration.resolved.BasketSettings` (a TypeError for anything
+    else; :func:`posfair.calibration.coverage.text_settings` makes one of a whole calibration)."""
     s = _concrete(settings)
     B = int(s.basket_size)
     runs = engine_calibrates(n_content, B)
@@ -79,27 +75,27 @@ def row_changes(n_content: Any, settings: Concrete) -> Any:
     return runs & ((basket_count(n_content, B, s.trailing) > 1) | one_basket_changes(s))
 
 
-def tempers(settings: Concrete) -> bool:
+def tempers(settings: BasketSettings) -> bool:
     """Whether TempScale's temperature (other than 1) changes the rows the formula runs on."""
-    T = getattr(settings, "temperature", None)
+    T = _concrete(settings).temperature
     return T is not None and float(T) != 1.0
 
 
-def strength_zero(settings: Concrete) -> bool:
-    """Whether the setting returns every row as it was: strength 0, every per-head strength 0, no temperature
-    other than 1."""
-    if tempers(settings) or float(settings.strength) != 0.0:
+def strength_zero(settings: BasketSettings) -> bool:
+    """Whether the setting returns every row as it was: strength 0 (every per-head strength 0, when it has them), no
+    temperature other than 1."""
+    if tempers(settings):
         return False
-    per_layer = getattr(settings, "head_strengths", None) or ()  # Calibration / ResolvedCalibration
-    values = [float(v) for _, layer in per_layer for v in layer]
-    one = getattr(settings, "head_strength", None)  # BasketSettings
-    if one is not None:
-        values += [float(v) for v in one]
-    return not any(values)
+    if settings.head_strength is not None:  # they replace the layer's strength (BasketSettings.for_heads)
+        return not any(float(v) for v in settings.head_strength)
+    return float(settings.strength) == 0.0
 
 
-def _concrete(settings: Concrete) -> Concrete:
-    """``settings``, refused with a TypeError when the pooling has yet to decide which keys it isolates."""
+def _concrete(settings: BasketSettings) -> BasketSettings:
+    """``settings``, refused with a TypeError when it is not a :class:`BasketSettings` or the pooling has yet to
+    decide which keys it isolates."""
+    if not isinstance(settings, BasketSettings):
+        raise TypeError(f"the rule takes a BasketSettings (one layer's setting); got {type(settings).__name__}")
     if not (isinstance(settings.isolate_bos, bool) and isinstance(settings.isolate_eos, bool)):
         raise TypeError(
             "the rule needs concrete settings: resolve the calibration for the model's pooling first "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from posfair.calibration.params import Calibration, ResolvedCalibration
+from posfair.calibration.params import BasketSettings, Calibration, ResolvedCalibration
 
 __all__ = [
     "Recorder",
@@ -56,6 +56,15 @@ class ForwardState:
     fallback_layers: dict[int, int] = field(default_factory=dict)  # id(attention module) -> layer index
     fallback_active: list = field(default_factory=list)  # (id(module), mode) pushed by the forward pre-hooks
     fallback_calls: dict[int, list[int]] = field(default_factory=dict)  # layer -> attention calls seen, per module call
+    layer_baskets: dict[int | None, BasketSettings] = field(default_factory=dict, repr=False)  # built by baskets()
+
+    def baskets(self, layer: int | None) -> BasketSettings:
+        """What the basket formula reads in layer ``layer`` (:meth:`ResolvedCalibration.baskets`), built once per
+        layer in this forward pass: every kernel, tile and check of the layer reads this one value."""
+        got = self.layer_baskets.get(layer)
+        if got is None:
+            got = self.layer_baskets[layer] = self.calibration.baskets(layer)
+        return got
 
     def wants(self, module: nn.Module) -> tuple[bool, bool]:
         """(calibrate, record) for this attention module."""
