@@ -66,7 +66,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from posfair.io import atomic_write, atomic_write_json, atomic_write_text
+from posfair.files.atomic import atomic_write, atomic_write_json, atomic_write_text
 
 # ----------------------------------------------------------------------------- settings
 

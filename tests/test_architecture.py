@@ -19,17 +19,12 @@ PACKAGE = SRC / "posfair"
 ROOT = "posfair"
 # lower levels never import higher ones; a level may import itself and anything below
 LEVELS = [
+    # how posfair behaves as a library (errors, progress, warnings' lines, lazy exports, import hooks): imports nothing
+    ("runtime", ("posfair.runtime",)),
     (
         "base",
         (
-            "posfair._post_import",
-            "posfair._lazy",
-            "posfair._stack",
-            "posfair.io",
-            "posfair.run_folder",
-            "posfair.errors",
-            "posfair.progress",
-            "posfair.spans",
+            "posfair.files",
             "posfair.stats",
             "posfair.calibration",
             "posfair.report",
@@ -44,7 +39,7 @@ LEVELS = [
             "posfair.corpus",
         ),
     ),
-    ("encoding", ("posfair.encoding", "posfair.evaluator_base")),
+    ("encoding", ("posfair.encoding",)),
     (
         "pipelines",
         (
@@ -142,7 +137,7 @@ def area(module: str) -> str | None:
 
 
 def test_every_module_has_a_level():
-    assert {"posfair.store", "posfair.model"} <= GRAPH["posfair.encoding"]  # the reader sees the edges at all
+    assert {"posfair.store", "posfair.model"} <= GRAPH["posfair.encoding.cache"]  # the reader sees the edges at all
     assert [m for m in MODULES if level(m) is None] == []  # the package root included
 
 
@@ -160,7 +155,7 @@ def test_imports_run_one_way(module):
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("posfair.report")))
 def test_report_is_a_leaf(module):
-    assert sorted(m for m in GRAPH[module] if not m.startswith(("posfair.report", "posfair.io"))) == []
+    assert sorted(m for m in GRAPH[module] if not m.startswith(("posfair.report", "posfair.files.atomic"))) == []
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("posfair.cli")))
@@ -202,7 +197,7 @@ def test_no_import_cycles_even_through_annotations():
     """Not even the names a module imports for its annotations only (``if TYPE_CHECKING:``) close a circle: a
     renderer reads what the computing modules hand it, and they never name the renderer (nor, in a function, import
     it): an audit's renderers take its findings (posfair.fairness.findings) and the result that draws and saves
-    itself (posfair.fairness.results) imports them; tuning's verdicts take trials, not the TuneResult recording
+    itself (posfair.fairness.audit_result) imports them; tuning's verdicts take trials, not the TuneResult recording
     them."""
     edges = {
         name: {m for m in imports_of(p, annotations=True) if m.startswith("posfair.")} for name, p in MODULES.items()
@@ -368,7 +363,7 @@ LAZY_PACKAGES = sorted(name for name, tree in package_inits().items() if uses_la
 
 
 def test_one_lazy_export_mechanism():
-    """A package's public names load through posfair._lazy.lazy_exports: no hand-written ``__getattr__``, and no
+    """A package's public names load through posfair.runtime.lazy.lazy_exports: no hand-written ``__getattr__``, and no
     ``__init__`` importing the names it exports at import time (an eager front door)."""
     assert {"posfair", "posfair.retrieval", "posfair.store", "posfair.serve"} <= set(LAZY_PACKAGES)
     for name, tree in package_inits().items():
@@ -471,7 +466,7 @@ def test_the_backend_table_imports_only_the_standard_library():
     """``import posfair`` reads the table before torch: it imports nothing else (and is at the base level)."""
     import sys
 
-    assert level(BACKENDS_TABLE) == 0
+    assert LEVELS[level(BACKENDS_TABLE)][0] == "base"
     imported = imports_of(MODULES[BACKENDS_TABLE])
     assert sorted(m for m in imported if m.split(".")[0] not in sys.stdlib_module_names) == []
 
@@ -512,3 +507,37 @@ def test_the_version_is_read_from_the_installed_metadata():
 
     assert posfair.__version__ == importlib.metadata.version("posfair") == code_version()["posfair_version"]
     assert ROOT not in GRAPH["posfair.store.settings"]
+
+
+def test_the_package_root_holds_only_the_front_door():
+    """One home per idea, read off the folder names: the root holds ``__init__.py`` alone; every other module lives
+    in the package of its idea (``runtime/``, ``files/``, ``encoding/``, ...)."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
+
+
+#: the modules that call a model's ``encode`` besides the encoding layer's forward passes: the model class itself
+#: (FairModel.encode calls sentence-transformers' own) and MTEB's index backend (it calls MTEB's encoder protocol,
+#: which posfair.mteb.protocol implements through the encoding layer)
+ENCODE_CALLERS = {"posfair.encoding.passes", "posfair.model.fair_model", "posfair.mteb.exact_search"}
+
+
+def encode_calls(path: Path) -> list[int]:
+    """Lines of ``path`` that call a model's ``encode``: ``x.encode(...)`` with more than a codec (``str.encode``
+    takes at most an encoding and an error handler, as constants), or ``SentenceTransformer.encode`` itself."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "encode"):
+            continue
+        codec = len(node.args) <= 2 and not node.keywords and all(isinstance(a, ast.Constant) for a in node.args)
+        codec = codec or {k.arg for k in node.keywords} <= {"encoding", "errors"} and not node.args
+        if not codec:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_runs_the_forward_passes():
+    """Three places used to encode (the encoding layer, posfair embed's shard worker, posfair serve's engine), and
+    the repair encoded its targets itself: every forward pass now goes through posfair.encoding.passes."""
+    callers = {m: encode_calls(p) for m, p in MODULES.items() if m not in ENCODE_CALLERS}
+    assert {m: lines for m, lines in callers.items() if lines} == {}
+    assert encode_calls(MODULES["posfair.encoding.passes"])  # the reader finds the calls it looks for

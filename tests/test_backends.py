@@ -126,7 +126,7 @@ def test_the_dispatch_reads_the_table(monkeypatch, tiny_model_path):
 def test_import_posfair_hooks_the_tables_modules():
     """Before transformers is imported, ``import posfair`` waits for exactly the table's modules, and each
     hook's route module has the ``on_import`` it calls."""
-    code = "import json, posfair, posfair._post_import as p; print(json.dumps(sorted(p._CALLBACKS)))"
+    code = "import json, posfair, posfair.runtime.post_import as p; print(json.dumps(sorted(p._CALLBACKS)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == sorted(import_hooks())
     assert import_hooks()["transformers.modeling_utils"] == REGISTRY

@@ -360,7 +360,7 @@ def test_converted_files_honour_the_umask(tmp_path):
 
 def test_prompted_tokenizer_counts_the_prompt_and_keeps_offsets_on_the_text(e5):
     from posfair.encoding import PromptedTokenizer, model_tokenizer
-    from posfair.spans import token_segment_index
+    from posfair.model.token_spans import token_segment_index
 
     tok = model_tokenizer(e5)
     assert isinstance(tok, PromptedTokenizer) and tok.prompt == "passage: "

@@ -250,7 +250,7 @@ def test_calibration_specs_accept_default():
 
 
 def test_txt_lines_end_at_newlines_only(tmp_path):
-    from posfair.io import read_texts
+    from posfair.files.reading import read_texts
 
     (tmp_path / "in.txt").write_bytes("one\x0cwith a form feed\r\ntwo\u2028three\n\n".encode())
     assert read_texts(tmp_path / "in.txt") == (["one\x0cwith a form feed", "two\u2028three"], None)

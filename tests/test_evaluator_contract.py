@@ -18,12 +18,12 @@ from tests.retrieval.conftest import aligned_corpus
 import posfair
 from posfair import Calibration
 from posfair.calibration import STOCK
-from posfair.errors import PosfairInputError
 from posfair.fairness.experiment import AuditSettings
 from posfair.fairness.pipeline import PositionalFairnessEvaluator
 from posfair.model import compat
 from posfair.retrieval.benchmarks import build_from_corpus, load_benchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
+from posfair.runtime.errors import PosfairInputError
 from posfair.tuning import CalibrationTuner, FunctionObjective, SearchSpace
 
 if compat.ST_6:

@@ -220,8 +220,8 @@ def test_an_output_over_a_file_size_limit_is_named_with_its_cause(tmp_path, tiny
 
 @pytest.mark.parametrize("code,cause", [(28, "no space left on the device"), (30, "the file system is read-only")])
 def test_a_failed_write_names_the_path_and_the_cause(tmp_path, code, cause):
-    from posfair.errors import PosfairWriteError
-    from posfair.io import atomic_write
+    from posfair.files.atomic import atomic_write
+    from posfair.runtime.errors import PosfairWriteError
 
     def full(p):
         p.write_bytes(b"partial")

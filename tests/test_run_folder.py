@@ -1,4 +1,4 @@
-"""Output folders keyed and checked by content (posfair.run_folder): what a rerun removes, keeps, refuses and says."""
+"""Output folders keyed and checked by content (posfair.files.run_folder): what a rerun removes, keeps, refuses and says."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_text
-from posfair.run_folder import JOURNAL, MANIFEST, RESULT_FORMAT, RunFolder, RunFolderWarning
+from posfair.files.atomic import atomic_write_text
+from posfair.files.run_folder import JOURNAL, MANIFEST, RESULT_FORMAT, RunFolder, RunFolderWarning
+from posfair.runtime.errors import PosfairInputError
 
 
 def _sha(path) -> str:

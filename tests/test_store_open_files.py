@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from forked import run_forked
 from posfair.cli import app
-from posfair.errors import PosfairReadError
+from posfair.runtime.errors import PosfairReadError
 from posfair.store import DamagedShardWarning, EmbeddingStore, text_key, verify_store
 
 DIM = 4

@@ -9,9 +9,9 @@ with plain ``SentenceTransformer(path)`` or ``AutoModel.from_pretrained(path)``.
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
-from posfair import _post_import
-from posfair._lazy import lazy_exports
 from posfair.calibration import backends as _backends
+from posfair.runtime.lazy import lazy_exports
+from posfair.runtime.post_import import when_imported
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.attention import attention_profile, estimate_prior  # noqa: F401
@@ -70,4 +70,4 @@ __all__ = [*__all__, "__version__"]
 # posfair's attention reaches transformers as soon as transformers' modelling code is imported, whoever imports
 # it: the table of backends says which modules, once imported, run which route's hook (the registry's
 # registration; on transformers 4.x, the BERT family's attention tables); hooked here, before anything imports them
-_backends.install_import_hooks(_post_import.when_imported)
+_backends.install_import_hooks(when_imported)

@@ -152,7 +152,7 @@ def test_the_tuner_searches_schedules_as_a_grid_dimension():
         (s, t) for s in ("flat", "rising") for t in ("basket", "weighted")
     }
     assert space.to_dict()["schedules"] == ["flat", "rising"] and "schedules" not in SearchSpace().to_dict()
-    from posfair.errors import PosfairInputError
+    from posfair.runtime.errors import PosfairInputError
 
     with pytest.raises(PosfairInputError, match="strength schedules must be among flat, rising, falling"):
         SearchSpace(schedules=("steep",))

@@ -15,7 +15,7 @@ import torch
 
 import posfair
 from posfair import Calibration
-from posfair.attention.prior import estimate_prior, row_density
+from posfair.attention.prior_estimate import estimate_prior, row_density
 from posfair.calibration.baskets import calibrate_rows, calibrate_span_, prior_at
 from posfair.calibration.params import BasketSettings, PositionalPrior
 from reference import reference_calibrate_row, reference_mode
@@ -322,5 +322,5 @@ def test_estimate_prior_matches_a_manual_average(tiny_model):
     for li, layer in enumerate((2, 3)):
         dens = [row_density(r[0, 1:].double().numpy(), 4) for r in rows[layer]]  # BOS at 0 isolated, no EOS isolation
         np.testing.assert_allclose(est.calibration.prior.values[li], np.mean(dens, 0), rtol=1e-5)
-    with pytest.raises(posfair.errors.PosfairInputError, match="no document has 500 content keys"):
+    with pytest.raises(posfair.runtime.errors.PosfairInputError, match="no document has 500 content keys"):
         estimate_prior(model, ["short text"], bins=500)

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from posfair.cli import app
-from posfair.errors import PosfairInputError
-from posfair.io import check_ids
+from posfair.files.reading import check_ids
+from posfair.runtime.errors import PosfairInputError
 
 
 def run(*args):

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posfair.cli import app, main
-from posfair.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError
 
 # (id, command line ({t} = the test's folder), a fragment the error line must contain, environment)
 MISTAKES = [
@@ -528,8 +528,8 @@ def test_the_hub_is_probed_once_and_fast(files, monkeypatch):
 
 def test_the_library_refuses_an_unreachable_hub_id_by_name(monkeypatch):
     import posfair
-    from posfair.errors import PosfairInputError
     from posfair.model.hub import ModelNotFound
+    from posfair.runtime.errors import PosfairInputError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
@@ -541,12 +541,12 @@ def test_the_library_refuses_an_unreachable_hub_id_by_name(monkeypatch):
 
 
 def test_an_unexpected_error_is_one_line_with_a_hint_and_debug_shows_the_traceback(files, monkeypatch):
-    import posfair.io
+    import posfair.files.reading
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(posfair.io, "read_texts", broken)
+    monkeypatch.setattr(posfair.files.reading, "read_texts", broken)
     args = "encode -i {t}/in.txt -o {t}/o.npy"
     res = run(args, files)
     assert res.exit_code == 1

@@ -92,8 +92,8 @@ def test_tunes_default_grid_leaves_out_baskets_the_token_limit_cannot_fill():
 
 
 def test_a_retrieval_folder_of_an_older_posfair_resumes_from_its_sweep_json(tmp_path):
-    from posfair.errors import PosfairInputError
     from posfair.retrieval import resumable_sweep as sweep
+    from posfair.runtime.errors import PosfairInputError
 
     key = {k: f"v-{k}" for k in sweep._SWEEP_KEY} | {"benchmark": {"name": "b", "fingerprint": "f"}}
     (tmp_path / "sweep.json").write_text(json.dumps(key | {"settings": ["stock"]}))

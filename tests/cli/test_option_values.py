@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posfair.cli import app
-from posfair.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError
 
 WIDE = {"COLUMNS": "200"}
 
@@ -319,3 +319,18 @@ def test_a_refused_combination_stops_the_command_before_any_work(line, message, 
     r = CliRunner().invoke(app, line.format(t=tmp_path).split(), env=WIDE)
     assert r.exit_code == 2 and message in " ".join(r.stderr.split()), r.output
     assert not loads and not list(tmp_path.iterdir())
+
+
+def test_the_inference_options_reach_the_audit_as_one_typed_value():
+    """``--inference`` and the bootstrap options become one checked Inference (not a dict of keywords), and the
+    audit's settings carry exactly it, for ``audit`` and ``demo`` alike."""
+    from posfair.cli.checks import inference_choice
+    from posfair.fairness.experiment import AuditSettings
+    from posfair.stats.inference import Inference
+
+    spec = inference_choice("wild", 199, "rademacher", 7, "set")
+    assert spec == Inference(method="wild", draws=199, weights="rademacher", seed=7, clusters="set")
+    settings = AuditSettings(configs=("en",)).with_inference(spec)
+    assert settings.inference_spec == spec
+    assert (settings.bootstrap_draws, settings.bootstrap_seed, settings.clusters) == (199, 7, "set")
+    assert inference_choice("cluster", None, None, None) == Inference()  # the defaults live with the OLS code

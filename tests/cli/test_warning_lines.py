@@ -10,7 +10,7 @@ import posfair
 from posfair.cli.error_boundary import one_line_warnings
 from posfair.store import DamagedShardWarning
 
-INSIDE = str(Path(posfair.__file__).parent / "encoding.py")
+INSIDE = str(Path(posfair.__file__).parent / "encoding" / "cache.py")
 OUTSIDE = "/somewhere/site-packages/sentence_transformers/base/model.py"
 
 

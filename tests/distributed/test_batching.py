@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posfair.distributed.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste
+from posfair.encoding.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste
 
 # a synthetic shard alternating short and long texts, as a corpus of mixed sections does
 LENGTHS = [10, 100, 10, 100, 10, 100]

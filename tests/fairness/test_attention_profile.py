@@ -15,7 +15,7 @@ import torch
 from posfair import Calibration
 from posfair.attention.profile import AttentionProfile, attention_profile
 from posfair.calibration import STOCK
-from posfair.spans import join_segments
+from posfair.model.token_spans import join_segments
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 

@@ -11,8 +11,8 @@ import statsmodels.api as sm
 from scipy import stats
 
 from posfair.fairness.analysis import fit_all
+from posfair.fairness.audit_result import AuditResult
 from posfair.fairness.audit_tables import coefficient_detail_table, coefficient_table
-from posfair.fairness.results import AuditResult
 from posfair.stats.inference import FewClustersWarning, Inference
 from posfair.stats.position_ols import fit_position_ols, position_design
 from shared_topics import shared_topic_table as _table

@@ -10,7 +10,7 @@ from posfair.fairness.documents import (
     prepare_corpus,
     token_segment_index,
 )
-from posfair.spans import join_segments
+from posfair.model.token_spans import join_segments
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pytest
 import statsmodels.api as sm
 
 from posfair.fairness.analysis import few_clusters_message, fit_all
+from posfair.fairness.audit_result import AuditResult
 from posfair.fairness.audit_tables import coefficient_detail_table, coefficient_table
-from posfair.fairness.results import AuditResult
 from posfair.report.html import render_report
 from posfair.report.tables import to_csv, to_latex, to_markdown
 from posfair.stats.inference import FewClustersWarning, Inference, significance_mark

@@ -12,12 +12,12 @@ from scipy import stats
 
 from posfair import Calibration
 from posfair import encoding as enc
-from posfair.errors import PosfairInputError
 from posfair.fairness.documents import LanguageConfig, language_grid
 from posfair.fairness.experiment import AuditSettings, build_instances
 from posfair.fairness.language import fit_language_ols, has_language_grid, language_effects, segment_tokens
 from posfair.fairness.language_tables import beta2_grid, grid_languages, grid_matrices
 from posfair.fairness.pipeline import audit
+from posfair.runtime.errors import PosfairInputError
 from posfair.stats.inference import FewClustersWarning
 
 LANGS = ("en", "de", "fr")

@@ -8,7 +8,7 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from posfair.cli import app
-from posfair.run_folder import MANIFEST
+from posfair.files.run_folder import MANIFEST
 
 
 def _audit(model, corpus, out, *extra):

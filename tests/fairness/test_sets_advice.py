@@ -8,9 +8,9 @@ import re
 import pandas as pd
 import pytest
 
-from posfair.errors import PosfairInputError
 from posfair.fairness.documents import LanguageConfig
 from posfair.fairness.experiment import AuditSettings, build_instances
+from posfair.runtime.errors import PosfairInputError
 
 BODIES = [
     "the apt package manager installs and upgrades software packages from the configured repositories",

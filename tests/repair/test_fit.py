@@ -173,7 +173,7 @@ def test_the_set_target_is_order_free_and_the_stock_model_sits_on_it_for_a_fair_
     vec = {f"s{k}-{i}": rng.normal(size=6) for k in range(3) for i in range(3)}
 
     class BagOfSegments:  # the mean of its segments' vectors: blind to order
-        def encode(self, texts, batch_size=16, normalize_embeddings=True):
+        def encode(self, texts, batch_size=16, **kwargs):
             out = []
             for t in texts:
                 v = np.sum([vec[w] for w in t.split() if w != "text"], axis=0)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from tests.retrieval.conftest import aligned_corpus
 
-from posfair.errors import PosfairInputError
 from posfair.retrieval.benchmarks import build_from_corpus, load_posir
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.retrieval.late import LateChunking, late_scores
 from posfair.retrieval.result_tables import group_table
 from posfair.retrieval.resumable_sweep import run_sweep
+from posfair.runtime.errors import PosfairInputError
 from posfair.store import EmbeddingStore
 
 TEXT = "  The apt tool installs packages. Kernel modules load at boot; printers use cups and queues.  "

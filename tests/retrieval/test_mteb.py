@@ -24,11 +24,11 @@ from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.corpus import load_corpus
-from posfair.errors import PosfairInputError
 from posfair.model import bundled_model_path
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.retrieval.metrics import harmonic_mean, psi
+from posfair.runtime.errors import PosfairInputError
 from posfair.store import EmbeddingStore
 
 CAL = Calibration()  # the default: B=128, last 50% of layers, strength 0.5

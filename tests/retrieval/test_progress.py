@@ -4,7 +4,7 @@ import logging
 import sys
 import types
 
-from posfair.progress import progress_enabled, progress_tasks
+from posfair.runtime.progress import progress_enabled, progress_tasks
 
 logger = logging.getLogger("posfair.tests.progress")
 

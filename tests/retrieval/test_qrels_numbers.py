@@ -194,8 +194,8 @@ def test_score_zero_or_negative_is_not_relevant():
 
 def test_mteb_refuses_fractional_scores_by_name():
     pytest.importorskip("mteb")
-    from posfair.errors import PosfairInputError
     from posfair.mteb import tasks
+    from posfair.runtime.errors import PosfairInputError
 
     b = RetrievalBenchmark(
         "frac",

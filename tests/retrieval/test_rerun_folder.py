@@ -10,8 +10,8 @@ from tests.retrieval.conftest import build_cli_benchmark
 from typer.testing import CliRunner
 
 from posfair.cli import app
+from posfair.files.run_folder import MANIFEST
 from posfair.retrieval.benchmarks import load_benchmark
-from posfair.run_folder import MANIFEST
 
 
 def _retrieval(bench, out):

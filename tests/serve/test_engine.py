@@ -133,8 +133,8 @@ def test_documents_batched_together_get_each_ones_late_chunking_in_fewer_passes(
     """Documents of several /v1/segments requests answered by one segments_many share forward passes (the 96-token
     budget: the four short ones in one pass, the long one alone); each answer equals the same document's late
     chunking alone (stock: posfair's LateChunking; calibrated: segments() of that request alone)."""
+    from posfair.model.token_spans import join_segments
     from posfair.retrieval.late import LateChunking
-    from posfair.spans import join_segments
 
     model, spec = tiny
     engine = Engine(model, spec, request_calibration=True)
@@ -227,7 +227,7 @@ def test_a_forward_pass_that_fails_is_retried_per_request(tiny, monkeypatch):
     for /v1/segments documents sharing a pass."""
     model, spec = tiny
     engine = Engine(model, spec, request_calibration=True)
-    real_encode, real_states = engine.encode, engine._token_states
+    real_encode, real_states = engine.pooled, engine._token_states
 
     def encode(texts, cal, prompt):
         if any("poison" in t for t in texts):
@@ -239,7 +239,7 @@ def test_a_forward_pass_that_fails_is_retried_per_request(tiny, monkeypatch):
             raise RuntimeError("the model cannot take this text")
         return real_states(texts, cal, prompt)
 
-    monkeypatch.setattr(engine, "encode", encode)
+    monkeypatch.setattr(engine, "pooled", encode)
     monkeypatch.setattr(engine, "_token_states", states)
     reqs = [EmbeddingRequest(tuple(texts_of(2, s))) for s in (50, 51, 52)]
     reqs.insert(1, EmbeddingRequest(("a poison text",)))
@@ -359,8 +359,8 @@ def test_a_segments_document_is_tokenised_as_given_not_stripped(tiny):
     """/v1/segments stripped the joined document "as sentence-transformers strips" although posfair strips no text
     anywhere else: now the document is the segments joined, white space and all, and each vector is posfair's late
     chunking of that document."""
+    from posfair.model.token_spans import join_segments
     from posfair.retrieval.late import LateChunking
-    from posfair.spans import join_segments
 
     model, spec = tiny
     engine = Engine(model, spec, request_calibration=True)

@@ -14,9 +14,9 @@ import posfair
 from posfair import Calibration
 from posfair import encoding as enc
 from posfair.calibration import STOCK
-from posfair.errors import PosfairInputError
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.retrieval.metrics import harmonic_mean
+from posfair.runtime.errors import PosfairInputError
 from posfair.tuning import (
     DEV,
     TEST,

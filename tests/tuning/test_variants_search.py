@@ -13,7 +13,7 @@ import pytest
 from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.calibration.params import PositionalPrior
-from posfair.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError
 from posfair.tuning import (
     DEV,
     TEST,

@@ -46,16 +46,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from posfair._stack import user_stacklevel
 from posfair.attention.record import AttentionProfile
 from posfair.calibration.choice import STOCK, Stock, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
 from posfair.encoding import model_tokenizer
-from posfair.errors import PosfairInputError
 from posfair.model import FairModel
-from posfair.progress import progress_enabled
-from posfair.spans import token_segment_index
+from posfair.model.token_spans import token_segment_index
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import progress_enabled
+from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = [
     "AttentionProfile",

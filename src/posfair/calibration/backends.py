@@ -221,7 +221,7 @@ def _on_import(route: str) -> Callable[[object], None]:
 
 
 def install_import_hooks(when_imported: Callable[[str, Callable[[object], None]], None]) -> None:
-    """Arrange (through ``when_imported``, :func:`posfair._post_import.when_imported`) for every hook of
+    """Arrange (through ``when_imported``, :func:`posfair.runtime.post_import.when_imported`) for every hook of
     :func:`import_hooks` to run once its module is imported (at once if it already is)."""
     for module, route in import_hooks().items():
         when_imported(module, _on_import(route))

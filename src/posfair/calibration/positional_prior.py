@@ -41,7 +41,7 @@ class PositionalPrior:
     position of its middle key), linearly interpolated between bin centres and held constant
     beyond the first / last bin centre (:func:`posfair.calibration.baskets.prior_at`), so a
     prior estimated once serves documents of any length and any basket size.
-    Estimate one with :func:`posfair.attention.prior.estimate_prior`.
+    Estimate one with :func:`posfair.attention.prior_estimate.estimate_prior`.
     """
 
     values: tuple[tuple[float, ...], ...]

@@ -14,7 +14,7 @@
   as text), :mod:`posfair.cli.aliases` (former option names).
 """
 
-# imported here, not lazily (posfair._lazy): the name ``app`` is also the submodule posfair.cli.app, and importing
+# imported here, not lazily (posfair.runtime.lazy): the name ``app`` is also the submodule posfair.cli.app, and importing
 # a submodule sets the package's attribute of its name, so a lazy ``app`` would turn into the module
 from posfair.cli.app import app, main
 

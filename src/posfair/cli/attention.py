@@ -69,7 +69,7 @@ def run_attention(model, corpus, options: AttentionOptions, *, model_name="", pr
     from posfair.attention.render import write_attention_report
     from posfair.calibration import STOCK
     from posfair.corpus import corpus_content_fingerprint
-    from posfair.run_folder import RunFolder
+    from posfair.files.run_folder import RunFolder
 
     o = options
     key = {

@@ -38,6 +38,7 @@ from posfair.cli.parsers import comma_list, integer, joined, lang_code, mixed_co
 
 if TYPE_CHECKING:
     from posfair.fairness.experiment import AuditSettings
+    from posfair.stats.inference import Inference as InferenceSpec
 
 Mixed = Annotated[
     list[str],
@@ -197,7 +198,7 @@ class AuditOptions:
 
         for name in ("n", "langs", "mixed", "language_grid", "calibrations"):
             object.__setattr__(self, name, tuple(getattr(self, name)))  # a list from the parser: frozen as a tuple
-        self.inference_settings  # noqa: B018 -- a bootstrap option without --inference wild is refused now
+        self.inference_spec  # noqa: B018 -- a bootstrap option without --inference wild is refused now
         self.configs  # noqa: B018 -- so is a language grid of one language, or 'all' beside others
         if self.min_tokens is not None and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise PosfairInputError(
@@ -207,9 +208,9 @@ class AuditOptions:
             raise PosfairInputError(f"--family-field {self.family_field}: applies only with --by-family")
 
     @property
-    def inference_settings(self) -> dict:
-        """``--inference``, ``--clusters`` and the bootstrap options as AuditSettings keywords."""
-        return checks.inference_settings(
+    def inference_spec(self) -> InferenceSpec:
+        """``--inference``, ``--clusters`` and the bootstrap options, checked."""
+        return checks.inference_choice(
             self.inference, self.bootstrap_draws, self.bootstrap_weights, self.bootstrap_seed, self.clusters
         )
 
@@ -238,8 +239,7 @@ class AuditOptions:
             batch_size=self.batch_size,
             control=self.control,
             family_field=self.family,
-            **self.inference_settings,
-        )
+        ).with_inference(self.inference_spec)
 
     def checked(self) -> AuditOptions:
         """These options once the folders and the model's source and device are checked, and the settings where

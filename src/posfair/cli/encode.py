@@ -140,7 +140,7 @@ class EncodeOptions:
 
 def encode_run(options: EncodeOptions) -> None:
     """Check everything, read the texts, load the model and embed them (into a temporary cache without --cache)."""
-    from posfair.io import read_texts
+    from posfair.files.reading import read_texts
 
     # everything the user gave is checked before the heavy imports, the model or anything is written
     o = options.checked()
@@ -163,7 +163,7 @@ def _encode_into(fm, texts, ids, options: EncodeOptions, cache_dir) -> None:
 
     from posfair.cli.terminal_progress import progress_bars
     from posfair.encoding import encode_cached, l2_normalize
-    from posfair.io import atomic_save_npy, atomic_write_parquet
+    from posfair.files.atomic import atomic_save_npy, atomic_write_parquet
     from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
     o, cal, out, prompt = options, options.calibration, options.out, options.prompt

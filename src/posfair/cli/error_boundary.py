@@ -1,7 +1,7 @@
 """The error boundary of the command line: every problem ends as one line on stderr.
 
 * A user mistake -- a bad option value or usage (the parser's errors), or a
-  :class:`~posfair.errors.PosfairInputError` from a command or the library (a
+  :class:`~posfair.runtime.errors.PosfairInputError` from a command or the library (a
   missing file, a corpus without a field, a store of other settings, ...) --
   prints ``error: <what>`` naming the file, option or value, and exits with 2.
 * Anything else is a bug or an environment problem: one line
@@ -33,7 +33,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from posfair.errors import PosfairInputError, PosfairReadError, PosfairWriteError
+from posfair.runtime.errors import PosfairInputError, PosfairReadError, PosfairWriteError
 
 __all__ = [
     "PosfairGroup",
@@ -376,7 +376,7 @@ def quiet_other_libraries() -> Iterator[None]:
     if _debug_requested(sys.argv[1:]):
         yield
         return
-    from posfair._post_import import when_imported
+    from posfair.runtime.post_import import when_imported
 
     state: dict[str, Any] = {"active": True, "restore": []}
 

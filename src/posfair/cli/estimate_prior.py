@@ -49,7 +49,7 @@ def estimate_prior_command(
     from posfair.cli.error_boundary import data_errors
     from posfair.cli.inputs import build_documents, load_corpus
     from posfair.cli.terminal import say
-    from posfair.io import atomic_write_text
+    from posfair.files.atomic import atomic_write_text
 
     checks.output_file(out, (".json",))
     model_options = checks.ModelOptions(
@@ -59,7 +59,7 @@ def estimate_prior_command(
     fm = checks.load_model(model_options)
     base = calibration if calibration is not None else Calibration(layers=1.0)
     checks.check_calibrations(fm, [base])
-    from posfair.attention.prior import estimate_prior
+    from posfair.attention.prior_estimate import estimate_prior
 
     with data_errors():
         docs = [d.text for lang in langs for k in n for d in build_documents(fm, data, lang, k, max_docs, seed)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from posfair.cli import checks
 from posfair.cli.inputs import say_benchmark_size
-from posfair.errors import install_hint
+from posfair.runtime.errors import install_hint
 
 __all__ = ["run_audit", "BenchmarkOptions", "run_benchmark", "query_prompt", "summary_table", "language_summary_tables"]
 

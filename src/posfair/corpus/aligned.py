@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from posfair.errors import PosfairInputError
-from posfair.io import jsonl_records
+from posfair.files.reading import jsonl_records
+from posfair.runtime.errors import PosfairInputError
 
 REQUIRED_FIELDS = ("id", "lang", "text")
 #: what a corpus record is, for the messages that refuse one

@@ -31,8 +31,8 @@ from typing import Any
 import pandas as pd
 from huggingface_hub import snapshot_download
 
-from posfair._stack import user_stacklevel
-from posfair.io import is_local, looks_like_hub_id
+from posfair.files.reading import is_local, looks_like_hub_id
+from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = [
     "POSIR_DIR",

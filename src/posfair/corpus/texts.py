@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from posfair.corpus.aligned import load_corpus
 from posfair.corpus.posir_layout import POSIR_HUB_ID, is_posir_tree, posir_languages, read_posir
-from posfair.io import check_texts, jsonl_records
+from posfair.files.reading import check_texts, jsonl_records
 
 __all__ = ["BENCHMARK_PARTS", "read_benchmark_texts", "read_corpus_texts"]
 

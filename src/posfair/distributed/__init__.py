@@ -1,6 +1,7 @@
 """posfair.distributed: corpus-scale embedding into the shared embedding store, locally or on Ray.
 
-* :mod:`posfair.distributed.batching` -- length-aware, token-budget batching and padding waste.
+* :mod:`posfair.encoding.batching` -- length-aware, token-budget batching and padding waste (the encoding
+  layer's: ``posfair serve`` batches with it too; importable from here).
 * :mod:`posfair.distributed.spec` -- :class:`EmbedSpec`, what a worker rebuilds the encoder from.
 * :mod:`posfair.distributed.worker` -- deterministic shards and the one shard function.
 * :mod:`posfair.distributed.corpus_record` -- the corpora a namespace was built from.
@@ -18,24 +19,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posfair._lazy import lazy_exports
+from posfair.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.corpus.texts import read_corpus_texts  # noqa: F401
-    from posfair.distributed.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste  # noqa: F401
     from posfair.distributed.corpus_record import corpus_fingerprint  # noqa: F401
     from posfair.distributed.job import EmbedReport, embed_texts  # noqa: F401
     from posfair.distributed.ray_engine import RAY_INSTALL_HINT, ray_available  # noqa: F401
     from posfair.distributed.spec import EmbedSpec  # noqa: F401
     from posfair.distributed.worker import Shard, plan_shards, process_shard  # noqa: F401
+    from posfair.encoding.batching import fixed_batches, length_aware_batches, padded_tokens, padding_waste  # noqa: F401
     from posfair.store import ManifestMismatch  # noqa: F401
 
 _EXPORTS = {
     "read_corpus_texts": "posfair.corpus.texts",
-    "fixed_batches": ".batching",
-    "length_aware_batches": ".batching",
-    "padded_tokens": ".batching",
-    "padding_waste": ".batching",
+    "fixed_batches": "posfair.encoding.batching",
+    "length_aware_batches": "posfair.encoding.batching",
+    "padded_tokens": "posfair.encoding.batching",
+    "padding_waste": "posfair.encoding.batching",
     "corpus_fingerprint": ".corpus_record",
     "EmbedReport": ".job",
     "embed_texts": ".job",

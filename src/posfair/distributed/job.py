@@ -39,7 +39,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK
 from posfair.calibration.coverage import CalibrationFallbackWarning
 from posfair.corpus.texts import read_corpus_texts as read_corpus_texts
@@ -50,6 +49,7 @@ from posfair.distributed.ray_engine import require_ray, run_ray
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, plan_shards, process_shard
 from posfair.model import FairModel, compat
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import (
     EmbeddingStore,
     embedding_meta,

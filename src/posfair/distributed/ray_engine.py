@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from posfair._stack import user_stacklevel
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, process_shard
-from posfair.errors import install_hint
+from posfair.runtime.errors import install_hint
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import ManifestMismatch
 
 __all__ = [

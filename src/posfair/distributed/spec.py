@@ -7,6 +7,7 @@ from typing import Any
 
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Stock
+from posfair.encoding.batching import Batching
 from posfair.model import FairModel, load_model
 
 __all__ = ["EmbedSpec"]
@@ -31,7 +32,7 @@ class EmbedSpec:
     max_seq_length: int | None = None
     trust_remote_code: bool = False
     device: str | None = None
-    batching: str = "length"
+    batching: Batching = "length"
     batch_size: int = 32
     max_batch_tokens: int = 16384
 

@@ -3,16 +3,15 @@
 * :func:`plan_shards` cuts the distinct texts, in corpus order, into shards of
   ``shard_size``; a shard's id is a hash of its keys and its file is
   ``part-<id>.arrow`` (:func:`posfair.store.shard_path`), written atomically.
-* :func:`process_shard` is the one shard function: token lengths, length-aware
-  batches (:mod:`posfair.distributed.batching`), encode, write.  The local executor
+* :func:`process_shard` is the one shard function: encode in token-budget batches
+  (:func:`posfair.encoding.encode_in_batches`), write.  The local executor
   (:mod:`posfair.distributed.job`) calls it in this process; the Ray executor
   (:mod:`posfair.distributed.ray_engine`) in an actor pool.  Same function, same
   batches, so both give bit-identical vectors.
 
-Encoding goes through ``model.using(cal)`` and ``SentenceTransformer.encode`` with
-the batches chosen here (``FairModel.encode`` would re-tokenise every batch for its
-checks); the spec's calibration is a Calibration or ``posfair.STOCK``
-(:attr:`~posfair.distributed.spec.EmbedSpec.calibration_obj`), never "whatever the model carries".
+Encoding is the encoding layer's (:mod:`posfair.encoding.passes`): the spec's calibration is a Calibration or
+``posfair.STOCK`` (:attr:`~posfair.distributed.spec.EmbedSpec.calibration_obj`), never "whatever the model
+carries".
 """
 
 from __future__ import annotations
@@ -22,18 +21,14 @@ import hashlib
 import json
 import os
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sentence_transformers import SentenceTransformer
 
-from posfair._stack import user_stacklevel
-from posfair.distributed.batching import length_aware_batches, padded_tokens
 from posfair.distributed.spec import EmbedSpec
-from posfair.model import FairModel, compat
+from posfair.encoding.passes import encode_in_batches
 from posfair.store import embedding_settings, run_settings, shard_path, text_key, write_shard
 
 __all__ = ["Shard", "encode_shard", "plan_shards", "process_shard", "shard_id"]
@@ -72,46 +67,18 @@ def plan_shards(texts: Sequence[str], shard_size: int) -> list[Shard]:
     ]
 
 
-def _batches_for(model: FairModel, spec: EmbedSpec, texts: Sequence[str]) -> tuple[list[np.ndarray], np.ndarray]:
-    """The batches a shard is encoded in, and the (truncated) token length of each text."""
-    full = [(spec.prompt or "") + t for t in texts]
-    raw = model.token_lengths(full)
-    limit = model.max_seq_length
-    lengths = np.minimum(raw, limit) if limit else raw
-    over = int((raw > lengths).sum())
-    if over:
-        warnings.warn(
-            f"{over} of {len(texts)} texts are longer than max_seq_length={limit} tokens and are truncated",
-            stacklevel=user_stacklevel(),
-        )
-    if spec.batching == "length":
-        return length_aware_batches(lengths, spec.max_batch_tokens, spec.batch_size), lengths
-    # sentence-transformers' own batching: sorted by character length, fixed size
-    order = np.argsort([-len(t) for t in full], kind="stable")
-    return [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)], lengths
-
-
-def _encode(model: FairModel, spec: EmbedSpec, texts: list[str], batch_size: int) -> np.ndarray:
-    # as FairModel.encode(calibration=cal or STOCK), minus its per-call re-tokenising checks
-    with model.using(spec.calibration_obj):
-        out = SentenceTransformer.encode(
-            model, texts, prompt=spec.prompt, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False
-        )
-    return np.asarray(out, dtype=np.float32)
-
-
 def encode_shard(model, spec: EmbedSpec, texts: Sequence[str]) -> tuple[np.ndarray, dict[str, int]]:
-    """Pooled embeddings of a shard's texts (in order) and its token counts ``{"tokens", "padded"}``."""
-    texts = list(texts)
-    batches, lengths = _batches_for(model, spec, texts)
-    if spec.batching == "fixed":
-        vectors = _encode(model, spec, texts, spec.batch_size)
-    else:
-        vectors = np.zeros((len(texts), compat.embedding_dimension(model)), dtype=np.float32)
-        for b in batches:
-            vectors[b] = _encode(model, spec, [texts[i] for i in b], len(b))
-    real, padded = padded_tokens(lengths, batches)
-    return vectors, {"tokens": real, "padded": padded}
+    """Pooled embeddings of a shard's texts (in order) and its token counts ``{"tokens", "padded"}``: the encoding
+    layer's token-budget batches (:func:`posfair.encoding.encode_in_batches`) with the spec's settings."""
+    return encode_in_batches(
+        model,
+        texts,
+        spec.calibration_obj,
+        prompt=spec.prompt,
+        batching=spec.batching,
+        max_batch_tokens=spec.max_batch_tokens,
+        batch_size=spec.batch_size,
+    )
 
 
 def process_shard(

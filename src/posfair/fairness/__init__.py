@@ -5,7 +5,7 @@
 :mod:`~posfair.fairness.analysis` (the regressions of :mod:`posfair.stats`, fidelity,
 coverage) -> :mod:`~posfair.fairness.findings` (:class:`AuditFindings`: the numbers and their views) ->
 :mod:`~posfair.fairness.audit_tables` / :mod:`~posfair.fairness.audit_report` (tables, figures, HTML,
-files, read off the findings) -> :mod:`~posfair.fairness.results` (:class:`AuditResult`: the findings with their
+files, read off the findings) -> :mod:`~posfair.fairness.audit_result` (:class:`AuditResult`: the findings with their
 figures, report and files); the document families: :mod:`~posfair.fairness.families` (computing) /
 :mod:`~posfair.fairness.family_report` (rendering); the language grid: :mod:`~posfair.fairness.language`
 (regressions) / :mod:`~posfair.fairness.language_tables` / :mod:`~posfair.fairness.language_report`;
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posfair._lazy import lazy_exports
+from posfair.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
+    from posfair.fairness.audit_result import AuditResult  # noqa: F401
     from posfair.fairness.documents import LanguageConfig, language_grid  # noqa: F401
     from posfair.fairness.experiment import AuditSettings  # noqa: F401
     from posfair.fairness.language import language_effects  # noqa: F401
     from posfair.fairness.pipeline import PositionalFairnessEvaluator, audit  # noqa: F401
-    from posfair.fairness.results import AuditResult  # noqa: F401
     from posfair.stats.inference import FewClustersWarning, Inference  # noqa: F401
     from posfair.stats.position_ols import fit_position_ols  # noqa: F401
 
@@ -32,7 +32,7 @@ _EXPORTS = {
     "audit": ".pipeline",
     "PositionalFairnessEvaluator": ".pipeline",
     "AuditSettings": ".experiment",
-    "AuditResult": ".results",
+    "AuditResult": ".audit_result",
     "LanguageConfig": ".documents",
     "language_grid": ".documents",
     "fit_position_ols": "posfair.stats.position_ols",

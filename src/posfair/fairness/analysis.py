@@ -2,7 +2,7 @@
 
 Pure functions of the observation table (one row per variant, document and
 position; see :mod:`posfair.fairness.experiment`), gathered by
-:class:`posfair.fairness.results.AuditResult` and formatted by
+:class:`posfair.fairness.audit_result.AuditResult` and formatted by
 :mod:`posfair.fairness.audit_tables`.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair._stack import user_stacklevel
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, calibration_coverage
 from posfair.fairness.documents import instance_label
 from posfair.fairness.experiment import FIDELITY, MEASURES
 from posfair.fairness.measures import profile_slope, profile_spread
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.stats.clusters import cluster_kind
 from posfair.stats.inference import FEW_CLUSTERS, FewClustersWarning, Inference, InferenceLabel, read_inference_labels
 from posfair.stats.position_ols import PositionOLS, fit_position_ols

@@ -1,7 +1,7 @@
 """The audit's figures, HTML report sections and files on disk (what :meth:`AuditResult.save` writes).
 
 Functions of an audit's :class:`~posfair.fairness.findings.AuditFindings` (never of the result that holds these
-methods: :mod:`posfair.fairness.results` imports this module, not the other way); the generic
+methods: :mod:`posfair.fairness.audit_result` imports this module, not the other way); the generic
 rendering (page assembly, tables, profile grids, saving figures) is the
 :mod:`posfair.report` package's.  The section markup is kept here as Jinja
 template strings, rendered with autoescaping by :func:`posfair.report.html.render_string`.
@@ -25,7 +25,8 @@ from posfair.fairness.audit_tables import config_label, coverage_table, fidelity
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.family_report import family_section, save_families
 from posfair.fairness.language_report import LANGUAGE_ALT, language_section, save_language
-from posfair.io import atomic_write_json, atomic_write_parquet, atomic_write_text
+from posfair.files.atomic import atomic_write_json, atomic_write_parquet, atomic_write_text
+from posfair.files.run_folder import RunFolder
 from posfair.report.html import FigureRef, Section, key_value_html, render_string, write_report
 from posfair.report.plots import (
     ProfileSeries,
@@ -36,7 +37,6 @@ from posfair.report.plots import (
     tradeoff_scatter,
 )
 from posfair.report.tables import Table, shared_caption, to_html, to_markdown, write_table
-from posfair.run_folder import RunFolder
 from posfair.stats.inference import MARK_LEGEND
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ def save_result(
 ) -> dict[str, Path]:
     """Write observations (Parquet), coefficients (CSV), tables (md/csv/tex), figures (png/pdf), report (HTML), run.json.
 
-    The folder is a :class:`~posfair.run_folder.RunFolder` (``posfair-run.json`` lists the files written, an earlier
+    The folder is a :class:`~posfair.files.run_folder.RunFolder` (``posfair-run.json`` lists the files written, an earlier
     audit's files that this one did not write are removed); ``state``: its sub-folders of resumable state (the
     embedding cache), left alone."""
     out = Path(out_dir)

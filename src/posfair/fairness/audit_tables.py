@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME, format_share
-from posfair.evaluator_base import metric_name_part
+from posfair.encoding.evaluator_base import metric_name_part
 from posfair.fairness.analysis import cluster_kinds, few_clusters, inference_labels, is_noop, share_of
 from posfair.fairness.documents import MIXED_CONFIG, config_label
 from posfair.report.tables import Table
@@ -295,7 +295,7 @@ def coverage_table(coverage: pd.DataFrame, model: str) -> Table:
 
 
 def headline_table(hf: pd.DataFrame, title: str, caption: str = "", name: str = "headline") -> Table:
-    """:meth:`~posfair.fairness.results.AuditResult.headline_frame` as a reader reads it: rows (n, configuration,
+    """:meth:`~posfair.fairness.audit_result.AuditResult.headline_frame` as a reader reads it: rows (n, configuration,
     coefficient) named as the OLS tables name them (``[de, en, en]``, ``β2 (2 vs. 1)``), not by the frame's keys
     (``[de, en, ..., en]``, ``beta_2``)."""
     frame = hf.copy()

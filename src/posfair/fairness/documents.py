@@ -7,7 +7,7 @@ configuration ``L = (L_1, ..., L_n)``: monolingual ``(L, ..., L)`` or mixed
 orderings; in ordering ``j`` position ``i`` holds topic ``perm_j[i]`` written in
 language ``L_i`` (so in mixed configurations the lead language always sits at
 position 1, as in the paper).  Documents are the segments joined by
-:data:`posfair.spans.SEGMENT_SEPARATOR` (one space).
+:data:`posfair.model.token_spans.SEGMENT_SEPARATOR` (one space).
 
 Documents are never truncated: a set is used only if *every* ordering fits the
 model's limit (special tokens included); sets that do not fit are counted in
@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from posfair.corpus.filters import default_length_window
-from posfair.errors import PosfairInputError
-from posfair.spans import added_token_count, join_segments, token_segment_index
+from posfair.model.token_spans import added_token_count, join_segments, token_segment_index
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = [
     "LanguageConfig",

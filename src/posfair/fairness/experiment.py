@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,6 @@ import pandas as pd
 from posfair import encoding as enc
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
-from posfair.errors import PosfairInputError
 from posfair.fairness.documents import (
     Instance,
     LanguageConfig,
@@ -46,6 +45,7 @@ from posfair.fairness.documents import (
 from posfair.fairness.measures import contextualised_segments, fidelity_measures, rowwise_cosine
 from posfair.model import model_fingerprint
 from posfair.model.info import display_name
+from posfair.runtime.errors import PosfairInputError
 from posfair.stats.inference import Inference
 from posfair.store import EmbeddingStore, embedding_namespace, text_key
 
@@ -173,6 +173,17 @@ class AuditSettings:
             weights=self.bootstrap_weights,
             seed=self.bootstrap_seed,
             clusters=self.clusters,
+        )
+
+    def with_inference(self, spec: Inference) -> AuditSettings:
+        """These settings with the inference ``spec`` (the inverse of :attr:`inference_spec`)."""
+        return replace(
+            self,
+            inference=spec.method,
+            clusters=spec.clusters,
+            bootstrap_draws=spec.draws,
+            bootstrap_weights=spec.weights,
+            bootstrap_seed=spec.seed,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pandas as pd
 from posfair.fairness.documents import config_label
 from posfair.fairness.experiment import STOCK_LABEL
 from posfair.fairness.families import families_of, heterogeneity
-from posfair.io import atomic_write_json
+from posfair.files.atomic import atomic_write_json
 from posfair.report.html import Section, render_string
 from posfair.report.tables import Table, to_html, write_table
 

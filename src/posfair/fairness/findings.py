@@ -9,7 +9,7 @@ further report parts are passed as ``extra_sections`` to :meth:`AuditResult.repo
 The numbers are computed in :mod:`posfair.fairness.analysis` (and :mod:`posfair.fairness.families`), formatted as
 tables in :mod:`posfair.fairness.audit_tables`.  Computing only: the renderers
 (:mod:`posfair.fairness.audit_report`, :mod:`~posfair.fairness.family_report`, :mod:`~posfair.fairness.language_report`)
-read these findings, and :class:`posfair.fairness.results.AuditResult` -- what :func:`posfair.audit` returns -- adds
+read these findings, and :class:`posfair.fairness.audit_result.AuditResult` -- what :func:`posfair.audit` returns -- adds
 their figures, report and files.
 """
 
@@ -22,7 +22,7 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.corpus.aligned import corpus_title
-from posfair.evaluator_base import metric_name_part
+from posfair.encoding.evaluator_base import metric_name_part
 from posfair.fairness.analysis import (
     clusters_used_text,
     coverage_summary,

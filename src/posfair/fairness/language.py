@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair.errors import PosfairInputError
 from posfair.fairness.experiment import STOCK_LABEL
+from posfair.runtime.errors import PosfairInputError
 from posfair.stats.clusters import Kind, fit_clustered
 from posfair.stats.inference import Inference, InferenceLabel, significance_mark
 

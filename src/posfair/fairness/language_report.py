@@ -25,7 +25,7 @@ from posfair.fairness.language_tables import (
     grid_matrices,
     language_effect_table,
 )
-from posfair.io import atomic_write_text
+from posfair.files.atomic import atomic_write_text
 from posfair.report.html import FigureRef, Section, render_string
 from posfair.report.plots import display_labels, heatmaps, relabel, save_figure
 from posfair.report.tables import Table, to_html, write_table

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from posfair.encoding import l2_normalize
-from posfair.spans import contextualised_segments
+from posfair.model.token_spans import contextualised_segments
 
 __all__ = [
     "Direction",

@@ -14,13 +14,12 @@ from typing import Any
 import pandas as pd
 
 from posfair import encoding as enc
-from posfair._stack import user_stacklevel
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.corpus import corpus_content_fingerprint
-from posfair.errors import PosfairInputError
-from posfair.evaluator_base import PosfairEvaluator, run_tag
+from posfair.encoding.evaluator_base import PosfairEvaluator, run_tag
 from posfair.fairness.analysis import coverage_messages, fit_all
+from posfair.fairness.audit_result import AuditResult
 from posfair.fairness.experiment import (
     AuditSettings,
     build_instances,
@@ -28,8 +27,9 @@ from posfair.fairness.experiment import (
     make_model_info,
     run_instances,
 )
-from posfair.fairness.results import AuditResult
-from posfair.progress import TqdmTasks, progress_enabled
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import TqdmTasks, progress_enabled
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import EmbeddingStore
 
 __all__ = ["audit", "corpus_fingerprint", "PositionalFairnessEvaluator"]

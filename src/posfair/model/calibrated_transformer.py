@@ -42,7 +42,7 @@ from posfair.calibration import backends, fallback
 from posfair.calibration.choice import STOCK, Resolved, check_choice
 from posfair.calibration.params import POOLINGS, Calibration, ResolvedCalibration
 from posfair.calibration.state import CONFIG_CALIBRATION_KEY, CONFIG_POOLING_KEY
-from posfair.io import atomic_write_json, atomic_write_text
+from posfair.files.atomic import atomic_write_json, atomic_write_text
 from posfair.model import compat, stock_layers
 from posfair.model.compat import Transformer
 

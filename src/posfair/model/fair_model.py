@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from posfair._stack import user_stacklevel
 from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibration.attention_wiring import Recorder
 from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice, resolve
@@ -56,7 +55,8 @@ from posfair.model.calibrated_transformer import (
 from posfair.model.compat import Transformer
 from posfair.model.hub import check_model_source
 from posfair.model.info import model_fingerprint, position_limit, token_limit
-from posfair.spans import added_token_count
+from posfair.model.token_spans import added_token_count
+from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = [
     "FairModel",

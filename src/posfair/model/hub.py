@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from posfair.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["ModelNotFound", "check_model_source", "hub_offline", "probe_hub", "PROBE_TIMEOUT"]
 
@@ -37,7 +37,7 @@ class ModelNotFound(PosfairInputError, FileNotFoundError):
 
     ``name`` is the name as given, ``reason`` what was found (e.g. ``not a local
     folder, not in the Hugging Face cache, and HF_HUB_OFFLINE is set``).  A
-    ``ValueError`` (:class:`~posfair.errors.PosfairInputError`) and an ``OSError``
+    ``ValueError`` (:class:`~posfair.runtime.errors.PosfairInputError`) and an ``OSError``
     (``FileNotFoundError``), so callers catching either keep working.
     """
 

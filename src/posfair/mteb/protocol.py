@@ -23,14 +23,14 @@ from mteb.models.abs_encoder import get_prompt
 from mteb.types import PromptType
 from sentence_transformers import SentenceTransformer
 
-from posfair._stack import user_stacklevel
 from posfair.calibration import Calibration
 from posfair.calibration.choice import MODEL_DEFAULT, STOCK, CalibrationChoice, Resolved, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, quiet_fallback
 from posfair.encoding import embed_through, l2_normalize, resolved_calibration
 from posfair.encoding import encoder as posfair_encoder
-from posfair.errors import PosfairInputError
 from posfair.model import compat, model_fingerprint
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import EmbeddingStore, embedding_namespace
 
 

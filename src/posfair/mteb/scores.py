@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from mteb.results import ModelResult, TaskResult
 
-from posfair._stack import user_stacklevel
-from posfair.errors import PosfairInputError
 from posfair.mteb.subsets import _BIN, _BUCKET, _QUERIES, _SUBSETS, MAIN_SCORE, SPLIT, MissingGroupWarning
 from posfair.mteb.task import PositionalRetrievalTask
 from posfair.retrieval.groups import POSIR_BUCKETS
 from posfair.retrieval.metrics import harmonic_mean, psi
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.stacklevel import user_stacklevel
 
 
 @dataclass

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posfair._stack import user_stacklevel
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import N_RELPOS_BINS, POSIR_BUCKETS, relpos_bin
+from posfair.runtime.stacklevel import user_stacklevel
 
 logger = logging.getLogger(__name__)
 

@@ -30,10 +30,8 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.languages import check_language_code
 from mteb.models import SentenceTransformerEncoderWrapper
 
-from posfair._stack import user_stacklevel
 from posfair.calibration import MODEL_DEFAULT
-from posfair.errors import PosfairInputError
-from posfair.evaluator_base import metric_name_part
+from posfair.encoding.evaluator_base import metric_name_part
 from posfair.model import FairModel
 from posfair.mteb.exact_search import searcher
 from posfair.mteb.protocol import PositionalEncoder
@@ -50,6 +48,8 @@ from posfair.mteb.subsets import (
 )
 from posfair.retrieval.benchmarks import RetrievalBenchmark, load_benchmark, posir_lang
 from posfair.retrieval.groups import relpos_bin
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.stacklevel import user_stacklevel
 
 logger = logging.getLogger(__name__)
 

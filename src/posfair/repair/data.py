@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from posfair import encoding as enc
-from posfair.errors import PosfairInputError
 from posfair.fairness.documents import Instance
 from posfair.fairness.experiment import AuditSettings, build_instances
+from posfair.runtime.errors import PosfairInputError
 from posfair.tuning.objectives import corpus_families, split_ids
 
 __all__ = ["FAMILY_FIELD", "RepairSplit", "disjoint_sets", "held_out_family", "repair_split"]

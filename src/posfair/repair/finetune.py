@@ -37,6 +37,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from posfair.encoding.passes import encode_texts, l2_normalize
 from posfair.fairness.documents import Instance
 
 __all__ = [
@@ -159,7 +160,7 @@ def stock_targets(model, instances: Sequence[Instance], batch_size: int = 16) ->
     segments: dict[str, np.ndarray] = {}
     for inst in instances:
         docs = inst.documents
-        emb = model.encode([d.text for d in docs], batch_size=batch_size, normalize_embeddings=True)
+        emb = l2_normalize(encode_texts(model, [d.text for d in docs], batch_size=batch_size).astype(np.float64))
         by_set: dict[str, list[np.ndarray]] = {}
         for d, v in zip(docs, np.asarray(emb, np.float64), strict=True):
             by_set.setdefault(d.set_id, []).append(v)
@@ -168,7 +169,7 @@ def stock_targets(model, instances: Sequence[Instance], batch_size: int = 16) ->
             sets[set_id] = mean / np.linalg.norm(mean)
         texts = sorted({t for d in docs for t in d.texts} - segments.keys())
         if texts:
-            seg = model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
+            seg = l2_normalize(encode_texts(model, texts, batch_size=batch_size).astype(np.float64))
             segments.update(zip(texts, np.asarray(seg, np.float64), strict=True))
     return StockTargets(sets, segments)
 

@@ -36,8 +36,8 @@ import pandas as pd
 
 from posfair.calibration import STOCK
 from posfair.corpus import load_corpus
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_text
+from posfair.encoding.passes import encode_texts, l2_normalize
+from posfair.files.atomic import atomic_write_text
 from posfair.model import load_model
 from posfair.repair.data import FAMILY_FIELD, RepairSplit, repair_split
 from posfair.repair.family_benchmark import heldout_ndcg
@@ -54,6 +54,7 @@ from posfair.repair.heldout import (
     set_units,
 )
 from posfair.repair.learned import fit_learned, fit_tempscale
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "FitResult", "fit_repair", "heldout_markdown"]
 
@@ -223,9 +224,7 @@ def _own_limit(model_id: str | None) -> int:
 
 def _encoder(model) -> Callable[[list[str]], np.ndarray]:
     def encode(texts):
-        return np.asarray(
-            model.encode(list(texts), batch_size=16, normalize_embeddings=True, convert_to_numpy=True), np.float64
-        )
+        return l2_normalize(encode_texts(model, texts, batch_size=16).astype(np.float64))
 
     return encode
 
@@ -249,7 +248,7 @@ def _encode_ratio(stock, repaired, texts: list[str]) -> float:
     for _ in range(3):
         for k, m in ((0, stock), (1, repaired)):
             t = time.perf_counter()
-            m.encode(sample, batch_size=16)
+            encode_texts(m, sample, batch_size=16)
             times[k].append(time.perf_counter() - t)
     return min(times[1]) / min(times[0])
 

@@ -29,7 +29,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from posfair.io import atomic_write_text
+from posfair.files.atomic import atomic_write_text
 
 __all__ = [
     "FigureRef",

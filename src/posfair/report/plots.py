@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from posfair.io import atomic_write
+from posfair.files.atomic import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

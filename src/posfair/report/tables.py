@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from posfair.io import atomic_write_text
+from posfair.files.atomic import atomic_write_text
 from posfair.report.html import render_fragment
 
 __all__ = ["Table", "to_markdown", "to_csv", "to_latex", "to_html", "shared_caption", "write_table", "latex_escape"]

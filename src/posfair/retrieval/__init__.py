@@ -9,7 +9,7 @@ group, Harm, PSI, PosIR per-length-bucket PSI.  Sweeps (:func:`run_sweep`) over 
 paper's grids (:mod:`~posfair.retrieval.grids`) are cached and resumable; tables in the
 layouts of the paper's Tables 1 and 2 (:mod:`~posfair.retrieval.result_tables`, written through
 :mod:`posfair.report.tables`).  Long calls show tqdm bars or call a ``progress`` callback
-(:mod:`~posfair.progress`).
+(:mod:`~posfair.runtime.progress`).
 
 Names are imported on first use, so ``import posfair.retrieval`` stays cheap (torch,
 sentence-transformers and chonkie load only when needed).
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posfair._lazy import lazy_exports
+from posfair.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.retrieval.benchmarks import (  # noqa: F401

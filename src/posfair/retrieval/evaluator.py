@@ -23,23 +23,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from posfair._stack import user_stacklevel
 from posfair.calibration import MODEL_DEFAULT, STOCK, Calibration
 from posfair.calibration.choice import Stock
 from posfair.calibration.coverage import NOOP_LABEL, CalibrationFallbackWarning, quiet_fallback
 from posfair.encoding import embed_through, encoder, l2_normalize, model_pooling
-from posfair.errors import PosfairInputError
-from posfair.evaluator_base import PosfairEvaluator, metric_name_part, run_tag
-from posfair.io import atomic_write_json, atomic_write_parquet
+from posfair.encoding.evaluator_base import PosfairEvaluator, metric_name_part, run_tag
+from posfair.files.atomic import atomic_write_json, atomic_write_parquet
 from posfair.model import model_fingerprint
 from posfair.model.info import display_name
-from posfair.progress import ProgressCallback, progress_tasks
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.groups import relpos_bin
 from posfair.retrieval.late import LateChunking, late_scores
 from posfair.retrieval.metrics import group_scores, harmonic_mean, ndcg_at_k, posir_bucket_scores, psi, recall_at_k
 from posfair.retrieval.sea import SegmentEmbedAverage
 from posfair.retrieval.search import search
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import ProgressCallback, progress_tasks
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import EmbeddingStore, Namespace, embedding_namespace, text_key
 
 __all__ = [
@@ -247,7 +247,7 @@ class PositionalRetrievalEvaluator(PosfairEvaluator):
         show_progress_bar: tqdm bars of the query and document encoding; None (default)
             shows them when this module's logger is at INFO or DEBUG (as sentence-transformers does).
         progress: instead of tqdm, ``progress(description, total, already_done) -> advance(n)``
-            (see :mod:`posfair.progress`), e.g. a command line's own bar.
+            (see :mod:`posfair.runtime.progress`), e.g. a command line's own bar.
         search_scope: ``"domain"`` (default): each query is searched among its own domain's documents
             (PosIR's languages / domains, a built benchmark's languages; SQuAD-PosQ and FineWeb-PosQ have one
             domain), each subset its own corpus as in the benchmarks' per-subset results; ``"corpus"``: every

@@ -2,7 +2,7 @@
 
 Each passage is encoded once, stock, and the final-layer token states are pooled over
 each chunk's span with the span pooling the audit uses for its contextualised segments
-(:func:`posfair.spans.contextualised_segments`: the mean of the span's token states).
+(:func:`posfair.model.token_spans.contextualised_segments`: the mean of the span's token states).
 A document is scored by the maximum (``aggregate="max"``) or the mean (``"mean"``) of
 the cosine similarities of the query to its chunks.
 
@@ -30,9 +30,9 @@ import numpy as np
 
 from posfair.calibration import STOCK
 from posfair.encoding import encode_documents, model_tokenizer, span_key
-from posfair.errors import PosfairInputError
+from posfair.model.token_spans import contextualised_segments, token_segment_index
 from posfair.retrieval.sea import SegmentEmbedAverage
-from posfair.spans import contextualised_segments, token_segment_index
+from posfair.runtime.errors import PosfairInputError
 from posfair.store import Namespace
 
 __all__ = ["LateChunking", "AGGREGATES", "late_scores", "token_windows"]

@@ -31,7 +31,7 @@ import pandas as pd
 
 from posfair.calibration import Calibration
 from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME
-from posfair.io import atomic_write
+from posfair.files.atomic import atomic_write
 from posfair.report import tables as report_tables
 from posfair.report.plots import finish
 from posfair.report.tables import Table

@@ -3,7 +3,7 @@
 Layout of a sweep directory::
 
     OUT/
-      posfair-run.json        the files of the last run with their SHA-256 (posfair.run_folder)
+      posfair-run.json        the files of the last run with their SHA-256 (posfair.files.run_folder)
       retrieval.json          what the results are computed from: the model's fingerprint, the benchmark's
                               content fingerprint (documents, queries, qrels, positions), top_k, the query
                               prompt, the search scope, posfair's result format (checked on resume), settings
@@ -36,10 +36,9 @@ from typing import Any
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.coverage import NOOP_LABEL
 from posfair.encoding import sharing_stock_layers
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_json
+from posfair.files.atomic import atomic_write_json
+from posfair.files.run_folder import RESULT_FORMAT, RunFolder, content_fingerprint
 from posfair.model import model_fingerprint
-from posfair.progress import ProgressCallback
 from posfair.report.tables import write_table
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.compare import differences_table
@@ -48,7 +47,8 @@ from posfair.retrieval.grids import paper_grid, strength_sweep
 from posfair.retrieval.late import LateChunking
 from posfair.retrieval.result_tables import bucket_table, group_table, plot_strength_curves, results_table
 from posfair.retrieval.sea import SegmentEmbedAverage
-from posfair.run_folder import RESULT_FORMAT, RunFolder, content_fingerprint
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import ProgressCallback
 from posfair.store import EmbeddingStore
 
 # paper_grid and strength_sweep (defined in posfair.retrieval.grids) are importable from here too

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from posfair._stack import user_stacklevel
 from posfair.encoding import l2_normalize
+from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = ["exact_topk", "faiss_topk", "search", "streaming_topk", "stored_topk", "FAISS_MAX_BYTES"]
 

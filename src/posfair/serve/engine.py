@@ -2,17 +2,17 @@
 
 * :meth:`Engine.embed_many` answers many ``/v1/embeddings`` requests at once (the requests Ray Serve
   batched together): their texts are pooled per (calibration, prompt), cut into forward passes by
-  :func:`posfair.distributed.worker.encode_shard` -- sorted by token length, each pass within the
+  :func:`posfair.encoding.encode_in_batches` -- sorted by token length, each pass within the
   padded-token budget, exactly as ``posfair embed`` batches a shard -- and handed back per request.
   A request that cannot be served (a text over the token limit without ``--truncate``, an unknown
   prompt, a calibration the server does not allow) gets its own error; the others are unaffected.
 * :meth:`Engine.segments_many` answers many ``/v1/segments`` requests at once: each one document given as
-  its segments, joined by :func:`posfair.spans.join_segments` and tokenised by :meth:`Engine.document`
+  its segments, joined by :func:`posfair.model.token_spans.join_segments` and tokenised by :meth:`Engine.document`
   (before it joins a batch: its token count is its size in Ray Serve's batch); the documents of a
   batch are pooled per (calibration, prompt) and cut into forward passes by
-  :func:`posfair.distributed.batching.length_aware_batches` (sorted by length, each pass within the
+  :func:`posfair.encoding.batching.length_aware_batches` (sorted by length, each pass within the
   padded-token budget); each segment's vector is the mean of its document's final token states over its
-  tokens (:func:`posfair.spans.contextualised_segments`), as posfair's late chunking pools them.
+  tokens (:func:`posfair.model.token_spans.contextualised_segments`), as posfair's late chunking pools them.
   Every answer says how many requests its batch held and how many forward passes it took.
 
 The vectors are ``encode``'s (float32, as the model returns them): the same texts, model, calibration
@@ -33,13 +33,13 @@ import numpy as np
 
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.coverage import calibration_coverage
-from posfair.distributed.batching import length_aware_batches
 from posfair.distributed.spec import EmbedSpec
-from posfair.distributed.worker import encode_shard
-from posfair.encoding import PromptedTokenizer
+from posfair.encoding.batching import length_aware_batches
+from posfair.encoding.model_inputs import PromptedTokenizer
+from posfair.encoding.passes import encode_in_batches, token_outputs
 from posfair.model import compat
+from posfair.model.token_spans import contextualised_segments, join_segments, token_segment_index
 from posfair.serve.openai_api import ApiError, EmbeddingRequest, bad, request_calibration
-from posfair.spans import contextualised_segments, join_segments, token_segment_index
 
 __all__ = ["Answer", "Document", "Engine"]
 
@@ -256,7 +256,7 @@ class Engine:
     def _encode_members(self, members: list[int], prepared: dict[int, _Prepared]) -> dict[int, Answer]:
         first = prepared[members[0]]
         texts = [t for i in members for t in prepared[i].texts]
-        vectors = self.encode(texts, first.cal, first.prompt)
+        vectors = self.pooled(texts, first.cal, first.prompt)
         out, start = {}, 0
         for i in members:
             p = prepared[i]
@@ -264,18 +264,17 @@ class Engine:
             start += len(p.texts)
         return out
 
-    def encode(self, texts: list[str], cal: Any, prompt: str | None) -> np.ndarray:
-        """``texts`` encoded as ``posfair embed`` encodes a shard: length-sorted, token-budget batches."""
-        spec = dataclasses.replace(
-            self.spec,
-            calibration=None if cal is STOCK else cal.to_dict(),
-            prompt=prompt,
-            batching="length",
-            batch_size=self.spec.max_batch_tokens,  # the token budget alone bounds a batch
-        )
+    def pooled(self, texts: list[str], cal: Any, prompt: str | None) -> np.ndarray:
+        """``texts`` encoded as ``posfair embed`` encodes a shard: length-sorted, token-budget batches (the token
+        budget alone bounds a batch)."""
+        budget = self.spec.max_batch_tokens
         with self._lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
-            vectors, _counts = self._counted(lambda: encode_shard(self.model, spec, texts))
+            vectors, _counts = self._counted(
+                lambda: encode_in_batches(
+                    self.model, texts, cal, prompt=prompt, max_batch_tokens=budget, batch_size=budget
+                )
+            )
         return vectors
 
     # -- /v1/segments -----------------------------------------------------------------------------
@@ -363,18 +362,7 @@ class Engine:
         """The model's outputs for ``texts`` in one forward pass (token states, attention mask, input ids per text)."""
         with self._lock, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # truncation is reported to the client (a header), not logged
-            kwargs = {"prompt": prompt} if prompt is not None else {}
-            return self._counted(
-                lambda: self.model.encode(
-                    texts,
-                    output_value=None,
-                    convert_to_numpy=False,
-                    show_progress_bar=False,
-                    batch_size=len(texts),
-                    calibration=cal,
-                    **kwargs,
-                )
-            )
+            return self._counted(lambda: token_outputs(self.model, texts, cal, prompt=prompt, batch_size=len(texts)))
 
     @staticmethod
     def _pooled(doc: Document, out: dict) -> Answer:

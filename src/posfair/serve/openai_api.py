@@ -10,7 +10,7 @@ What a request may be is decided here, before any replica sees it:
   unless it allows per-request calibrations; never ``prior=FILE``: a request reads no file) and
   ``prompt_name`` (one of the model's prompts, e.g. ``query`` / ``passage`` for e5).
 * ``POST /v1/segments``: the same fields, ``input`` being one document as its segments (at least
-  one non-empty string), joined by :func:`posfair.spans.join_segments`.
+  one non-empty string), joined by :func:`posfair.model.token_spans.join_segments`.
 
 Every refusal is an :class:`ApiError`: an HTTP status and the OpenAI error body
 ``{"error": {"message", "type", "param", "code"}}``.  No message quotes a text of the request.

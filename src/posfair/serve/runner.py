@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from posfair.distributed.ray_engine import _quiet_auth_notice
-from posfair.errors import install_hint
+from posfair.runtime.errors import install_hint
 
 logger = logging.getLogger("posfair.serve")
 

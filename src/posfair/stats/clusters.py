@@ -52,7 +52,7 @@ import pandas as pd
 from scipy import stats
 from statsmodels.regression.linear_model import OLS
 
-from posfair.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = [
     "CLUSTERINGS",

@@ -52,7 +52,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from posfair.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError
 from posfair.stats.clusters import CLUSTERINGS, DEFAULT_CLUSTERS, Clustering
 
 __all__ = [

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from statsmodels.iolib.summary import summary_params
 
-from posfair._stack import user_stacklevel
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.stats.clusters import PSD_FIX_NOTE, ClusteredFit, cluster_kind, fit_clustered
 from posfair.stats.inference import (
     FEW_CLUSTERS,

@@ -34,7 +34,7 @@ not finite float32 rows of its dimension is *damaged*: it is renamed
 ``part-<id>.arrow.damaged-<n>`` in the same folder (never deleted), named in a
 :class:`DamagedShardWarning`, and its keys are computed again.  A file the operating
 system would not open or read (too many open files, permission, an I/O error) is not
-damaged: :class:`~posfair.errors.PosfairReadError` names it and the cause, and nothing
+damaged: :class:`~posfair.runtime.errors.PosfairReadError` names it and the cause, and nothing
 is set aside.
 
 ``manifest.json`` records the settings of the namespace (its metadata, the
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posfair._lazy import lazy_exports
+from posfair.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.store.keyindex import INDEX, ShardSet, key_hashes  # noqa: F401

@@ -19,7 +19,7 @@ verified when it was indexed and is trusted at open without reading it (only
 whatever the index says.  A shard failing a check is set aside (renamed
 ``.damaged-<n>``, with a warning) and its keys count as missing, so they are
 computed again; a shard the operating system would not open (too many open files,
-permission, an I/O error) is not damaged: :class:`~posfair.errors.PosfairReadError`
+permission, an I/O error) is not damaged: :class:`~posfair.runtime.errors.PosfairReadError`
 names it and the cause, and nothing is set aside.
 
 **Open files.**  A shard holds no open file once its structure is read
@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from posfair.io import atomic_path
+from posfair.files.atomic import atomic_path
 from posfair.store.shards import ChangedShard, DamagedShard, ShardFile, reading, set_aside
 
 __all__ = ["INDEX", "ShardSet", "key_hashes", "load_index"]

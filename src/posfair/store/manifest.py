@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from posfair._stack import user_stacklevel
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_json
+from posfair.files.atomic import atomic_write_json
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store.keyindex import ShardSet, _record, key_hashes, load_index, unchanged
 from posfair.store.settings import MANIFEST, MANIFEST_FORMAT, canonical
 from posfair.store.shards import (
@@ -161,7 +161,7 @@ def scan_namespace(
       (fully verified when the index does not record it unchanged, or with ``full``);
       a damaged one is set aside (:func:`set_aside`) and skipped, so its keys count as
       missing; one made with other settings raises :class:`ManifestMismatch` naming it;
-      one the system would not open raises :class:`~posfair.errors.PosfairReadError`
+      one the system would not open raises :class:`~posfair.runtime.errors.PosfairReadError`
       (nothing set aside); one gone since the folder was listed is skipped;
     * a missing manifest is rebuilt from the shards' own metadata (with a warning);
     * the key index is rebuilt (and written atomically) when it is missing or stale.

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from posfair._stack import user_stacklevel
 from posfair.calibration.choice import Resolved
-from posfair.errors import PosfairReadError
-from posfair.io import atomic_write_json
+from posfair.files.atomic import atomic_write_json
+from posfair.runtime.errors import PosfairReadError
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store.keyindex import ShardSet
 from posfair.store.manifest import ManifestMismatch, read_manifest, rebuilt_settings, scan_namespace, write_manifest
 from posfair.store.settings import (
@@ -325,7 +325,7 @@ def verify_store(root: str | os.PathLike) -> list[dict[str, Any]]:
     skip), ``damaged`` (the paths set aside) and ``error`` (why the namespace could not be
     checked at all, e.g. a shard made with other settings; None otherwise).  A file the
     operating system would not open or read (too many open files, permission, an I/O error)
-    raises :class:`~posfair.errors.PosfairReadError` naming it: nothing is set aside for it.
+    raises :class:`~posfair.runtime.errors.PosfairReadError` naming it: nothing is set aside for it.
     """
 
     def _shard_settings(folder: Path) -> dict[str, Any]:  # no manifest: the settings the first readable shard records

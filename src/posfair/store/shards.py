@@ -22,7 +22,7 @@ is finite.  When each check runs is the namespace's rule (see
 :func:`set_aside` renames such a file ``<name>.damaged-<n>`` (never deleting it)
 with a :class:`DamagedShardWarning`.  Only bytes proven bad make a shard damaged: a
 file the operating system would not open or map (too many open files, permission,
-an I/O error, no memory) raises :class:`~posfair.errors.PosfairReadError` naming the
+an I/O error, no memory) raises :class:`~posfair.runtime.errors.PosfairReadError` naming the
 file and the cause, and nothing is set aside (a vanished file raises
 ``FileNotFoundError``).
 """
@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from posfair._stack import user_stacklevel
-from posfair.errors import PosfairReadError
-from posfair.io import atomic_path
+from posfair.files.atomic import atomic_path
+from posfair.runtime.errors import PosfairReadError
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store.settings import canonical, run_settings
 
 __all__ = [
@@ -84,7 +84,7 @@ class ChangedShard(DamagedShard):
 @contextlib.contextmanager
 def reading(path: str | os.PathLike) -> Iterator[None]:
     """Open or read ``path`` within: an OSError (too many open files, permission denied, an I/O error) becomes
-    :class:`~posfair.errors.PosfairReadError` naming the file and the cause; a vanished file stays
+    :class:`~posfair.runtime.errors.PosfairReadError` naming the file and the cause; a vanished file stays
     ``FileNotFoundError`` (another process set it aside or replaced it: the caller's to handle)."""
     try:
         yield
@@ -198,7 +198,7 @@ def write_shard(
 
 class ShardFile:
     """One Arrow shard, memory-mapped, its structure checked; raises :class:`DamagedShard` when its bytes are bad,
-    :class:`~posfair.errors.PosfairReadError` when the system would not open or map it (``FileNotFoundError``
+    :class:`~posfair.runtime.errors.PosfairReadError` when the system would not open or map it (``FileNotFoundError``
     when it is gone).
 
     ``keys`` is the Arrow string column, ``vectors`` a read-only (rows x dim) float32
@@ -279,7 +279,7 @@ class ShardFile:
 
 
 def _not_damage(path: Path, exc: BaseException) -> None:
-    """Raise :class:`~posfair.errors.PosfairReadError` when ``exc`` is the operating system's (an OSError with an
+    """Raise :class:`~posfair.runtime.errors.PosfairReadError` when ``exc`` is the operating system's (an OSError with an
     errno); Arrow's complaints about the bytes it parses (ArrowInvalid, or an OSError without an errno, e.g.
     "Invalid IPC message: negative metadata length") return, and the caller calls the shard damaged."""
     if isinstance(exc, OSError) and exc.errno is not None:

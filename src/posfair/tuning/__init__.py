@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from posfair._lazy import lazy_exports
+from posfair.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is imported on first use
     from posfair.tuning.front import pareto_front  # noqa: F401
@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time each name is i
         split_ids,
     )
     from posfair.tuning.outputs import save_tuned_model, write_outputs  # noqa: F401
-    from posfair.tuning.result import TuneResult  # noqa: F401
     from posfair.tuning.space import SearchSpace, Trial  # noqa: F401
     from posfair.tuning.trials import run_search  # noqa: F401
+    from posfair.tuning.tune_result import TuneResult  # noqa: F401
     from posfair.tuning.tuner import CalibrationTuner, make_objective, tune  # noqa: F401
 
 _EXPORTS = {
@@ -50,7 +50,7 @@ _EXPORTS = {
     "write_outputs": ".outputs",
     "SearchSpace": ".space",
     "Trial": ".space",
-    "TuneResult": ".result",
+    "TuneResult": ".tune_result",
     "pareto_front": ".front",
     "run_search": ".trials",
 }

@@ -20,25 +20,25 @@ import numpy as np
 import pandas as pd
 
 from posfair import encoding as enc
-from posfair.attention.prior import PriorEstimate, estimate_prior
+from posfair.attention.prior_estimate import PriorEstimate, estimate_prior
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import calibration_coverage, quiet_fallback
 from posfair.calibration.params import PositionalPrior
-from posfair.errors import PosfairInputError
 from posfair.fairness.analysis import fidelity_summary, fit_all
+from posfair.fairness.audit_result import AuditResult
 from posfair.fairness.documents import Instance
 from posfair.fairness.experiment import STOCK_LABEL, AuditSettings, build_instances, make_model_info, run_instances
 from posfair.fairness.measures import sets_slope
 from posfair.fairness.pipeline import corpus_fingerprint
-from posfair.fairness.results import AuditResult
+from posfair.files.run_folder import RESULT_FORMAT
 from posfair.model import model_fingerprint
 from posfair.model.info import display_name
-from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark
 from posfair.retrieval.compare import harm_change
 from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
-from posfair.run_folder import RESULT_FORMAT
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import ProgressCallback
 from posfair.store import EmbeddingStore
 
 __all__ = [
@@ -339,7 +339,7 @@ class FairnessObjective(Objective):
 
     def estimate_prior(self, bins: int = 20) -> PositionalPrior:
         """The positional prior of the stock model on the *dev* split's documents, one vector per layer
-        (:func:`~posfair.attention.prior.estimate_prior`; kept in :attr:`prior_estimate`)."""
+        (:func:`~posfair.attention.prior_estimate.estimate_prior`; kept in :attr:`prior_estimate`)."""
         docs = [d.text for inst in self.instances[DEV] for d in inst.documents]
         self.prior_estimate: PriorEstimate = estimate_prior(
             self.model, docs, Calibration(layers=1.0), bins=bins, batch_size=self.settings.batch_size
@@ -408,7 +408,7 @@ class FairnessObjective(Objective):
         return obs.groupby("set_id")[self.guard].mean()
 
     def audit_result(self, calibrations: Sequence[Calibration], split: str, corpus_name: str = "") -> AuditResult:
-        """An :class:`~posfair.fairness.results.AuditResult` of stock + ``calibrations`` on one split (cached)."""
+        """An :class:`~posfair.fairness.audit_result.AuditResult` of stock + ``calibrations`` on one split (cached)."""
         obs = self.observations(calibrations, split)
         return AuditResult(
             model=self.info.to_dict(),
@@ -560,7 +560,7 @@ class RetrievalObjective(Objective):
 
     def estimate_prior(self, bins: int = 20) -> PositionalPrior:
         """The positional prior of the stock model on the benchmark's documents (no queries or labels enter it),
-        one vector per layer (:func:`~posfair.attention.prior.estimate_prior`)."""
+        one vector per layer (:func:`~posfair.attention.prior_estimate.estimate_prior`)."""
         self.prior_estimate: PriorEstimate = estimate_prior(
             self.model, self.benchmark.corpus_texts, Calibration(layers=1.0), bins=bins, batch_size=self.batch_size
         )

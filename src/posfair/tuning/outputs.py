@@ -9,12 +9,12 @@ import pandas as pd
 from posfair.calibration import STOCK
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL, SHARE_NAME, format_share
-from posfair.io import atomic_write_text
+from posfair.files.atomic import atomic_write_text
 from posfair.model import FairModel
 from posfair.report.plots import display_labels, front_lines, relabel, save_figure, tradeoff_scatter
 from posfair.report.tables import Table, to_markdown, write_table
 from posfair.tuning.objectives import DEV, TEST, format_effect
-from posfair.tuning.result import TuneResult
+from posfair.tuning.tune_result import TuneResult
 
 __all__ = [
     "skipped_note",

@@ -12,8 +12,8 @@ from typing import Any
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.params import SCHEDULES, TRAILING, VARIANTS, PositionalPrior
-from posfair.errors import PosfairInputError
 from posfair.retrieval.grids import PAPER_BASKETS, PAPER_LAYERS, PAPER_STRENGTHS
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["SearchSpace", "Trial", "find_trial"]
 

@@ -61,17 +61,17 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK, Calibration
 from posfair.calibration.choice import Resolved
 from posfair.calibration.coverage import NOOP_LABEL
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_json
-from posfair.progress import progress_enabled
+from posfair.files.atomic import atomic_write_json
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import progress_enabled
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.tuning.front import pareto_front
 from posfair.tuning.objectives import DEV, TEST, Objective
-from posfair.tuning.result import TuneResult
 from posfair.tuning.space import SearchSpace, Trial, round_strength
+from posfair.tuning.tune_result import TuneResult
 from posfair.tuning.verdicts import (
     ConstraintWarning,
     check_test_constraint,

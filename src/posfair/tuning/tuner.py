@@ -12,15 +12,15 @@ from typing import Any
 import pandas as pd
 
 from posfair import encoding as enc
-from posfair._stack import user_stacklevel
 from posfair.calibration import STOCK
-from posfair.errors import PosfairInputError
-from posfair.evaluator_base import PosfairEvaluator, run_tag
-from posfair.io import atomic_write_text
+from posfair.encoding.evaluator_base import PosfairEvaluator, run_tag
+from posfair.files.atomic import atomic_write_text
+from posfair.files.run_folder import RunFolder
 from posfair.model import FairModel, token_limit
-from posfair.progress import ProgressCallback
 from posfair.retrieval.benchmarks import RetrievalBenchmark, build_from_corpus, load_benchmark
-from posfair.run_folder import RunFolder
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.progress import ProgressCallback
+from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import EmbeddingStore
 from posfair.tuning.objectives import (
     FairnessObjective,
@@ -30,9 +30,9 @@ from posfair.tuning.objectives import (
     split_topics,
 )
 from posfair.tuning.outputs import save_tuned_model, summary_markdown, write_outputs
-from posfair.tuning.result import TuneResult
 from posfair.tuning.space import SearchSpace
 from posfair.tuning.trials import RESULTS_FILE, run_search
+from posfair.tuning.tune_result import TuneResult
 from posfair.tuning.verdicts import ConstraintWarning
 
 __all__ = ["tune", "make_objective", "build_corpus_benchmark", "CalibrationTuner"]

@@ -1,7 +1,7 @@
 """What the held-out test split says about the chosen setting, with intervals, and the sentences that say it.
 
 Pure: every verdict is computed from the objective, the trials and the chosen setting it is given (never from the
-search's :class:`~posfair.tuning.result.TuneResult`, which records them).
+search's :class:`~posfair.tuning.tune_result.TuneResult`, which records them).
 
 The constraint rule (:func:`meets_constraint`, one rule for the dev choice and the test check), the paired bootstrap
 intervals of every trial's guard change and score effect (:func:`trial_intervals`; the resampling itself is

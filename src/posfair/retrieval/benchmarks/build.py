@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 
 from posfair.corpus import corpus_content_fingerprint
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_json, atomic_write_parquet
+from posfair.files.atomic import atomic_write_json, atomic_write_parquet
+from posfair.files.run_folder import RunFolder
+from posfair.model.token_spans import SEGMENT_SEPARATOR, join_segments
 from posfair.retrieval.benchmarks.posir import posir_lang
-from posfair.run_folder import RunFolder
-from posfair.spans import SEGMENT_SEPARATOR, join_segments
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["build_from_corpus"]
 
@@ -50,7 +50,7 @@ def build_from_corpus(
     are shuffled (``numpy.random.default_rng(seed)``) and cut into documents of
     k consecutive segments (the last document may be shorter); every segment is
     in exactly one document, and documents have the same ids and segment order
-    in every language; a document is its segments joined by :data:`posfair.spans.SEGMENT_SEPARATOR` (one space,
+    in every language; a document is its segments joined by :data:`posfair.model.token_spans.SEGMENT_SEPARATOR` (one space,
     as in the audit).  For each segment the query is its title; the relevant
     document is the one holding it.  Per language ``<lang-Script>/<domain>/``
     gets ``corpus.parquet`` (``_id, text``), ``queries.parquet`` (PosIR columns

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from posfair.io import is_local, looks_like_hub_id
+from posfair.files.reading import is_local, looks_like_hub_id
 
 __all__ = ["is_local", "read_splits", "check_fields", "source_name"]
 

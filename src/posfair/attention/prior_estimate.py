@@ -27,8 +27,8 @@ import torch
 from posfair.calibration.choice import STOCK
 from posfair.calibration.params import Calibration, PositionalPrior
 from posfair.encoding import model_tokenizer
-from posfair.errors import PosfairInputError
 from posfair.model import FairModel
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["PriorEstimate", "estimate_prior", "row_density"]
 
@@ -86,7 +86,7 @@ def estimate_prior(
 
     Returns a :class:`PriorEstimate` whose ``calibration`` is ``calibration`` with
     ``prior`` set (one vector per layer it calibrates).  Raises
-    :class:`~posfair.errors.PosfairInputError` when no document has ``bins`` content keys.
+    :class:`~posfair.runtime.errors.PosfairInputError` when no document has ``bins`` content keys.
     """
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
         raise PosfairInputError(f"bins must be an integer >= 1; got {bins!r}")

@@ -13,10 +13,15 @@ so activation memory is bounded by the budget whatever the lengths.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
-__all__ = ["fixed_batches", "length_aware_batches", "padding_waste", "padded_tokens"]
+__all__ = ["Batching", "fixed_batches", "length_aware_batches", "padding_waste", "padded_tokens"]
+
+#: how texts are cut into forward passes (``posfair embed --batching``): sorted by token length within a padded-token
+#: budget (:func:`length_aware_batches`), or sentence-transformers' own fixed-size batches
+Batching = Literal["length", "fixed"]
 
 
 def fixed_batches(n: int, batch_size: int) -> list[np.ndarray]:

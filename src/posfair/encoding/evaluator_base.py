@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from posfair.errors import PosfairInputError
 from posfair.model.compat import BaseEvaluator
+from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["PosfairEvaluator", "metric_name_part", "run_tag"]
 

@@ -2,7 +2,7 @@
 
 Every command that writes a folder (``audit``, ``retrieval``, ``sweep``, ``tune``, ``attention``, ``demo``,
 ``build-benchmark``) does it inside a :class:`RunFolder`.  While it is open, every file that posfair writes under
-the folder (through :func:`posfair.io.atomic_path`, the one way posfair writes a file) is recorded with its
+the folder (through :func:`posfair.files.atomic.atomic_path`, the one way posfair writes a file) is recorded with its
 SHA-256 in a journal; when the run ends, ``posfair-run.json`` lists them::
 
     {"format": 1, "command": "audit", "key": {...}, "fingerprint": "...", "complete": true,
@@ -36,9 +36,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from posfair._stack import user_stacklevel
-from posfair.errors import PosfairInputError
-from posfair.io import atomic_write_json, observing_writes
+from posfair.files.atomic import atomic_write_json, observing_writes
+from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = ["MANIFEST", "RESULT_FORMAT", "RunFolder", "RunFolderWarning", "content_fingerprint", "file_sha256"]
 
