@@ -34,8 +34,8 @@ from forked import run_forked, server
 from posfair import Calibration
 from posfair.calibration import STOCK
 from posfair.encoding import encode_cached
-from posfair.serve.deployments import BATCH_HEADER, PASSES_HEADER, TRUNCATED_HEADER
-from posfair.serve.openai_api import MAX_BODY_BYTES
+from posfair.serve.deployments import BATCH_HEADER, PART_TEXTS, PASSES_HEADER, TRUNCATED_HEADER
+from posfair.serve.openai_api import MAX_BODY_BYTES, MAX_TEXT_CHARS
 from ray_sessions import session_of, session_processes, session_settles, sessions
 
 pytestmark = [
@@ -256,8 +256,8 @@ def test_request_calibration_and_prompt_name(srv):
 def test_segments_are_late_chunking_of_the_whole_document(srv):
     """Stock: posfair's LateChunking of the joined document over the segments' spans; calibrated: the mean of
     the calibrated token states over each segment's tokens, computed here by hand."""
+    from posfair.model.token_spans import join_segments
     from posfair.retrieval.late import LateChunking
-    from posfair.spans import join_segments
 
     segs = [
         "The first section of this report talks about calibrated attention in long documents.",
@@ -311,8 +311,8 @@ def test_truncate_encodes_the_truncated_text_and_says_so_in_a_header(srv):
 def test_truncate_gives_a_long_documents_segments_late_chunking_of_its_start(srv):
     """--truncate at /v1/segments: a document over the limit is cut there (the header says 1), each segment's
     vector is the late chunking of the document's start that fits (its last segment cut short)."""
+    from posfair.model.token_spans import join_segments
     from posfair.retrieval.late import LateChunking
-    from posfair.spans import join_segments
 
     segs = ["The first section of the report. " * 4, "The second section, cut by the limit. " * 4]
     doc, spans = join_segments(segs)
@@ -329,8 +329,8 @@ def test_segments_requests_arriving_together_share_forward_passes(srv):
     """12 /v1/segments requests at once (stock and the server's calibration, in turn): each gets the vectors it gets
     alone (and, stock, posfair's late chunking), in fewer forward passes than requests -- each answer says how many
     requests its batch held and how many passes that batch took, so the passes add up to sum(passes / requests)."""
+    from posfair.model.token_spans import join_segments
     from posfair.retrieval.late import LateChunking
-    from posfair.spans import join_segments
 
     rng = np.random.default_rng(7)
     words = "late chunking pools the token states of a whole document over each of its segments".split()
@@ -631,28 +631,58 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def all_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (a SIGSTOP sent to it has landed)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return all(state in "tT" for state in states)
+
+
+def heavy_texts(n: int, seed: int) -> list[str]:
+    """``n`` texts of MAX_TEXT_CHARS punctuation marks, one token each: encoding a part of them (``PART_TEXTS``) costs
+    the replica a second or more of CPU (each text tokenised whole, 65,536 tokens, before ``--truncate`` keeps 64)."""
+    rng = np.random.default_rng(seed)
+    return ["".join(rng.choice(list(".,;:!?-()"), size=MAX_TEXT_CHARS)) for _ in range(n)]
+
+
 def test_a_killed_replica_gives_503_in_flight_then_a_new_replica_answers(srv):
-    """A request the replica is computing (its CPU time grows) when the replica is killed (SIGKILL) gets 503;
-    Ray Serve starts a new replica and later requests get the right vectors."""
+    """A request whose part the replica is computing when the replica is killed (SIGKILL) gets 503; Ray Serve
+    starts a new replica and later requests get the right vectors.
+
+    Ray Serve sends a part again, to the next replica, when its replica died before taking it: a kill that lands
+    between two parts gets the request a 200.  So the kill lands while a part is computed, and the test shows it
+    does: one part of heavy texts is measured first (the replica CPU it costs), then a request of two such parts is
+    sent; once the replica has spent a quarter of a part's CPU on it, the replica is stopped (SIGSTOP, so it can do
+    no more), found to have spent less than three quarters of a part (its first part unfinished) with the request
+    unanswered, and killed as it stands."""
     (pid_cmd,) = session_processes(srv.session, (REPLICA,))
     pid = int(pid_cmd.split()[0])
     texts = texts_of(2, seed=21)
     want = encode_cached(srv.model, texts, calibration=CAL)
-    big = texts_of(2048, seed=3)  # about 2 s of encoding for the tiny model
-    results: list = []
-    start = cpu_seconds(pid)
-    sender = threading.Thread(
-        target=lambda: results.append(srv.post("/v1/embeddings", {"model": srv.name, "input": big}, timeout=120))
-    )
-    sender.start()
-    deadline = time.monotonic() + 30
-    while cpu_seconds(pid) < start + 0.5 and not results and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not results, "the request ended before the replica could be killed under it"
-    os.kill(pid, signal.SIGKILL)
-    sender.join(150)
-    assert results and results[0][0] == 503, results[:1]
-    assert results[0][2]["error"]["code"] == "service_unavailable"
+    before = cpu_seconds(pid)
+    status, _, body = srv.post("/v1/embeddings", {"model": srv.name, "input": heavy_texts(PART_TEXTS, 3)}, timeout=120)
+    assert status == 200 and len(body["data"]) == PART_TEXTS, body
+    part = cpu_seconds(pid) - before  # the replica's CPU for one part of heavy texts
+    big = {"model": srv.name, "input": heavy_texts(2 * PART_TEXTS, 4)}  # two parts
+    with ThreadPoolExecutor(1) as pool:
+        start = cpu_seconds(pid)
+        answer = pool.submit(srv.post, "/v1/embeddings", big, timeout=120)
+        deadline = time.monotonic() + 60
+        while cpu_seconds(pid) - start < part / 4 and not answer.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGSTOP)
+        while not all_stopped(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        spent, answered = cpu_seconds(pid) - start, answer.done()  # frozen: the replica is stopped
+        os.kill(pid, signal.SIGKILL)
+        assert not answered, f"the request was answered before the replica was killed: {answer.result()[:1]}"
+        assert part / 4 <= spent < part * 3 / 4, f"the replica spent {spent:.2f} s on the request, a part {part:.2f} s"
+        status, _, body = answer.result(timeout=150)
+    assert status == 503 and body["error"]["code"] == "service_unavailable", (status, body)
     status, headers, body = srv.get("/health", key=None)  # while the new replica loads the model: at once
     assert status == 503 and body["error"]["code"] == "service_unavailable" and headers.get("retry-after") == "1"
     status, _, body = srv.post("/v1/embeddings", {"model": srv.name, "input": texts}, timeout=10)
