@@ -14,6 +14,7 @@ beside stock SDPA's and the minor page faults per call:
 
     python benchmarks/fused_blocks.py                    # 2,048 and 8,192 tokens
     python benchmarks/fused_blocks.py --lengths 512 --repeats 20
+    python benchmarks/fused_blocks.py --parts --lengths 2048 --repeats 20   # where the time goes (issue 50, item 8)
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ HEADS, DIM, BASKET = 12, 32, 128
 BLOCKINGS = {"stock": None, "default": (None, None), "all-heads": (768, HEADS)}
 
 
-def worker(length: int, blocking: str, repeats: int) -> dict:
+def _layer(length: int):
+    """One layer's queries, keys and values (batch 1, random, float32), its ForwardState and scale; sets the threads."""
     import torch
 
     from posfair import Calibration
-    from posfair.calibration import fused
     from posfair.calibration.state import ForwardState
 
     torch.set_num_threads(int(os.environ.get("POSFAIR_BENCH_THREADS", "2")))
@@ -44,7 +45,61 @@ def worker(length: int, blocking: str, repeats: int) -> dict:
     span = torch.zeros(1, dtype=torch.long), torch.full((1,), length - 1)
     cal = Calibration(basket_size=BASKET, layers=1.0, strength=0.5, queries="all").resolve("mean", 1)
     state = ForwardState(frozenset(), *span, calibration=cal, pooling="mean")
-    scale = DIM**-0.5
+    return q, k, v, state, DIM**-0.5
+
+
+def parts(length: int, repeats: int) -> dict:
+    """Where one layer's time goes (ms, medians of ``repeats`` passes alternating with stock SDPA's): the fused path
+    at its default blocking, as :func:`posfair.calibration.fused.basket_attention` runs it, cut into the pairs' setup
+    (``Pairs``, the per-basket layout), the flash calls, ``Pairs.combine`` (the masses, the basket formula, the
+    weighted sum) and the writes into the output."""
+    import torch
+    import torch.nn.functional as F
+
+    from posfair.calibration import fused
+
+    q, k, v, state, scale = _layer(length)
+    spent: dict[str, list[float]] = {"stock": []}
+
+    def cut(times: dict, name: str, t: float) -> float:
+        now = time.perf_counter()
+        times[name] = times.get(name, 0.0) + now - t
+        return now
+
+    def fused_pass() -> None:
+        times: dict[str, float] = {}
+        t = time.perf_counter()
+        p = fused.Pairs(q, k, v, state, None)
+        keys, values = fused._per_basket(k, p), fused._per_basket(v, p)
+        rows, group = fused._blocks(p.B * p.H, p.L, p.nb * p.D * 4, None, None)
+        out = torch.empty(p.B, p.L, p.H, p.D, dtype=v.dtype)
+        t = cut(times, "setup", t)
+        blocks = fused._basket_outputs(q, keys, values, fused._slot_mask(p), scale, rows, group)
+        for g0, g1, t0, t1, o, lse, qt in blocks:
+            t = cut(times, "flash", t)
+            acc = p.combine(o, lse, qt, scale, g0, g1)
+            t = cut(times, "combine", t)
+            fused._write_rows(out.transpose(1, 2), acc, g0, g1, t0, t1)
+            t = cut(times, "write", t)
+        for name, value in times.items():
+            spent.setdefault(name, []).append(value)
+
+    with torch.no_grad():
+        for _ in range(repeats + 1):  # the first pass of each is the warm-up
+            t0 = time.perf_counter()
+            F.scaled_dot_product_attention(q, k, v, scale=scale)
+            stock = time.perf_counter() - t0
+            fused_pass()
+            spent["stock"].append(stock)
+    return {name: statistics.median(t[1:]) * 1e3 for name, t in spent.items()}
+
+
+def worker(length: int, blocking: str, repeats: int) -> dict:
+    import torch
+
+    from posfair.calibration import fused
+
+    q, k, v, state, scale = _layer(length)
     if BLOCKINGS[blocking] is None:
         run = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)  # noqa: E731
     else:
@@ -67,8 +122,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--parts", action="store_true", help="in this process: where the default blocking's time goes")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.parts:
+        threads = os.environ.get("POSFAIR_BENCH_THREADS", "2")
+        print(f"one layer, batch 1, {HEADS} heads x {DIM}, {BASKET}-key baskets, {threads} threads: ms, medians")
+        for length in args.lengths:
+            ms = parts(length, args.repeats)
+            fused_ms = sum(v for name, v in ms.items() if name != "stock")
+            print(f"{length:>6} stock {ms['stock']:.1f}, fused {fused_ms:.1f} ({fused_ms / ms['stock']:.2f}x): "
+                  + ", ".join(f"{name} {v:.1f}" for name, v in ms.items() if name != "stock"), flush=True)  # fmt: skip
+        return
     if args.worker:
         length, blocking, repeats = args.worker
         print(json.dumps(worker(int(length), blocking, int(repeats))))

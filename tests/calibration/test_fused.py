@@ -232,6 +232,23 @@ def test_flash_calls_stay_within_the_output_budget():
     assert fused._blocks(3, 100, 8, 7, 2) == (7, 2)  # explicit sizes are kept
 
 
+def test_masses_are_the_softmax_over_baskets_and_isolated_keys():
+    """fused._masses (issue 50, item 8: five passes, in place) is the softmax over the baskets' log-sum-exps and the
+    isolated keys' scores: an absent key (-inf) and a fully masked basket (finfo.min) get 0, large scores stay finite."""
+    g = torch.Generator().manual_seed(3)
+    lse = torch.randn(2, 7, 5, generator=g) * 30
+    lse[0, :, 4] = torch.finfo(torch.float32).min  # a basket past the content: every slot masked
+    bos = torch.randn(2, 7, generator=g) * 30
+    eos = torch.where(torch.arange(7) % 2 == 0, torch.randn(2, 7, generator=g) * 30, -torch.inf)
+    want = torch.softmax(torch.cat([lse, bos[..., None], eos[..., None]], -1).double(), -1)
+    mass, (b, e) = fused._masses(lse.clone(), [bos.clone(), eos.clone()])
+    torch.testing.assert_close(torch.cat([mass, b[..., None], e[..., None]], -1).double(), want, atol=1e-6, rtol=0)
+    assert bool((mass[0, :, 4] == 0).all()) and bool((e[:, 1::2] == 0).all())
+    alone, none = fused._masses(lse.clone(), [])
+    torch.testing.assert_close(alone.double(), torch.softmax(lse.double(), -1), atol=1e-6, rtol=0)
+    assert none == []
+
+
 def test_per_layer_prior_takes_the_fused_path_and_matches_the_tiled_one(tiny_model, count_fused, monkeypatch):
     """A positional prior with a different density in each calibrated layer: fused == tiled explicit path."""
     from posfair.calibration.params import PositionalPrior

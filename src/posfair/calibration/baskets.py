@@ -414,7 +414,8 @@ def _basket_weights(
     ``n_baskets`` their sum (C / B) and ``in_row`` the baskets of the row; None: one each.
     """
     n_b = torch.as_tensor(n_baskets, dtype=mass.dtype, device=mass.device).expand(mass.shape[:-1])
-    n_total = n_b + int(bos is not None) + int(eos is not None)
+    n_iso = int(bos is not None) + int(eos is not None)
+    n_total = n_b + n_iso if n_iso else n_b
     zero = torch.zeros((), dtype=mass.dtype, device=mass.device)
     shares = []
     for orig, weight in ((bos, bos_weight), (eos, eos_weight)):
@@ -438,9 +439,10 @@ def _basket_weights(
     total = target.sum(-1) + iso_total  # the calibrated row's sum before renormalisation
     ok = total > 0
     inv = torch.where(ok, 1.0 / total.clamp(min=tiny), zero)
-    w = torch.where(ok.unsqueeze(-1), _blend(strength, target * inv.unsqueeze(-1), mass), mass)
-    values = []
-    for orig, share in zip((o for o in (bos, eos) if o is not None), shares, strict=True):
-        values.append(torch.where(ok, strength * share * inv + (1.0 - strength) * orig, orig))
-    it = iter(values)
+    # step 5's blend, one lerp a tensor (the fused kernel runs this once per block of rows: issue 50, item 8); a row
+    # with nothing to renormalise (total 0) blends with weight 0, so it keeps its masses
+    blend = (ok.to(mass.dtype) * strength).to(mass.dtype)
+    w = torch.lerp(mass, target.mul_(inv.unsqueeze(-1)), blend.unsqueeze(-1))
+    isolated = (o for o in (bos, eos) if o is not None)
+    it = iter([torch.lerp(orig, share * inv, blend) for orig, share in zip(isolated, shares, strict=True)])
     return w, next(it) if bos is not None else None, next(it) if eos is not None else None

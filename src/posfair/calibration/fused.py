@@ -175,10 +175,19 @@ def basket_attention(
     query = p.tempered(query)
     keys, values = _per_basket(key, p), _per_basket(value, p)
     rows, group = _blocks(p.B * p.H, p.L, p.nb * p.D * 4, tile_rows, heads_per_call)
-    out = torch.empty(p.B * p.H, p.L, p.D, dtype=value.dtype, device=p.dev)
+    out = torch.empty(p.B, p.L, p.H, p.D, dtype=value.dtype, device=p.dev)  # the layout returned: no copy at the end
     for g0, g1, t0, t1, o, lse, qt in _basket_outputs(query, keys, values, _slot_mask(p), scaling, rows, group):
-        out[g0:g1, t0:t1] = p.combine(o, lse, qt, scaling, g0, g1)
-    return out.view(p.B, p.H, p.L, p.D).transpose(1, 2).contiguous()
+        _write_rows(out.transpose(1, 2), p.combine(o, lse, qt, scaling, g0, g1), g0, g1, t0, t1)
+    return out
+
+
+def _write_rows(heads: torch.Tensor, acc: torch.Tensor, g0: int, g1: int, t0: int, t1: int) -> None:
+    """Rows ``t0:t1`` of (sequence, head) pairs ``g0:g1`` (``acc``: (G, T, D)) into ``heads`` (B, H, L, D), a view of
+    the (B, L, H, D) output, one sequence's heads at a time."""
+    H = heads.shape[1]
+    for b in range(g0 // H, (g1 - 1) // H + 1):
+        lo, hi = max(g0, b * H), min(g1, (b + 1) * H)
+        heads[b, lo - b * H : hi - b * H, t0:t1] = acc[lo - g0 : hi - g0]
 
 
 def _per_basket(x: torch.Tensor, p: Pairs) -> torch.Tensor:
@@ -320,10 +329,7 @@ class Pairs:
         for kvec, _, present in self.isolated:
             s = torch.matmul(qt.float(), kvec[g0:g1].unsqueeze(-1)).squeeze(-1) * scaling  # (G, T)
             iso_scores.append(torch.where(present[g0:g1].view(G, 1), s, -torch.inf))
-        every = torch.cat([lse, *(s.unsqueeze(-1) for s in iso_scores)], dim=-1) if iso_scores else lse
-        row = torch.logsumexp(every, dim=-1)  # (G, T)
-        mass = torch.exp(lse - row.unsqueeze(-1))
-        iso_mass = [torch.exp(s - row) for s in iso_scores]
+        mass, iso_mass = _masses(lse, iso_scores)
         w, bos_v, eos_v = basket_weights(
             mass,
             self.n_b[g0:g1],
@@ -344,6 +350,24 @@ class Pairs:
         for (_, vvec, _), val, orig in zip(self.isolated, values, iso_mass, strict=True):
             acc += torch.where(on.view(G, 1), val, orig).unsqueeze(-1) * vvec[g0:g1].unsqueeze(1)
         return acc
+
+
+def _masses(lse: torch.Tensor, iso_scores: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The row's original mass on each basket (G, T, nb) and on each isolated key (G, T each): the softmax over the
+    baskets' log-sum-exps ``lse`` (G, T, nb) and the isolated keys' scores (G, T; -inf where absent).
+
+    Five passes over the (G, T, nb) values, in place where they can be (``torch.logsumexp`` of the concatenated
+    scores and then ``exp(lse - row)`` took nine, each a parallel region with two threads: issue 50, item 8)."""
+    top = lse.amax(-1)
+    for s in iso_scores:
+        top = torch.maximum(top, s)
+    mass = (lse - top.unsqueeze(-1)).exp_()
+    iso = [(s - top).exp_() for s in iso_scores]
+    total = mass.sum(-1)
+    for e in iso:
+        total += e
+    inv = total.reciprocal_()
+    return mass.mul_(inv.unsqueeze(-1)), [e.mul_(inv) for e in iso]
 
 
 def _blocks(n_heads: int, L: int, row_bytes: int, rows: int | None, group: int | None) -> tuple[int, int]:
