@@ -1,5 +1,6 @@
-"""The import graph runs one way: cli -> the front door (``posfair``) -> pipelines -> encoding / store / model ->
-calibration, with no exception.
+"""The import graph runs one way: cli -> the front door (``posfair``) -> pipelines -> encoding -> store / model /
+corpus -> calibration / stats / report / files -> runtime, with no exception; the package root holds the front door
+alone, and one module runs the forward passes.
 
 Every ``import`` statement of ``src/posfair`` is read with :mod:`ast` (module level and
 inside functions alike), so a function-local import cannot hide an edge.
