@@ -221,7 +221,7 @@ class Node:
     title: str  # number label stripped
     label: str  # "1.2", "C.3" or "" (chapters)
     blocks: list[str]  # own prose blocks, subsections excluded
-    children: list["Node"] = field(default_factory=list)
+    children: list[Node] = field(default_factory=list)
 
 
 def _heading(el: Element) -> tuple[Element | None, str]:
@@ -426,7 +426,9 @@ class TokenCounter:
         todo = sorted({t for t in texts if t not in self._cache and t})
         for i in range(0, len(todo), 256):
             batch = todo[i : i + 256]
-            for t, ids in zip(batch, self.tok(batch, add_special_tokens=False, verbose=False)["input_ids"]):
+            for t, ids in zip(
+                batch, self.tok(batch, add_special_tokens=False, verbose=False)["input_ids"], strict=True
+            ):
                 self._cache[t] = len(ids)
         return [self(t) for t in texts]
 
@@ -690,7 +692,7 @@ def build(debs: dict[str, Path], out_dir: Path, work: Path) -> dict:
     }
     tokens = {
         unit: {
-            lang: {q: int(v) for q, v in zip(("min", "median", "max"), (s.min(), s.median(), s.max()))}
+            lang: {q: int(v) for q, v in zip(("min", "median", "max"), (s.min(), s.median(), s.max()), strict=True)}
             for lang, s in sub.groupby("lang")["n_tokens_minilm"]
         }
         for unit, sub in df[df["lang"] == "en"].groupby("unit")
