@@ -14,7 +14,8 @@ directory, environment and standard output/error files set, and the server answe
 ``{"id": ID, "pid": PID}`` at once and ``{"id": ID, "status": WAIT_STATUS}`` when the child
 ends.  Children run concurrently (several requests may be in flight); the server is one thread
 (it waits on its input and reaps children in turn), so a fork copies no other thread.  The
-server exits when its standard input closes (the test process ended), after its children.
+server exits when its standard input closes (the test process ended), after its children; a
+child still running then (the test process was killed) gets SIGTERM, and SIGKILL a minute later.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import select
+import signal
 import sys
 import time
 import traceback
@@ -68,6 +70,14 @@ def _child(req: dict) -> None:
             os._exit(code)
 
 
+def _signal_all(children: dict[int, object], sig: int) -> None:
+    for pid in children:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def serve(fd: int, answers) -> None:
     """Requests from the file descriptor ``fd`` until it closes; answers on ``answers`` (module docstring)."""
 
@@ -77,7 +87,17 @@ def serve(fd: int, answers) -> None:
 
     children: dict[int, object] = {}  # pid -> the request's id
     pending, open_ = b"", True
+    stopped_at = None  # when the request pipe closed with commands still running
     while open_ or children:
+        if not open_ and children:
+            # The test process is gone (killed: a finished one leaves no command running), so nobody will
+            # collect these: stop them as a terminal's kill does (a `posfair serve` ends its Ray instance on
+            # SIGTERM), then for good after a minute, rather than leave a server and its cluster behind.
+            if stopped_at is None:
+                stopped_at = time.monotonic()
+                _signal_all(children, signal.SIGTERM)
+            elif time.monotonic() - stopped_at > 60:
+                _signal_all(children, signal.SIGKILL)
         # wait for a request; while children run, wake up every 50 ms to reap the finished ones
         if open_ and select.select([fd], [], [], 0.05 if children else None)[0]:
             chunk = os.read(fd, 65536)

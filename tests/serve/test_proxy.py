@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from tests import parent_bound
 
 from posfair.serve.openai_api import key_digest
 from posfair.serve.proxy import MAX_HEAD_BYTES, MAX_HEADERS
@@ -58,7 +60,8 @@ server.run(sockets=[sock])
 def proxy(request):
     if request.param == "httptools":
         pytest.importorskip("httptools")
-    proc = subprocess.Popen([sys.executable, "-c", APP, request.param], stdout=subprocess.PIPE, text=True)
+    argv = parent_bound.command([sys.executable, "-c", APP, request.param], signal.SIGTERM)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
         deadline = time.monotonic() + 60

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests import parent_bound
 
 from posfair import Calibration
 from posfair.encoding import encode_cached
@@ -76,7 +77,9 @@ def test_the_builder_runs_under_serve_run_with_typed_args(tiny_model_path, tmp_p
     serve_cmd = Path(sys.executable).with_name("serve")
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([str(serve_cmd), "run", str(config)], stdout=out, stderr=subprocess.STDOUT, env=env)
+        # bound to this process: a killed test run leaves no `serve run` and no Ray instance behind
+        argv = parent_bound.command([str(serve_cmd), "run", str(config)])
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
