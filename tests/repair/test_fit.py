@@ -328,3 +328,58 @@ def test_a_short_fit_encodes_targets_only_for_the_sets_it_reaches():
     # every ordering of a kept set stays (its target is the mean over all of them)
     assert all(sum(d.set_id == k for d in cut[0].documents) == 6 for k in kept)
     assert _sets_used([inst], 5, seed=0) == cut  # seeded
+
+
+def _units(means: list[float], sets: int = 12, seed: int = 0) -> np.ndarray:
+    """:func:`set_units` rows of ``sets`` sets whose mean σ per position is ``means`` (plus a little noise), every
+    own segment above every foreign one and recall@1 1."""
+    rng = np.random.default_rng(seed)
+    sigma = np.array(means) + rng.normal(scale=0.005, size=(sets, len(means)))
+    return np.concatenate([sigma, np.ones((sets, len(means) + 1))], axis=1)
+
+
+def test_a_sign_flipped_beta_is_reported_reversed_never_removed(monkeypatch, tmp_path):
+    """Stock β2 = -0.1, β3 = -0.2; the repair turns them to +0.03 and +0.06: 70 % of |β| "removed" by magnitude,
+    but the bias points the other way.  Every report says reversed, with what is left, and no share removed."""
+    from posfair.cli.fit import summary_lines
+    from posfair.repair import figure
+    from posfair.repair.fitting import FitResult, heldout_markdown
+    from posfair.repair.heldout import heldout_lines
+
+    h = evaluate_repair(_units([0.8, 0.7, 0.6]), _units([0.8, 0.83, 0.86], seed=1), 3, "planted", 72)
+    assert all(e.stock < 0 < e.repaired and e.lean == "reversed" for e in h.positions)
+    assert [round(e.removed, 1) for e in h.positions] == [0.7, 0.7]  # what today's decision reads
+    limits = RepairLimits(0.9, 1.0)
+    failures = check_repair(h, limits)
+    res = FitResult("finetune", "bundled", "planted", {"train": (9, 54), "dev": (2, 12)}, {}, h, None, failures,
+                    True, 1.0, 1.0, str(tmp_path), limits, fit_families=("fam",))  # fmt: skip
+    left = {e.position: f"|β{e.position}| now {100 * (1 - e.removed):.0f} % of stock's, the other way"
+            for e in h.positions}  # fmt: skip
+    lines = heldout_lines(h)
+    for e, line in zip(h.positions, lines, strict=False):
+        assert line.startswith(f"β{e.position}: reversed: stock {e.stock:+.4f} -> {e.repaired:+.4f}"), line
+        assert left[e.position] in line and "removed" not in line, line
+    assert [f for f in failures if f.startswith("β")] == [
+        f"β{e.position} reversed beyond noise ({e.repaired:+.4f} [{e.repaired_low:+.4f}, {e.repaired_high:+.4f}]): "
+        f"{left[e.position]}; at most 10 % may remain"
+        for e in h.positions
+    ]
+    summary = "\n".join(summary_lines(res))
+    md = heldout_markdown([res])
+    for text in (summary, md.replace("\\|", "|")):
+        assert "removed" not in text and all(words in text for words in left.values()), text
+    assert len({row.count("|") - row.count("\\|") for row in md.splitlines()}) == 1  # |β2| does not split a cell
+    saved = json.loads(json.dumps(res.to_dict(), default=float))
+    assert [e["sign_flipped"] for e in saved["heldout"]["positions"]] == [True, True]
+    assert all(e["outcome"].startswith("reversed: ") for e in saved["heldout"]["positions"])
+    assert FitResult.from_dict(saved).heldout == h  # heldout.json still reads back
+    seen = {}
+    monkeypatch.setattr(figure, "finish", lambda fig, **kw: seen.update(kw))
+    monkeypatch.setattr(figure, "save_figure", lambda fig, path: b"")
+    figure.repair_tradeoff([res], tmp_path / "tradeoff")
+    assert left[3] in seen["labels"][0] and "β reversed" in seen["note"]
+    # a repair that keeps stock's sign still reads as a share removed
+    kept = evaluate_repair(_units([0.8, 0.7, 0.6]), _units([0.8, 0.77, 0.74], seed=1), 3)
+    assert all(e.stock < e.repaired < 0 for e in kept.positions)
+    for e, line in zip(kept.positions, heldout_lines(kept), strict=False):
+        assert f", removed {100 * e.removed:.0f} % [" in line and "reversed" not in line, line

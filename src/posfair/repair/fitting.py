@@ -50,6 +50,7 @@ from posfair.repair.heldout import (
     RepairLimits,
     RetrievalChange,
     check_repair,
+    effect_words,
     evaluate_repair,
     set_units,
 )
@@ -106,7 +107,7 @@ class FitResult:
         """The result :meth:`to_dict` wrote (``heldout.json``)."""
         h = dict(d["heldout"])
         heldout = HeldOut(
-            **{**h, "positions": tuple(PositionEffect(**e) for e in h["positions"]),
+            **{**h, "positions": tuple(PositionEffect.from_dict(e) for e in h["positions"]),
                "retrieval": tuple(RetrievalChange(**r) for r in h["retrieval"]),
                "above_by_position": tuple(tuple(x) for x in h.get("above_by_position", ()))}
         )  # fmt: skip
@@ -260,22 +261,25 @@ def _ndcg(stock, repaired, corpus: pd.DataFrame, split: RepairSplit, work: Path)
 
 
 def heldout_markdown(results: list[FitResult]) -> str:
-    """One table row per fit: β removed with intervals, reversal, retrieval changes, the verdict."""
+    """One table row per fit: per later position what happened to β_p (:func:`~posfair.repair.heldout.effect_words`:
+    stock -> repaired, the share removed, or reversed), retrieval changes, the verdict."""
     rows = []
     for r in results:
         h = r.heldout
         row = {"method": r.method, "model": r.model, "held-out family": f"{h.family} ({h.sets} sets)"}
         for e in h.positions:
-            row[f"β{e.position} removed % [95 %]"] = (
-                f"{100 * e.removed:.0f} [{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}]"
-            )
-            row[f"β{e.position} repaired"] = f"{e.repaired:+.4f} ({e.lean})"
+            row[f"β{e.position} [95 %]"] = _cell(effect_words(e))
         for c in h.retrieval:
             row[f"Δ{c.measure} pts [95 %]"] = f"{c.change:+.1f} [{c.change_low:+.1f}, {c.change_high:+.1f}]"
         if r.ndcg:
             row["ΔnDCG@10 pts [95 %]"] = f"{r.ndcg['change']:+.1f} [{r.ndcg['low']:+.1f}, {r.ndcg['high']:+.1f}]"
         row["fit s"] = f"{r.fit_seconds:.0f}"
         row["encode / stock"] = f"{r.encode_ratio:.2f}x"
-        row["verdict"] = "holds" if r.holds else "fails: " + "; ".join(r.failures)
+        row["verdict"] = "holds" if r.holds else _cell("fails: " + "; ".join(r.failures))
         rows.append(row)
     return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell (its ``|``, as in ``|β2|``, escaped)."""
+    return text.replace("|", "\\|")

@@ -15,7 +15,9 @@ Per set and model (stock, repaired) :func:`set_units` keeps
 bootstrap interval over sets (:func:`posfair.stats.intervals.grouped_interval`), whether a β_p is reversed
 beyond noise (its interval wholly on the other side of zero), and the retrieval changes in points with their
 intervals.  :func:`check_repair` is the one rule that says whether a repair holds; ``posfair fit`` uses it
-to decide whether to save, and every table prints its verdict.
+to decide whether to save, and every table prints its verdict.  :func:`effect_words` says what happened to each
+β_p from the same values: a β_p whose sign flipped is *reversed* (with what is left of |β_p|, the other way),
+never a share "removed".
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "RetrievalChange",
     "RepairLimits",
     "check_repair",
+    "effect_words",
     "heldout_lines",
     "evaluate_repair",
     "set_units",
@@ -68,8 +71,10 @@ class RepairLimits:
 
 @dataclass(frozen=True)
 class PositionEffect:
-    """Position ``p``: stock's and the repair's β_p (σ at p minus σ at 1), each with its 95 % interval, and the share
-    of stock's |β_p| removed with its interval; ``lean``: the repaired β_p against stock's sign."""
+    """Position ``p``: stock's and the repair's β_p (σ at p minus σ at 1), each with its 95 % interval, and
+    ``removed`` = 1 - |repaired| / |stock| with its interval (of magnitudes: a sign flip is read from
+    :attr:`flipped`, and reported by :func:`effect_words`); ``lean``: the repaired β_p's interval against stock's
+    sign."""
 
     position: int
     stock: float
@@ -82,6 +87,17 @@ class PositionEffect:
     removed_low: float
     removed_high: float
     lean: Lean
+
+    @property
+    def flipped(self) -> bool:
+        """Whether the repaired β_p (point estimate) has the sign opposite to stock's: bias the other way, which a
+        share "removed" would misstate as progress (stock -0.09 -> +0.03 is "66 % removed")."""
+        return bool(self.stock * self.repaired < 0)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PositionEffect:
+        """The effect :meth:`HeldOut.to_dict` wrote (its derived keys ``sign_flipped`` and ``outcome`` dropped)."""
+        return cls(**{k: v for k, v in d.items() if k not in ("sign_flipped", "outcome")})
 
 
 @dataclass(frozen=True)
@@ -115,7 +131,12 @@ class HeldOut:
         raise KeyError(measure)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain values; each position also carries ``sign_flipped`` and ``outcome`` (:func:`effect_words`)."""
+        d = asdict(self)
+        for e, row in zip(self.positions, d["positions"], strict=True):
+            row["sign_flipped"] = e.flipped
+            row["outcome"] = effect_words(e)
+        return d
 
 
 def set_units(instance: Instance, encode: Encode) -> np.ndarray:
@@ -225,14 +246,36 @@ def _change(measure: str, stock: np.ndarray, repaired: np.ndarray, draws: int, s
     return RetrievalChange(measure, float(stock.mean()), float(repaired.mean()), float(diff.mean()), low, high)
 
 
+def effect_words(e: PositionEffect) -> str:
+    """What the repair did to stock's β_p, as every report writes it (the summary, ``heldout.md``, ``heldout.json``,
+    the figure), from the values :func:`check_repair` decides on (``removed``, the signs, ``lean``).
+
+    While the repaired β_p keeps stock's sign (or is 0): ``stock -0.0895 -> -0.0071, removed 95 % [90, 99] (as
+    stock)``.  When the sign flipped the bias was not removed but turned the other way, so the words say so, with
+    the repaired β_p's interval and what is left, 1 - ``removed``: ``reversed: stock -0.0895 -> +0.0306 [+0.0229,
+    +0.0383]; |β2| now 34 % of stock's, the other way (beyond noise)`` ("within noise" while that interval holds
+    0)."""
+    if not e.flipped:
+        return (
+            f"stock {e.stock:+.4f} -> {e.repaired:+.4f}, removed {100 * e.removed:.0f} % "
+            f"[{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}] ({e.lean})"
+        )
+    noise = {"reversed": "beyond noise", "flat": "within noise"}.get(e.lean, e.lean)
+    return (
+        f"reversed: stock {e.stock:+.4f} -> {e.repaired:+.4f} [{e.repaired_low:+.4f}, {e.repaired_high:+.4f}]; "
+        f"{_left(e)}, the other way ({noise})"
+    )
+
+
+def _left(e: PositionEffect) -> str:
+    """``|β_p| now K % of stock's``: K = 100 (1 - removed) = 100 |repaired| / |stock|."""
+    return f"|β{e.position}| now {100 * (1 - e.removed):.0f} % of stock's"
+
+
 def heldout_lines(result: HeldOut) -> list[str]:
-    """The held-out result as plain lines: per later position β_p stock -> repaired with the share removed and its
-    interval, then each retrieval change in points with its interval (``posfair fit``'s summary and the benchmarks)."""
-    lines = [
-        f"β{e.position}: stock {e.stock:+.4f} -> {e.repaired:+.4f}, removed {100 * e.removed:.0f} % "
-        f"[{100 * e.removed_low:.0f}, {100 * e.removed_high:.0f}] ({e.lean})"
-        for e in result.positions
-    ]
+    """The held-out result as plain lines: per later position β_p stock -> repaired in :func:`effect_words`, then
+    each retrieval change in points with its interval (``posfair fit``'s summary and the benchmarks)."""
+    lines = [f"β{e.position}: {effect_words(e)}" for e in result.positions]
     lines += [
         f"{c.measure}: {100 * c.stock:.1f} -> {100 * c.repaired:.1f} % "
         f"({c.change:+.1f} points [{c.change_low:+.1f}, {c.change_high:+.1f}])"
@@ -243,15 +286,21 @@ def heldout_lines(result: HeldOut) -> list[str]:
 
 def check_repair(result: HeldOut, limits: RepairLimits) -> list[str]:
     """What the repair fails on the held-out family, one phrase each (empty: it holds).  The one rule that decides
-    whether ``posfair fit`` saves a repair and what every table says of it."""
+    whether ``posfair fit`` saves a repair and what every table says of it.  A β_p whose sign flipped is named
+    reversed, never "removed" (:func:`effect_words` reads the same values)."""
     failed = []
     for e in result.positions:
-        if not e.removed >= limits.min_removed:
+        beyond = e.lean == "reversed"
+        noise = f" beyond noise ({e.repaired:+.4f} [{e.repaired_low:+.4f}, {e.repaired_high:+.4f}])" if beyond else ""
+        too_much = not e.removed >= limits.min_removed
+        if e.flipped and (too_much or beyond):
+            limit = f"; at most {100 * (1 - limits.min_removed):.0f} % may remain" if too_much else ""
+            failed.append(f"β{e.position} reversed{noise}: {_left(e)}, the other way{limit}")
+            continue
+        if too_much:
             failed.append(f"β{e.position}: {100 * e.removed:.0f} % removed, below {100 * limits.min_removed:.0f} %")
-        if e.lean == "reversed":
-            failed.append(
-                f"β{e.position} reversed beyond noise ({e.repaired:+.4f} [{e.repaired_low:+.4f}, {e.repaired_high:+.4f}])"
-            )
+        if beyond:
+            failed.append(f"β{e.position} reversed{noise}")
     for r in result.retrieval:
         if not r.change >= -limits.max_recall_drop:
             failed.append(f"{r.measure} {r.change:+.1f} points, beyond the -{limits.max_recall_drop:g}-point limit")
