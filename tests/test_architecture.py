@@ -326,13 +326,14 @@ def test_the_entry_points_are_at_the_front_door():
 
 
 def test_the_readme_imports_only_from_front_doors():
-    """Every import in the README's Python blocks names ``posfair`` or a package, and only its public names."""
+    """Every import in the Python blocks of the README and the docs names ``posfair`` or a package, and only its public names."""
     import importlib
     import re
 
-    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    pages = [SRC.parent / "README.md", *sorted((SRC.parent / "docs").rglob("*.md"))]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in pages)
     seen = 0
-    for block in re.findall(r"^```python[^\n]*\n(.*?)^```", readme, re.M | re.S):
+    for block in re.findall(r"^```python[^\n]*\n(.*?)^```", text, re.M | re.S):
         for node in ast.walk(ast.parse(block)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("posfair"):
                 seen += 1
@@ -473,13 +474,13 @@ def test_the_backend_table_imports_only_the_standard_library():
 
 
 def _readme_layout() -> str:
-    text = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    text = (SRC.parent / "docs" / "contributing.md").read_text(encoding="utf-8")
     start = text.index("## Project layout")
     return text[text.index("```text", start) : text.index("```\n", text.index("```text", start) + 7)]
 
 
 def test_the_readme_layout_names_every_package_and_module():
-    """README's "Project layout" block names every package of src/posfair, every module of each package (as the
+    """The contributor page's "Project layout" block (docs/contributing.md) names every package of src/posfair, every module of each package (as the
     word before its description) and every top-level module; and it names no module that does not exist."""
     layout = _readme_layout()
     words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", layout))

@@ -7,7 +7,8 @@
   get posfair's entry;
 - rows that say ``flag_free`` save folders that load calibrated with plain ``SentenceTransformer(path)``, the
   others save posfair's previous format;
-- the README's support table has one row per row label of the table, with the same routes.
+- the support table of docs/models.md has one row per row label of the table, with the same routes; the README's
+  short table names every row.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from remote_code_models import build_remote_model
 from tiny_models import ALL_ARCHS, ARCHS, expected_mechanism, model_type
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: the full support table: the documentation site's "Models and stacks" page
+MODELS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 TEXTS = ["Calibration gives later baskets as much attention as early ones. " * 8, "A short text about search."]
 CAL = Calibration(basket_size=16, layers=0.5, strength=1.0)
 #: the remote-code rows and the default, each with the tiny remote model of its shape
@@ -178,8 +181,8 @@ def test_a_rows_saved_folder_loads_as_the_row_says(arch, tiny_model_path, tmp_pa
 
 
 def readme_support_table() -> dict[str, dict[str, str]]:
-    """The rows of the README's table in "Supported stacks and models": first cell -> cells by header."""
-    text = README.read_text(encoding="utf-8")
+    """The rows of the table in "Supported stacks and models" (docs/models.md): first cell -> cells by header."""
+    text = MODELS_PAGE.read_text(encoding="utf-8")
     section = text[text.index("## Supported stacks and models") :]
     section = section[: section.index("\n## ", 1)]
     lines = [line for line in section.splitlines() if line.startswith("| ")]
@@ -213,3 +216,14 @@ def test_one_row_per_architecture_and_per_readme_line():
     assert len(labels) == len(set(labels))  # one README line per row
     types = [(t, row.remote_code) for row in BACKENDS for t in row.model_types]
     assert len(types) == len(set(types))  # one row per architecture
+
+
+def test_the_readme_short_table_names_every_row_of_the_models_page():
+    """The README's short "Supported models" table names every architecture of the full table (docs/models.md),
+    so a row added to the table of backends is missing from the README's first screen only if this fails."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Supported models") :]
+    section = section[: section.index("\n## ", 1)]
+    first_cells = " ; ".join(line.split(" | ")[0] for line in section.splitlines() if line.startswith("| "))
+    missing = [label for label in readme_support_table() if label.split(" (")[0] not in first_cells]
+    assert not missing, f"the README's short table does not name: {missing}"

@@ -1,4 +1,4 @@
-"""The README runs as written: every shell command and every Python block, in order.
+"""The README and every page of the documentation site run as written: every shell command and Python block.
 
 The set-up block is what ``.ci/run`` executes (a fresh virtual environment, then the
 README's test command), so here it is checked against ``.ci/run`` line by line; its
@@ -29,18 +29,34 @@ from ray_sessions import session_of, session_settles, sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
 
 
-#: the README's ``posfair serve`` section: a server command that runs until stopped, then commands and Python blocks
-#: that talk to it; the generic runs below leave it out, test_the_readme_serve_section runs it (run_serve_section)
+#: a page's ``posfair serve`` section: a server command that runs until stopped, then commands and Python blocks
+#: that talk to it; the generic runs below leave it out, test_the_serve_sections runs it (run_serve_section)
 SERVE_SECTION = re.compile(r"^<!-- posfair-serve -->\n(.*?)^<!-- /posfair-serve -->", re.M | re.S)
 
 
-def blocks(lang: str, text: str | None = None) -> list[str]:
-    """The ``lang`` blocks of ``text`` (default: the README without its serve section)."""
+def pages() -> list[Path]:
+    """Every page whose blocks run: the README, then each page of the documentation site (``docs/``, MkDocs)."""
+    return [README, *sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)]
+
+
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def items(page: Path) -> list[tuple[str, str]]:
+    """The page's ``bash`` and ``python`` blocks in order, as (kind, text), outside its serve section."""
+    text = SERVE_SECTION.sub("", page.read_text(encoding="utf-8"))
+    return [(kind, body) for kind, body in FENCE.findall(text) if kind in ("bash", "python")]
+
+
+def blocks(lang: str, text: str | None = None, page: Path = README) -> list[str]:
+    """The ``lang`` blocks of ``text`` (default: ``page`` without its serve section)."""
     if text is None:
-        text = SERVE_SECTION.sub("", README.read_text(encoding="utf-8"))
+        text = SERVE_SECTION.sub("", page.read_text(encoding="utf-8"))
     return [body for kind, body in FENCE.findall(text) if kind == lang]
 
 
@@ -89,7 +105,9 @@ def test_setup_commands_are_what_ci_runs():
     # (an install step may run under .ci/run's ``retry``, which reruns the same command)
     ci_lines = [line.strip().removeprefix("retry ").replace(" -q ", " ") for line in ci.splitlines()]
     ci_steps = [line for line in ci_lines if line == "python3 -m venv .venv" or line.startswith(".venv/bin/pip")]
-    assert ci_steps == steps[:-1], (ci_steps, steps)
+    # then only the documentation site's tools (the docs extra, for `mkdocs build --strict`)
+    assert ci_steps[: len(steps) - 1] == steps[:-1], (ci_steps, steps)
+    assert ci_steps[len(steps) - 1 :] == ['.venv/bin/pip install -e ".[docs]"'], ci_steps
     assert tests in ci, tests
 
 
@@ -108,13 +126,43 @@ def _forkable(cmd: str) -> list[str] | None:
     return tokens[1:]
 
 
+def page_steps(page: Path) -> list[tuple[str, str]]:
+    """The page's steps in order: ("cmd", a shell command) and ("py", a Python block).  On the README the demo
+    (the set-up block's last step) comes first and the set-up block is left out; on a docs page a block equal to
+    the README's set-up block is left out too (it is CI's own set-up: test_a_docs_setup_block_is_the_readmes)."""
+    setup = blocks("bash")[0]
+    steps: list[tuple[str, str]] = []
+    if page == README:
+        install, _tests = setup_block()
+        steps.append(("cmd", install.split("&&")[-1].strip()))
+    for i, (kind, body) in enumerate(items(page)):
+        if kind == "bash":
+            if body == setup:
+                assert page != README or i == 0, "the README's set-up block comes first"
+                continue
+            steps += [("cmd", c) for c in commands(body)]
+        else:
+            steps.append(("py", body))
+    return steps
+
+
+def page_commands(page: Path) -> list[str]:
+    return [text for kind, text in page_steps(page) if kind == "cmd"]
+
+
 def readme_commands() -> list[str]:
-    """The demo (last set-up step), then every command of the other shell blocks, in order."""
-    install, _tests = setup_block()
-    cmds = [install.split("&&")[-1].strip()]
-    for block in blocks("bash")[1:]:
-        cmds += commands(block)
-    return cmds
+    """The demo (last set-up step), then every command of the README's other shell blocks, in order."""
+    return page_commands(README)
+
+
+def test_a_docs_setup_block_is_the_readmes():
+    """A docs page that shows the set-up shows exactly the README's (which test_setup_commands_are_what_ci_runs
+    holds to .ci/run): a changed copy would not run anywhere."""
+    setup = blocks("bash")[0]
+    for page in pages()[1:]:
+        for kind, body in items(page):
+            if kind == "bash" and "pip install" in body:
+                assert body == setup, f"{page_name(page)}: a set-up block that is not the README's"
 
 
 #: the options by which a README command names what it writes
@@ -127,17 +175,23 @@ def _names(token: str) -> set[str]:
     return {part.split("/")[0] for part in parts if part and not part.startswith("-")}
 
 
-def readme_chains(cmds: list[str]) -> list[int]:
-    """The chain of each command: a command joins the chain of every earlier command whose output
-    (``--out``, ``-o``, ``--save-model``) it names, merging them; chains share no file, so they can
-    run side by side (pytest-xdist), each in README order in its own folder."""
+def readme_chains(cmds: list[str] | list[tuple[str, str]]) -> list[int]:
+    """The chain of each step (a command, or ("cmd" | "py", text)): a command joins the chain of every earlier
+    command whose output (``--out``, ``-o``, ``--save-model``) it names, merging them; a Python block joins the
+    chains of the earlier commands whose output it names as a string, and otherwise stands alone.  Chains share no
+    file, so they run side by side (pytest-xdist), each in page order in its own folder."""
     chain_of: list[int] = []
     writer: dict[str, int] = {}  # top-level output name -> the chain that wrote it
     new = 0
-    for cmd in cmds:
-        tokens = shlex.split(cmd)
-        outputs = {tokens[i + 1].split("/")[0] for i, t in enumerate(tokens[:-1]) if t in _OUTPUT_OPTIONS}
-        joined = {writer[name] for t in tokens for name in _names(t) if name in writer}
+    for step in cmds:
+        kind, text = step if isinstance(step, tuple) else ("cmd", step)
+        if kind == "cmd":
+            tokens = shlex.split(text)
+            outputs = {tokens[i + 1].split("/")[0] for i, t in enumerate(tokens[:-1]) if t in _OUTPUT_OPTIONS}
+            joined = {writer[name] for t in tokens for name in _names(t) if name in writer}
+        else:
+            outputs = set()
+            joined = {writer[name] for s in string_constants(text) for name in _names(s) if name in writer}
         if joined:
             chain = min(joined)
         else:
@@ -164,6 +218,9 @@ def test_readme_chains_follow_the_files_commands_share():
     ]
     assert readme_chains(cmds) == [0, 1, 1, 1, 1, 3, 3, 1, 1]
     assert readme_chains(cmds[:-1]) == [0, 1, 2, 1, 1, 3, 3, 2]
+    # a Python block that names a command's output runs after it in its chain; one that names none stands alone
+    steps = [("cmd", "posfair fit --out repaired"), ("py", 'm = load("repaired")'), ("py", 'x = "other"')]
+    assert readme_chains(steps) == [0, 0, 1]
 
 
 def command_outputs(cmd: str) -> set[str]:
@@ -212,20 +269,19 @@ def check_left_ignored(folder: Path, what: str) -> None:
 def test_each_readme_example_writes_names_of_its_own_which_git_ignores():
     """Issue 49 item 6: the Python evaluator block and the CLI audit both wrote ``audit-out`` and ``cache``, so the
     command warned that it replaced the block's results, and a clone ran through the README held 21 untracked
-    folders.  Each name a README command writes is written by that command alone and by no Python block (a block
-    names no command's output), and .gitignore covers it; what every example writes is checked where it runs
-    (test_every_python_block_runs_alone, the chain classes)."""
-    writers: dict[str, list[str]] = {}
-    for cmd in readme_commands():
-        for name in command_outputs(cmd):
-            writers.setdefault(name, []).append(cmd)
-    twice = {name: cmds for name, cmds in writers.items() if len(cmds) > 1}
-    assert writers and not twice, twice
-    for index, code in enumerate(blocks("python")):
-        shared = string_constants(code) & set(writers)
-        assert not shared, f"Python block {index + 1} names what a README command writes: {sorted(shared)}"
-    for name in writers:
-        assert ignored(name, is_dir=not Path(name).suffix), f"{name}: not in .gitignore"
+    folders.  On each page, each name a command writes is written by that command alone, a Python block that
+    names it runs after it in its chain (it reads it), and .gitignore covers it; what every example writes is
+    checked where it runs (the chain classes, test_every_python_block_runs_alone)."""
+    for page in pages():
+        writers: dict[str, list[str]] = {}
+        for cmd in page_commands(page):
+            for name in command_outputs(cmd):
+                writers.setdefault(name, []).append(cmd)
+        twice = {name: cmds for name, cmds in writers.items() if len(cmds) > 1}
+        assert not twice, (page_name(page), twice)
+        for name in writers:
+            assert ignored(name, is_dir=not Path(name).suffix), f"{page_name(page)}: {name}: not in .gitignore"
+    assert any(page_commands(page) for page in pages())
 
 
 def test_the_ignore_check_reads_gitignore_as_git_does():
@@ -235,7 +291,8 @@ def test_the_ignore_check_reads_gitignore_as_git_does():
     git = shutil.which("git")
     if git is None or subprocess.run([git, "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
-    names = {(name, not Path(name).suffix) for cmd in readme_commands() for name in command_outputs(cmd)}
+    names = {(name, not Path(name).suffix) for page in pages() for cmd in page_commands(page)
+             for name in command_outputs(cmd)}  # fmt: skip
     names |= {("README.md", False), ("src", True), ("tests", True), ("posfair-demo", True), ("notes.txt", False),
               (".emb.parquet.posfair-cache", True), ("__pycache__", True), ("posfair-demo", False)}  # fmt: skip
     for name, is_dir in sorted(names):
@@ -267,9 +324,9 @@ def test_the_readme_curl_commands_end_their_output_with_a_newline(tmp_path):
         def log_message(self, *args):
             pass
 
-    _serve_cmd, cmds, _pys = serve_section(README.read_text(encoding="utf-8"))
-    curls = [c for c in cmds if c.startswith("curl ")]
-    assert len(curls) >= 2, cmds
+    sections = [s for s in (serve_section(p.read_text(encoding="utf-8")) for p in pages()) if s is not None]
+    curls = [c for _serve_cmd, cmds, _pys in sections for c in cmds if c.startswith("curl ")]
+    assert len(sections) >= 2 and len(curls) >= 3, curls
     httpd = http.server.HTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
@@ -283,12 +340,19 @@ def test_the_readme_curl_commands_end_their_output_with_a_newline(tmp_path):
 
 
 def test_the_readme_has_commands():
-    assert len(readme_commands()) > 5
+    assert len(readme_commands()) > 3
+    assert sum(len(page_commands(p)) for p in pages()) > 15
 
 
-def _run_readme_command(index: int, folder: Path) -> None:
-    """A README command exits 0 in its chain's folder; the demo's index and the benchmark's size are checked."""
-    cmd = readme_commands()[index]
+def _run_step(page: Path, index: int, folder: Path) -> None:
+    """A page's step in its chain's folder: a command exits 0 (the demo's index and a built benchmark's size are
+    checked; a Ray command leaves no Ray instance behind), a Python block runs; either leaves only ignored names."""
+    kind, text = page_steps(page)[index]
+    if kind == "py":
+        _run_python(text, f"{page_name(page)} python step {index + 1}", folder)
+        check_left_ignored(folder, f"{page_name(page)}'s examples up to step {index + 1}")
+        return
+    cmd = text
     args = _forkable(cmd)
     session = None
     if args is None:
@@ -300,19 +364,30 @@ def _run_readme_command(index: int, folder: Path) -> None:
         session = session_of(run.pid, before)  # the Ray instance the command started, if it started one
     assert res.returncode == 0, f"{cmd}\n--- stdout\n{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
     assert "replacing the results" not in res.stderr, f"{cmd} replaced an earlier example's results: {res.stderr}"
-    check_left_ignored(folder, f"the README's commands up to {cmd!r}")
-    if index == 0:
+    check_left_ignored(folder, f"{page_name(page)}'s commands up to {cmd!r}")
+    if page == README and index == 0:
         _check_demo_index(folder / "posfair-demo")
     if cmd.startswith("posfair build-benchmark"):
-        _check_benchmark_size(folder / "bench")
+        _check_benchmark_size(folder / command_outputs(cmd).pop())
     if "--workers" in cmd or "--ray-address" in cmd:
-        _check_ray_embed(cmd, res, session, folder)
+        _check_ray_embed(page, cmd, res, session, folder)
     else:
         assert session is None, f"{cmd} started a Ray instance"
 
 
-def _check_ray_embed(cmd: str, res: subprocess.CompletedProcess, session: Path | None, folder: Path) -> None:
-    """The README's ``posfair embed --workers 2``: its own Ray instance, ended with every process of it when the
+def _run_python(code: str, name: str, folder: Path) -> None:
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__readme__"})
+    finally:
+        os.chdir(cwd)
+
+
+def _check_ray_embed(
+    page: Path, cmd: str, res: subprocess.CompletedProcess, session: Path | None, folder: Path
+) -> None:
+    """A page's ``posfair embed --workers 2``: its own Ray instance, ended with every process of it when the
     command ends; only posfair's own lines on the terminal; the vectors of the single-process ``embed`` before it
     (the same documents, model, calibration and token limit; other shards: equal to summation order)."""
     import numpy as np
@@ -330,8 +405,8 @@ def _check_ray_embed(cmd: str, res: subprocess.CompletedProcess, session: Path |
     assert not left, f"the command's Ray instance outlived it: {left}"
     # Ray's notice about its own token authentication and its C++ log lines are not passed on (they are with --debug)
     assert "Token authentication" not in res.stderr and not re.search(r"\.cc:\d+", res.stderr), res.stderr
-    # the single-process `posfair embed` before it in the README, with the same corpus, calibration and limit
-    single = next(c for c in readme_commands() if c.startswith("posfair embed") and "--workers" not in c)
+    # the single-process `posfair embed` before it on the page, with the same corpus, calibration and limit
+    single = next(c for c in page_commands(page) if c.startswith("posfair embed") and "--workers" not in c)
 
     def opt(c: str, name: str) -> str:
         tokens = shlex.split(c)
@@ -348,38 +423,73 @@ def _check_ray_embed(cmd: str, res: subprocess.CompletedProcess, session: Path |
     np.testing.assert_allclose(ray, local, rtol=0, atol=1e-5)
 
 
-def _chain_class(chain: int, indices: list[int]) -> type:
-    """The test class of one chain: its commands, one test each (pytest's progress moves), in README order, in
-    one folder.  pytest-xdist (``--dist loadscope``, pyproject.toml) runs a class on one worker, in order."""
+def _page_slug(page: Path) -> str:
+    return re.sub(r"\W", "_", page.relative_to(DOCS).with_suffix("").as_posix()).title().replace("_", "")
+
+
+def _chain_class(page: Path, chain: int, indices: list[int]) -> type:
+    """The test class of one chain of a page: its steps, one test each (pytest's progress moves), in page order,
+    in one folder.  pytest-xdist (``--dist loadscope``, pyproject.toml) runs a class on one worker, in order."""
+    steps = page_steps(page)
+
+    def step_id(i: int) -> str:
+        kind, text = steps[i]
+        return text.split()[1][:20] if kind == "cmd" else f"python{i + 1}"
 
     class Chain:
         @pytest.fixture(scope="class")
         def folder(self, tmp_path_factory) -> Path:
-            return tmp_path_factory.mktemp(f"readme-chain{chain}")
+            return tmp_path_factory.mktemp(f"docs-chain{chain}")
 
-        @pytest.mark.parametrize("index", indices, ids=[readme_commands()[i].split()[1][:20] for i in indices])
-        def test_command_runs(self, index, folder):
-            _run_readme_command(index, folder)
+        @pytest.mark.parametrize("index", indices, ids=[step_id(i) for i in indices])
+        def test_step_runs(self, index, folder):
+            _run_step(page, index, folder)
 
-    Chain.__name__ = Chain.__qualname__ = f"TestReadmeChain{chain}"
+    prefix = "TestReadmeChain" if page == README else f"TestDocs{_page_slug(page)}Chain"
+    Chain.__name__ = Chain.__qualname__ = f"{prefix}{chain}"
+    Chain.page = page
     return Chain
 
 
+def _chained(page: Path) -> dict[int, list[int]]:
+    """The page's chains (chain -> its step indices) that hold a command: a Python block alone runs on its own."""
+    steps, chains = page_steps(page), readme_chains(page_steps(page))
+    out: dict[int, list[int]] = {}
+    for i, c in enumerate(chains):
+        out.setdefault(c, []).append(i)
+    return {c: ix for c, ix in out.items() if any(steps[i][0] == "cmd" for i in ix)}
+
+
+def alone_blocks() -> list[tuple[Path, int]]:
+    """(page, step index) of every Python block that names no command's output: each runs alone."""
+    found = []
+    for page in pages():
+        in_chains = {i for ix in _chained(page).values() for i in ix}
+        found += [(page, i) for i, (kind, _) in enumerate(page_steps(page)) if kind == "py" and i not in in_chains]
+    return found
+
+
 def _define_chain_classes() -> None:
-    chains = readme_chains(readme_commands())
-    for chain in sorted(set(chains)):
-        cls = _chain_class(chain, [i for i, c in enumerate(chains) if c == chain])
-        globals()[cls.__name__] = cls
+    for page in pages():
+        for chain, indices in sorted(_chained(page).items()):
+            cls = _chain_class(page, chain, indices)
+            globals()[cls.__name__] = cls
 
 
 _define_chain_classes()
 
 
-def test_every_readme_command_is_in_one_chain_class():
-    """Every command runs, once: the chain classes' commands are the README's, each in one class."""
-    ran = [i for name, cls in globals().items() if name.startswith("TestReadmeChain")
-           for i in cls.test_command_runs.pytestmark[0].args[1]]  # fmt: skip
-    assert sorted(ran) == list(range(len(readme_commands())))
+def test_every_step_is_in_one_chain_class_or_runs_alone():
+    """Every command and block of every page runs, once: in one chain class, or (a Python block) alone."""
+    ran = {}
+    for name, cls in globals().items():
+        if name.startswith(("TestReadmeChain", "TestDocs")):
+            for i in cls.test_step_runs.pytestmark[0].args[1]:
+                ran.setdefault(page_name(cls.page), []).append(i)
+    for page, i in alone_blocks():
+        ran.setdefault(page_name(page), []).append(i)
+    for page in pages():
+        assert sorted(ran.get(page_name(page), [])) == list(range(len(page_steps(page)))), page_name(page)
 
 
 def _check_benchmark_size(path: Path) -> None:
@@ -404,24 +514,26 @@ def _check_demo_index(out: Path) -> None:
         assert model in report, (folder, model)
 
 
-@pytest.mark.parametrize("index", range(len(blocks("python"))))
-def test_every_python_block_runs_alone(index, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    code = blocks("python")[index]
-    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
-    # what it wrote is its own (no command writes it, no other block names it), and git ignores it in a clone
-    check_left_ignored(tmp_path, f"Python block {index + 1}")
+@pytest.mark.parametrize(("page", "index"), alone_blocks(), ids=[f"{page_name(p)}:{i + 1}" for p, i in alone_blocks()])
+def test_every_python_block_runs_alone(page, index, tmp_path):
+    code = page_steps(page)[index][1]
+    _run_python(code, f"{page_name(page)} python step {index + 1}", tmp_path)
+    # what it wrote is its own (no command of its page writes it, no other block there names it), and git ignores
+    # it in a clone
+    check_left_ignored(tmp_path, f"{page_name(page)} python step {index + 1}")
     made = {name for name, _ in written(tmp_path)}
-    commands_write = {name for cmd in readme_commands() for name in command_outputs(cmd)}
-    others = set().union(*(string_constants(b) for i, b in enumerate(blocks("python")) if i != index))
-    assert not made & (commands_write | others), f"Python block {index + 1} writes what another example does"
+    commands_write = {name for cmd in page_commands(page) for name in command_outputs(cmd)}
+    others = set().union(
+        *(string_constants(b) for i, (k, b) in enumerate(page_steps(page)) if k == "py" and i != index)
+    )
+    assert not made & (commands_write | others), f"{page_name(page)} step {index + 1} writes what another example does"
 
 
 def test_the_demo_is_the_chain_the_suite_starts_first():
     """tests/conftest.py collects TestReadmeChain0 first (the longest test): that chain is the demo, alone."""
     from suite_order import LONG_FIRST, scope_rank
 
-    chains = readme_chains(readme_commands())
+    chains = readme_chains(page_steps(README))
     assert readme_commands()[0].endswith("posfair demo") and chains.count(0) == 1
     assert LONG_FIRST[0] == "tests/test_readme.py::TestReadmeChain0"
     assert scope_rank("tests/test_readme.py::TestReadmeChain0::test_command_runs[demo]") == 0
@@ -509,9 +621,13 @@ def run_serve_section(text: str, folder: Path, while_up=None) -> list[str]:
     return outputs
 
 
-@pytest.mark.skipif(serve_section(README.read_text(encoding="utf-8")) is None, reason="the README has no serve section")
-def test_the_readme_serve_section(tmp_path):
-    """The README's ``posfair serve`` section as written: its server, its curl commands and openai block against it.
+def serve_pages() -> list[Path]:
+    return [p for p in pages() if serve_section(p.read_text(encoding="utf-8")) is not None]
+
+
+@pytest.mark.parametrize("page", serve_pages(), ids=page_name)
+def test_the_serve_sections(page, tmp_path):
+    """A page's ``posfair serve`` section as written: its server, its curl commands and openai block against it.
 
     The section's server runs without ``--truncate`` (the module server of tests/serve runs with it), so the
     over-limit refusal is checked over HTTP here: a text over the token limit gets 400 in OpenAI's error shape."""
@@ -530,4 +646,8 @@ def test_the_readme_serve_section(tmp_path):
         assert error["code"] == "context_length_exceeded" and error["param"] == "input", error
         assert set(error) == {"message", "type", "param", "code"}
 
-    run_serve_section(README.read_text(encoding="utf-8"), tmp_path, while_up=over_the_limit)
+    run_serve_section(page.read_text(encoding="utf-8"), tmp_path, while_up=over_the_limit)
+
+
+def test_the_readme_and_a_guide_each_have_a_serve_section():
+    assert [page_name(p) for p in serve_pages()] == ["README.md", "docs/guides/serving.md"]
