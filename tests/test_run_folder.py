@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from posfair.files.atomic import atomic_write_text
-from posfair.files.run_folder import JOURNAL, MANIFEST, RESULT_FORMAT, RunFolder, RunFolderWarning
+from posfair.files.run_folder import (
+    JOURNAL,
+    MANIFEST,
+    RESULT_FORMAT,
+    RunFolder,
+    RunFolderWarning,
+    refuse_other_command,
+)
 from posfair.runtime.errors import PosfairInputError
 
 
@@ -69,7 +76,10 @@ def test_files_changed_since_posfair_wrote_them_and_files_it_never_wrote_are_kep
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert rf.removed == [] and rf.kept == ["old_table.csv"]
     assert len(said) == 1
-    assert "2 files were not written by this audit and are kept (1 changed since posfair wrote them" in said[0]
+    assert (
+        "2 files were not written by this audit and are kept (1 changed since posfair wrote it, the other not "
+        "made by posfair" in said[0]
+    )
     assert "old_table.csv" in said[0] and "notes.txt" in said[0]
 
 
@@ -96,7 +106,7 @@ def test_state_folders_and_nested_run_folders_are_left_alone(tmp_path):
 def test_another_commands_folder_is_refused_before_anything_is_written(tmp_path):
     _run(tmp_path, {"runs/stock.json": "{}"}, command="retrieval")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(PosfairInputError, match=r"holds the results of 'posfair retrieval'"):
+    with pytest.raises(PosfairInputError, match=r"holds the results of 'posfair retrieval' \(posfair-run.json\)"):
         with RunFolder(tmp_path, "audit", {}):
             raise AssertionError("not reached")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
@@ -194,3 +204,49 @@ def test_independent_parts_of_one_folder_keep_each_others_files(tmp_path):
     assert rf.removed == [] and (tmp_path / "eng-Latn" / "a" / "corpus.parquet").read_text() == "a"
     assert list(json.loads((tmp_path / "posfair-run.b.json").read_text())["files"]) == ["eng-Latn/b/corpus.parquet"]
     assert list(json.loads((tmp_path / "posfair-run.a.json").read_text())["files"]) == ["eng-Latn/a/corpus.parquet"]
+
+
+def test_one_file_kept_or_removed_is_counted_in_the_singular(tmp_path, caplog):
+    """Issue 57 item 4.4: "1 files were not written by this audit" read badly; every count here agrees with it."""
+    import logging
+
+    _run(tmp_path, {"a.csv": "1", "b.csv": "2"})
+    (tmp_path / "notes.txt").write_text("mine")
+    with caplog.at_level(logging.INFO, logger="posfair.files.run_folder"):
+        _, said = _run(tmp_path, {"a.csv": "1"})
+    assert said == [
+        f"{tmp_path}: 1 file was not written by this audit and is kept (not made by posfair or by a version "
+        f"without {MANIFEST}): notes.txt; this run's files are listed in {MANIFEST}"
+    ]
+    assert f"{tmp_path}: removed 1 file of the earlier run that this one did not write" in caplog.messages
+    (tmp_path / "a.csv").write_text("edited")
+    _, said = _run(tmp_path, {"c.csv": "3"}, key={"a": 1})
+    assert (
+        "2 files were not written by this audit and are kept (1 changed since posfair wrote it, the other not "
+        "made by posfair" in said[0]
+    )
+    only = tmp_path / "only-changed"
+    _run(only, {"a.csv": "1"})
+    (only / "a.csv").write_text("edited")
+    _, said = _run(only, {"b.csv": "2"})
+    assert "1 file was not written by this audit and is kept (changed since posfair wrote it): a.csv;" in said[0]
+
+
+def test_a_folder_of_another_command_is_refused_without_opening_it(tmp_path):
+    """The refusal a command makes with its options' checks (before any work): the folder's manifest or one of its
+    parts' names another command; a folder of the same command, an empty one and a missing one pass, unchanged."""
+    refuse_other_command(tmp_path / "missing", "audit")
+    refuse_other_command(tmp_path, "audit")
+    with RunFolder(tmp_path, "build-benchmark", {"domain": "a"}, part="a"):
+        atomic_write_text(tmp_path / "eng-Latn" / "a" / "corpus.parquet", "a")
+    refuse_other_command(tmp_path, "build-benchmark")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(
+        PosfairInputError, match=r"holds the results of 'posfair build-benchmark' \(posfair-run.a.json\)"
+    ):
+        refuse_other_command(tmp_path, "audit")
+    with pytest.raises(PosfairInputError, match=r"posfair-run.a.json\), which this command does not replace"):
+        with RunFolder(tmp_path, "audit", {}):  # before: only its own manifest was read, and the audit wrote here
+            raise AssertionError("not reached")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "missing").exists()

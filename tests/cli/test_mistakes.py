@@ -8,6 +8,8 @@ Mistakes are caught before any work: only the few that depend on the model
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -438,7 +440,26 @@ MISTAKES = [
     ("verify-not-a-store", "verify {t}/nomodel", "STORE {t}/nomodel: is not a posfair embedding store", None),
     # the root
     ("unknown-command", "embedd -o {t}/store", "no such command 'embedd'", None),
-]
+    # a corpus that is not UTF-8, for every command that reads one: the file, the line and the byte (issue 57)
+    *[
+        (f"{command.split(' -o')[0].replace(' --', '-')}-corpus-not-utf8", f"{command} --corpus {{t}}/latin1.jsonl",
+         "{t}/latin1.jsonl: line 2 is not UTF-8 text (invalid continuation byte at byte 40 of the line)", None)
+        for command in ("audit -o {t}/out", "build-benchmark -o {t}/out", "attention -o {t}/out",
+                        "estimate-prior -o {t}/prior.json", "fit -o {t}/out", "tune -o {t}/out",
+                        "embed -o {t}/store", "embed --text-field body -o {t}/store")
+    ],
+    # a calibration named by its label, misspelt, or by a label that cannot carry a prior's values (issue 57)
+    ("audit-calibration-misspelt", "audit --calibration defualt -o {t}/out", "got 'defualt'; did you mean 'default'?",
+     None),
+    ("audit-calibration-label-prior", "audit --calibration B16-L0.5-a1-prior -o {t}/out",
+     "--calibration B16-L0.5-a1-prior: calibration label 'B16-L0.5-a1-prior': -prior names the positional prior by "
+     "name only, not its values: give its file (the JSON posfair estimate-prior writes) after the label, "
+     "B16-L0.5-a1-prior,prior=FILE", None),
+    ("encode-calibration-label-ambiguous", "encode -i {t}/in.txt -o {t}/o.npy --calibration B16-L6-a1",
+     "--calibration B16-L6-a1: calibration label 'B16-L6-a1': L6 is ambiguous", None),
+    ("retrieval-calibration-label-unknown", "retrieval -b {t}/nomodel --calibration B16-L0.5-a1-risign -o {t}/out",
+     "unknown setting 'risign'", None),
+]  # fmt: skip
 # mistakes only the loaded (bundled) model can tell
 MODEL_MISTAKES = [
     ("encode-layers-beyond-the-model", "encode -i {t}/in.txt -o {t}/o.npy --layers 0+99", "--calibration 128,0+99,0.5: layers [99] out of "
@@ -454,6 +475,10 @@ def files(tmp_path):
     """The inputs the mistakes refer to."""
     (tmp_path / "in.txt").write_text("a text\nanother text\n")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    rows = [{"id": "t1", "lang": "en", "text": "coffee", "body": "x"}, {"id": "t1", "lang": "fr", "text": "caf\xe9"}]
+    (tmp_path / "latin1.jsonl").write_bytes(
+        b"".join(json.dumps(r, ensure_ascii=False).encode("latin-1") + b"\n" for r in rows)
+    )
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "records.jsonl").write_text('{"id": "a", "lang": "en", "body": "no text field"}\n')
     (tmp_path / "afile").write_text("not a folder")
@@ -605,3 +630,43 @@ def test_a_pipeline_error_is_the_users_only_when_the_library_says_so(files, monk
     monkeypatch.setattr(posfair.fairness.pipeline, "audit", failing)
     res = run("audit --langs en --n 3 --docs 10 --out {t}/audit-out", files)
     assert (res.exit_code, res.stderr.splitlines()) == (code, [line])
+
+
+#: every command that writes a run folder, and the command whose results the folder holds
+RUN_FOLDER_COMMANDS = [
+    ("audit -o {t}/done", "demo"),
+    ("tune -o {t}/done", "demo"),
+    ("attention -o {t}/done", "demo"),
+    ("build-benchmark -o {t}/done", "demo"),
+    ("retrieval -b posir -o {t}/done", "demo"),
+    ("sweep -b posir -o {t}/done", "audit"),
+    ("demo -o {t}/done", "audit"),
+]
+
+
+@pytest.mark.parametrize(("argv", "other"), RUN_FOLDER_COMMANDS, ids=[c[0].split()[0] for c in RUN_FOLDER_COMMANDS])
+def test_a_folder_of_another_commands_results_is_refused_before_any_work(files, monkeypatch, argv, other):
+    """Issue 57 item 4.5: ``audit --out`` a folder of ``posfair demo``'s results drew progress bars and encoded for
+    ~14 s before it refused; now every command writing a run folder refuses it with its options' checks: one line,
+    exit 2, no model loaded, nothing printed or written."""
+    import time
+
+    from posfair.cli import checks
+    from posfair.files.atomic import atomic_write_text
+    from posfair.files.run_folder import RunFolder
+
+    monkeypatch.setattr(checks, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with RunFolder(files / "done", other, {"made": "elsewhere"}):
+        atomic_write_text(files / "done" / "report.html", "another command's report")
+    before = {p: p.read_bytes() for p in (files / "done").rglob("*")}
+    t0 = time.perf_counter()
+    result = run(argv, files)
+    check_one_error_line(
+        result,
+        f"--out {{t}}/done: holds the results of 'posfair {other}' (posfair-run.json), which this command does not "
+        "replace: give another folder",
+        files,
+    )
+    assert time.perf_counter() - t0 < 20  # before: the audit ran (encoding ~14 s) and refused when it wrote
+    assert result.stdout == ""
+    assert {p: p.read_bytes() for p in (files / "done").rglob("*")} == before

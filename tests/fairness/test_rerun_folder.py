@@ -48,6 +48,6 @@ def test_a_rerun_with_other_calibrations_and_languages_removes_the_earlier_table
         "replacing the results of an earlier audit made from other inputs (changed: calibrations, corpus, settings)"
         in said
     )
-    assert "1 files were not written by this audit and are kept" in said and "notes.txt" in said
+    assert "1 file was not written by this audit and is kept" in said and "notes.txt" in said
     # the observations say the same: only the new calibration
     assert set(pd.read_parquet(out / "observations.parquet")["calibration"]) == {"stock", "B32-L0.5-a1"}

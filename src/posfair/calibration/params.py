@@ -13,7 +13,7 @@ share).  The settings a model's pooling decides (``isolate_bos``, ``isolate_eos`
 
 The string forms -- :meth:`Calibration.label` (short, for tables), :meth:`Calibration.describe` (in
 words), :meth:`Calibration.spec` (the command-line form, which :meth:`Calibration.parse` reads back
-exactly) -- are all written from one table of the settings beyond ``B,layers,alpha``
+exactly, as it reads a label back) -- are all written from one table of the settings beyond ``B,layers,alpha``
 (:data:`posfair.calibration.spelling._FORMS`); :meth:`Calibration.key` is a digest of :meth:`Calibration.to_dict`.
 
 The parts live by job, and every name is also importable from here: the values a setting takes and
@@ -59,8 +59,11 @@ from posfair.calibration.spelling import (
     _layers_text,
     _number,
     _read_share,
+    did_you_mean,
+    is_label,
     layers_label,
     parse_layers,
+    read_label,
 )
 
 __all__ = [
@@ -427,8 +430,8 @@ class Calibration:
     def label(self) -> str:
         """The one name of the setting, in every output (terminal, tables, reports, figures, file names, serve), e.g.
         ``B128-L0.5-a0.5``, ``B16-Llast1-a1-bos1-eos1-bw0.1-ew0.1`` (layers as :func:`layers_label` writes them:
-        ``Llast1`` the last layer, ``Lall`` every layer; a prior by its shape and digest; not read back:
-        :meth:`spec` is the form that parses)."""
+        ``Llast1`` the last layer, ``Lall`` every layer; a prior by its shape and digest).  :meth:`parse` reads it
+        back (a prior's or per-head strengths' values, which it names by a digest only, given after it)."""
         head = [f"B{self.basket_size}", f"L{layers_label(self.layers)}", f"a{self.strength:g}"]
         return "-".join(head + [form.label(v) for form, v in self._given()])
 
@@ -476,16 +479,26 @@ class Calibration:
         and the fields ``special=`` sets, one by one (``isolate_bos=true|false``, ``isolate_eos=true|false``,
         ``bos_weight=SHARE``, ``eos_weight=SHARE``), and ``queries=pool|all`` (the last three left out: the
         model's pooling decides).
+
+        Also a label as :meth:`label` and :meth:`figure_label` print it (``B128-L0.5-a0.5``, ``B64-Llast1-a1``,
+        ``B16-L0.5-a1-rising``), read back to the setting it names
+        (:func:`~posfair.calibration.spelling.read_label`); a prior or per-head strengths, which a label names
+        by a digest only, follow it as in a spec (``B16-L0.5-a1-prior20x6.1a2b3c,prior=prior.json``) and must
+        have that digest.  A misspelt word gets a suggestion (``defualt``: did you mean 'default'?).
         """
         if spec.strip().lower() == "default":
             return cls()
+        if is_label(spec):
+            return cls(**read_label(spec))
         parts = [p.strip() for p in spec.split(",")]
         head = [p for p in parts if "=" not in p]
         tail = [p for p in parts if "=" in p]
         if len(head) != 3 or parts[:3] != head:
+            word = spec.strip().lower() if len(parts) == 1 and not tail else ""
             raise ValueError(
                 f"calibration spec must be 'BASKET,LAYERS,STRENGTH' (e.g. 128,0.5,0.5), optionally followed by "
-                f"{_KNOWN_SETTINGS}, or 'default'; got {spec!r}"
+                f"{_KNOWN_SETTINGS}, a label as tables print it (e.g. B128-L0.5-a0.5), or 'default'; got {spec!r}"
+                + did_you_mean(word, ("default",))
             )
         b, layers_s, a = head
         try:
@@ -512,7 +525,11 @@ class Calibration:
                 form = _FORM_BY_NAME[name]
                 kw[form.field] = form.read(value, where)
             else:
-                raise ValueError(f"unknown variant {name!r} in calibration spec {spec!r} (known: {_KNOWN_SETTINGS})")
+                known = ["special", *_FORM_BY_NAME]
+                raise ValueError(
+                    f"unknown variant {name!r} in calibration spec {spec!r} (known: {_KNOWN_SETTINGS})"
+                    + did_you_mean(name, known)
+                )
         both = [n for n in given if n in _SPECIAL_FIELDS]
         if "special" in given and both:
             raise ValueError(

@@ -58,7 +58,7 @@ class AttentionOptions:
 
     def checked(self) -> AttentionOptions:
         """These options once the output folder and the model's source and device are checked."""
-        checks.output_folder(self.out)
+        checks.output_folder(self.out, command="attention")
         self.model.checked()
         return self
 
@@ -168,6 +168,7 @@ def attention(
 
 def attention_run(options: AttentionOptions) -> None:
     """Check everything, read the corpus, load the model, profile and print the table."""
+    o = options.checked()
     # the model and the plots are imported only when they are needed, after the checks (--help and mistakes stay fast)
     from posfair.attention.profile import resolve_layers
     from posfair.cli.error_boundary import data_errors, naming
@@ -175,7 +176,6 @@ def attention_run(options: AttentionOptions) -> None:
     from posfair.cli.terminal import say, table
     from posfair.cli.terminal_progress import progress_bars
 
-    o = options.checked()
     data = load_corpus(o.corpus, sorted(set(o.langs)))
     fm = checks.load_model(o.model)
     with naming("--profile-layers", layers_text(o.layers)):

@@ -244,7 +244,7 @@ class AuditOptions:
     def checked(self) -> AuditOptions:
         """These options once the folders and the model's source and device are checked, and the settings where
         the configurations are known before the corpus is read (with ``all`` they come from it)."""
-        checks.output_folder(self.out)
+        checks.output_folder(self.out, command="audit")
         checks.cache_folder(self.cache)
         self.model.checked()
         configs, grid_all = self.configs

@@ -99,7 +99,7 @@ def _check_options(budget_langs, langs, out: Path, model, max_seq_length) -> che
         raise input_error(
             "--budget-langs", ",".join(budget_langs), f"{', '.join(outside)} not among --lang {','.join(langs)}"
         )
-    checks.output_folder(out)
+    checks.output_folder(out, command="build-benchmark")
     return checks.ModelOptions(model, max_seq_length=max_seq_length).checked()
 
 

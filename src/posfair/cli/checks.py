@@ -48,8 +48,10 @@ def _not_writable(path: Path) -> Path | None:
     return None
 
 
-def output_folder(path: Path, option: str = "--out") -> Path:
-    """An output folder: may exist (as a folder), else must be creatable."""
+def output_folder(path: Path, option: str = "--out", command: str | None = None) -> Path:
+    """An output folder: may exist (as a folder), else must be creatable; with ``command`` (the command's run folder),
+    a folder that holds another command's results is refused too, as :class:`~posfair.files.run_folder.RunFolder`
+    would refuse it once the work is done."""
     if path.exists() and not path.is_dir():
         raise input_error(option, path, "is an existing file, not a folder")
     blocked = _blocking_file(path)
@@ -58,6 +60,13 @@ def output_folder(path: Path, option: str = "--out") -> Path:
     locked = _not_writable(path)
     if locked is not None:
         raise input_error(option, path, f"cannot write in {locked} (permission denied)")
+    if command is not None:
+        from posfair.files.run_folder import refuse_other_command
+
+        try:
+            refuse_other_command(path, command)
+        except PosfairInputError as exc:  # named as every option's mistake: --out DIR: ...
+            raise input_error(option, path, str(exc).removeprefix(f"{path}: ")) from None
     return path
 
 

@@ -180,7 +180,7 @@ def demo(
 ) -> None:
     """Audit the bundled models on the bundled corpus, stock vs the default calibration: MiniLM on English n=3,4; multilingual-e5-small on English and German-then-English n=3."""
     spec = checks.inference_choice(inference, bootstrap_draws, bootstrap_weights, bootstrap_seed, clusters)
-    checks.output_folder(out)
+    checks.output_folder(out, command="demo")
     checks.cache_folder(cache)
     run_demo(out, docs, cache, spec)
     from posfair.cli.terminal import say

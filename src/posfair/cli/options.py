@@ -11,7 +11,7 @@ The vocabulary:
 * ``--model/-m``: a hub id or a local folder; ``bundled`` or nothing = the bundled
   all-MiniLM-L6-v2.
 * ``--corpus/-c``: a corpus file, folder or dataset (``-c`` means nothing else).
-* ``--calibration``: ``default`` or ``BASKET,LAYERS,STRENGTH`` (parsed by
+* ``--calibration``: ``default``, ``BASKET,LAYERS,STRENGTH`` or a label ``B128-L0.5-a0.5`` (parsed by
   :meth:`posfair.calibration.params.Calibration.parse` only); repeatable where a
   command compares several.
 * lists (``--lang``, ``--n``, ``--mixed``, ``--domains``, ``--baskets``, ...): comma-separated
@@ -137,7 +137,7 @@ CalibrationOption = Annotated[
         metavar="B,LAYERS,STRENGTH[,VARIANT=VALUE]",
         parser=calibration_spec,
         show_default="none (stock)",
-        help="Calibrate with 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json; variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted, schedule=flat|rising|falling.",
+        help="Calibrate with 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json, or a label as tables print it (B64-Llast1-a1); variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted, schedule=flat|rising|falling.",
     ),
 ]
 Calibrations = Annotated[
@@ -147,7 +147,7 @@ Calibrations = Annotated[
         metavar="B,LAYERS,STRENGTH[,VARIANT=VALUE]",
         parser=calibration_spec,
         show_default="none (stock only)",
-        help="A calibration to compare with the stock model, repeatable: 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json; variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted, schedule=flat|rising|falling.",
+        help="A calibration to compare with the stock model, repeatable: 'default' (= 128,0.5,0.5) or BASKET,LAYERS,STRENGTH[,VARIANT=VALUE...], e.g. 64,1,1.0, 128,6+7+8,0.5 or 16,1.0,1,prior=prior.json, or a label as tables print it (B64-Llast1-a1); variants: prior=FILE (posfair estimate-prior), self=RHO, special=original|equal|SHARE, trailing=basket|merge|weighted, schedule=flat|rising|falling.",
     ),
 ]
 BasketSize = Annotated[

@@ -41,7 +41,8 @@ def _bad(message: str) -> typer.BadParameter:
 
 
 def calibration_spec(value: Any):
-    """``default`` or ``BASKET,LAYERS,STRENGTH`` as a :class:`~posfair.calibration.params.Calibration`."""
+    """``default``, ``BASKET,LAYERS,STRENGTH[,NAME=VALUE...]`` or a label (``B128-L0.5-a0.5``) as a
+    :class:`~posfair.calibration.params.Calibration` (:meth:`~posfair.calibration.params.Calibration.parse`)."""
     from posfair.calibration.params import Calibration
 
     if not isinstance(value, str):

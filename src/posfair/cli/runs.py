@@ -171,7 +171,7 @@ class BenchmarkOptions:
         """These options once the folders, the benchmark's source, the extras they need and the model's source and
         device are checked."""
         if self.out is not None:
-            checks.output_folder(self.out)
+            checks.output_folder(self.out, command="retrieval")  # sweep too: one kind of run folder
         checks.cache_folder(self.cache)
         checks.benchmark_source(self.benchmark)
         if self.sea:

@@ -100,7 +100,7 @@ RequestCalibration = Annotated[
     bool,
     typer.Option(
         "--request-calibration",
-        help="Let a request choose its calibration ('stock', 'default' or a spec; never a prior file).",
+        help="Let a request choose its calibration ('stock', 'default', a spec or a label; never a prior file).",
     ),
 ]
 

@@ -340,7 +340,7 @@ class TuneOptions:
         """These options once the benchmark's source, the folders and the model's source and device are checked."""
         if self.benchmark is not None:
             checks.benchmark_source(self.benchmark)
-        checks.output_folder(self.out)
+        checks.output_folder(self.out, command="tune")
         checks.cache_folder(self.cache)
         if self.save_model is not None:
             checks.output_folder(self.save_model, "--save-model")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from posfair.files.reading import jsonl_records
+from posfair.files.reading import jsonl_records, read_utf8, split_lines
 from posfair.runtime.errors import PosfairInputError
 
 REQUIRED_FIELDS = ("id", "lang", "text")
@@ -137,7 +137,7 @@ def validate_corpus(df: pd.DataFrame, *, origin: str = "corpus") -> pd.DataFrame
 
 
 def _read_jsonl(path: Path) -> pd.DataFrame:
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path, CorpusError)  # not UTF-8: the file, the line and the byte, as every input file
     stripped = text.lstrip()
     if stripped.startswith("["):  # a single JSON array of records is accepted too
         try:
@@ -147,7 +147,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
         if not all(isinstance(r, dict) for r in records):
             raise CorpusError(f"{path}: the JSON array must hold objects (one record each)")
         return pd.DataFrame.from_records(records)
-    records = [rec for _, rec in jsonl_records(text.splitlines(), path, CorpusError)]
+    records = [rec for _, rec in jsonl_records(split_lines(text), path, CorpusError)]
     if not records:
         raise CorpusError(f"{path}: no records")
     return pd.DataFrame.from_records(records)

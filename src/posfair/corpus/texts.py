@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from posfair.corpus.aligned import load_corpus
 from posfair.corpus.posir_layout import POSIR_HUB_ID, is_posir_tree, posir_languages, read_posir
-from posfair.files.reading import check_texts, jsonl_records
+from posfair.files.reading import check_texts, jsonl_records, read_utf8, split_lines
 
 __all__ = ["BENCHMARK_PARTS", "read_benchmark_texts", "read_corpus_texts"]
 
@@ -92,10 +92,12 @@ def read_benchmark_texts(source: str | None, part: str, *, lang: str | None = No
 def _has_posfair_fields(path: Path) -> bool:
     if path.suffix.lower() in (".parquet", ".pq"):
         names = set(pq.read_schema(path).names)
-    else:
-        with open(path, encoding="utf-8") as fh:
-            first = next((line for line in fh if line.strip()), "{}")
-        rec = json.loads(first)
+    else:  # a file that is not UTF-8 is refused naming the line and the byte, as every input file
+        first = next((line for line in split_lines(read_utf8(path)) if line.strip()), "{}")
+        try:
+            rec = json.loads(first)
+        except json.JSONDecodeError:
+            return False  # read as plain records, which names the line that is not JSON
         names = set(rec) if isinstance(rec, dict) else set()
     return {"id", "lang", "text"} <= names
 
@@ -108,10 +110,10 @@ def _read_text_column(path: Path, field: str) -> list[str]:
         texts = pq.read_table(path, columns=[field]).column(field).to_pylist()
     else:
         texts, lines = [], []
-        with open(path, encoding="utf-8") as fh:
-            for n, rec in jsonl_records(fh, path, ValueError, expected=f"an object with a {field!r} field"):
-                if field not in rec:
-                    raise ValueError(f"{path}: line {n} has no field {field!r}")
-                texts.append(rec[field])
-                lines.append(n)
+        records = jsonl_records(split_lines(read_utf8(path)), path, expected=f"an object with a {field!r} field")
+        for n, rec in records:
+            if field not in rec:
+                raise ValueError(f"{path}: line {n} has no field {field!r}")
+            texts.append(rec[field])
+            lines.append(n)
     return check_texts(texts, str(path), field, lines)

@@ -191,20 +191,7 @@ def read_texts(
     if suffix not in TEXT_FILE_TYPES:
         raise PosfairInputError(f"{path}: unsupported input type {suffix!r}: use .txt, .jsonl or .parquet")
     if suffix in (".txt", ".jsonl", ".json"):
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PosfairInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        try:
-            raw = data.decode("utf-8-sig")  # a byte-order mark at the start is not part of the first text
-        except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
-            column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-            raise PosfairInputError(
-                f"{path}: line {line} is not UTF-8 text ({exc.reason} at byte {column} of the line)"
-            ) from None
-        # lines end at \n only (str.splitlines would also cut at form feeds, U+2028, ... inside a text)
-        lines = [line[:-1] if line.endswith("\r") else line for line in raw.split("\n")]
+        lines = split_lines(read_utf8(path))
     if suffix == ".txt":
         # trailing blank lines end the file; a blank line inside it is refused (output row i = line i + 1)
         while lines and not lines[-1].strip():
@@ -234,6 +221,29 @@ def read_texts(
             # read through Arrow: pandas would turn an integer column holding a null into floats
             ids = check_ids(pq.read_table(path, columns=[id_field]).column(id_field).to_pylist(), str(path), id_field)
     return texts, ids
+
+
+def read_utf8(path: str | os.PathLike, error: type[Exception] = PosfairInputError) -> str:
+    """The text of a file that must be UTF-8 (a byte-order mark at its start is dropped: it is not part of the
+    first line).  Else ``error`` in one line naming the file, the line and the byte of that line where the text
+    stops being UTF-8 (``data.jsonl: line 3 is not UTF-8 text (invalid start byte at byte 12 of the line)``), or
+    why the file cannot be read."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise error(f"{path}: line {line} is not UTF-8 text ({exc.reason} at byte {column} of the line)") from None
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of a file's text, numbered as an editor numbers them: cut at ``\\n`` only (with a ``\\r``
+    before it dropped); :meth:`str.splitlines` would also cut at form feeds, U+2028, ... inside a text."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
 def is_local(source: Any) -> bool:

@@ -40,7 +40,15 @@ from posfair.files.atomic import atomic_write_json, observing_writes
 from posfair.runtime.errors import PosfairInputError
 from posfair.runtime.stacklevel import user_stacklevel
 
-__all__ = ["MANIFEST", "RESULT_FORMAT", "RunFolder", "RunFolderWarning", "content_fingerprint", "file_sha256"]
+__all__ = [
+    "MANIFEST",
+    "RESULT_FORMAT",
+    "RunFolder",
+    "RunFolderWarning",
+    "content_fingerprint",
+    "file_sha256",
+    "refuse_other_command",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +87,46 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 file"``, ``"2 files"``: a count with its noun in the right number."""
+    return f"{n} {noun if n == 1 else noun + 's'}"
+
+
 def _canonical(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """A manifest's body; PosfairInputError naming it when it is not one (posfair cannot tell its files from yours)."""
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(body, dict) or not isinstance(body.get("files", {}), dict):
+            raise ValueError("not a posfair run manifest")
+    except (OSError, ValueError) as exc:
+        raise PosfairInputError(
+            f"{path}: unreadable ({exc}); posfair cannot tell its files from yours: move the folder away "
+            "or choose another one"
+        ) from None
+    return body
+
+
+def refuse_other_command(root: str | os.PathLike, command: str) -> None:
+    """PosfairInputError (one line) when the folder ``root`` holds the results of another command than ``command``
+    (a manifest of the folder or of one of its parts names another command), or a manifest that cannot be read.
+
+    The refusal :class:`RunFolder` makes when it opens; a command calls it with its options' checks as well, so a
+    folder of another command is refused before any work (no model loaded, nothing encoded).  A folder that does
+    not exist yet, or holds no manifest, passes."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for path in sorted(root.glob("posfair-run*.json")):
+        other = _read_record(path).get("command")
+        if other not in (None, command):
+            raise PosfairInputError(
+                f"{root}: holds the results of 'posfair {other}' ({path.name}), which this command does not "
+                "replace: give another folder"
+            )
 
 
 class RunFolder:
@@ -123,12 +169,8 @@ class RunFolder:
 
     # -- opening: the previous run, refusals before any work ---------------------------------------
     def __enter__(self) -> RunFolder:
+        refuse_other_command(self.root, self.command)
         old = self._read_manifest()
-        if old is not None and old.get("command") not in (None, self.command):
-            raise PosfairInputError(
-                f"{self.root}: holds the results of 'posfair {old['command']}' ({self.manifest}); "
-                f"'posfair {self.command}' writes into another folder"
-            )
         self.previous = {str(k): str(v) for k, v in ((old or {}).get("files") or {}).items()}
         self.previous.update(self._read_journal())
         if old is not None and old.get("fingerprint") != self.fingerprint:
@@ -157,18 +199,7 @@ class RunFolder:
 
     def _read_manifest(self) -> dict[str, Any] | None:
         path = self.root / self.manifest
-        if not path.exists():
-            return None
-        try:
-            body = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(body, dict) or not isinstance(body.get("files", {}), dict):
-                raise ValueError("not a posfair run manifest")
-        except (OSError, ValueError) as exc:
-            raise PosfairInputError(
-                f"{path}: unreadable ({exc}); posfair cannot tell its files from yours: move the folder away "
-                "or choose another one"
-            ) from None
-        return body
+        return _read_record(path) if path.exists() else None
 
     def _read_journal(self) -> dict[str, str]:
         """Files a killed run wrote (each line: sha256, a tab, the relative path; a torn last line is ignored)."""
@@ -238,7 +269,9 @@ class RunFolder:
                 self.kept.append(rel)
         if self.removed:
             log.info(
-                "%s: removed %d files of the earlier run that this one did not write", self.root, len(self.removed)
+                "%s: removed %s of the earlier run that this one did not write",
+                self.root,
+                _count(len(self.removed), "file"),
             )
 
     def _prune(self, folder: Path) -> None:
@@ -272,12 +305,20 @@ class RunFolder:
                     continue  # another writer's temporary file
                 foreign.append(rel)
         if foreign:
-            changed = f"{len(self.kept)} changed since posfair wrote them, " if self.kept else ""
-            shown = ", ".join(foreign[:5]) + (f", ... ({len(foreign) - 5} more)" if len(foreign) > 5 else "")
+            n, k = len(foreign), len(self.kept)
+            changed = f"changed since posfair wrote {'it' if k == 1 else 'them'}"
+            others = f"not made by posfair or by a version without {MANIFEST}"
+            why = (
+                others
+                if not k
+                else changed
+                if k == n
+                else f"{k} {changed}, the {'other' if n - k == 1 else 'others'} {others}"
+            )
+            shown = ", ".join(foreign[:5]) + (f", ... ({n - 5} more)" if n > 5 else "")
             warnings.warn(
-                f"{self.root}: {len(foreign)} files were not written by this {self.command} and are kept "
-                f"({changed}the others not made by posfair or by a version without {MANIFEST}): {shown}; "
-                f"this run's files are listed in {self.manifest}",
+                f"{self.root}: {_count(n, 'file')} {'was' if n == 1 else 'were'} not written by this {self.command} "
+                f"and {'is' if n == 1 else 'are'} kept ({why}): {shown}; this run's files are listed in {self.manifest}",
                 RunFolderWarning,
                 stacklevel=user_stacklevel(),
             )

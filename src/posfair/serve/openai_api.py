@@ -22,6 +22,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import re
 import unicodedata
 from typing import Annotated, Any, Literal
 
@@ -179,12 +180,13 @@ class EmbeddingsBody(BaseModel):
 
 
 def request_calibration(value: Any) -> str:
-    """A request's ``calibration`` field checked without reading anything: ``stock``, ``default`` or a spec
-    ``B,LAYERS,STRENGTH[,NAME=VALUE]`` in printable ASCII (no tab, line break or other white space that
-    :meth:`Calibration.parse` would strip around a name), at most :data:`MAX_CALIBRATION_CHARS` characters,
-    naming no ``prior=`` (a request reads no file) and no basket over :data:`MAX_BASKET` tokens.  The spec itself
-    is parsed by the replica (:meth:`posfair.serve.engine.Engine.calibration_for`), after this check."""
-    what = "'calibration' must be 'stock', 'default' or a spec B,LAYERS,STRENGTH"
+    """A request's ``calibration`` field checked without reading anything: ``stock``, ``default``, a spec
+    ``B,LAYERS,STRENGTH[,NAME=VALUE]`` or a label as tables print it (``B128-L0.5-a0.5``), in printable ASCII (no
+    tab, line break or other white space that :meth:`Calibration.parse` would strip around a name), at most
+    :data:`MAX_CALIBRATION_CHARS` characters, naming no ``prior=`` nor a label's ``-prior`` (a request reads no
+    file) and no basket over :data:`MAX_BASKET` tokens.  The spec itself is parsed by the replica
+    (:meth:`posfair.serve.engine.Engine.calibration_for`), after this check."""
+    what = "'calibration' must be 'stock', 'default', a spec B,LAYERS,STRENGTH or a label B128-L0.5-a0.5"
     if not isinstance(value, str) or not value.strip():
         raise bad(f"{what}; got {_show(value)}", "calibration")
     if len(value) > MAX_CALIBRATION_CHARS or not value.isascii() or not value.isprintable():
@@ -193,7 +195,16 @@ def request_calibration(value: Any) -> str:
     if any(sep and name.strip().lower() == "prior" for name, sep, _ in parts):
         raise bad("'calibration' cannot name a prior file (prior=FILE): a request reads no file", "calibration")
     basket = parts[0][0].strip()
-    if len(parts) >= 3 and basket.isdigit() and (len(basket) > 9 or int(basket) > MAX_BASKET):
+    label = re.match(r"B(\d+)-", basket)  # a label as tables print it (B128-L0.5-a0.5)
+    if label is not None and re.search(r"-prior(?![^-])|-prior\d", basket):
+        raise bad(
+            "'calibration' cannot name a positional prior (a label's -prior): a request reads no file", "calibration"
+        )
+    if label is not None:
+        basket = label.group(1)
+    elif len(parts) < 3:
+        basket = ""
+    if basket.isdigit() and (len(basket) > 9 or int(basket) > MAX_BASKET):
         raise bad(f"'calibration': the basket size must be at most {MAX_BASKET} tokens", "calibration")
     return value.strip()
 
