@@ -156,6 +156,21 @@ def test_the_demo_fits_80_columns(run80, inputs, monkeypatch):
     )
     r = run80("demo", "--docs", "25", "--out", "demo-out")  # (n = 4: 2 segment sets of 24 orderings)
     assert "english part:" in r.stdout and "mixed part:" in r.stdout and "demo report: " in r.stdout
+    # issue 57 item 4.4: the inference in one line per part (it printed 8), the paragraph in the reports
+    import html
+
+    from posfair.stats.inference import InferenceLabel, describe_inference
+
+    said = [text for text in run80.given if text.startswith("inference: ")]
+    assert len(said) == 2 and all(len(terminal.wrap(text, WIDTH)) == 1 for text in said), said
+    assert all("CR1 conservative t(G-1), G = " in text and "in full in the report" in text for text in said), said
+    paragraph = describe_inference([InferenceLabel("cluster", "conservative")])  # the default: --clusters conservative
+    assert paragraph.split()[:6] == "CR1 cluster-robust standard errors (per coefficient".split()
+    flat = " ".join(r.stdout.split())
+    assert " ".join(paragraph.split()[:8]) not in flat and "Intervals (β_p, p ≥ 2)" not in flat
+    for report in ("demo-out/english/report.html", "demo-out/mixed/report.html", "demo-out/report.html"):
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", Path(report).read_text())).split())
+        assert f"Inference: {paragraph}. Intervals (β_p, p ≥ 2), " in text, report
 
 
 def test_tune_fits_80_columns(run80, inputs, monkeypatch):
@@ -247,6 +262,52 @@ def test_a_progress_bars_line_fits_80_columns_with_its_label_and_counts_whole():
     shown = [line for line in lines if "54/123,456" in line or "54/123456" in line]
     assert shown and all(len(line) <= WIDTH for line in lines), lines
     assert label in shown[-1] and "…" not in shown[-1].replace(label, "")  # the label whole, as cut at a word
+
+
+def _bar_lines(descriptions: list[str]) -> list[str]:
+    """The bars of ``descriptions`` as a terminal of 80 columns shows them (the labels as
+    :func:`posfair.cli.terminal_progress.progress_bars` cuts them), one line each, 3/7 done."""
+    import io
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import Progress
+
+    from posfair.cli.terminal_progress import label_width, progress_columns
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=WIDTH, force_terminal=True, color_system=None, legacy_windows=False)
+    with Progress(*progress_columns(WIDTH), console=console, auto_refresh=False) as prog:
+        for d in descriptions:
+            prog.advance(prog.add_task(escape(terminal.short_label(d, label_width(WIDTH))), total=7), 3)
+        prog.refresh()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())  # the terminal's control sequences
+    lines = [line.rstrip() for line in plain.replace("\r", "\n").splitlines() if "3/7" in line]
+    assert all(len(line) <= WIDTH for line in lines), lines
+    return lines[-len(descriptions) :]  # the last refresh: one line per bar
+
+
+def _labels(descriptions: list[str]) -> list[str]:
+    """The labels the bars of ``descriptions`` show at 80 columns (the label column of each bar's line)."""
+    from posfair.cli.terminal_progress import label_width
+
+    return [line[: label_width(WIDTH)].strip() for line in _bar_lines(descriptions)]
+
+
+def test_bars_whose_labels_differ_at_the_end_are_told_apart_at_80_columns():
+    """Issue 57 item 4.2: the demo's mixed part showed ``n=3 [de, en, en]…`` on its stock and its calibrated bar
+    alike.  A label's end (the setting) stays, and enough of its beginning to tell the instances apart."""
+    instances = ["n=3 en", "n=3 [de, en, en]", "n=4 [en, en, en, en]"]
+    settings = ["stock", "B128-L0.5-a0.5"]
+    descriptions = [f"{i} {s}" for i in instances for s in settings]
+    labels = _labels(descriptions)
+    assert len(set(labels)) == len(descriptions), labels
+    for label, (i, s) in zip(labels, [(i, s) for i in instances for s in settings], strict=True):
+        assert label.endswith(s) and label.startswith(i[:6]), (label, i, s)
+    retrieval = ["bench: documents (stock layers for the calibrations)", "bench: documents (B16-L0.25-a1)",
+                 "aligned[eng-Latn]: queries (stock)", "aligned[eng-Latn]: documents (B128-L0.5-a0.5)"]  # fmt: skip
+    labels = _labels(retrieval)
+    assert len(set(labels)) == len(retrieval) and labels[2].endswith("(stock)"), labels
 
 
 def test_a_bars_note_shows_the_latest_value_in_a_log(capsys):

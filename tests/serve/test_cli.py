@@ -143,3 +143,46 @@ def test_a_ray_that_cannot_start_under_a_memory_limit_is_said_with_the_limit(mon
     assert "ulimit -v" in runner._limits_hint() and "3906 MiB" in runner._limits_hint()
     limits[resource.RLIMIT_AS] = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
     assert runner._limits_hint() == ""
+
+
+def test_rays_notice_of_a_start_off_the_main_thread_is_not_printed(monkeypatch):
+    """Issue 57 item 4.3: ``posfair serve`` printed Ray's "SIGTERM handler is not set because current thread is
+    not the main thread" (ray.init runs in the server's start thread on purpose; the main thread takes the
+    signals).  :func:`connect` in a helper thread, Ray's start stubbed to log as Ray's does there: that line
+    reaches no handler, another of Ray's warnings still does; with posfair at DEBUG (``--debug``) it shows."""
+    import logging
+    import threading
+
+    ray = pytest.importorskip("ray")
+    import posfair.serve.runner as runner
+
+    ray_log = logging.getLogger("ray._private.worker")
+
+    def init(**kwargs):
+        if threading.current_thread() is not threading.main_thread():  # as ray.init says it
+            ray_log.warning("SIGTERM handler is not set because current thread is not the main thread.")
+        ray_log.warning("another notice of Ray's")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    shown: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())
+    ray_log.addHandler(handler)
+    posfair_log = logging.getLogger("posfair")
+    level = posfair_log.level
+    try:
+        for posfair_level in (logging.WARNING, logging.DEBUG):
+            posfair_log.setLevel(posfair_level)
+            shown.clear()
+            start = threading.Thread(target=runner.connect, args=(None,))
+            start.start()
+            start.join(60)
+            notice = [m for m in shown if m.startswith("SIGTERM handler is not set")]
+            assert "another notice of Ray's" in shown, shown
+            assert len(notice) == (posfair_level == logging.DEBUG), shown
+    finally:
+        ray_log.removeHandler(handler)
+        posfair_log.setLevel(level)
+    assert not ray_log.filters  # the filter is Ray's start's alone

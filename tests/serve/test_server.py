@@ -190,6 +190,8 @@ def srv(model_folder, local_model, tmp_path_factory):
 def test_health_and_models(srv):
     out = srv.run.out.read_text()
     assert "Ctrl-C stops it" in out and out.index(f"listening on {srv.url}") < out.index(f"at {srv.url} "), out
+    err = srv.run.err.read_text() if srv.run.err.exists() else ""
+    assert "SIGTERM handler is not set" not in err, err  # Ray's notice of its start off the main thread (issue 57)
     assert srv.get("/health", key=None)[0] == 200
 
 

@@ -27,6 +27,7 @@ from posfair.cli import (
     verify,
 )
 from posfair.cli.error_boundary import PosfairGroup, one_line_warnings
+from posfair.cli.help_text import PosfairCommand
 
 __all__ = ["COMMANDS", "app", "main"]
 
@@ -77,7 +78,7 @@ COMMANDS = {
     "estimate-prior": estimate_prior.estimate_prior_command,
 }
 for name, function in COMMANDS.items():
-    app.command(name=name)(function)
+    app.command(name=name, cls=PosfairCommand)(function)  # --help wrapped at white space only
 
 
 def main(argv: list[str] | None = None) -> None:

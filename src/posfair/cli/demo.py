@@ -104,6 +104,7 @@ _INDEX = """<p>{{ what }}</p><p>Model: <b>{{ model }}</b>. Corpus: {{ corpus }}.
 Configurations: {{ configs }}. Audit time: {{ seconds }} s. <a href="{{ href }}">The full report</a>.</p>
 {% if numbers %}<ul class="headline">{% for line in numbers %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 {{ headline | safe }}
+{% if inference %}<p class="inference">Inference: {{ inference }}</p>{% endif %}
 {% if few %}<p class="warning">Few clusters: {{ few }}</p>{% endif %}"""
 
 
@@ -162,6 +163,7 @@ def _write_index(out: Path, parts) -> Path:
             href=f"{folder}/report.html",
             numbers=_headline_numbers(result),
             headline=headline,
+            inference=result.inference_text(),  # the terminal says it in one line
             few=result.few_clusters_message(),
         )
         sections.append(Section(f"{folder}: {model}", html))

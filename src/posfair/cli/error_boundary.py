@@ -33,6 +33,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from posfair.cli.help_text import HelpContext
 from posfair.runtime.errors import PosfairInputError, PosfairReadError, PosfairWriteError
 
 __all__ = [
@@ -246,7 +247,10 @@ def report(exc: BaseException, args: Sequence[str], debug: bool, group: Any = No
 
 
 class PosfairGroup(TyperGroup):
-    """The ``posfair`` command group; its :meth:`main` is the error boundary."""
+    """The ``posfair`` command group; its :meth:`main` is the error boundary, its ``--help`` wrapped at white space
+    only (:class:`posfair.cli.help_text.HelpContext`)."""
+
+    context_class = HelpContext
 
     def main(
         self,

@@ -75,7 +75,8 @@ def run_audit(
     elapsed = time.perf_counter() - t0
     header, rows = summary_table(result)
     table(f"{title} ({elapsed:.0f} s)", header, rows, caption=SUMMARY_CAPTION, keys=3)
-    say(f"inference: {result.inference_text()}")
+    if result.inference_summary():  # one line; the report says it in full (what a cluster is, the correction, ...)
+        say(f"inference: {result.inference_summary()}; in full in the report")
     for t in language_summary_tables(result):
         header, body = t.rows()
         table(t.title, header, body, caption=LANGUAGE_CAPTION)

@@ -134,12 +134,42 @@ def frame(title: str, data, *, caption: str | None = None) -> None:
 
 
 def short_label(text: str, limit: int) -> str:
-    """``text`` cut at a word to at most ``limit`` characters, ``…`` marking the cut (a progress bar's label)."""
+    """``text`` cut to at most ``limit`` characters, ``…`` marking the cut (a progress bar's label).
+
+    The end of a label is what tells its bars apart (``n=3 [de, en, en] stock`` and ``n=3 [de, en, en]
+    B128-L0.5-a0.5``, ``...: queries (stock)``): its last word, or the parenthesis it ends with, stays whole and
+    the middle is cut at a word (``n=3 [de, en… stock``) when that leaves a few characters of the beginning;
+    else the label is cut at a word from its end (``bench-de: documents…``)."""
     text = " ".join(str(text).split())
     if len(text) <= limit:
         return text
+    head, tail = _head_and_tail(text)
+    room = limit - len(tail) - 1  # the beginning, with its "…", beside the end (the beginning is longer than that)
+    if tail and room > _HEAD_MIN:
+        return f"{_cut(head, room)} {tail}"
+    return _cut(text, limit)
+
+
+#: the fewest characters of a label's beginning kept beside its end (else the end is what is cut)
+_HEAD_MIN = 4
+
+
+def _head_and_tail(text: str) -> tuple[str, str]:
+    """``text`` as (beginning, end): the end is the parenthesis it ends with, else its last word ("" if one word)."""
+    if text.endswith(")") and " (" in text:
+        start = text.rindex(" (")
+        if "(" not in text[start + 2 :] and ")" not in text[start + 2 : -1]:
+            return text[:start], text[start + 1 :]
+    head, _, tail = text.rpartition(" ")
+    if not head or "(" in tail or ")" in tail:
+        return text, ""  # one word, or the last word of a parenthesis: no end of its own
+    return head, tail
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` (longer than ``limit``) cut at a word to at most ``limit`` characters, ``…`` marking the cut."""
     cut = text[: limit - 1].rsplit(" ", 1)[0] if " " in text[: limit - 1] else text[: limit - 1]
-    return cut.rstrip(" ,:;(·") + "…"
+    return cut.rstrip(" ,:;(·[-") + "…"
 
 
 class Writer:

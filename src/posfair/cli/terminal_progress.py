@@ -1,5 +1,5 @@
 """The one progress display of every command: rich bars on stderr (results go to stdout), their labels cut at a
-word to a short column; piped, one line per bar through :func:`posfair.cli.terminal.say`."""
+word to a short column, their ends kept (:func:`posfair.cli.terminal.short_label`); piped, one line per bar through :func:`posfair.cli.terminal.say`."""
 
 from __future__ import annotations
 
@@ -129,9 +129,10 @@ def progress_columns(columns: int) -> tuple:
 
 
 def label_width(columns: int) -> int:
-    """The progress bars' label column: a quarter of the width (at least 16), so that the bar, counts and times
-    keep their room at 80 columns."""
-    return max(16, columns // 4)
+    """The progress bars' label column: three eighths of the width (at least 16; 30 at 80 columns, where an audit's
+    ``n=3 [de, en, en] B128-L0.5-a0.5`` shows as ``n=3 [de, en… B128-L0.5-a0.5``: the instance and the setting
+    both), so that the bar (17 at 80 columns), counts and times keep their room."""
+    return max(16, columns * 3 // 8)
 
 
 #: what a bar's line holds beside its label and bar: counts (``123,456/123,456``), elapsed and remaining times

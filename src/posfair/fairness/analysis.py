@@ -212,6 +212,26 @@ def clusters_used_text(coefs: pd.DataFrame) -> str:
     return f"Intervals (β_p, p ≥ 2), {len(c)} in all: {', '.join(parts)} (column cluster_by of coefficients.csv)."
 
 
+def inference_summary(coefs: pd.DataFrame) -> str:
+    """The inference of ``coefs``' intervals in one short line, for a terminal's summary (the report says it in
+    full: :func:`clusters_used_text` and :func:`~posfair.stats.inference.describe_inference`): each inference's label
+    as the column ``inference`` of coefficients.csv holds it, and the clusters (G) the intervals (β_p, p ≥ 2) rest on
+    per kind, e.g. ``CR1 conservative t(G-1), G = 2 to 5 sets`` ("" without an inference)."""
+    labels = inference_labels(coefs) if len(coefs) else []
+    if not labels:
+        return ""
+    text = "; ".join(dict.fromkeys(lab.text() if isinstance(lab, InferenceLabel) else str(lab) for lab in labels))
+    c = coefs[coefs["position"] > 1] if "position" in coefs else coefs
+    if "clusters" not in c or not len(c):
+        return text
+    kinds = cluster_kinds(c)
+    spans = []
+    for kind in dict.fromkeys(kinds):
+        g = sorted({int(x) for x, k in zip(c["clusters"], kinds, strict=True) if k == kind})
+        spans.append(f"{g[0] if len(g) == 1 else f'{g[0]} to {g[-1]}'} {kind}".strip())
+    return f"{text}, G = {', '.join(spans)}"
+
+
 def headline_clusters(coefs: pd.DataFrame) -> str:
     """The G of one headline row (every calibration's β_p): ``16 sets``, or ``stock: 2 components; cal: 16 two-way``
     where the calibrations' intervals used different clusterings."""

@@ -31,6 +31,7 @@ from posfair.fairness.analysis import (
     fit_instance,
     headline_clusters,
     inference_labels,
+    inference_summary,
     is_noop,
 )
 from posfair.fairness.audit_tables import (
@@ -246,3 +247,8 @@ class AuditFindings:
         if "inference" not in c or not len(c):
             return ""
         return f"{describe_inference(inference_labels(c))}. {clusters_used_text(c)}".rstrip(". ") + "."
+
+    def inference_summary(self) -> str:
+        """:meth:`inference_text` in one short line (the labels and the G the intervals rest on, e.g. ``CR1
+        conservative t(G-1), G = 2 to 5 sets``), for a terminal's summary; "" without coefficients."""
+        return inference_summary(self.coefficients)

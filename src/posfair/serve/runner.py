@@ -24,6 +24,7 @@ cluster keeps the address it started with (Serve ignores a new one), may already
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import ipaddress
@@ -36,7 +37,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from posfair.distributed.ray_engine import _quiet_auth_notice
@@ -125,7 +126,8 @@ class ServeConflict(RuntimeError):
 
 def connect(address: str | None, env: dict[str, str] | None = None, loopback: bool = False) -> bool:
     """Start a local Ray instance (``address`` None or ``local``) or join the cluster at ``address``, unless this
-    process is in one already (then False); Serve's INFO lines are hidden unless posfair logs at DEBUG.  A local
+    process is in one already (then False); Serve's INFO lines, and Ray's notice that it starts off the main thread
+    (:func:`_quiet_off_main_notice`), are hidden unless posfair logs at DEBUG.  A local
     instance is started with ``env`` in its processes' environment and, with ``loopback``, on the loopback only
     (:func:`loopback_only` must have been called before Ray was imported; :class:`ServerFailed` otherwise)."""
     import ray
@@ -137,7 +139,7 @@ def connect(address: str | None, env: dict[str, str] | None = None, loopback: bo
     local = address in (None, "local")
     if local:
         os.environ.update(env or {})  # Ray's processes (GCS, raylet, workers) inherit the environment at start
-    with _quiet_auth_notice():
+    with _quiet_auth_notice(), _quiet_off_main_notice():
         ray.init(
             address=None if local else address,
             include_dashboard=False,
@@ -152,6 +154,35 @@ def connect(address: str | None, env: dict[str, str] | None = None, loopback: bo
             "call posfair.serve.runner.loopback_only first), so its ports would listen on every interface"
         )
     return True
+
+
+#: the logger of ``ray.init``'s notice "SIGTERM handler is not set because current thread is not the main thread"
+_RAY_WORKER_LOGGER = "ray._private.worker"
+_OFF_MAIN_NOTICE = "SIGTERM handler is not set"
+
+
+class _NoOffMainNotice(logging.Filter):
+    """Drops Ray's notice that ``ray.init`` ran off the main thread (every other record passes)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_OFF_MAIN_NOTICE)
+
+
+@contextlib.contextmanager
+def _quiet_off_main_notice() -> Iterator[None]:
+    """Within (unless posfair logs at DEBUG: ``--debug``): no line from Ray that its SIGTERM handler is not set
+    because ``ray.init`` runs off the main thread.  :func:`serve_model` starts Ray in a helper thread on purpose
+    and its main thread handles SIGINT and SIGTERM itself, so the notice asks nothing of the user; only posfair's
+    own warnings are printed."""
+    if logging.getLogger("posfair").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    ray_logger, quiet = logging.getLogger(_RAY_WORKER_LOGGER), _NoOffMainNotice()
+    ray_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        ray_logger.removeFilter(quiet)
 
 
 #: Ray's own switch for an instance of this machine alone (its default on macOS and Windows): "0" makes the node's
