@@ -651,3 +651,21 @@ def test_the_serve_sections(page, tmp_path):
 
 def test_the_readme_and_a_guide_each_have_a_serve_section():
     assert [page_name(p) for p in serve_pages()] == ["README.md", "docs/guides/serving.md"]
+
+
+def test_every_extra_is_named_where_a_user_reads_the_extras():
+    """Issue 57: the README's list of extras left out ``serve``.  Every optional-dependency group of pyproject.toml
+    is named in the README's install section and in the extras table of docs/getting-started.md."""
+    import tomllib
+
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    )
+    readme = README.read_text(encoding="utf-8")
+    install = readme[readme.index("## Install") : readme.index("\n## ", readme.index("## Install") + 3)]
+    table = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    table = table[table.index("### Extras") :]
+    rows = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M))
+    assert rows == extras, sorted(rows ^ extras)
+    named = set(re.findall(r"`([a-z0-9-]+)`", install))
+    assert extras - {"dev"} <= named, sorted(extras - named)
