@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from posfair.distributed.ray_engine import WorkerPlan, plan_workers, root_cause
+from posfair.distributed.ray_engine import WorkerPlan, plan_workers, replica_cpus, root_cause
 
 
 def test_one_replica_per_gpu_by_default():
@@ -26,6 +26,42 @@ def test_cpu_replicas_split_the_cpus():
     assert plan_workers({"CPU": 2.0}, 3, None) == WorkerPlan(3, {"num_cpus": 1}, 1, None)
     # device="cpu" keeps the replicas off the GPUs of a GPU cluster
     assert plan_workers({"GPU": 2.0, "CPU": 8.0}, 4, "cpu") == WorkerPlan(4, {"num_cpus": 2}, 2, "cpu")
+
+
+def test_replicas_fit_the_nodes_not_the_clusters_total():
+    """Sized per node: no replica asks for more CPUs than one node holds, and every replica fits at once."""
+    one_each = [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert plan_workers(one_each, 1, None) == WorkerPlan(1, {"num_cpus": 1}, 1, None)  # not the cluster's 2
+    assert plan_workers(one_each, 2, None) == WorkerPlan(2, {"num_cpus": 1}, 1, None)
+    assert plan_workers(one_each, None, None).workers == 2  # posfair embed: one per CPU of the cluster
+    # 4 + 2 CPUs, 2 replicas: 3 each fits only once (6 // 2 = 3 is what the total would give); 2 each fits both
+    assert plan_workers([{"CPU": 4.0}, {"CPU": 2.0}], 2, None).resources == {"num_cpus": 2}
+    assert plan_workers([{"CPU": 8.0}, {"CPU": 2.0}], 1, None).resources == {"num_cpus": 8}
+    assert plan_workers([{"CPU": 0.0}, {"CPU": 4.0}], 1, None).resources == {"num_cpus": 4}  # a CPU-less head
+    # asked for: taken as given (an autoscaling cluster may add the node that holds it)
+    assert plan_workers(one_each, 2, None, cpus_each=0.5) == WorkerPlan(2, {"num_cpus": 0.5}, 1, None)
+    # GPUs counted over the nodes: one per replica
+    gpus = [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}]
+    assert plan_workers(gpus, None, None) == WorkerPlan(2, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "replicas"),
+    [([1, 1], 1), ([1, 1], 2), ([4, 2], 2), ([4, 2], 3), ([16, 8, 8], 4), ([3, 3, 3], 4), ([2], 5), ([7, 5], 1)],
+)
+def test_replica_cpus_is_the_largest_that_fits(nodes, replicas):
+    """Against a slow path: every size tried, the largest with all replicas placed by first fit."""
+
+    def fits(c: int) -> bool:
+        free, placed = list(nodes), 0
+        for i in range(len(free)):
+            while free[i] >= c and placed < replicas:
+                free[i] -= c
+                placed += 1
+        return placed == replicas
+
+    best = max((c for c in range(1, max(nodes) + 1) if fits(c)), default=1)
+    assert replica_cpus(nodes, replicas) == best
 
 
 def test_bad_worker_settings_are_named():

@@ -37,6 +37,16 @@ Replicas = Annotated[
         help="Model replicas (each its share of the CPUs, or one GPU).",
     ),
 ]
+ReplicaCpus = Annotated[
+    float | None,
+    typer.Option(
+        "--replica-cpus",
+        parser=number(0, 1024, low_open=True),
+        metavar="N",
+        show_default="the most that let every replica run at once, at most one node's CPUs",
+        help="CPUs each model replica holds (its torch threads).",
+    ),
+]
 RayAddress = Annotated[
     str | None,
     typer.Option(
@@ -114,6 +124,7 @@ def serve(
     host: Host = "127.0.0.1",
     port: Port = 8000,
     replicas: Replicas = 1,
+    replica_cpus: ReplicaCpus = None,
     ray_address: RayAddress = None,
     max_batch_tokens: MaxBatchTokens = 16384,
     api_key_env: ApiKeyEnv = None,
@@ -162,6 +173,7 @@ def serve(
         device=model_options.device,
         trust_remote_code=model_options.trust_remote_code,
         replicas=replicas,
+        replica_cpus=replica_cpus,
         max_batch_tokens=max_batch_tokens,
         truncate=truncate,
         request_calibration=request_calibration,

@@ -27,7 +27,7 @@ import logging
 import re
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,10 @@ __all__ = [
     "RAY_INSTALL_HINT",
     "ShardEncoder",
     "WorkerPlan",
+    "cluster_nodes",
+    "held_threads",
     "plan_workers",
+    "replica_cpus",
     "ray_available",
     "require_ray",
     "root_cause",
@@ -84,27 +87,69 @@ class WorkerPlan:
     device: str | None  # device each replica loads the model on
 
 
-def plan_workers(resources: Mapping[str, float], workers: int | None, device: str | None) -> WorkerPlan:
-    """The replica layout for a cluster with ``resources`` (as ``ray.cluster_resources()``).
+NodeResources = Mapping[str, float]
 
-    With GPUs: ``workers`` replicas (default one per GPU), each holding one GPU and
-    one CPU, on ``cuda``.  Without: ``workers`` replicas (default one per CPU), the
-    CPUs split evenly between them, torch threads = CPUs held, on ``device``.
-    ``device="cpu"`` forces CPU replicas on a GPU cluster.
+
+def cluster_nodes(ray) -> list[dict[str, float]]:
+    """The resources of each live node of the connected cluster (``ray.nodes()``: Ray's public node table)."""
+    return [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+
+
+def replica_cpus(node_cpus: Sequence[float], replicas: int) -> int:
+    """The most CPUs each of ``replicas`` replicas can hold so that all of them fit the nodes at once: the largest
+    ``c`` (at most the largest node's CPUs) with ``sum(floor(node / c)) >= replicas``; 1 when even one CPU each is
+    more than the cluster holds (the replicas past its CPUs then wait for a node).  A replica never asks for more
+    CPUs than one node holds: Ray could never place it."""
+    whole = [int(c) for c in node_cpus if c >= 1]
+    for c in range(max(whole, default=1), 1, -1):
+        if sum(n // c for n in whole) >= replicas:
+            return c
+    return 1
+
+
+def plan_workers(
+    nodes: NodeResources | Sequence[NodeResources],
+    workers: int | None,
+    device: str | None,
+    cpus_each: float | None = None,
+) -> WorkerPlan:
+    """The replica layout for a cluster whose nodes hold ``nodes`` (each as ``ray.nodes()``'s ``Resources``; one
+    mapping: a cluster of one node).
+
+    With GPUs: ``workers`` replicas (default one per GPU), each holding one GPU and one CPU, on ``cuda``.  Without:
+    ``workers`` replicas (default one per CPU of the cluster), each holding ``cpus_each`` CPUs or, by default, the
+    most CPUs that let all of them run at once on these nodes (:func:`replica_cpus`: never more than the largest
+    node holds), torch threads = CPUs held, on ``device``.  ``device="cpu"`` forces CPU replicas on a GPU cluster.
+    The replicas themselves take their torch threads from what Ray gave them (:func:`held_threads`), so a layout
+    that Serve's config or Ray overrides is run with the CPUs actually held.
     """
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1; got {workers}")
-    gpus = int(resources.get("GPU", 0))
-    cpus = max(1, int(resources.get("CPU", 1)))
+    if cpus_each is not None and not cpus_each > 0:
+        raise ValueError(f"the CPUs of a replica must be more than 0; got {cpus_each}")
+    nodes = [nodes] if isinstance(nodes, Mapping) else list(nodes)
+    gpus = int(sum(n.get("GPU", 0) for n in nodes))
+    node_cpus = [float(n.get("CPU", 0)) for n in nodes] or [1.0]
     if gpus and device != "cpu":
         if device not in (None, "cuda") and not str(device).startswith("cuda"):
             raise ValueError(f"this Ray cluster has GPUs; device must be cuda or cpu, not {device!r}")
-        return WorkerPlan(workers or gpus, {"num_gpus": 1, "num_cpus": 1}, None, "cuda")
+        return WorkerPlan(workers or gpus, {"num_gpus": 1, "num_cpus": cpus_each or 1}, None, "cuda")
     if device is not None and str(device).startswith("cuda"):
         raise ValueError(f"this Ray cluster has no GPUs; device {device!r} cannot be used (leave it unset or use cpu)")
-    n = workers or cpus
-    per = max(1, cpus // n)
-    return WorkerPlan(n, {"num_cpus": per}, per, device)
+    n = workers or max(1, int(sum(node_cpus)))
+    per = cpus_each if cpus_each is not None else replica_cpus(node_cpus, n)
+    return WorkerPlan(n, {"num_cpus": per}, max(1, int(per)), device)
+
+
+def held_threads() -> int | None:
+    """Torch threads for this Ray actor: the CPUs Ray assigned it (its runtime context; a fraction: 1), or None
+    (torch's default) where it holds no CPU or runs outside Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    cpus = float(ray.get_runtime_context().get_assigned_resources().get("CPU", 0))
+    return max(1, int(cpus)) if cpus > 0 else None
 
 
 _REGISTRY_CLASS = None
@@ -162,6 +207,7 @@ class ShardEncoder:
         if registry is not None:
             here = ray.get_runtime_context()
             ray.get(registry.add.remote(here.get_actor_id(), here.current_actor))
+        threads = held_threads() or threads  # what Ray gave this actor; the plan's number outside Ray
         if threads:
             torch.set_num_threads(int(threads))
         self.spec = EmbedSpec.from_dict(spec)
@@ -386,7 +432,7 @@ def _run_pool(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, wo
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)
-    plan = plan_workers(ray.cluster_resources(), workers, spec.device)
+    plan = plan_workers(cluster_nodes(ray), workers, spec.device)
     free = ray.available_resources()
     short = {
         r: q * plan.workers

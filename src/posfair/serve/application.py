@@ -24,7 +24,7 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from posfair.calibration import Calibration
-from posfair.distributed.ray_engine import plan_workers
+from posfair.distributed.ray_engine import cluster_nodes, plan_workers
 from posfair.distributed.spec import EmbedSpec
 from posfair.serve.deployments import Encoder, Gateway
 from posfair.serve.openai_api import key_digest
@@ -49,6 +49,12 @@ class AppArgs(BaseModel):
     device: str | None = None
     trust_remote_code: bool = False
     replicas: Annotated[int, Field(ge=1)] = 1
+    """Encoder replicas (Serve config's ``num_replicas`` / ``autoscaling_config`` for the deployment
+    ``PosfairEncoder`` take precedence, as Serve applies a config over the code)."""
+    replica_cpus: Annotated[float, Field(gt=0)] | None = None
+    """CPUs each encoder replica holds (its torch threads); default: the most that let every replica run at once
+    on the cluster's nodes, never more than its largest node holds (Serve config's ``ray_actor_options`` take
+    precedence)."""
     max_batch_tokens: Annotated[int, Field(ge=1)] = 16384
     truncate: bool = False
     request_calibration: bool = False
@@ -76,9 +82,13 @@ class AppArgs(BaseModel):
         return (self.name or self.model).strip()
 
 
-def encoder_settings(args: AppArgs, resources: dict[str, float]) -> tuple[dict[str, Any], dict[str, float]]:
-    """The encoder replicas' constructor settings and Ray resources, for a cluster with ``resources``."""
-    plan = plan_workers(resources, args.replicas, args.device)
+def encoder_settings(
+    args: AppArgs, nodes: dict[str, float] | list[dict[str, float]]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The encoder replicas' constructor settings and Ray resources, for a cluster whose nodes hold ``nodes`` (each
+    node's resources, as ``ray.nodes()`` gives them; one mapping: one node).  ``threads`` is the plan's: a replica
+    takes its torch threads from the CPUs Ray actually gave it, where a Serve config set other resources."""
+    plan = plan_workers(nodes, args.replicas, args.device, args.replica_cpus)
     spec = EmbedSpec(
         model=None if args.model.strip() == "bundled" else args.model,
         calibration=_calibration_fields(args.calibration),
@@ -123,8 +133,8 @@ def app(args: AppArgs) -> Any:
     """The posfair server as one Serve application (see the module's description)."""
     if not isinstance(args, AppArgs):  # serve run passes the typed model; a caller may pass a dict
         args = AppArgs.model_validate(args)
-    resources = ray.cluster_resources() if ray.is_initialized() else {"CPU": float(os.cpu_count() or 1)}
-    init, actor = encoder_settings(args, resources)
+    nodes = cluster_nodes(ray) if ray.is_initialized() else [{"CPU": float(os.cpu_count() or 1)}]
+    init, actor = encoder_settings(args, nodes)
     encoder = Encoder.options(num_replicas=args.replicas, ray_actor_options=actor).bind(init)
     gateway = {
         "served_name": args.served_name,

@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from posfair.distributed.ray_engine import held_threads
 from posfair.distributed.spec import EmbedSpec
 from posfair.serve.engine import Answer, Document, Engine
 from posfair.serve.openai_api import (
@@ -448,8 +449,9 @@ class Encoder:
 
     def __init__(self, settings: dict[str, Any]):
         _replica_grpc_on_loopback()
-        if settings.get("threads"):
-            torch.set_num_threads(int(settings["threads"]))
+        threads = held_threads() or settings.get("threads")  # the CPUs Ray gave this replica (a config may differ)
+        if threads:
+            torch.set_num_threads(int(threads))
         spec = EmbedSpec.from_dict(settings["spec"])
         model = spec.load_model(settings.get("device"))
         if settings.get("fingerprint") and model.fingerprint != settings["fingerprint"]:
@@ -464,8 +466,18 @@ class Encoder:
         self.started = time.time()
 
     def info(self) -> dict[str, Any]:
-        """What the gateway asks to know the replica is up: the model's token limit and width."""
-        return {"limit": self.engine.limit, "width": self.engine.width, "started": self.started}
+        """What the gateway asks to know the replica is up: the model's token limit and width; and where it runs
+        (its Ray node, its torch threads: the CPUs Ray gave it)."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {
+            "limit": self.engine.limit,
+            "width": self.engine.width,
+            "started": self.started,
+            "node": node,
+            "threads": torch.get_num_threads(),
+        }
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose last forward passes all failed, whatever the request, is unhealthy
