@@ -131,6 +131,104 @@ def test_too_many_or_too_large_headers_get_431_in_openai_shape(proxy):
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
+def head_of(headers: int, size: int = 0, method: str = "GET", eol: str = "\r\n") -> bytes:
+    """A request head of exactly ``headers`` header lines (Host, Connection: close and X-H lines; at least 2) and,
+    ``size`` given, exactly ``size`` bytes, its closing blank line included (the last header's value padded);
+    lines ended by ``eol``."""
+    lines = [f"{method} /v1/models HTTP/1.1", "Host: x", "Connection: close"]
+    lines += [f"X-H{i}: v" for i in range(headers - 2)]
+    lines[-1] += "v" * max(0, size - len(eol.join(lines) + eol * 2))
+    raw = (eol.join(lines) + eol * 2).encode()
+    assert raw.count(eol.encode()) == headers + 2 and (not size or len(raw) == size), (headers, size, len(raw))
+    return raw
+
+
+def sent_in(port: int, parts: list[bytes]) -> bytes:
+    """What the server answered on one connection to ``parts`` sent one after another, 0.2 s apart (so that each
+    arrives in a read of its own), until it closed the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        for part in parts:
+            try:
+                s.sendall(part)
+            except OSError:  # refused and closed
+                break
+            time.sleep(0.2)
+        got = b""
+        try:
+            while data := s.recv(65536):
+                got += data
+        except ConnectionResetError:
+            pass
+    return got
+
+
+def splits(raw: bytes) -> list[list[bytes]]:
+    """``raw`` whole, and in two parts cut at each of the last four bytes (inside and before its blank line)."""
+    return [[raw]] + [[raw[:cut], raw[cut:]] for cut in range(len(raw) - 4, len(raw))]
+
+
+@pytest.mark.parametrize(
+    ("headers", "size", "status"),
+    [
+        (MAX_HEADERS, 0, 200),
+        (MAX_HEADERS + 1, 0, 431),
+        (3, MAX_HEAD_BYTES, 200),
+        (3, MAX_HEAD_BYTES + 1, 431),
+    ],
+    ids=["100-lines", "101-lines", "16384-bytes", "16385-bytes"],
+)
+def test_the_head_limits_hold_at_exactly_the_limit_however_the_head_is_split(proxy, headers, size, status):
+    """Exactly MAX_HEADERS header lines (the request line and the blank line not counted) and exactly MAX_HEAD_BYTES
+    bytes (the blank line included) are answered; one more line or byte is 431, whether the head arrives whole or
+    cut inside its blank line.  (Before, a head of 100 header lines cut before its blank line was refused: the
+    request line's and the last header's CRLFs were both counted, as a head of exactly the byte limit cut after
+    its last header's CRLF; a mutation of either comparison or count by one fails here.)"""
+    raw = head_of(headers, size)
+    for parts in splits(raw):
+        got = sent_in(proxy, parts)
+        assert int(got.split()[1]) == status, ([len(p) for p in parts], got[:300])
+        if status == 431:
+            assert status_and_error(got)[1]["code"] == "request_header_fields_too_large"
+        else:
+            assert got.endswith(b"answered /v1/models"), got[-300:]
+
+
+@pytest.mark.parametrize(
+    ("headers", "size", "status"),
+    [(MAX_HEADERS, 0, 200), (MAX_HEADERS + 1, 0, 431), (3, MAX_HEAD_BYTES, 200), (3, MAX_HEAD_BYTES + 1, 431)],
+    ids=["100-lines", "101-lines", "16384-bytes", "16385-bytes"],
+)
+def test_a_pipelined_head_is_held_to_exactly_the_limits(proxy, headers, size, status):
+    """A head sent in the same write as the request before it (the parser has it at once: httptools checks it when
+    its headers are complete, h11's unparsed bytes are checked when the first answer is complete) holds to the same
+    limits as a first head: exactly the limit answered, one over 431."""
+    first = b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n"
+    got = pipelined(proxy, first, head_of(headers, size), 0)
+    if status == 200:
+        assert got == [(200, b"answered /fast"), (200, b"answered /v1/models")], got
+    else:
+        assert got and got[-1][0] == 431 and got[:-1] in ([], [(200, b"answered /fast")]), got
+        assert json.loads(got[-1][1])["error"]["code"] == "request_header_fields_too_large"
+
+
+def test_header_lines_ended_by_a_bare_lf_are_counted(proxy, request):
+    """h11 takes lines ended by a bare LF (no CR): such a head of more than MAX_HEADERS header lines is 431, one of
+    exactly MAX_HEADERS answered, and the body of such a head is no part of it.  (Before, only CRLFs were counted:
+    h11 answered 300 header lines 200, and a POST of such a head with a 20 KiB body was refused 431 for the body.)
+    httptools refuses a bare LF itself (400) once it parses it; sent whole, the head's limits are checked first."""
+    implementation = request.node.callspec.params["proxy"]
+    over = head_of(MAX_HEADERS + 1, eol="\n")
+    for parts in splits(over) if implementation == "h11" else [[over]]:
+        got = sent_in(proxy, parts)
+        assert status_and_error(got)[0] == 431, ([len(p) for p in parts], got[:300])
+    if implementation == "h11":
+        for parts in splits(head_of(MAX_HEADERS, eol="\n")):
+            assert sent_in(proxy, parts).endswith(b"answered /v1/models")
+        body = b"a" * 20 * 1024
+        post = head_of(3, method="POST", eol="\n").replace(b"\n\n", b"\ncontent-length: %d\n\n" % len(body))
+        assert sent_in(proxy, [post + body]).endswith(b"answered /v1/models")
+
+
 def test_a_slow_head_gets_408_and_a_silent_connection_is_closed(proxy):
     """Issue 48: connections dripping a header a byte a second were held open for a minute; now a head must arrive
     within the head timeout: a partial one gets 408 in OpenAI's shape, a connection that sent nothing is closed."""

@@ -27,6 +27,7 @@ import torch
 from posfair.calibration.choice import STOCK
 from posfair.calibration.params import Calibration, PositionalPrior
 from posfair.encoding import model_tokenizer
+from posfair.encoding.passes import forward_pass
 from posfair.model import FairModel
 from posfair.runtime.errors import PosfairInputError
 
@@ -112,12 +113,10 @@ def estimate_prior(
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
             enc = tok(batch, padding=True, truncation=True, max_length=limit, return_tensors="pt")
-            features = {
-                k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
-            }
+            features = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
             features["modality"] = "text"
             buffer.clear()
-            model(features)
+            forward_pass(model, features, device)  # stock, under the attention recorder
             mask = enc["attention_mask"].numpy().astype(bool)
             for j in range(len(batch)):
                 valid = np.nonzero(mask[j])[0]

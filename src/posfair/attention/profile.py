@@ -51,6 +51,7 @@ from posfair.calibration.choice import STOCK, Stock, check_choice
 from posfair.calibration.coverage import CalibrationFallbackWarning, calibration_coverage
 from posfair.calibration.params import Calibration
 from posfair.encoding import model_tokenizer
+from posfair.encoding.passes import forward_pass
 from posfair.model import FairModel
 from posfair.model.token_spans import token_segment_index
 from posfair.runtime.errors import PosfairInputError
@@ -200,7 +201,7 @@ class _BatchRows:
     def __call__(self, layer: int, rows) -> None:
         self.rows[layer] = rows.float().mean(1).double().cpu().numpy()  # (B, K)
 
-    def forward(self, model: FairModel, tok, batch: list[str], device) -> tuple[np.ndarray, Any]:
+    def run(self, model: FairModel, tok, batch: list[str], device) -> tuple[np.ndarray, Any]:
         """Run ``model`` on ``batch``: the rows of every layer (L, B, K) and the batch's encoding; RuntimeError when
         the pass left a layer unrecorded."""
         enc = tok(
@@ -211,10 +212,10 @@ class _BatchRows:
             return_offsets_mapping=True,
             return_special_tokens_mask=True,
         )
-        features = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        features = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
         features["modality"] = "text"
         self.rows.clear()
-        model(features)
+        forward_pass(model, features, device)  # under the caller's calibration and attention recorder
         missing = [layer for layer in self.every if layer not in self.rows]
         if missing:
             raise RuntimeError(f"the attention recorder saw no rows for layers {missing}")
@@ -251,7 +252,7 @@ def _record_profile(
     ):
         for b0 in range(0, len(texts), batch_size):
             batch = texts[b0 : b0 + batch_size]
-            rows, enc = recorder.forward(model, tok, batch, device)
+            rows, enc = recorder.run(model, tok, batch, device)
             _add_batch(profile, rows, enc, spans[b0 : b0 + len(batch)])
             if progress is not None:
                 progress(len(batch))

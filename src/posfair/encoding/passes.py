@@ -1,4 +1,5 @@
-"""The forward passes: every call of a model's ``encode`` that posfair makes goes through this module.
+"""The forward passes: every call of a model's ``encode`` that posfair makes, and every pass on tokenised features
+(:func:`forward_pass`), goes through this module.
 
 * **stock vs calibrated** (:func:`resolved_calibration`, :func:`calibration_kwargs`): every function takes
   ``calibration=`` a :class:`~posfair.Calibration`, ``STOCK`` or ``MODEL_DEFAULT`` (the default, as in
@@ -11,6 +12,9 @@
   ``posfair serve``'s ``/v1/segments``;
 * **token-budget batches** (:func:`encode_in_batches`): ``posfair embed``'s shards and ``posfair serve``'s requests,
   sorted by token length so that the same texts give the same vectors whichever of the two encodes them;
+* **one pass on tokenised features** (:func:`forward_pass`): the passes that are no ``encode`` call, where the
+  caller needs what ``encode`` does not give: the fitted calibration's training (gradients through the pass) and
+  the attention profile and prior estimate (the attention rows a recorder captures in the pass);
 * **pooling** (:func:`model_pooling`) and **L2 normalisation** (:func:`l2_normalize`).
 """
 
@@ -23,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from sentence_transformers import SentenceTransformer
 
 from posfair.calibration import Calibration
@@ -37,6 +42,7 @@ __all__ = [
     "encode_in_batches",
     "encode_texts",
     "encoder",
+    "forward_pass",
     "l2_normalize",
     "model_pooling",
     "resolved_calibration",
@@ -181,6 +187,19 @@ def token_outputs(
         **prompted,
         **calibration_kwargs(model, calibration),
     )
+
+
+def forward_pass(model: Any, features: dict[str, Any], device: Any = None) -> dict[str, Any]:
+    """``model``'s forward pass on tokenised ``features`` (as ``encode`` feeds it: ``input_ids``, ``attention_mask``,
+    ...), its tensors moved to ``device`` (default the model's); the model's output features
+    (``sentence_embedding``, ``token_embeddings``, ...).
+
+    Unlike ``encode``, nothing is set around the pass: no ``torch.no_grad`` (a training step takes gradients
+    through it), no calibration (the caller's ``model.using(...)`` or ``calibration_override`` block sets it),
+    and the caller's attention recorder, if any, sees the pass's attention."""
+    device = model.device if device is None else device
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+    return model(moved)
 
 
 def token_budget_batches(

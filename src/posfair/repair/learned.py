@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from posfair.calibration.choice import STOCK
 from posfair.calibration.params import Calibration
 from posfair.encoding import default_prompt
+from posfair.encoding.passes import forward_pass
 from posfair.model.calibrated_transformer import calibration_override
 from posfair.model.compat import preprocess
 
@@ -91,9 +92,7 @@ def embed(model, texts: Sequence[str], batch_size: int | None = 16) -> torch.Ten
     prompt = default_prompt(model) or None
     out = []
     for i in range(0, len(texts), step):
-        features = preprocess(model, texts[i : i + step], prompt)
-        features = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-        out.append(model(features)["sentence_embedding"])
+        out.append(forward_pass(model, preprocess(model, texts[i : i + step], prompt))["sentence_embedding"])
     return torch.cat(out)
 
 

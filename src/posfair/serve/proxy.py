@@ -28,12 +28,14 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 from typing import Any
 
 import h11
 from starlette.middleware import Middleware
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from posfair.runtime.private_api import SERVE_PROXY_CALLBACK_ENV
 from posfair.serve.openai_api import ApiError, key_digest
 
 try:
@@ -55,16 +57,17 @@ __all__ = [
 ]
 
 #: Ray Serve's environment variable naming a callback its HTTP proxy runs at start (returning Starlette middlewares)
-CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK_ENV = SERVE_PROXY_CALLBACK_ENV
 #: the key's SHA-256, for the proxy (``posfair serve`` sets it; the key itself reaches no Ray process)
 KEY_SHA256_ENV = "POSFAIR_SERVE_KEY_SHA256"
 #: ... or the name of the variable holding the key (a RayService: the variable a secret fills)
 KEY_ENV_ENV = "POSFAIR_SERVE_API_KEY_ENV"
 #: the longest a connection may take to send a request head (from connecting, or from its previous answer)
 HEAD_TIMEOUT_S = 10.0
-#: the largest request head (request line and headers; uvicorn's parser refuses 16 KiB partial heads itself)
+#: the largest request head, in bytes: its request line, header lines and the blank line that ends them (h11 itself
+#: refuses a partial head of more, with a plain 400: the limit is checked first)
 MAX_HEAD_BYTES = 16 * 1024
-#: the most header lines in one request
+#: the most header lines in one request (the request line and the blank line not counted)
 MAX_HEADERS = 100
 #: Serve's own paths open without the key: its proxy's health ("success"), what KubeRay asks without a key
 OPEN_SERVE_PATHS = frozenset({"/-/healthz"})
@@ -132,16 +135,26 @@ def _expire(proto: Any, head: _Head) -> None:
         proto.transport.close()
 
 
+#: the blank line that ends a head, as h11 finds it (a line ends with LF, its CR optional: h11 takes bare LFs)
+_HEAD_END = re.compile(b"\n\r?\n")
+
+
 def _scan(proto: Any, head: _Head, data: bytes) -> bool:
     """``data``, the next bytes of the head ``head`` waits for: False (refused, 431) when the head is over the limits,
-    else True (the head whole: the timer stops; the parser takes it from here)."""
+    else True (the head whole: the timer stops; the parser takes it from here).
+
+    A head's size is its bytes up to and with its blank line; its header lines are its lines (each ending with LF)
+    but the request line and the blank line.  Of a head not yet whole, what was seen is counted (its lines ended
+    by an LF: a line's last LF may be the start of the blank line), so a head is refused as soon as it is over
+    and never for how its bytes were split."""
     seen = head.seen + data
-    end = seen.find(b"\r\n\r\n")
-    size = len(seen) if end < 0 else end
-    if size > MAX_HEAD_BYTES or seen.count(b"\r\n", 0, size) > MAX_HEADERS:
+    end = _HEAD_END.search(seen)
+    size = len(seen) if end is None else end.end()
+    lines = seen.count(b"\n", 0, size) - (1 if end is None else 2)
+    if size > MAX_HEAD_BYTES or lines > MAX_HEADERS:
         _refuse(proto, _TOO_BIG)
         return False
-    if end < 0:
+    if end is None:
         head.seen = seen
     else:
         head.done = True
@@ -222,7 +235,9 @@ def _wrap(cls: type) -> None:
         headers_complete = cls.on_headers_complete
 
         def on_headers_complete(self):
-            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            # the head's bytes as sent in the usual form ("name: value" lines, CRLFs), its blank line included
+            line = len(self.parser.get_method()) + len(self.url) + len(self.parser.get_http_version()) + 11
+            size = line + sum(len(k) + len(v) + 4 for k, v in self.headers)
             if len(self.headers) > MAX_HEADERS or size > MAX_HEAD_BYTES:
                 _refuse(self, _TOO_BIG)
                 self._posfair_refused = True
