@@ -17,6 +17,15 @@
 
 The vectors are ``encode``'s (float32, as the model returns them): the same texts, model, calibration
 and prompt give ``posfair encode``'s vectors, to summation order whatever the batching.
+
+A replica calls its engine from several threads at once (its request queues each hand their batch to a thread of
+its own).  Every use of the model and of its tokenizer -- a request's token counts, a document's tokenisation, a
+forward pass -- holds the engine's one lock: a Hugging Face fast tokenizer keeps its truncation and padding on the
+shared tokenizer object, set by each call just before it tokenises, so two calls that interleave tokenise with each
+other's settings (a forward pass tokenised unpadded fails; a count made truncated lets a text over the limit in).
+
+A request whose computation fails (not a refused one) is answered 500 and logged at WARNING on the
+``posfair.serve`` logger with its exception's type and traceback, never its message (it may quote a text).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import dataclasses
 import json
 import logging
 import threading
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -97,9 +107,34 @@ class Document:
 
 
 def _failed(exc: BaseException) -> Answer:
-    """The answer to a request whose own computation failed (logged by type only: a message may quote a text)."""
-    logger.warning("a request failed in the model replica: %s", type(exc).__name__)
+    """The answer to a request whose own computation failed, logged (:func:`_log_failure`)."""
+    _log_failure(exc, "a request")
     return Answer.refused(ApiError(500, "the model could not encode this request", "server_error"))
+
+
+def _log_failure(exc: BaseException, what: str) -> None:
+    """``exc`` at WARNING: its type on the first line, then its traceback (the exceptions it was raised from or
+    while handling first, as Python prints them), without any exception's message: a message may quote a text."""
+    logger.warning("%s failed in the model replica: %s\n%s", what, _type_name(exc), _traceback(exc))
+
+
+def _type_name(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _traceback(exc: BaseException) -> str:
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    parts = [
+        "Traceback (most recent call last):\n"
+        + "".join(traceback.format_tb(e.__traceback__))
+        + f"{_type_name(e)} (its message is not logged: it may quote a request's text)"
+        for e in reversed(chain)
+    ]
+    return "\n\nwhich led to:\n\n".join(parts)
 
 
 def _isolated(members: list[int], compute: Callable[[list[int]], dict[int, Answer]]) -> dict[int, Answer]:
@@ -139,7 +174,10 @@ class Engine:
         self.calibration = spec.calibration_obj
         self.limit = int(model.max_seq_length)
         self.width = compat.embedding_dimension(model)
-        self._lock = threading.Lock()  # one forward pass at a time (the model's calibration override is per block)
+        # one use of the model or its tokenizer at a time, whatever the thread (see the module's description): a
+        # forward pass (the model's calibration override is per block), a request's checks and token counts, a
+        # document's tokenisation -- the tokenizer's truncation and padding are set on it by each call
+        self._lock = threading.Lock()
         self._failures = 0  # forward passes failed in a row (any request): check_health fails past FAILING
 
     def failing(self) -> bool:
@@ -211,6 +249,10 @@ class Engine:
 
     def prepare(self, req: EmbeddingRequest) -> _Prepared:
         """A request's settings and token counts checked against the model; :class:`ApiError` (400) if refused."""
+        with self._lock:  # the shared model and tokenizer: never beside another thread's use of them
+            return self._prepare(req)
+
+    def _prepare(self, req: EmbeddingRequest) -> _Prepared:
         self.check_dimensions(req.dimensions)
         cal = self.calibration_for(req.calibration)
         prompt = self.prompt_for(req.prompt_name)
@@ -287,7 +329,18 @@ class Engine:
         return self.segments_many([doc])[0]
 
     def document(self, req: EmbeddingRequest) -> Document:
-        """A ``/v1/segments`` request's document, joined, checked and tokenised; :class:`ApiError` (400) if refused."""
+        """A ``/v1/segments`` request's document, joined, checked and tokenised; :class:`ApiError` (400) if refused.
+        Any other exception is logged (type and traceback) before it is raised."""
+        try:
+            with self._lock:  # the shared model and tokenizer: never beside another thread's use of them
+                return self._document(req)
+        except ApiError:
+            raise
+        except Exception as exc:
+            _log_failure(exc, "a /v1/segments request")
+            raise
+
+    def _document(self, req: EmbeddingRequest) -> Document:
         self.check_dimensions(req.dimensions)
         cal = self.calibration_for(req.calibration)
         prompt = self.prompt_for(req.prompt_name)
@@ -370,6 +423,12 @@ class Engine:
         valid = out["attention_mask"].bool().cpu().numpy()
         ids = out["input_ids"].cpu().numpy()[valid]
         if tuple(int(i) for i in ids) != doc.ids:
+            logger.warning(
+                "a /v1/segments request failed in the model replica: its forward pass had %d tokens, its document "
+                "was tokenised to %d",
+                len(ids),
+                len(doc.ids),
+            )
             return Answer.refused(
                 ApiError(500, "the model tokenised the document differently from its tokenizer", "server_error")
             )
