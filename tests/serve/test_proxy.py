@@ -354,3 +354,26 @@ print(cls.__module__, cls.__name__, getattr(cls, "_posfair_head_limits", False))
     else:
         assert name == "HttpToolsProtocol", out.stdout
     assert limited == "True", (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"],
+    ids=["request-line", "header-line"],
+)
+def test_a_request_the_parser_cannot_read_gets_400_in_openai_shape(proxy, raw):
+    """Issue 58 item 7: uvicorn answered a malformed request "Invalid HTTP request received." in text/plain. Now
+    the same 400, its connection closed, is JSON in OpenAI's error shape."""
+    got, _ = exchange(proxy, raw)
+    status, error = status_and_error(got)
+    assert status == 400 and error["code"] == "invalid_http_request", got
+    assert error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"], error
+
+
+@pytest.mark.parametrize("line", ["GET * HTTP/1.1", "OPTIONS * HTTP/1.1"])
+def test_a_target_that_is_not_a_path_gets_404_in_openai_shape(proxy, line):
+    """Issue 58 item 7: ``GET *`` reached Serve's proxy, which answered a text pointing at /-/routes. Now 404 in
+    OpenAI's error shape, before the proxy (here: before the app, which would answer 200)."""
+    got, _ = exchange(proxy, f"{line}\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    status, error = status_and_error(got)
+    assert status == 404 and error["code"] == "not_found" and "*" in error["message"], got

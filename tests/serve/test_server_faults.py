@@ -130,3 +130,119 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly(tiny_model_path, tmp_p
     assert res.returncode == 0 and res.stdout.rstrip().endswith("stopped"), (res.stdout, res.stderr[-2000:])
     assert took < 40, took
     assert not session_settles(session, timeout=30)
+
+
+def raw_exchange(url: str, raw: bytes) -> tuple[int, dict, bytes]:
+    """(status, headers (names in lower case), body) of ``raw`` sent on a connection of its own, read to its close."""
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=60) as s:
+        s.sendall(raw)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]))
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_a_hostile_client_neither_takes_others_turns_nor_queues_without_bound(tiny_model_path, tmp_path, monkeypatch):
+    """Issue 58 item 7, through Serve, on a server holding at most 2 API requests (--max-queued-requests 2):
+
+    * X-Forwarded-For from the loopback named the client (uvicorn's default trusts 127.0.0.1): a client rotating it
+      took a fair share of the replicas per name.  Now the client is the address that connected: Serve's proxy
+      logs the client each request reached the gateway with (RAY_SERVE_LOG_CLIENT_ADDRESS), 127.0.0.1 for two
+      spoofed names, never the names.
+    * HEAD /health was 405, a request uvicorn cannot parse a text/plain 400, ``GET *`` Serve's text 404: now 200
+      without a body, and 400 / 404 in OpenAI's error shape.
+    * 300 concurrent GET /health beside API load all answer 200 (under load some timed out, 503).
+    * The gateway held every request (1,500 at once: the last answered after 261 s).  Now, with 2 held (their bodies
+      not yet sent), another is 503 with Retry-After at once, and /health stays 200; the 2 then get their own
+      vectors, as the same texts sent alone."""
+    monkeypatch.setenv("RAY_SERVE_LOG_CLIENT_ADDRESS", "1")
+    run, session, url = start(tiny_model_path, tmp_path, "--max-queued-requests", "2")
+    name = str(tiny_model_path("bert")[0])
+
+    def post(texts, headers=()):
+        body = json.dumps({"model": name, "input": texts}).encode()
+        req = urllib.request.Request(
+            url + "/v1/embeddings", body, {"Content-Type": "application/json", **dict(headers)}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, {k.lower(): v for k, v in r.headers.items()}, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, {k.lower(): v for k, v in e.headers.items()}, json.loads(e.read())
+
+    def health(_=None):
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=60) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        for spoofed in ("203.0.113.7", "198.51.100.9"):
+            assert post(["a text"], {"X-Forwarded-For": spoofed})[0] == 200
+        logs, deadline = "", time.monotonic() + 60
+        while logs.count("POST") < 2 and time.monotonic() < deadline:  # the proxy writes its log as it answers
+            time.sleep(0.2)
+            logs = "".join(p.read_text(errors="replace") for p in (session / "logs" / "serve").glob("proxy_*.log"))
+        posts = [line for line in logs.splitlines() if " POST " in line]
+        assert len(posts) >= 2 and all("127.0.0.1:" in line for line in posts), posts
+        assert "203.0.113.7" not in logs and "198.51.100.9" not in logs, posts
+
+        status, headers, body = raw_exchange(url, b"HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert status == 200 and body == b"" and headers["content-type"] == "application/json", (status, headers)
+        for raw, want, code in [
+            (b"NOT HTTP AT ALL\r\n\r\n", 400, "invalid_http_request"),
+            (b"GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404, "not_found"),
+        ]:
+            status, headers, body = raw_exchange(url, raw)
+            assert status == want and json.loads(body)["error"]["code"] == code, (status, body)
+
+        with ThreadPoolExecutor(72) as pool:
+            load = [pool.submit(post, [f"load text {i}"] * 4) for i in range(24)]
+            healths = list(pool.map(health, range(300)))
+            api = [f.result()[0] for f in load]
+        assert healths == [200] * 300 and set(api) <= {200, 503} and 200 in api, (sorted(set(healths)), api)
+
+        texts = ["the first held text", "the second held text, longer than the first"]
+        bodies = [json.dumps({"model": name, "input": [t]}).encode() for t in texts]
+        port = int(url.rsplit(":", 1)[1])
+        held = []
+        for body in bodies:  # each held in the gateway: its head sent, its body not all
+            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body[:5])  # fmt: skip
+            held.append(s)
+        try:
+            over, deadline = None, time.monotonic() + 60
+            while time.monotonic() < deadline:  # until both have reached the gateway: the next is refused
+                over = post(["one too many"])
+                if over[0] == 503:
+                    break
+                time.sleep(0.2)
+            status, headers, body = over
+            assert status == 503 and headers.get("retry-after") == "1", over
+            assert body["error"]["type"] == "server_error" and "--max-queued-requests" in body["error"]["message"]
+            assert health() == 200  # the bound is on API requests only
+            for s, body in zip(held, bodies, strict=True):
+                s.sendall(body[5:])
+            answers = []
+            for s in held:
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                head, _, payload = answer.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+                answers.append(json.loads(payload)["data"][0]["embedding"])
+        finally:
+            for s in held:
+                s.close()
+        for text, vector in zip(texts, answers, strict=True):
+            status, _, alone = post([text])
+            assert status == 200 and alone["data"][0]["embedding"] == pytest.approx(vector, abs=1e-6)
+    finally:
+        os.kill(run.pid, signal.SIGTERM)
+        res = server().wait(run, timeout=90)
+    assert res.returncode == 0, res.stderr[-2000:]

@@ -106,6 +106,43 @@ MaxRequestTokens = Annotated[
         "in OpenAI's error shape.",
     ),
 ]
+MaxQueuedRequests = Annotated[
+    int | None,
+    typer.Option(
+        "--max-queued-requests",
+        parser=integer(1, 1000),
+        metavar="N",
+        show_default="128 per replica, at most 1000",
+        help="The most API requests the server holds at once (reading, waiting or encoded); past it the answer is "
+        "503 with Retry-After in OpenAI's error shape, at once.",
+    ),
+]
+
+
+def _proxy_address(value: str) -> str:
+    """An IP address or network (``10.0.0.0/8``) of a reverse proxy."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(str(value).strip(), strict=False)
+    except ValueError:
+        raise typer.BadParameter(
+            f"must be an IP address or network (e.g. 10.0.0.5, 10.0.0.0/8); got {value!r}"
+        ) from None
+    return str(value).strip()
+
+
+TrustedProxy = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trusted-proxy",
+        parser=_proxy_address,
+        metavar="ADDRESS",
+        show_default="none: a client is the address that connected",
+        help="A reverse proxy (IP address or network) whose X-Forwarded-For header names the client, each client "
+        "taking its own turns on the replicas; repeat for more.",
+    ),
+]
 RequestCalibration = Annotated[
     bool,
     typer.Option(
@@ -137,6 +174,8 @@ def serve(
     cors_origin: CorsOrigin = None,
     request_timeout: RequestTimeout = 600.0,
     max_request_tokens: MaxRequestTokens = None,
+    max_queued_requests: MaxQueuedRequests = None,
+    trusted_proxy: TrustedProxy = None,
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
@@ -181,6 +220,8 @@ def serve(
         cors_origins=tuple(cors_origin or ()),
         request_timeout_s=request_timeout,
         max_request_tokens=max_request_tokens,
+        max_queued_requests=max_queued_requests,
+        trusted_proxies=tuple(trusted_proxy or ()),
         fingerprint=fm.fingerprint,
     )
     if api_key_env is not None:  # read: kept out of the environment every Ray process of this server inherits

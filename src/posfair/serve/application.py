@@ -16,6 +16,7 @@ builder runs; only its SHA-256 (:func:`posfair.serve.openai_api.key_digest`) is 
 
 # no "from __future__ import annotations": Serve reads the builder's argument type (AppArgs) at run time
 
+import ipaddress
 import os
 import time
 from typing import Annotated, Any
@@ -70,6 +71,21 @@ class AppArgs(BaseModel):
     """The most tokens one request may hold (413 past it); None: no budget beyond 2048 texts."""
     fingerprint: str | None = None
     """The model's fingerprint as ``posfair serve`` checked it (replicas with other files refuse to start)."""
+    max_queued_requests: Annotated[int, Field(ge=1, le=1000)] | None = None
+    """The most API requests the gateway holds at once (503 with Retry-After past it); default: 128 per replica,
+    at most 1000."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Reverse proxies (addresses or networks) whose ``X-Forwarded-For`` names the client (its fair share of the
+    replicas); none by default: a client is the address that connected.  ``posfair serve`` gives them to Serve's
+    HTTP proxy (``POSFAIR_SERVE_TRUSTED_PROXIES``); under ``serve run`` or a RayService, set that variable (or
+    uvicorn's ``FORWARDED_ALLOW_IPS``) where Ray starts: Serve's proxy reads it, not this argument."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for address in value:
+            ipaddress.ip_network(address.strip(), strict=False)  # ValueError: pydantic names the argument
+        return tuple(a.strip() for a in value)
 
     @field_validator("calibration")
     @classmethod
@@ -144,5 +160,6 @@ def app(args: AppArgs) -> Any:
         "request_timeout_s": args.request_timeout_s,
         "max_request_tokens": args.max_request_tokens,
         "replicas": args.replicas,
+        "max_queued_requests": args.max_queued_requests,
     }
     return Gateway.bind(encoder, gateway)

@@ -10,7 +10,11 @@
   request is answered within ``request_timeout_s`` (408 past it); a long one is sent to the replicas in parts
   of at most :data:`PART_TEXTS` texts, one part at a time, so requests arriving meanwhile are batched between
   its parts, not behind all of it, and a client's long requests take turns (:mod:`posfair.serve.sharing`: at
-  most one part per replica in flight per client, however many long requests it sends).  Once the server is stopping (:meth:`Gateway.drain`) every new request gets
+  most one part per replica in flight per client, however many long requests it sends).  The gateway holds at
+  most ``max_queued_requests`` API requests at once (:data:`QUEUED_PER_REPLICA` per replica by default): one more
+  gets 503 with ``Retry-After`` at once, never a queue whose every request waits longer as it grows.  ``/health``
+  asks the replicas nothing while they answered within :data:`HEALTH_FRESH_S`, and otherwise one question for all
+  the ``/health`` requests arriving meanwhile, so it stays 200 under load.  Once the server is stopping (:meth:`Gateway.drain`) every new request gets
   503 ("stopping") while those in flight finish.
 * :class:`Encoder` -- the model replicas (``replicas``), each holding its share of the CPUs or one GPU
   (:func:`posfair.distributed.ray_engine.plan_workers`).  Requests reach it through ``@serve.batch``:
@@ -84,6 +88,17 @@ PASSES_HEADER = "X-Posfair-Forward-Passes"
 READY_WAIT_S = 1.0
 #: the longest /health waits for a replica's answer once they are up
 HEALTH_TIMEOUT_S = 2.0
+#: a replica's answer (to any request, or to /health's own question) this recent says the replicas answer: /health
+#: asks them nothing then, and otherwise asks once for all the /health requests arriving meanwhile
+HEALTH_FRESH_S = 5.0
+#: API requests (/v1/embeddings, /v1/segments) the gateway holds at once per encoder replica by default, the body
+#: being read, waiting for its turn or encoded: one more is answered 503 with Retry-After at once
+#: (``--max-queued-requests``); the gateway holds :data:`MAX_QUEUED_REQUESTS` at most, whatever the replicas.
+#: Measured (benchmarks/serve_queue.py, 400 one-text requests at once, bundled MiniLM, one replica, 2 cores): held
+#: 64 / 128 / 256 / all, the answered ran at 48.6 / 44.5 / 18.8 / 10.0 requests/s, the last after 1.7 / 3.0 /
+#: 14.3 / 40.0 s
+QUEUED_PER_REPLICA = 128
+MAX_QUEUED_REQUESTS = 1000
 #: texts one part of a request holds on its way to the replicas (a longer request goes in parts, one at a time;
 #: a request arriving meanwhile waits for at most one part)
 PART_TEXTS = 16
@@ -185,12 +200,18 @@ class Gateway:
         self._ping: asyncio.Future | None = None
         self._draining = False
         self._in_flight = 0
+        replicas = int(settings.get("replicas") or 1)
+        self.max_queued = int(
+            settings.get("max_queued_requests") or min(QUEUED_PER_REPLICA * replicas, MAX_QUEUED_REQUESTS)
+        )
+        self._answered = -float("inf")  # time.monotonic() of the replicas' last answer
+        self._probe: asyncio.Future | None = None  # /health's question to the replicas, shared
 
     # -- readiness, from the handle ----------------------------------------------------------------------------------
     async def _ask(self) -> None:
         try:
             await self.encoder.info.remote()
-            self._up = True
+            self._up, self._answered = True, time.monotonic()
         except Exception:  # noqa: BLE001 -- no replica answered: not up
             self._up = False
 
@@ -266,9 +287,11 @@ class Gateway:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         try:
-            return await getattr(self.encoder, method).remote(req)
+            answer = await getattr(self.encoder, method).remote(req)
+            self._answered = time.monotonic()
+            return answer
         except (RayActorError, ActorUnavailableError, serve.exceptions.DeploymentUnavailableError) as exc:
-            self._up = False
+            self._up, self._answered = False, -float("inf")
             logger.warning("an encoder replica failed under a request: %s", type(exc).__name__)
             raise _unavailable("the model replica serving this request stopped; retry") from None
         except serve.exceptions.BackPressureError:
@@ -337,6 +360,12 @@ class Gateway:
         cors = self._cors_headers(request)
         if self._draining:
             return _error(_STOPPING, _RETRY | cors)
+        if self._in_flight >= self.max_queued:  # refused at once, before its body is read
+            full = _unavailable(
+                f"the server is overloaded: it holds {self.max_queued} requests already (--max-queued-requests); "
+                "retry after the time Retry-After says"
+            )
+            return _error(full, _RETRY | cors)
         self._in_flight += 1
         try:
             self._check_origin(request)
@@ -406,16 +435,33 @@ class Gateway:
             return _error(_LOADING, _RETRY)
         return JSONResponse(models_response(self.served_name, self.created), headers=self._cors_headers(request))
 
+    async def _ask_health(self) -> None:
+        try:
+            await asyncio.wait_for(self.encoder.info.remote(), HEALTH_TIMEOUT_S)
+            self._answered = time.monotonic()
+        except Exception:  # noqa: BLE001 -- replaced, stopped, overloaded: not ready now
+            self._up = False
+
+    async def _replicas_answer(self) -> bool:
+        """Whether the replicas answered within :data:`HEALTH_FRESH_S` (any request's answer counts), else one
+        question (:data:`HEALTH_TIMEOUT_S` at most) shared by every /health arriving meanwhile: /health under load
+        puts no request per call into the replicas' queue."""
+        if time.monotonic() - self._answered < HEALTH_FRESH_S:
+            return True
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._ask_health())
+        await asyncio.shield(self._probe)
+        return time.monotonic() - self._answered < HEALTH_FRESH_S
+
     @api.get("/health")
+    @api.head("/health")
     async def health(self) -> JSONResponse:
+        """200 while the replicas answer (HEAD: the same status, no body), else 503 with Retry-After."""
         if self._draining:
             return _error(_STOPPING, _RETRY)
         if not await self._ready():
             return _error(_LOADING, _RETRY)
-        try:
-            await asyncio.wait_for(self.encoder.info.remote(), HEALTH_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 -- replaced, stopped, overloaded: not ready now
-            self._up = False
+        if not await self._replicas_answer():
             return _error(_unavailable("the model replicas do not answer"), _RETRY)
         return JSONResponse({"status": "ok", "model": self.served_name})
 

@@ -3,7 +3,7 @@ request's head and the API key on Serve's own paths.
 
 Ray Serve runs the callback named by its ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` environment variable when
 its proxy starts (``posfair serve`` sets it to :func:`guard` for the Ray instance it starts; on a cluster, or under
-``serve run`` / a RayService, set it where Ray starts).  :func:`guard` does two things in the proxy's process:
+``serve run`` / a RayService, set it where Ray starts).  :func:`guard` does three things in the proxy's process:
 
 * every connection must send a whole request head (request line and headers) within :data:`HEAD_TIMEOUT_S` of
   connecting, or of the end of its previous answer; a head of more than :data:`MAX_HEAD_BYTES` bytes or
@@ -20,7 +20,12 @@ its proxy starts (``posfair serve`` sets it to :func:`guard` for the Ray instanc
   ``POSFAIR_SERVE_API_KEY_ENV``; neither set: no key asked (as the gateway).  ``/health`` stays open, as the gateway
   answers it, and so does Serve's ``/-/healthz`` (:data:`OPEN_SERVE_PATHS`: it says "success" and nothing else, and
   KubeRay asks it without a key: its operator's check of the head pod's proxy, which puts the pod behind the
-  RayService's serve Service, and the readiness probe it gives worker pods).
+  RayService's serve Service, and the readiness probe it gives worker pods).  A request whose target is not a path
+  (``GET *``, a full URL) gets 404 in OpenAI's shape there too, and a request uvicorn's parser cannot read gets its
+  400 as JSON in OpenAI's shape (:func:`install_json_400`), not uvicorn's text.
+* whose ``X-Forwarded-For`` the proxy believes (:func:`trust_forwarded`): no one's unless ``posfair serve
+  --trusted-proxy`` names them (``POSFAIR_SERVE_TRUSTED_PROXIES``) or ``FORWARDED_ALLOW_IPS`` is set, so a client on
+  this machine cannot name itself anyone to take another fair share of the replicas per name.
 """
 
 from __future__ import annotations
@@ -51,9 +56,12 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_HEAD_BYTES",
     "OPEN_SERVE_PATHS",
+    "TRUSTED_PROXIES_ENV",
     "KeyOnServePaths",
     "guard",
     "install_head_limits",
+    "install_json_400",
+    "trust_forwarded",
 ]
 
 #: Ray Serve's environment variable naming a callback its HTTP proxy runs at start (returning Starlette middlewares)
@@ -71,12 +79,19 @@ MAX_HEAD_BYTES = 16 * 1024
 MAX_HEADERS = 100
 #: Serve's own paths open without the key: its proxy's health ("success"), what KubeRay asks without a key
 OPEN_SERVE_PATHS = frozenset({"/-/healthz"})
+#: the reverse proxies whose ``X-Forwarded-For`` the server believes (addresses or networks, comma-separated;
+#: ``posfair serve --trusted-proxy``); unset: no one's, unless ``FORWARDED_ALLOW_IPS`` is set (see :func:`guard`)
+TRUSTED_PROXIES_ENV = "POSFAIR_SERVE_TRUSTED_PROXIES"
+#: uvicorn's own variable for the same (read when Serve's proxy creates its uvicorn.Config, after :func:`guard`)
+FORWARDED_ENV = "FORWARDED_ALLOW_IPS"
 
 
 def _answer(err: ApiError) -> bytes:
     """A whole HTTP/1.1 answer carrying ``err`` in OpenAI's error shape; the connection is closed after it."""
     body = json.dumps(err.body()).encode()
-    reason = {401: "Unauthorized", 408: "Request Timeout", 431: "Request Header Fields Too Large"}[err.status]
+    reason = {400: "Bad Request", 401: "Unauthorized", 408: "Request Timeout", 431: "Request Header Fields Too Large"}[
+        err.status
+    ]
     head = (
         f"HTTP/1.1 {err.status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -257,6 +272,50 @@ def install_head_limits() -> None:
             _wrap(cls)
 
 
+# -- uvicorn internals: the parser's own 400 in OpenAI's shape (issue 58 item 7) ---------------------------------------
+# uvicorn's HTTP/1.1 protocols (h11 and httptools) answer a request their parser cannot read by calling
+# ``self.send_400_response(msg)``, which writes a text/plain 400 ("Invalid HTTP request received.") and closes the
+# connection.  Serve's proxy reaches no ASGI app for it (no middleware sees it), so the method is replaced on both
+# classes, in the proxy's process only (:func:`guard`).
+
+
+def _send_400_response(self: Any, msg: str) -> None:
+    """uvicorn's ``send_400_response``: the same 400, its connection closed after it, as JSON in OpenAI's shape."""
+    err = ApiError(400, f"the request is not valid HTTP/1.1 ({msg.strip().rstrip('.')})", code="invalid_http_request")
+    head = getattr(self, "_posfair_head", None)
+    if head is not None:  # no head is waited for any more on this connection
+        head.done = True
+        head.timer.cancel()
+    if not self.transport.is_closing():
+        self.transport.write(_answer(err))
+        self.transport.close()
+
+
+def install_json_400() -> None:
+    """The parser's 400 as JSON in OpenAI's shape on uvicorn's HTTP/1.1 protocols (h11, and httptools)."""
+    for cls in (H11Protocol, HttpToolsProtocol):
+        if cls is not None and hasattr(cls, "send_400_response"):
+            cls.send_400_response = _send_400_response
+
+
+# -- end of the uvicorn internals ------------------------------------------------------------------------------------
+
+
+def trust_forwarded() -> None:
+    """Whose ``X-Forwarded-For`` Serve's proxy believes, set in its process before it creates its uvicorn.Config
+    (which reads ``FORWARDED_ALLOW_IPS`` then, and by default trusts 127.0.0.1 and ::1: any client on this machine
+    could then name itself anyone and take a fair share of the replicas per name, :mod:`posfair.serve.sharing`).
+
+    ``POSFAIR_SERVE_TRUSTED_PROXIES`` set (``posfair serve --trusted-proxy``): those addresses, the client address of
+    a request from one of them read from its ``X-Forwarded-For``; else a ``FORWARDED_ALLOW_IPS`` the user set is
+    left as it is; else no one: every request's client is the address that connected."""
+    trusted = os.environ.get(TRUSTED_PROXIES_ENV)
+    if trusted is not None:
+        os.environ[FORWARDED_ENV] = ",".join(a.strip() for a in trusted.split(",") if a.strip())
+    elif FORWARDED_ENV not in os.environ:
+        os.environ[FORWARDED_ENV] = ""  # uvicorn trusts no address then (an empty host is never trusted)
+
+
 def _key_sha256() -> str | None:
     digest = os.environ.get(KEY_SHA256_ENV, "").strip()
     if digest:
@@ -268,14 +327,19 @@ def _key_sha256() -> str | None:
 
 class KeyOnServePaths:
     """ASGI middleware: Serve's own paths (``/-/...``, :data:`OPEN_SERVE_PATHS` aside) only with ``Authorization:
-    Bearer KEY`` (401 in OpenAI's shape otherwise), when a key is set; everything else passes to the proxy untouched
-    (the gateway checks it)."""
+    Bearer KEY`` (401 in OpenAI's shape otherwise), when a key is set; a request whose target is not a path (``GET
+    *``, a full URL: Serve's proxy would answer a text pointing at ``/-/routes``) gets 404 in OpenAI's shape;
+    everything else passes to the proxy untouched (the gateway checks it)."""
 
     def __init__(self, app: Any, key_sha256: str | None = None):
         self.app, self.key_sha256 = app, key_sha256
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
+        if scope.get("type") == "http" and not path.startswith("/"):
+            where = f"{scope.get('method', '')} {path}".strip()
+            await _send_error(send, ApiError(404, f"{where}: not a path of this server", code="not_found"))
+            return
         if (
             scope.get("type") != "http"
             or self.key_sha256 is None
@@ -292,19 +356,27 @@ class KeyOnServePaths:
         err = ApiError(
             401, "a valid API key is needed: send 'Authorization: Bearer KEY'", param=None, code="invalid_api_key"
         )
-        body = json.dumps(err.body()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _send_error(send, err)
+
+
+async def _send_error(send: Any, err: ApiError) -> None:
+    """``err`` answered through ASGI's ``send``, JSON in OpenAI's shape."""
+    body = json.dumps(err.body()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def guard() -> list[Middleware]:
     """Ray Serve's proxy callback (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=posfair.serve.proxy:guard``): the
-    head limits installed in the proxy's process, and the key middleware for Serve's own paths."""
+    head limits and the parser's 400 in OpenAI's shape installed in the proxy's process, whose ``X-Forwarded-For``
+    it believes (:func:`trust_forwarded`), and the key middleware for Serve's own paths."""
     install_head_limits()
+    install_json_400()
+    trust_forwarded()
     return [Middleware(KeyOnServePaths, key_sha256=_key_sha256())]

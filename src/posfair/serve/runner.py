@@ -215,11 +215,13 @@ def loopback_only(host: str, address: str | None) -> bool:
 def proxy_env(settings: ServerSettings) -> dict[str, str]:
     """The environment a Ray instance of the server's own starts with: Serve's HTTP proxy runs posfair's guard
     (:func:`posfair.serve.proxy.guard`), which asks the key (its SHA-256 only) on Serve's own paths."""
-    from posfair.serve.proxy import CALLBACK_ENV, KEY_SHA256_ENV
+    from posfair.serve.proxy import CALLBACK_ENV, KEY_SHA256_ENV, TRUSTED_PROXIES_ENV
 
     env = {CALLBACK_ENV: "posfair.serve.proxy:guard"}
     if settings.args.key_sha256:
         env[KEY_SHA256_ENV] = settings.args.key_sha256
+    if settings.args.trusted_proxies:  # else none trusted, unless FORWARDED_ALLOW_IPS is set (proxy.trust_forwarded)
+        env[TRUSTED_PROXIES_ENV] = ",".join(settings.args.trusted_proxies)
     return env
 
 
