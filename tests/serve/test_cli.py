@@ -131,6 +131,49 @@ def test_the_replicas_health_is_noted_and_a_silent_ray_ends_the_server(monkeypat
     assert "Failed to connect to GCS" in str(failed.value) and "cannot serve" in str(failed.value)
 
 
+@pytest.mark.parametrize(
+    ("said", "fails_after"),
+    [
+        (["x", "RUNNING", "x", "RUNNING", "x", "RUNNING"], None),  # one silent check at a time: never a failure
+        (["RUNNING", "x", "x", "RUNNING"], 3),  # two in a row: the server ends at the second, not later
+        (["x", "x"], 2),
+        (["x", "RUNNING", "x", "x"], 4),  # the count starts again after an answer, and still counts
+    ],
+)
+def test_the_watch_ends_the_server_after_two_silent_checks_in_a_row_only(monkeypatch, said, fails_after):
+    """Issue 58 item 5: Ray not answering once (a slow controller) must not end a server, twice in a row must, and
+    an answer in between starts the count again.  ``x``: Ray's status call fails."""
+    import threading
+    from types import SimpleNamespace
+
+    from ray import serve
+
+    import posfair.serve.runner as runner
+
+    stop, calls = threading.Event(), []
+
+    def status():
+        calls.append(1)
+        if len(calls) > len(said):
+            stop.set()
+            now = "RUNNING"
+        else:
+            now = said[len(calls) - 1]
+        if now == "x":
+            raise RuntimeError("Failed to connect to GCS")
+        return SimpleNamespace(applications={"posfair": SimpleNamespace(status=now, message="")})
+
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(runner, "WATCH_PERIOD_S", 0.01)
+    if fails_after is None:
+        runner._watch(stop, lambda line: None)
+        assert len(calls) == len(said) + 1
+    else:
+        with pytest.raises(runner.ServerFailed):
+            runner._watch(stop, lambda line: None)
+        assert len(calls) == fails_after
+
+
 def test_a_ray_that_cannot_start_under_a_memory_limit_is_said_with_the_limit(monkeypatch):
     """Defect 6 (ulimit -v 4000000): the start failed with "unexpected Exception: The current node timed out during
     startup" with no word of memory. The failure's line names the limit."""
@@ -143,6 +186,25 @@ def test_a_ray_that_cannot_start_under_a_memory_limit_is_said_with_the_limit(mon
     assert "ulimit -v" in runner._limits_hint() and "3906 MiB" in runner._limits_hint()
     limits[resource.RLIMIT_AS] = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
     assert runner._limits_hint() == ""
+
+
+def test_a_local_server_starts_its_own_ray_even_beside_a_cluster_of_this_machine(monkeypatch):
+    """Issue 58: ``ray.init()`` without an address joins the cluster last started on this machine (``ray start``,
+    or a test's ``ray.cluster_utils.Cluster``), so ``posfair serve`` without ``--ray-address`` would have served on
+    it, off the loopback (seen: a server beside the multi-node tests' cluster stopped with "Ray started on
+    192.0.2.2, not on the loopback only").  Its Ray is asked for a new local instance; ``--ray-address`` is
+    passed as given."""
+    ray = pytest.importorskip("ray")
+    import posfair.serve.runner as runner
+
+    seen: list = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs["address"]))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    monkeypatch.setattr(runner.os, "environ", dict(runner.os.environ))
+    for address in (None, "local", "10.0.0.5:6379", "auto"):
+        runner.connect(address)
+    assert seen == ["local", "local", "10.0.0.5:6379", "auto"]
 
 
 def test_rays_notice_of_a_start_off_the_main_thread_is_not_printed(monkeypatch):

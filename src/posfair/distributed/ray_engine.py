@@ -19,7 +19,6 @@ ends every actor of the job on the cluster as well.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import importlib.util
@@ -37,6 +36,7 @@ import torch
 from posfair.distributed.spec import EmbedSpec
 from posfair.distributed.worker import Shard, process_shard
 from posfair.runtime.errors import install_hint
+from posfair.runtime.private_api import quiet_ray_start
 from posfair.runtime.stacklevel import user_stacklevel
 from posfair.store import ManifestMismatch
 
@@ -312,26 +312,6 @@ def root_cause(exc: BaseException) -> tuple[str, str]:
     return type(deepest).__name__, text.splitlines()[0] if text else ""
 
 
-#: Ray's logger of the notice "Token authentication is enabled for this Ray cluster ..." that a local ray.init()
-#: prints on every start: about Ray's own security default, nothing a posfair user acts on
-_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-@contextlib.contextmanager
-def _quiet_auth_notice():
-    """Hide Ray's token-authentication notice while ``ray.init`` runs, unless posfair logs at DEBUG (``--debug``)
-    or the user configured that logger."""
-    logger = logging.getLogger(_AUTH_LOGGER)
-    if logger.level != logging.NOTSET or logging.getLogger("posfair").isEnabledFor(logging.DEBUG):
-        yield
-        return
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(logging.NOTSET)
-
-
 def run_ray(
     spec: EmbedSpec,
     ns_dir: Path,
@@ -346,7 +326,7 @@ def run_ray(
     ray = require_ray()
     started_here = not ray.is_initialized()
     if started_here:
-        with _quiet_auth_notice():
+        with quiet_ray_start(off_main=False):
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         return _run_with_replacements(ray, spec, ns_dir, shards, on_result, after_shard, fingerprint, workers)

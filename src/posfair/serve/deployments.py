@@ -32,7 +32,6 @@
 import asyncio
 import hmac
 import logging
-import os
 import re
 import time
 from typing import Any
@@ -47,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from posfair.distributed.ray_engine import held_threads
 from posfair.distributed.spec import EmbedSpec
+from posfair.runtime.private_api import replica_grpc_on_loopback
 from posfair.serve.engine import Answer, Document, Engine
 from posfair.serve.openai_api import (
     MAX_BODY_BYTES,
@@ -111,6 +111,9 @@ api = FastAPI(title="posfair serve", docs_url=None, redoc_url=None, openapi_url=
 
 
 def _error(err: ApiError, headers: dict | None = None) -> JSONResponse:
+    """``err`` in OpenAI's shape; a 503 (the server cannot answer now) always says when to retry."""
+    if err.status == 503:
+        headers = {"Retry-After": "1"} | (headers or {})
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
@@ -132,33 +135,6 @@ def _unavailable(why: str) -> ApiError:
 _LOADING = _unavailable("the model is loading (or its replica is being replaced); retry when GET /health answers 200")
 _STOPPING = _unavailable("the server is stopping; retry on another")
 _RETRY = {"Retry-After": "1"}
-
-
-#: Ray's switch for an instance of one machine, which ``posfair serve`` sets to "0" to keep its Ray on the loopback
-#: (posfair.serve.runner.RAY_LOCAL_ONLY_ENV; inherited by every process of the instance)
-RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def _replica_grpc_on_loopback() -> None:
-    """On a Ray instance kept on the loopback, this replica's inter-deployment gRPC server listens on 127.0.0.1.
-
-    Ray Serve 2.60 starts that server in every replica on ``[::]:0`` -- every interface -- with no option to say
-    otherwise, once the deployment's constructor has run; called first in each constructor, this hands it the
-    loopback instead.  It is the one private name of Ray that posfair touches (no public option exists); where
-    Serve has no such function, or binds another address, nothing changes."""
-    if os.environ.get(RAY_LOCAL_ONLY_ENV) != "0":
-        return
-    import ray.serve._private.replica as replica  # noqa: PLC0415 -- see the docstring
-
-    bind = getattr(replica, "add_port_to_grpc_server", None)
-    if bind is None or getattr(bind, "posfair_loopback", False):
-        return
-
-    def on_loopback(server: Any, address: str) -> Any:
-        return bind(server, "127.0.0.1:0" if address == "[::]:0" else address)
-
-    on_loopback.posfair_loopback = True  # type: ignore[attr-defined]
-    replica.add_port_to_grpc_server = on_loopback
 
 
 # defined before the deployments: Ray Serve takes their code with what it names at that point
@@ -187,7 +163,7 @@ class Gateway:
     """The HTTP side (see the module's description); ``encoder`` the handle the composition gives it."""
 
     def __init__(self, encoder: Any, settings: dict[str, Any]):
-        _replica_grpc_on_loopback()
+        replica_grpc_on_loopback()
         self.encoder = encoder
         self.served_name = settings["served_name"]
         self.key_sha256 = settings.get("key_sha256")
@@ -494,7 +470,7 @@ class Encoder:
     """A model replica (see the module's description); ``settings`` as :func:`posfair.serve.app.encoder_settings`."""
 
     def __init__(self, settings: dict[str, Any]):
-        _replica_grpc_on_loopback()
+        replica_grpc_on_loopback()
         threads = held_threads() or settings.get("threads")  # the CPUs Ray gave this replica (a config may differ)
         if threads:
             torch.set_num_threads(int(threads))

@@ -33,20 +33,13 @@ from __future__ import annotations
 import hmac
 import json
 import os
-import re
 from typing import Any
 
-import h11
 from starlette.middleware import Middleware
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from posfair.runtime import private_api
 from posfair.runtime.private_api import SERVE_PROXY_CALLBACK_ENV
 from posfair.serve.openai_api import ApiError, key_digest
-
-try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # httptools not installed: uvicorn runs h11
-    HttpToolsProtocol = None
 
 __all__ = [
     "CALLBACK_ENV",
@@ -111,194 +104,22 @@ _TOO_BIG = ApiError(
 )
 
 
-class _Head:
-    """One connection's wait for a request head: the bytes of it seen so far, the timer that ends the wait."""
-
-    def __init__(self, proto: Any):
-        self.cycle = getattr(proto, "cycle", None)  # uvicorn's current request; a new one: a head was parsed
-        self.seen = b""
-        self.done = False
-        self.timer = proto.loop.call_later(HEAD_TIMEOUT_S, _expire, proto, self)
-
-
-def _arm(proto: Any) -> None:
-    old = getattr(proto, "_posfair_head", None)
-    if old is not None:
-        old.timer.cancel()
-    proto._posfair_head = _Head(proto)
-
-
-def _refuse(proto: Any, err: ApiError) -> None:
-    head = proto._posfair_head
-    head.done = True
-    head.timer.cancel()
-    if not proto.transport.is_closing():
-        proto.transport.write(_answer(err))
-        proto.transport.close()
-
-
-def _expire(proto: Any, head: _Head) -> None:
-    """The head timer: a connection still waiting for its head is closed (408 if part of one arrived)."""
-    if head.done or proto._posfair_head is not head or getattr(proto, "cycle", None) is not head.cycle:
-        return
-    if proto.transport.is_closing():
-        return
-    if head.seen:
-        _refuse(proto, _TIMEOUT)
-    else:
-        head.done = True
-        proto.transport.close()
-
-
-#: the blank line that ends a head, as h11 finds it (a line ends with LF, its CR optional: h11 takes bare LFs)
-_HEAD_END = re.compile(b"\n\r?\n")
-
-
-def _scan(proto: Any, head: _Head, data: bytes) -> bool:
-    """``data``, the next bytes of the head ``head`` waits for: False (refused, 431) when the head is over the limits,
-    else True (the head whole: the timer stops; the parser takes it from here).
-
-    A head's size is its bytes up to and with its blank line; its header lines are its lines (each ending with LF)
-    but the request line and the blank line.  Of a head not yet whole, what was seen is counted (its lines ended
-    by an LF: a line's last LF may be the start of the blank line), so a head is refused as soon as it is over
-    and never for how its bytes were split."""
-    seen = head.seen + data
-    end = _HEAD_END.search(seen)
-    size = len(seen) if end is None else end.end()
-    lines = seen.count(b"\n", 0, size) - (1 if end is None else 2)
-    if size > MAX_HEAD_BYTES or lines > MAX_HEADERS:
-        _refuse(proto, _TOO_BIG)
-        return False
-    if end is None:
-        head.seen = seen
-    else:
-        head.done = True
-        head.timer.cancel()
-    return True
-
-
-def _in_flight(proto: Any) -> bool:
-    """A request of this connection is being answered, its body all received (what arrives now is a next request)."""
-    cycle = getattr(proto, "cycle", None)
-    return cycle is not None and not cycle.response_complete and not cycle.more_body
-
-
-def _wrap(cls: type) -> None:
-    """Head limits on one of uvicorn's HTTP/1.1 protocol classes (once).
-
-    Bytes that arrive while a request is answered, its body whole (a pipelined next request), are held, reading
-    paused, until the answer is complete, and then go through the same checks as any head: no parser sees a next
-    head before its limits are checked (httptools parses ahead at once, h11 once the answer is complete; either
-    would take an unchecked head).  Where a next request began in the bytes that ended the previous body (so the
-    parser had them), the parser's own view is checked: h11's unparsed bytes when the answer completes, httptools'
-    headers when its head ends."""
-    if getattr(cls, "_posfair_head_limits", False):
-        return
-    made, received, complete, lost = (
-        cls.connection_made,
-        cls.data_received,
-        cls.on_response_complete,
-        cls.connection_lost,
-    )
-
-    def connection_made(self, transport):
-        made(self, transport)
-        self._posfair_held = b""
-        _arm(self)
-
-    def data_received(self, data):
-        if self.transport.is_closing():  # refused (or closing): nothing more is parsed
-            return
-        head = getattr(self, "_posfair_head", None)
-        if head is not None and head.done and _in_flight(self):
-            self._posfair_held += data
-            self.flow.pause_reading()
-            return
-        if head is not None and not head.done and not _scan(self, head, data):
-            return
-        received(self, data)
-
-    def on_response_complete(self):
-        if self.transport.is_closing():
-            complete(self)
-            return
-        _arm(self)  # the next request on this connection: its head in time too, and within the limits
-        conn = getattr(self, "conn", None)  # h11: the bytes of a next request it holds unparsed
-        pending = conn.trailing_data[0] if conn is not None and conn.their_state is h11.DONE else b""
-        if pending and not _scan(self, self._posfair_head, bytes(pending)):
-            return
-        complete(self)  # may start a next request whose head the parser had already
-        if getattr(self, "cycle", None) is not None and not self.cycle.response_complete:
-            self._posfair_head.done = True  # a request is being answered: no head is waited for
-            self._posfair_head.timer.cancel()
-        held, self._posfair_held = self._posfair_held, b""
-        if held and not self.transport.is_closing():
-            self.data_received(held)
-
-    def connection_lost(self, exc):
-        head = getattr(self, "_posfair_head", None)
-        if head is not None:
-            head.done = True
-            head.timer.cancel()
-        lost(self, exc)
-
-    cls.connection_made = connection_made
-    cls.data_received = data_received
-    cls.on_response_complete = on_response_complete
-    cls.connection_lost = connection_lost
-    if hasattr(cls, "on_headers_complete"):  # httptools: a head it parsed ahead, checked as a whole
-        headers_complete = cls.on_headers_complete
-
-        def on_headers_complete(self):
-            # the head's bytes as sent in the usual form ("name: value" lines, CRLFs), its blank line included
-            line = len(self.parser.get_method()) + len(self.url) + len(self.parser.get_http_version()) + 11
-            size = line + sum(len(k) + len(v) + 4 for k, v in self.headers)
-            if len(self.headers) > MAX_HEADERS or size > MAX_HEAD_BYTES:
-                _refuse(self, _TOO_BIG)
-                self._posfair_refused = True
-                return
-            if getattr(self, "_posfair_refused", False):
-                return
-            headers_complete(self)
-
-        cls.on_headers_complete = on_headers_complete
-    cls._posfair_head_limits = True
-
-
 def install_head_limits() -> None:
-    """The head timeout and size limits on uvicorn's HTTP/1.1 protocols (h11, and httptools where installed)."""
-    for cls in (H11Protocol, HttpToolsProtocol):
-        if cls is not None:
-            _wrap(cls)
-
-
-# -- uvicorn internals: the parser's own 400 in OpenAI's shape (issue 58 item 7) ---------------------------------------
-# uvicorn's HTTP/1.1 protocols (h11 and httptools) answer a request their parser cannot read by calling
-# ``self.send_400_response(msg)``, which writes a text/plain 400 ("Invalid HTTP request received.") and closes the
-# connection.  Serve's proxy reaches no ASGI app for it (no middleware sees it), so the method is replaced on both
-# classes, in the proxy's process only (:func:`guard`).
-
-
-def _send_400_response(self: Any, msg: str) -> None:
-    """uvicorn's ``send_400_response``: the same 400, its connection closed after it, as JSON in OpenAI's shape."""
-    err = ApiError(400, f"the request is not valid HTTP/1.1 ({msg.strip().rstrip('.')})", code="invalid_http_request")
-    head = getattr(self, "_posfair_head", None)
-    if head is not None:  # no head is waited for any more on this connection
-        head.done = True
-        head.timer.cancel()
-    if not self.transport.is_closing():
-        self.transport.write(_answer(err))
-        self.transport.close()
+    """The head timeout and size limits (:data:`HEAD_TIMEOUT_S`, :data:`MAX_HEAD_BYTES`, :data:`MAX_HEADERS`) on
+    uvicorn's HTTP/1.1 protocols, their refusals in OpenAI's shape (:mod:`posfair.runtime.private_api`)."""
+    private_api.install_head_limits(
+        private_api.HeadLimits(HEAD_TIMEOUT_S, MAX_HEAD_BYTES, MAX_HEADERS, _answer(_TIMEOUT), _answer(_TOO_BIG))
+    )
 
 
 def install_json_400() -> None:
-    """The parser's 400 as JSON in OpenAI's shape on uvicorn's HTTP/1.1 protocols (h11, and httptools)."""
-    for cls in (H11Protocol, HttpToolsProtocol):
-        if cls is not None and hasattr(cls, "send_400_response"):
-            cls.send_400_response = _send_400_response
+    """uvicorn's parser's 400 (a request it cannot read) as JSON in OpenAI's shape, on its HTTP/1.1 protocols."""
 
+    def answer(msg: str) -> bytes:
+        why = msg.strip().rstrip(".")
+        return _answer(ApiError(400, f"the request is not valid HTTP/1.1 ({why})", code="invalid_http_request"))
 
-# -- end of the uvicorn internals ------------------------------------------------------------------------------------
+    private_api.install_parser_400(answer)
 
 
 def trust_forwarded() -> None:

@@ -24,7 +24,6 @@ cluster keeps the address it started with (Serve ignores a new one), may already
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import ipaddress
@@ -37,11 +36,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from posfair.distributed.ray_engine import _quiet_auth_notice
 from posfair.runtime.errors import install_hint
+from posfair.runtime.private_api import RAY_LOCAL_ONLY_ENV, quiet_ray_start, serve_instance_details
 
 logger = logging.getLogger("posfair.serve")
 
@@ -116,10 +115,6 @@ RAY_ANSWER_S = 10.0
 WATCH_PERIOD_S = 2.0
 
 
-#: Serve's controller actor and its namespace, as Serve's documentation names them (fault tolerance guide)
-SERVE_CONTROLLER, SERVE_NAMESPACE = "SERVE_CONTROLLER_ACTOR", "serve"
-
-
 class ServeConflict(RuntimeError):
     """The cluster's running Serve instance and this server cannot go together (see :func:`serve_conflict`)."""
 
@@ -127,7 +122,7 @@ class ServeConflict(RuntimeError):
 def connect(address: str | None, env: dict[str, str] | None = None, loopback: bool = False) -> bool:
     """Start a local Ray instance (``address`` None or ``local``) or join the cluster at ``address``, unless this
     process is in one already (then False); Serve's INFO lines, and Ray's notice that it starts off the main thread
-    (:func:`_quiet_off_main_notice`), are hidden unless posfair logs at DEBUG.  A local
+    (:func:`posfair.runtime.private_api.quiet_ray_start`), are hidden unless posfair logs at DEBUG.  A local
     instance is started with ``env`` in its processes' environment and, with ``loopback``, on the loopback only
     (:func:`loopback_only` must have been called before Ray was imported; :class:`ServerFailed` otherwise)."""
     import ray
@@ -139,9 +134,9 @@ def connect(address: str | None, env: dict[str, str] | None = None, loopback: bo
     local = address in (None, "local")
     if local:
         os.environ.update(env or {})  # Ray's processes (GCS, raylet, workers) inherit the environment at start
-    with _quiet_auth_notice(), _quiet_off_main_notice():
+    with quiet_ray_start():
         ray.init(
-            address=None if local else address,
+            address="local" if local else address,  # its own instance, never a `ray start` cluster of this machine
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,
@@ -154,41 +149,6 @@ def connect(address: str | None, env: dict[str, str] | None = None, loopback: bo
             "call posfair.serve.runner.loopback_only first), so its ports would listen on every interface"
         )
     return True
-
-
-#: the logger of ``ray.init``'s notice "SIGTERM handler is not set because current thread is not the main thread"
-_RAY_WORKER_LOGGER = "ray._private.worker"
-_OFF_MAIN_NOTICE = "SIGTERM handler is not set"
-
-
-class _NoOffMainNotice(logging.Filter):
-    """Drops Ray's notice that ``ray.init`` ran off the main thread (every other record passes)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(_OFF_MAIN_NOTICE)
-
-
-@contextlib.contextmanager
-def _quiet_off_main_notice() -> Iterator[None]:
-    """Within (unless posfair logs at DEBUG: ``--debug``): no line from Ray that its SIGTERM handler is not set
-    because ``ray.init`` runs off the main thread.  :func:`serve_model` starts Ray in a helper thread on purpose
-    and its main thread handles SIGINT and SIGTERM itself, so the notice asks nothing of the user; only posfair's
-    own warnings are printed."""
-    if logging.getLogger("posfair").isEnabledFor(logging.DEBUG):
-        yield
-        return
-    ray_logger, quiet = logging.getLogger(_RAY_WORKER_LOGGER), _NoOffMainNotice()
-    ray_logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        ray_logger.removeFilter(quiet)
-
-
-#: Ray's own switch for an instance of this machine alone (its default on macOS and Windows): "0" makes the node's
-#: address 127.0.0.1, so the GCS, the raylet and every worker listen on the loopback only.  Ray reads it once, when
-#: it is imported.
-RAY_LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def _is_loopback(host: str) -> bool:
@@ -259,17 +219,15 @@ def _url(host: str, port: int) -> str:
 def running_serve() -> RunningServe | None:
     """The Serve instance already running on the connected cluster, or None: Serve's public status
     (``serve.status()``: its proxies and applications), and where it listens and routes from its controller's
-    public schema (``ServeInstanceDetails``, what Serve's REST API answers), asked of the controller actor by the
-    name Serve's documentation gives it."""
-    import ray
+    details in Serve's public schema (``ServeInstanceDetails``, what Serve's REST API answers; asked of the
+    controller by :func:`posfair.runtime.private_api.serve_instance_details`, as no public call says it)."""
     from ray import serve
     from ray.serve.schema import ServeInstanceDetails
 
     status = serve.status()  # no controller: an empty status (nothing started)
     if not status.proxies and not status.applications:
         return None
-    controller = ray.get_actor(SERVE_CONTROLLER, namespace=SERVE_NAMESPACE)
-    details = ServeInstanceDetails(**ray.get(controller.get_serve_instance_details.remote(), timeout=RAY_ANSWER_S))
+    details = ServeInstanceDetails(**serve_instance_details(RAY_ANSWER_S))
     http = details.http_options
     return RunningServe(http.host, int(http.port), {n: a.route_prefix for n, a in details.applications.items()})
 
