@@ -233,7 +233,8 @@ def local_imports(path: Path) -> list[tuple[int, str]]:
 OPTIONAL_ON_USE = {
     ("posfair.serve.runner", "posfair.serve.deployments"),
     ("posfair.serve.runner", "posfair.serve.application"),  # the application builder: its deployments, at import
-    ("posfair.serve.runner", "posfair.serve.proxy"),  # the guard of Serve's HTTP proxy (starlette, uvicorn)
+    ("posfair.serve.cluster", "posfair.serve.deployments"),
+    ("posfair.serve.cluster", "posfair.serve.proxy"),  # the guard of Serve's HTTP proxy (starlette, uvicorn)
     ("posfair.calibration.cuda_rows", "torch.nn.attention"),  # FlexAttention: torch >= 2.5, the "flex" kernel only
     # the private names of uvicorn (the serve extra), imported in Serve's proxy process only
     ("posfair.runtime.private_api", "uvicorn.protocols.http.h11_impl"),

@@ -138,9 +138,10 @@ def test_max_seq_length_reaches_the_model_load(command, tmp_path, monkeypatch, l
     monkeypatch.setattr("posfair.cli.runs.say_benchmark_size", lambda bench: None)
     if command == "serve":
         import posfair.serve.runner as runner
+        from posfair.serve.cluster import RAY_LOCAL_ONLY_ENV
 
         monkeypatch.setattr(runner, "serve_model", lambda *a, **k: pytest.fail("served without loading"))
-        monkeypatch.delenv(runner.RAY_LOCAL_ONLY_ENV, raising=False)
+        monkeypatch.delenv(RAY_LOCAL_ONLY_ENV, raising=False)
     (tmp_path / "in.txt").write_text("a text\nanother text\n")
     line = MAX_SEQ_LENGTH_COMMANDS[command].format(t=tmp_path, port=free_port())
     r = CliRunner().invoke(app, [*line.split(), "--max-seq-length", "77"], env=WIDE)
@@ -155,10 +156,11 @@ def test_serve_starts_with_typed_frozen_settings(tiny_model_path, monkeypatch):
 
     import posfair.serve.runner as runner
     from posfair.serve.application import AppArgs, encoder_settings
+    from posfair.serve.cluster import RAY_LOCAL_ONLY_ENV
 
     seen = []
     monkeypatch.setattr(runner, "serve_model", lambda settings, *a, **k: seen.append(settings))
-    monkeypatch.delenv(runner.RAY_LOCAL_ONLY_ENV, raising=False)
+    monkeypatch.delenv(RAY_LOCAL_ONLY_ENV, raising=False)
     path, pooling = tiny_model_path("bert")
     port = free_port()
     argv = ["serve", "-m", str(path), "--pooling", pooling, "--port", str(port), "--max-seq-length", "64"]

@@ -20,11 +20,12 @@ def free_port() -> int:
 @pytest.fixture
 def started(monkeypatch):
     """The settings ``posfair serve`` would serve with: ``serve_model`` recorded, not run."""
+    import posfair.serve.cluster as cluster
     import posfair.serve.runner as runner
 
     seen = []
     monkeypatch.setattr(runner, "serve_model", lambda settings, *a, **k: seen.append(settings))
-    monkeypatch.delenv(runner.RAY_LOCAL_ONLY_ENV, raising=False)  # what the command sets goes with the test
+    monkeypatch.delenv(cluster.RAY_LOCAL_ONLY_ENV, raising=False)  # what the command sets goes with the test
     return seen
 
 
@@ -179,13 +180,13 @@ def test_a_ray_that_cannot_start_under_a_memory_limit_is_said_with_the_limit(mon
     startup" with no word of memory. The failure's line names the limit."""
     import resource
 
-    import posfair.serve.runner as runner
+    import posfair.serve.cluster as cluster
 
     limits = {resource.RLIMIT_AS: (4_000_000 * 1024, resource.RLIM_INFINITY), resource.RLIMIT_NOFILE: (8192, 8192)}
     monkeypatch.setattr(resource, "getrlimit", lambda what: limits[what])
-    assert "ulimit -v" in runner._limits_hint() and "3906 MiB" in runner._limits_hint()
+    assert "ulimit -v" in cluster._limits_hint() and "3906 MiB" in cluster._limits_hint()
     limits[resource.RLIMIT_AS] = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
-    assert runner._limits_hint() == ""
+    assert cluster._limits_hint() == ""
 
 
 def test_a_local_server_starts_its_own_ray_even_beside_a_cluster_of_this_machine(monkeypatch):
@@ -195,15 +196,15 @@ def test_a_local_server_starts_its_own_ray_even_beside_a_cluster_of_this_machine
     192.0.2.2, not on the loopback only").  Its Ray is asked for a new local instance; ``--ray-address`` is
     passed as given."""
     ray = pytest.importorskip("ray")
-    import posfair.serve.runner as runner
+    import posfair.serve.cluster as cluster
 
     seen: list = []
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs["address"]))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
-    monkeypatch.setattr(runner.os, "environ", dict(runner.os.environ))
+    monkeypatch.setattr(cluster.os, "environ", dict(cluster.os.environ))
     for address in (None, "local", "10.0.0.5:6379", "auto"):
-        runner.connect(address)
+        cluster.connect(address)
     assert seen == ["local", "local", "10.0.0.5:6379", "auto"]
 
 
@@ -216,7 +217,7 @@ def test_rays_notice_of_a_start_off_the_main_thread_is_not_printed(monkeypatch):
     import threading
 
     ray = pytest.importorskip("ray")
-    import posfair.serve.runner as runner
+    import posfair.serve.cluster as cluster
 
     ray_log = logging.getLogger("ray._private.worker")
 
@@ -238,7 +239,7 @@ def test_rays_notice_of_a_start_off_the_main_thread_is_not_printed(monkeypatch):
         for posfair_level in (logging.WARNING, logging.DEBUG):
             posfair_log.setLevel(posfair_level)
             shown.clear()
-            start = threading.Thread(target=runner.connect, args=(None,))
+            start = threading.Thread(target=cluster.connect, args=(None,))
             start.start()
             start.join(60)
             notice = [m for m in shown if m.startswith("SIGTERM handler is not set")]

@@ -161,7 +161,7 @@ def test_documents_batched_together_get_each_ones_late_chunking_in_fewer_passes(
 
 
 def test_a_running_serve_instance_is_joined_only_where_it_listens_and_with_no_conflicting_application():
-    from posfair.serve.runner import RunningServe, serve_conflict
+    from posfair.serve.cluster import RunningServe, serve_conflict
 
     assert serve_conflict("127.0.0.1", 8000, None) is None  # no Serve there: this server starts it
     assert serve_conflict("127.0.0.1", 8000, RunningServe("127.0.0.1", 8000, {"other": "/other"})) is None

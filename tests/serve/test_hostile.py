@@ -199,10 +199,11 @@ def test_concurrent_health_requests_share_one_question_to_the_replicas():
 def started(monkeypatch):
     """The settings ``posfair serve`` would serve with: ``serve_model`` recorded, not run."""
     import posfair.serve.runner as runner
+    from posfair.serve.cluster import RAY_LOCAL_ONLY_ENV
 
     seen = []
     monkeypatch.setattr(runner, "serve_model", lambda settings, *a, **k: seen.append(settings))
-    monkeypatch.delenv(runner.RAY_LOCAL_ONLY_ENV, raising=False)
+    monkeypatch.delenv(RAY_LOCAL_ONLY_ENV, raising=False)
     return seen
 
 
@@ -210,19 +211,19 @@ def test_the_options_reach_the_application_and_serves_proxy(tiny_model_path, sta
     from typer.testing import CliRunner
 
     from posfair.cli import app
+    from posfair.serve.cluster import proxy_env
     from posfair.serve.proxy import TRUSTED_PROXIES_ENV
-    from posfair.serve.runner import proxy_env
 
     path, pooling = tiny_model_path("bert")
     base = ["serve", "--model", str(path), "--pooling", pooling, "--port", str(free_port())]
     r = CliRunner().invoke(app, base)
     assert r.exit_code == 0, r.output
-    assert started[-1].args.max_queued_requests is None and TRUSTED_PROXIES_ENV not in proxy_env(started[-1])
+    assert started[-1].args.max_queued_requests is None and TRUSTED_PROXIES_ENV not in proxy_env(started[-1].args)
     extra = ["--trusted-proxy", "10.0.0.0/8", "--trusted-proxy", "192.168.1.7", "--max-queued-requests", "8"]
     r = CliRunner().invoke(app, base + extra)
     assert r.exit_code == 0, r.output
     assert started[-1].args.max_queued_requests == 8
-    assert proxy_env(started[-1])[TRUSTED_PROXIES_ENV] == "10.0.0.0/8,192.168.1.7"
+    assert proxy_env(started[-1].args)[TRUSTED_PROXIES_ENV] == "10.0.0.0/8,192.168.1.7"
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ def serve(
 ) -> None:
     """Serve embeddings over HTTP (OpenAI's /v1/embeddings, late chunking at /v1/segments) until Ctrl-C."""
     from posfair.calibration import MODEL_DEFAULT, STOCK
-    from posfair.serve.runner import loopback_only
+    from posfair.serve.cluster import loopback_only
 
     loopback_only(host, ray_address)  # --host 127.0.0.1: Ray's own ports on the loopback too (set before Ray loads)
     key = _check_key_and_port(api_key_env, ray_address, host, port)
@@ -236,7 +236,7 @@ def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: 
     """Ray Serve is installed, ``--api-key-env`` names a set variable and, on a local Ray instance, ``--port`` is
     free at ``--host`` (before anything is loaded); the API key (None without ``--api-key-env``)."""
     from posfair.cli.error_boundary import PosfairInputError, input_error
-    from posfair.serve.runner import SERVE_INSTALL_HINT, serve_available
+    from posfair.serve.cluster import SERVE_INSTALL_HINT, serve_available
 
     if not serve_available():
         raise PosfairInputError(f"posfair serve runs on Ray Serve, which is not installed: {SERVE_INSTALL_HINT}")
@@ -254,7 +254,7 @@ def _check_key_and_port(api_key_env: str | None, ray_address: str | None, host: 
 def _check_open_files() -> None:
     """The open-file limit Ray needs to start (raised as far as the hard limit allows), before anything loads."""
     from posfair.cli.terminal import error
-    from posfair.serve.runner import ServerFailed, check_open_files
+    from posfair.serve.cluster import ServerFailed, check_open_files
 
     try:
         check_open_files()
@@ -315,9 +315,9 @@ def _end(code: int, line: str) -> None:
 
 def _check_cluster(address: str, host: str, port: int) -> None:
     """A Ray cluster answers at ``--ray-address`` and a server on ``--host``/``--port`` can run beside what Ray
-    Serve runs there already (:func:`posfair.serve.runner.serve_conflict`), before anything is loaded."""
+    Serve runs there already (:func:`posfair.serve.cluster.serve_conflict`), before anything is loaded."""
     from posfair.cli.error_boundary import input_error
-    from posfair.serve.runner import cluster_conflict
+    from posfair.serve.cluster import cluster_conflict
 
     try:
         conflict = cluster_conflict(address, host, port)

@@ -1,36 +1,30 @@
 """``posfair serve``: start the application of :func:`posfair.serve.application.app`, serve, stop.
 
-:func:`serve_model` starts (or connects to) Ray, starts Serve's HTTP proxy on ``host:port`` and runs the one
-application (``serve.run``: the gateway answers 503 within seconds while the model replicas load), calls
-``on_listening(url)`` once the gateway answers and ``on_ready(url)`` once the application runs, then serves
-until ``stop`` is set or the process gets SIGINT / SIGTERM -- watching Ray meanwhile: Ray's controller not
-answering (a killed raylet or GCS) ends the server with :class:`ServerFailed`, one line, instead of a process
-that neither serves nor exits.  Every Ray call that can wait runs in a helper thread, so the signals are
-honoured in every state.  On the way out the gateway drains (new requests 503 "stopping", those in flight
-finish), then Ray is shut down when posfair started it (the instance and every process of it end with the
-command), or on a running cluster the application is deleted (and the Serve instance it started, if no other
-application runs on it); the whole stop is bounded (:data:`STOP_TIMEOUT_S`).
+What ``serve run posfair.serve:app`` does (start Ray, start Serve's HTTP proxy, ``serve.run`` the application,
+wait, shut down on Ctrl-C) is done here with Serve's own calls; :mod:`posfair.serve.cluster` says where (a Ray
+instance of posfair's own, or a running cluster) and refuses a cluster it cannot serve on.  What
+:func:`serve_model` adds to ``serve run`` is what a server run by a service manager needs:
 
-A Ray instance the server starts itself runs :mod:`posfair.serve.proxy`'s guard in Serve's HTTP proxy (head
-limits and timeout, the key on Serve's own ``/-/`` paths), and, when ``--host`` is a loopback address, listens
-on the loopback only -- its GCS, raylet, workers and replicas too (:func:`loopback_only`): nothing of it is
-reachable from another machine.
-
-On a running cluster (``--ray-address``), :func:`connect` joins it and :func:`serve_conflict` says
-why posfair cannot serve there -- before the command loads anything: a Serve instance already on the
-cluster keeps the address it started with (Serve ignores a new one), may already run a posfair server
-(whose application this one would replace), or route ``/`` to another application.
+* **one line for every failure**, never a traceback (:class:`ServerFailed`; ``posfair serve`` exits 1 with it);
+* **signals in every state**: every Ray call that can wait runs in a helper thread, so SIGINT and SIGTERM are
+  honoured while Ray starts, while the model loads, while serving and after a fault;
+* **when it answers**: ``on_listening(url)`` once the gateway answers at the address (503 while the model
+  replicas load), ``on_ready(url)`` once the application runs;
+* **health notes**: Ray's controller is asked how the application is every :data:`WATCH_PERIOD_S`; a change is
+  noted (``on_note``), Ray not answering twice in a row (a killed raylet or GCS) ends the server with a
+  :class:`ServerFailed` instead of a process that neither serves nor exits;
+* **a drained, bounded stop**: the gateway drains (new requests 503 "stopping", those in flight finish), then Ray
+  is shut down when posfair started it (the instance and every process of it end with the command), or on a
+  running cluster the application is deleted (and the Serve instance it started, if no other application runs
+  on it); the whole stop takes at most :data:`STOP_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
-import ipaddress
 import json
 import logging
-import os
-import resource
 import signal
 import threading
 import time
@@ -39,39 +33,33 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from posfair.runtime.errors import install_hint
-from posfair.runtime.private_api import RAY_LOCAL_ONLY_ENV, quiet_ray_start, serve_instance_details
+from posfair.serve.cluster import (
+    RAY_ANSWER_S,
+    SERVE_INSTALL_HINT,
+    ServeConflict,
+    ServerFailed,
+    check_open_files,
+    one_line,
+    running_serve,
+    serve_available,
+    serve_conflict,
+    start_ray,
+    url,
+)
 
 logger = logging.getLogger("posfair.serve")
 
 __all__ = [
     "SERVE_INSTALL_HINT",
-    "RunningServe",
+    "STOP_TIMEOUT_S",
     "ServeConflict",
     "ServerFailed",
     "ServerSettings",
-    "cluster_conflict",
-    "connect",
-    "running_serve",
-    "serve_available",
-    "serve_conflict",
     "check_open_files",
-    "loopback_only",
+    "serve_available",
     "serve_model",
     "unfinished",
 ]
-
-SERVE_INSTALL_HINT = install_hint("serve")
-
-
-def serve_available() -> bool:
-    """Whether Ray Serve and its HTTP stack import (without starting anything)."""
-    try:
-        import fastapi  # noqa: F401
-        import ray.serve  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,20 +74,11 @@ class ServerSettings:
 
     @property
     def url(self) -> str:
-        return _url(self.host, self.port)
+        return url(self.host, self.port)
 
     @property
     def served_name(self) -> str:
         return self.args.served_name
-
-
-class ServerFailed(RuntimeError):
-    """The server could not start, or Ray failed under it: one line saying why (``posfair serve`` exits 1).
-    ``ray_failed``: Ray itself no longer answers (the stop then waits for it only briefly)."""
-
-    def __init__(self, message: str, ray_failed: bool = False):
-        super().__init__(message)
-        self.ray_failed = ray_failed
 
 
 #: the longest a stop takes (draining the gateway, then Ray's shutdown) before the process ends regardless
@@ -109,152 +88,8 @@ START_TIMEOUT_S = 900.0
 #: ... after Ray failed under the server
 FAULT_STOP_S = 5.0
 _UNFINISHED = False
-#: the longest the server waits for Ray's controller to answer before it calls Ray failed (twice in a row)
-RAY_ANSWER_S = 10.0
 #: how often the running server asks Ray's controller how its application is
 WATCH_PERIOD_S = 2.0
-
-
-class ServeConflict(RuntimeError):
-    """The cluster's running Serve instance and this server cannot go together (see :func:`serve_conflict`)."""
-
-
-def connect(address: str | None, env: dict[str, str] | None = None, loopback: bool = False) -> bool:
-    """Start a local Ray instance (``address`` None or ``local``) or join the cluster at ``address``, unless this
-    process is in one already (then False); Serve's INFO lines, and Ray's notice that it starts off the main thread
-    (:func:`posfair.runtime.private_api.quiet_ray_start`), are hidden unless posfair logs at DEBUG.  A local
-    instance is started with ``env`` in its processes' environment and, with ``loopback``, on the loopback only
-    (:func:`loopback_only` must have been called before Ray was imported; :class:`ServerFailed` otherwise)."""
-    import ray
-
-    if not logging.getLogger("posfair").isEnabledFor(logging.DEBUG):
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    if ray.is_initialized():
-        return False
-    local = address in (None, "local")
-    if local:
-        os.environ.update(env or {})  # Ray's processes (GCS, raylet, workers) inherit the environment at start
-    with quiet_ray_start():
-        ray.init(
-            address="local" if local else address,  # its own instance, never a `ray start` cluster of this machine
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    node = ray.util.get_node_ip_address()
-    if local and loopback and not _is_loopback(node):
-        ray.shutdown()
-        raise ServerFailed(
-            f"Ray started on {node}, not on the loopback only (Ray was imported before posfair could ask it to; "
-            "call posfair.serve.runner.loopback_only first), so its ports would listen on every interface"
-        )
-    return True
-
-
-def _is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def loopback_only(host: str, address: str | None) -> bool:
-    """Whether a server on ``host`` with Ray at ``address`` keeps its own Ray instance on the loopback (a loopback
-    ``host``, no ``address``).  Ray's switch for it is set in this process's environment then, and also to join a
-    Ray instance at a loopback ``address`` (``127.0.0.1:PORT``: Ray reaches such an instance only with it) -- before
-    Ray is imported (``posfair serve`` calls this first), as Ray reads the switch once."""
-    local = address in (None, "local")
-    joins_loopback = not local and "://" not in address and _is_loopback(address.rpartition(":")[0] or address)
-    if joins_loopback or (local and _is_loopback(host)):
-        os.environ[RAY_LOCAL_ONLY_ENV] = "0"
-    return local and _is_loopback(host)
-
-
-def proxy_env(settings: ServerSettings) -> dict[str, str]:
-    """The environment a Ray instance of the server's own starts with: Serve's HTTP proxy runs posfair's guard
-    (:func:`posfair.serve.proxy.guard`), which asks the key (its SHA-256 only) on Serve's own paths."""
-    from posfair.serve.proxy import CALLBACK_ENV, KEY_SHA256_ENV, TRUSTED_PROXIES_ENV
-
-    env = {CALLBACK_ENV: "posfair.serve.proxy:guard"}
-    if settings.args.key_sha256:
-        env[KEY_SHA256_ENV] = settings.args.key_sha256
-    if settings.args.trusted_proxies:  # else none trusted, unless FORWARDED_ALLOW_IPS is set (proxy.trust_forwarded)
-        env[TRUSTED_PROXIES_ENV] = ",".join(settings.args.trusted_proxies)
-    return env
-
-
-def cluster_conflict(address: str, host: str, port: int) -> str | None:
-    """Joins the cluster at ``address`` for a moment: why a server on ``host:port`` cannot run there (None: it can).
-    ``ConnectionError`` when no cluster answers at ``address``."""
-    import ray
-
-    joined = connect(address)
-    try:
-        return serve_conflict(host, port, running_serve())
-    finally:
-        if joined:
-            gc.collect()
-            ray.shutdown()  # this driver only: the cluster stays
-
-
-@dataclasses.dataclass(frozen=True)
-class RunningServe:
-    """A Serve instance found on the cluster: where its HTTP proxy listens, its applications and their routes."""
-
-    host: str
-    port: int
-    routes: dict[str, str | None]  # application name -> its route prefix (None: no HTTP route)
-
-    @property
-    def url(self) -> str:
-        return _url(self.host, self.port)
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def running_serve() -> RunningServe | None:
-    """The Serve instance already running on the connected cluster, or None: Serve's public status
-    (``serve.status()``: its proxies and applications), and where it listens and routes from its controller's
-    details in Serve's public schema (``ServeInstanceDetails``, what Serve's REST API answers; asked of the
-    controller by :func:`posfair.runtime.private_api.serve_instance_details`, as no public call says it)."""
-    from ray import serve
-    from ray.serve.schema import ServeInstanceDetails
-
-    status = serve.status()  # no controller: an empty status (nothing started)
-    if not status.proxies and not status.applications:
-        return None
-    details = ServeInstanceDetails(**serve_instance_details(RAY_ANSWER_S))
-    http = details.http_options
-    return RunningServe(http.host, int(http.port), {n: a.route_prefix for n, a in details.applications.items()})
-
-
-def serve_conflict(host: str, port: int, found: RunningServe | None) -> str | None:
-    """Why this server cannot run beside the Serve instance ``found`` on the cluster (None: it can).
-
-    A Serve instance keeps the host and port it started with (Serve ignores new ones), so this server joins
-    it only where it listens already; it never replaces another posfair server's applications, nor takes
-    route ``/`` from another application."""
-    from posfair.serve.deployments import APP
-
-    if found is None:
-        return None
-    here = f"Ray Serve already runs on this cluster, listening at {found.url}"
-    ours = sorted(set(found.routes) & {APP, "posfair-encoder"})
-    if ours:
-        return f"{here} with a posfair server (application {ours[0]!r}); stop that server first"
-    if (found.host, found.port) != (host, port):
-        return (
-            f"{here}, not at {_url(host, port)} (a Serve instance keeps the address it started with): pass --host "
-            f"{found.host} --port {found.port} to serve there, or stop it (`serve shutdown`) first"
-        )
-    root = sorted(n for n, r in found.routes.items() if r == "/")
-    if root:
-        return f"{here}, and its application {root[0]!r} takes the route '/' this server needs"
-    return None
 
 
 def serve_model(
@@ -348,13 +183,7 @@ class _Start:
 
         s = self.settings
         try:
-            loopback = loopback_only(s.host, s.ray_address)
-            try:
-                self.started_here = connect(s.ray_address, proxy_env(s), loopback)
-            except ServerFailed:
-                raise
-            except Exception as exc:  # noqa: BLE001 -- Ray's own start failing: said in one line
-                raise ServerFailed(f"Ray could not start: {_one_line(exc)}{_limits_hint()}") from None
+            self.started_here = start_ray(s.host, s.ray_address, s.args)
             self.connected.set()
             found = running_serve()
             self.serve_started = found is None
@@ -383,7 +212,7 @@ def _answers(settings: ServerSettings) -> bool:
     """Whether the gateway answers at the server's address (any HTTP answer in OpenAI's shape or ours)."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
     try:
-        with urllib.request.urlopen(_url(host, settings.port) + "/health", timeout=1) as r:
+        with urllib.request.urlopen(url(host, settings.port) + "/health", timeout=1) as r:
             raw = r.read()
     except urllib.error.HTTPError as e:
         raw = e.read()
@@ -422,7 +251,7 @@ def _watch(stop: threading.Event, on_note: Callable[[str], None]) -> None:
         if "status" not in box:
             silent += 1
             if silent >= 2:
-                why = _one_line(box["error"]) if "error" in box else f"no answer in {RAY_ANSWER_S:g} s"
+                why = one_line(box["error"]) if "error" in box else f"no answer in {RAY_ANSWER_S:g} s"
                 raise ServerFailed(
                     f"the server's Ray instance failed ({why}); the server cannot serve", ray_failed=True
                 )
@@ -435,7 +264,7 @@ def _watch(stop: threading.Event, on_note: Callable[[str], None]) -> None:
             elif status == "DELETED":
                 raise ServerFailed("the server's application was deleted from Ray Serve (serve shutdown / delete)")
             else:
-                on_note(f"the model replicas are not healthy ({status}): {_one_line(message) or 'Serve replaces them'}")
+                on_note(f"the model replicas are not healthy ({status}): {one_line(message) or 'Serve replaces them'}")
             last = status
 
 
@@ -489,43 +318,9 @@ def _stop_serving(state: _Start) -> None:
             ray.shutdown()
 
 
-def _one_line(exc: Any) -> str:
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else (type(exc).__name__ if isinstance(exc, BaseException) else "")
-
-
 def _deploy_failure(exc: BaseException, settings: ServerSettings) -> str:
     """One line for a failed deployment: a port taken since the command checked it, or the replicas' own error."""
     text = str(exc)
     if "bind" in text.lower() and ("address already in use" in text.lower() or "failed to bind" in text.lower()):
         return f"--port {settings.port}: cannot listen on {settings.host}:{settings.port} (Address already in use)"
-    return f"the server's application did not start: {_one_line(text)}"
-
-
-def check_open_files(needed: int = 1024, wanted: int = 8192) -> None:
-    """Raise this process's open-file limit towards ``wanted`` (as far as its hard limit allows: Ray's processes
-    inherit it); :class:`ServerFailed` when it stays under ``needed`` -- Ray's raylet then crashes at start and
-    the server would never come up."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        if target > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        raise ServerFailed(
-            f"only {soft} open files are allowed (ulimit -n {soft}, hard limit {hard}); Ray needs {needed} or more "
-            f"to start: raise the limit (ulimit -n {wanted})"
-        )
-
-
-def _limits_hint() -> str:
-    """A word on the process limits that keep Ray from starting, where they are set low."""
-    hints = []
-    vmem = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if vmem != resource.RLIM_INFINITY:
-        hints.append(f"a virtual memory limit of {vmem // 2**20} MiB is set (ulimit -v); Ray needs it unset")
-    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if files != resource.RLIM_INFINITY and files < 1024:
-        hints.append(f"only {files} open files are allowed (ulimit -n); Ray needs 1024 or more")
-    return f" ({'; '.join(hints)})" if hints else ""
+    return f"the server's application did not start: {one_line(text)}"
