@@ -528,6 +528,48 @@ def _as_text_list(sentences) -> list:
     return list(sentences)
 
 
+#: a model folder's save in progress (``posfair fit``'s, :mod:`posfair.repair.publish`): while the folder
+#: ``SAVING_FOLDER`` holds the file ``SAVING_JOURNAL``, the model folder's own files may be part the previous model's
+#: and part the next one's, and the previous model is whole in ``SAVING_FOLDER/SAVING_OLD`` (if there was one); the
+#: journal's removal publishes the next model
+SAVING_FOLDER = ".posfair-save"
+SAVING_JOURNAL = "journal.json"
+SAVING_OLD = "old"
+
+
+def published_folder(path: str) -> str:
+    """The folder that holds ``path``'s whole model: ``path`` itself, or, while a save into ``path`` is in progress
+    or was killed (its journal, :data:`SAVING_JOURNAL`, is there), the previous model's copy.  Raises OSError when
+    such a save had no previous model to keep (the folder holds no whole model)."""
+    journal = os.path.join(path, SAVING_FOLDER, SAVING_JOURNAL)
+    try:
+        with open(journal, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except FileNotFoundError:  # no save in progress (or it finished just now)
+        return path
+    except (OSError, ValueError) as exc:  # the journal is written whole (atomically): unreadable means foreign
+        raise OSError(f"{journal}: unreadable save journal ({exc})") from exc
+    if not record.get("old_model"):
+        raise OSError(
+            f"{path}: its first model is being saved, or that save was killed (no whole model yet; "
+            "the next posfair fit --out there cleans it up)"
+        )
+    return os.path.join(path, SAVING_FOLDER, SAVING_OLD)
+
+
+def _load_published(path: str, kwargs: dict) -> FairModel:
+    """:func:`_load` of the whole model a local folder holds (:func:`published_folder`); when a save finishes while
+    the previous model's copy is read (the copy then goes), the folder is read again, now whole."""
+    chosen = published_folder(path)
+    try:
+        return _load(chosen, kwargs)
+    except OSError:
+        again = published_folder(path)
+        if again == chosen:
+            raise
+        return _load(again, kwargs)
+
+
 def _load(path: str, kwargs: dict) -> FairModel:
     if saved_with_posfair(path):
         return compat.load_with_module_classes(FairModel, path, MODULE_CLASSES, **kwargs)
@@ -639,8 +681,10 @@ def load_model(
     try:
         # posfair set the bundled model's default prompt itself; no weight-loading bar unless asked
         with _quiet_notices(bundled is not None), quiet_weight_bars(show_progress_bar):
-            model = _load(path, kwargs)
+            model = _load_published(path, kwargs) if os.path.isdir(path) else _load(path, kwargs)
     except OSError as exc:
+        if os.path.isdir(path):
+            raise OSError(f"cannot load model {path!r}: {exc}") from exc
         raise OSError(
             f"cannot load model {path!r}: not a local folder, and not loadable as a Hugging Face hub id ({exc})"
         ) from exc

@@ -5,8 +5,8 @@ saves the repaired model to a candidate folder, loads it back as a user would (`
 judges it against stock on the held-out family (:mod:`posfair.repair.heldout`): bias removed per position with
 intervals, reversal, own-segment recall@1, own segment above every foreign one, nDCG@10 on a benchmark built
 from the held-out family, and the encode cost against stock.  The candidate becomes the model folder ``out_dir``
-only when :func:`~posfair.repair.heldout.check_repair` finds nothing (or ``save_failing``).  The report
-(``out_dir/fit/``: ``heldout.json``, ``heldout.md``) is written either way.
+only when :func:`~posfair.repair.heldout.check_repair` finds nothing (or ``save_failing``), whole or not at all
+("Saving whole" below).  The report (``out_dir/fit/``: ``heldout.json``, ``heldout.md``) is written either way.
 
 Methods (each fitted on the same documents, judged by the same checks):
 
@@ -15,6 +15,30 @@ Methods (each fitted on the same documents, judged by the same checks):
 * ``learned``: calibration strengths per layer and head fitted by gradient (:func:`posfair.repair.learned.fit_learned`);
 * ``tempscale``: TempScale's softmax temperature chosen on dev (:func:`posfair.repair.learned.fit_tempscale`);
 * ``grid``: the papers' grid as ``posfair tune`` searches it, on the fit families (the baseline).
+
+Saving whole (:func:`publish`, :func:`recover`).  The ``--out`` folder is the model folder itself (plain
+``SentenceTransformer(DIR)`` loads it) and may hold other things: ``DIR/fit/`` (the fit's report) and files of the
+user's own.  No single rename can replace some entries of a folder and keep the others, so the new model's entries
+are put in place one by one under a journal:
+
+1. the new model is whole in ``DIR/.posfair-save/new`` (the fit's candidate folder, renamed there);
+2. the current model's entries are linked (hard links, else copied) into ``DIR/.posfair-save/old``: a whole copy;
+3. the journal ``DIR/.posfair-save/journal.json`` is written (atomically): from here on ``posfair.load_model(DIR)``
+   loads the copy in ``old`` (:func:`posfair.model.fair_model.published_folder`), whatever state ``DIR``'s own
+   entries are in;
+4. each of the new model's entries replaces ``DIR``'s (one rename each), the previous model's other entries go,
+   and ``DIR/.posfair-model.json`` records which entries of ``DIR`` are the model's;
+5. the journal is removed: that one unlink publishes the new model; then ``DIR/.posfair-save`` goes.
+
+A run killed anywhere leaves ``DIR`` loadable by ``posfair.load_model`` as the whole previous model (or, before a
+first model, as none) until the journal's removal, and as the whole new one after it.  :func:`recover` (run at the
+start of every ``posfair fit --out DIR``) finds what a killed save left: with its journal, the previous model's
+entries are put back from ``old`` (the killed fit's report never got written either: model and report stay a pair)
+and then the journal goes; without one, ``DIR/.posfair-save`` is only a leftover and is removed.
+
+The model's entries are the names its folder holds; a name of ``DIR`` that the new model also writes is the
+model's (it is replaced, and put back if the save is undone); every other entry of ``DIR`` is left alone, except
+the previous model's own as recorded in ``DIR/.posfair-model.json`` by the save that wrote them.
 """
 
 from __future__ import annotations
@@ -22,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import resource
 import shutil
 import sys
@@ -39,6 +64,7 @@ from posfair.corpus import load_corpus
 from posfair.encoding.passes import encode_texts, l2_normalize
 from posfair.files.atomic import atomic_write_text
 from posfair.model import load_model
+from posfair.model.fair_model import SAVING_FOLDER, SAVING_JOURNAL, SAVING_OLD
 from posfair.repair.data import FAMILY_FIELD, RepairSplit, repair_split
 from posfair.repair.family_benchmark import heldout_ndcg
 from posfair.repair.figure import repair_tradeoff
@@ -57,7 +83,7 @@ from posfair.repair.heldout import (
 from posfair.repair.learned import fit_learned, fit_tempscale
 from posfair.runtime.errors import PosfairInputError
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "FitResult", "fit_repair", "heldout_markdown"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "RECORD", "FitResult", "fit_repair", "heldout_markdown", "publish", "recover"]
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +196,7 @@ def fit_repair(
     out = Path(out_dir)
     work = out / "fit"
     work.mkdir(parents=True, exist_ok=True)
+    recover(out)  # what a fit killed while it saved left: the previous model put back whole
     if corpus is None:
         corpus = load_corpus(langs=["en"])
     stock = load_model(model_id, max_seq_length=max_seq_length)
@@ -199,7 +226,7 @@ def fit_repair(
     ratio = _encode_ratio(stock, reloaded, [d.text for i in split.test for d in i.documents])
     saved = not failures or save_failing
     if saved:
-        _adopt(candidate, out)
+        publish(candidate, out)
     else:
         shutil.rmtree(candidate)
     result = FitResult(
@@ -230,16 +257,147 @@ def _encoder(model) -> Callable[[list[str]], np.ndarray]:
     return encode
 
 
-def _adopt(candidate: Path, out: Path) -> None:
-    """Move the candidate's files into ``out`` (a file of the same name there is replaced: it is the model's)."""
-    for item in candidate.iterdir():
-        target = out / item.name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-        shutil.move(str(item), str(target))
-    candidate.rmdir()
+#: the record, in the model folder, of which of its entries the model is made of (written by :func:`publish`)
+RECORD = ".posfair-model.json"
+#: entries of the model folder that are never the model's: posfair's own, and the fit's report folder
+RESERVED = frozenset({SAVING_FOLDER, RECORD, "fit"})
+
+
+def publish(candidate: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Make the model folder ``candidate`` the model of ``out``, whole or not at all (module docstring, "Saving
+    whole"); ``candidate`` must be a folder on the same file system (it is renamed, and is gone afterwards)."""
+    candidate, out = Path(candidate), Path(out)
+    new_names = sorted(p.name for p in candidate.iterdir())
+    reserved = RESERVED.intersection(new_names)
+    if reserved:
+        raise ValueError(f"{candidate}: a model folder may not hold {', '.join(sorted(reserved))}")
+    recover(out)
+    swap = out / SAVING_FOLDER
+    new, old = swap / "new", swap / SAVING_OLD
+    swap.mkdir()
+    os.rename(candidate, new)
+    _sync_tree(new)
+    recorded = _recorded(out)
+    old_names = sorted(n for n in {*(recorded or ()), *new_names} if os.path.lexists(out / n))
+    old.mkdir()
+    for name in old_names:
+        _link_copy(out / name, old / name)
+    _sync_tree(old)
+    journal = {"old": old_names, "new": new_names, "record": recorded, "old_model": _is_model(old)}
+    atomic_write_text(swap / SAVING_JOURNAL, json.dumps(journal))
+    for name in new_names:
+        _remove(out / name)
+        os.replace(new / name, out / name)
+    for name in sorted(set(old_names) - set(new_names)):
+        _remove(out / name)
+    _write_record(out, new_names)
+    _sync_dir(out)
+    os.unlink(swap / SAVING_JOURNAL)
+    _sync_dir(swap)
+    shutil.rmtree(swap)
+
+
+def recover(out: str | os.PathLike) -> bool:
+    """Undo what a killed :func:`publish` into ``out`` left (module docstring, "Saving whole"); True when there was
+    something to undo or remove."""
+    out = Path(out)
+    swap = out / SAVING_FOLDER
+    if not os.path.lexists(swap):
+        return False
+    journal = swap / SAVING_JOURNAL
+    if journal.exists():
+        record = json.loads(journal.read_text(encoding="utf-8"))
+        old = swap / SAVING_OLD
+        for name in sorted(set(record["new"]) | set(record["old"])):
+            _remove(out / name)
+            if name in record["old"]:
+                _link_copy(old / name, out / name)
+        _write_record(out, record["record"])
+        _sync_dir(out)
+        os.unlink(journal)
+        log.warning("%s: a save killed half-way was undone (the previous model put back)", out)
+    else:
+        log.info("%s: removed %s, left by a save killed before it began", out, SAVING_FOLDER)
+    shutil.rmtree(swap)
+    return True
+
+
+def _is_model(folder: Path) -> bool:
+    """Whether ``folder`` holds a model (sentence-transformers', transformers' or an adapter's configuration)."""
+    return any((folder / n).is_file() for n in ("modules.json", "config.json", "adapter_config.json"))
+
+
+def _write_record(out: Path, entries: list[str] | None) -> None:
+    """``out``'s record of its model's entries (None: no record), written in the save folder and renamed into place:
+    a kill leaves no temporary file in ``out`` itself."""
+    if entries is None:
+        if os.path.lexists(out / RECORD):
+            os.unlink(out / RECORD)
+        return
+    staged = atomic_write_text(out / SAVING_FOLDER / RECORD, json.dumps({"entries": entries}))
+    os.replace(staged, out / RECORD)
+
+
+def _recorded(out: Path) -> list[str] | None:
+    """The entries of ``out`` that the previous save recorded as its model's (None: no record, or not one of
+    posfair's; a name that is not one entry of ``out`` is never the model's)."""
+    try:
+        entries = json.loads((out / RECORD).read_text(encoding="utf-8"))["entries"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    return [n for n in entries if isinstance(n, str) and n not in RESERVED and n not in ("", ".", "..")
+            and "/" not in n and os.sep not in n]  # fmt: skip
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _link(src: str, dst: str) -> None:
+    """A hard link of ``src`` at ``dst``; a copy where the file system has none."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _link_copy(src: Path, dst: Path) -> None:
+    """``src`` (a file, a link or a folder) at ``dst``, its files linked, not copied, where the file system allows."""
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link)
+    else:
+        _link(str(src), str(dst))
+
+
+def _sync_tree(folder: Path) -> None:
+    """Flush ``folder``'s files and folders to disk (a power cut after the journal finds them whole)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+        _sync_dir(Path(root))
+
+
+def _sync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform that cannot open a folder (Windows): its renames are as durable as it makes them
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _encode_ratio(stock, repaired, texts: list[str]) -> float:
