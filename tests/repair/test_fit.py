@@ -383,3 +383,41 @@ def test_a_sign_flipped_beta_is_reported_reversed_never_removed(monkeypatch, tmp
     assert all(e.stock < e.repaired < 0 for e in kept.positions)
     for e, line in zip(kept.positions, heldout_lines(kept), strict=False):
         assert f", removed {100 * e.removed:.0f} % [" in line and "reversed" not in line, line
+
+
+def test_the_verdict_holds_the_title_queries_and_says_which_languages_it_skips(tiny_model_path, tmp_path):
+    """Issue 59: title queries (nDCG@10, title -> section) are measures of the held-out table and of the one rule
+    (check_repair); a corpus with another language gets the cross-language measures where the model knows the
+    language, else a note in the summary and under heldout.md's table, and the fit is still made on English."""
+    from posfair.cli.fit import summary_lines
+    from posfair.repair.family_benchmark import TITLE_NDCG
+    from posfair.repair.fitting import FitResult, fit_repair
+    from posfair.repair.queries import TITLE
+
+    path, _ = tiny_model_path("bert-mean")
+    corpus = _two_families()
+    german = corpus.assign(lang="de", text=corpus["text"].str[::-1], title=corpus["title"].str.upper())
+    out = tmp_path / "repaired"
+    res = fit_repair(str(path), out, corpus=pd.concat([corpus, german], ignore_index=True), method="tempscale",
+                     max_seq_length=128, limits=RepairLimits(0.0, 100.0))  # fmt: skip
+    measures = [c.measure for c in res.heldout.retrieval]
+    assert measures[:4] == ["recall@1", "own above every foreign", TITLE_NDCG, TITLE], measures
+    assert res.translations_found.keys() == {"de"}
+    # fitted and judged on the English sections alone: the same sets as an English corpus gives
+    from posfair.model import load_model
+    from posfair.repair.data import repair_split
+
+    assert res.counts == repair_split(load_model(str(path), max_seq_length=128), corpus, limit=128).counts()
+    assert res.failures == check_repair(res.heldout, res.limits)
+    # the one rule reads the title measure: planted 3 points down, the repair fails on it, by name
+    import dataclasses
+
+    planted = tuple(dataclasses.replace(c, change=-3.0) if c.measure == TITLE else c for c in res.heldout.retrieval)
+    failed = check_repair(dataclasses.replace(res.heldout, retrieval=planted), RepairLimits(0.0, 2.0))
+    assert f"{TITLE} -3.0 points, beyond the -2-point limit" in failed, failed
+    saved = FitResult.from_dict(json.loads((out / "fit" / "heldout.json").read_text()))
+    assert [c.measure for c in saved.heldout.retrieval] == measures and saved.notes == res.notes
+    assert not res.multilingual  # a random tiny model finds few of the reversed-text "translations"
+    assert res.notes and "not a multilingual model" in res.notes[0]
+    assert res.notes[0] in (out / "fit" / "heldout.md").read_text()
+    assert f"note: {res.notes[0]}" in summary_lines(res)

@@ -114,7 +114,12 @@ def fit(
     from posfair.repair.fitting import fit_repair
     from posfair.repair.heldout import RepairLimits
 
-    df = load_corpus(corpus, ["en"])
+    df = load_corpus(corpus)  # every language: the English sections are fitted on, the others judge the languages
+    if "en" not in set(df["lang"].astype(str)):
+        from posfair.cli.error_boundary import input_error
+
+        langs = ", ".join(sorted(set(df["lang"].astype(str))))
+        raise input_error("--corpus", corpus, f"a repair is fitted on English ('en') sections; it has {langs}")
     held_out_family(df, test_family)  # refused now, before the model loads
     limits = RepairLimits(min_removed=min_removed / 100, max_recall_drop=max_recall_drop)
     with progress_bars() as bar, data_errors():
@@ -149,13 +154,8 @@ def summary_lines(result) -> list[str]:
         f"{result.method} fitted on {fitted_on} (train {counts['train'][0]} sets, dev {counts['dev'][0]}); "
         f"held-out family {h.family}: {h.sets} sets, {h.documents} documents",
     ]
-    lines += heldout_lines(h)
-    if result.ndcg:
-        n = result.ndcg
-        lines.append(
-            f"nDCG@10: {100 * n['stock']:.1f} -> {100 * n['repaired']:.1f} "
-            f"({n['change']:+.1f} points [{n['low']:+.1f}, {n['high']:+.1f}])"
-        )
+    lines += heldout_lines(h)  # documents, then the title queries (nDCG@10, recall@1) and other languages
+    lines += [f"note: {n}" for n in result.notes]
     lines.append(f"fit {result.fit_seconds:.0f} s; encoding costs {result.encode_ratio:.2f}x stock")
     verdict = "holds" if result.holds else "fails: " + "; ".join(result.failures)
     where = f"saved to {result.out_dir}" if result.saved else "not saved"

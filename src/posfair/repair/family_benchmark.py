@@ -19,7 +19,10 @@ from posfair.retrieval.evaluator import PositionalRetrievalEvaluator
 from posfair.stats.intervals import paired_mean_interval
 from posfair.tuning.tuner import build_corpus_benchmark
 
-__all__ = ["heldout_ndcg"]
+__all__ = ["TITLE_NDCG", "heldout_ndcg"]
+
+#: the measure's name in the held-out table (a :class:`~posfair.repair.heldout.RetrievalChange` of its own)
+TITLE_NDCG = "title nDCG@10"
 
 
 def heldout_ndcg(stock, repaired, family_corpus: pd.DataFrame, out_dir: Path) -> dict[str, float]:

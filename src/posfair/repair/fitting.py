@@ -66,7 +66,7 @@ from posfair.files.atomic import atomic_write_text
 from posfair.model import load_model
 from posfair.model.fair_model import SAVING_FOLDER, SAVING_JOURNAL, SAVING_OLD
 from posfair.repair.data import FAMILY_FIELD, RepairSplit, repair_split
-from posfair.repair.family_benchmark import heldout_ndcg
+from posfair.repair.family_benchmark import TITLE_NDCG, heldout_ndcg
 from posfair.repair.figure import repair_tradeoff
 from posfair.repair.finetune import FinetuneSettings, fit_finetune
 from posfair.repair.grid import grid_choice
@@ -81,6 +81,7 @@ from posfair.repair.heldout import (
     set_units,
 )
 from posfair.repair.learned import fit_learned, fit_tempscale
+from posfair.repair.queries import query_changes
 from posfair.runtime.errors import PosfairInputError
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "RECORD", "FitResult", "fit_repair", "heldout_markdown", "publish", "recover"]
@@ -118,6 +119,15 @@ class FitResult:
     peak_rss_mib: float = float("nan")
     #: the document families fitted on (train and dev)
     fit_families: tuple[str, ...] = ()
+    #: stock's translation -> English recall@1 per language on the held-out family (posfair.repair.queries)
+    translations_found: dict[str, float] = field(default_factory=dict)
+    #: whether that makes the model multilingual: the cross-language measures are then in ``heldout.retrieval``
+    multilingual: bool = False
+    #: what the report must say beside the table (cross-language checks skipped, and why)
+    notes: tuple[str, ...] = ()
+
+    #: the size of the repaired model's folder (MiB; an adapter folder holds the adapter alone)
+    folder_mib: float = float("nan")
 
     @property
     def holds(self) -> bool:
@@ -139,7 +149,7 @@ class FitResult:
         )  # fmt: skip
         counts = {k: tuple(v) for k, v in d["counts"].items()}
         return cls(**{**d, "heldout": heldout, "counts": counts, "limits": RepairLimits(**d["limits"]),
-                      "fit_families": tuple(d.get("fit_families", ()))})  # fmt: skip
+                      "fit_families": tuple(d.get("fit_families", ())), "notes": tuple(d.get("notes", ()))})  # fmt: skip
 
 
 def _fit_method(
@@ -195,12 +205,13 @@ def fit_repair(
     limits = limits or RepairLimits()
     out = Path(out_dir)
     work = out / "fit"
-    work.mkdir(parents=True, exist_ok=True)
-    recover(out)  # what a fit killed while it saved left: the previous model put back whole
     if corpus is None:
-        corpus = load_corpus(langs=["en"])
+        corpus = load_corpus()
+    every_language, corpus = corpus, _english(corpus)
     stock = load_model(model_id, max_seq_length=max_seq_length)
     stock.set_calibration(STOCK)
+    work.mkdir(parents=True, exist_ok=True)
+    recover(out)  # what a fit killed while it saved left: the previous model put back whole
     split = repair_split(stock, corpus, limit=max_seq_length, test_family=test_family, seed=seed)
     stock_units = [set_units(inst, _encoder(stock)) for inst in split.test]
     repaired = load_model(model_id, max_seq_length=max_seq_length)
@@ -214,15 +225,10 @@ def fit_repair(
         shutil.rmtree(candidate)
     repaired.max_seq_length = _own_limit(model_id)
     repaired.save(str(candidate))
+    folder_mib = _folder_mib(candidate)
     reloaded = load_model(str(candidate), max_seq_length=max_seq_length)
-    units = [set_units(inst, _encoder(reloaded)) for inst in split.test]
-    inst = split.test[0]
-    heldout = evaluate_repair(
-        np.concatenate(stock_units), np.concatenate(units), inst.n, split.test_family,
-        sum(len(i.documents) for i in split.test),
-    )  # fmt: skip
+    heldout, ndcg, languages = _judge(stock, reloaded, stock_units, every_language, split, work)
     failures = check_repair(heldout, limits)
-    ndcg = _ndcg(stock, reloaded, corpus, split, work)
     ratio = _encode_ratio(stock, reloaded, [d.text for i in split.test for d in i.documents])
     saved = not failures or save_failing
     if saved:
@@ -232,17 +238,55 @@ def fit_repair(
     result = FitResult(
         method, str(model_id or "bundled"), split.test_family, split.counts(), fitted, heldout, ndcg, failures,
         saved, fit_seconds, ratio, str(out), limits, _peak_rss_mib(), split.fit_families,
+        languages.translations_found, languages.multilingual, tuple(filter(None, [languages.note()])),
     )  # fmt: skip
+    result.folder_mib = folder_mib
     atomic_write_text(work / "heldout.json", json.dumps(result.to_dict(), indent=2, default=float))
     atomic_write_text(work / "heldout.md", heldout_markdown([result]))
     repair_tradeoff([result], work / "tradeoff")
     return result
 
 
+def _english(corpus: pd.DataFrame) -> pd.DataFrame:
+    """The corpus's English sections: the fit's documents and the held-out table's (every language of the corpus
+    enters the cross-language checks, :mod:`posfair.repair.queries`)."""
+    if "lang" not in corpus.columns:
+        return corpus
+    english = corpus[corpus["lang"].astype(str) == "en"]
+    if english.empty:
+        langs = ", ".join(sorted(corpus["lang"].astype(str).unique()))
+        raise PosfairInputError(f"--corpus: a repair is fitted on English sections ('en'); the corpus has {langs}")
+    return english
+
+
+def _judge(stock, reloaded, stock_units, corpus: pd.DataFrame, split: RepairSplit, work: Path):
+    """The reloaded repair against stock on the held-out family: the held-out table (documents, then the title
+    queries' nDCG@10 on the family's benchmark, title -> section and, for a multilingual model, the cross-language
+    measures of :func:`~posfair.repair.queries.query_changes`: every measure :func:`check_repair` decides on),
+    the nDCG dict, and the query checks.  ``corpus``: every language."""
+    units = [set_units(inst, _encoder(reloaded)) for inst in split.test]
+    heldout = evaluate_repair(
+        np.concatenate(stock_units), np.concatenate(units), split.test[0].n, split.test_family,
+        sum(len(i.documents) for i in split.test),
+    )  # fmt: skip
+    family = corpus[corpus[FAMILY_FIELD].astype(str) == split.test_family]
+    ndcg = _ndcg(stock, reloaded, _english(family), split, work)
+    languages = query_changes(stock, reloaded, family)
+    title = () if not ndcg else (RetrievalChange(
+        TITLE_NDCG, ndcg["stock"], ndcg["repaired"], ndcg["change"], ndcg["low"], ndcg["high"]),)  # fmt: skip
+    heldout = dataclasses.replace(heldout, retrieval=(*heldout.retrieval, *title, *languages.changes))
+    return heldout, ndcg, languages
+
+
 def _peak_rss_mib() -> float:
     """This process's peak resident memory in MiB (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def _folder_mib(folder: Path) -> float:
+    """The size of the files under ``folder`` in MiB (the saved model, as the table reports it)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
 def _own_limit(model_id: str | None) -> int:
@@ -429,13 +473,14 @@ def heldout_markdown(results: list[FitResult]) -> str:
             row[f"β{e.position} [95 %]"] = _cell(effect_words(e))
         for c in h.retrieval:
             row[f"Δ{c.measure} pts [95 %]"] = f"{c.change:+.1f} [{c.change_low:+.1f}, {c.change_high:+.1f}]"
-        if r.ndcg:
-            row["ΔnDCG@10 pts [95 %]"] = f"{r.ndcg['change']:+.1f} [{r.ndcg['low']:+.1f}, {r.ndcg['high']:+.1f}]"
         row["fit s"] = f"{r.fit_seconds:.0f}"
+        row["peak MiB"] = f"{r.peak_rss_mib:.0f}"
+        row["folder MiB"] = f"{r.folder_mib:.1f}"
         row["encode / stock"] = f"{r.encode_ratio:.2f}x"
         row["verdict"] = "holds" if r.holds else _cell("fails: " + "; ".join(r.failures))
         rows.append(row)
-    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+    notes = [f"note ({r.method}, {r.model}): {n}" for r in results for n in r.notes]
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n" + "".join(f"\n{n}\n" for n in notes)
 
 
 def _cell(text: str) -> str:

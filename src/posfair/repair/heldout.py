@@ -39,6 +39,7 @@ __all__ = [
     "RepairLimits",
     "check_repair",
     "effect_words",
+    "measure_change",
     "heldout_lines",
     "evaluate_repair",
     "set_units",
@@ -103,7 +104,8 @@ class PositionEffect:
 @dataclass(frozen=True)
 class RetrievalChange:
     """One retrieval measure under stock and the repair (shares in [0, 1]) and the change in points with its
-    95 % interval (paired over sets)."""
+    95 % interval (paired over the measure's units: segment sets, or sections for the query measures of
+    :mod:`posfair.repair.queries`)."""
 
     measure: str
     stock: float
@@ -218,13 +220,13 @@ def evaluate_repair(
             PositionEffect(p, b_s, s_lo, s_hi, b_r, r_lo, r_hi, removed([paired]), rm_lo, rm_hi, _lean(b_s, r_lo, r_hi))
         )
     retrieval = [
-        _change("recall@1", stock[:, 2 * n], repaired[:, 2 * n], draws, seed),
-        _change(
+        measure_change("recall@1", stock[:, 2 * n], repaired[:, 2 * n], draws=draws, seed=seed),
+        measure_change(
             "own above every foreign",
             stock[:, n : 2 * n].mean(axis=1),
             repaired[:, n : 2 * n].mean(axis=1),
-            draws,
-            seed,
+            draws=draws,
+            seed=seed,
         ),
     ]
     above = tuple((float(stock[:, n + k].mean()), float(repaired[:, n + k].mean())) for k in range(n))
@@ -240,7 +242,17 @@ def _lean(stock_beta: float, low: float, high: float) -> Lean:
     return "reversed" if low > 0 else ("as stock" if high < 0 else "flat")
 
 
-def _change(measure: str, stock: np.ndarray, repaired: np.ndarray, draws: int, seed: int) -> RetrievalChange:
+def measure_change(
+    measure: str,
+    stock: np.ndarray,
+    repaired: np.ndarray,
+    *,
+    draws: int = BOOTSTRAP_DRAWS,
+    seed: int = BOOTSTRAP_SEED,
+) -> RetrievalChange:
+    """``measure`` from per-unit shares of stock and the repair (the same units, in the same order): the means and
+    the change in points with its paired bootstrap interval."""
+    stock, repaired = np.asarray(stock, np.float64), np.asarray(repaired, np.float64)
     diff = 100.0 * (repaired - stock)
     low, high = paired_mean_interval(diff, draws=draws, seed=seed)
     return RetrievalChange(measure, float(stock.mean()), float(repaired.mean()), float(diff.mean()), low, high)
