@@ -10,7 +10,7 @@ import typer
 
 from posfair.cli import checks
 from posfair.cli.options import Corpus, Model, Seed
-from posfair.cli.parsers import choice, integer, number
+from posfair.cli.parsers import choice, comma_list, integer, joined, number
 
 #: the exit code of a fit that finished (its report written) but did not save the model: the repair fails its
 #: held-out checks (``posfair tune`` uses the same code for the same case)
@@ -83,6 +83,45 @@ Steps = Annotated[
         help="Optimiser steps of finetune and learned (a short run to try the command; the checks still apply).",
     ),
 ]
+Adapter = Annotated[
+    str | None,
+    typer.Option(
+        "--adapter",
+        parser=choice("lora"),
+        metavar="lora",
+        show_default="none: every weight fine-tuned",
+        help="finetune trains a LoRA adapter alone and saves an adapter folder of a few MB (its config names the "
+        "base model; posfair.load_model(DIR) loads base and adapter).",
+    ),
+]
+LoraRank = Annotated[
+    int | None,
+    typer.Option(
+        "--lora-rank", parser=integer(1, 4096), metavar="R", show_default="16", help="The LoRA adapter's rank r."
+    ),
+]
+LoraAlpha = Annotated[
+    float | None,
+    typer.Option(
+        "--lora-alpha",
+        parser=number(0, 1e6, low_open=True),
+        metavar="ALPHA",
+        show_default="2 x the rank",
+        help="The LoRA adapter's alpha (its update is scaled by alpha / r).",
+    ),
+]
+LoraTargets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--lora-targets",
+        parser=comma_list(str),
+        callback=joined,
+        metavar="NAME,...",
+        show_default="the model's attention projections",
+        help="The linear modules the adapter adapts, by name or the end of it (query,value; "
+        "attention.output.dense); each must name a module of the model.",
+    ),
+]
 SaveAnyway = Annotated[
     bool,
     typer.Option("--save-anyway", help="Save the repaired model even when it fails its held-out checks."),
@@ -100,6 +139,10 @@ def fit(
     steps: Steps = None,
     save_anyway: SaveAnyway = False,
     seed: Seed = 0,
+    adapter: Adapter = None,
+    lora_rank: LoraRank = None,
+    lora_alpha: LoraAlpha = None,
+    lora_targets: LoraTargets = None,
     out: Out = Path("posfair-fit"),
 ) -> None:
     """Fit a repair of positional bias on a corpus, judge it on a held-out family, save it when it holds."""
@@ -109,6 +152,7 @@ def fit(
     from posfair.cli.terminal_progress import progress_bars
 
     checks.output_folder(out)
+    lora = _lora(method, adapter, lora_rank, lora_alpha, lora_targets)
     model_id = checks.model_source(model)
     from posfair.repair.data import held_out_family
     from posfair.repair.fitting import fit_repair
@@ -135,12 +179,29 @@ def fit(
         result = fit_repair(
             model_id, out, corpus=df, method=method, test_family=test_family, limits=limits,
             max_seq_length=max_seq_length, save_failing=save_anyway, progress=progress, steps=steps, seed=seed,
+            lora=lora,
         )  # fmt: skip
     for line in summary_lines(result):
         say(line)
     if not result.saved:
         error(f"repaired model not saved to {out}: {'; '.join(result.failures)} (--save-anyway saves it)")
         raise typer.Exit(EXIT_NOT_SAVED)
+
+
+def _lora(method: str, adapter: str | None, rank: int | None, alpha: float | None, targets: list[str] | None):
+    """The LoRA settings the options ask for (None: no adapter); an adapter option without ``--adapter lora``, or
+    an adapter of another method than finetune, refused."""
+    from posfair.cli.error_boundary import PosfairInputError
+    from posfair.repair.finetune import LoraSettings
+
+    given = [name for name, v in (("--lora-rank", rank), ("--lora-alpha", alpha), ("--lora-targets", targets)) if v]
+    if adapter is None:
+        if given:
+            raise PosfairInputError(f"{given[0]}: only with --adapter lora")
+        return None
+    if method != "finetune":
+        raise PosfairInputError(f"--adapter lora: only with --method finetune; got --method {method}")
+    return LoraSettings(rank=rank or LoraSettings.rank, alpha=alpha, targets=tuple(targets or ()))
 
 
 def summary_lines(result) -> list[str]:

@@ -24,7 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
+
+try:  # the adapter extra (LoRA adapter folders); sentence-transformers has imported it already where installed
+    import peft
+except ImportError:  # pragma: no cover - without the extra
+    peft = None
 
 from posfair.bundled import bundled_model, is_bundled_name
 from posfair.calibration.attention_wiring import Recorder
@@ -570,7 +576,86 @@ def _load_published(path: str, kwargs: dict) -> FairModel:
         return _load(again, kwargs)
 
 
+#: a LoRA adapter folder (``posfair fit --adapter lora``): a sentence-transformers folder whose transformer is saved in
+#: PEFT's format, these two files instead of the model's weights and config; ``base_model_name_or_path`` in the
+#: config names the base model (as :func:`load_model` takes it)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: the prefix of each tensor name in PEFT's adapter files (a PeftModel's own names)
+_PEFT_PREFIX = "base_model.model."
+
+
+def add_lora_adapter(model: FairModel, config) -> None:
+    """Put the (untrained) LoRA adapter of the peft ``config`` into ``model``'s transformer, in place: only the
+    adapter's weights take gradients, and ``model.save(DIR)`` writes an adapter folder (:data:`ADAPTER_CONFIG`,
+    :data:`ADAPTER_WEIGHTS` and the sentence-transformers modules) rather than the whole model."""
+    _need_peft()
+    auto = model.transformer_module.auto_model
+    peft.inject_adapter_in_model(config, auto)
+
+    def save_pretrained(save_directory, *args, **kwargs) -> None:  # what transformers writes for a PEFT model
+        os.makedirs(save_directory, exist_ok=True)
+        config.save_pretrained(save_directory)
+        weights = peft.get_peft_model_state_dict(auto)
+        tensors = {_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in weights.items()}
+        save_file(tensors, os.path.join(save_directory, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+    auto.save_pretrained = save_pretrained
+
+
+def load_lora_adapter(model: FairModel, folder: str) -> None:
+    """Put the trained adapter of the adapter folder ``folder`` into ``model`` (its base), in place; raises OSError
+    when its weights do not fit the model."""
+    _need_peft()
+    add_lora_adapter(model, peft.PeftConfig.from_pretrained(folder))
+    set_adapter_weights(model, folder)
+
+
+def set_adapter_weights(model: FairModel, folder: str) -> None:
+    """Set the weights of ``model``'s adapter (:func:`add_lora_adapter`) to those saved in ``folder``'s
+    :data:`ADAPTER_WEIGHTS`; raises OSError when they do not fit the model."""
+    saved = load_file(os.path.join(folder, ADAPTER_WEIGHTS))
+    auto = model.transformer_module.auto_model
+    result = peft.set_peft_model_state_dict(auto, {k.removeprefix(_PEFT_PREFIX): v for k, v in saved.items()})
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise OSError(
+            f"{folder}: the adapter does not fit its base model ({len(missing)} of its weights missing, "
+            f"{len(result.unexpected_keys)} unknown, e.g. {(missing or result.unexpected_keys)[0]})"
+        )
+
+
+def _need_peft() -> None:
+    if peft is None:
+        raise OSError("a LoRA adapter needs peft: pip install 'posfair[adapter]'")
+
+
+def _adapter_base(path: str) -> str | None:
+    """The base model an adapter folder names (None: ``path`` is no adapter folder)."""
+    if not os.path.isfile(os.path.join(path, ADAPTER_CONFIG)) or os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    with open(os.path.join(path, ADAPTER_CONFIG), encoding="utf-8") as fh:
+        base = json.load(fh).get("base_model_name_or_path")
+    if not base:
+        raise OSError(f"{os.path.join(path, ADAPTER_CONFIG)} names no base model (base_model_name_or_path)")
+    return str(base)
+
+
+def _load_adapter(path: str, base: str, kwargs: dict) -> FairModel:
+    """The adapter folder ``path``: its base model (a bundled name, a folder or a hub id), then the adapter."""
+    if is_bundled_name(base):
+        model = _load(str(bundled_model(base).path), {**kwargs, "trust_remote_code": False})
+    else:
+        check_model_source(base, **{k: kwargs.get(k) for k in ("cache_folder", "revision")})
+        model = _load_published(base, kwargs) if os.path.isdir(base) else _load(base, kwargs)
+    load_lora_adapter(model, path)
+    return model
+
+
 def _load(path: str, kwargs: dict) -> FairModel:
+    base = _adapter_base(path) if os.path.isdir(path) else None
+    if base is not None:
+        return _load_adapter(path, base, kwargs)
     if saved_with_posfair(path):
         return compat.load_with_module_classes(FairModel, path, MODULE_CLASSES, **kwargs)
     return FairModel(path, **kwargs)

@@ -15,6 +15,13 @@ optional third is MultipleNegativesRankingLoss over the document's own segments 
 segments of every other set; the other orderings of the same set hold the same segments and are masked).
 Dropout is off while the loss runs: the targets are exact.  The fitted model is a plain sentence-transformers
 model: saved, it loads anywhere without posfair.
+
+With a LoRA adapter (:class:`LoraSettings`, ``posfair fit --adapter lora``) only the adapter's low-rank weights
+are trained (every weight of the model stays the stock one) and the saved folder is an adapter folder of a few MB:
+the sentence-transformers modules and PEFT's ``adapter_config.json`` / ``adapter_model.safetensors``, whose config
+names the base model.  ``posfair.load_model(DIR)`` loads the base and the adapter; so does peft
+(``PeftModel.from_pretrained(SentenceTransformer(BASE)[0].auto_model, DIR)``) and, on a transformers whose PEFT
+integration takes the installed peft, sentence-transformers' ``SentenceTransformer(BASE).load_adapter(DIR)``.
 """
 
 from __future__ import annotations
@@ -39,9 +46,20 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from posfair.encoding.passes import encode_texts, l2_normalize
 from posfair.fairness.documents import Instance
+from posfair.model.fair_model import add_lora_adapter, set_adapter_weights
+from posfair.runtime.errors import PosfairInputError
+
+try:  # the adapter extra (posfair fit --adapter lora)
+    from peft import LoraConfig
+except ImportError:  # pragma: no cover - without the extra
+    LoraConfig = None
 
 __all__ = [
     "FinetuneSettings",
+    "LoraSettings",
+    "add_lora",
+    "attention_projections",
+    "check_lora_targets",
     "OrderInvariantLoss",
     "StockTargets",
     "fit_finetune",
@@ -81,6 +99,83 @@ class FinetuneSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """A LoRA adapter's settings (recorded with the fit): ``rank`` (r), ``alpha`` (the update is scaled by
+    alpha / r; None: twice the rank), ``targets`` (the names of the linear modules adapted, as peft matches them: a module's name or the
+    end of it after a dot; empty: the model's attention projections, :func:`attention_projections`) and the
+    ``learning_rate`` of the adapter's fine-tuning (in place of :class:`FinetuneSettings`' own).  No dropout: the
+    loss runs with dropout off (:class:`OrderInvariantLoss`)."""
+
+    rank: int = 16
+    alpha: float | None = None
+    targets: tuple[str, ...] = ()
+    learning_rate: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.alpha is None:
+            object.__setattr__(self, "alpha", 2.0 * self.rank)
+
+    def label(self) -> str:
+        return f"lora r={self.rank}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "targets": list(self.targets)}
+
+
+def _linear_names(model) -> list[str]:
+    auto = model.transformer_module.auto_model
+    return [name for name, mod in auto.named_modules() if isinstance(mod, nn.Linear) and name]
+
+
+def attention_projections(model) -> tuple[str, ...]:
+    """The attention projections of ``model``'s transformer, as LoRA targets: each linear module inside an attention
+    block, named from that block on (BERT and XLM-R: ``attention.self.query``, ``.key``, ``.value`` and
+    ``attention.output.dense``; decoders: ``self_attn.q_proj`` ...), in the model's order."""
+    out: list[str] = []
+    for name in _linear_names(model):
+        parts = name.split(".")
+        at = next((i for i, p in enumerate(parts) if "attention" in p.lower() or "attn" in p.lower()), None)
+        if at is not None:
+            suffix = ".".join(parts[at:])
+            if suffix not in out:
+                out.append(suffix)
+    if not out:
+        raise PosfairInputError(
+            "--adapter lora: no attention projection found by name in this model; name the modules with --lora-targets"
+        )
+    return tuple(out)
+
+
+def check_lora_targets(model, targets: Sequence[str]) -> tuple[str, ...]:
+    """``targets`` (empty: :func:`attention_projections`), each the name of at least one linear module of ``model``
+    (as peft matches it); refused with :class:`PosfairInputError` naming ``--lora-targets`` (and ``--adapter lora``
+    without peft installed)."""
+    if LoraConfig is None:
+        raise PosfairInputError("--adapter lora: needs peft, the adapter extra: pip install 'posfair[adapter]'")
+    if not targets:
+        return attention_projections(model)
+    names = _linear_names(model)
+    for t in targets:
+        if not any(n == t or n.endswith("." + t) for n in names):
+            raise PosfairInputError(
+                f"--lora-targets {','.join(targets)}: {t!r} names no linear module of the model (its attention "
+                f"projections: {', '.join(attention_projections(model))})"
+            )
+    return tuple(targets)
+
+
+def add_lora(model, lora: LoraSettings, base: str):
+    """Put an untrained LoRA adapter of ``lora`` into ``model`` (in place; its saved folder names ``base`` as its base
+    model).  Returns the peft config."""
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=list(lora.targets),
+        base_model_name_or_path=base,
+    )  # fmt: skip
+    add_lora_adapter(model, config)
+    return config
 
 
 class OrderInvariantLoss(nn.Module):
@@ -206,13 +301,16 @@ def fit_finetune(
     :class:`OrderInvariantLoss` through ``SentenceTransformerTrainer``, toward targets from ``model`` as it is at
     the start; the dev documents' loss is evaluated every ``settings.eval_every`` steps and the best state is
     kept (early stopping on dev).  Checkpoints go to ``work_dir`` (a rerun with the same ``work_dir`` resumes
-    from the last one).  Returns the model."""
+    from the last one).  A model with a LoRA adapter (:func:`add_lora`) trains the adapter alone.  Returns the
+    model."""
     s = settings or FinetuneSettings()
     train = _sets_used(train, s.steps * s.batch_size, s.seed)
     targets = stock_targets(model, [*train, *dev])
     train_ds = Dataset.from_dict(training_rows(train, targets)).shuffle(seed=s.seed)
     dev_ds = Dataset.from_dict(training_rows(dev, targets))
-    _freeze_below(model, s.trained_layers)
+    adapter = _has_adapter(model)
+    if not adapter:  # an adapter trains its own weights alone (add_lora)
+        _freeze_below(model, s.trained_layers)
     args = SentenceTransformerTrainingArguments(
         output_dir=work_dir,
         per_device_train_batch_size=s.batch_size,
@@ -242,7 +340,7 @@ def fit_finetune(
             if progress is not None and logs and "loss" in logs:
                 progress(int(state.global_step), int(state.max_steps), float(logs["loss"]))
 
-    trainer = SentenceTransformerTrainer(
+    trainer = (_AdapterTrainer if adapter else SentenceTransformerTrainer)(
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -255,6 +353,18 @@ def fit_finetune(
     for p in model.parameters():
         p.requires_grad_(True)
     return model
+
+
+def _has_adapter(model) -> bool:
+    return any("lora_" in name for name, _ in model.named_parameters())
+
+
+class _AdapterTrainer(SentenceTransformerTrainer):
+    """The Trainer of a model with a LoRA adapter: its checkpoints hold the adapter alone (the model's save writes an
+    adapter folder), so resuming and keeping the best state on dev load the adapter's weights back into the model."""
+
+    def _load_from_checkpoint(self, checkpoint_path: str, *args, **kwargs) -> None:
+        set_adapter_weights(getattr(self.model, "_orig_mod", self.model), checkpoint_path)
 
 
 def _sets_used(instances: Sequence[Instance], rows: int, seed: int) -> list[Instance]:

@@ -68,7 +68,7 @@ from posfair.model.fair_model import SAVING_FOLDER, SAVING_JOURNAL, SAVING_OLD
 from posfair.repair.data import FAMILY_FIELD, RepairSplit, repair_split
 from posfair.repair.family_benchmark import TITLE_NDCG, heldout_ndcg
 from posfair.repair.figure import repair_tradeoff
-from posfair.repair.finetune import FinetuneSettings, fit_finetune
+from posfair.repair.finetune import FinetuneSettings, LoraSettings, add_lora, check_lora_targets, fit_finetune
 from posfair.repair.grid import grid_choice
 from posfair.repair.heldout import (
     HeldOut,
@@ -160,15 +160,21 @@ def _fit_method(
     work: Path,
     progress: FitProgress | None,
     steps: int | None,
+    lora: LoraSettings | None = None,
+    base: str = "",
 ):
-    """Run ``method``: returns (the repaired model, what was fitted as plain values)."""
+    """Run ``method`` (``finetune`` with ``lora``: a LoRA adapter of the base model ``base``): returns (the repaired
+    model, what was fitted as plain values)."""
     report = None if progress is None else (lambda step, total, value: progress(method, step, total, value))
     if method == "finetune":
         settings = FinetuneSettings()
         if steps is not None:
             settings = dataclasses.replace(settings, steps=steps, eval_every=min(settings.eval_every, steps))
+        if lora is not None:
+            settings = dataclasses.replace(settings, learning_rate=lora.learning_rate)
+            add_lora(model, lora, base)
         fit_finetune(model, split.train, split.dev, str(work / "checkpoints"), settings, progress=report)
-        return model, {"finetune": settings.to_dict()}
+        return model, {"finetune": settings.to_dict(), **({"lora": lora.to_dict()} if lora else {})}
     if method in ("learned", "tempscale"):
         if method == "learned":
             extra = {} if steps is None else {"steps": steps}
@@ -194,14 +200,18 @@ def fit_repair(
     progress: FitProgress | None = None,
     steps: int | None = None,
     seed: int = 0,
+    lora: LoraSettings | None = None,
 ) -> FitResult:
     """Fit ``method`` on ``corpus`` (default: the bundled corpus, English) for the model ``model_id`` (as
     :func:`posfair.load_model` takes it) and save the repaired model to ``out_dir`` when it holds on the held-out
     family (module docstring).  ``max_seq_length``: the documents' token limit during the fit and the judgement (the
     saved folder keeps the model's own limit).  ``steps``: the optimiser steps of ``finetune`` and ``learned`` (None:
-    the method's default)."""
+    the method's default).  ``lora``: ``finetune`` trains a LoRA adapter alone and saves an adapter folder (its
+    targets checked against the model right after it loads, before any work)."""
     if method not in METHODS:
         raise PosfairInputError(f"--method {method!r}: one of {', '.join(METHODS)}")
+    if lora is not None and method != "finetune":
+        raise PosfairInputError(f"--adapter lora: only with --method finetune; got --method {method}")
     limits = limits or RepairLimits()
     out = Path(out_dir)
     work = out / "fit"
@@ -210,6 +220,8 @@ def fit_repair(
     every_language, corpus = corpus, _english(corpus)
     stock = load_model(model_id, max_seq_length=max_seq_length)
     stock.set_calibration(STOCK)
+    if lora is not None:  # refused before anything is written
+        lora = dataclasses.replace(lora, targets=check_lora_targets(stock, lora.targets))
     work.mkdir(parents=True, exist_ok=True)
     recover(out)  # what a fit killed while it saved left: the previous model put back whole
     split = repair_split(stock, corpus, limit=max_seq_length, test_family=test_family, seed=seed)
@@ -218,7 +230,8 @@ def fit_repair(
     repaired.set_calibration(STOCK)
     t0 = time.perf_counter()
     fit_corpus = corpus[corpus[FAMILY_FIELD].astype(str) != split.test_family]
-    repaired, fitted = _fit_method(method, repaired, split, fit_corpus, work, progress, steps)
+    repaired, fitted = _fit_method(method, repaired, split, fit_corpus, work, progress, steps, lora,
+                                   _base_name(model_id))  # fmt: skip
     fit_seconds = time.perf_counter() - t0
     candidate = work / "candidate"
     if candidate.exists():
@@ -241,6 +254,8 @@ def fit_repair(
         languages.translations_found, languages.multilingual, tuple(filter(None, [languages.note()])),
     )  # fmt: skip
     result.folder_mib = folder_mib
+    if lora is not None:  # the table's method names the adapter: "finetune+lora r=16"
+        result.method = f"{method}+{lora.label()}"
     atomic_write_text(work / "heldout.json", json.dumps(result.to_dict(), indent=2, default=float))
     atomic_write_text(work / "heldout.md", heldout_markdown([result]))
     repair_tradeoff([result], work / "tradeoff")
@@ -282,6 +297,15 @@ def _peak_rss_mib() -> float:
     """This process's peak resident memory in MiB (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def _base_name(model_id: str | None) -> str:
+    """The base model as an adapter folder names it (:func:`posfair.load_model` loads it back): a bundled name or a
+    hub id as given, a local folder by its absolute path."""
+    if model_id is None:
+        return "bundled"
+    path = Path(model_id)
+    return str(path.resolve()) if path.is_dir() else str(model_id)
 
 
 def _folder_mib(folder: Path) -> float:
