@@ -105,7 +105,7 @@ LoraAlpha = Annotated[
     typer.Option(
         "--lora-alpha",
         parser=number(0, 1e6, low_open=True),
-        metavar="ALPHA",
+        metavar="NUMBER",
         show_default="2 x the rank",
         help="The LoRA adapter's alpha (its update is scaled by alpha / r).",
     ),
