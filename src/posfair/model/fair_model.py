@@ -62,6 +62,7 @@ from posfair.model.compat import Transformer
 from posfair.model.hub import check_model_source
 from posfair.model.info import model_fingerprint, position_limit, token_limit
 from posfair.model.token_spans import added_token_count
+from posfair.runtime.errors import install_hint
 from posfair.runtime.stacklevel import user_stacklevel
 
 __all__ = [
@@ -627,7 +628,7 @@ def set_adapter_weights(model: FairModel, folder: str) -> None:
 
 def _need_peft() -> None:
     if peft is None:
-        raise OSError("a LoRA adapter needs peft: pip install 'posfair[adapter]'")
+        raise OSError(f"a LoRA adapter needs peft, the adapter extra: {install_hint('adapter')}")
 
 
 def _adapter_base(path: str) -> str | None:

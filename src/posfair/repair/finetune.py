@@ -47,7 +47,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from posfair.encoding.passes import encode_texts, l2_normalize
 from posfair.fairness.documents import Instance
 from posfair.model.fair_model import add_lora_adapter, set_adapter_weights
-from posfair.runtime.errors import PosfairInputError
+from posfair.runtime.errors import PosfairInputError, install_hint
 
 try:  # the adapter extra (posfair fit --adapter lora)
     from peft import LoraConfig
@@ -154,7 +154,7 @@ def check_lora_targets(model, targets: Sequence[str]) -> tuple[str, ...]:
     (as peft matches it); refused with :class:`PosfairInputError` naming ``--lora-targets`` (and ``--adapter lora``
     without peft installed)."""
     if LoraConfig is None:
-        raise PosfairInputError("--adapter lora: needs peft, the adapter extra: pip install 'posfair[adapter]'")
+        raise PosfairInputError(f"--adapter lora: needs peft, the adapter extra: {install_hint('adapter')}")
     if not targets:
         return attention_projections(model)
     names = _linear_names(model)
